@@ -1,0 +1,7 @@
+// Package lchatcaddy blank-imports every lchat-caddy module, so that
+// `xcaddy build --with github.com/lchat/lchat-caddy` gets all of them.
+package lchatcaddy
+
+import (
+	_ "github.com/lchat/lchat-caddy/bucket"
+)
