@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -48,20 +49,39 @@ func build(name, pkg, modfile string) (string, error) {
 			return out, nil
 		}
 	}
-	args := []string{"build", "-o", out}
-	dir := RepoRoot()
-	if modfile != "" {
-		dir = filepath.Join(RepoRoot(), "tools")
-	}
-	args = append(args, pkg)
-	cmd := exec.Command("go", args...)
-	cmd.Dir = dir
-	output, err := cmd.CombinedOutput()
-	if err != nil {
-		err = fmt.Errorf("building %s: %v\n%s", name, err, output)
-	}
+	err := buildLocked(out, pkg, modfile)
 	buildDone[name] = err
 	return out, err
+}
+
+// buildLocked builds pkg into out under a file lock shared by every test process, writing a
+// temp file and renaming it so a concurrent reader never sees a half-written binary.
+func buildLocked(out, pkg, modfile string) error {
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(filepath.Dir(out), ".build.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return err
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+
+	dir := RepoRoot()
+	if modfile != "" {
+		dir = filepath.Join(RepoRoot(), filepath.Dir(modfile))
+	}
+	tmp := fmt.Sprintf("%s.tmp%d", out, os.Getpid())
+	cmd := exec.Command("go", "build", "-o", tmp, pkg)
+	cmd.Dir = dir
+	if output, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("building %s: %v\n%s", pkg, err, output)
+	}
+	return os.Rename(tmp, out)
 }
 
 // Binary returns the path of a freshly built lchat-caddy.

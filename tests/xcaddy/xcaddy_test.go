@@ -1,0 +1,70 @@
+// Package xcaddy_test proves that an xcaddy build of this checkout, driven by xcaddy.json,
+// yields a Caddy that lists every lchat module.
+package xcaddy_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/lchat/lchat-caddy/internal/xcaddybuild"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+// ourModules are the module IDs an xcaddy build with our plugin must list.
+var ourModules = []string{
+	"lchat.buckets.file",
+	"lchat.buckets.s3",
+}
+
+func TestXcaddyBuildListsOurModules(t *testing.T) {
+	if testing.Short() {
+		t.Skip("xcaddy build takes minutes; skipped with -short")
+	}
+	root := harness.RepoRoot()
+	m, err := xcaddybuild.Load(filepath.Join(root, "xcaddy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "caddy")
+	args := m.Args(root, out, map[string]string{"github.com/lchat/lchat-caddy": root})
+	cmd := exec.Command(harness.Tool(t, "xcaddy"), args...)
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(), "XCADDY_SKIP_CLEANUP=0")
+	if output, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("xcaddy %v: %v\n%s", args, err, output)
+	}
+	listed, err := exec.Command(out, "list-modules").CombinedOutput()
+	if err != nil {
+		t.Fatalf("list-modules: %v\n%s", err, listed)
+	}
+	have := map[string]bool{}
+	for _, line := range strings.Split(string(listed), "\n") {
+		have[strings.TrimSpace(line)] = true
+	}
+	for _, id := range ourModules {
+		if !have[id] {
+			t.Errorf("xcaddy-built binary does not list module %s", id)
+		}
+	}
+	if !have["http.handlers.reverse_proxy"] {
+		t.Errorf("xcaddy-built binary lacks Caddy's standard modules")
+	}
+}
+
+func TestManifestArgs(t *testing.T) {
+	m := &xcaddybuild.Manifest{
+		CaddyVersion: "v2.11.9",
+		Plugins: []xcaddybuild.Plugin{
+			{Module: "github.com/lchat/lchat-caddy", Replace: "."},
+			{Module: "github.com/example/plugin", Version: "v1.2.3"},
+		},
+	}
+	got := strings.Join(m.Args("/src", "out/caddy", map[string]string{"github.com/example/plugin": "/tmp/p"}), " ")
+	want := "build v2.11.9 --output /src/out/caddy --with github.com/lchat/lchat-caddy=/src --with github.com/example/plugin=/tmp/p"
+	if got != want {
+		t.Errorf("Args:\n got %s\nwant %s", got, want)
+	}
+}
