@@ -1,0 +1,130 @@
+package harness
+
+import (
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TCPProxy forwards connections from a loopback port to a target address and can inject
+// faults: delay new connections, refuse them, or cut every open one. Tests put it between a
+// box and its bucket (or a DERP region) to stand in for a network that fails.
+type TCPProxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex // guards the fields below
+	delay time.Duration
+	down  bool
+	conns map[net.Conn]struct{}
+}
+
+// StartTCPProxy listens on 127.0.0.1:0 and forwards to target until the test ends.
+func StartTCPProxy(t testing.TB, target string) *TCPProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &TCPProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	go p.serve()
+	t.Cleanup(p.Close)
+	return p
+}
+
+// Addr is the proxy's listening address (host:port).
+func (p *TCPProxy) Addr() string { return p.ln.Addr().String() }
+
+// SetDelay delays each new connection by d before it is forwarded.
+func (p *TCPProxy) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	p.delay = d
+	p.mu.Unlock()
+}
+
+// SetDown makes the proxy refuse new connections (closed at once) and, when down, cuts every
+// open one. SetDown(false) lets traffic through again.
+func (p *TCPProxy) SetDown(down bool) {
+	p.mu.Lock()
+	p.down = down
+	var cut []net.Conn
+	if down {
+		for c := range p.conns {
+			cut = append(cut, c)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range cut {
+		c.Close()
+	}
+}
+
+// Close stops the proxy and cuts every connection. Idempotent.
+func (p *TCPProxy) Close() {
+	p.ln.Close()
+	p.SetDown(true)
+}
+
+func (p *TCPProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		go p.handle(c)
+	}
+}
+
+func (p *TCPProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.down {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *TCPProxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+func (p *TCPProxy) handle(client net.Conn) {
+	p.mu.Lock()
+	delay, down := p.delay, p.down
+	p.mu.Unlock()
+	if down {
+		client.Close()
+		return
+	}
+	if delay > 0 {
+		time.Sleep(delay)
+	}
+	server, err := net.Dial("tcp", p.target)
+	if err != nil {
+		client.Close()
+		return
+	}
+	if !p.track(client) || !p.track(server) {
+		client.Close()
+		server.Close()
+		return
+	}
+	defer p.untrack(client)
+	defer p.untrack(server)
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		io.Copy(dst, src)
+		dst.Close()
+		src.Close()
+		done <- struct{}{}
+	}
+	go pipe(server, client)
+	go pipe(client, server)
+	<-done
+	<-done
+}
