@@ -1,0 +1,178 @@
+// Package registry holds the routes of one box: which hosts exist, what kind of space
+// serves each one, and how. Routes live in an embedded bbolt file on disk and in memory
+// for the request path, where a lookup is a read-locked map access.
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Route is one host's routing row.
+type Route struct {
+	// Host is the lowercase DNS name the route answers for.
+	Host string `json:"host"`
+	// Kind names the configured kind that runs a hibernating space.
+	Kind string `json:"kind,omitempty"`
+	// Version is the instance's version, passed to the kind as it likes.
+	Version string `json:"version,omitempty"`
+	// Hibernate makes the route a hibernating space; false is a live route
+	// proxied to Upstream.
+	Hibernate bool `json:"hibernate"`
+	// HomeRegion pins the space to a region's boxes (the mesh).
+	HomeRegion string `json:"home_region,omitempty"`
+	// Env holds the instance's own values (admin token, entitlement, seeded name).
+	// Values are secrets: they go to disk and to the instance, never into a listing.
+	Env map[string]string `json:"env,omitempty"`
+	// Upstream is a live route's dial address: host:port, or a Unix socket path.
+	Upstream string `json:"upstream,omitempty"`
+	// LivesAt is reserved for the mesh.
+	LivesAt string `json:"lives_at,omitempty"`
+	// Created and Updated are set by the registry.
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+}
+
+// Summary is a Route as listings and status output show it: env names only.
+type Summary struct {
+	Host       string    `json:"host"`
+	Kind       string    `json:"kind,omitempty"`
+	Version    string    `json:"version,omitempty"`
+	Hibernate  bool      `json:"hibernate"`
+	HomeRegion string    `json:"home_region,omitempty"`
+	EnvNames   []string  `json:"env_names,omitempty"`
+	Upstream   string    `json:"upstream,omitempty"`
+	LivesAt    string    `json:"lives_at,omitempty"`
+	Created    time.Time `json:"created"`
+	Updated    time.Time `json:"updated"`
+}
+
+// Summary returns rt without env values.
+func (rt *Route) Summary() Summary {
+	s := Summary{
+		Host:       rt.Host,
+		Kind:       rt.Kind,
+		Version:    rt.Version,
+		Hibernate:  rt.Hibernate,
+		HomeRegion: rt.HomeRegion,
+		Upstream:   rt.Upstream,
+		LivesAt:    rt.LivesAt,
+		Created:    rt.Created,
+		Updated:    rt.Updated,
+	}
+	for k := range rt.Env {
+		s.EnvNames = append(s.EnvNames, k)
+	}
+	slices.Sort(s.EnvNames)
+	return s
+}
+
+// clone returns a deep copy, so a stored route never shares its env map with a caller.
+func (rt *Route) clone() *Route {
+	c := *rt
+	if rt.Env != nil {
+		c.Env = make(map[string]string, len(rt.Env))
+		for k, v := range rt.Env {
+			c.Env[k] = v
+		}
+	}
+	return &c
+}
+
+// Validate checks a route's fields on their own. Whether its kind is configured is
+// the app's business.
+func (rt *Route) Validate() error {
+	if err := ValidateHost(rt.Host); err != nil {
+		return err
+	}
+	if rt.Hibernate {
+		if rt.Kind == "" {
+			return fmt.Errorf("route %s: hibernating route needs a kind", rt.Host)
+		}
+		if rt.Upstream != "" {
+			return fmt.Errorf("route %s: hibernating route cannot have an upstream (its socket is derived locally)", rt.Host)
+		}
+	} else if rt.Upstream == "" {
+		return fmt.Errorf("route %s: live route (hibernate false) needs an upstream", rt.Host)
+	}
+	if rt.Kind != "" && !validName(rt.Kind) {
+		return fmt.Errorf("route %s: invalid kind name %q", rt.Host, rt.Kind)
+	}
+	for k := range rt.Env {
+		if err := ValidateEnvName(k); err != nil {
+			return fmt.Errorf("route %s: %v", rt.Host, err)
+		}
+	}
+	return nil
+}
+
+func validName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidateEnvName accepts POSIX-style variable names.
+func ValidateEnvName(k string) error {
+	if k == "" {
+		return errors.New("empty env name")
+	}
+	for i, c := range k {
+		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
+			return fmt.Errorf("invalid env name %q", k)
+		}
+	}
+	return nil
+}
+
+// ValidateHost accepts lowercase DNS names (punycode labels included) and rejects
+// ports, paths, wildcards, uppercase, IP addresses and trailing dots, saying which.
+func ValidateHost(h string) error {
+	switch {
+	case h == "":
+		return errors.New("host is empty")
+	case len(h) > 253:
+		return fmt.Errorf("host %q is longer than 253 characters", h)
+	case strings.ContainsAny(h, "/?#"):
+		return fmt.Errorf("host %q must not contain a path", h)
+	case strings.Contains(h, ":"):
+		return fmt.Errorf("host %q must not contain a port", h)
+	case strings.Contains(h, "*"):
+		return fmt.Errorf("host %q: wildcards are not routes", h)
+	case strings.HasSuffix(h, "."):
+		return fmt.Errorf("host %q must not end with a dot", h)
+	case strings.ToLower(h) != h:
+		return fmt.Errorf("host %q must be lowercase", h)
+	}
+	if _, err := netip.ParseAddr(h); err == nil {
+		return fmt.Errorf("host %q is an IP address, not a DNS name", h)
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" {
+			return fmt.Errorf("host %q has an empty label", h)
+		}
+		if len(label) > 63 {
+			return fmt.Errorf("host %q has a label longer than 63 characters", h)
+		}
+		if label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("host %q: a label must not start or end with a hyphen", h)
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+				return fmt.Errorf("host %q contains %q; only a-z, 0-9, '-' and '.' are allowed (use punycode for IDNs)", h, c)
+			}
+		}
+	}
+	return nil
+}
