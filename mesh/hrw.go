@@ -1,0 +1,92 @@
+package mesh
+
+import "time"
+
+// Member is one box of the mesh as seen through its heartbeat.
+type Member struct {
+	// Self is the member's base URL and identity (the decoded heartbeat key).
+	Self string `json:"self"`
+	// Region is the member's LCHAT_MESH_REGION; empty means region-agnostic.
+	Region string `json:"region,omitempty"`
+	// Domains are the mesh domains the member covers.
+	Domains []string `json:"domains,omitempty"`
+	// Incarnation changes every time the member's process starts.
+	Incarnation string `json:"incarnation,omitempty"`
+	// Version is the member's software version.
+	Version string `json:"version,omitempty"`
+	// LastModified is the heartbeat's time by the bucket's clock.
+	LastModified time.Time `json:"last_modified"`
+	// Age is how old the heartbeat is by the bucket's clock, as of the listing that
+	// produced this view plus the local monotonic time since.
+	Age time.Duration `json:"age"`
+}
+
+// Covers reports whether the member's domains put host in its scope.
+func (m Member) Covers(host string) bool { return InScope(host, m.Domains) }
+
+// FNV-1a 64-bit parameters.
+const (
+	fnvOffset64 = 14695981039346656037
+	fnvPrime64  = 1099511628211
+)
+
+// Score is the rendezvous weight of (member, host). It is FNV-1a 64 over the member's
+// SELF, one zero byte, and the host, passed through the splitmix64 finalizer so that
+// nearby inputs land far apart. The function is part of the mesh contract: every box of
+// every version must compute the same value, so it must never change. Callers pass SELF
+// as normalized by ParseSelf and the host as normalized by NormalizeHost.
+func Score(self, host string) uint64 {
+	h := uint64(fnvOffset64)
+	for i := 0; i < len(self); i++ {
+		h ^= uint64(self[i])
+		h *= fnvPrime64
+	}
+	h *= fnvPrime64 // the zero separator byte: h ^= 0 is a no-op
+	for i := 0; i < len(host); i++ {
+		h ^= uint64(host[i])
+		h *= fnvPrime64
+	}
+	return mix64(h)
+}
+
+// mix64 is the splitmix64 finalizer.
+func mix64(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// Owner picks the preferred owner of host among members, which the caller passes as the
+// live view (Membership.Live). When homeRegion is set and at least one member of that
+// region is present, only those members compete; otherwise the whole fleet does, so a
+// space whose region has no live box is still served somewhere. The highest Score wins;
+// ties (astronomically rare) go to the lexically smaller SELF so every box agrees.
+// ok is false when members is empty.
+func Owner(host string, members []Member, homeRegion string) (owner Member, ok bool) {
+	host = NormalizeHost(host)
+	scoped := false
+	if homeRegion != "" {
+		for i := range members {
+			if members[i].Region == homeRegion {
+				scoped = true
+				break
+			}
+		}
+	}
+	var best uint64
+	bestIdx := -1
+	for i := range members {
+		m := &members[i]
+		if scoped && m.Region != homeRegion {
+			continue
+		}
+		s := Score(m.Self, host)
+		if bestIdx < 0 || s > best || s == best && m.Self < members[bestIdx].Self {
+			best, bestIdx = s, i
+		}
+	}
+	if bestIdx < 0 {
+		return Member{}, false
+	}
+	return members[bestIdx], true
+}

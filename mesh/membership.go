@@ -1,0 +1,625 @@
+package mesh
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/bucket"
+)
+
+// MembersPrefix is where heartbeats live, relative to the bucket's prefix.
+const MembersPrefix = "mesh/members/"
+
+// Membership defaults.
+const (
+	DefaultBeat      = 15 * time.Second
+	DefaultDeadAfter = 45 * time.Second
+)
+
+// HeartbeatKey is the bucket key of a member's heartbeat: MembersPrefix followed by the
+// unpadded base64url encoding of its SELF, so one LIST yields every member's identity.
+func HeartbeatKey(self string) string {
+	return MembersPrefix + base64.RawURLEncoding.EncodeToString([]byte(self))
+}
+
+// SelfFromKey decodes a heartbeat key (with or without MembersPrefix) back to its SELF.
+func SelfFromKey(key string) (string, bool) {
+	b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(key, MembersPrefix))
+	if err != nil || len(b) == 0 {
+		return "", false
+	}
+	self, err := ParseSelf(string(b))
+	if err != nil || self != string(b) {
+		return "", false
+	}
+	return self, true
+}
+
+// Heartbeat is the body of a heartbeat object. It is written byte-for-byte identically on
+// every beat of one process, which is what keeps peers from re-reading it (see Membership).
+type Heartbeat struct {
+	Region      string   `json:"region"`
+	Domains     []string `json:"domains"`
+	Incarnation string   `json:"incarnation"`
+	Version     string   `json:"version"`
+}
+
+// MembershipConfig configures a Membership.
+type MembershipConfig struct {
+	// Self is this box's SELF URL (normalized with ParseSelf). Required.
+	Self string
+	// Region is this box's region label. Optional.
+	Region string
+	// Domains are the mesh domains this box covers.
+	Domains []string
+	// Version is this box's software version, advertised in the heartbeat.
+	Version string
+	// Incarnation identifies this process. Default: 16 random bytes, hex.
+	Incarnation string
+	// Beat is the heartbeat interval. Default: 15s.
+	Beat time.Duration
+	// DeadAfter is the heartbeat age after which a member is dead. Default: 45s.
+	DeadAfter time.Duration
+	// FenceMargin is how long before DeadAfter this box fences itself: it fences once
+	// its last successful heartbeat write was sent more than DeadAfter-FenceMargin ago.
+	// The margin must cover the time it takes to stop serving plus the bucket's clock
+	// granularity (S3 LastModified and Date have whole seconds, so a peer may judge a
+	// heartbeat dead up to a second early). DeadAfter-FenceMargin must exceed Beat.
+	// Default: DeadAfter/3.
+	FenceMargin time.Duration
+	// OpTimeout bounds each bucket request. Default: Beat.
+	OpTimeout time.Duration
+	// OnFence is called, from the membership goroutine, each time this box fences
+	// itself (true) or may resume (false). A box starts fenced until its first
+	// successful heartbeat write.
+	OnFence func(fenced bool)
+	// Logger receives membership logs. Default: a no-op logger.
+	Logger *zap.Logger
+}
+
+// MembershipStats counts membership work; every field only grows.
+type MembershipStats struct {
+	Beats          int64 `json:"beats"`
+	Puts           int64 `json:"puts"`
+	PutErrors      int64 `json:"put_errors"`
+	Lists          int64 `json:"lists"`
+	ListErrors     int64 `json:"list_errors"`
+	Gets           int64 `json:"gets"`
+	GetErrors      int64 `json:"get_errors"`
+	SkippedBeats   int64 `json:"skipped_beats"`
+	Fences         int64 `json:"fences"`
+	ClockFallbacks int64 `json:"clock_fallbacks"`
+	DuplicateSelf  int64 `json:"duplicate_self"`
+}
+
+type membershipCounters struct {
+	beats, puts, putErrors, lists, listErrors, gets, getErrors atomic.Int64
+	skipped, fences, clockFallbacks, duplicateSelf             atomic.Int64
+}
+
+// cachedBody is a peer's heartbeat body as of one ETag.
+type cachedBody struct {
+	etag string
+	hb   Heartbeat
+}
+
+// Membership keeps this box's heartbeat in the bucket and the view of live members.
+//
+// Each beat is one PUT of the heartbeat and one LIST of MembersPrefix. Liveness is judged
+// by the bucket's clock: a heartbeat's LastModified against the listing's Now (the S3
+// Date header). Peer bodies (region, domains, incarnation) need a GET each, so they are
+// cached by ETag and fetched again only when the ETag changes. Since a process rewrites
+// a byte-identical body on every beat, stores whose ETag is a content hash (S3 for
+// single-part unencrypted puts, versitygw, the file bucket) keep the ETag stable and the
+// steady state costs no GETs at all; a store with per-write ETags (SSE-KMS, say) costs
+// one GET per live peer per beat instead, still independent of the number of spaces.
+//
+// Failures are soft: a failed LIST keeps the last view, a failed PUT is counted and
+// logged, and when PUTs keep failing the box fences itself (see MembershipConfig).
+type Membership struct {
+	cfg        MembershipConfig
+	b          bucket.Bucket
+	logger     *zap.Logger
+	key        string
+	body       []byte
+	fenceAfter time.Duration
+	stats      membershipCounters
+
+	// fenced is written only by the goroutine running the loop (or Start before it).
+	fenced atomic.Bool
+
+	mu sync.Mutex
+	// view is the live members as of the last successful listing, sorted by Self.
+	view []Member
+	// viewAt is the local (monotonic) time the view's listing returned.
+	viewAt time.Time
+	// bodies caches peers' heartbeat bodies by key.
+	bodies map[string]cachedBody
+	// lastPutSent is when the last successful heartbeat write was sent.
+	lastPutSent time.Time
+	// lastPutETag is the ETag the store returned for it.
+	lastPutETag string
+
+	runMu   sync.Mutex
+	started bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// NewMembership checks cfg, fills in defaults and returns a Membership that has not
+// started yet.
+func NewMembership(b bucket.Bucket, cfg MembershipConfig) (*Membership, error) {
+	if b == nil {
+		return nil, errors.New("membership: no bucket")
+	}
+	self, err := ParseSelf(cfg.Self)
+	if err != nil {
+		return nil, fmt.Errorf("membership self: %v", err)
+	}
+	cfg.Self = self
+	if cfg.Beat <= 0 {
+		cfg.Beat = DefaultBeat
+	}
+	if cfg.DeadAfter <= 0 {
+		cfg.DeadAfter = DefaultDeadAfter
+	}
+	if cfg.DeadAfter <= cfg.Beat {
+		return nil, fmt.Errorf("membership: dead_after %s must exceed beat %s", cfg.DeadAfter, cfg.Beat)
+	}
+	if cfg.FenceMargin <= 0 {
+		cfg.FenceMargin = cfg.DeadAfter / 3
+	}
+	fenceAfter := cfg.DeadAfter - cfg.FenceMargin
+	if fenceAfter <= cfg.Beat {
+		return nil, fmt.Errorf("membership: dead_after %s minus fence margin %s must exceed beat %s, or a healthy box would fence itself",
+			cfg.DeadAfter, cfg.FenceMargin, cfg.Beat)
+	}
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = cfg.Beat
+	}
+	if cfg.Incarnation == "" {
+		var r [16]byte
+		if _, err := rand.Read(r[:]); err != nil {
+			return nil, fmt.Errorf("membership: generating incarnation: %v", err)
+		}
+		cfg.Incarnation = hex.EncodeToString(r[:])
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	domains := append([]string{}, cfg.Domains...)
+	if domains == nil {
+		domains = []string{}
+	}
+	body, err := json.Marshal(Heartbeat{Region: cfg.Region, Domains: domains, Incarnation: cfg.Incarnation, Version: cfg.Version})
+	if err != nil {
+		return nil, fmt.Errorf("membership: encoding heartbeat: %v", err)
+	}
+	m := &Membership{
+		cfg:        cfg,
+		b:          b,
+		logger:     cfg.Logger,
+		key:        HeartbeatKey(self),
+		body:       body,
+		fenceAfter: fenceAfter,
+		bodies:     map[string]cachedBody{},
+	}
+	m.fenced.Store(true)
+	return m, nil
+}
+
+// Config returns the effective configuration, defaults filled in.
+func (m *Membership) Config() MembershipConfig { return m.cfg }
+
+// FenceAfter is DeadAfter minus FenceMargin: the age of the last successful heartbeat
+// write (since it was sent) at which this box fences itself.
+func (m *Membership) FenceAfter() time.Duration { return m.fenceAfter }
+
+// Start runs the first beat synchronously, so the view is populated when it returns
+// (a failed first beat is logged and counted, not returned), then beats every Beat until
+// ctx ends or Close or Leave is called. Start may be called once.
+func (m *Membership) Start(ctx context.Context) error {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	if m.started {
+		return errors.New("membership already started")
+	}
+	m.started = true
+	ctx, m.cancel = context.WithCancel(ctx)
+	m.done = make(chan struct{})
+	fenceTimer := time.NewTimer(time.Hour)
+	fenceTimer.Stop()
+	if sent, ok := m.putHeartbeat(ctx); ok {
+		m.notePut(sent, fenceTimer)
+	}
+	m.refresh(ctx)
+	go m.loop(ctx, fenceTimer)
+	return nil
+}
+
+// loop is the single writer of the fence state after Start.
+func (m *Membership) loop(ctx context.Context, fenceTimer *time.Timer) {
+	defer close(m.done)
+	defer func() {
+		if r := recover(); r != nil {
+			m.logger.Error("membership loop panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
+	defer fenceTimer.Stop()
+	ticker := time.NewTicker(m.cfg.Beat)
+	defer ticker.Stop()
+
+	putDone := make(chan putResult, 1)
+	beatDone := make(chan struct{}, 1)
+	inflight := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			if inflight {
+				// The previous beat is still stuck on the bucket; its timeout ends it.
+				m.stats.skipped.Add(1)
+				continue
+			}
+			inflight = true
+			go m.beat(ctx, putDone, beatDone)
+		case r := <-putDone:
+			if r.ok {
+				m.notePut(r.sent, fenceTimer)
+			}
+		case <-beatDone:
+			inflight = false
+		case <-fenceTimer.C:
+			m.mu.Lock()
+			since := time.Since(m.lastPutSent)
+			m.mu.Unlock()
+			if since >= m.fenceAfter {
+				m.setFenced(true, since)
+			}
+		}
+	}
+}
+
+type putResult struct {
+	sent time.Time
+	ok   bool
+}
+
+func (m *Membership) beat(ctx context.Context, putDone chan<- putResult, beatDone chan<- struct{}) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.logger.Error("membership beat panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+		}
+		beatDone <- struct{}{}
+	}()
+	sent, ok := m.putHeartbeat(ctx)
+	putDone <- putResult{sent, ok}
+	m.refresh(ctx)
+}
+
+// notePut arms the fence timer from the send time of a successful write and lifts a fence.
+func (m *Membership) notePut(sent time.Time, fenceTimer *time.Timer) {
+	left := m.fenceAfter - time.Since(sent)
+	if left <= 0 {
+		// Succeeded, but sent so long ago that peers may already count us dead.
+		return
+	}
+	fenceTimer.Reset(left)
+	m.setFenced(false, 0)
+}
+
+func (m *Membership) setFenced(v bool, since time.Duration) {
+	if m.fenced.Swap(v) == v {
+		return
+	}
+	if v {
+		m.stats.fences.Add(1)
+		m.logger.Warn("fencing this box: heartbeat writes are failing; stop serving and writing spaces before peers take them over",
+			zap.Duration("last_successful_write_sent_ago", since),
+			zap.Duration("fence_after", m.fenceAfter),
+			zap.Duration("dead_after", m.cfg.DeadAfter))
+	} else {
+		m.logger.Info("heartbeat written; fence lifted (re-read each lease before serving its space again)")
+	}
+	if m.cfg.OnFence != nil {
+		m.cfg.OnFence(v)
+	}
+}
+
+// Fenced reports whether this box is fenced: its last successful heartbeat write was sent
+// more than FenceAfter ago, or it has not written one yet.
+func (m *Membership) Fenced() bool { return m.fenced.Load() }
+
+// putHeartbeat writes this box's heartbeat, returning when it was sent.
+func (m *Membership) putHeartbeat(ctx context.Context) (time.Time, bool) {
+	m.stats.beats.Add(1)
+	m.stats.puts.Add(1)
+	pctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
+	defer cancel()
+	sent := time.Now()
+	info, err := m.b.Put(pctx, m.key, bytes.NewReader(m.body), int64(len(m.body)), bucket.Cond{})
+	if err != nil {
+		if ctx.Err() == nil {
+			m.stats.putErrors.Add(1)
+			m.logger.Warn("writing heartbeat", zap.Error(err), zap.Int64("put_errors", m.stats.putErrors.Load()))
+		}
+		return sent, false
+	}
+	m.mu.Lock()
+	if sent.After(m.lastPutSent) {
+		m.lastPutSent = sent
+		m.lastPutETag = info.ETag
+	}
+	m.mu.Unlock()
+	return sent, true
+}
+
+// refresh lists the members and rebuilds the view; on failure the last view stays.
+func (m *Membership) refresh(ctx context.Context) {
+	objs, now, err := m.list(ctx, MembersPrefix)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.stats.listErrors.Add(1)
+			m.logger.Warn("listing members; keeping the last view", zap.Error(err), zap.Int64("list_errors", m.stats.listErrors.Load()))
+		}
+		return
+	}
+	localAt := time.Now()
+	view := make([]Member, 0, len(objs))
+	seen := make(map[string]bool, len(objs))
+	for _, o := range objs {
+		self, ok := SelfFromKey(o.Key)
+		if !ok {
+			continue
+		}
+		seen[o.Key] = true
+		age := now.Sub(o.LastModified)
+		if age > m.cfg.DeadAfter {
+			continue
+		}
+		mem := Member{Self: self, LastModified: o.LastModified, Age: max(age, 0)}
+		if o.Key == m.key {
+			m.mu.Lock()
+			etag := m.lastPutETag
+			m.mu.Unlock()
+			if etag != "" && o.ETag != "" && o.ETag != etag {
+				m.stats.duplicateSelf.Add(1)
+				m.logger.Error("another process writes this box's heartbeat: two boxes share one LCHAT_MESH_SELF", zap.String("self", self))
+			}
+			m.fillSelf(&mem)
+		} else if hb, ok := m.peerBody(ctx, o); ok {
+			mem.Region, mem.Domains, mem.Incarnation, mem.Version = hb.Region, hb.Domains, hb.Incarnation, hb.Version
+		}
+		view = append(view, mem)
+	}
+	sort.Slice(view, func(i, j int) bool { return view[i].Self < view[j].Self })
+	m.mu.Lock()
+	m.view, m.viewAt = view, localAt
+	for k := range m.bodies {
+		if !seen[k] {
+			delete(m.bodies, k)
+		}
+	}
+	m.mu.Unlock()
+}
+
+func (m *Membership) fillSelf(mem *Member) {
+	mem.Region, mem.Domains, mem.Incarnation, mem.Version = m.cfg.Region, m.cfg.Domains, m.cfg.Incarnation, m.cfg.Version
+}
+
+// list reads every page under prefix and the bucket's clock at the first page.
+func (m *Membership) list(ctx context.Context, prefix string) ([]bucket.Info, time.Time, error) {
+	var objs []bucket.Info
+	var now time.Time
+	token := ""
+	for {
+		m.stats.lists.Add(1)
+		lctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
+		page, err := m.b.List(lctx, prefix, token)
+		cancel()
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		if now.IsZero() {
+			now = page.Now
+		}
+		objs = append(objs, page.Objects...)
+		if page.NextToken == "" {
+			break
+		}
+		token = page.NextToken
+	}
+	if now.IsZero() {
+		// A store that does not report its clock: fall back to ours, and say so.
+		m.stats.clockFallbacks.Add(1)
+		now = time.Now()
+	}
+	return objs, now, nil
+}
+
+// peerBody returns a peer's heartbeat body, from the cache when its ETag is unchanged.
+// On a failed read it returns the last body seen for that key, if any.
+func (m *Membership) peerBody(ctx context.Context, o bucket.Info) (Heartbeat, bool) {
+	m.mu.Lock()
+	c, ok := m.bodies[o.Key]
+	m.mu.Unlock()
+	if ok && o.ETag != "" && c.etag == o.ETag {
+		return c.hb, true
+	}
+	m.stats.gets.Add(1)
+	gctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
+	defer cancel()
+	hb, etag, err := m.readBody(gctx, o.Key)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.stats.getErrors.Add(1)
+			m.logger.Warn("reading a member's heartbeat", zap.String("key", o.Key), zap.Error(err))
+		}
+		return c.hb, ok
+	}
+	m.mu.Lock()
+	m.bodies[o.Key] = cachedBody{etag: etag, hb: hb}
+	m.mu.Unlock()
+	return hb, true
+}
+
+func (m *Membership) readBody(ctx context.Context, key string) (Heartbeat, string, error) {
+	obj, err := m.b.Get(ctx, key)
+	if err != nil {
+		return Heartbeat{}, "", err
+	}
+	defer obj.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(obj.Body, 64*1024))
+	if err != nil {
+		return Heartbeat{}, "", err
+	}
+	var hb Heartbeat
+	if err := json.Unmarshal(raw, &hb); err != nil {
+		return Heartbeat{}, "", fmt.Errorf("decoding heartbeat: %v", err)
+	}
+	return hb, obj.ETag, nil
+}
+
+// Live returns the live members (this box included when its heartbeat is fresh), sorted
+// by Self, as of the last successful listing, with Age advanced by the local time since.
+// The Domains slices are shared: treat them as read-only.
+func (m *Membership) Live() []Member {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Member, len(m.view))
+	copy(out, m.view)
+	since := time.Since(m.viewAt)
+	for i := range out {
+		out[i].Age += since
+	}
+	return out
+}
+
+// Self returns this box as a member; Age is the time since its last successful
+// heartbeat write was sent (by the local clock), LastModified is zero.
+func (m *Membership) Self() Member {
+	mem := Member{Self: m.cfg.Self}
+	m.fillSelf(&mem)
+	m.mu.Lock()
+	if !m.lastPutSent.IsZero() {
+		mem.Age = time.Since(m.lastPutSent)
+	}
+	m.mu.Unlock()
+	return mem
+}
+
+// IsLive applies the lease rule against the current view: the holder is live iff its
+// heartbeat exists, is fresh, and carries incarnation. The view may be up to one beat old;
+// CheckLive asks the bucket instead.
+func (m *Membership) IsLive(self, incarnation string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := sort.Search(len(m.view), func(i int) bool { return m.view[i].Self >= self })
+	return i < len(m.view) && m.view[i].Self == self && m.view[i].Incarnation == incarnation && incarnation != ""
+}
+
+// CheckLive applies the lease rule with a fresh read of the holder's heartbeat (one LIST,
+// plus a GET when its ETag changed): use it before taking over a lease.
+func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (bool, error) {
+	if incarnation == "" {
+		return false, nil
+	}
+	key := HeartbeatKey(self)
+	objs, now, err := m.list(ctx, key)
+	if err != nil {
+		m.stats.listErrors.Add(1)
+		return false, fmt.Errorf("checking heartbeat: %v", err)
+	}
+	for _, o := range objs {
+		if o.Key != key {
+			continue
+		}
+		if now.Sub(o.LastModified) > m.cfg.DeadAfter {
+			return false, nil
+		}
+		if key == m.key {
+			return incarnation == m.cfg.Incarnation, nil
+		}
+		m.mu.Lock()
+		c, ok := m.bodies[key]
+		m.mu.Unlock()
+		if ok && o.ETag != "" && c.etag == o.ETag {
+			return c.hb.Incarnation == incarnation, nil
+		}
+		m.stats.gets.Add(1)
+		hb, etag, err := m.readBody(ctx, key)
+		if errors.Is(err, bucket.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			m.stats.getErrors.Add(1)
+			return false, fmt.Errorf("checking heartbeat: %v", err)
+		}
+		m.mu.Lock()
+		m.bodies[key] = cachedBody{etag: etag, hb: hb}
+		m.mu.Unlock()
+		return hb.Incarnation == incarnation, nil
+	}
+	return false, nil
+}
+
+// Stats returns a snapshot of the counters.
+func (m *Membership) Stats() MembershipStats {
+	s := &m.stats
+	return MembershipStats{
+		Beats: s.beats.Load(), Puts: s.puts.Load(), PutErrors: s.putErrors.Load(),
+		Lists: s.lists.Load(), ListErrors: s.listErrors.Load(),
+		Gets: s.gets.Load(), GetErrors: s.getErrors.Load(),
+		SkippedBeats: s.skipped.Load(), Fences: s.fences.Load(),
+		ClockFallbacks: s.clockFallbacks.Load(), DuplicateSelf: s.duplicateSelf.Load(),
+	}
+}
+
+// Close stops the heartbeat loop and waits for it; the heartbeat object stays (a config
+// reload or a crash looks the same to peers). Close is idempotent.
+func (m *Membership) Close() {
+	m.runMu.Lock()
+	cancel, done := m.cancel, m.done
+	m.runMu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-done
+}
+
+// Leave stops the loop and deletes this box's heartbeat, so peers stop counting it at
+// their next listing: the first step of a drain. The box's leases become free in peers'
+// eyes at that moment.
+func (m *Membership) Leave(ctx context.Context) error {
+	m.Close()
+	if err := m.b.Delete(ctx, m.key, bucket.Cond{}); err != nil {
+		return fmt.Errorf("deleting heartbeat: %v", err)
+	}
+	m.mu.Lock()
+	kept := m.view[:0:0]
+	for _, mem := range m.view {
+		if mem.Self != m.cfg.Self {
+			kept = append(kept, mem)
+		}
+	}
+	m.view = kept
+	m.mu.Unlock()
+	return nil
+}
