@@ -1,0 +1,429 @@
+package space
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver for consistent snapshots
+)
+
+// sqliteHeader starts every SQLite database file.
+var sqliteHeader = []byte("SQLite format 3\x00")
+
+// Stats describes one checkpoint.
+type Stats struct {
+	Files         int
+	BlobsUploaded int
+	BytesUploaded int64
+	// ManifestWritten is false when nothing changed: no write at all.
+	ManifestWritten bool
+	Duration        time.Duration
+}
+
+// Syncer moves one space's data directory to and from the bucket. It remembers the manifest
+// and ETag this box last read or wrote, which every manifest write is conditioned on. A Syncer
+// is used by one goroutine at a time (the engine's per-space operation lock).
+type Syncer struct {
+	Bucket    bucket.Bucket
+	Host      string
+	DataDir   string // the live data directory
+	WorkDir   string // scratch space on the same filesystem as DataDir
+	WrittenBy string // recorded in manifests
+
+	manifest *Manifest
+	etag     string
+	// hashes maps a file's stat fingerprint to its snapshot's content, so unchanged files
+	// (and unchanged SQLite databases) are neither re-read nor re-uploaded.
+	hashes map[string]File
+	// known holds blob hashes known to exist in the bucket.
+	known map[string]bool
+}
+
+// Manifest returns the manifest this box last read or wrote (nil before Load or for a new
+// space) and its ETag.
+func (s *Syncer) Manifest() (*Manifest, string) { return s.manifest, s.etag }
+
+// Load reads the current manifest; later writes are conditioned on its ETag.
+func (s *Syncer) Load(ctx context.Context) error {
+	m, etag, err := ReadManifest(ctx, s.Bucket, s.Host)
+	if err != nil {
+		return err
+	}
+	s.manifest, s.etag = m, etag
+	s.known = make(map[string]bool)
+	if m != nil {
+		for _, f := range m.Files {
+			s.known[f.SHA256] = true
+		}
+	}
+	return nil
+}
+
+// Restore downloads every file of the loaded manifest, verifies its hash, writes it into a
+// fresh directory and swaps that in as DataDir. With no manifest, DataDir becomes empty.
+func (s *Syncer) Restore(ctx context.Context) error {
+	if err := os.MkdirAll(s.WorkDir, 0o700); err != nil {
+		return err
+	}
+	fresh, err := os.MkdirTemp(s.WorkDir, "restore-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(fresh)
+	s.hashes = make(map[string]File)
+	restored := map[string]File{}
+	if s.manifest != nil {
+		for _, f := range s.manifest.Files {
+			if err := s.download(ctx, fresh, f); err != nil {
+				return err
+			}
+			restored[f.Path] = f
+		}
+	}
+	if err := os.Chmod(fresh, 0o700); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(s.DataDir), 0o700); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(s.DataDir); err == nil {
+		old := filepath.Join(s.WorkDir, "old-"+randHex(6))
+		if err := os.Rename(s.DataDir, old); err != nil {
+			return fmt.Errorf("moving old data dir aside: %v", err)
+		}
+		defer os.RemoveAll(old)
+	}
+	if err := os.Rename(fresh, s.DataDir); err != nil {
+		return fmt.Errorf("swapping in restored data dir: %v", err)
+	}
+	// Seed the fingerprint cache: the restored files are exactly their blobs.
+	for p, f := range restored {
+		if fp, err := fingerprint(s.DataDir, p); err == nil {
+			s.hashes[fp] = f
+		}
+	}
+	return nil
+}
+
+func (s *Syncer) download(ctx context.Context, root string, f File) error {
+	rel := filepath.FromSlash(f.Path)
+	if !fs.ValidPath(f.Path) || f.Path == "." {
+		return fmt.Errorf("manifest names an invalid path %q", f.Path)
+	}
+	dst := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return err
+	}
+	obj, err := s.Bucket.Get(ctx, BlobKey(s.Host, f.SHA256))
+	if err != nil {
+		return fmt.Errorf("downloading %s: %w", f.Path, err)
+	}
+	defer obj.Body.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, fs.FileMode(f.Mode&0o777)|0o600)
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(out, h), obj.Body)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("downloading %s: %w", f.Path, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 || n != f.Size {
+		return fmt.Errorf("blob of %s is corrupt: sha256 %s size %d, manifest says %s size %d", f.Path, got, n, f.SHA256, f.Size)
+	}
+	return os.Chmod(dst, fs.FileMode(f.Mode&0o777))
+}
+
+// Checkpoint snapshots DataDir, uploads the blobs the bucket lacks and writes a new manifest
+// conditioned on the last ETag this box saw. Nothing is written when neither the files nor
+// nextWake changed. ErrFenced means another writer owns the space: do not retry.
+func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.Time) (Stats, error) {
+	start := time.Now()
+	var st Stats
+	if s.hashes == nil {
+		s.hashes = make(map[string]File)
+	}
+	if s.known == nil {
+		s.known = make(map[string]bool)
+	}
+	if err := os.MkdirAll(s.WorkDir, 0o700); err != nil {
+		return st, err
+	}
+	snap, err := os.MkdirTemp(s.WorkDir, "snap-")
+	if err != nil {
+		return st, err
+	}
+	defer os.RemoveAll(snap)
+
+	files, staged, err := s.snapshot(ctx, snap)
+	if err != nil {
+		return st, err
+	}
+	st.Files = len(files)
+	if s.manifest != nil && sameFiles(s.manifest.Files, files) && sameTime(s.manifest.NextWake, nextWake) {
+		st.Duration = time.Since(start)
+		return st, nil
+	}
+	for _, f := range files {
+		if s.known[f.SHA256] {
+			continue
+		}
+		n, err := s.upload(ctx, f, staged[f.SHA256])
+		if err != nil {
+			return st, err
+		}
+		if n > 0 {
+			st.BlobsUploaded++
+			st.BytesUploaded += n
+		}
+		s.known[f.SHA256] = true
+	}
+	m := &Manifest{Files: files, WrittenBy: s.WrittenBy, WrittenAt: now.UTC(), NextWake: nextWake}
+	if s.manifest != nil {
+		m.Generation = s.manifest.Generation
+	}
+	m.Generation++
+	etag, err := WriteManifest(ctx, s.Bucket, s.Host, m, s.etag)
+	if err != nil {
+		return st, err
+	}
+	s.manifest, s.etag = m, etag
+	st.ManifestWritten = true
+	st.Duration = time.Since(start)
+	return st, nil
+}
+
+// upload puts one blob unless the bucket already has it; it returns the bytes sent.
+func (s *Syncer) upload(ctx context.Context, f File, staged string) (int64, error) {
+	key := BlobKey(s.Host, f.SHA256)
+	if _, err := s.Bucket.Head(ctx, key); err == nil {
+		return 0, nil
+	} else if !errors.Is(err, bucket.ErrNotFound) {
+		return 0, fmt.Errorf("checking blob of %s: %w", f.Path, err)
+	}
+	if staged == "" {
+		return 0, fmt.Errorf("no staged copy of %s", f.Path)
+	}
+	in, err := os.Open(staged)
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
+	_, err = s.Bucket.Put(ctx, key, in, f.Size, bucket.Cond{IfNoneMatch: true})
+	if errors.Is(err, bucket.ErrPreconditionFailed) || errors.Is(err, bucket.ErrConflict) {
+		return 0, nil // content-addressed: someone stored the same bytes
+	}
+	if err != nil {
+		return 0, fmt.Errorf("uploading blob of %s: %w", f.Path, err)
+	}
+	return f.Size, nil
+}
+
+// snapshot walks DataDir and returns its files (sorted by path) and, for contents the bucket
+// may lack, a staged copy in dir keyed by hash. SQLite databases are copied with VACUUM INTO
+// (a consistent read transaction), never byte-copied live; their -wal, -shm and -journal
+// files are skipped. Symlinks are refused.
+func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]string, error) {
+	var files []File
+	staged := make(map[string]string)
+	fresh := make(map[string]File)
+	err := filepath.WalkDir(s.DataDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(s.DataDir, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if d.Type()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("refusing symlink %s in data dir", rel)
+		}
+		if d.IsDir() || !d.Type().IsRegular() {
+			return nil
+		}
+		if isSQLiteSidecar(s.DataDir, rel) {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		fp, err := fingerprint(s.DataDir, rel)
+		if err != nil {
+			return err
+		}
+		if f, ok := s.hashes[fp]; ok && s.known[f.SHA256] {
+			f.Path, f.Mode = rel, uint32(info.Mode().Perm())
+			files = append(files, f)
+			fresh[fp] = f
+			return nil
+		}
+		tmp := filepath.Join(dir, randHex(8))
+		f, err := stage(ctx, p, tmp)
+		if err != nil {
+			return fmt.Errorf("snapshotting %s: %w", rel, err)
+		}
+		f.Path, f.Mode = rel, uint32(info.Mode().Perm())
+		files = append(files, f)
+		fresh[fp] = f
+		if s.known[f.SHA256] || staged[f.SHA256] != "" {
+			os.Remove(tmp)
+		} else {
+			staged[f.SHA256] = tmp
+		}
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) && len(files) == 0 {
+		if _, serr := os.Stat(s.DataDir); errors.Is(serr, fs.ErrNotExist) {
+			err = nil
+		}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	s.hashes = fresh
+	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	return files, staged, nil
+}
+
+// stage copies src to dst consistently and hashes the copy.
+func stage(ctx context.Context, src, dst string) (File, error) {
+	isDB, err := isSQLite(src)
+	if err != nil {
+		return File{}, err
+	}
+	if isDB {
+		if err := vacuumInto(ctx, src, dst); err != nil {
+			return File{}, err
+		}
+		return hashFile(dst)
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return File{}, err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return File{}, err
+	}
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(out, h), in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return File{}, err
+	}
+	return File{Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+func vacuumInto(ctx context.Context, src, dst string) error {
+	// The instance may hold write locks; wait for them rather than fail.
+	db, err := sql.Open("sqlite", "file:"+src+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
+		return fmt.Errorf("vacuum into: %v", err)
+	}
+	return nil
+}
+
+func hashFile(p string) (File, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return File{}, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return File{}, err
+	}
+	return File{Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+func isSQLite(p string) (bool, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	buf := make([]byte, len(sqliteHeader))
+	n, err := io.ReadFull(f, buf)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return false, err
+	}
+	return n == len(buf) && bytes.Equal(buf, sqliteHeader), nil
+}
+
+var sidecarSuffixes = []string{"-wal", "-shm", "-journal"}
+
+// isSQLiteSidecar reports whether rel is the WAL, shared-memory or rollback journal of a
+// SQLite database beside it.
+func isSQLiteSidecar(root, rel string) bool {
+	for _, suf := range sidecarSuffixes {
+		if base, ok := strings.CutSuffix(rel, suf); ok && path.Base(base) != "" {
+			if db, err := isSQLite(filepath.Join(root, filepath.FromSlash(base))); err == nil && db {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// fingerprint identifies a file's current content without reading it: inode, size, mtime and
+// ctime of the file and of its SQLite sidecars (a WAL write leaves the main file untouched).
+// ctime cannot be set by the instance, so a rewrite with a forged mtime is still noticed.
+func fingerprint(root, rel string) (string, error) {
+	var b strings.Builder
+	b.WriteString(rel)
+	for i, suf := range append([]string{""}, sidecarSuffixes...) {
+		fi, err := os.Lstat(filepath.Join(root, filepath.FromSlash(rel+suf)))
+		if err != nil {
+			if i > 0 && errors.Is(err, fs.ErrNotExist) {
+				b.WriteString("|-")
+				continue
+			}
+			return "", err
+		}
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		if st == nil {
+			return "", fmt.Errorf("no stat for %s", rel)
+		}
+		fmt.Fprintf(&b, "|%d:%d:%d:%d:%d.%d:%o", st.Dev, st.Ino, fi.Size(), fi.ModTime().UnixNano(), st.Ctim.Sec, st.Ctim.Nsec, fi.Mode())
+	}
+	return b.String(), nil
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
