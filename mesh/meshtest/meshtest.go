@@ -171,7 +171,7 @@ const (
 type Counting struct {
 	bucket.Bucket
 	// fail, when set, is asked before each request; a non-nil error fails it unsent.
-	fail atomic.Pointer[func(op Op, key string) error]
+	fail atomic.Pointer[func(ctx context.Context, op Op, key string) error]
 
 	mu     sync.Mutex
 	counts map[Op]int64
@@ -182,7 +182,7 @@ func NewCounting(b bucket.Bucket) *Counting { return &Counting{Bucket: b, counts
 
 // SetFail installs f, asked before each request: a non-nil error fails the request
 // unsent. nil stops failing.
-func (c *Counting) SetFail(f func(op Op, key string) error) {
+func (c *Counting) SetFail(f func(ctx context.Context, op Op, key string) error) {
 	if f == nil {
 		c.fail.Store(nil)
 		return
@@ -190,12 +190,12 @@ func (c *Counting) SetFail(f func(op Op, key string) error) {
 	c.fail.Store(&f)
 }
 
-func (c *Counting) note(op Op, key string) error {
+func (c *Counting) note(ctx context.Context, op Op, key string) error {
 	c.mu.Lock()
 	c.counts[op]++
 	c.mu.Unlock()
 	if f := c.fail.Load(); f != nil {
-		return (*f)(op, key)
+		return (*f)(ctx, op, key)
 	}
 	return nil
 }
@@ -229,7 +229,7 @@ func (c *Counting) Reset() {
 
 // Get implements bucket.Bucket.
 func (c *Counting) Get(ctx context.Context, key string) (*bucket.Object, error) {
-	if err := c.note(OpGet, key); err != nil {
+	if err := c.note(ctx, OpGet, key); err != nil {
 		return nil, err
 	}
 	return c.Bucket.Get(ctx, key)
@@ -237,7 +237,7 @@ func (c *Counting) Get(ctx context.Context, key string) (*bucket.Object, error) 
 
 // Head implements bucket.Bucket.
 func (c *Counting) Head(ctx context.Context, key string) (bucket.Info, error) {
-	if err := c.note(OpHead, key); err != nil {
+	if err := c.note(ctx, OpHead, key); err != nil {
 		return bucket.Info{}, err
 	}
 	return c.Bucket.Head(ctx, key)
@@ -245,7 +245,7 @@ func (c *Counting) Head(ctx context.Context, key string) (bucket.Info, error) {
 
 // Put implements bucket.Bucket.
 func (c *Counting) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
-	if err := c.note(OpPut, key); err != nil {
+	if err := c.note(ctx, OpPut, key); err != nil {
 		return bucket.Info{}, err
 	}
 	return c.Bucket.Put(ctx, key, body, size, cond)
@@ -253,7 +253,7 @@ func (c *Counting) Put(ctx context.Context, key string, body io.Reader, size int
 
 // Delete implements bucket.Bucket.
 func (c *Counting) Delete(ctx context.Context, key string, cond bucket.Cond) error {
-	if err := c.note(OpDelete, key); err != nil {
+	if err := c.note(ctx, OpDelete, key); err != nil {
 		return err
 	}
 	return c.Bucket.Delete(ctx, key, cond)
@@ -261,7 +261,7 @@ func (c *Counting) Delete(ctx context.Context, key string, cond bucket.Cond) err
 
 // List implements bucket.Bucket.
 func (c *Counting) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
-	if err := c.note(OpList, prefix); err != nil {
+	if err := c.note(ctx, OpList, prefix); err != nil {
 		return bucket.ListPage{}, err
 	}
 	return c.Bucket.List(ctx, prefix, token)
@@ -269,7 +269,7 @@ func (c *Counting) List(ctx context.Context, prefix, token string) (bucket.ListP
 
 // Copy implements bucket.Bucket.
 func (c *Counting) Copy(ctx context.Context, src, dst string) (bucket.Info, error) {
-	if err := c.note(OpCopy, dst); err != nil {
+	if err := c.note(ctx, OpCopy, dst); err != nil {
 		return bucket.Info{}, err
 	}
 	return c.Bucket.Copy(ctx, src, dst)

@@ -1,0 +1,334 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/mesh/meshtest"
+)
+
+func newTestMember(t *testing.T, b bucket.Bucket, self, region string, mod func(*MembershipConfig)) *Membership {
+	t.Helper()
+	cfg := MembershipConfig{
+		Self:      self,
+		Region:    region,
+		Domains:   []string{"example.com"},
+		Version:   "test",
+		Beat:      time.Second,
+		DeadAfter: 3 * time.Second,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	m, err := NewMembership(b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func selves(ms []Member) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Self
+	}
+	return out
+}
+
+func sameStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestMembershipConvergesWithinOneBeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := meshtest.NewMemBucket()
+		mem.Granularity = time.Second // S3 timestamps
+		ctx := t.Context()
+		urls := []string{"https://a.example.net", "https://b.example.net", "https://c.example.net"}
+		var boxes []*Membership
+		for i, u := range urls {
+			m := newTestMember(t, mem, u, fmt.Sprint("r", i%2), nil)
+			if err := m.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			boxes = append(boxes, m)
+		}
+		// The first box started alone; one beat later everyone sees everyone.
+		if got := selves(boxes[0].Live()); !sameStrings(got, urls[:1]) {
+			t.Fatalf("first box before a beat sees %v", got)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		for i, b := range boxes {
+			live := b.Live()
+			if got := selves(live); !sameStrings(got, urls) {
+				t.Fatalf("box %d sees %v, want %v", i, got, urls)
+			}
+			for _, m := range live {
+				if m.Region == "" || len(m.Domains) != 1 || m.Incarnation == "" || m.Version != "test" {
+					t.Fatalf("box %d: member body not read: %+v", i, m)
+				}
+				if m.Age < 0 || m.Age > 2*time.Second {
+					t.Fatalf("box %d: member %s age %s", i, m.Self, m.Age)
+				}
+			}
+			if b.Fenced() {
+				t.Fatalf("box %d fenced while healthy", i)
+			}
+		}
+		// Every box computes the same owners from its own view.
+		for i := 0; i < 200; i++ {
+			host := fmt.Sprintf("s%d.example.com", i)
+			o0, _ := Owner(host, boxes[0].Live(), "r1")
+			for _, b := range boxes[1:] {
+				if o, _ := Owner(host, b.Live(), "r1"); o.Self != o0.Self {
+					t.Fatalf("%s: owners disagree: %s vs %s", host, o.Self, o0.Self)
+				}
+			}
+			if o0.Region != "r1" {
+				t.Fatalf("%s placed on region %q, want r1", host, o0.Region)
+			}
+		}
+	})
+}
+
+func TestMembershipSteadyStateCost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := meshtest.NewMemBucket()
+		counted := meshtest.NewCounting(mem)
+		ctx := t.Context()
+		peer := newTestMember(t, mem, "https://peer.example.net", "", nil)
+		peer.Start(ctx)
+		defer peer.Close()
+		m := newTestMember(t, counted, "https://me.example.net", "", nil)
+		m.Start(ctx)
+		defer m.Close()
+		time.Sleep(time.Second) // first full beat reads the peer's body once
+		synctest.Wait()
+		counted.Reset()
+		const beats = 100
+		time.Sleep(beats * time.Second)
+		synctest.Wait()
+		c := counted.Counts()
+		if c[meshtest.OpPut] != beats || c[meshtest.OpList] != beats || c[meshtest.OpGet] != 0 || counted.Total() != 2*beats {
+			t.Fatalf("over %d beats: %v, want %d PUT + %d LIST and nothing else", beats, c, beats, beats)
+		}
+		// A restarted peer (new incarnation, new body, new ETag) is read exactly once.
+		peer.Close()
+		peer2 := newTestMember(t, mem, "https://peer.example.net", "", nil)
+		peer2.Start(ctx)
+		defer peer2.Close()
+		counted.Reset()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if got := counted.Counts()[meshtest.OpGet]; got != 1 {
+			t.Fatalf("restarted peer read %d times, want 1", got)
+		}
+		if !m.IsLive("https://peer.example.net", peer2.Config().Incarnation) || m.IsLive("https://peer.example.net", peer.Config().Incarnation) {
+			t.Fatal("IsLive does not follow the peer's incarnation")
+		}
+	})
+}
+
+func TestMembershipDeathAndLeave(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := meshtest.NewMemBucket()
+		ctx := t.Context()
+		a := newTestMember(t, mem, "https://a.example.net", "", nil)
+		b := newTestMember(t, mem, "https://b.example.net", "", nil)
+		c := newTestMember(t, mem, "https://c.example.net", "", nil)
+		for _, m := range []*Membership{a, b, c} {
+			m.Start(ctx)
+			defer m.Close()
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if n := len(a.Live()); n != 3 {
+			t.Fatalf("a sees %d members", n)
+		}
+		bInc := b.Config().Incarnation
+
+		// b is killed: its heartbeat stays and rots. Still live at DeadAfter, dead after.
+		b.Close()
+		killedAt := time.Now()
+		for time.Since(killedAt) < 3*time.Second {
+			time.Sleep(time.Second)
+			synctest.Wait()
+			if !a.IsLive(b.Config().Self, bInc) {
+				t.Fatalf("b dead after only %s", time.Since(killedAt))
+			}
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if a.IsLive(b.Config().Self, bInc) {
+			t.Fatal("b still live 4s after its last beat with dead_after 3s")
+		}
+		if live, err := a.CheckLive(ctx, b.Config().Self, bInc); err != nil || live {
+			t.Fatalf("CheckLive(dead b) = %v, %v", live, err)
+		}
+
+		// c drains: gone from every view at the next listing.
+		if live, err := a.CheckLive(ctx, c.Config().Self, c.Config().Incarnation); err != nil || !live {
+			t.Fatalf("CheckLive(c) = %v, %v", live, err)
+		}
+		if err := c.Leave(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if live, _ := a.CheckLive(ctx, c.Config().Self, c.Config().Incarnation); live {
+			t.Fatal("CheckLive true right after Leave")
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := selves(a.Live()); !sameStrings(got, []string{"https://a.example.net"}) {
+			t.Fatalf("after kill and drain a sees %v", got)
+		}
+	})
+}
+
+// TestMembershipFencesBeforePeersTakeOver cuts one box off from the bucket and checks
+// that it fences itself, with the margin, before any peer counts it dead, and resumes
+// when writes succeed again.
+func TestMembershipFencesBeforePeersTakeOver(t *testing.T) {
+	for _, mode := range []string{"fail", "hang"} {
+		t.Run(mode, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := meshtest.NewMemBucket()
+				mem.Granularity = time.Second
+				ctx := t.Context()
+				cut := meshtest.NewCounting(mem)
+				var mu sync.Mutex
+				var events []bool
+				var fencedAt time.Time
+				a := newTestMember(t, cut, "https://a.example.net", "", func(c *MembershipConfig) {
+					c.OnFence = func(v bool) {
+						mu.Lock()
+						events = append(events, v)
+						if v {
+							fencedAt = time.Now()
+						}
+						mu.Unlock()
+					}
+				})
+				if !a.Fenced() {
+					t.Fatal("fresh membership not fenced before its first write")
+				}
+				peer := newTestMember(t, mem, "https://p.example.net", "", nil)
+				a.Start(ctx)
+				defer a.Close()
+				peer.Start(ctx)
+				defer peer.Close()
+				if a.Fenced() {
+					t.Fatal("fenced after a successful first write")
+				}
+				time.Sleep(1500 * time.Millisecond)
+				synctest.Wait()
+
+				// Cut the bucket off. The last successful write was sent at the 1s beat.
+				lastOK := time.Now().Add(-500 * time.Millisecond)
+				cut.SetFail(func(ctx context.Context, op meshtest.Op, key string) error {
+					if mode == "hang" {
+						<-ctx.Done() // only the op timeout ends the request
+						return ctx.Err()
+					}
+					return errors.New("connection refused")
+				})
+				var peerSawDeadAt time.Time
+				for i := 0; i < 100 && peerSawDeadAt.IsZero(); i++ {
+					time.Sleep(100 * time.Millisecond)
+					synctest.Wait()
+					if !peer.IsLive(a.Config().Self, a.Config().Incarnation) {
+						peerSawDeadAt = time.Now()
+					}
+				}
+				mu.Lock()
+				fa := fencedAt
+				mu.Unlock()
+				if fa.IsZero() || peerSawDeadAt.IsZero() {
+					t.Fatalf("fenced at %v, peer saw dead at %v", fa, peerSawDeadAt)
+				}
+				if got := fa.Sub(lastOK); got < a.FenceAfter() || got > a.FenceAfter()+10*time.Millisecond {
+					t.Fatalf("fenced %s after the last good write was sent, want %s", got, a.FenceAfter())
+				}
+				if margin := peerSawDeadAt.Sub(fa); margin < 500*time.Millisecond {
+					t.Fatalf("fenced only %s before the peer took over", margin)
+				}
+				if st := a.Stats(); st.Fences != 1 || st.PutErrors == 0 {
+					t.Fatalf("stats %+v", st)
+				}
+				// Reads failed too; a keeps its last view rather than emptying it.
+				if n := len(a.Live()); n != 2 {
+					t.Fatalf("a's view after failed listings has %d members, want the last view of 2", n)
+				}
+
+				cut.SetFail(nil)
+				// A hung beat may still hold the slot for one op timeout, then one beat
+				// writes and the peer's next listing sees it.
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				mu.Lock()
+				got := append([]bool{}, events...)
+				mu.Unlock()
+				// false at the first write (Start), true when cut off, false when back.
+				if len(got) != 3 || got[0] || !got[1] || got[2] || a.Fenced() {
+					t.Fatalf("fence events %v (fenced now: %v), want [false true false]", got, a.Fenced())
+				}
+				if !peer.IsLive(a.Config().Self, a.Config().Incarnation) {
+					t.Fatal("peer does not see a again")
+				}
+			})
+		})
+	}
+}
+
+func TestMembershipConfigChecks(t *testing.T) {
+	mem := meshtest.NewMemBucket()
+	for _, tc := range []struct {
+		name string
+		cfg  MembershipConfig
+	}{
+		{"bad self", MembershipConfig{Self: "https://a.example.net/path"}},
+		{"dead not after beat", MembershipConfig{Self: "https://a", Beat: time.Second, DeadAfter: time.Second}},
+		{"margin leaves no beat", MembershipConfig{Self: "https://a", Beat: time.Second, DeadAfter: 3 * time.Second, FenceMargin: 2 * time.Second}},
+	} {
+		if _, err := NewMembership(mem, tc.cfg); err == nil {
+			t.Errorf("%s: accepted", tc.name)
+		}
+	}
+	m, err := NewMembership(mem, MembershipConfig{Self: "https://a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := m.Config(); c.Beat != 15*time.Second || c.DeadAfter != 45*time.Second || m.FenceAfter() != 30*time.Second {
+		t.Fatalf("defaults: beat %s dead %s fence after %s", c.Beat, c.DeadAfter, m.FenceAfter())
+	}
+}
+
+func TestHeartbeatKey(t *testing.T) {
+	k := HeartbeatKey("https://box-1.example.net")
+	if k != "mesh/members/aHR0cHM6Ly9ib3gtMS5leGFtcGxlLm5ldA" {
+		t.Fatalf("key %s differs from the seed's documented encoding", k)
+	}
+	if s, ok := SelfFromKey(k); !ok || s != "https://box-1.example.net" {
+		t.Fatalf("SelfFromKey = %q, %v", s, ok)
+	}
+	for _, bad := range []string{"mesh/members/!!", "mesh/members/", "mesh/members/aGVsbG8"} {
+		if _, ok := SelfFromKey(bad); ok {
+			t.Errorf("SelfFromKey(%q) accepted", bad)
+		}
+	}
+}
