@@ -143,6 +143,8 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		return write("id: %d\nevent: message\ndata: %s\n\n", m.ID, b)
 	}
 
+	tick := s.clock.NewTicker(s.keepalive)
+	defer tick.Stop()
 	if !write("retry: 3000\n: connected\n\n") {
 		return
 	}
@@ -151,8 +153,6 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	tick := s.clock.NewTicker(s.keepalive)
-	defer tick.Stop()
 	for {
 		select {
 		case <-r.Context().Done():
@@ -203,6 +203,8 @@ func (s *Server) handleWS(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
+	tick := s.clock.NewTicker(s.keepalive)
+	defer tick.Stop()
 	c, err := websocket.Accept(w, r, nil)
 	if err != nil {
 		return // Accept has answered the client
@@ -224,8 +226,6 @@ func (s *Server) handleWS(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	tick := s.clock.NewTicker(s.keepalive)
-	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
