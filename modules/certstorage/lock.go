@@ -1,0 +1,297 @@
+package certstorage
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/bucket"
+)
+
+// Lock defaults.
+const (
+	// DefaultLockTTL is how long a lock stays valid without a refresh. A holder
+	// refreshes well within it; a killed holder's lock is free this long after its
+	// last refresh.
+	DefaultLockTTL = 2 * time.Minute
+	// DefaultLockPoll is how often a waiting Lock looks at a held lock again.
+	DefaultLockPoll = time.Second
+	// clockSlack covers the whole-second LastModified resolution of S3 (and of
+	// HTTP dates), so a lock is never judged stale early by rounding.
+	clockSlack = time.Second
+)
+
+// ErrLockLost means a held lock was taken over by another holder (its refresh or
+// release lost a compare-and-swap), which only happens after it went unrefreshed
+// past its TTL.
+var ErrLockLost = errors.New("lock lost to another holder")
+
+// lockBody is the content of a lock object. Staleness is judged on the bucket's
+// clock (LastModified against the store's time) with TTL from the body, so the
+// holder's own clock never matters; Expires is for operators reading the object.
+type lockBody struct {
+	Owner   string    `json:"owner"`
+	TTLMS   int64     `json:"ttl_ms"`
+	Expires time.Time `json:"expires"`
+	// Seq counts refreshes. It makes every write's content, and so its ETag (a
+	// content hash on S3), unique: a takeover's If-Match must not match a refresh
+	// that happened after the staleness judgement.
+	Seq int64 `json:"seq"`
+}
+
+func (l *Locker) body(seq int64) []byte {
+	b, _ := json.Marshal(lockBody{Owner: l.Owner, TTLMS: l.ttl().Milliseconds(), Expires: time.Now().Add(l.ttl()).UTC(), Seq: seq})
+	return b
+}
+
+// Locker is a set of named locks kept as objects in a bucket, one per name under
+// Prefix. A lock is created with If-None-Match, refreshed and taken over with
+// If-Match on its ETag, and released by a delete with If-Match, so at most one
+// holder has it at a time across every process sharing the bucket.
+type Locker struct {
+	// Bucket holds the lock objects.
+	Bucket bucket.Bucket
+	// Prefix is prepended to every lock object key, e.g. "certs/locks/".
+	Prefix string
+	// Owner names this holder in lock bodies (never used for decisions).
+	Owner string
+	// TTL is a lock's validity without refresh. Default: DefaultLockTTL.
+	TTL time.Duration
+	// Refresh is the interval of a held lock's refresh. Default: TTL/4.
+	Refresh time.Duration
+	// Poll is how often a waiting Lock tries again. Default: DefaultLockPoll.
+	Poll time.Duration
+	// Logger receives refresh failures. Default: no logging.
+	Logger *zap.Logger
+
+	// mu guards held.
+	mu   sync.Mutex
+	held map[string]*heldLock
+}
+
+// heldLock is one lock this Locker holds. Its refresher is the only writer of
+// etag and lost after acquisition; Unlock reads them once the refresher stopped.
+type heldLock struct {
+	key    string
+	seq    int64
+	etag   string
+	lost   bool
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (l *Locker) ttl() time.Duration {
+	if l.TTL > 0 {
+		return l.TTL
+	}
+	return DefaultLockTTL
+}
+
+func (l *Locker) refresh() time.Duration {
+	if l.Refresh > 0 {
+		return l.Refresh
+	}
+	return l.ttl() / 4
+}
+
+func (l *Locker) poll() time.Duration {
+	if l.Poll > 0 {
+		return l.Poll
+	}
+	return DefaultLockPoll
+}
+
+func (l *Locker) logger() *zap.Logger {
+	if l.Logger != nil {
+		return l.Logger
+	}
+	return zap.NewNop()
+}
+
+// Key returns the bucket key of name's lock object.
+func (l *Locker) Key(name string) string {
+	return l.Prefix + url.PathEscape(name)
+}
+
+// Lock acquires name, waiting while another holder has it and its lock is fresh.
+func (l *Locker) Lock(ctx context.Context, name string) error {
+	for {
+		ok, err := l.TryLock(ctx, name)
+		if err != nil || ok {
+			return err
+		}
+		t := time.NewTimer(l.poll())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// TryLock makes one attempt at name: create the lock, or take over a stale one.
+// It reports whether the lock is now held.
+func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
+	key := l.Key(name)
+	body := l.body(0)
+	info, err := l.Bucket.Put(ctx, key, bytes.NewReader(body), int64(len(body)), bucket.Cond{IfNoneMatch: true})
+	switch {
+	case err == nil:
+		l.start(key, name, info.ETag)
+		return true, nil
+	case errors.Is(err, bucket.ErrPreconditionFailed), errors.Is(err, bucket.ErrConflict):
+	default:
+		return false, fmt.Errorf("creating lock %s: %w", key, err)
+	}
+
+	etag, stale, err := l.stale(ctx, key)
+	if err != nil || !stale {
+		return false, err
+	}
+	info, err = l.Bucket.Put(ctx, key, bytes.NewReader(body), int64(len(body)), bucket.Cond{IfMatch: etag})
+	switch {
+	case err == nil:
+		l.logger().Info("took over stale lock", zap.String("lock", name))
+		l.start(key, name, info.ETag)
+		return true, nil
+	case errors.Is(err, bucket.ErrPreconditionFailed), errors.Is(err, bucket.ErrConflict):
+		return false, nil // someone else refreshed, released or took it first
+	default:
+		return false, fmt.Errorf("taking over lock %s: %w", key, err)
+	}
+}
+
+// stale reports whether the lock object at key has outlived its TTL by the
+// bucket's clock, with the ETag that judgement is about. A missing lock is
+// reported as not stale: the next create attempt will get it.
+func (l *Locker) stale(ctx context.Context, key string) (etag string, stale bool, err error) {
+	obj, err := l.Bucket.Get(ctx, key)
+	if errors.Is(err, bucket.ErrNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("reading lock %s: %w", key, err)
+	}
+	raw, err := io.ReadAll(io.LimitReader(obj.Body, 64<<10))
+	obj.Body.Close()
+	if err != nil {
+		return "", false, fmt.Errorf("reading lock %s: %w", key, err)
+	}
+	ttl := l.ttl()
+	var b lockBody
+	if json.Unmarshal(raw, &b) == nil && b.TTLMS > 0 {
+		ttl = time.Duration(b.TTLMS) * time.Millisecond
+	}
+	// The listing carries the store's own time, against which LastModified counts.
+	page, err := l.Bucket.List(ctx, key, "")
+	if err != nil {
+		return "", false, fmt.Errorf("listing lock %s: %w", key, err)
+	}
+	for _, o := range page.Objects {
+		if o.Key != key {
+			continue
+		}
+		if o.ETag != obj.ETag {
+			return "", false, nil // changed between the reads: look again later
+		}
+		return o.ETag, page.Now.Sub(o.LastModified) > ttl+clockSlack, nil
+	}
+	return "", false, nil
+}
+
+// start records a held lock and runs its refresher.
+func (l *Locker) start(key, name string, etag string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &heldLock{key: key, etag: etag, cancel: cancel, done: make(chan struct{})}
+	l.mu.Lock()
+	if l.held == nil {
+		l.held = map[string]*heldLock{}
+	}
+	l.held[name] = h
+	l.mu.Unlock()
+	go l.refresher(ctx, name, h)
+}
+
+// refresher rewrites a held lock every Refresh so its LastModified stays fresh.
+// It is the only writer of h.seq, h.etag and h.lost until it returns.
+func (l *Locker) refresher(ctx context.Context, name string, h *heldLock) {
+	defer close(h.done)
+	defer func() {
+		if r := recover(); r != nil {
+			l.logger().Error("lock refresher panicked", zap.String("lock", name), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
+	t := time.NewTicker(l.refresh())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		h.seq++
+		body := l.body(h.seq)
+		info, err := l.Bucket.Put(ctx, h.key, bytes.NewReader(body), int64(len(body)), bucket.Cond{IfMatch: h.etag})
+		switch {
+		case err == nil:
+			h.etag = info.ETag
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, bucket.ErrPreconditionFailed):
+			h.lost = true
+			l.logger().Error("lock taken over by another holder while held", zap.String("lock", name))
+			return
+		default:
+			// A transient failure: the lock stays ours until its TTL runs out, and
+			// the next tick tries again.
+			l.logger().Warn("refreshing lock", zap.String("lock", name), zap.Error(err))
+		}
+	}
+}
+
+// Unlock releases name, which this Locker must hold.
+func (l *Locker) Unlock(ctx context.Context, name string) error {
+	l.mu.Lock()
+	h, ok := l.held[name]
+	delete(l.held, name)
+	l.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("unlocking %s: not held", name)
+	}
+	h.cancel()
+	<-h.done
+	if h.lost {
+		return fmt.Errorf("unlocking %s: %w", name, ErrLockLost)
+	}
+	err := l.Bucket.Delete(ctx, h.key, bucket.Cond{IfMatch: h.etag})
+	if errors.Is(err, bucket.ErrPreconditionFailed) {
+		return fmt.Errorf("unlocking %s: %w", name, ErrLockLost)
+	}
+	if err != nil {
+		return fmt.Errorf("unlocking %s: %w", name, err)
+	}
+	return nil
+}
+
+// Close stops refreshing every held lock without releasing it; each expires
+// after its TTL. It is for shutdown, where a release may no longer be possible.
+func (l *Locker) Close() {
+	l.mu.Lock()
+	held := l.held
+	l.held = nil
+	l.mu.Unlock()
+	for _, h := range held {
+		h.cancel()
+		<-h.done
+	}
+}

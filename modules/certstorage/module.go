@@ -1,0 +1,143 @@
+// Package certstorage is caddy.storage.lchat: Caddy's certificate storage (a
+// certmagic.Storage) on the lchat bucket, so every box of a fleet shares one set of
+// certificates and ACME accounts, and boxes never run two ACME orders for one name
+// at once: certmagic's locks are objects in the bucket, created with If-None-Match,
+// refreshed and taken over (once stale) with If-Match, released with If-Match.
+package certstorage
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
+	"github.com/google/uuid"
+
+	"github.com/lchat/lchat-caddy/bucket"
+)
+
+func init() {
+	caddy.RegisterModule(Module{})
+}
+
+// DefaultPrefix is the sub-prefix of the bucket that holds certificates.
+const DefaultPrefix = "certs"
+
+// Module is the caddy.storage.lchat storage module.
+type Module struct {
+	// BucketRaw is the lchat.buckets.* module the certificates live in. Required.
+	BucketRaw json.RawMessage `json:"bucket,omitempty" caddy:"namespace=lchat.buckets inline_key=backend"`
+
+	// Prefix is the sub-prefix, within the bucket's own prefix, for certificate
+	// keys. Default: "certs".
+	Prefix string `json:"prefix,omitempty"`
+
+	// LockTTL is how long a lock stays valid without a refresh, i.e. how long a
+	// killed holder blocks others. Default: 2m.
+	LockTTL caddy.Duration `json:"lock_ttl,omitempty"`
+
+	// LockRefresh is how often a held lock is refreshed. Default: lock_ttl/4.
+	LockRefresh caddy.Duration `json:"lock_refresh,omitempty"`
+
+	// LockPoll is how often a box waiting for a lock looks again. Default: 1s.
+	LockPoll caddy.Duration `json:"lock_poll,omitempty"`
+
+	storage *Storage
+}
+
+// CaddyModule returns the Caddy module information.
+func (Module) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "caddy.storage.lchat",
+		New: func() caddy.Module { return new(Module) },
+	}
+}
+
+// Provision loads the bucket and applies defaults.
+func (m *Module) Provision(ctx caddy.Context) error {
+	if m.BucketRaw == nil {
+		return fmt.Errorf("caddy.storage.lchat: bucket is required")
+	}
+	val, err := ctx.LoadModule(m, "BucketRaw")
+	if err != nil {
+		return fmt.Errorf("loading bucket: %v", err)
+	}
+	b, err := asBucket(val)
+	if err != nil {
+		return err
+	}
+	m.Prefix = caddy.NewReplacer().ReplaceAll(m.Prefix, "")
+	if m.Prefix == "" {
+		m.Prefix = DefaultPrefix
+	}
+	prefix, err := bucket.CleanPrefix(m.Prefix)
+	if err != nil {
+		return fmt.Errorf("caddy.storage.lchat: %v", err)
+	}
+	if m.LockTTL == 0 {
+		m.LockTTL = caddy.Duration(DefaultLockTTL)
+	}
+	if m.LockRefresh == 0 {
+		m.LockRefresh = m.LockTTL / 4
+	}
+	if m.LockPoll == 0 {
+		m.LockPoll = caddy.Duration(DefaultLockPoll)
+	}
+	host, _ := os.Hostname()
+	locker := &Locker{
+		Owner:   fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8]),
+		TTL:     time.Duration(m.LockTTL),
+		Refresh: time.Duration(m.LockRefresh),
+		Poll:    time.Duration(m.LockPoll),
+		Logger:  ctx.Logger().Named("locks"),
+	}
+	m.storage = NewStorage(b, prefix, locker)
+	return nil
+}
+
+// Validate checks that the lock timings can work.
+func (m *Module) Validate() error {
+	if m.LockTTL < 0 || m.LockRefresh < 0 || m.LockPoll < 0 {
+		return fmt.Errorf("caddy.storage.lchat: lock durations must not be negative")
+	}
+	if m.LockRefresh >= m.LockTTL {
+		return fmt.Errorf("caddy.storage.lchat: lock_refresh (%v) must be shorter than lock_ttl (%v)",
+			time.Duration(m.LockRefresh), time.Duration(m.LockTTL))
+	}
+	return nil
+}
+
+// asBucket accepts a guest module that is a bucket.Bucket or hands one out.
+func asBucket(val any) (bucket.Bucket, error) {
+	switch v := val.(type) {
+	case interface{ Bucket() bucket.Bucket }:
+		return v.Bucket(), nil
+	case bucket.Bucket:
+		return v, nil
+	}
+	return nil, fmt.Errorf("caddy.storage.lchat: module %T is not a bucket", val)
+}
+
+// CertMagicStorage returns the storage certmagic uses.
+func (m *Module) CertMagicStorage() (certmagic.Storage, error) {
+	return m.storage, nil
+}
+
+// Cleanup stops refreshing locks this config still holds; they expire after
+// lock_ttl. certmagic releases its locks itself when its work ends.
+func (m *Module) Cleanup() error {
+	if m.storage != nil {
+		m.storage.Locker.Close()
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner      = (*Module)(nil)
+	_ caddy.Validator        = (*Module)(nil)
+	_ caddy.CleanerUpper     = (*Module)(nil)
+	_ caddy.StorageConverter = (*Module)(nil)
+)
