@@ -98,8 +98,8 @@ func ParseEnv(getenv func(string) string) (Config, error) {
 	}
 	cfg.Token = Secret(tok)
 	cfg.Region = strings.TrimSpace(getenv(EnvRegion))
-	if strings.ContainsAny(cfg.Region, " \t\r\n,/") {
-		return Config{}, fmt.Errorf("%s: region %q must be a single label", EnvRegion, cfg.Region)
+	if cfg.Region != "" && !validToken(cfg.Region) {
+		return Config{}, fmt.Errorf("%s: region %q must be one label of letters, digits, '.', '_' or '-'", EnvRegion, cfg.Region)
 	}
 	return cfg, nil
 }

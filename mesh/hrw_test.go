@@ -1,0 +1,98 @@
+package mesh
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math/bits"
+	"testing"
+)
+
+// TestScoreStable pins the hash: every box of every version must agree on placement, so
+// a change here is a fleet-wide reshuffle and must be deliberate. The values were
+// computed independently (a Python rendering of FNV-1a 64 over self+"\x00"+host and the
+// splitmix64 finalizer), and the test also recomputes them with the standard library.
+func TestScoreStable(t *testing.T) {
+	for _, tc := range []struct {
+		self, host string
+		want       uint64
+	}{
+		{"https://box-1.example.net", "8oe.example.com", 0x0363c4255c1a7ca0},
+		{"https://box-2.example.net", "8oe.example.com", 0xf6a726bc8d320726},
+		{"http://10.0.0.5", "a.11ch.example.com", 0x34e358e5ab75f1c4},
+	} {
+		if got := Score(tc.self, tc.host); got != tc.want {
+			t.Errorf("Score(%q, %q) = %#x, want %#x", tc.self, tc.host, got, tc.want)
+		}
+		h := fnv.New64a()
+		h.Write([]byte(tc.self + "\x00" + tc.host))
+		if got := mix64(h.Sum64()); got != tc.want {
+			t.Errorf("hash/fnv + splitmix64 = %#x, want %#x", got, tc.want)
+		}
+	}
+}
+
+// TestScoreMixes checks the avalanche the finalizer is there for: flipping one input
+// character flips about half the output bits.
+func TestScoreMixes(t *testing.T) {
+	total, n := 0, 0
+	for i := 0; i < 2000; i++ {
+		a := Score("https://box-1.example.net", fmt.Sprintf("s%d.example.com", i))
+		b := Score("https://box-1.example.net", fmt.Sprintf("s%d.example.con", i))
+		c := Score("https://box-2.example.net", fmt.Sprintf("s%d.example.com", i))
+		total += bits.OnesCount64(a^b) + bits.OnesCount64(a^c)
+		n += 2
+	}
+	if avg := float64(total) / float64(n); avg < 30 || avg > 34 {
+		t.Fatalf("average flipped bits %.2f, want about 32", avg)
+	}
+}
+
+func TestOwner(t *testing.T) {
+	ms := []Member{
+		{Self: "https://a.example.net", Region: "ie"},
+		{Self: "https://b.example.net", Region: "ie"},
+		{Self: "https://c.example.net", Region: "fi"},
+		{Self: "https://d.example.net"},
+	}
+	if _, ok := Owner("x.example.com", nil, ""); ok {
+		t.Fatal("owner among no members")
+	}
+	counts := map[string]int{}
+	for i := 0; i < 4000; i++ {
+		host := fmt.Sprintf("s%d.example.com", i)
+		all, _ := Owner(host, ms, "")
+		counts[all.Self]++
+		// The highest score wins.
+		for _, m := range ms {
+			if Score(m.Self, host) > Score(all.Self, host) {
+				t.Fatalf("%s: %s outscores owner %s", host, m.Self, all.Self)
+			}
+		}
+		// Case and port of the Host header do not matter.
+		if o, _ := Owner("S"+host[1:]+":443", ms, ""); o.Self != all.Self {
+			t.Fatalf("%s: owner depends on host spelling", host)
+		}
+		// Member order does not matter.
+		rev := []Member{ms[3], ms[2], ms[1], ms[0]}
+		if o, _ := Owner(host, rev, ""); o.Self != all.Self {
+			t.Fatalf("%s: owner depends on member order", host)
+		}
+		ie, _ := Owner(host, ms, "ie")
+		if ie.Region != "ie" {
+			t.Fatalf("%s: home_region ie placed on %q", host, ie.Region)
+		}
+		fi, _ := Owner(host, ms, "fi")
+		if fi.Self != "https://c.example.net" {
+			t.Fatalf("%s: home_region fi placed on %s", host, fi.Self)
+		}
+		// No live box in the region: the whole fleet, not a stranded space.
+		if o, _ := Owner(host, ms, "us"); o.Self != all.Self {
+			t.Fatalf("%s: unserved region did not fall back to the fleet", host)
+		}
+	}
+	for _, m := range ms {
+		if c := counts[m.Self]; c < 800 || c > 1200 {
+			t.Errorf("%s owns %d of 4000 hosts, want about 1000", m.Self, c)
+		}
+	}
+}
