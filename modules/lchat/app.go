@@ -1,0 +1,485 @@
+// Package lchat is the Caddy glue of lchat-caddy on one box: the `lchat` app (registry,
+// bucket, hibernation engine), the `http.handlers.lchat` handler, the `admin.api.lchat`
+// endpoints and the CLI subcommands that call them.
+package lchat
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/registry"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+}
+
+// App is the `lchat` app: the routes of this box, the bucket their state lives in, and
+// the hibernation engine that wakes and sleeps them. The registry and the engine
+// outlive config reloads (they are held in a usage pool keyed by the registry path),
+// so a reload keeps every awake instance and its lease; only the last config letting
+// go of them (process exit, or a config without this app) drains the spaces.
+type App struct {
+	// BucketRaw is the object store for space state. Default: a file bucket in
+	// Caddy's data directory (`lchat/bucket`).
+	BucketRaw json.RawMessage `json:"bucket,omitempty" caddy:"namespace=lchat.buckets inline_key=backend"`
+
+	// StateDir holds the instances' sockets and data directories. Default: Caddy's
+	// data directory, `lchat/state`.
+	StateDir string `json:"state_dir,omitempty"`
+
+	// Registry is the path of the route store. Default: Caddy's data directory,
+	// `lchat/registry.db`.
+	Registry string `json:"registry,omitempty"`
+
+	// Kinds maps a kind name to how this box runs spaces of that kind.
+	Kinds map[string]*Kind `json:"kinds,omitempty"`
+
+	// MaxAwake caps the awake spaces on this box; the least recently used sleeps
+	// first. Default 0: unlimited.
+	MaxAwake int `json:"max_awake,omitempty"`
+
+	// WakeScanInterval is how often the box lists due scheduled wakes. Default 30s.
+	WakeScanInterval caddy.Duration `json:"wake_scan_interval,omitempty"`
+
+	kinds   map[string]engine.Kind
+	poolKey string
+	shared  *shared
+	logger  *zap.Logger
+}
+
+// Kind configures how this box runs one kind of space. The command always comes from
+// here, never from a route, since routes may arrive from peers.
+type Kind struct {
+	// Command is the executable: an absolute path, a name in PATH, or "{self}" for
+	// this lchat-caddy binary. Required.
+	Command string `json:"command,omitempty"`
+	// Args are the command's arguments.
+	Args []string `json:"args,omitempty"`
+	// Env is extra environment from this box's config (placeholders expanded).
+	Env map[string]string `json:"env,omitempty"`
+	// AllowedEnv lists the route env names this kind passes to the instance.
+	// Loader and shell variables (PATH, LD_*, ...) are never allowed.
+	AllowedEnv []string `json:"allowed_env,omitempty"`
+	// IdleTimeout sleeps a space this long after its last request. Default 10m.
+	IdleTimeout caddy.Duration `json:"idle_timeout,omitempty"`
+	// StopSignal asks the instance to stop: "SIGTERM" (default), "SIGINT",
+	// "SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2".
+	StopSignal string `json:"stop_signal,omitempty"`
+	// StopGrace is the wait after StopSignal before SIGKILL. Default 10s.
+	StopGrace caddy.Duration `json:"stop_grace,omitempty"`
+	// ReadyPath, when set, must answer 2xx over the socket before the space is
+	// ready; empty means the socket accepting a connection is enough.
+	ReadyPath string `json:"ready_path,omitempty"`
+	// ReadyTimeout bounds a wake. Default 30s.
+	ReadyTimeout caddy.Duration `json:"ready_timeout,omitempty"`
+	// Replication says when an awake space's state goes to the bucket.
+	// Default: periodic, every 60s.
+	Replication *Replication `json:"replication,omitempty"`
+	// WakePath is the POST target of scheduled wakes. Default "/".
+	WakePath string `json:"wake_path,omitempty"`
+}
+
+// Replication is a kind's replication class.
+type Replication struct {
+	// Class is "sleep", "periodic" (default) or "continuous".
+	Class string `json:"class,omitempty"`
+	// Interval is the periodic class's interval. Default 60s.
+	Interval caddy.Duration `json:"interval,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "lchat",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// shared is what outlives a reload: one per registry path.
+type shared struct {
+	reg    *registry.Registry
+	eng    *engine.Engine
+	bucket bucket.Bucket
+	logger *zap.Logger
+}
+
+// Destruct drains every awake space (checkpoint, release the lease) and closes the
+// registry. The pool calls it when the last config using this registry lets go.
+func (s *shared) Destruct() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	err := s.eng.Drain(ctx)
+	s.eng.Close()
+	if cerr := s.reg.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		s.logger.Error("draining spaces", zap.Error(err), zap.Duration("took", time.Since(start)))
+		return fmt.Errorf("draining spaces: %v", err)
+	}
+	s.logger.Info("drained spaces", zap.Duration("took", time.Since(start)))
+	return nil
+}
+
+var pool = caddy.NewUsagePool()
+
+// Provision sets defaults, expands placeholders, loads the bucket and joins (or
+// creates) the registry and engine for the registry path.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	repl := caddy.NewReplacer()
+	expand := func(s string) string { return repl.ReplaceKnown(s, "") }
+
+	dataDir := filepath.Join(caddy.AppDataDir(), "lchat")
+	a.StateDir = expand(a.StateDir)
+	if a.StateDir == "" {
+		a.StateDir = filepath.Join(dataDir, "state")
+	}
+	a.Registry = expand(a.Registry)
+	if a.Registry == "" {
+		a.Registry = filepath.Join(dataDir, "registry.db")
+	}
+	var err error
+	if a.StateDir, err = filepath.Abs(a.StateDir); err != nil {
+		return fmt.Errorf("state_dir: %v", err)
+	}
+	if a.Registry, err = filepath.Abs(a.Registry); err != nil {
+		return fmt.Errorf("registry: %v", err)
+	}
+	if a.WakeScanInterval == 0 {
+		a.WakeScanInterval = caddy.Duration(30 * time.Second)
+	}
+
+	a.kinds = make(map[string]engine.Kind, len(a.Kinds))
+	for name, kc := range a.Kinds {
+		k, err := kc.engineKind(name, expand)
+		if err != nil {
+			return fmt.Errorf("kinds.%s: %v", name, err)
+		}
+		a.kinds[name] = k
+	}
+
+	var bkt bucket.Bucket
+	if a.BucketRaw != nil {
+		mod, err := ctx.LoadModule(a, "BucketRaw")
+		if err != nil {
+			return fmt.Errorf("loading bucket: %v", err)
+		}
+		b, ok := mod.(bucket.Bucket)
+		if !ok {
+			return fmt.Errorf("bucket: module %T is not a bucket", mod)
+		}
+		bkt = b
+	}
+
+	val, loaded, err := pool.LoadOrNew(a.Registry, func() (caddy.Destructor, error) {
+		return a.newShared(ctx, bkt, dataDir)
+	})
+	if err != nil {
+		return err
+	}
+	a.poolKey = a.Registry
+	a.shared = val.(*shared)
+	if loaded {
+		// The engine keeps running across the reload; pass it changed kinds if it can
+		// take them.
+		if sk, ok := any(a.shared.eng).(interface{ SetKinds(map[string]engine.Kind) }); ok {
+			sk.SetKinds(a.kinds)
+		}
+		if bkt != nil && bkt.String() != a.shared.bucket.String() {
+			a.logger.Warn("bucket changed in config; the running engine keeps its bucket until the process restarts",
+				zap.String("running", a.shared.bucket.String()), zap.String("configured", bkt.String()))
+		}
+	}
+	registerMetrics(ctx, a)
+	return nil
+}
+
+func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*shared, error) {
+	if bkt == nil {
+		root := filepath.Join(dataDir, "bucket")
+		fb, err := filebucket.New(root)
+		if err != nil {
+			return nil, fmt.Errorf("opening default file bucket %s: %v", root, err)
+		}
+		bkt = fb
+	}
+	if err := os.MkdirAll(a.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating state_dir: %v", err)
+	}
+	reg, err := registry.Open(a.Registry, registry.Options{})
+	if err != nil {
+		return nil, err
+	}
+	id, err := caddy.InstanceID()
+	if err != nil {
+		reg.Close()
+		return nil, fmt.Errorf("reading instance id: %v", err)
+	}
+	var inc [8]byte
+	rand.Read(inc[:])
+	logger := ctx.Logger().Named("engine")
+	eng, err := engine.New(engine.Config{
+		Bucket:           bkt,
+		StateDir:         a.StateDir,
+		Holder:           "box:" + id.String(),
+		Incarnation:      hex.EncodeToString(inc[:]),
+		Kinds:            a.kinds,
+		MaxAwake:         a.MaxAwake,
+		WakeScanInterval: time.Duration(a.WakeScanInterval),
+		Resolve: func(host string) (engine.Space, bool) {
+			rt, ok := reg.Lookup(host)
+			if !ok || !rt.Hibernate {
+				return engine.Space{}, false
+			}
+			return engine.Space{Host: rt.Host, Kind: rt.Kind, Version: rt.Version, Env: rt.Env}, true
+		},
+		Logger: logger,
+	})
+	if err != nil {
+		reg.Close()
+		return nil, fmt.Errorf("starting engine: %v", err)
+	}
+	a.logger.Info("lchat registry and engine ready",
+		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),
+		zap.String("bucket", bkt.String()), zap.String("state_dir", a.StateDir))
+	return &shared{reg: reg, eng: eng, bucket: bkt, logger: ctx.Logger()}, nil
+}
+
+// Validate checks the config across fields.
+func (a *App) Validate() error {
+	if a.MaxAwake < 0 {
+		return fmt.Errorf("max_awake: must not be negative, got %d", a.MaxAwake)
+	}
+	if a.WakeScanInterval < 0 {
+		return fmt.Errorf("wake_scan_interval: must be positive")
+	}
+	return nil
+}
+
+// Start starts the engine's background loops (idempotent across reloads).
+func (a *App) Start() error {
+	a.shared.eng.Start()
+	return nil
+}
+
+// Stop does nothing: a reload stops the old config too, and a reload must keep the
+// spaces awake. Draining happens when the pool lets go of the engine (Cleanup).
+func (a *App) Stop() error { return nil }
+
+// Cleanup releases this config's reference to the registry and engine; the last
+// reference drains them.
+func (a *App) Cleanup() error {
+	if a.poolKey == "" {
+		return nil
+	}
+	_, err := pool.Delete(a.poolKey)
+	a.poolKey = ""
+	return err
+}
+
+// Registry is the route store.
+func (a *App) RegistryStore() *registry.Registry { return a.shared.reg }
+
+// Engine is the hibernation engine.
+func (a *App) Engine() *engine.Engine { return a.shared.eng }
+
+// checkRoute refuses a route this box cannot serve: a kind that is not configured, or
+// env names the kind does not allow.
+func (a *App) checkRoute(rt *registry.Route) error {
+	if err := rt.Validate(); err != nil {
+		return err
+	}
+	if !rt.Hibernate && rt.Kind == "" {
+		return nil
+	}
+	k, ok := a.kinds[rt.Kind]
+	if !ok {
+		known := make([]string, 0, len(a.kinds))
+		for name := range a.kinds {
+			known = append(known, name)
+		}
+		slices.Sort(known)
+		return fmt.Errorf("kind %q is not configured on this box (configured: %s)", rt.Kind, strings.Join(known, ", "))
+	}
+	for name := range rt.Env {
+		if !slices.Contains(k.AllowedEnv, name) {
+			return fmt.Errorf("env %s is not allowed by kind %q (allowed_env: %s)", name, rt.Kind, strings.Join(k.AllowedEnv, ", "))
+		}
+	}
+	return nil
+}
+
+var signals = map[string]syscall.Signal{
+	"SIGTERM": syscall.SIGTERM, "SIGINT": syscall.SIGINT, "SIGQUIT": syscall.SIGQUIT,
+	"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2,
+}
+
+// forbiddenEnv reports names a route must never set: the loader's and the shell's,
+// and the ones the box itself provides.
+func forbiddenEnv(name string) bool {
+	switch {
+	case strings.HasPrefix(name, "LD_"), strings.HasPrefix(name, "DYLD_"), strings.HasPrefix(name, "LCHAT_"):
+		return true
+	}
+	switch name {
+	case "PATH", "HOME", "SHELL", "IFS", "ENV", "BASH_ENV", "PS4", "GODEBUG", "GOTRACEBACK", "TMPDIR", "USER", "LOGNAME":
+		return true
+	}
+	return false
+}
+
+func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind, error) {
+	if kc == nil {
+		return engine.Kind{}, errors.New("empty kind")
+	}
+	if !validKindName(name) {
+		return engine.Kind{}, fmt.Errorf("invalid kind name %q: use a-z, 0-9, '-' and '_'", name)
+	}
+	k := engine.Kind{
+		Name:         name,
+		Command:      expand(kc.Command),
+		IdleTimeout:  time.Duration(kc.IdleTimeout),
+		StopSignal:   syscall.SIGTERM,
+		StopGrace:    time.Duration(kc.StopGrace),
+		ReadyPath:    kc.ReadyPath,
+		ReadyTimeout: time.Duration(kc.ReadyTimeout),
+		WakePath:     kc.WakePath,
+		Replication:  engine.Replication{Class: "periodic", Interval: 60 * time.Second},
+	}
+	if k.Command == "" {
+		return k, errors.New("command: required")
+	}
+	if k.Command == "{self}" {
+		exe, err := os.Executable()
+		if err != nil {
+			return k, fmt.Errorf("command: resolving {self}: %v", err)
+		}
+		k.Command = exe
+	}
+	for _, arg := range kc.Args {
+		k.Args = append(k.Args, expand(arg))
+	}
+	if len(kc.Env) > 0 {
+		k.Env = make(map[string]string, len(kc.Env))
+		for n, v := range kc.Env {
+			if err := registry.ValidateEnvName(n); err != nil {
+				return k, fmt.Errorf("env: %v", err)
+			}
+			k.Env[n] = expand(v)
+		}
+	}
+	for _, n := range kc.AllowedEnv {
+		if err := registry.ValidateEnvName(n); err != nil {
+			return k, fmt.Errorf("allowed_env: %v", err)
+		}
+		if forbiddenEnv(n) {
+			return k, fmt.Errorf("allowed_env: %s may never come from a route", n)
+		}
+		k.AllowedEnv = append(k.AllowedEnv, n)
+	}
+	if k.IdleTimeout == 0 {
+		k.IdleTimeout = 10 * time.Minute
+	}
+	if k.IdleTimeout < 0 {
+		return k, errors.New("idle_timeout: must be positive")
+	}
+	if kc.StopSignal != "" {
+		s := strings.ToUpper(kc.StopSignal)
+		if !strings.HasPrefix(s, "SIG") {
+			s = "SIG" + s
+		}
+		sig, ok := signals[s]
+		if !ok {
+			return k, fmt.Errorf("stop_signal: unknown signal %q", kc.StopSignal)
+		}
+		k.StopSignal = sig
+	}
+	if k.StopGrace == 0 {
+		k.StopGrace = 10 * time.Second
+	}
+	if k.ReadyTimeout == 0 {
+		k.ReadyTimeout = 30 * time.Second
+	}
+	if k.ReadyPath != "" && !strings.HasPrefix(k.ReadyPath, "/") {
+		return k, fmt.Errorf("ready_path: must start with /: %q", k.ReadyPath)
+	}
+	if k.WakePath == "" {
+		k.WakePath = "/"
+	}
+	if !strings.HasPrefix(k.WakePath, "/") {
+		return k, fmt.Errorf("wake_path: must start with /: %q", k.WakePath)
+	}
+	if r := kc.Replication; r != nil {
+		switch r.Class {
+		case "", "periodic":
+			if r.Interval < 0 {
+				return k, errors.New("replication.interval: must be positive")
+			}
+			if r.Interval > 0 {
+				k.Replication.Interval = time.Duration(r.Interval)
+			}
+		case "sleep", "continuous":
+			if r.Interval != 0 {
+				return k, fmt.Errorf("replication.interval: only the periodic class takes an interval, not %q", r.Class)
+			}
+			k.Replication = engine.Replication{Class: r.Class}
+		default:
+			return k, fmt.Errorf("replication.class: %q is not sleep, periodic or continuous", r.Class)
+		}
+	}
+	return k, nil
+}
+
+func validKindName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '-' || c == '_')) {
+			return false
+		}
+	}
+	return true
+}
+
+// goSafe runs f on a goroutine that logs a panic with its stack instead of crashing.
+func goSafe(logger *zap.Logger, name string, f func()) {
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				logger.Error("panic", zap.String("goroutine", name), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			}
+		}()
+		f()
+	}()
+}
+
+// Interface guards
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.Validator    = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+	_ caddy.Destructor   = (*shared)(nil)
+)

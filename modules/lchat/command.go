@@ -1,0 +1,278 @@
+package lchat
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+
+	"github.com/lchat/lchat-caddy/registry"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "add-instance",
+		Usage: "<host> --kind <kind> [--version <v>] [--env NAME=VALUE ...] [--home-region <r>] [--upstream <addr>] [--address <admin>]",
+		Short: "Creates a route: a hibernating space of a configured kind, or a live route with --upstream",
+		Long: `
+Creates the route for <host> on the running server through its admin API
+(POST /lchat/routes). With --kind the route is a hibernating space: it wakes on
+its first request. With --upstream (and no kind) it is a live route proxied to
+that address or Unix socket path.
+
+--env sets the instance's own environment (admin token, entitlement, ...); the
+kind must allow each name. Values are stored for the instance and never printed.
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Args = cobra.ExactArgs(1)
+			cmd.Flags().String("kind", "", "Kind of the space (configured in the lchat app)")
+			cmd.Flags().String("version", "", "Version of the instance")
+			cmd.Flags().StringArray("env", nil, "Instance env NAME=VALUE (repeatable)")
+			cmd.Flags().String("home-region", "", "Home region of the space")
+			cmd.Flags().String("upstream", "", "Live route: dial address or Unix socket path")
+			addAdminFlags(cmd)
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdAddInstance)
+		},
+	})
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "remove",
+		Usage: "<host> [--address <admin>]",
+		Short: "Removes a route and stops its space (bucket data is kept)",
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Args = cobra.ExactArgs(1)
+			addAdminFlags(cmd)
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdRemove)
+		},
+	})
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "routes",
+		Usage: "[--json] [--address <admin>]",
+		Short: "Lists the routes of the running server (env names only)",
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Args = cobra.NoArgs
+			cmd.Flags().Bool("json", false, "Print JSON lines instead of a table")
+			addAdminFlags(cmd)
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdRoutes)
+		},
+	})
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "hibernate",
+		Usage: "<host> --on|--off [--upstream <addr>] [--address <admin>]",
+		Short: "Turns hibernation of a route on or off",
+		Long: `
+--on makes <host> a hibernating space (its kind must be set and configured).
+--off makes it a live route proxied to its upstream (give --upstream if it has
+none); an awake space is put to sleep first.
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Args = cobra.ExactArgs(1)
+			cmd.Flags().Bool("on", false, "Hibernate the route")
+			cmd.Flags().Bool("off", false, "Serve the route live")
+			cmd.Flags().String("upstream", "", "Live upstream for --off")
+			addAdminFlags(cmd)
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdHibernate)
+		},
+	})
+}
+
+func addAdminFlags(cmd *cobra.Command) {
+	cmd.Flags().String("address", "", "The address of the administration API endpoint (default localhost:2019)")
+	cmd.Flags().StringP("config", "c", "", "Configuration file to find the admin address in")
+	cmd.Flags().StringP("adapter", "a", "", "Name of config adapter to apply")
+}
+
+// adminCall sends one request to the admin API and decodes a JSON answer into out.
+// An error answer becomes an error carrying the server's message.
+func adminCall(fs caddycmd.Flags, method, uri string, body, out any) error {
+	addr, err := caddycmd.DetermineAdminAPIAddress(fs.String("address"), nil, fs.String("config"), fs.String("adapter"))
+	if err != nil {
+		return fmt.Errorf("finding admin address: %v", err)
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	resp, err := caddycmd.AdminAPIRequest(addr, method, uri, http.Header{"Content-Type": {"application/json"}}, rd)
+	if err != nil {
+		return fmt.Errorf("calling the admin API at %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("reading admin API response: %v", err)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("decoding admin API response: %v", err)
+		}
+	}
+	return nil
+}
+
+// AdminAPIRequest already turns a >= 400 answer into an error with the server's
+// message; this strips the transport framing around it for a readable CLI error.
+func cliErr(err error) (int, error) {
+	msg := err.Error()
+	var apiMsg struct {
+		Error string `json:"error"`
+	}
+	if i := strings.Index(msg, "{"); i >= 0 && json.Unmarshal([]byte(msg[i:]), &apiMsg) == nil && apiMsg.Error != "" {
+		return caddy.ExitCodeFailedStartup, errors.New(apiMsg.Error)
+	}
+	return caddy.ExitCodeFailedStartup, err
+}
+
+func parseEnvFlags(vals []string) (map[string]string, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	env := make(map[string]string, len(vals))
+	for i, kv := range vals {
+		name, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			// Never echo the argument: it may be a bare secret.
+			return nil, fmt.Errorf("--env #%d: expected NAME=VALUE", i+1)
+		}
+		if err := registry.ValidateEnvName(name); err != nil {
+			return nil, fmt.Errorf("--env #%d: %v", i+1, err)
+		}
+		env[name] = val
+	}
+	return env, nil
+}
+
+func cmdAddInstance(fs caddycmd.Flags) (int, error) {
+	host := fs.Arg(0)
+	if err := registry.ValidateHost(host); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	envVals, err := fs.GetStringArray("env")
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	env, err := parseEnvFlags(envVals)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	req := createRequest{
+		Host:       host,
+		Kind:       fs.String("kind"),
+		Version:    fs.String("version"),
+		HomeRegion: fs.String("home-region"),
+		Env:        env,
+		Upstream:   fs.String("upstream"),
+	}
+	if req.Kind == "" && req.Upstream == "" {
+		return caddy.ExitCodeFailedStartup, errors.New("--kind is required (or --upstream for a live route)")
+	}
+	var out registry.Summary
+	if err := adminCall(fs, http.MethodPost, "/lchat/routes", req, &out); err != nil {
+		return cliErr(err)
+	}
+	printSummary(os.Stdout, out)
+	return caddy.ExitCodeSuccess, nil
+}
+
+func cmdRemove(fs caddycmd.Flags) (int, error) {
+	host := fs.Arg(0)
+	if err := registry.ValidateHost(host); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	if err := adminCall(fs, http.MethodDelete, "/lchat/routes/"+host, nil, nil); err != nil {
+		return cliErr(err)
+	}
+	fmt.Printf("removed %s\n", host)
+	return caddy.ExitCodeSuccess, nil
+}
+
+func cmdRoutes(fs caddycmd.Flags) (int, error) {
+	asJSON := fs.Bool("json")
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	if !asJSON {
+		fmt.Fprintln(tw, "HOST\tKIND\tVERSION\tHIBERNATE\tHOME_REGION\tUPSTREAM\tENV")
+	}
+	enc := json.NewEncoder(os.Stdout)
+	after := ""
+	for {
+		var page routesPage
+		uri := "/lchat/routes?limit=500"
+		if after != "" {
+			uri += "&after=" + url.QueryEscape(after)
+		}
+		if err := adminCall(fs, http.MethodGet, uri, nil, &page); err != nil {
+			return cliErr(err)
+		}
+		for _, s := range page.Routes {
+			if asJSON {
+				enc.Encode(s)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s\t%s\n", s.Host, dash(s.Kind), dash(s.Version), s.Hibernate,
+				dash(s.HomeRegion), dash(s.Upstream), dash(strings.Join(s.EnvNames, ",")))
+		}
+		if page.Next == "" {
+			break
+		}
+		after = page.Next
+	}
+	tw.Flush()
+	return caddy.ExitCodeSuccess, nil
+}
+
+func cmdHibernate(fs caddycmd.Flags) (int, error) {
+	host := fs.Arg(0)
+	if err := registry.ValidateHost(host); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	on, off := fs.Bool("on"), fs.Bool("off")
+	if on == off {
+		return caddy.ExitCodeFailedStartup, errors.New("give exactly one of --on or --off")
+	}
+	var out registry.Summary
+	req := hibernateRequest{Hibernate: &on, Upstream: fs.String("upstream")}
+	if err := adminCall(fs, http.MethodPost, "/lchat/routes/"+host+"/hibernate", req, &out); err != nil {
+		return cliErr(err)
+	}
+	printSummary(os.Stdout, out)
+	return caddy.ExitCodeSuccess, nil
+}
+
+func printSummary(w io.Writer, s registry.Summary) {
+	fmt.Fprintf(w, "host:        %s\n", s.Host)
+	if s.Hibernate {
+		fmt.Fprintf(w, "kind:        %s\n", s.Kind)
+	} else {
+		fmt.Fprintf(w, "upstream:    %s\n", s.Upstream)
+	}
+	fmt.Fprintf(w, "hibernate:   %t\n", s.Hibernate)
+	if s.Version != "" {
+		fmt.Fprintf(w, "version:     %s\n", s.Version)
+	}
+	if s.HomeRegion != "" {
+		fmt.Fprintf(w, "home_region: %s\n", s.HomeRegion)
+	}
+	if len(s.EnvNames) > 0 {
+		fmt.Fprintf(w, "env:         %s (values hidden)\n", strings.Join(s.EnvNames, ", "))
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,184 @@
+package lchat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/lchat/lchat-caddy/engine"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// upstreamVar is the request variable the embedded reverse proxy dials.
+const upstreamVar = "lchat_upstream"
+
+// Handler routes a request by its Host through the lchat registry: an unknown host is
+// 404; a live route is proxied to its upstream; a hibernating route is woken if asleep
+// and proxied to its instance's Unix socket. Proxying is Caddy's own reverse proxy, so
+// streaming, WebSockets and trailers behave as in `reverse_proxy`. A request (and any
+// connection it upgrades to) holds the space awake until it ends.
+type Handler struct {
+	// FlushInterval is the proxy's flush interval. Default -1: flush at once, so
+	// server-sent events and streamed responses are not held back.
+	FlushInterval *caddy.Duration `json:"flush_interval,omitempty"`
+
+	// RetryAfter is the Retry-After of a 503 when another box holds the space's
+	// lease or the engine gives no better hint. Default 5s.
+	RetryAfter caddy.Duration `json:"retry_after,omitempty"`
+
+	app    *App
+	proxy  *reverseproxy.Handler
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.lchat",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision finds the lchat app and sets up the embedded reverse proxy.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	appIface, err := ctx.App("lchat")
+	if err != nil {
+		return fmt.Errorf("getting lchat app: %v", err)
+	}
+	h.app = appIface.(*App)
+	if h.RetryAfter == 0 {
+		h.RetryAfter = caddy.Duration(5 * time.Second)
+	}
+	flush := caddy.Duration(-1)
+	if h.FlushInterval != nil {
+		flush = *h.FlushInterval
+	}
+	h.proxy = &reverseproxy.Handler{
+		Upstreams:     reverseproxy.UpstreamPool{{Dial: "{http.vars." + upstreamVar + "}"}},
+		FlushInterval: flush,
+	}
+	if err := h.proxy.Provision(ctx); err != nil {
+		return fmt.Errorf("provisioning proxy: %v", err)
+	}
+	return nil
+}
+
+// Cleanup releases the embedded proxy.
+func (h *Handler) Cleanup() error {
+	if h.proxy != nil {
+		return h.proxy.Cleanup()
+	}
+	return nil
+}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	host := requestHost(r)
+	rt, ok := h.app.shared.reg.Lookup(host)
+	if !ok {
+		return caddyhttp.Error(http.StatusNotFound, fmt.Errorf("no route for host %q", host))
+	}
+	// Only the box itself sends scheduled wakes; a client cannot pose as one.
+	r.Header.Del("X-Lchat-Wake-Reason")
+
+	if !rt.Hibernate {
+		caddyhttp.SetVar(r.Context(), upstreamVar, dialAddress(rt.Upstream))
+		return h.proxy.ServeHTTP(w, r, next)
+	}
+
+	use, err := h.app.shared.eng.Acquire(r.Context(), engine.Space{
+		Host:    rt.Host,
+		Kind:    rt.Kind,
+		Version: rt.Version,
+		Env:     rt.Env,
+	})
+	if err != nil {
+		return h.acquireError(w, r, host, err)
+	}
+	// The reverse proxy returns only when the response, or the connection it
+	// upgraded to, is finished: that is when this request stops holding the space.
+	defer use.Release()
+	caddyhttp.SetVar(r.Context(), upstreamVar, "unix/"+use.Socket())
+	return h.proxy.ServeHTTP(w, r, next)
+}
+
+// acquireError turns a failed wake into a response. Not being ready is never a 502.
+func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, host string, err error) error {
+	var held *engine.LeaseHeldError
+	var retry *engine.RetryError
+	switch {
+	case errors.As(err, &held):
+		// Single box: no mesh to forward to yet.
+		setRetryAfter(w, time.Duration(h.RetryAfter))
+		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s is held by another box", host))
+	case errors.As(err, &retry):
+		after := retry.After
+		if after <= 0 {
+			after = time.Duration(h.RetryAfter)
+		}
+		setRetryAfter(w, after)
+		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s unavailable: %s", host, retry.Reason))
+	case errors.Is(err, engine.ErrUnknownKind):
+		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s: kind is not configured on this box", host))
+	case r.Context().Err() != nil && errors.Is(err, context.Canceled):
+		// The client went away while waiting; Caddy's proxy reports this as 499 too.
+		return caddyhttp.Error(499, err)
+	default:
+		setRetryAfter(w, time.Duration(h.RetryAfter))
+		if c := h.logger.Check(zapcore.ErrorLevel, "waking space"); c != nil {
+			c.Write(zap.String("host", host), zap.Error(err))
+		}
+		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("waking space %s failed", host))
+	}
+}
+
+func setRetryAfter(w http.ResponseWriter, d time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(d, time.Second).Seconds()))))
+}
+
+// requestHost is the request's host without port or trailing dot, lowercased.
+func requestHost(r *http.Request) string {
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(host, ".")
+	for i := 0; i < len(host); i++ {
+		if c := host[i]; c >= 'A' && c <= 'Z' {
+			return strings.ToLower(host)
+		}
+	}
+	return host
+}
+
+// dialAddress turns a live route's upstream into a Caddy network address: a path is
+// a Unix socket.
+func dialAddress(upstream string) string {
+	if strings.HasPrefix(upstream, "/") {
+		return "unix/" + upstream
+	}
+	return upstream
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
