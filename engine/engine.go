@@ -1,0 +1,390 @@
+// Package engine is the hibernation engine: it wakes spaces on demand (lease → restore →
+// start → readiness), keeps them in sync with the bucket per their replication class, puts
+// them to sleep when idle (stop → checkpoint → release), recovers crashed instances with
+// backoff, fences itself out on a lost manifest swap or a lost heartbeat, and fires
+// scheduled wakes. It has no Caddy glue; the lchat app and handler drive it.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/space"
+)
+
+// Replication classes.
+const (
+	ReplicateSleep      = "sleep"
+	ReplicatePeriodic   = "periodic"
+	ReplicateContinuous = "continuous"
+)
+
+// Replication is how often an awake space's state is copied to the bucket.
+type Replication struct {
+	// Class is "sleep" (checkpoint only at sleep), "periodic" or "continuous" (debounced,
+	// within about a second of a change). Default "periodic".
+	Class string
+	// Interval of the periodic class. Default 60s.
+	Interval time.Duration
+}
+
+// Kind is how this box runs one kind of space. It always comes from this box's own config,
+// never from a replicated route.
+type Kind struct {
+	Name    string
+	Command string // absolute path or a name looked up in PATH
+	Args    []string
+	// Env is extra environment from this box's config.
+	Env map[string]string
+	// AllowedEnv names the route env variables this kind accepts; loader and shell variables
+	// (PATH, LD_*, DYLD_*, BASH_ENV, ...) are refused regardless.
+	AllowedEnv []string
+	// IdleTimeout puts a space to sleep after this long without a Use. Default 10m.
+	IdleTimeout time.Duration
+	// StopSignal asks the instance to stop. Default SIGTERM.
+	StopSignal syscall.Signal
+	// StopGrace is how long a stop waits before SIGKILL. Default 10s.
+	StopGrace time.Duration
+	// ReadyPath, when set, must answer a GET over the socket with 2xx; empty means the
+	// socket accepting a connection is ready.
+	ReadyPath string
+	// ReadyTimeout bounds the wait for readiness. Default 30s.
+	ReadyTimeout time.Duration
+	// Replication defaults to periodic, 60s.
+	Replication Replication
+	// WakePath is the POST target of scheduled wakes. Default "/".
+	WakePath string
+}
+
+// Space is one route the engine is asked to serve.
+type Space struct {
+	Host, Kind, Version string
+	// Env is the route's own env (secrets): passed to the instance, never logged.
+	Env map[string]string
+}
+
+// Config configures an Engine.
+type Config struct {
+	Bucket bucket.Bucket
+	// StateDir holds sockets, data dirs and logs, derived per host.
+	StateDir string
+	// Holder is this box's identity in leases.
+	Holder string
+	// Incarnation is new each process start.
+	Incarnation string
+	Kinds       map[string]Kind
+	// MaxAwake caps awake spaces; the least recently used sleeps first. 0 = unlimited.
+	MaxAwake int
+	// HolderLive reports whether a lease holder is alive; nil = single box: only this box's
+	// own current incarnation counts as live.
+	HolderLive func(holder, incarnation string) bool
+	// WakeScanInterval is the scheduled-wake LIST interval. Default 30s.
+	WakeScanInterval time.Duration
+	// Owns limits scheduled wakes to owned hosts; nil = all.
+	Owns func(host string) bool
+	// Resolve maps a host with a due scheduled wake to its route; nil (or not found) falls
+	// back to the last Space this engine was asked to serve under that host.
+	Resolve func(host string) (Space, bool)
+	Logger  *zap.Logger
+}
+
+// ErrUnknownKind means the space's kind is not configured on this box.
+var ErrUnknownKind = errors.New("unknown kind")
+
+// LeaseHeldError means a live other box holds the space's lease.
+type LeaseHeldError struct {
+	Holder string
+}
+
+func (e *LeaseHeldError) Error() string { return "space is held by " + e.Holder }
+
+// RetryError means the space cannot be served now; try again after After (503 + Retry-After).
+type RetryError struct {
+	After  time.Duration
+	Reason string
+}
+
+func (e *RetryError) Error() string {
+	return fmt.Sprintf("space unavailable (%s), retry after %s", e.Reason, e.After)
+}
+
+// States of a space.
+const (
+	StateAsleep   = "asleep"
+	StateWaking   = "waking"
+	StateAwake    = "awake"
+	StateSleeping = "sleeping"
+	StateFailed   = "failed"
+	StateFenced   = "fenced"
+)
+
+// SpaceStatus is one space as Status reports it.
+type SpaceStatus struct {
+	Host          string    `json:"host"`
+	Kind          string    `json:"kind"`
+	State         string    `json:"state"`
+	Since         time.Time `json:"since"`
+	PID           int       `json:"pid,omitempty"`
+	LastSync      time.Time `json:"last_sync,omitzero"`
+	LastSyncError string    `json:"last_sync_error,omitempty"`
+}
+
+// Counters are totals since the engine was created.
+type Counters struct {
+	Wakes          uint64 `json:"wakes"`
+	Sleeps         uint64 `json:"sleeps"`
+	Crashes        uint64 `json:"crashes"`
+	LeaseConflicts uint64 `json:"lease_conflicts"`
+	Fenced         uint64 `json:"fenced"`
+	Syncs          uint64 `json:"syncs"`
+	BlobsUploaded  uint64 `json:"blobs_uploaded"`
+	BytesUploaded  uint64 `json:"bytes_uploaded"`
+}
+
+type counters struct {
+	wakes, sleeps, crashes, leaseConflicts, fenced, syncs, blobsUploaded, bytesUploaded atomic.Uint64
+}
+
+// Engine runs the spaces of one box. Its methods are safe for concurrent use.
+type Engine struct {
+	cfg    Config
+	log    *zap.Logger
+	holder space.Holder
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // background loops and per-space goroutines that end on ctx
+	start  sync.Once
+	close  sync.Once
+	c      counters
+
+	fenced   atomic.Bool // written by SetFenced only
+	draining atomic.Bool
+
+	mu     sync.Mutex
+	spaces map[string]*inst
+}
+
+// New validates cfg, applies defaults and returns an engine. Call Start for the background
+// loops.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Bucket == nil {
+		return nil, errors.New("engine: no bucket")
+	}
+	if cfg.StateDir == "" || cfg.Holder == "" || cfg.Incarnation == "" {
+		return nil, errors.New("engine: state dir, holder and incarnation are required")
+	}
+	abs, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StateDir = abs
+	if len(socketPath(abs, "x")) > 100 {
+		return nil, fmt.Errorf("engine: state dir %s too long for Unix socket paths", abs)
+	}
+	if cfg.WakeScanInterval <= 0 {
+		cfg.WakeScanInterval = 30 * time.Second
+	}
+	kinds := make(map[string]Kind, len(cfg.Kinds))
+	for name, k := range cfg.Kinds {
+		k, err := k.withDefaults(name)
+		if err != nil {
+			return nil, fmt.Errorf("engine: kind %s: %v", name, err)
+		}
+		kinds[name] = k
+	}
+	cfg.Kinds = kinds
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	e := &Engine{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		holder: space.Holder{ID: cfg.Holder, Incarnation: cfg.Incarnation, Live: cfg.HolderLive},
+		spaces: make(map[string]*inst),
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	return e, nil
+}
+
+func (k Kind) withDefaults(name string) (Kind, error) {
+	if k.Name == "" {
+		k.Name = name
+	}
+	if k.Command == "" {
+		return k, errors.New("no command")
+	}
+	if k.IdleTimeout <= 0 {
+		k.IdleTimeout = 10 * time.Minute
+	}
+	if k.StopSignal == 0 {
+		k.StopSignal = syscall.SIGTERM
+	}
+	if k.StopGrace <= 0 {
+		k.StopGrace = 10 * time.Second
+	}
+	if k.ReadyTimeout <= 0 {
+		k.ReadyTimeout = 30 * time.Second
+	}
+	switch k.Replication.Class {
+	case "":
+		k.Replication.Class = ReplicatePeriodic
+	case ReplicateSleep, ReplicatePeriodic, ReplicateContinuous:
+	default:
+		return k, fmt.Errorf("unknown replication class %q", k.Replication.Class)
+	}
+	if k.Replication.Interval <= 0 {
+		k.Replication.Interval = 60 * time.Second
+	}
+	if k.WakePath == "" {
+		k.WakePath = "/"
+	}
+	if k.ReadyPath != "" && !strings.HasPrefix(k.ReadyPath, "/") {
+		return k, fmt.Errorf("ready path %q must start with /", k.ReadyPath)
+	}
+	for _, n := range k.AllowedEnv {
+		if forbiddenEnv(n) {
+			return k, fmt.Errorf("allowed env %q is a loader, shell or reserved variable", n)
+		}
+	}
+	for n := range k.Env {
+		if !validEnvName(n) {
+			return k, fmt.Errorf("env name %q is not valid", n)
+		}
+	}
+	return k, nil
+}
+
+// Start launches the background loops (scheduled wakes; per-space sync and idle timers run
+// from each wake). Idempotent.
+func (e *Engine) Start() {
+	e.start.Do(func() {
+		e.goSafe("scheduled wakes", e.scanLoop)
+	})
+}
+
+// Close stops the loops. It does not sleep spaces (Drain does). Idempotent.
+func (e *Engine) Close() {
+	e.close.Do(func() {
+		e.cancel()
+		e.mu.Lock()
+		for _, in := range e.spaces {
+			in.mu.Lock()
+			in.disarmIdleLocked()
+			in.mu.Unlock()
+		}
+		e.mu.Unlock()
+	})
+	e.wg.Wait()
+}
+
+// goSafe runs f on its own goroutine, counted in e.wg, recovering a panic with a logged stack.
+func (e *Engine) goSafe(what string, f func()) {
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer e.recoverPanic(what)
+		f()
+	}()
+}
+
+func (e *Engine) recoverPanic(what string) {
+	if r := recover(); r != nil {
+		e.log.Error("panic", zap.String("in", what), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+	}
+}
+
+func (e *Engine) now() time.Time { return time.Now() }
+
+// Status reports every space this engine knows, sorted by host.
+func (e *Engine) Status() []SpaceStatus {
+	e.mu.Lock()
+	all := make([]*inst, 0, len(e.spaces))
+	for _, in := range e.spaces {
+		all = append(all, in)
+	}
+	e.mu.Unlock()
+	out := make([]SpaceStatus, 0, len(all))
+	for _, in := range all {
+		in.mu.Lock()
+		st := SpaceStatus{Host: in.host, Kind: in.sp.Kind, State: in.state, Since: in.since, LastSync: in.lastSync, LastSyncError: in.lastSyncErr}
+		if in.proc != nil {
+			st.PID = in.proc.pid
+		}
+		in.mu.Unlock()
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
+	return out
+}
+
+// Counters reports the totals.
+func (e *Engine) Counters() Counters {
+	return Counters{
+		Wakes:          e.c.wakes.Load(),
+		Sleeps:         e.c.sleeps.Load(),
+		Crashes:        e.c.crashes.Load(),
+		LeaseConflicts: e.c.leaseConflicts.Load(),
+		Fenced:         e.c.fenced.Load(),
+		Syncs:          e.c.syncs.Load(),
+		BlobsUploaded:  e.c.blobsUploaded.Load(),
+		BytesUploaded:  e.c.bytesUploaded.Load(),
+	}
+}
+
+// get returns the space of host, creating it asleep.
+func (e *Engine) get(host string) *inst {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	in := e.spaces[host]
+	if in == nil {
+		in = newInst(e, host)
+		e.spaces[host] = in
+	}
+	return in
+}
+
+func (e *Engine) lookup(host string) *inst {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.spaces[host]
+}
+
+func (e *Engine) all() []*inst {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]*inst, 0, len(e.spaces))
+	for _, in := range e.spaces {
+		out = append(out, in)
+	}
+	return out
+}
+
+// crashBackoff is the wait before waking again after n consecutive crashes: the first crash
+// wakes on the next request, then 1s, 2s, 4s ... capped at a minute.
+func crashBackoff(n int) time.Duration {
+	if n <= 1 {
+		return 0
+	}
+	d := time.Second << min(n-2, 6)
+	return min(d, time.Minute)
+}
+
+// validHost guards the paths derived from a host.
+func validHost(h string) bool {
+	if h == "" || h == "." || h == ".." || len(h) > 253 {
+		return false
+	}
+	return !strings.ContainsAny(h, "/\\\x00") && !strings.HasPrefix(h, ".")
+}

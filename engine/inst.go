@@ -1,0 +1,622 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/space"
+)
+
+// inst is one space on this box.
+type inst struct {
+	e       *Engine
+	host    string
+	dir     string // StateDir/spaces/<host>
+	dataDir string
+	socket  string
+	logPath string
+
+	// op serializes the operations that touch the process and the bucket (wake, sleep,
+	// checkpoint, fence); it is held across I/O. Lock order: op before mu.
+	op     sync.Mutex
+	syncer *space.Syncer // guarded by op
+
+	mu          sync.Mutex
+	sp          Space
+	kind        Kind
+	state       string
+	since       time.Time
+	uses        int         // Uses held
+	waiters     int         // Acquires waiting on trans
+	lastUsed    time.Time   // LRU order
+	trans       *transition // non-nil while waking or sleeping
+	proc        *proc
+	leaseETag   string // "" when this box does not hold the lease
+	held        bool   // stopped by a heartbeat fence with the lease and newer local state
+	idle        *time.Timer
+	idleGen     uint64
+	syncStop    context.CancelFunc
+	crashes     int // consecutive
+	retryAt     time.Time
+	retryWhy    string
+	lastSync    time.Time
+	lastSyncErr string
+}
+
+// transition is one wake or sleep in flight; waiters block on done.
+type transition struct {
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+func newInst(e *Engine, host string) *inst {
+	dir := filepath.Join(e.cfg.StateDir, "spaces", host)
+	return &inst{
+		e:       e,
+		host:    host,
+		dir:     dir,
+		dataDir: filepath.Join(dir, "data"),
+		socket:  socketPath(e.cfg.StateDir, host),
+		logPath: filepath.Join(dir, "instance.log"),
+		state:   StateAsleep,
+		since:   e.now(),
+	}
+}
+
+// socketPath keeps socket paths short (sun_path is 108 bytes) whatever the host's length.
+func socketPath(stateDir, host string) string {
+	sum := sha256.Sum256([]byte(host))
+	return filepath.Join(stateDir, "run", hex.EncodeToString(sum[:8])+".sock")
+}
+
+func (in *inst) logger() *zap.Logger { return in.e.log.With(zap.String("host", in.host)) }
+
+func (in *inst) setStateLocked(s string) {
+	in.state = s
+	in.since = in.e.now()
+}
+
+// Use is one holder of an awake space. Release it when the request and any hijacked
+// connection are finished.
+type Use struct {
+	in       *inst
+	socket   string
+	released bool
+	mu       sync.Mutex
+}
+
+// Socket is the Unix socket to proxy to.
+func (u *Use) Socket() string { return u.socket }
+
+// Release ends the use; the idle timer starts when the last use is released. Idempotent.
+func (u *Use) Release() {
+	u.mu.Lock()
+	if u.released {
+		u.mu.Unlock()
+		return
+	}
+	u.released = true
+	u.mu.Unlock()
+	in := u.in
+	in.mu.Lock()
+	in.uses--
+	in.lastUsed = in.e.now()
+	in.armIdleLocked()
+	in.mu.Unlock()
+}
+
+// Acquire wakes the space if needed (all concurrent callers share one wake), marks it in use
+// and returns a Use.
+func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
+	kind, ok := e.cfg.Kinds[sp.Kind]
+	if !ok {
+		return nil, ErrUnknownKind
+	}
+	if !validHost(sp.Host) {
+		return nil, fmt.Errorf("invalid host %q", sp.Host)
+	}
+	in := e.get(sp.Host)
+	for {
+		if e.ctx.Err() != nil || e.draining.Load() {
+			return nil, &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
+		}
+		if e.fenced.Load() {
+			return nil, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
+		}
+		in.mu.Lock()
+		switch in.state {
+		case StateAwake:
+			in.uses++
+			in.lastUsed = e.now()
+			in.disarmIdleLocked()
+			u := &Use{in: in, socket: in.socket}
+			in.mu.Unlock()
+			return u, nil
+		case StateWaking, StateSleeping:
+			t := in.trans
+			waking := in.state == StateWaking
+			in.waiters++
+			in.mu.Unlock()
+			err := in.wait(ctx, t)
+			if err != nil {
+				return nil, err
+			}
+			if waking && t.err != nil {
+				return nil, t.err
+			}
+		default: // asleep, failed, fenced
+			if in.held {
+				in.mu.Unlock()
+				e.goSafe("recheck", func() { e.recheck(in) })
+				return nil, &RetryError{After: time.Second, Reason: "re-checking lease after fence"}
+			}
+			if wait := in.retryAt.Sub(e.now()); wait > 0 {
+				why := in.retryWhy
+				in.mu.Unlock()
+				return nil, &RetryError{After: wait.Round(time.Second) + time.Second, Reason: why}
+			}
+			in.sp, in.kind = sp, kind
+			t := &transition{done: make(chan struct{})}
+			in.trans = t
+			in.setStateLocked(StateWaking)
+			in.waiters++
+			in.mu.Unlock()
+			e.goSafe("wake", func() { e.runWake(in, t) })
+			if err := in.wait(ctx, t); err != nil {
+				return nil, err
+			}
+			if t.err != nil {
+				return nil, t.err
+			}
+		}
+	}
+}
+
+// wait blocks until t is done or ctx ends; it drops this caller from the waiters.
+func (in *inst) wait(ctx context.Context, t *transition) error {
+	var err error
+	select {
+	case <-t.done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	in.mu.Lock()
+	in.waiters--
+	in.armIdleLocked()
+	in.mu.Unlock()
+	return err
+}
+
+// armIdleLocked (re)starts the idle timer when the space is awake and unused, and stops it
+// otherwise.
+func (in *inst) armIdleLocked() {
+	if in.state != StateAwake || in.uses > 0 || in.waiters > 0 || in.e.ctx.Err() != nil {
+		in.disarmIdleLocked()
+		return
+	}
+	in.idleGen++
+	gen := in.idleGen
+	if in.idle != nil {
+		in.idle.Stop()
+	}
+	in.idle = time.AfterFunc(in.kind.IdleTimeout, func() {
+		in.e.goSafe("idle sleep", func() { in.e.idleFire(in, gen) })
+	})
+}
+
+func (in *inst) disarmIdleLocked() {
+	in.idleGen++
+	if in.idle != nil {
+		in.idle.Stop()
+		in.idle = nil
+	}
+}
+
+func (e *Engine) idleFire(in *inst, gen uint64) {
+	in.mu.Lock()
+	stale := gen != in.idleGen || in.state != StateAwake || in.uses > 0 || in.waiters > 0
+	in.mu.Unlock()
+	if stale {
+		return
+	}
+	if err := e.sleep(e.ctx, in, "idle", true); err != nil {
+		in.logger().Error("idle sleep", zap.Error(err))
+	}
+}
+
+// runWake performs one wake and publishes its result to the waiters.
+func (e *Engine) runWake(in *inst, t *transition) {
+	in.op.Lock()
+	err := e.wake(in)
+	in.mu.Lock()
+	in.trans = nil
+	if err != nil {
+		t.err = err
+		if in.state == StateWaking {
+			in.setStateLocked(StateAsleep)
+			var re *RetryError
+			if errors.As(err, &re) {
+				in.setStateLocked(StateFailed)
+			}
+		}
+	} else {
+		in.setStateLocked(StateAwake)
+		in.lastUsed = e.now()
+		in.armIdleLocked()
+	}
+	close(t.done)
+	in.mu.Unlock()
+	in.op.Unlock()
+}
+
+// wake runs with in.op held: make room, lease, restore, start, await readiness.
+func (e *Engine) wake(in *inst) (err error) {
+	ctx := e.ctx
+	log := in.logger()
+	start := e.now()
+	in.mu.Lock()
+	sp, kind := in.sp, in.kind
+	in.mu.Unlock()
+
+	e.makeRoom(in)
+
+	etag, err := space.AcquireLease(ctx, e.cfg.Bucket, in.host, e.holder, e.now())
+	var held *space.LeaseHeldError
+	if errors.As(err, &held) {
+		e.c.leaseConflicts.Add(1)
+		return &LeaseHeldError{Holder: held.Holder}
+	}
+	if err != nil {
+		log.Error("acquiring lease", zap.Error(err))
+		return &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
+	}
+	in.mu.Lock()
+	in.leaseETag = etag
+	in.mu.Unlock()
+	// Any failure from here on gives the lease back (unless fenced: no writes then).
+	defer func() {
+		if err != nil && !e.fenced.Load() {
+			e.releaseLease(in)
+		}
+	}()
+
+	if in.syncer == nil {
+		in.syncer = &space.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
+			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
+	}
+	if err := in.syncer.Load(ctx); err != nil {
+		log.Error("loading manifest", zap.Error(err))
+		return &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
+	}
+	if err := in.syncer.Restore(ctx); err != nil {
+		log.Error("restoring data dir", zap.Error(err))
+		return &RetryError{After: 5 * time.Second, Reason: "restore failed"}
+	}
+	if e.fenced.Load() {
+		return &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
+	}
+	restored := e.now()
+
+	p, err := e.startProcess(in, kind, sp)
+	if err != nil {
+		log.Error("starting instance", zap.Error(err))
+		return &RetryError{After: 5 * time.Second, Reason: "instance failed to start"}
+	}
+	in.mu.Lock()
+	in.proc = p
+	in.mu.Unlock()
+	if err := e.awaitReady(ctx, in, p, kind); err != nil {
+		p.stopping.Store(true)
+		p.kill()
+		<-p.exited
+		in.mu.Lock()
+		in.proc = nil
+		in.crashes++
+		if p.cmd.ProcessState != nil && !p.cmd.ProcessState.Success() {
+			e.c.crashes.Add(1)
+		}
+		backoff := max(crashBackoff(in.crashes), time.Second)
+		in.retryAt = e.now().Add(backoff)
+		in.retryWhy = "instance not ready"
+		in.mu.Unlock()
+		log.Error("instance not ready; killed", zap.Error(err), zap.Int("pid", p.pid))
+		return &RetryError{After: backoff, Reason: "instance not ready"}
+	}
+	e.c.wakes.Add(1)
+	e.startSync(in, kind)
+	log.Info("awake", zap.Int("pid", p.pid), zap.Duration("restore", restored.Sub(start)),
+		zap.Duration("total", e.now().Sub(start)))
+	return nil
+}
+
+// makeRoom sleeps the least recently used idle space when MaxAwake is reached.
+func (e *Engine) makeRoom(self *inst) {
+	if e.cfg.MaxAwake <= 0 {
+		return
+	}
+	for {
+		var victim *inst
+		var victimUsed time.Time
+		awake := 0
+		for _, in := range e.all() {
+			if in == self {
+				continue
+			}
+			in.mu.Lock()
+			switch in.state {
+			case StateAwake:
+				awake++
+				if in.uses == 0 && in.waiters == 0 && (victim == nil || in.lastUsed.Before(victimUsed)) {
+					victim, victimUsed = in, in.lastUsed
+				}
+			case StateWaking:
+				awake++
+			}
+			in.mu.Unlock()
+		}
+		if awake < e.cfg.MaxAwake {
+			return
+		}
+		if victim == nil {
+			self.logger().Warn("awake cap reached and every awake space is in use; waking over the cap", zap.Int("max_awake", e.cfg.MaxAwake))
+			return
+		}
+		if err := e.sleep(e.ctx, victim, "lru", true); err != nil {
+			victim.logger().Error("lru sleep", zap.Error(err))
+			return
+		}
+	}
+}
+
+// Sleep stops the space now, checkpoints it and releases its lease.
+func (e *Engine) Sleep(ctx context.Context, host string) error {
+	in := e.lookup(host)
+	if in == nil {
+		return nil
+	}
+	return e.sleep(ctx, in, "requested", false)
+}
+
+// sleep stops, checkpoints and releases. With onlyIdle it does nothing when a Use appeared.
+func (e *Engine) sleep(ctx context.Context, in *inst, reason string, onlyIdle bool) error {
+	in.op.Lock()
+	defer in.op.Unlock()
+	in.mu.Lock()
+	if in.state != StateAwake || (onlyIdle && (in.uses > 0 || in.waiters > 0)) {
+		in.mu.Unlock()
+		return nil
+	}
+	t := &transition{done: make(chan struct{})}
+	in.trans = t
+	in.setStateLocked(StateSleeping)
+	in.disarmIdleLocked()
+	p, kind := in.proc, in.kind
+	in.stopSyncLocked()
+	in.mu.Unlock()
+
+	e.stopProcess(in, p, kind)
+	err := e.checkpointAndRelease(ctx, in, true)
+
+	in.mu.Lock()
+	in.proc = nil
+	in.trans = nil
+	if errors.Is(err, space.ErrFenced) {
+		in.setStateLocked(StateFenced)
+	} else {
+		in.setStateLocked(StateAsleep)
+		in.crashes = 0
+	}
+	close(t.done)
+	in.mu.Unlock()
+	e.c.sleeps.Add(1)
+	in.logger().Info("asleep", zap.String("reason", reason), zap.Error(err))
+	return err
+}
+
+// checkpointAndRelease runs after the process stopped: record the next scheduled wake,
+// checkpoint and release the lease. On a fenced box nothing is written; the space is held
+// until SetFenced(false) re-reads its lease.
+func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst, release bool) error {
+	if e.fenced.Load() {
+		in.mu.Lock()
+		in.held = in.leaseETag != ""
+		in.mu.Unlock()
+		return nil
+	}
+	if in.syncer == nil {
+		e.releaseLease(in)
+		return nil
+	}
+	log := in.logger()
+	next, err := space.ReadNextWake(in.dataDir)
+	if err != nil {
+		log.Warn("ignoring next-wake", zap.Error(err))
+	}
+	if next != nil && !next.After(e.now()) {
+		next = nil
+	}
+	prev, _ := in.syncer.Manifest()
+	if err := e.checkpointLocked(ctx, in, next); err != nil {
+		if errors.Is(err, space.ErrFenced) {
+			return err
+		}
+		// Keep the lease: this box has state the bucket lacks. Without a renewal protocol
+		// the lease stays ours until this incarnation dies; the next wake here retakes it.
+		return err
+	}
+	switch {
+	case next != nil:
+		if _, err := space.PutWake(ctx, e.cfg.Bucket, in.host, *next); err != nil {
+			log.Error("recording scheduled wake", zap.Error(err))
+		}
+	case prev != nil && prev.NextWake != nil:
+		if err := space.DeleteWake(ctx, e.cfg.Bucket, in.host, ""); err != nil {
+			log.Error("clearing scheduled wake", zap.Error(err))
+		}
+	}
+	if release {
+		e.releaseLease(in)
+	}
+	return nil
+}
+
+// checkpointLocked checkpoints with in.op held. A fenced result stops the instance at once.
+func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time) error {
+	if e.fenced.Load() {
+		return errors.New("box fenced: not writing")
+	}
+	st, err := in.syncer.Checkpoint(ctx, next, e.now())
+	in.mu.Lock()
+	if err == nil {
+		in.lastSync = e.now()
+		in.lastSyncErr = ""
+	} else {
+		in.lastSyncErr = err.Error()
+	}
+	in.mu.Unlock()
+	if errors.Is(err, space.ErrFenced) {
+		e.fenceOut(in)
+		return err
+	}
+	if err != nil {
+		in.logger().Error("checkpoint", zap.Error(err))
+		return err
+	}
+	e.c.blobsUploaded.Add(uint64(st.BlobsUploaded))
+	e.c.bytesUploaded.Add(uint64(st.BytesUploaded))
+	if st.ManifestWritten {
+		e.c.syncs.Add(1)
+	}
+	return nil
+}
+
+// fenceOut handles a lost manifest swap (with in.op held): another writer owns the space. Kill
+// the instance at once, write nothing more, forget the lease.
+func (e *Engine) fenceOut(in *inst) {
+	e.c.fenced.Add(1)
+	in.mu.Lock()
+	p := in.proc
+	in.stopSyncLocked()
+	in.disarmIdleLocked()
+	in.leaseETag = ""
+	in.held = false
+	in.retryAt = e.now().Add(time.Second)
+	in.retryWhy = "fenced out by another writer"
+	in.mu.Unlock()
+	if p != nil {
+		p.stopping.Store(true)
+		p.kill()
+		<-p.exited
+	}
+	in.mu.Lock()
+	in.proc = nil
+	if in.state == StateAwake {
+		in.setStateLocked(StateFenced)
+	}
+	in.mu.Unlock()
+	in.logger().Error("manifest changed behind this box: instance killed, space fenced out")
+}
+
+func (e *Engine) releaseLease(in *inst) {
+	in.mu.Lock()
+	etag := in.leaseETag
+	in.leaseETag = ""
+	in.mu.Unlock()
+	if etag == "" {
+		return
+	}
+	// Release even when the caller's context is ending (drain): a bounded write of our own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 30*time.Second)
+	defer cancel()
+	if err := space.ReleaseLease(ctx, e.cfg.Bucket, in.host, etag, e.holder, e.now()); err != nil {
+		in.logger().Warn("releasing lease", zap.Error(err))
+	}
+}
+
+// onExit runs when the instance process exits on its own: a crash. Log, checkpoint (SQLite is
+// crash-safe), release, mark asleep with backoff.
+func (e *Engine) onExit(in *inst, p *proc, status error) {
+	if p.stopping.Load() {
+		return
+	}
+	in.op.Lock()
+	defer in.op.Unlock()
+	in.mu.Lock()
+	if in.proc != p || in.state != StateAwake {
+		in.mu.Unlock()
+		return
+	}
+	t := &transition{done: make(chan struct{})}
+	in.trans = t
+	in.setStateLocked(StateSleeping)
+	in.disarmIdleLocked()
+	in.stopSyncLocked()
+	in.proc = nil
+	in.crashes++
+	n := in.crashes
+	in.mu.Unlock()
+	e.c.crashes.Add(1)
+	log := in.logger()
+	log.Error("instance exited unexpectedly", zap.Int("pid", p.pid), zap.String("status", fmt.Sprint(status)),
+		zap.Int("consecutive_crashes", n), zap.String("log", in.logPath))
+
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 5*time.Minute)
+	defer cancel()
+	err := e.checkpointAndRelease(ctx, in, true)
+
+	in.mu.Lock()
+	in.trans = nil
+	if errors.Is(err, space.ErrFenced) {
+		in.setStateLocked(StateFenced)
+	} else {
+		in.setStateLocked(StateAsleep)
+	}
+	if b := crashBackoff(n); b > 0 {
+		in.retryAt = e.now().Add(b)
+		in.retryWhy = "instance crashing"
+	}
+	close(t.done)
+	in.mu.Unlock()
+}
+
+// Forget stops the space, releases its lease and drops its local state; bucket data stays.
+func (e *Engine) Forget(ctx context.Context, host string) error {
+	in := e.lookup(host)
+	if in == nil {
+		return nil
+	}
+	in.op.Lock()
+	defer in.op.Unlock()
+	in.mu.Lock()
+	p, kind := in.proc, in.kind
+	in.disarmIdleLocked()
+	in.stopSyncLocked()
+	in.mu.Unlock()
+	if p != nil {
+		e.stopProcess(in, p, kind)
+	}
+	if !e.fenced.Load() {
+		e.releaseLease(in)
+	}
+	e.mu.Lock()
+	delete(e.spaces, host)
+	e.mu.Unlock()
+	in.mu.Lock()
+	in.proc = nil
+	in.setStateLocked(StateAsleep)
+	in.mu.Unlock()
+	os.Remove(in.socket)
+	if err := os.RemoveAll(in.dir); err != nil {
+		return fmt.Errorf("removing local state: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,260 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/space"
+)
+
+// WakeReasonHeader tells the instance why it was woken.
+const WakeReasonHeader = "X-Lchat-Wake-Reason"
+
+// scanLoop lists wakes/ every WakeScanInterval (one LIST per scan, whatever the number of
+// spaces) and fires the due wakes of owned hosts.
+func (e *Engine) scanLoop() {
+	sc := &space.WakeScanner{Bucket: e.cfg.Bucket}
+	var mu sync.Mutex
+	inFlight := map[string]bool{}
+	t := time.NewTicker(e.cfg.WakeScanInterval)
+	defer t.Stop()
+	for {
+		if !e.fenced.Load() && !e.draining.Load() {
+			recs, now, err := sc.Scan(e.ctx)
+			if err != nil && e.ctx.Err() == nil {
+				e.log.Warn("scanning scheduled wakes", zap.Error(err))
+			}
+			for _, r := range recs {
+				if r.At.After(now) || (e.cfg.Owns != nil && !e.cfg.Owns(r.Host)) {
+					continue
+				}
+				mu.Lock()
+				busy := inFlight[r.Host]
+				inFlight[r.Host] = true
+				mu.Unlock()
+				if busy {
+					continue
+				}
+				e.goSafe("scheduled wake", func() {
+					defer func() { mu.Lock(); delete(inFlight, r.Host); mu.Unlock() }()
+					e.fireWake(e.ctx, r)
+				})
+			}
+		}
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// resolve finds the route of a host with a due wake.
+func (e *Engine) resolve(host string) (Space, bool) {
+	if e.cfg.Resolve != nil {
+		if sp, ok := e.cfg.Resolve(host); ok {
+			return sp, true
+		}
+	}
+	if in := e.lookup(host); in != nil {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		if in.sp.Host != "" {
+			return in.sp, true
+		}
+	}
+	return Space{}, false
+}
+
+// fireWake wakes the space and POSTs its WakePath until a 2xx, backing off, then deletes the
+// record (only if it is still the one that fired).
+func (e *Engine) fireWake(ctx context.Context, r space.WakeRecord) {
+	log := e.log.With(zap.String("host", r.Host))
+	delay := time.Second
+	for attempt := 1; ; attempt++ {
+		sp, ok := e.resolve(r.Host)
+		if !ok {
+			log.Warn("scheduled wake for a host with no route here; skipping")
+			return
+		}
+		err := e.postWake(ctx, sp)
+		if err == nil {
+			if err := space.DeleteWake(ctx, e.cfg.Bucket, r.Host, r.ETag); err != nil {
+				log.Warn("deleting fired scheduled wake", zap.Error(err))
+			}
+			log.Info("scheduled wake delivered", zap.Time("due", r.At), zap.Int("attempts", attempt))
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		var re *RetryError
+		if errors.As(err, &re) && re.After > delay {
+			delay = re.After
+		}
+		log.Warn("scheduled wake failed; retrying", zap.Error(err), zap.Duration("in", delay))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 5*time.Minute)
+	}
+}
+
+func (e *Engine) postWake(ctx context.Context, sp Space) error {
+	u, err := e.Acquire(ctx, sp)
+	if err != nil {
+		return err
+	}
+	defer u.Release()
+	kind := e.cfg.Kinds[sp.Kind]
+	client := &http.Client{
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", u.Socket())
+		}},
+		Timeout: time.Minute,
+	}
+	defer client.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+sp.Host+kind.WakePath, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set(WakeReasonHeader, "scheduled")
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return errors.New("wake path answered " + resp.Status)
+	}
+	return nil
+}
+
+// drainParallel bounds how many spaces sleep at once during a drain.
+const drainParallel = 8
+
+// Drain sleeps every awake space (in parallel, bounded): checkpoint and lease release. New
+// Acquires are refused from the start.
+func (e *Engine) Drain(ctx context.Context) error {
+	e.draining.Store(true)
+	sem := make(chan struct{}, drainParallel)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for _, in := range e.all() {
+		in.mu.Lock()
+		t, st := in.trans, in.state
+		in.mu.Unlock()
+		if st == StateWaking && t != nil {
+			select {
+			case <-t.done:
+			case <-ctx.Done():
+			}
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			defer e.recoverPanic("drain")
+			if err := e.sleep(ctx, in, "drain", false); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// SetFenced is driven by the mesh heartbeat. Fenced: stop serving and writing (instances are
+// stopped; nothing is written; local state is kept). Unfenced: every held space's lease and
+// manifest are re-read; if still this box's, its local state is checkpointed and the lease
+// released; otherwise the local state is dropped. Only then are the spaces served again.
+func (e *Engine) SetFenced(fenced bool) {
+	if e.fenced.Swap(fenced) == fenced {
+		return
+	}
+	if fenced {
+		e.log.Warn("fenced: heartbeat writes failing; stopping every awake space without writing")
+		for _, in := range e.all() {
+			e.goSafe("fence stop", func() {
+				in.op.Lock()
+				defer in.op.Unlock()
+				in.mu.Lock()
+				if in.state != StateAwake {
+					in.mu.Unlock()
+					return
+				}
+				p, kind := in.proc, in.kind
+				in.disarmIdleLocked()
+				in.stopSyncLocked()
+				in.setStateLocked(StateSleeping)
+				in.mu.Unlock()
+				e.stopProcess(in, p, kind)
+				in.mu.Lock()
+				in.proc = nil
+				in.held = in.leaseETag != ""
+				in.setStateLocked(StateFenced)
+				in.mu.Unlock()
+			})
+		}
+		return
+	}
+	e.log.Info("unfenced: re-reading leases of held spaces")
+	for _, in := range e.all() {
+		e.goSafe("unfence", func() { e.recheck(in) })
+	}
+}
+
+// recheck resolves a space stopped by a heartbeat fence.
+func (e *Engine) recheck(in *inst) {
+	in.op.Lock()
+	defer in.op.Unlock()
+	in.mu.Lock()
+	held, etag := in.held, in.leaseETag
+	in.mu.Unlock()
+	if !held || e.fenced.Load() {
+		return
+	}
+	log := in.logger()
+	ctx := e.ctx
+	ours, err := space.StillHeld(ctx, e.cfg.Bucket, in.host, etag, e.holder)
+	if err == nil && ours && in.syncer != nil {
+		_, cur, rerr := space.ReadManifest(ctx, e.cfg.Bucket, in.host)
+		_, mine := in.syncer.Manifest()
+		err = rerr
+		ours = cur == mine
+	}
+	if err != nil {
+		log.Warn("re-reading lease after fence; will retry on next unfence", zap.Error(err))
+		return
+	}
+	if ours {
+		err = e.checkpointAndRelease(ctx, in, true)
+	} else {
+		e.c.fenced.Add(1)
+		log.Warn("lease or manifest taken over while fenced; dropping local state")
+	}
+	if err != nil {
+		log.Warn("checkpoint after fence failed; still held", zap.Error(err))
+		return
+	}
+	in.mu.Lock()
+	in.held = false
+	if !ours {
+		in.leaseETag = ""
+	}
+	in.setStateLocked(StateAsleep)
+	in.mu.Unlock()
+}

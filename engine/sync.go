@@ -1,0 +1,130 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"path/filepath"
+	"time"
+)
+
+// continuousPoll is how often the continuous class looks at the data dir's mtimes, and
+// continuousMaxDelay bounds how long a change waits for the writes to settle.
+const (
+	continuousPoll     = 200 * time.Millisecond
+	continuousMaxDelay = time.Second
+)
+
+// startSync starts the awake space's replication loop, per its kind's class.
+func (e *Engine) startSync(in *inst, kind Kind) {
+	if kind.Replication.Class == ReplicateSleep {
+		return
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	in.mu.Lock()
+	in.stopSyncLocked()
+	in.syncStop = cancel
+	in.mu.Unlock()
+	if kind.Replication.Class == ReplicateContinuous {
+		e.goSafe("continuous sync", func() { e.continuousLoop(ctx, in) })
+		return
+	}
+	e.goSafe("periodic sync", func() {
+		t := time.NewTicker(kind.Replication.Interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				e.syncNow(ctx, in)
+			}
+		}
+	})
+}
+
+func (in *inst) stopSyncLocked() {
+	if in.syncStop != nil {
+		in.syncStop()
+		in.syncStop = nil
+	}
+}
+
+// syncNow checkpoints an awake space while it runs.
+func (e *Engine) syncNow(ctx context.Context, in *inst) {
+	if e.fenced.Load() {
+		return
+	}
+	in.op.Lock()
+	defer in.op.Unlock()
+	if ctx.Err() != nil {
+		return // the space began sleeping while we waited; its sleep checkpoints
+	}
+	in.mu.Lock()
+	awake := in.state == StateAwake
+	in.mu.Unlock()
+	if !awake || in.syncer == nil {
+		return
+	}
+	prev, _ := in.syncer.Manifest()
+	var next *time.Time
+	if prev != nil {
+		next = prev.NextWake // scheduled wakes are recorded at sleep
+	}
+	e.checkpointLocked(ctx, in, next)
+}
+
+// continuousLoop checkpoints within about a second of a change: it polls the data dir's
+// mtimes and syncs once they are stable for one poll, or continuousMaxDelay after the first
+// change seen, whichever is sooner.
+func (e *Engine) continuousLoop(ctx context.Context, in *inst) {
+	t := time.NewTicker(continuousPoll)
+	defer t.Stop()
+	synced, _ := dirStamp(in.dataDir)
+	var last uint64
+	var dirtySince time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cur, err := dirStamp(in.dataDir)
+		if err != nil {
+			continue
+		}
+		if cur == synced {
+			dirtySince = time.Time{}
+			continue
+		}
+		now := time.Now()
+		if dirtySince.IsZero() {
+			dirtySince, last = now, cur
+			continue
+		}
+		if cur != last && now.Sub(dirtySince) < continuousMaxDelay {
+			last = cur
+			continue
+		}
+		e.syncNow(ctx, in)
+		synced, dirtySince = cur, time.Time{}
+	}
+}
+
+// dirStamp hashes the names, sizes and mtimes under dir: cheap change detection, no reads.
+func dirStamp(dir string) (uint64, error) {
+	h := fnv.New64a()
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		fmt.Fprintf(h, "%s|%d|%d\n", p, info.Size(), info.ModTime().UnixNano())
+		return nil
+	})
+	return h.Sum64(), err
+}
