@@ -603,11 +603,24 @@ func testLargeObject(t *testing.T, b bucket.Bucket) {
 			t.Errorf("heap grew by %d MiB (Put) / %d MiB (Get) for a %d MiB object: the body is being buffered", putPeak>>20, getPeak>>20, size>>20)
 		}
 	}
-	// An If-Match swap of a large object is still conditional.
-	if _, err := b.Put(context.Background(), "big", &genReader{rand.NewChaCha8(seed), 6 << 20}, 6<<20, bucket.Cond{IfMatch: `"00000000000000000000000000000000"`}); !errors.Is(err, bucket.ErrPreconditionFailed) {
-		t.Fatalf("If-Match put of a multi-part-sized body with a wrong ETag = %v, want ErrPreconditionFailed", err)
+	// Conditional writes of bodies too big for one buffered request stay conditional,
+	// and a lost one is ErrPreconditionFailed, not a transport error.
+	for _, n := range []int64{2 << 20, 12 << 20} {
+		if _, err := b.Put(context.Background(), "big", &genReader{rand.NewChaCha8(seed), n}, n, bucket.Cond{IfMatch: `"00000000000000000000000000000000"`}); !errors.Is(err, bucket.ErrPreconditionFailed) {
+			t.Fatalf("If-Match put of %d MiB with a wrong ETag = %v, want ErrPreconditionFailed", n>>20, err)
+		}
+		if _, err := b.Put(context.Background(), "big", &genReader{rand.NewChaCha8(seed), n}, -1, bucket.Cond{IfNoneMatch: true}); !errors.Is(err, bucket.ErrPreconditionFailed) {
+			t.Fatalf("If-None-Match put of %d MiB over an existing key = %v, want ErrPreconditionFailed", n>>20, err)
+		}
+		if h, err := b.Head(context.Background(), "big"); err != nil || h.ETag != info.ETag {
+			t.Fatalf("a failed conditional put changed the object: %v %+v", err, h)
+		}
 	}
-	if _, err := b.Put(context.Background(), "big", &genReader{rand.NewChaCha8(seed), 6 << 20}, 6<<20, bucket.Cond{IfMatch: info.ETag}); err != nil {
-		t.Fatalf("If-Match put of a multi-part-sized body with the current ETag: %v", err)
+	next, err := b.Put(context.Background(), "big", &genReader{rand.NewChaCha8(seed), 2 << 20}, 2<<20, bucket.Cond{IfMatch: info.ETag})
+	if err != nil {
+		t.Fatalf("If-Match put of 2 MiB with the current ETag: %v", err)
+	}
+	if _, err := b.Put(context.Background(), "big", &genReader{rand.NewChaCha8(seed), 12 << 20}, 12<<20, bucket.Cond{IfMatch: next.ETag}); err != nil {
+		t.Fatalf("If-Match put of 12 MiB with the current ETag: %v", err)
 	}
 }
