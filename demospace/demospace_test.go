@@ -703,7 +703,8 @@ func TestSnapshotWhileWriting(t *testing.T) {
 	case <-writerDone:
 		t.Fatal("writer stopped before the snapshot")
 	}
-	engine, err := sql.Open("sqlite", "file:"+filepath.Join(dataDir, DBFile)+"?mode=ro&_pragma=busy_timeout(5000)")
+	// The same DSN the engine's snapshot (space/sync.go) opens.
+	engine, err := sql.Open("sqlite", "file:"+filepath.Join(dataDir, DBFile)+"?_pragma=busy_timeout(10000)")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -132,7 +132,13 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		if _, err := fmt.Fprintf(w, format, args...); err != nil {
 			return false
 		}
-		return rc.Flush() == nil
+		if rc.Flush() != nil {
+			return false
+		}
+		// Clear it again: a deadline that lapses while the stream idles would
+		// fail the final chunk written after the handler returns.
+		_ = rc.SetWriteDeadline(time.Time{})
+		return true
 	}
 	send := func(m Message) bool {
 		if m.ID <= last {
