@@ -15,6 +15,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // backends returns every bucket implementation the protocol is tested against; each test
@@ -26,6 +27,12 @@ var backends = map[string]func(t *testing.T) bucket.Bucket{
 			t.Fatal(err)
 		}
 		return b
+	},
+	"versitygw": func(t *testing.T) bucket.Bucket {
+		if testing.Short() {
+			t.Skip("versitygw in -short mode")
+		}
+		return harness.StartS3(t).NewBucket(t, "p/")
 	},
 }
 
