@@ -249,6 +249,7 @@ func oneArg(d *caddyfile.Dispenser, dst *string) error {
 }
 
 func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	name := d.Val()
 	var s string
 	if err := oneArg(d, &s); err != nil {
 		return err
@@ -259,7 +260,7 @@ func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	}
 	dur, err := caddy.ParseDuration(s)
 	if err != nil {
-		return d.Errf("%s: %v", d.Val(), err)
+		return d.Errf("%s: %v", name, err)
 	}
 	*dst = caddy.Duration(dur)
 	return nil
