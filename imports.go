@@ -3,5 +3,8 @@
 package lchatcaddy
 
 import (
-	_ "github.com/lchat/lchat-caddy/bucket"
+	_ "github.com/lchat/lchat-caddy/demospace"
+	_ "github.com/lchat/lchat-caddy/modules/certstorage"
+	_ "github.com/lchat/lchat-caddy/modules/dnsproviders/dnsimple"
+	_ "github.com/lchat/lchat-caddy/modules/dnsproviders/route53"
 )
