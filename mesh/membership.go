@@ -264,12 +264,19 @@ func (m *Membership) loop(ctx context.Context, fenceTimer *time.Timer) {
 	ticker := time.NewTicker(m.cfg.Beat)
 	defer ticker.Stop()
 
-	putDone := make(chan putResult, 1)
-	beatDone := make(chan struct{}, 1)
+	// One beat runs at a time; it reports its write, then its end, in order.
+	events := make(chan beatEvent, 2)
 	inflight := false
 	for {
 		select {
 		case <-ctx.Done():
+			// Wait for a running beat: a heartbeat write landing after Leave's delete
+			// would bring this box back to life in its peers' eyes.
+			for inflight {
+				if ev := <-events; ev.done {
+					inflight = false
+				}
+			}
 			return
 		case <-ticker.C:
 			if inflight {
@@ -278,13 +285,13 @@ func (m *Membership) loop(ctx context.Context, fenceTimer *time.Timer) {
 				continue
 			}
 			inflight = true
-			go m.beat(ctx, putDone, beatDone)
-		case r := <-putDone:
-			if r.ok {
-				m.notePut(r.sent, fenceTimer)
+			go m.beat(ctx, events)
+		case ev := <-events:
+			if ev.done {
+				inflight = false
+			} else if ev.ok {
+				m.notePut(ev.sent, fenceTimer)
 			}
-		case <-beatDone:
-			inflight = false
 		case <-fenceTimer.C:
 			m.mu.Lock()
 			since := time.Since(m.lastPutSent)
@@ -296,20 +303,22 @@ func (m *Membership) loop(ctx context.Context, fenceTimer *time.Timer) {
 	}
 }
 
-type putResult struct {
+// beatEvent is a beat's report to the loop: its heartbeat write (done false), then its end.
+type beatEvent struct {
+	done bool
 	sent time.Time
 	ok   bool
 }
 
-func (m *Membership) beat(ctx context.Context, putDone chan<- putResult, beatDone chan<- struct{}) {
+func (m *Membership) beat(ctx context.Context, events chan<- beatEvent) {
 	defer func() {
 		if r := recover(); r != nil {
 			m.logger.Error("membership beat panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 		}
-		beatDone <- struct{}{}
+		events <- beatEvent{done: true}
 	}()
 	sent, ok := m.putHeartbeat(ctx)
-	putDone <- putResult{sent, ok}
+	events <- beatEvent{sent: sent, ok: ok}
 	m.refresh(ctx)
 }
 
