@@ -1,0 +1,256 @@
+// Package check proves that a bucket enforces conditional writes: it races many
+// If-None-Match creates of one key and many If-Match swaps from one ETag, and reports
+// how many writers won each race. A lease is only as good as this: some S3-compatible
+// stores accept the headers and ignore them, and then every racer wins.
+// Both `lchat-caddy bucket-check` and the tests use it.
+package check
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+)
+
+// Options tunes a check. The zero value is the default check.
+type Options struct {
+	// Racers is the number of concurrent writers per race. Default 32.
+	Racers int
+	// Rounds is the number of races of each kind. Default 3.
+	Rounds int
+	// Scratch is the prefix the check writes under; a random directory below it is
+	// used and removed afterwards. Default "bucket-check/".
+	Scratch string
+	// Progress, when set, is called with a line of text as each step finishes.
+	Progress func(line string)
+}
+
+// Race is the outcome of one race.
+type Race struct {
+	// Name is "create #1", "swap #2", ...
+	Name string `json:"name"`
+	// Kind is "if-none-match" or "if-match".
+	Kind string `json:"kind"`
+	Key  string `json:"key"`
+	// Racers is how many writers took part; Winners how many writes succeeded.
+	Racers  int `json:"racers"`
+	Winners int `json:"winners"`
+	// Lost counts 412 answers; Conflicts counts 409 answers, which were retried.
+	Lost      int `json:"lost"`
+	Conflicts int `json:"conflicts"`
+	// Errors holds other failures (at most a few, de-duplicated).
+	Errors []string `json:"errors,omitempty"`
+	// Stored reports whether the object left behind is the single winner's write.
+	Stored   bool          `json:"stored_matches_winner"`
+	Duration time.Duration `json:"duration"`
+}
+
+// OK reports whether exactly one writer won and the store kept its write.
+func (r Race) OK() bool { return r.Winners == 1 && r.Stored && len(r.Errors) == 0 }
+
+func (r Race) String() string {
+	verdict := "ok"
+	if !r.OK() {
+		verdict = "FAIL"
+	}
+	s := fmt.Sprintf("%-10s %-14s %d racers: %d winner(s), %d precondition failed, %d conflicts retried (%s) %s",
+		r.Name, r.Kind, r.Racers, r.Winners, r.Lost, r.Conflicts, r.Duration.Round(time.Millisecond), verdict)
+	if r.Winners == 1 && !r.Stored {
+		s += "; the stored object is not the winner's write"
+	}
+	for _, e := range r.Errors {
+		s += "\n    error: " + e
+	}
+	return s
+}
+
+// Report is the result of a check.
+type Report struct {
+	Bucket  string `json:"bucket"`
+	Scratch string `json:"scratch"`
+	Races   []Race `json:"races"`
+	// CleanupError is set when the scratch keys could not all be removed.
+	CleanupError string `json:"cleanup_error,omitempty"`
+}
+
+// OK reports whether every race had exactly one winner.
+func (r Report) OK() bool {
+	if len(r.Races) == 0 {
+		return false
+	}
+	for _, race := range r.Races {
+		if !race.OK() {
+			return false
+		}
+	}
+	return true
+}
+
+// Verdict is a one-line summary.
+func (r Report) Verdict() string {
+	if r.OK() {
+		return fmt.Sprintf("OK: %s enforces conditional writes (%d races, exactly one winner each)", r.Bucket, len(r.Races))
+	}
+	bad := 0
+	for _, race := range r.Races {
+		if !race.OK() {
+			bad++
+		}
+	}
+	return fmt.Sprintf("FAIL: %s does not enforce conditional writes reliably (%d of %d races without exactly one winner); do not trust leases to it", r.Bucket, bad, len(r.Races))
+}
+
+// Run races conditional writes against b under a fresh scratch prefix and removes
+// what it wrote. The error is for a check that could not run (no access, a setup
+// write failing); a bucket that lets several writers win is a Report that is not OK.
+func Run(ctx context.Context, b bucket.Bucket, opts Options) (Report, error) {
+	if opts.Racers <= 0 {
+		opts.Racers = 32
+	}
+	if opts.Rounds <= 0 {
+		opts.Rounds = 3
+	}
+	if opts.Scratch == "" {
+		opts.Scratch = "bucket-check/"
+	}
+	if !strings.HasSuffix(opts.Scratch, "/") {
+		opts.Scratch += "/"
+	}
+	progress := opts.Progress
+	if progress == nil {
+		progress = func(string) {}
+	}
+	rnd := make([]byte, 8)
+	rand.Read(rnd)
+	scratch := opts.Scratch + hex.EncodeToString(rnd) + "/"
+	if err := bucket.CheckPrefix(scratch); err != nil {
+		return Report{}, fmt.Errorf("scratch prefix: %w", err)
+	}
+	rep := Report{Bucket: b.String(), Scratch: scratch}
+	defer func() {
+		if err := cleanup(context.WithoutCancel(ctx), b, scratch); err != nil {
+			rep.CleanupError = err.Error()
+		}
+	}()
+	progress(fmt.Sprintf("checking %s under %s: %d rounds of %d racers", b, scratch, opts.Rounds, opts.Racers))
+
+	for round := 1; round <= opts.Rounds; round++ {
+		key := fmt.Sprintf("%screate-%d", scratch, round)
+		r := race(ctx, b, opts.Racers, key, func(i int) bucket.Cond { return bucket.Cond{IfNoneMatch: true} })
+		r.Name, r.Kind = fmt.Sprintf("create #%d", round), "if-none-match"
+		rep.Races = append(rep.Races, r)
+		progress(r.String())
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+	}
+	for round := 1; round <= opts.Rounds; round++ {
+		key := fmt.Sprintf("%sswap-%d", scratch, round)
+		base, err := b.Put(ctx, key, strings.NewReader("base"), 4, bucket.Cond{})
+		if err != nil {
+			return rep, fmt.Errorf("writing the swap base object: %w", err)
+		}
+		r := race(ctx, b, opts.Racers, key, func(i int) bucket.Cond { return bucket.Cond{IfMatch: base.ETag} })
+		r.Name, r.Kind = fmt.Sprintf("swap #%d", round), "if-match"
+		rep.Races = append(rep.Races, r)
+		progress(r.String())
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// race releases n writers at once, each putting its own body under key with cond.
+// A 409 (the store saw the concurrent writes and refused this one, retryable) is
+// retried with the same condition, so a store that refuses every concurrent writer
+// still gets to show that exactly one can win.
+func race(ctx context.Context, b bucket.Bucket, n int, key string, cond func(i int) bucket.Cond) Race {
+	r := Race{Key: key, Racers: n}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners []int
+		errSeen = map[string]bool{}
+	)
+	start := make(chan struct{})
+	begin := time.Now()
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			body := fmt.Sprintf("racer %d", i)
+			for try := 0; ; try++ {
+				_, err := b.Put(ctx, key, strings.NewReader(body), int64(len(body)), cond(i))
+				mu.Lock()
+				switch {
+				case err == nil:
+					winners = append(winners, i)
+				case errors.Is(err, bucket.ErrConflict):
+					r.Conflicts++
+					if try < 10 {
+						mu.Unlock()
+						continue
+					}
+					r.Errors = appendOnce(r.Errors, errSeen, "still conflicting after 10 retries")
+				case errors.Is(err, bucket.ErrPreconditionFailed):
+					r.Lost++
+				default:
+					r.Errors = appendOnce(r.Errors, errSeen, err.Error())
+				}
+				mu.Unlock()
+				return
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	r.Duration = time.Since(begin)
+	r.Winners = len(winners)
+	if len(winners) == 1 {
+		if obj, err := b.Get(ctx, key); err == nil {
+			data, err := io.ReadAll(io.LimitReader(obj.Body, 64))
+			obj.Body.Close()
+			r.Stored = err == nil && string(data) == fmt.Sprintf("racer %d", winners[0])
+		} else {
+			r.Errors = append(r.Errors, "reading the result: "+err.Error())
+		}
+	}
+	return r
+}
+
+func appendOnce(list []string, seen map[string]bool, s string) []string {
+	if seen[s] || len(list) >= 5 {
+		return list
+	}
+	seen[s] = true
+	return append(list, s)
+}
+
+// cleanup deletes every key under prefix.
+func cleanup(ctx context.Context, b bucket.Bucket, prefix string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var failed error
+	for {
+		// Always list from the start: the keys of the last page are gone.
+		page, err := b.List(ctx, prefix, "")
+		if err != nil {
+			return fmt.Errorf("listing scratch keys: %v", err)
+		}
+		for _, o := range page.Objects {
+			if err := b.Delete(ctx, o.Key, bucket.Cond{}); err != nil {
+				failed = fmt.Errorf("deleting scratch key %s: %v", o.Key, err)
+			}
+		}
+		if failed != nil || page.NextToken == "" {
+			return failed
+		}
+	}
+}
