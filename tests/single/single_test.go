@@ -1,0 +1,527 @@
+// Package single runs one real lchat-caddy box against a real S3 (versitygw) with the
+// real demo space, and checks what an operator and a space's users rely on.
+package single
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+type cfgOpts struct {
+	Idle        string // demo idle_timeout
+	Replication string // demo periodic interval
+	WakeScan    string
+}
+
+// boxConfig is the JSON config of a single box on the harness's S3.
+func boxConfig(o cfgOpts) string {
+	if o.Idle == "" {
+		o.Idle = "10m"
+	}
+	if o.Replication == "" {
+		o.Replication = "1s"
+	}
+	if o.WakeScan == "" {
+		o.WakeScan = "1s"
+	}
+	cfg := map[string]any{
+		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},
+		"storage": map[string]any{"module": "file_system", "root": "{$LCHAT_TEST_DIR}/caddy"},
+		"apps": map[string]any{
+			"lchat": map[string]any{
+				"bucket": map[string]any{
+					"backend": "s3", "bucket": "{env.LCHAT_HIBERNATE_BUCKET}",
+					"prefix": "{env.LCHAT_HIBERNATE_PREFIX}", "use_path_style": true,
+				},
+				"state_dir":          "{$LCHAT_TEST_DIR}/state",
+				"registry":           "{$LCHAT_TEST_DIR}/registry.db",
+				"wake_scan_interval": o.WakeScan,
+				"kinds": map[string]any{
+					"demo": map[string]any{
+						"command": "{self}", "args": []string{"demo-space"},
+						"idle_timeout": o.Idle, "ready_path": "/healthz", "stop_grace": "5s",
+						"replication": map[string]any{"class": "periodic", "interval": o.Replication},
+						"allowed_env": []string{"DEMO_SECRET"},
+					},
+					// A kind whose instance never becomes ready.
+					"stuck": map[string]any{
+						"command": "/bin/sleep", "args": []string{"600"},
+						"ready_timeout": "1s", "stop_grace": "1s",
+					},
+				},
+			},
+			"http": map[string]any{"servers": map[string]any{"main": map[string]any{
+				"listen":          []string{"{$LCHAT_TEST_HTTP}"},
+				"automatic_https": map[string]any{"disable": true},
+				"routes":          []any{map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}}},
+			}}},
+		},
+	}
+	b, _ := json.MarshalIndent(cfg, "", "  ")
+	return string(b)
+}
+
+type env struct {
+	s3     *harness.S3
+	prefix string
+	bkt    bucket.Bucket
+}
+
+func newEnv(t *testing.T) *env {
+	s3 := harness.StartS3(t)
+	prefix := "t" + fmt.Sprint(time.Now().UnixNano()%1e9)
+	return &env{s3: s3, prefix: prefix, bkt: s3.NewBucket(t, prefix)}
+}
+
+func (e *env) box(t *testing.T, o cfgOpts) *harness.Box {
+	return harness.StartBox(t, harness.BoxOptions{JSON: boxConfig(o), Env: e.s3.Env(e.prefix)})
+}
+
+type status struct {
+	Routes int `json:"routes"`
+	Spaces []struct {
+		Host  string `json:"host"`
+		State string `json:"state"`
+		PID   int    `json:"pid"`
+	} `json:"spaces"`
+	Counters map[string]float64 `json:"counters"`
+}
+
+func getStatus(t *testing.T, b *harness.Box) status {
+	t.Helper()
+	var st status
+	b.AdminJSON("GET", "/lchat/status", nil, 200, &st)
+	return st
+}
+
+// space returns the state and PID of host ("" when the engine does not know it).
+func space(t *testing.T, b *harness.Box, host string) (string, int) {
+	for _, s := range getStatus(t, b).Spaces {
+		if s.Host == host {
+			return s.State, s.PID
+		}
+	}
+	return "", 0
+}
+
+// waitFor polls cond until it holds or the deadline passes: the box's own timers
+// (idle, sync, scheduled wakes) run in another process, so there is no clock to drive.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func createSpace(t *testing.T, b *harness.Box, host string) {
+	t.Helper()
+	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}, http.StatusCreated, nil)
+}
+
+func do(t *testing.T, b *harness.Box, method, host, path, body string) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, b.URL(host, path), rd)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := b.Client().Do(req)
+	if err != nil {
+		t.Fatalf("%s %s%s: %v", method, host, path, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(data)
+}
+
+func postMessage(t *testing.T, b *harness.Box, host, text string) {
+	t.Helper()
+	code, body := do(t, b, "POST", host, "/api/messages", fmt.Sprintf(`{"author":"test","text":%q}`, text))
+	if code != http.StatusCreated {
+		t.Fatalf("posting message: %d %s", code, body)
+	}
+}
+
+func messages(t *testing.T, b *harness.Box, host string) string {
+	t.Helper()
+	code, body := do(t, b, "GET", host, "/api/messages", "")
+	if code != 200 {
+		t.Fatalf("GET /api/messages: %d %s", code, body)
+	}
+	return body
+}
+
+func readObject(t *testing.T, bkt bucket.Bucket, key string) ([]byte, string) {
+	t.Helper()
+	obj, err := bkt.Get(context.Background(), key)
+	if err != nil {
+		t.Fatalf("reading %s: %v", key, err)
+	}
+	defer obj.Body.Close()
+	data, _ := io.ReadAll(obj.Body)
+	return data, obj.ETag
+}
+
+func TestLifecycle(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{Idle: "2s"})
+	const host = "life.example.com"
+	createSpace(t, b, host)
+
+	if code, body := do(t, b, "GET", host, "/", ""); code != 200 || !strings.Contains(strings.ToLower(body), "<html") {
+		t.Fatalf("GET /: %d %.200s", code, body)
+	}
+	postMessage(t, b, host, "hello from the lifecycle test")
+
+	waitFor(t, 30*time.Second, "space asleep after idle", func() bool {
+		st, pid := space(t, b, host)
+		return st == "asleep" && pid == 0
+	})
+	manifest, _ := readObject(t, e.bkt, "spaces/"+host+"/manifest")
+	var m struct {
+		Generation int64 `json:"generation"`
+		Files      []struct {
+			Path string `json:"path"`
+		} `json:"files"`
+	}
+	if err := json.Unmarshal(manifest, &m); err != nil || len(m.Files) == 0 {
+		t.Fatalf("manifest in the bucket: %s (%v)", manifest, err)
+	}
+	page, err := e.bkt.List(context.Background(), "spaces/"+host+"/blobs/", "")
+	if err != nil || len(page.Objects) == 0 {
+		t.Fatalf("no blobs in the bucket: %+v %v", page, err)
+	}
+
+	if got := messages(t, b, host); !strings.Contains(got, "hello from the lifecycle test") {
+		t.Fatalf("message lost across sleep and wake: %s", got)
+	}
+	st := getStatus(t, b)
+	if st.Counters["wakes"] != 2 || st.Counters["sleeps"] < 1 {
+		t.Fatalf("counters after one sleep and two wakes: %v", st.Counters)
+	}
+}
+
+func TestConcurrentFirstRequests(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{})
+	const host = "herd.example.com"
+	createSpace(t, b, host)
+
+	client := b.Client()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[int]int{}
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Get(b.URL(host, "/api/messages"))
+			code := 0
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				code = resp.StatusCode
+			}
+			mu.Lock()
+			codes[code]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if codes[200] != 100 {
+		t.Fatalf("status codes of 100 concurrent first requests: %v, want all 200", codes)
+	}
+	if st := getStatus(t, b); st.Counters["wakes"] != 1 {
+		t.Fatalf("wakes = %v, want exactly one process start", st.Counters["wakes"])
+	}
+}
+
+func TestForeignManifestFencesBox(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{Replication: "500ms"})
+	const host = "fence.example.com"
+	createSpace(t, b, host)
+	postMessage(t, b, host, "first")
+	key := "spaces/" + host + "/manifest"
+	waitFor(t, 30*time.Second, "first checkpoint", func() bool {
+		_, err := e.bkt.Head(context.Background(), key)
+		return err == nil
+	})
+
+	// Another writer takes the space over behind the box's back.
+	data, _ := readObject(t, e.bkt, key)
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["generation"] = m["generation"].(float64) + 100
+	m["written_by"] = "someone-else"
+	foreign, _ := json.Marshal(m)
+	if _, err := e.bkt.Put(context.Background(), key, strings.NewReader(string(foreign)), int64(len(foreign)), bucket.Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	postMessage(t, b, host, "second, after the takeover")
+
+	waitFor(t, 30*time.Second, "the box to stop the fenced instance", func() bool {
+		st, pid := space(t, b, host)
+		return st != "awake" && pid == 0
+	})
+	if c := getStatus(t, b).Counters; c["fenced"] < 1 {
+		t.Fatalf("fenced counter = %v", c["fenced"])
+	}
+	// The box never retries the write: the foreign state stays, even through a drain.
+	if err := b.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if got, _ := readObject(t, e.bkt, key); string(got) != string(foreign) {
+		t.Fatalf("foreign manifest overwritten:\nwant %s\ngot  %s", foreign, got)
+	}
+}
+
+func TestCrashAndRecovery(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{})
+	const host = "crash.example.com"
+	createSpace(t, b, host)
+	postMessage(t, b, host, "written before the crash")
+	_, pid := space(t, b, host)
+	if pid == 0 {
+		t.Fatal("no PID for an awake space")
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "crash detected", func() bool {
+		st, p := space(t, b, host)
+		return st != "awake" && p == 0
+	})
+	if c := getStatus(t, b).Counters; c["crashes"] != 1 {
+		t.Fatalf("crashes = %v, want 1", c["crashes"])
+	}
+	if got := messages(t, b, host); !strings.Contains(got, "written before the crash") {
+		t.Fatalf("message lost in crash: %s", got)
+	}
+	if _, p := space(t, b, host); p == 0 || p == pid {
+		t.Fatalf("after recovery pid = %d (crashed pid %d)", p, pid)
+	}
+}
+
+func TestReloadKeepsInstances(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{})
+	hosts := []string{"r1.example.com", "r2.example.com"}
+	pids := map[string]int{}
+	leases := map[string]string{}
+	for _, h := range hosts {
+		createSpace(t, b, h)
+		postMessage(t, b, h, "before reload")
+		_, pids[h] = space(t, b, h)
+		info, err := e.bkt.Head(context.Background(), "spaces/"+h+"/lease")
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[h] = info.ETag
+	}
+	// An unrelated change: the scheduled-wake scan interval.
+	if err := b.Reload(boxConfig(cfgOpts{WakeScan: "2s"}), true); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hosts {
+		st, pid := space(t, b, h)
+		if st != "awake" || pid != pids[h] {
+			t.Fatalf("%s after reload: %s pid %d, want awake pid %d", h, st, pid, pids[h])
+		}
+		if err := syscall.Kill(pid, 0); err != nil {
+			t.Fatalf("%s instance %d gone after reload: %v", h, pid, err)
+		}
+		info, err := e.bkt.Head(context.Background(), "spaces/"+h+"/lease")
+		if err != nil || info.ETag != leases[h] {
+			t.Fatalf("%s lease changed by reload: %v %s -> %s", h, err, leases[h], info.ETag)
+		}
+		if got := messages(t, b, h); !strings.Contains(got, "before reload") {
+			t.Fatalf("%s: %s", h, got)
+		}
+	}
+	if c := getStatus(t, b).Counters; c["wakes"] != 2 || c["sleeps"] != 0 {
+		t.Fatalf("counters after reload: %v", c)
+	}
+}
+
+func TestSIGTERMDrains(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{Replication: "1h"}) // no periodic sync: only the drain saves
+	const host = "drain.example.com"
+	createSpace(t, b, host)
+	postMessage(t, b, host, "saved by the drain")
+	_, pid := space(t, b, host)
+	if err := b.Stop(); err != nil {
+		t.Fatalf("SIGTERM: %v", err)
+	}
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Fatalf("instance %d still running after the box exited", pid)
+	}
+	lease, _ := readObject(t, e.bkt, "spaces/"+host+"/lease")
+	var l struct {
+		Released bool `json:"released"`
+	}
+	if err := json.Unmarshal(lease, &l); err != nil || !l.Released {
+		t.Fatalf("lease not released after drain: %s", lease)
+	}
+	// A brand-new box on the same bucket restores the drained state.
+	b2 := e.box(t, cfgOpts{})
+	createSpace(t, b2, host)
+	if got := messages(t, b2, host); !strings.Contains(got, "saved by the drain") {
+		t.Fatalf("drained state missing on a new box: %s", got)
+	}
+}
+
+func TestScheduledWake(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{Idle: "1s", WakeScan: "500ms"})
+	const host = "alarm.example.com"
+	createSpace(t, b, host)
+	at := time.Now().Add(6 * time.Second).UTC().Format(time.RFC3339)
+	code, body := do(t, b, "POST", host, "/api/reminders", fmt.Sprintf(`{"at":%q,"text":"wake-up call"}`, at))
+	if code != http.StatusCreated {
+		t.Fatalf("posting reminder: %d %s", code, body)
+	}
+	waitFor(t, 30*time.Second, "space asleep before its wake time", func() bool {
+		st, _ := space(t, b, host)
+		return st == "asleep"
+	})
+	if _, err := e.bkt.Head(context.Background(), "wakes/"+host); err != nil {
+		t.Fatalf("scheduled wake not recorded in the bucket: %v", err)
+	}
+	// No request from here on until the box has woken the space by itself.
+	waitFor(t, 60*time.Second, "the scheduled wake", func() bool {
+		return getStatus(t, b).Counters["wakes"] >= 2
+	})
+	waitFor(t, 30*time.Second, "the reminder delivered", func() bool {
+		return strings.Contains(messages(t, b, host), "wake-up call")
+	})
+}
+
+func TestOperatorSurface(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{})
+	const secret = "s3cr3t-v4lue-never-shown"
+
+	if code, _ := do(t, b, "GET", "nobody.example.com", "/", ""); code != http.StatusNotFound {
+		t.Fatalf("unknown host: %d, want 404", code)
+	}
+
+	for body, want := range map[string]string{
+		`{"host": "a.example.com", "kind": "demo"`:                         "decoding",
+		`{"host": "a.example.com", "kind": "demo", "colour": "blue"}`:      "unknown field",
+		`{"host": "A.example.com", "kind": "demo"}`:                        "lowercase",
+		`{"host": "a.example.com:443", "kind": "demo"}`:                    "port",
+		`{"host": "*.example.com", "kind": "demo"}`:                        "wildcard",
+		`{"host": "a.example.com", "kind": "nope"}`:                        `is not configured on this box`,
+		`{"host": "a.example.com", "kind": "demo", "env": {"PATH": "/x"}}`: "env PATH is not allowed",
+	} {
+		code, data, err := b.Admin("POST", "/lchat/routes", body)
+		if err != nil || code != http.StatusBadRequest || !strings.Contains(string(data), want) {
+			t.Errorf("POST %s: %d %s, want 400 mentioning %q", body, code, data, want)
+		}
+	}
+	var page struct {
+		Routes []map[string]any `json:"routes"`
+	}
+	b.AdminJSON("GET", "/lchat/routes", nil, 200, &page)
+	if len(page.Routes) != 0 {
+		t.Fatalf("bad input changed the registry: %+v", page.Routes)
+	}
+
+	out, err := b.CLI("add-instance", "cli.example.com", "--kind", "nope")
+	if err == nil || !strings.Contains(out, "not configured") {
+		t.Fatalf("add-instance of an unconfigured kind: %v %s", err, out)
+	}
+	out, err = b.CLI("add-instance", "cli.example.com", "--kind", "demo", "--version", "7", "--env", "DEMO_SECRET="+secret)
+	if err != nil || strings.Contains(out, secret) || !strings.Contains(out, "DEMO_SECRET") {
+		t.Fatalf("add-instance: %v\n%s", err, out)
+	}
+	if code, _, _ := b.Admin("POST", "/lchat/routes", map[string]any{"host": "cli.example.com", "kind": "demo"}); code != http.StatusConflict {
+		t.Fatalf("duplicate create: %d, want 409", code)
+	}
+	for _, path := range []string{"/lchat/routes", "/lchat/routes/cli.example.com", "/lchat/status"} {
+		_, data, _ := b.Admin("GET", path, nil)
+		if strings.Contains(string(data), secret) {
+			t.Fatalf("GET %s leaks an env value: %s", path, data)
+		}
+	}
+	if code, _ := do(t, b, "GET", "cli.example.com", "/healthz", ""); code != 200 {
+		t.Fatalf("space created by the CLI: %d", code)
+	}
+	out, err = b.CLI("routes")
+	if err != nil || !strings.Contains(out, "cli.example.com") || strings.Contains(out, secret) {
+		t.Fatalf("routes: %v\n%s", err, out)
+	}
+	if strings.Contains(b.Logs(), secret) {
+		t.Fatal("the box logged an env value")
+	}
+
+	// A live route, by flipping hibernation off toward a plain upstream.
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "live upstream saw host %s", r.Host)
+	}))
+	defer live.Close()
+	if out, err := b.CLI("hibernate", "cli.example.com", "--off"); err == nil {
+		t.Fatalf("hibernate --off without an upstream succeeded: %s", out)
+	}
+	if out, err := b.CLI("hibernate", "cli.example.com", "--off", "--upstream", strings.TrimPrefix(live.URL, "http://")); err != nil {
+		t.Fatalf("hibernate --off: %v %s", err, out)
+	}
+	if code, body := do(t, b, "GET", "cli.example.com", "/", ""); code != 200 || !strings.HasPrefix(body, "live upstream saw host cli.example.com") {
+		t.Fatalf("live route: %d %s", code, body)
+	}
+	if st, pid := space(t, b, "cli.example.com"); st == "awake" || pid != 0 {
+		t.Fatalf("space still awake after hibernate --off: %s %d", st, pid)
+	}
+	if out, err := b.CLI("hibernate", "cli.example.com", "--on"); err != nil {
+		t.Fatalf("hibernate --on: %v %s", err, out)
+	}
+	if code, _ := do(t, b, "GET", "cli.example.com", "/healthz", ""); code != 200 {
+		t.Fatalf("after hibernate --on: %d", code)
+	}
+
+	// Not ready in time: 503 with Retry-After, never 502.
+	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": "stuck.example.com", "kind": "stuck"}, http.StatusCreated, nil)
+	req, _ := http.NewRequest("GET", b.URL("stuck.example.com", "/"), nil)
+	resp, err := b.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("readiness timeout: %d Retry-After %q, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+
+	if out, err := b.CLI("remove", "cli.example.com"); err != nil {
+		t.Fatalf("remove: %v %s", err, out)
+	}
+	if code, _ := do(t, b, "GET", "cli.example.com", "/", ""); code != http.StatusNotFound {
+		t.Fatalf("removed host: %d, want 404", code)
+	}
+	if code, _, _ := b.Admin("GET", "/lchat/routes/cli.example.com", nil); code != http.StatusNotFound {
+		t.Fatalf("removed route still listed: %d", code)
+	}
+}
