@@ -1,0 +1,259 @@
+// Package buckets holds the lchat.buckets.* guest modules, the object stores the lchat
+// app and the certificate storage keep their state in, and the `bucket-check` command.
+// A host module loads one with a `caddy:"namespace=lchat.buckets inline_key=backend"`
+// field and type-asserts bucket.Bucket:
+//
+//	"bucket": {"backend": "s3", "bucket": "lchat-state", "prefix": "prod", "region": "eu-west-1"}
+//	"bucket": {"backend": "file", "root": "/var/lib/lchat/bucket"}
+package buckets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/bucket/s3bucket"
+)
+
+func init() {
+	caddy.RegisterModule(S3{})
+	caddy.RegisterModule(File{})
+}
+
+// S3 is the `lchat.buckets.s3` module: a bucket on S3 or an S3-compatible store.
+// Every field takes placeholders, such as {env.LCHAT_HIBERNATE_BUCKET}; credentials
+// left empty come from the standard AWS chain (environment, shared config, role).
+type S3 struct {
+	// Bucket is the bucket name. Required.
+	Bucket string `json:"bucket,omitempty"`
+	// Prefix is prepended, with a slash, to every key. Default: none.
+	Prefix string `json:"prefix,omitempty"`
+	// Region signs requests. Default: AWS_REGION, else us-east-1.
+	Region string `json:"region,omitempty"`
+	// Endpoint is an S3-compatible endpoint, http(s)://host[:port]. Default: AWS S3
+	// (or AWS_ENDPOINT_URL_S3 when set).
+	Endpoint string `json:"endpoint,omitempty"`
+	// UsePathStyle addresses buckets as host/bucket (most S3-compatible stores need
+	// it). Default: false, virtual-hosted style.
+	UsePathStyle bool `json:"use_path_style,omitempty"`
+	// AccessKeyID, SecretAccessKey and SessionToken are static credentials; use
+	// placeholders rather than literal secrets. Default: the AWS credentials chain.
+	AccessKeyID     string `json:"access_key_id,omitempty"`
+	SecretAccessKey string `json:"secret_access_key,omitempty"`
+	SessionToken    string `json:"session_token,omitempty"`
+
+	bkt *s3bucket.Bucket
+}
+
+// CaddyModule returns the Caddy module information.
+func (S3) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "lchat.buckets.s3",
+		New: func() caddy.Module { return new(S3) },
+	}
+}
+
+func (s *S3) config() s3bucket.Config {
+	return s3bucket.Config{
+		Bucket: s.Bucket, Prefix: s.Prefix, Region: s.Region, Endpoint: s.Endpoint, UsePathStyle: s.UsePathStyle,
+		AccessKeyID: s.AccessKeyID, SecretAccessKey: s.SecretAccessKey, SessionToken: s.SessionToken,
+	}
+}
+
+// Provision expands placeholders, checks the configuration and builds the client.
+// It does not contact the store; `lchat-caddy bucket-check` does.
+func (s *S3) Provision(ctx caddy.Context) error {
+	repl := caddy.NewReplacer()
+	for _, f := range []*string{&s.Bucket, &s.Prefix, &s.Region, &s.Endpoint, &s.AccessKeyID, &s.SecretAccessKey, &s.SessionToken} {
+		*f = repl.ReplaceAll(*f, "")
+	}
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	b, err := s3bucket.New(ctx, s.config())
+	if err != nil {
+		return fmt.Errorf("lchat.buckets.s3: %v", err)
+	}
+	s.bkt = b
+	return nil
+}
+
+// Validate names the field at fault; it never echoes a credential.
+func (s *S3) Validate() error {
+	if err := s.config().Validate(); err != nil {
+		return fmt.Errorf("lchat.buckets.s3: %v", err)
+	}
+	return nil
+}
+
+// File is the `lchat.buckets.file` module: a bucket in a local directory, shared
+// safely by the processes of one machine. It is the embedded default for one box.
+type File struct {
+	// Root is the directory. Default: `lchat/bucket` in Caddy's data directory.
+	Root string `json:"root,omitempty"`
+	// Prefix is a subdirectory of Root the keys live under. Default: none.
+	Prefix string `json:"prefix,omitempty"`
+
+	bkt *filebucket.Bucket
+}
+
+// CaddyModule returns the Caddy module information.
+func (File) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "lchat.buckets.file",
+		New: func() caddy.Module { return new(File) },
+	}
+}
+
+// Provision expands placeholders, applies the default root and opens (creating) it.
+func (f *File) Provision(ctx caddy.Context) error {
+	repl := caddy.NewReplacer()
+	f.Root = repl.ReplaceAll(f.Root, "")
+	f.Prefix = repl.ReplaceAll(f.Prefix, "")
+	if f.Root == "" {
+		f.Root = filepath.Join(caddy.AppDataDir(), "lchat", "bucket")
+	}
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	b, err := filebucket.New(f.Root)
+	if err != nil {
+		return fmt.Errorf("lchat.buckets.file: root: %v", err)
+	}
+	if b, err = b.Sub(f.Prefix); err != nil {
+		return fmt.Errorf("lchat.buckets.file: prefix: %v", err)
+	}
+	f.bkt = b
+	return nil
+}
+
+// Validate checks the fields that do not need the filesystem.
+func (f *File) Validate() error {
+	if f.Root == "" {
+		return errors.New("lchat.buckets.file: root is required")
+	}
+	if _, err := bucket.CleanPrefix(f.Prefix); err != nil {
+		return fmt.Errorf("lchat.buckets.file: %v", err)
+	}
+	return nil
+}
+
+var errNotProvisioned = errors.New("bucket module used before Provision")
+
+// The bucket.Bucket methods delegate to the backend built in Provision.
+
+func (s *S3) Get(ctx context.Context, key string) (*bucket.Object, error) {
+	if s.bkt == nil {
+		return nil, errNotProvisioned
+	}
+	return s.bkt.Get(ctx, key)
+}
+
+func (s *S3) Head(ctx context.Context, key string) (bucket.Info, error) {
+	if s.bkt == nil {
+		return bucket.Info{}, errNotProvisioned
+	}
+	return s.bkt.Head(ctx, key)
+}
+
+func (s *S3) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
+	if s.bkt == nil {
+		return bucket.Info{}, errNotProvisioned
+	}
+	return s.bkt.Put(ctx, key, body, size, cond)
+}
+
+func (s *S3) Delete(ctx context.Context, key string, cond bucket.Cond) error {
+	if s.bkt == nil {
+		return errNotProvisioned
+	}
+	return s.bkt.Delete(ctx, key, cond)
+}
+
+func (s *S3) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
+	if s.bkt == nil {
+		return bucket.ListPage{}, errNotProvisioned
+	}
+	return s.bkt.List(ctx, prefix, token)
+}
+
+func (s *S3) Copy(ctx context.Context, src, dst string) (bucket.Info, error) {
+	if s.bkt == nil {
+		return bucket.Info{}, errNotProvisioned
+	}
+	return s.bkt.Copy(ctx, src, dst)
+}
+
+// String describes the bucket without credentials.
+func (s *S3) String() string {
+	if s.bkt == nil {
+		return "s3://" + s.Bucket
+	}
+	return s.bkt.String()
+}
+
+func (f *File) Get(ctx context.Context, key string) (*bucket.Object, error) {
+	if f.bkt == nil {
+		return nil, errNotProvisioned
+	}
+	return f.bkt.Get(ctx, key)
+}
+
+func (f *File) Head(ctx context.Context, key string) (bucket.Info, error) {
+	if f.bkt == nil {
+		return bucket.Info{}, errNotProvisioned
+	}
+	return f.bkt.Head(ctx, key)
+}
+
+func (f *File) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
+	if f.bkt == nil {
+		return bucket.Info{}, errNotProvisioned
+	}
+	return f.bkt.Put(ctx, key, body, size, cond)
+}
+
+func (f *File) Delete(ctx context.Context, key string, cond bucket.Cond) error {
+	if f.bkt == nil {
+		return errNotProvisioned
+	}
+	return f.bkt.Delete(ctx, key, cond)
+}
+
+func (f *File) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
+	if f.bkt == nil {
+		return bucket.ListPage{}, errNotProvisioned
+	}
+	return f.bkt.List(ctx, prefix, token)
+}
+
+func (f *File) Copy(ctx context.Context, src, dst string) (bucket.Info, error) {
+	if f.bkt == nil {
+		return bucket.Info{}, errNotProvisioned
+	}
+	return f.bkt.Copy(ctx, src, dst)
+}
+
+// String describes the bucket as a file URL.
+func (f *File) String() string {
+	if f.bkt == nil {
+		return "file://" + f.Root
+	}
+	return f.bkt.String()
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner = (*S3)(nil)
+	_ caddy.Validator   = (*S3)(nil)
+	_ bucket.Bucket     = (*S3)(nil)
+	_ caddy.Provisioner = (*File)(nil)
+	_ caddy.Validator   = (*File)(nil)
+	_ bucket.Bucket     = (*File)(nil)
+)

@@ -1,0 +1,107 @@
+package buckets
+
+import (
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// UnmarshalCaddyfile sets up an S3 bucket from Caddyfile tokens. Syntax:
+//
+//	s3 [<bucket>] {
+//	    bucket            <name>
+//	    prefix            <prefix>
+//	    region            <region>
+//	    endpoint          <http(s)://host[:port]>
+//	    use_path_style
+//	    access_key_id     <id>
+//	    secret_access_key <secret>
+//	    session_token     <token>
+//	}
+func (s *S3) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // module name
+	if d.NextArg() {
+		s.Bucket = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	for d.NextBlock(0) {
+		var field *string
+		switch d.Val() {
+		case "bucket":
+			field = &s.Bucket
+		case "prefix":
+			field = &s.Prefix
+		case "region":
+			field = &s.Region
+		case "endpoint":
+			field = &s.Endpoint
+		case "access_key_id":
+			field = &s.AccessKeyID
+		case "secret_access_key":
+			field = &s.SecretAccessKey
+		case "session_token":
+			field = &s.SessionToken
+		case "use_path_style":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			s.UsePathStyle = true
+			continue
+		default:
+			return d.Errf("unrecognized subdirective %s", d.Val())
+		}
+		if err := oneArg(d, field); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile sets up a file bucket from Caddyfile tokens. Syntax:
+//
+//	file [<root>] {
+//	    root   <directory>
+//	    prefix <prefix>
+//	}
+func (f *File) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // module name
+	if d.NextArg() {
+		f.Root = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "root":
+			if err := oneArg(d, &f.Root); err != nil {
+				return err
+			}
+		case "prefix":
+			if err := oneArg(d, &f.Prefix); err != nil {
+				return err
+			}
+		default:
+			return d.Errf("unrecognized subdirective %s", d.Val())
+		}
+	}
+	return nil
+}
+
+// oneArg reads exactly one argument into dst.
+func oneArg(d *caddyfile.Dispenser, dst *string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddyfile.Unmarshaler = (*S3)(nil)
+	_ caddyfile.Unmarshaler = (*File)(nil)
+)

@@ -1,0 +1,193 @@
+package buckets
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/check"
+)
+
+// Exit codes of bucket-check beyond Caddy's: the check ran and some race did not have
+// exactly one winner.
+const exitCheckFailed = 2
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "bucket-check",
+		Usage: "[--bucket <name>|file:///<dir>] [--prefix <p>] [--region <r>] [--endpoint <url>] [--path-style] | --config <file> [--adapter <name>]",
+		Short: "Proves that the bucket enforces conditional writes",
+		Long: `
+Races many If-None-Match creates of one key and many If-Match swaps from one ETag
+against the bucket, under a scratch prefix (bucket-check/<random>/) that is removed
+afterwards, and prints each race and a verdict. Leases and manifests are only safe on
+a store where exactly one writer wins each race; some S3-compatible stores accept the
+conditional headers and ignore them.
+
+The bucket comes from flags, with defaults from the environment
+(LCHAT_HIBERNATE_BUCKET, LCHAT_HIBERNATE_PREFIX, AWS_ENDPOINT_URL_S3, AWS_REGION;
+credentials from the standard AWS chain), or with --config from the lchat app's
+"bucket" in a Caddy config (JSON, or any adapter such as the Caddyfile).
+--bucket takes a bucket name, or file:///path for a local directory bucket.
+
+Exit status: 0 when every race had exactly one winner, 2 when one did not,
+1 when the check could not run.`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Flags().String("bucket", "", "bucket name, or file:///path (default $LCHAT_HIBERNATE_BUCKET)")
+			cmd.Flags().String("prefix", "", "key prefix (default $LCHAT_HIBERNATE_PREFIX)")
+			cmd.Flags().String("region", "", "S3 region (default $AWS_REGION)")
+			cmd.Flags().String("endpoint", "", "S3-compatible endpoint http(s)://host[:port] (default $AWS_ENDPOINT_URL_S3)")
+			cmd.Flags().Bool("path-style", false, "address the bucket path-style (default: on when an endpoint is set)")
+			cmd.Flags().Bool("virtual-host", false, "address the bucket virtual-host style even with an endpoint")
+			cmd.Flags().StringP("config", "c", "", "read the lchat app's bucket from this Caddy config file")
+			cmd.Flags().StringP("adapter", "a", "", "name of the config adapter for --config")
+			cmd.Flags().Int("racers", 32, "concurrent writers per race")
+			cmd.Flags().Int("rounds", 3, "races of each kind")
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdBucketCheck)
+		},
+	})
+}
+
+// checkFlags are bucket-check's inputs, after environment defaults.
+type checkFlags struct {
+	Bucket, Prefix, Region, Endpoint string
+	PathStyle, VirtualHost           bool
+	Config, Adapter                  string
+	Racers, Rounds                   int
+}
+
+func cmdBucketCheck(fl caddycmd.Flags) (int, error) {
+	f := checkFlags{
+		Bucket: fl.String("bucket"), Prefix: fl.String("prefix"), Region: fl.String("region"),
+		Endpoint: fl.String("endpoint"), PathStyle: fl.Bool("path-style"), VirtualHost: fl.Bool("virtual-host"),
+		Config: fl.String("config"), Adapter: fl.String("adapter"),
+		Racers: fl.Int("racers"), Rounds: fl.Int("rounds"),
+	}
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: sigCtx})
+	defer cancel()
+
+	var (
+		b   bucket.Bucket
+		err error
+	)
+	if f.Config != "" {
+		cfgJSON, _, _, lerr := caddycmd.LoadConfig(f.Config, f.Adapter)
+		if lerr != nil {
+			return caddy.ExitCodeFailedStartup, fmt.Errorf("loading config: %v", lerr)
+		}
+		b, err = bucketFromConfig(ctx, cfgJSON)
+	} else {
+		b, err = bucketFromFlags(ctx, f, os.Getenv)
+	}
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	rep, err := runCheck(ctx, b, os.Stdout, check.Options{Racers: f.Racers, Rounds: f.Rounds})
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	if !rep.OK() {
+		return exitCheckFailed, nil
+	}
+	return caddy.ExitCodeSuccess, nil
+}
+
+// runCheck runs the races, printing each as it finishes and then the verdict.
+func runCheck(ctx context.Context, b bucket.Bucket, out io.Writer, opts check.Options) (check.Report, error) {
+	opts.Progress = func(line string) { fmt.Fprintln(out, line) }
+	rep, err := check.Run(ctx, b, opts)
+	if err != nil {
+		return rep, fmt.Errorf("checking %s: %v", b, err)
+	}
+	if rep.CleanupError != "" {
+		fmt.Fprintf(out, "warning: scratch keys under %s were not all removed: %s\n", rep.Scratch, rep.CleanupError)
+	}
+	fmt.Fprintln(out, rep.Verdict())
+	return rep, nil
+}
+
+// bucketFromFlags builds the bucket the flags (or, where a flag is empty, the
+// environment) describe, through the same modules a config would use.
+func bucketFromFlags(ctx caddy.Context, f checkFlags, getenv func(string) string) (bucket.Bucket, error) {
+	def := func(v *string, env string) {
+		if *v == "" {
+			*v = getenv(env)
+		}
+	}
+	def(&f.Bucket, "LCHAT_HIBERNATE_BUCKET")
+	def(&f.Prefix, "LCHAT_HIBERNATE_PREFIX")
+	def(&f.Region, "AWS_REGION")
+	def(&f.Endpoint, "AWS_ENDPOINT_URL_S3")
+	if f.Bucket == "" {
+		return nil, errors.New("no bucket: pass --bucket or --config, or set LCHAT_HIBERNATE_BUCKET")
+	}
+	var mod interface {
+		caddy.Provisioner
+		caddy.Validator
+		bucket.Bucket
+	}
+	if strings.HasPrefix(f.Bucket, "file:") {
+		u, err := url.Parse(f.Bucket)
+		if err != nil || u.Path == "" || (u.Host != "" && u.Host != "localhost") {
+			return nil, fmt.Errorf("--bucket: a file bucket is file:///absolute/path")
+		}
+		mod = &File{Root: u.Path, Prefix: f.Prefix}
+	} else {
+		mod = &S3{
+			Bucket: f.Bucket, Prefix: f.Prefix, Region: f.Region, Endpoint: f.Endpoint,
+			// Custom endpoints are nearly always S3-compatible stores that need it.
+			UsePathStyle: f.PathStyle || (f.Endpoint != "" && !f.VirtualHost),
+		}
+	}
+	if err := mod.Provision(ctx); err != nil {
+		return nil, err
+	}
+	if err := mod.Validate(); err != nil {
+		return nil, err
+	}
+	return mod, nil
+}
+
+// bucketFromConfig loads the lchat app's bucket module from a Caddy JSON config,
+// reading only apps.lchat.bucket.
+func bucketFromConfig(ctx caddy.Context, cfgJSON []byte) (bucket.Bucket, error) {
+	var cfg struct {
+		Apps struct {
+			Lchat struct {
+				Bucket json.RawMessage `json:"bucket"`
+			} `json:"lchat"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
+		return nil, fmt.Errorf("reading config: %v", err)
+	}
+	if len(cfg.Apps.Lchat.Bucket) == 0 {
+		return nil, errors.New("config has no apps.lchat.bucket (the lchat app then uses its embedded file bucket; check it with --bucket file:///path)")
+	}
+	holder := struct {
+		BucketRaw json.RawMessage `json:"bucket,omitempty" caddy:"namespace=lchat.buckets inline_key=backend"`
+	}{BucketRaw: cfg.Apps.Lchat.Bucket}
+	mod, err := ctx.LoadModule(&holder, "BucketRaw")
+	if err != nil {
+		return nil, fmt.Errorf("loading apps.lchat.bucket: %v", err)
+	}
+	b, ok := mod.(bucket.Bucket)
+	if !ok {
+		return nil, fmt.Errorf("apps.lchat.bucket: module %T is not a bucket", mod)
+	}
+	return b, nil
+}
