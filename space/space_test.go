@@ -410,3 +410,43 @@ func TestReadNextWake(t *testing.T) {
 		t.Fatal("garbage parsed")
 	}
 }
+
+// A database the app only opened (WAL mode set, no data changed) after a restore must not
+// be uploaded again: VACUUM INTO copies are normalized to depend on content alone.
+func TestReopenedDatabaseIsNotUploadedAgain(t *testing.T) {
+	forEachBucket(t, func(t *testing.T, b bucket.Bucket) {
+		ctx := context.Background()
+		s := newSyncer(t, b, t.TempDir())
+		os.MkdirAll(s.DataDir, 0o700)
+		db := openDB(t, filepath.Join(s.DataDir, "app.db"))
+		db.Exec("CREATE TABLE m (body TEXT)")
+		db.Exec("INSERT INTO m VALUES ('kept')")
+		db.Close()
+		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		for round := range 3 {
+			r := newSyncer(t, b, t.TempDir())
+			if err := r.Load(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Restore(ctx); err != nil {
+				t.Fatal(err)
+			}
+			db := openDB(t, filepath.Join(r.DataDir, "app.db"))
+			var body string
+			if err := db.QueryRow("SELECT body FROM m").Scan(&body); err != nil || body != "kept" {
+				t.Fatalf("round %d: restored row %q, %v", round, body, err)
+			}
+			db.Exec("CREATE TABLE IF NOT EXISTS m (body TEXT)")
+			db.Close()
+			st, err := r.Checkpoint(ctx, nil, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.BlobsUploaded != 0 || st.ManifestWritten {
+				t.Fatalf("round %d: checkpoint of an unchanged database %+v, want no upload and no manifest write", round, st)
+			}
+		}
+	})
+}
