@@ -24,6 +24,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -59,6 +60,11 @@ type App struct {
 	// WakeScanInterval is how often the box lists due scheduled wakes. Default 30s.
 	WakeScanInterval caddy.Duration `json:"wake_scan_interval,omitempty"`
 
+	// Mesh tunes the mesh (intervals, trusted roots for peers). The mesh is on only
+	// when LCHAT_MESH_SELF is set; see MeshOptions.
+	Mesh *MeshOptions `json:"mesh,omitempty"`
+
+	meshCfg mesh.Config
 	kinds   map[string]engine.Kind
 	poolKey string
 	shared  *shared
@@ -119,6 +125,7 @@ type shared struct {
 	eng    *engine.Engine
 	bucket bucket.Bucket
 	logger *zap.Logger
+	mesh   *meshState // nil without LCHAT_MESH_SELF
 }
 
 // Destruct drains every awake space (checkpoint, release the lease) and closes the
@@ -127,6 +134,11 @@ func (s *shared) Destruct() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now()
+	if s.mesh != nil {
+		// Heartbeat first: peers take over at once, before the spaces are drained.
+		s.mesh.leave()
+		defer s.mesh.close()
+	}
 	err := s.eng.Drain(ctx)
 	s.eng.Close()
 	if cerr := s.reg.Close(); err == nil {
@@ -176,6 +188,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("kinds.%s: %v", name, err)
 		}
 		a.kinds[name] = k
+	}
+
+	if a.meshCfg, err = parseMeshEnv(); err != nil {
+		return err
 	}
 
 	var bkt bucket.Bucket
@@ -238,7 +254,14 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 	var inc [8]byte
 	rand.Read(inc[:])
 	logger := ctx.Logger().Named("engine")
-	eng, err := engine.New(engine.Config{
+	var ms *meshState
+	if a.meshCfg.Enabled() {
+		if ms, err = newMeshState(a.meshCfg, a.Mesh, bkt, ctx.Logger().Named("mesh")); err != nil {
+			reg.Close()
+			return nil, err
+		}
+	}
+	ecfg := engine.Config{
 		Bucket:           bkt,
 		StateDir:         a.StateDir,
 		Holder:           "box:" + id.String(),
@@ -254,15 +277,28 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 			return engine.Space{Host: rt.Host, Kind: rt.Kind, Version: rt.Version, Env: rt.Env}, true
 		},
 		Logger: logger,
-	})
+	}
+	if ms != nil {
+		ms.engineConfig(&ecfg, reg)
+	}
+	eng, err := engine.New(ecfg)
 	if err != nil {
 		reg.Close()
 		return nil, fmt.Errorf("starting engine: %v", err)
 	}
+	if ms != nil {
+		if err := ms.start(eng); err != nil {
+			eng.Close()
+			reg.Close()
+			return nil, fmt.Errorf("starting mesh membership: %v", err)
+		}
+		a.logger.Info("mesh on", zap.Stringer("mesh", ms.cfg), zap.Duration("beat", ms.m.Config().Beat),
+			zap.Duration("dead_after", ms.m.Config().DeadAfter), zap.Bool("fenced", ms.m.Fenced()))
+	}
 	a.logger.Info("lchat registry and engine ready",
 		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),
 		zap.String("bucket", bkt.String()), zap.String("state_dir", a.StateDir))
-	return &shared{reg: reg, eng: eng, bucket: bkt, logger: ctx.Logger()}, nil
+	return &shared{reg: reg, eng: eng, bucket: bkt, logger: ctx.Logger(), mesh: ms}, nil
 }
 
 // Validate checks the config across fields.

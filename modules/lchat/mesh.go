@@ -1,0 +1,245 @@
+package lchat
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/registry"
+)
+
+// MeshOptions tunes the mesh of the lchat app. The mesh itself is switched on and
+// identified by the environment (LCHAT_MESH_SELF, LCHAT_MESH_DOMAINS,
+// LCHAT_MESH_TOKEN, LCHAT_MESH_REGION): without LCHAT_MESH_SELF none of this runs.
+type MeshOptions struct {
+	// Beat is the heartbeat interval. Default 15s.
+	Beat caddy.Duration `json:"beat,omitempty"`
+	// DeadAfter is the heartbeat age after which a box counts as dead. Default 45s.
+	DeadAfter caddy.Duration `json:"dead_after,omitempty"`
+	// FenceMargin is how long before DeadAfter a box whose heartbeat writes fail
+	// fences itself. Default DeadAfter/3.
+	FenceMargin caddy.Duration `json:"fence_margin,omitempty"`
+	// TrustedCAFiles are PEM files of roots trusted, besides the system roots, for
+	// peers' certificates (forwarded requests and the peer API). Default: none.
+	TrustedCAFiles []string `json:"trusted_ca_files,omitempty"`
+	// ForwardTimeout bounds dialing and the TLS handshake to a peer. Default 5s.
+	ForwardTimeout caddy.Duration `json:"forward_timeout,omitempty"`
+}
+
+// meshState is this box's running mesh: identity, membership, the peer client and
+// counters. It lives in the shared (usage-pooled) state, so a reload keeps it.
+type meshState struct {
+	cfg     mesh.Config
+	m       *mesh.Membership
+	client  *mesh.Client
+	marker  mesh.Marker
+	roots   *x509.CertPool
+	timeout time.Duration
+	version string
+	logger  *zap.Logger
+
+	// eng receives fence decisions; set once by start, before the membership runs.
+	eng atomic.Pointer[engine.Engine]
+
+	// ctx is the mesh's own context: fan-outs and the membership loop end on it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	c meshCounters
+}
+
+// meshCounters only grow; they are read by the status endpoints and the metrics.
+type meshCounters struct {
+	forwards        atomic.Uint64 // requests this box proxied to a peer
+	forwardErrors   atomic.Uint64 // forwards that failed (peer unreachable, TLS, ...)
+	forwardFallback atomic.Uint64 // forwards that failed to dial and were served here
+	forwardedIn     atomic.Uint64 // requests that arrived validly marked by a peer
+	markersStripped atomic.Uint64 // invalid markers removed from outside traffic
+	holderForwards  atomic.Uint64 // forwards to a lease holder after a lease conflict
+	leaseBusy       atomic.Uint64 // 503s because the holder was already forwarded to
+	rowsIn          atomic.Uint64 // rows replicated in from peers
+	rowsRejected    atomic.Uint64 // peer rows refused (malformed, out of scope, kind)
+	tombstonesIn    atomic.Uint64 // tombstones applied from peers
+	fanouts         atomic.Uint64 // rows (or tombstones) fanned out to peers, per target
+	fanoutErrors    atomic.Uint64 // failed fan-out targets
+}
+
+func (c *meshCounters) snapshot() map[string]uint64 {
+	return map[string]uint64{
+		"forwards":         c.forwards.Load(),
+		"forward_errors":   c.forwardErrors.Load(),
+		"forward_fallback": c.forwardFallback.Load(),
+		"forwarded_in":     c.forwardedIn.Load(),
+		"markers_stripped": c.markersStripped.Load(),
+		"holder_forwards":  c.holderForwards.Load(),
+		"lease_busy":       c.leaseBusy.Load(),
+		"rows_in":          c.rowsIn.Load(),
+		"rows_rejected":    c.rowsRejected.Load(),
+		"tombstones_in":    c.tombstonesIn.Load(),
+		"fanouts":          c.fanouts.Load(),
+		"fanout_errors":    c.fanoutErrors.Load(),
+	}
+}
+
+// parseMeshEnv reads the mesh identity from the environment. Errors name the
+// variable and never carry the token.
+func parseMeshEnv() (mesh.Config, error) {
+	cfg, err := mesh.ParseEnv(os.Getenv)
+	if err != nil {
+		return mesh.Config{}, fmt.Errorf("mesh configuration: %v", err)
+	}
+	return cfg, nil
+}
+
+// newMeshState builds (but does not start) the mesh for this box.
+func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger *zap.Logger) (*meshState, error) {
+	if opts == nil {
+		opts = new(MeshOptions)
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil || roots == nil {
+		roots = x509.NewCertPool()
+	}
+	for _, f := range opts.TrustedCAFiles {
+		pem, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("mesh.trusted_ca_files: %v", err)
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("mesh.trusted_ca_files: %s holds no PEM certificate", f)
+		}
+	}
+	timeout := time.Duration(opts.ForwardTimeout)
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	version, _ := caddy.Version()
+	ms := &meshState{
+		cfg:     cfg,
+		marker:  mesh.Marker{Token: cfg.Token},
+		roots:   roots,
+		timeout: timeout,
+		version: version,
+		logger:  logger,
+	}
+	ms.ctx, ms.cancel = context.WithCancel(context.Background())
+	ms.client = &mesh.Client{
+		Token: cfg.Token,
+		HTTPClient: &http.Client{
+			Timeout: 15 * time.Second,
+			Transport: &http.Transport{
+				Proxy:               http.ProxyFromEnvironment,
+				DialContext:         (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
+				TLSClientConfig:     &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+				TLSHandshakeTimeout: timeout,
+				MaxIdleConnsPerHost: 4,
+				IdleConnTimeout:     90 * time.Second,
+			},
+		},
+		Logger: logger.Named("replication"),
+	}
+	ms.m, err = mesh.NewMembership(bkt, mesh.MembershipConfig{
+		Self:        cfg.Self,
+		Region:      cfg.Region,
+		Domains:     cfg.Domains,
+		Version:     version,
+		Beat:        time.Duration(opts.Beat),
+		DeadAfter:   time.Duration(opts.DeadAfter),
+		FenceMargin: time.Duration(opts.FenceMargin),
+		OnFence:     ms.onFence,
+		Logger:      logger.Named("membership"),
+	})
+	if err != nil {
+		ms.cancel()
+		return nil, err
+	}
+	return ms, nil
+}
+
+// engineConfig points the engine's lease identity and liveness at the mesh: leases
+// carry this box's SELF and incarnation, a lease is held while its holder's heartbeat
+// is live, and scheduled wakes fire only on the HRW owner of a host.
+func (ms *meshState) engineConfig(cfg *engine.Config, reg *registry.Registry) {
+	mc := ms.m.Config()
+	cfg.Holder = ms.cfg.Self
+	cfg.Incarnation = mc.Incarnation
+	cfg.HolderLive = ms.holderLive
+	cfg.Owns = func(host string) bool {
+		rt, ok := reg.Lookup(host)
+		if !ok || !mesh.InScope(host, ms.cfg.Domains) && (rt.HomeRegion == "" || rt.HomeRegion != ms.cfg.Region) {
+			// Outside the mesh: this box is the only one that serves it.
+			return ok
+		}
+		owner, ok := mesh.Owner(host, ms.m.Live(), rt.HomeRegion)
+		return ok && owner.Self == ms.cfg.Self
+	}
+}
+
+// holderLive is the lease rule. The view says live: believe it (the holder fences
+// itself before its heartbeat can look dead). The view says dead: confirm with a fresh
+// read of the bucket before a takeover, so a one-beat-old view cannot steal a lease.
+func (ms *meshState) holderLive(holder, incarnation string) bool {
+	if ms.m.IsLive(holder, incarnation) {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ms.ctx, ms.m.Config().OpTimeout)
+	defer cancel()
+	live, err := ms.m.CheckLive(ctx, holder, incarnation)
+	if err != nil {
+		// Cannot tell: treat the holder as live. The request gets a forward or a 503,
+		// never a second writer.
+		ms.logger.Warn("checking lease holder's heartbeat", zap.String("holder", holder), zap.Error(err))
+		return true
+	}
+	return live
+}
+
+// start fences the engine until the first good heartbeat, then starts the loop. The
+// first beat runs before start returns, so a healthy box serves from its first request.
+func (ms *meshState) start(eng *engine.Engine) error {
+	eng.SetFenced(true)
+	ms.eng.Store(eng)
+	return ms.m.Start(ms.ctx)
+}
+
+// onFence relays the membership's fence decisions to the engine.
+func (ms *meshState) onFence(fenced bool) {
+	if eng := ms.eng.Load(); eng != nil {
+		eng.SetFenced(fenced)
+	}
+}
+
+// leave is the first step of a real shutdown: delete the heartbeat so peers take
+// over at once, before the spaces are drained.
+func (ms *meshState) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := ms.m.Leave(ctx); err != nil {
+		ms.logger.Error("leaving the mesh", zap.Error(err))
+	} else {
+		ms.logger.Info("left the mesh: heartbeat deleted", zap.Duration("took", time.Since(start)))
+	}
+}
+
+// close ends fan-outs still running; called after the drain.
+func (ms *meshState) close() {
+	ms.m.Close()
+	ms.cancel()
+}
+
+// errMeshOff is returned by mesh endpoints on a box without LCHAT_MESH_SELF.
+var errMeshOff = errors.New("the mesh is off on this box (LCHAT_MESH_SELF is not set)")
