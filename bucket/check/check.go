@@ -140,6 +140,11 @@ func Run(ctx context.Context, b bucket.Bucket, opts Options) (Report, error) {
 		}
 	}()
 	progress(fmt.Sprintf("checking %s under %s: %d rounds of %d racers", b, scratch, opts.Rounds, opts.Racers))
+	// A bucket that cannot be written at all (wrong name, credentials, endpoint) is
+	// a check that could not run, not a race result.
+	if _, err := b.Put(ctx, scratch+"probe", strings.NewReader("probe"), 5, bucket.Cond{}); err != nil {
+		return rep, fmt.Errorf("writing a probe object: %w", err)
+	}
 
 	for round := 1; round <= opts.Rounds; round++ {
 		key := fmt.Sprintf("%screate-%d", scratch, round)
