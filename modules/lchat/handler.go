@@ -41,9 +41,10 @@ type Handler struct {
 	// lease or the engine gives no better hint. Default 5s.
 	RetryAfter caddy.Duration `json:"retry_after,omitempty"`
 
-	app    *App
-	proxy  *reverseproxy.Handler
-	logger *zap.Logger
+	app       *App
+	proxy     *reverseproxy.Handler
+	meshProxy *reverseproxy.Handler // forwards to peers; nil without the mesh
+	logger    *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -76,11 +77,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.proxy.Provision(ctx); err != nil {
 		return fmt.Errorf("provisioning proxy: %v", err)
 	}
+	if ms := h.app.shared.mesh; ms != nil {
+		if h.meshProxy, err = newForwardProxy(ctx, ms, flush); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // Cleanup releases the embedded proxy.
 func (h *Handler) Cleanup() error {
+	if h.meshProxy != nil {
+		h.meshProxy.Cleanup()
+	}
 	if h.proxy != nil {
 		return h.proxy.Cleanup()
 	}
@@ -90,12 +99,16 @@ func (h *Handler) Cleanup() error {
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	host := requestHost(r)
+	h.meshStrip(r, host)
 	rt, ok := h.app.shared.reg.Lookup(host)
 	if !ok {
 		return caddyhttp.Error(http.StatusNotFound, fmt.Errorf("no route for host %q", host))
 	}
 	// Only the box itself sends scheduled wakes; a client cannot pose as one.
 	r.Header.Del("X-Lchat-Wake-Reason")
+	if done, err := h.meshServe(w, r, rt, next); done {
+		return err
+	}
 
 	if !rt.Hibernate {
 		caddyhttp.SetVar(r.Context(), upstreamVar, dialAddress(rt.Upstream))
@@ -109,6 +122,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		Env:     rt.Env,
 	})
 	if err != nil {
+		if done, ferr := h.meshAcquireError(w, r, err, next); done {
+			return ferr
+		}
 		return h.acquireError(w, r, host, err)
 	}
 	// The reverse proxy returns only when the response, or the connection it

@@ -1,0 +1,273 @@
+package lchat
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/registry"
+)
+
+// Request variables of a forward.
+const (
+	peerAddrVar  = "lchat_peer_addr"      // host:port the forward dials
+	peerSelfVar  = "lchat_peer_self"      // the peer's SELF URL
+	forwardedVar = "lchat_mesh_forwarded" // true when a peer validly marked this request
+)
+
+// peerTransport carries forwarded requests to peers. It dials the peer's address
+// (its SELF) and, for an https SELF, verifies the peer's certificate against the
+// instance hostname, the request's Host: the SNI and the verified name are the space's
+// name, as they would be for a client that reached the peer directly. Idle connections
+// are pooled per (peer, instance host), so a connection verified for one host is never
+// reused for another. There is no way to skip verification.
+type peerTransport struct {
+	tr     *http.Transport
+	marker mesh.Marker
+}
+
+func newPeerTransport(ms *meshState) *peerTransport {
+	pt := &peerTransport{marker: ms.marker}
+	dialer := &net.Dialer{Timeout: ms.timeout, KeepAlive: 30 * time.Second}
+	pt.tr = &http.Transport{
+		// Never through an environment proxy: the peer's address is the point.
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			peer, _, err := decodePoolKey(addr)
+			if err != nil {
+				return nil, err
+			}
+			conn, err := dialer.DialContext(ctx, "tcp", peer)
+			if err != nil {
+				return nil, reverseproxy.NewDialError(err)
+			}
+			return conn, nil
+		},
+		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			peer, serverName, err := decodePoolKey(addr)
+			if err != nil {
+				return nil, err
+			}
+			conn, err := dialer.DialContext(ctx, "tcp", peer)
+			if err != nil {
+				return nil, reverseproxy.NewDialError(err)
+			}
+			tc := tls.Client(conn, &tls.Config{
+				ServerName: serverName,
+				RootCAs:    ms.roots,
+				MinVersion: tls.VersionTLS12,
+				NextProtos: []string{"http/1.1"},
+			})
+			hctx, cancel := context.WithTimeout(ctx, ms.timeout)
+			defer cancel()
+			if err := tc.HandshakeContext(hctx); err != nil {
+				conn.Close()
+				return nil, fmt.Errorf("TLS handshake with peer %s as %s: %w", peer, serverName, err)
+			}
+			return tc, nil
+		},
+		MaxIdleConnsPerHost:   32,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 0, // a wake on the peer may take a while; its handler bounds it
+		ExpectContinueTimeout: time.Second,
+	}
+	return pt
+}
+
+// poolKey names an idle-connection pool: the peer address and, for TLS, the verified
+// name. Hex keeps it a valid URL host whatever the inputs.
+func poolKey(peer, serverName string) string {
+	return hex.EncodeToString([]byte(peer + "|" + serverName))
+}
+
+func decodePoolKey(addr string) (peer, serverName string, err error) {
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
+	}
+	raw, err := hex.DecodeString(host)
+	if err != nil {
+		return "", "", fmt.Errorf("forward: bad peer key")
+	}
+	peer, serverName, _ = strings.Cut(string(raw), "|")
+	return peer, serverName, nil
+}
+
+// RoundTrip marks the request as forwarded (MAC over the instance host) and sends it
+// to the peer chosen by the handler.
+func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	self, _ := caddyhttp.GetVar(req.Context(), peerSelfVar).(string)
+	u, err := url.Parse(self)
+	if err != nil || self == "" {
+		return nil, errors.New("forward: no peer chosen")
+	}
+	host := mesh.NormalizeHost(req.Host)
+	pt.marker.Mark(req.Header, host)
+	addr := peerDialAddr(u)
+	req.URL.Scheme = u.Scheme
+	if u.Scheme == "https" {
+		req.URL.Host = poolKey(addr, host)
+	} else {
+		req.URL.Host = poolKey(addr, "")
+	}
+	return pt.tr.RoundTrip(req)
+}
+
+// peerDialAddr is host:port of a SELF URL.
+func peerDialAddr(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// newForwardProxy is Caddy's reverse proxy with the peer transport: streaming,
+// WebSockets, trailers and flushing behave as for any reverse_proxy.
+func newForwardProxy(ctx caddy.Context, ms *meshState, flush caddy.Duration) (*reverseproxy.Handler, error) {
+	p := &reverseproxy.Handler{
+		Upstreams:     reverseproxy.UpstreamPool{{Dial: "{http.vars." + peerAddrVar + "}"}},
+		FlushInterval: flush,
+		Transport:     newPeerTransport(ms),
+	}
+	if err := p.Provision(ctx); err != nil {
+		return nil, fmt.Errorf("provisioning mesh forward proxy: %v", err)
+	}
+	return p, nil
+}
+
+// meshStrip runs first on every request: an invalid forwarded marker is removed, so
+// outside traffic can neither spoof nor suppress forwarding. A valid one is noted in
+// the request's variables and removed too, so the instance never sees it.
+func (h *Handler) meshStrip(r *http.Request, host string) {
+	ms := h.app.shared.mesh
+	if ms == nil {
+		if len(r.Header.Values(mesh.ForwardedHeader)) > 0 {
+			r.Header.Del(mesh.ForwardedHeader)
+		}
+		return
+	}
+	had := len(r.Header.Values(mesh.ForwardedHeader)) > 0
+	if ms.marker.Strip(r.Header, host) {
+		ms.c.forwardedIn.Add(1)
+		caddyhttp.SetVar(r.Context(), forwardedVar, true)
+	} else if had {
+		ms.c.markersStripped.Add(1)
+	}
+	r.Header.Del(mesh.ForwardedHeader)
+}
+
+func isForwarded(r *http.Request) bool {
+	v, _ := caddyhttp.GetVar(r.Context(), forwardedVar).(bool)
+	return v
+}
+
+// meshServe applies placement after the registry lookup. It reports whether it
+// answered the request (by forwarding); false means serve here.
+func (h *Handler) meshServe(w http.ResponseWriter, r *http.Request, rt *registry.Route, next caddyhttp.Handler) (bool, error) {
+	ms := h.app.shared.mesh
+	if ms == nil {
+		return false, nil
+	}
+	host := rt.Host
+	if !rt.Hibernate {
+		// A live route pinned to another box: forward there, never to a local socket.
+		if rt.LivesAt == "" || rt.LivesAt == ms.cfg.Self {
+			return false, nil
+		}
+		if isForwarded(r) {
+			return true, caddyhttp.Error(http.StatusMisdirectedRequest,
+				fmt.Errorf("live route %s lives on another box, and this request was already forwarded", host))
+		}
+		return h.forward(w, r, rt.LivesAt, next, false)
+	}
+	if !mesh.InScope(host, ms.cfg.Domains) && (rt.HomeRegion == "" || rt.HomeRegion != ms.cfg.Region) {
+		return false, nil
+	}
+	if isForwarded(r) || h.awakeHere(host) {
+		return false, nil
+	}
+	owner, ok := mesh.Owner(host, ms.m.Live(), rt.HomeRegion)
+	if !ok || owner.Self == ms.cfg.Self {
+		return false, nil
+	}
+	return h.forward(w, r, owner.Self, next, true)
+}
+
+// awakeHere reports whether host runs on this box now: it stays here until it sleeps.
+func (h *Handler) awakeHere(host string) bool {
+	for _, s := range h.app.shared.eng.Status() {
+		if s.Host == host {
+			return s.State == engine.StateAwake || s.State == engine.StateWaking
+		}
+	}
+	return false
+}
+
+// meshAcquireError handles a lease held by another live box: forward once to the
+// holder, or 503 with Retry-After when this request was already forwarded.
+func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, err error, next caddyhttp.Handler) (bool, error) {
+	ms := h.app.shared.mesh
+	var held *engine.LeaseHeldError
+	if ms == nil || !errors.As(err, &held) {
+		return false, nil
+	}
+	if isForwarded(r) || held.Holder == ms.cfg.Self {
+		ms.c.leaseBusy.Add(1)
+		return false, nil
+	}
+	if _, perr := mesh.ParseSelf(held.Holder); perr != nil {
+		return false, nil
+	}
+	ms.c.holderForwards.Add(1)
+	return h.forward(w, r, held.Holder, next, false)
+}
+
+// forward proxies the request once to the peer at self. When the peer cannot be
+// dialed at all and fallback is set, nothing has been sent and the request is served
+// here instead (the lease decides who runs the space).
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, self string, next caddyhttp.Handler, fallback bool) (bool, error) {
+	ms := h.app.shared.mesh
+	u, err := url.Parse(self)
+	if err != nil {
+		return true, caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("forward: bad peer URL"))
+	}
+	ms.c.forwards.Add(1)
+	caddyhttp.SetVar(r.Context(), peerAddrVar, peerDialAddr(u))
+	caddyhttp.SetVar(r.Context(), peerSelfVar, self)
+	err = h.meshProxy.ServeHTTP(w, r, next)
+	if err == nil {
+		return true, nil
+	}
+	ms.c.forwardErrors.Add(1)
+	var de reverseproxy.DialError
+	if fallback && errors.As(err, &de) {
+		ms.c.forwardFallback.Add(1)
+		if c := h.logger.Check(zapcore.WarnLevel, "peer unreachable; serving here"); c != nil {
+			c.Write(zap.String("host", r.Host), zap.String("peer", self), zap.Error(de))
+		}
+		return false, nil
+	}
+	return true, err
+}
+
+// Interface guards
+var _ http.RoundTripper = (*peerTransport)(nil)
