@@ -1,0 +1,365 @@
+package derpswitch
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"tailscale.com/derp"
+	"tailscale.com/tailcfg"
+	"tailscale.com/types/key"
+)
+
+type rig struct {
+	t     *testing.T
+	net   *fakeNet
+	clock *ManualClock
+	sw    *Switcher
+}
+
+func newRig(t *testing.T, mutate func(*Config)) *rig {
+	t.Helper()
+	r := &rig{t: t, net: newFakeNet(), clock: NewManualClock(time.Unix(1_700_000_000, 0))}
+	cfg := Config{
+		DERPMap:    testMap(1, 2, 3, 4),
+		HomeRegion: 1,
+		Prove:      ProveConfig{Count: 2, Interval: time.Millisecond, Timeout: time.Second},
+		Dial:       r.net.dial,
+		Clock:      r.clock,
+		EchoPrefix: []byte("echo:"),
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	sw, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.sw = sw
+	sw.Start()
+	t.Cleanup(func() { sw.Close() })
+	return r
+}
+
+func (r *rig) waitHome(region int) {
+	r.t.Helper()
+	waitFor(r.t, "home region "+itoa(region)+" connected", func() bool {
+		reg, ok := r.sw.liveHome()
+		return ok && reg == region
+	})
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func (r *rig) pin(region int) {
+	r.t.Helper()
+	if err := r.sw.SetOverride(region); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func TestPinCommitsMakeBeforeBreak(t *testing.T) {
+	r := newRig(t, nil)
+	r.waitHome(1)
+	r.pin(2)
+	r.waitHome(2)
+	waitFor(t, "pin commit counted", func() bool { return r.sw.Counters().PinMBBCommits == 1 })
+	c := r.sw.Counters()
+	if c.PinMBBRequests != 1 || c.DERPReconnects != 0 || c.RehomeApplied != 0 || c.Rollbacks != 0 {
+		t.Fatalf("counters = %+v; want 1 request, no reconnect/rehome/rollback", c)
+	}
+	st := r.sw.Status()
+	if st.PinPending || st.HomeRegion != 2 || st.EffectiveHome != 2 || st.Override != 2 {
+		t.Fatalf("status = %+v", st)
+	}
+	// The old home drains (still open) and closes once the drain period passes.
+	roles := map[int]string{}
+	for _, sl := range st.Slots {
+		roles[sl.Region] = sl.Role
+	}
+	if roles[2] != RoleHome || roles[1] != RoleDraining {
+		t.Fatalf("slots = %+v; want 2 home, 1 draining", st.Slots)
+	}
+	r.clock.Advance(5 * time.Second)
+	waitFor(t, "old home closed after drain", func() bool { return len(r.sw.Status().Slots) == 1 })
+	// The new home was marked preferred, the old one not.
+	r.net.mu.Lock()
+	for _, c := range r.net.conns {
+		c.mu.Lock()
+		if c.region == 2 && !c.preferred || c.region == 1 && c.preferred {
+			t.Errorf("region %d preferred=%v", c.region, c.preferred)
+		}
+		c.mu.Unlock()
+	}
+	r.net.mu.Unlock()
+}
+
+func TestPinUnknownRegionRefused(t *testing.T) {
+	r := newRig(t, nil)
+	if err := r.sw.SetOverride(999); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("SetOverride(999) = %v; want ErrUnknownRegion", err)
+	}
+	if r.sw.Override() != 0 {
+		t.Fatal("unknown region was recorded")
+	}
+}
+
+func TestPinToCurrentHomeIsNoop(t *testing.T) {
+	r := newRig(t, nil)
+	r.waitHome(1)
+	r.pin(1)
+	r.clock.Advance(3 * time.Second)
+	r.clock.Advance(3 * time.Second)
+	time.Sleep(20 * time.Millisecond)
+	if c := r.sw.Counters(); c.PinMBBRequests != 0 || c.RehomeApplied != 0 || c.DERPReconnects != 0 {
+		t.Fatalf("counters = %+v; want nothing", c)
+	}
+	if r.sw.Status().PinPending {
+		t.Fatal("pin_pending for a pin to the current home")
+	}
+}
+
+func TestPinRetryForeverWithBackoff(t *testing.T) {
+	r := newRig(t, nil)
+	r.waitHome(1)
+	r.net.setDown(3, true)
+	r.pin(3)
+	waitFor(t, "first rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
+
+	for i, step := range []time.Duration{5 * time.Second, 15 * time.Second, 60 * time.Second, 60 * time.Second} {
+		waitFor(t, "retry scheduled", func() bool { return r.sw.Status().PinRetries == i+1 })
+		st := r.sw.Status()
+		if !st.PinPending || st.HomeRegion != 1 || !st.HomeConnected {
+			t.Fatalf("attempt %d: status %+v; want pin pending with home 1 serving", i, st)
+		}
+		retries := r.sw.Counters().PinMBBRetries
+		r.clock.Advance(step - 100*time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
+		if got := r.sw.Counters().PinMBBRetries; got != retries {
+			t.Fatalf("attempt %d: retried %v early", i, 100*time.Millisecond)
+		}
+		r.clock.Advance(100 * time.Millisecond)
+		waitFor(t, "retry after "+step.String(), func() bool { return r.sw.Counters().PinMBBRetries == retries+1 })
+		waitFor(t, "rollback of retry", func() bool { return r.sw.Counters().Rollbacks == uint64(i+2) })
+	}
+	if c := r.sw.Counters(); c.PinMBBRequests != 1 || c.DERPReconnects != 0 || c.PinMBBCommits != 0 {
+		t.Fatalf("counters = %+v", c)
+	}
+	// The region comes back: the next retry (60 s cadence) lands the pin.
+	r.net.setDown(3, false)
+	waitFor(t, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 5 })
+	r.clock.Advance(60 * time.Second)
+	r.waitHome(3)
+	waitFor(t, "pin commit", func() bool { return r.sw.Counters().PinMBBCommits == 1 })
+	if r.sw.Status().PinPending {
+		t.Fatal("pin still pending after commit")
+	}
+}
+
+func TestPinBackRecoversImmediately(t *testing.T) {
+	r := newRig(t, nil)
+	r.waitHome(1)
+	r.net.setDown(3, true)
+	r.pin(3)
+	waitFor(t, "rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
+	r.pin(2)
+	r.waitHome(2) // no backoff wait: a new pin starts fresh
+	if r.sw.Status().PinRetryIn != "" {
+		t.Fatal("retry schedule survived a pin change")
+	}
+}
+
+func TestPreemptionSingleCommit(t *testing.T) {
+	r := newRig(t, nil)
+	r.waitHome(1)
+	release := r.net.holdConnect(2)
+	defer release()
+	r.pin(2)
+	waitFor(t, "aux to 2 opening", func() bool {
+		st := r.sw.Status()
+		return st.Switch.Target == 2 && st.Switch.State == StateAuxOpening
+	})
+	r.pin(3)
+	r.waitHome(3)
+	release()
+	time.Sleep(20 * time.Millisecond)
+	c := r.sw.Counters()
+	if c.MBBCommits != 1 || c.PinMBBCommits != 1 || c.Rollbacks != 0 {
+		t.Fatalf("counters = %+v; want exactly one commit", c)
+	}
+	for _, sl := range r.sw.Status().Slots {
+		if sl.Region == 2 {
+			t.Fatalf("aux to preempted region 2 still open: %+v", r.sw.Status().Slots)
+		}
+	}
+}
+
+func TestSamePinInFlightIsNotAborted(t *testing.T) {
+	r := newRig(t, nil)
+	r.waitHome(1)
+	release := r.net.holdConnect(2)
+	r.pin(2)
+	waitFor(t, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
+	gen := r.sw.Status().Switch.Generation
+	r.pin(2) // I2': an override naming the in-flight target is the override being applied
+	r.clock.Advance(3 * time.Second)
+	time.Sleep(20 * time.Millisecond)
+	if g := r.sw.Status().Switch.Generation; g != gen {
+		t.Fatalf("generation %d -> %d; same pin must not restart the switch", gen, g)
+	}
+	release()
+	r.waitHome(2)
+	if c := r.sw.Counters(); c.PinMBBRequests != 1 || c.MBBCommits != 1 {
+		t.Fatalf("counters = %+v", c)
+	}
+}
+
+func TestClearPinCancelsPinSwitch(t *testing.T) {
+	r := newRig(t, nil)
+	r.waitHome(1)
+	release := r.net.holdConnect(2)
+	defer release()
+	r.pin(2)
+	waitFor(t, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
+	r.pin(0)
+	waitFor(t, "switch cancelled", func() bool {
+		st := r.sw.Status()
+		return st.Switch.State == StateIdle && len(st.Slots) == 1
+	})
+	release()
+	time.Sleep(20 * time.Millisecond)
+	if reg, ok := r.sw.liveHome(); !ok || reg != 1 {
+		t.Fatalf("home = %d (alive %v); want 1", reg, ok)
+	}
+	if c := r.sw.Counters(); c.MBBCommits != 0 {
+		t.Fatalf("commit after the pin was cleared: %+v", c)
+	}
+}
+
+func TestColdPathWithoutLiveHome(t *testing.T) {
+	r := newRig(t, func(c *Config) {})
+	r.net.setDown(1, true) // boot home never comes up
+	// (the boot dial may already have happened; the recv loop keeps failing)
+	time.Sleep(10 * time.Millisecond)
+	r.pin(2)
+	r.waitHome(2)
+	c := r.sw.Counters()
+	if c.RehomeApplied != 1 || c.PinMBBRequests != 0 {
+		t.Fatalf("counters = %+v; want a direct rehome, no MBB", c)
+	}
+}
+
+func TestBootConnectsToPersistedPin(t *testing.T) {
+	r := newRig(t, func(c *Config) { c.Override = 3 })
+	r.waitHome(3)
+	if r.net.connectsTo(1) != 0 {
+		t.Fatal("boot connected to the default home before the pin")
+	}
+	if c := r.sw.Counters(); c.RehomeApplied != 0 || c.PinMBBRequests != 0 {
+		t.Fatalf("counters = %+v", c)
+	}
+}
+
+func TestLegacyModeTearsDown(t *testing.T) {
+	r := newRig(t, func(c *Config) { c.Mode = ModeLegacy })
+	r.waitHome(1)
+	r.pin(2)
+	r.waitHome(2)
+	c := r.sw.Counters()
+	if c.DERPReconnects != 1 || c.RehomeApplied != 1 || c.MBBCommits != 0 {
+		t.Fatalf("counters = %+v; want one teardown reconnect", c)
+	}
+	if n := len(r.sw.Status().Slots); n != 1 {
+		t.Fatalf("%d slots; legacy keeps no old home", n)
+	}
+}
+
+func TestEchoAnsweredThroughHome(t *testing.T) {
+	r := newRig(t, nil)
+	r.waitHome(1)
+	peer := key.NewNode().Public()
+	conn := func(region int) *fakeConn {
+		r.net.mu.Lock()
+		defer r.net.mu.Unlock()
+		for _, c := range r.net.conns {
+			if c.region == region {
+				return c
+			}
+		}
+		return nil
+	}
+	sent := func(c *fakeConn) []string {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		var out []string
+		for _, p := range c.sent {
+			if p.dst != peer {
+				t.Errorf("reply to %v; want the sender", p.dst)
+			}
+			out = append(out, string(p.data))
+		}
+		return out
+	}
+	old := conn(1)
+	old.inbox <- derp.ReceivedPacket{Source: peer, Data: []byte("other")}
+	old.inbox <- derp.ReceivedPacket{Source: peer, Data: []byte("echo:1")}
+	waitFor(t, "echo reply", func() bool { return r.sw.Counters().EchoReplies == 1 })
+	r.pin(2)
+	r.waitHome(2)
+	// A request arriving on the draining old home is answered through the new home.
+	old.inbox <- derp.ReceivedPacket{Source: peer, Data: []byte("echo:2")}
+	waitFor(t, "echo reply via new home", func() bool { return r.sw.Counters().EchoReplies == 2 })
+	if got := sent(old); len(got) != 1 || got[0] != "lchat-echo-reply:1" {
+		t.Errorf("old home sent %q", got)
+	}
+	if got := sent(conn(2)); len(got) != 1 || got[0] != "lchat-echo-reply:2" {
+		t.Errorf("new home sent %q", got)
+	}
+}
+
+type fakeLatency struct {
+	mu  sync.Mutex
+	lat map[int]time.Duration
+}
+
+func (f *fakeLatency) set(m map[int]time.Duration) {
+	f.mu.Lock()
+	f.lat = m
+	f.mu.Unlock()
+}
+
+func (f *fakeLatency) measure(context.Context, *tailcfg.DERPMap) map[int]time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lat
+}
+
+func TestAutonegSwitchesAfterStabilityWindowAndBansOnRollback(t *testing.T) {
+	lat := &fakeLatency{}
+	lat.set(map[int]time.Duration{1: 90 * time.Millisecond, 2: 30 * time.Millisecond, 3: 80 * time.Millisecond})
+	r := newRig(t, func(c *Config) {
+		c.Autoneg = AutonegConfig{Enabled: true, Interval: time.Second, StabilityWindow: 10 * time.Second, Dwell: time.Minute, MaxSwitchesPerHour: 2, BanDuration: time.Hour}
+		c.Latency = lat.measure
+	})
+	r.waitHome(1)
+	r.net.setDown(2, true)
+	for i := 0; i < 6; i++ { // 18 s: past the stability window
+		r.clock.Advance(3 * time.Second)
+		time.Sleep(5 * time.Millisecond)
+	}
+	waitFor(t, "autoneg rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
+	r.net.setDown(2, false)
+	for i := 0; i < 10; i++ {
+		r.clock.Advance(3 * time.Second)
+		time.Sleep(5 * time.Millisecond)
+	}
+	if reg, _ := r.sw.liveHome(); reg != 1 {
+		t.Fatalf("moved to banned region: home %d", reg)
+	}
+	// A pin ignores the ban.
+	r.pin(2)
+	r.waitHome(2)
+}
