@@ -15,6 +15,12 @@ import (
 
 // ourModules are the module IDs an xcaddy build with our plugin must list.
 var ourModules = []string{
+	"admin.api.lchat",
+	"caddy.storage.lchat",
+	"dns.providers.dnsimple",
+	"dns.providers.route53",
+	"http.handlers.lchat",
+	"lchat",
 	"lchat.buckets.file",
 	"lchat.buckets.s3",
 }
