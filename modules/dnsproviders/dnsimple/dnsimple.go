@@ -124,14 +124,49 @@ func (p *Provider) AppendRecords(ctx context.Context, zone string, recs []libdns
 }
 
 // SetRecords creates or updates the records named by recs (relocation moves an A
-// record this way).
+// record this way). The existing record is found by exact name and type; the
+// libdns provider matches names by substring and could rewrite "x8oe" for "8oe".
 func (p *Provider) SetRecords(ctx context.Context, zone string, recs []libdns.Record) ([]libdns.Record, error) {
-	lp, err := p.libdnsProvider(ctx)
-	if err != nil {
+	if _, err := p.libdnsProvider(ctx); err != nil {
 		return nil, p.wrap("setting records", zone, err)
 	}
-	out, err := lp.SetRecords(ctx, zone, recs)
-	return out, p.wrap("setting records", zone, err)
+	zoneName := strings.TrimSuffix(zone, ".")
+	var set []libdns.Record
+	for _, r := range recs {
+		rr := r.RR()
+		name, typ := rr.Name, rr.Type
+		if name == "@" {
+			name = ""
+		}
+		attrs := dnsimpleapi.ZoneRecordAttributes{Type: typ, Name: &name, Content: rr.Data, TTL: int(rr.TTL.Seconds())}
+		resp, err := p.client.Zones.ListRecords(ctx, p.account, zoneName, &dnsimpleapi.ZoneRecordListOptions{Name: &name, Type: &typ})
+		if err != nil {
+			return set, p.wrap("setting records", zone, err)
+		}
+		var existing []dnsimpleapi.ZoneRecord
+		for _, e := range resp.Data {
+			if e.Name == name && e.Type == typ {
+				existing = append(existing, e)
+			}
+		}
+		if len(existing) == 0 {
+			if _, err := p.client.Zones.CreateRecord(ctx, p.account, zoneName, attrs); err != nil {
+				return set, p.wrap("setting records", zone, err)
+			}
+		} else {
+			// One value replaces the set: update the first, drop the rest.
+			if _, err := p.client.Zones.UpdateRecord(ctx, p.account, zoneName, existing[0].ID, attrs); err != nil {
+				return set, p.wrap("setting records", zone, err)
+			}
+			for _, e := range existing[1:] {
+				if _, err := p.client.Zones.DeleteRecord(ctx, p.account, zoneName, e.ID); err != nil {
+					return set, p.wrap("setting records", zone, err)
+				}
+			}
+		}
+		set = append(set, r)
+	}
+	return set, nil
 }
 
 // DeleteRecords removes recs from zone. A record is matched by name, type and

@@ -261,6 +261,10 @@ func TestARecordSetForRelocation(t *testing.T) {
 	f, srv := newFake(t)
 	p := provisioned(t, &Provider{APIAccessToken: testToken, AccountID: strconv.Itoa(accountID), APIURL: srv.URL})
 	ctx := context.Background()
+	// A neighbour whose name contains the moved host's name must stay untouched.
+	f.mu.Lock()
+	f.records[50] = &record{ID: 50, ZoneID: "example.com", Name: "x8oe", Type: "A", Content: "203.0.113.5", TTL: 300}
+	f.mu.Unlock()
 	for _, ip := range []string{"192.0.2.10", "198.51.100.7"} {
 		a, err := libdns.RR{Name: "8oe", Type: "A", Data: ip, TTL: 300 * time.Second}.Parse()
 		if err != nil {
@@ -279,6 +283,9 @@ func TestARecordSetForRelocation(t *testing.T) {
 	f.mu.Unlock()
 	if !patched {
 		t.Error("the move did not update the existing record in place")
+	}
+	if n := f.find("x8oe", "A"); len(n) != 1 || n[0].Content != "203.0.113.5" {
+		t.Errorf("the neighbour x8oe was changed: %+v", n)
 	}
 }
 
