@@ -177,6 +177,7 @@ func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
 	}
 	a.logger.Info("route created", zap.String("host", stored.Host), zap.String("kind", stored.Kind),
 		zap.Bool("hibernate", stored.Hibernate), zap.Strings("env_names", stored.Summary().EnvNames))
+	a.app.meshFanout(stored)
 	return writeJSON(w, http.StatusCreated, stored.Summary())
 }
 
@@ -206,6 +207,7 @@ func (a *adminAPI) deleteRoute(w http.ResponseWriter, r *http.Request, host stri
 		}
 	}
 	a.logger.Info("route removed", zap.String("host", host))
+	a.app.meshTombstone(host, rt.HomeRegion)
 	return writeJSON(w, http.StatusOK, map[string]string{"removed": host})
 }
 
@@ -253,6 +255,7 @@ func (a *adminAPI) setHibernate(w http.ResponseWriter, r *http.Request, host str
 			return apiErr(http.StatusInternalServerError, "route %s updated, but putting its space to sleep failed: %v", host, err)
 		}
 	}
+	a.app.meshFanout(stored)
 	return writeJSON(w, http.StatusOK, stored.Summary())
 }
 
@@ -272,6 +275,7 @@ type statusResponse struct {
 	Routes   int                `json:"routes"`
 	Spaces   []spaceStatus      `json:"spaces"`
 	Counters map[string]float64 `json:"counters"`
+	Mesh     *MeshStatus        `json:"mesh,omitempty"`
 }
 
 func statusOf(eng *engine.Engine) []spaceStatus {
@@ -296,11 +300,16 @@ func statusOf(eng *engine.Engine) []spaceStatus {
 }
 
 func (a *adminAPI) status(w http.ResponseWriter) error {
-	return writeJSON(w, http.StatusOK, statusResponse{
+	st := statusResponse{
 		Routes:   a.app.shared.reg.Len(),
 		Spaces:   statusOf(a.app.shared.eng),
 		Counters: countersOf(a.app.shared.eng),
-	})
+	}
+	if a.app.shared.mesh != nil {
+		ms := a.app.meshStatus()
+		st.Mesh = &ms
+	}
+	return writeJSON(w, http.StatusOK, st)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {

@@ -269,5 +269,14 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, self string, n
 	return true, err
 }
 
+// selfDialAddr is host:port of a SELF URL.
+func selfDialAddr(self string) (string, error) {
+	u, err := url.Parse(self)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("bad SELF URL")
+	}
+	return peerDialAddr(u), nil
+}
+
 // Interface guards
 var _ http.RoundTripper = (*peerTransport)(nil)
