@@ -35,7 +35,8 @@ type inst struct {
 	kind        Kind
 	state       string
 	since       time.Time
-	uses        int         // Uses held
+	uses        int         // Uses held in the current awake period
+	gen         uint64      // awake period; a Use from an earlier one no longer counts
 	waiters     int         // Acquires waiting on trans
 	lastUsed    time.Time   // LRU order
 	trans       *transition // non-nil while waking or sleeping
@@ -89,6 +90,7 @@ func (in *inst) setStateLocked(s string) {
 // connection are finished.
 type Use struct {
 	in       *inst
+	gen      uint64
 	socket   string
 	released bool
 	mu       sync.Mutex
@@ -108,7 +110,9 @@ func (u *Use) Release() {
 	u.mu.Unlock()
 	in := u.in
 	in.mu.Lock()
-	in.uses--
+	if u.gen == in.gen {
+		in.uses--
+	}
 	in.lastUsed = in.e.now()
 	in.armIdleLocked()
 	in.mu.Unlock()
@@ -138,7 +142,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			in.uses++
 			in.lastUsed = e.now()
 			in.disarmIdleLocked()
-			u := &Use{in: in, socket: in.socket}
+			u := &Use{in: in, gen: in.gen, socket: in.socket}
 			in.mu.Unlock()
 			return u, nil
 		case StateWaking, StateSleeping:
@@ -250,6 +254,8 @@ func (e *Engine) runWake(in *inst, t *transition) {
 		}
 	} else {
 		in.setStateLocked(StateAwake)
+		in.gen++
+		in.uses = 0
 		in.lastUsed = e.now()
 		in.armIdleLocked()
 	}

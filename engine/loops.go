@@ -197,6 +197,8 @@ func (e *Engine) SetFenced(fenced bool) {
 					return
 				}
 				p, kind := in.proc, in.kind
+				t := &transition{done: make(chan struct{})}
+				in.trans = t
 				in.disarmIdleLocked()
 				in.stopSyncLocked()
 				in.setStateLocked(StateSleeping)
@@ -204,8 +206,10 @@ func (e *Engine) SetFenced(fenced bool) {
 				e.stopProcess(in, p, kind)
 				in.mu.Lock()
 				in.proc = nil
+				in.trans = nil
 				in.held = in.leaseETag != ""
 				in.setStateLocked(StateFenced)
+				close(t.done)
 				in.mu.Unlock()
 			})
 		}

@@ -79,9 +79,15 @@ func (e *Engine) syncNow(ctx context.Context, in *inst) {
 // mtimes and syncs once they are stable for one poll, or continuousMaxDelay after the first
 // change seen, whichever is sooner.
 func (e *Engine) continuousLoop(ctx context.Context, in *inst) {
+	debounce(ctx, func() (uint64, error) { return dirStamp(in.dataDir) }, func() { e.syncNow(ctx, in) })
+}
+
+// debounce calls sync after stamp changes: once it is stable for one poll, or
+// continuousMaxDelay after the first change seen, whichever is sooner.
+func debounce(ctx context.Context, stamp func() (uint64, error), sync func()) {
 	t := time.NewTicker(continuousPoll)
 	defer t.Stop()
-	synced, _ := dirStamp(in.dataDir)
+	synced, _ := stamp()
 	var last uint64
 	var dirtySince time.Time
 	for {
@@ -90,7 +96,7 @@ func (e *Engine) continuousLoop(ctx context.Context, in *inst) {
 			return
 		case <-t.C:
 		}
-		cur, err := dirStamp(in.dataDir)
+		cur, err := stamp()
 		if err != nil {
 			continue
 		}
@@ -107,7 +113,7 @@ func (e *Engine) continuousLoop(ctx context.Context, in *inst) {
 			last = cur
 			continue
 		}
-		e.syncNow(ctx, in)
+		sync()
 		synced, dirtySince = cur, time.Time{}
 	}
 }

@@ -131,3 +131,12 @@ func column(db *sql.DB, q string) []string {
 	}
 	return out
 }
+
+func openDBAt(tb testing.TB, p string) *sql.DB {
+	db, err := sql.Open("sqlite", "file:"+p+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	return db
+}

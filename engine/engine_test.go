@@ -1,0 +1,146 @@
+package engine
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestCrashBackoff(t *testing.T) {
+	for _, tc := range []struct {
+		crashes int
+		want    time.Duration
+	}{
+		{1, 0}, // the first crash: the next request wakes it
+		{2, time.Second},
+		{3, 2 * time.Second},
+		{4, 4 * time.Second},
+		{8, time.Minute},
+		{50, time.Minute},
+	} {
+		if got := crashBackoff(tc.crashes); got != tc.want {
+			t.Errorf("crashBackoff(%d) = %v, want %v", tc.crashes, got, tc.want)
+		}
+	}
+}
+
+func TestInstanceEnvFiltersRouteEnv(t *testing.T) {
+	k := Kind{Env: map[string]string{"KIND_VAR": "k"}, AllowedEnv: []string{"ADMIN_TOKEN", "NAME"}}
+	sp := Space{Host: "h.test", Env: map[string]string{
+		"ADMIN_TOKEN": "s3cret", "NAME": "n", "PATH": "/evil", "LD_PRELOAD": "x.so",
+		"LCHAT_SOCKET": "/tmp/evil", "UNLISTED": "u",
+	}}
+	env, dropped := instanceEnv(k, sp, "/run/s.sock", "/data/h")
+	last := map[string]string{}
+	for _, kv := range env {
+		n, v, _ := strings.Cut(kv, "=")
+		last[n] = v // exec uses the last value of a duplicated name
+	}
+	for n, want := range map[string]string{"KIND_VAR": "k", "ADMIN_TOKEN": "s3cret", "NAME": "n",
+		"LCHAT_HOST": "h.test", "LCHAT_SOCKET": "/run/s.sock", "LCHAT_DATA_DIR": "/data/h"} {
+		if last[n] != want {
+			t.Errorf("%s = %q, want %q", n, last[n], want)
+		}
+	}
+	if last["PATH"] == "/evil" || last["LD_PRELOAD"] != "" || last["UNLISTED"] != "" {
+		t.Errorf("forbidden or unlisted route env passed: %v", last)
+	}
+	if want := []string{"LCHAT_SOCKET", "LD_PRELOAD", "PATH", "UNLISTED"}; !slices.Equal(dropped, want) {
+		t.Errorf("dropped = %v, want %v", dropped, want)
+	}
+	for _, d := range dropped {
+		if strings.Contains(d, "=") || strings.Contains(d, "s3cret") {
+			t.Errorf("dropped list carries a value: %q", d)
+		}
+	}
+}
+
+func TestKindDefaultsAndValidation(t *testing.T) {
+	k, err := Kind{Command: "/bin/app"}.withDefaults("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.Name != "app" || k.IdleTimeout != 10*time.Minute || k.StopSignal != syscall.SIGTERM || k.StopGrace != 10*time.Second ||
+		k.ReadyTimeout != 30*time.Second || k.Replication != (Replication{Class: ReplicatePeriodic, Interval: time.Minute}) || k.WakePath != "/" {
+		t.Fatalf("defaults = %+v", k)
+	}
+	for name, bad := range map[string]Kind{
+		"no command":      {},
+		"allows PATH":     {Command: "x", AllowedEnv: []string{"PATH"}},
+		"allows LD_":      {Command: "x", AllowedEnv: []string{"LD_LIBRARY_PATH"}},
+		"allows DYLD_":    {Command: "x", AllowedEnv: []string{"DYLD_INSERT_LIBRARIES"}},
+		"allows BASH_ENV": {Command: "x", AllowedEnv: []string{"BASH_ENV"}},
+		"allows LCHAT_":   {Command: "x", AllowedEnv: []string{"LCHAT_DATA_DIR"}},
+		"bad class":       {Command: "x", Replication: Replication{Class: "hourly"}},
+		"bad ready path":  {Command: "x", ReadyPath: "ready"},
+		"bad env name":    {Command: "x", Env: map[string]string{"A=B": "c"}},
+	} {
+		if _, err := bad.withDefaults("k"); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestValidHost(t *testing.T) {
+	for h, want := range map[string]bool{"a.example.com": true, "xn--bcher-kva.example": true,
+		"": false, "..": false, "a/b": false, ".hidden": false, "a\x00b": false} {
+		if validHost(h) != want {
+			t.Errorf("validHost(%q) = %v", h, !want)
+		}
+	}
+}
+
+func TestContinuousDebounce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var state atomic.Uint64
+		var mu sync.Mutex
+		var syncList []time.Duration
+		syncs := func() []time.Duration { mu.Lock(); defer mu.Unlock(); return slices.Clone(syncList) }
+		start := time.Now()
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			debounce(ctx, func() (uint64, error) { return state.Load(), nil }, func() { mu.Lock(); syncList = append(syncList, time.Since(start)); mu.Unlock() })
+		}()
+
+		// One change: synced within about a second, once.
+		time.Sleep(50 * time.Millisecond)
+		state.Add(1)
+		time.Sleep(2 * time.Second)
+		if got := syncs(); len(got) != 1 || got[0] > time.Second+50*time.Millisecond {
+			t.Fatalf("one change: syncs at %v, want one within 1s", got)
+		}
+		// Continuous writes for 3s: still synced at least every ~second, not starved.
+		before := len(syncs())
+		begin := time.Since(start)
+		for range 30 {
+			state.Add(1)
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(time.Second)
+		got := syncs()[before:]
+		if len(got) < 3 {
+			t.Fatalf("3s of writes gave syncs at %v (from %v), want one about every second", got, begin)
+		}
+		for i := 1; i < len(got); i++ {
+			if gap := got[i] - got[i-1]; gap > continuousMaxDelay+2*continuousPoll {
+				t.Fatalf("gap %v between syncs under continuous writes", gap)
+			}
+		}
+		// No change: no sync.
+		n := len(syncs())
+		time.Sleep(5 * time.Second)
+		if len(syncs()) != n {
+			t.Fatalf("synced without a change: %v", syncs())
+		}
+		cancel()
+		<-done
+	})
+}
