@@ -98,7 +98,7 @@ func startBox(t *testing.T, acme *harness.ACME, s3 *harness.S3, o boxOpts) *box 
 		"storage": map[string]any{
 			"module": "lchat",
 			"bucket": map[string]any{
-				"backend": "lchat_test_s3", "bucket": s3.Bucket, "prefix": o.prefix, "region": s3.Region, "endpoint": s3.Endpoint,
+				"backend": "s3", "bucket": s3.Bucket, "prefix": o.prefix, "region": s3.Region, "endpoint": s3.Endpoint, "use_path_style": true,
 				"access_key_id": "{env.AWS_ACCESS_KEY_ID}", "secret_access_key": "{env.AWS_SECRET_ACCESS_KEY}",
 			},
 			"lock_ttl":     o.lockTTL.String(),

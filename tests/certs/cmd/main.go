@@ -1,5 +1,5 @@
 // Command cmd is the lchat-caddy build the certificate end-to-end tests run: Caddy's
-// standard modules, the certificate storage, the DNS providers, and the test-only
+// standard modules, the bucket modules, the certificate storage, the DNS providers, and the test-only
 // challtestsrv provider that the shipped binary leaves out.
 package main
 
@@ -8,6 +8,7 @@ import (
 
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	_ "github.com/lchat/lchat-caddy/modules/buckets"
 	_ "github.com/lchat/lchat-caddy/modules/certstorage"
 	_ "github.com/lchat/lchat-caddy/modules/dnsproviders/dnsimple"
 	_ "github.com/lchat/lchat-caddy/modules/dnsproviders/route53"
