@@ -29,6 +29,13 @@ func init() {
 //		registry <path>
 //		max_awake <n>
 //		wake_scan_interval <duration>
+//		mesh {
+//			beat <duration>
+//			dead_after <duration>
+//			fence_margin <duration>
+//			forward_timeout <duration>
+//			trusted_ca_files <pem...>
+//		}
 //		kind <name> {
 //			command <cmd> [<args...>]
 //			args <args...>
@@ -99,6 +106,13 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			a.MaxAwake = n
 		case "wake_scan_interval":
 			if err := durationArg(d, &a.WakeScanInterval); err != nil {
+				return err
+			}
+		case "mesh":
+			if a.Mesh == nil {
+				a.Mesh = new(MeshOptions)
+			}
+			if err := a.Mesh.unmarshalCaddyfile(d); err != nil {
 				return err
 			}
 		case "kind":

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
@@ -243,3 +244,49 @@ func (ms *meshState) close() {
 
 // errMeshOff is returned by mesh endpoints on a box without LCHAT_MESH_SELF.
 var errMeshOff = errors.New("the mesh is off on this box (LCHAT_MESH_SELF is not set)")
+
+// unmarshalCaddyfile reads the `mesh` block of the lchat global option.
+//
+// Syntax:
+//
+//	mesh {
+//		beat <duration>
+//		dead_after <duration>
+//		fence_margin <duration>
+//		forward_timeout <duration>
+//		trusted_ca_files <pem...>
+//	}
+func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "beat":
+			if err := durationArg(d, &o.Beat); err != nil {
+				return err
+			}
+		case "dead_after":
+			if err := durationArg(d, &o.DeadAfter); err != nil {
+				return err
+			}
+		case "fence_margin":
+			if err := durationArg(d, &o.FenceMargin); err != nil {
+				return err
+			}
+		case "forward_timeout":
+			if err := durationArg(d, &o.ForwardTimeout); err != nil {
+				return err
+			}
+		case "trusted_ca_files":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			o.TrustedCAFiles = append(o.TrustedCAFiles, args...)
+		default:
+			return d.Errf("unrecognized subdirective %s", d.Val())
+		}
+	}
+	return nil
+}

@@ -1,0 +1,195 @@
+package lchat
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+
+	"github.com/lchat/lchat-caddy/mesh"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "mesh-seed",
+		Usage: "[--env-file F] [--region R] [--prune] <peer-url> [--address <admin>]",
+		Short: "Replicates every in-scope route of the running server to a mesh peer",
+		Long: `
+Bulk-replicates every in-scope route (hosts under the mesh domains; with --region,
+also every route whose home_region is R) from the running server to the peer at
+<peer-url>, its LCHAT_MESH_SELF, in one pass, printing progress. The server sends
+the rows itself, so env values never pass through this command.
+
+--prune also tombstones the peer's in-scope rows this server no longer has. It
+refuses to run when this server has zero in-scope rows: a misread registry must
+never mass-delete a peer.
+
+--env-file reads LCHAT_MESH_DOMAINS and LCHAT_MESH_TOKEN from a file such as
+/data/router.env, for the seed's scope and the peer's token.
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Args = cobra.ExactArgs(1)
+			cmd.Flags().String("env-file", "", "Read LCHAT_MESH_* from this environment file")
+			cmd.Flags().String("region", "", "Also seed routes whose home_region is this region")
+			cmd.Flags().Bool("prune", false, "Tombstone peer rows this registry no longer has")
+			addAdminFlags(cmd)
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdMeshSeed)
+		},
+	})
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "fleet",
+		Usage: "[--json] [--address <admin>]",
+		Short: "Shows every live box of the mesh",
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Args = cobra.NoArgs
+			cmd.Flags().Bool("json", false, "Print the raw JSON")
+			addAdminFlags(cmd)
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdFleet)
+		},
+	})
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "relocate",
+		Usage: "<host> --to <region> [--move-dns] [--address <admin>]",
+		Short: "Moves a hibernating space to another region's boxes",
+		Long: `
+Flips the home_region of a hibernating space (asleep on this box) and replicates
+the row to the boxes of both regions, so the mesh places it on a box of <region>.
+The mesh shares one bucket, so no bytes are copied. --move-dns repoints the DNS
+record through a configured DNS provider; without one it fails before changing
+anything.
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Args = cobra.ExactArgs(1)
+			cmd.Flags().String("to", "", "Destination region")
+			cmd.Flags().Bool("move-dns", false, "Repoint the host's DNS record too")
+			addAdminFlags(cmd)
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdRelocate)
+		},
+	})
+}
+
+func cmdMeshSeed(fs caddycmd.Flags) (int, error) {
+	peer, err := mesh.ParseSelf(fs.Arg(0))
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("peer URL: %v", err)
+	}
+	req := seedRequest{Peer: peer, Region: fs.String("region"), Prune: fs.Bool("prune")}
+	if f := fs.String("env-file"); f != "" {
+		cfg, err := mesh.ParseEnvFile(f, nil)
+		if err != nil {
+			return caddy.ExitCodeFailedStartup, fmt.Errorf("--env-file: %v", err)
+		}
+		req.Domains, req.Token = cfg.Domains, string(cfg.Token)
+	}
+	addr, err := caddycmd.DetermineAdminAPIAddress(fs.String("address"), nil, fs.String("config"), fs.String("adapter"))
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("finding admin address: %v", err)
+	}
+	body, _ := json.Marshal(req)
+	resp, err := caddycmd.AdminAPIRequest(addr, http.MethodPost, "/lchat/mesh/seed",
+		http.Header{"Content-Type": {"application/json"}}, bytes.NewReader(body))
+	if err != nil {
+		return cliErr(err)
+	}
+	defer resp.Body.Close()
+	fmt.Printf("seeding %s\n", peer)
+	sc := bufio.NewScanner(resp.Body)
+	var last SeedEvent
+	for sc.Scan() {
+		var ev SeedEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			continue
+		}
+		last = ev
+		switch ev.Event {
+		case "plan":
+			fmt.Printf("plan: %d rows to replicate, %d to tombstone (peer has %d in scope)\n", ev.Puts, ev.Tombs, ev.Of)
+		case "put":
+			fmt.Printf("[%d/%d] replicated %s\n", ev.N, ev.Of, ev.Host)
+		case "tombstone":
+			fmt.Printf("[%d/%d] tombstoned %s\n", ev.N, ev.Of, ev.Host)
+		case "error":
+			fmt.Printf("[%d/%d] FAILED %s: %s\n", ev.N, ev.Of, ev.Host, ev.Error)
+		case "done":
+			fmt.Printf("done: %d replicated, %d tombstoned, %d failed\n", ev.Puts, ev.Tombs, ev.Fails)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("reading progress: %v", err)
+	}
+	if last.Event != "done" {
+		return caddy.ExitCodeFailedStartup, errors.New("mesh-seed ended early; see the server log")
+	}
+	if last.Fails > 0 {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("%d operations failed", last.Fails)
+	}
+	return caddy.ExitCodeSuccess, nil
+}
+
+func cmdFleet(fs caddycmd.Flags) (int, error) {
+	var f Fleet
+	if err := adminCall(fs, http.MethodGet, "/lchat/fleet", nil, &f); err != nil {
+		return cliErr(err)
+	}
+	if fs.Bool("json") {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return caddy.ExitCodeSuccess, enc.Encode(f)
+	}
+	printFleet(os.Stdout, f)
+	return caddy.ExitCodeSuccess, nil
+}
+
+func printFleet(w io.Writer, f Fleet) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SELF\tREGION\tHEARTBEAT\tVERSION\tAWAKE\tFORWARDS\tWAKES\tLEASE CONFLICTS\tSTATE")
+	for _, m := range f.Members {
+		state := "ok"
+		switch {
+		case m.Error != "":
+			state = "unreachable: " + m.Error
+		case m.Fenced:
+			state = "fenced"
+		}
+		if m.Self == f.Self {
+			state += " (this box)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", m.Self, dash(m.Region), m.HeartbeatAge, dash(m.Version),
+			len(m.Awake), m.Counters["forwards"], m.Counters["wakes"], m.Counters["lease_conflicts"], state)
+	}
+	tw.Flush()
+}
+
+func cmdRelocate(fs caddycmd.Flags) (int, error) {
+	host := strings.ToLower(fs.Arg(0))
+	to := fs.String("to")
+	if to == "" {
+		return caddy.ExitCodeFailedStartup, errors.New("--to <region> is required")
+	}
+	var res RelocateResult
+	err := adminCall(fs, http.MethodPost, "/lchat/mesh/relocate/"+url.PathEscape(host),
+		relocateRequest{To: to, MoveDNS: fs.Bool("move-dns")}, &res)
+	if err != nil {
+		return cliErr(err)
+	}
+	if res.Already {
+		fmt.Printf("%s already has home region %s; re-replicated\n", res.Host, res.To)
+	} else {
+		fmt.Printf("relocated %s: %s → %s\n", res.Host, dash(res.From), res.To)
+	}
+	fmt.Printf("store: %s\n", res.Store)
+	fmt.Printf("home_region flipped + route re-fanned-out to %d peers — the mesh now places %s on a %s box\n",
+		len(res.Fanout), res.Host, res.To)
+	return caddy.ExitCodeSuccess, nil
+}
