@@ -43,6 +43,7 @@ type inst struct {
 	proc        *proc
 	leaseETag   string // "" when this box does not hold the lease
 	held        bool   // stopped by a heartbeat fence with the lease and newer local state
+	dirty       bool   // asleep with local state newer than the bucket (a failed checkpoint)
 	idle        *time.Timer
 	idleGen     uint64
 	syncStop    context.CancelFunc
@@ -299,14 +300,25 @@ func (e *Engine) wake(in *inst) (err error) {
 		in.syncer = &space.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
 			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
 	}
+	_, lastETag := in.syncer.Manifest()
 	if err := in.syncer.Load(ctx); err != nil {
 		log.Error("loading manifest", zap.Error(err))
 		return &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
 	}
-	if err := in.syncer.Restore(ctx); err != nil {
+	in.mu.Lock()
+	dirty := in.dirty
+	in.mu.Unlock()
+	if _, cur := in.syncer.Manifest(); dirty && cur == lastETag {
+		// The last checkpoint failed and nobody wrote since: the local data dir is the
+		// newest state. Keep it rather than restore older bytes over it.
+		log.Warn("keeping local state newer than the bucket")
+	} else if err := in.syncer.Restore(ctx); err != nil {
 		log.Error("restoring data dir", zap.Error(err))
 		return &RetryError{After: 5 * time.Second, Reason: "restore failed"}
 	}
+	in.mu.Lock()
+	in.dirty = false
+	in.mu.Unlock()
 	if e.fenced.Load() {
 		return &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 	}
@@ -456,7 +468,11 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst, release boo
 			return err
 		}
 		// Keep the lease: this box has state the bucket lacks. Without a renewal protocol
-		// the lease stays ours until this incarnation dies; the next wake here retakes it.
+		// the lease stays ours until this incarnation dies; the next wake here keeps the
+		// local state, and Drain tries the checkpoint again.
+		in.mu.Lock()
+		in.dirty = true
+		in.mu.Unlock()
 		return err
 	}
 	switch {

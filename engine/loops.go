@@ -166,7 +166,11 @@ func (e *Engine) Drain(ctx context.Context) error {
 			defer wg.Done()
 			defer func() { <-sem }()
 			defer e.recoverPanic("drain")
-			if err := e.sleep(ctx, in, "drain", false); err != nil {
+			err := e.sleep(ctx, in, "drain", false)
+			if err == nil {
+				err = e.flushDirty(ctx, in)
+			}
+			if err != nil {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
@@ -261,4 +265,20 @@ func (e *Engine) recheck(in *inst) {
 	}
 	in.setStateLocked(StateAsleep)
 	in.mu.Unlock()
+}
+
+// flushDirty retries the checkpoint of a space that went to sleep with a failed checkpoint.
+func (e *Engine) flushDirty(ctx context.Context, in *inst) error {
+	in.op.Lock()
+	defer in.op.Unlock()
+	in.mu.Lock()
+	dirty := in.dirty && in.state != StateAwake && in.state != StateFenced
+	in.mu.Unlock()
+	if !dirty || e.fenced.Load() {
+		return nil
+	}
+	in.mu.Lock()
+	in.dirty = false
+	in.mu.Unlock()
+	return e.checkpointAndRelease(ctx, in, true)
 }
