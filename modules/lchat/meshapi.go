@@ -22,7 +22,7 @@ import (
 func init() {
 	caddy.RegisterModule(MeshAPI{})
 	httpcaddyfile.RegisterHandlerDirective("lchat_mesh_api", parseMeshAPI)
-	httpcaddyfile.RegisterDirectiveOrder("lchat_mesh_api", httpcaddyfile.Before, "lchat")
+	httpcaddyfile.RegisterDirectiveOrder("lchat_mesh_api", httpcaddyfile.Before, "redir")
 }
 
 // MeshAPI serves the peer endpoints of the mesh on this box's SELF site, each behind
