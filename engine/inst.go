@@ -524,7 +524,6 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 // fenceOut handles a lost manifest swap (with in.op held): another writer owns the space. Kill
 // the instance at once, write nothing more, forget the lease.
 func (e *Engine) fenceOut(in *inst) {
-	e.c.fenced.Add(1)
 	in.mu.Lock()
 	p := in.proc
 	in.stopSyncLocked()
@@ -545,6 +544,7 @@ func (e *Engine) fenceOut(in *inst) {
 		in.setStateLocked(StateFenced)
 	}
 	in.mu.Unlock()
+	e.c.fenced.Add(1)
 	in.logger().Error("manifest changed behind this box: instance killed, space fenced out")
 }
 
