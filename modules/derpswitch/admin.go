@@ -1,0 +1,101 @@
+package derpswitch
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/lchat/lchat-caddy/derpswitch"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// adminAPI serves the derp_switch endpoints on Caddy's admin API:
+//
+//	GET  /derp_switch/status
+//	POST /derp_switch/settings   {"derp_region": N}   (0 clears the pin)
+type adminAPI struct {
+	app *App
+}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.derp_switch",
+		New: func() caddy.Module { return new(adminAPI) },
+	}
+}
+
+// Provision finds the derp_switch app, if configured.
+func (a *adminAPI) Provision(ctx caddy.Context) error {
+	app, err := ctx.AppIfConfigured("derp_switch")
+	if err == nil {
+		a.app = app.(*App)
+	}
+	return nil
+}
+
+// Routes returns the admin routes.
+func (a *adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "/derp_switch/status", Handler: caddy.AdminHandlerFunc(a.handleStatus)},
+		{Pattern: "/derp_switch/settings", Handler: caddy.AdminHandlerFunc(a.handleSettings)},
+	}
+}
+
+func (a *adminAPI) handleStatus(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+	}
+	if a.app == nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("derp_switch app is not configured")}
+	}
+	return writeJSON(w, a.app.Switcher().Status())
+}
+
+type settingsRequest struct {
+	DERPRegion *int `json:"derp_region"`
+}
+
+func (a *adminAPI) handleSettings(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodPost {
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+	}
+	if a.app == nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("derp_switch app is not configured")}
+	}
+	var req settingsRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("decoding request: %v", err)}
+	}
+	if req.DERPRegion == nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(`missing "derp_region"`)}
+	}
+	if err := a.app.SetPin(r.Context(), *req.DERPRegion); err != nil {
+		status := http.StatusInternalServerError
+		if errors.Is(err, derpswitch.ErrUnknownRegion) {
+			status = http.StatusBadRequest
+		}
+		return caddy.APIError{HTTPStatus: status, Err: err}
+	}
+	return writeJSON(w, a.app.Switcher().Status())
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(v)
+}
+
+// Interface guards
+var (
+	_ caddy.AdminRouter = (*adminAPI)(nil)
+	_ caddy.Provisioner = (*adminAPI)(nil)
+)
