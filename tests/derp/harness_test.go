@@ -76,6 +76,7 @@ type tcpProxy struct {
 	upstream string
 	delay    atomic.Int64 // nanoseconds
 	refuse   atomic.Bool
+	accepted atomic.Int64 // connections that reached the server
 
 	mu    sync.Mutex
 	conns map[net.Conn]bool
@@ -148,6 +149,7 @@ func (p *tcpProxy) handle(c net.Conn) {
 	if err != nil {
 		return
 	}
+	p.accepted.Add(1)
 	p.track(up, true)
 	defer p.track(up, false)
 	defer up.Close()

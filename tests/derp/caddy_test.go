@@ -1,0 +1,201 @@
+package derp
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	_ "github.com/caddyserver/caddy/v2/modules/filestorage"
+	_ "github.com/caddyserver/caddy/v2/modules/metrics"
+	"tailscale.com/tailcfg"
+
+	"github.com/lchat/lchat-caddy/derpswitch"
+	_ "github.com/lchat/lchat-caddy/modules/derpswitch"
+)
+
+// adminClient does not keep connections: a config load replaces the admin server.
+var adminClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+
+// caddyBox runs the derp_switch app in this process through caddy.Load, as
+// `lchat-caddy run` would, with file storage in a temp dir.
+type caddyBox struct {
+	t       *testing.T
+	admin   string
+	storage string
+}
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func (c *caddyBox) config(m *tailcfg.DERPMap, drain string) []byte {
+	mapJSON, _ := json.Marshal(m)
+	return []byte(fmt.Sprintf(`{
+		"admin": {"listen": %q},
+		"storage": {"module": "file_system", "root": %q},
+		"apps": {"derp_switch": {
+			"derp_map": %s,
+			"home_region": 1,
+			"drain": %q,
+			"prove": {"count": 3, "interval": "50ms", "timeout": "1s"}
+		}}
+	}`, c.admin, c.storage, mapJSON, drain))
+}
+
+func (c *caddyBox) load(cfg []byte) {
+	c.t.Helper()
+	if err := caddy.Load(cfg, true); err != nil {
+		c.t.Fatalf("loading config: %v", err)
+	}
+}
+
+func (c *caddyBox) status() derpswitch.Status {
+	c.t.Helper()
+	resp, err := adminClient.Get("http://" + c.admin + "/derp_switch/status")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st derpswitch.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		c.t.Fatal(err)
+	}
+	return st
+}
+
+func (c *caddyBox) pin(region int) (int, string) {
+	c.t.Helper()
+	req, _ := http.NewRequest("POST", "http://"+c.admin+"/derp_switch/settings",
+		bytes.NewReader([]byte(fmt.Sprintf(`{"derp_region": %d}`, region))))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := adminClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func (c *caddyBox) waitHome(region int) {
+	c.t.Helper()
+	waitFor(c.t, 10*time.Second, fmt.Sprintf("home region %d", region), func() bool {
+		st := c.status()
+		return st.HomeRegion == region && st.HomeConnected
+	})
+}
+
+// TestCaddyPinPersistenceReloadAndClear drives the app through the admin API: unknown
+// regions are refused, a pin survives a restart (boot connects straight to it), a
+// reload keeps the connections, a changed DERP map reconciles, and clearing the pin
+// persists too.
+func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
+	regions, m := startRegions(t, 4)
+	c := &caddyBox{t: t, admin: freeAddr(t), storage: t.TempDir()}
+	cfg := c.config(m, "1s")
+	c.load(cfg)
+	t.Cleanup(func() { caddy.Stop() })
+	c.waitHome(1)
+
+	if code, body := c.pin(99); code != http.StatusBadRequest {
+		t.Fatalf("pin to unknown region: %d %s; want 400", code, body)
+	}
+	if code, body := c.pin(3); code != http.StatusOK {
+		t.Fatalf("pin 3: %d %s", code, body)
+	}
+	c.waitHome(3)
+	st := c.status()
+	if st.Override != 3 || st.PinPending || st.PinMBBCommits != 1 || st.DERPReconnects != 0 {
+		t.Fatalf("after pin: %+v", st)
+	}
+	time.Sleep(1500 * time.Millisecond) // old home drained
+
+	// The counters are Prometheus metrics too.
+	resp, err := adminClient.Get("http://" + c.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), "lchat_derp_switch_pin_mbb_commits_total 1") {
+		t.Errorf("metrics lack pin_mbb_commits_total 1:\n%s", grepLines(string(metrics), "lchat_derp_switch"))
+	}
+
+	// Reload with the same identity and map: same engine, no new connection.
+	accepted3 := regions[2].proxy.accepted.Load()
+	c.load(c.config(m, "2s"))
+	time.Sleep(300 * time.Millisecond)
+	st = c.status()
+	if st.HomeRegion != 3 || !st.HomeConnected || st.PinMBBCommits != 1 || st.DERPReconnects != 0 {
+		t.Fatalf("after reload: %+v", st)
+	}
+	if got := regions[2].proxy.accepted.Load(); got != accepted3 {
+		t.Fatalf("reload opened %d new connection(s) to the home region", got-accepted3)
+	}
+
+	// A changed DERP map (region 4 removed) reconciles; the home is untouched.
+	m2 := &tailcfg.DERPMap{Regions: map[int]*tailcfg.DERPRegion{}}
+	for id, r := range m.Regions {
+		if id != 4 {
+			m2.Regions[id] = r
+		}
+	}
+	c.load(c.config(m2, "2s"))
+	if code, _ := c.pin(4); code != http.StatusBadRequest {
+		t.Fatalf("pin to a region removed by reload: %d; want 400", code)
+	}
+	if got := regions[2].proxy.accepted.Load(); got != accepted3 {
+		t.Fatalf("map change reconnected the home")
+	}
+
+	// Restart: boot connects straight to the persisted pin, never to home_region 1.
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	accepted1 := regions[0].proxy.accepted.Load()
+	c.load(cfg)
+	c.waitHome(3)
+	st = c.status()
+	if st.Override != 3 || st.RehomeApplied != 0 || st.PinMBBRequests != 0 {
+		t.Fatalf("after restart: %+v", st)
+	}
+	if got := regions[0].proxy.accepted.Load(); got != accepted1 {
+		t.Fatalf("boot with a pin connected to the default home first")
+	}
+
+	// Clear the pin: persisted as cleared; the home stays until something moves it.
+	if code, body := c.pin(0); code != http.StatusOK {
+		t.Fatalf("clear: %d %s", code, body)
+	}
+	if st := c.status(); st.Override != 0 || st.PinPending {
+		t.Fatalf("after clear: %+v", st)
+	}
+	caddy.Stop()
+	c.load(cfg)
+	c.waitHome(1)
+	if st := c.status(); st.Override != 0 {
+		t.Fatalf("cleared pin came back after restart: %+v", st)
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
