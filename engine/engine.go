@@ -169,7 +169,8 @@ type Engine struct {
 	close  sync.Once
 	c      counters
 
-	fenced   atomic.Bool // written by SetFenced only
+	kinds    atomic.Pointer[map[string]Kind] // written by New and SetKinds only
+	fenced   atomic.Bool                     // written by SetFenced only
 	draining atomic.Bool
 
 	mu     sync.Mutex
@@ -196,15 +197,11 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.WakeScanInterval <= 0 {
 		cfg.WakeScanInterval = 30 * time.Second
 	}
-	kinds := make(map[string]Kind, len(cfg.Kinds))
-	for name, k := range cfg.Kinds {
-		k, err := k.withDefaults(name)
-		if err != nil {
-			return nil, fmt.Errorf("engine: kind %s: %v", name, err)
-		}
-		kinds[name] = k
+	kinds, err := kindsWithDefaults(cfg.Kinds)
+	if err != nil {
+		return nil, err
 	}
-	cfg.Kinds = kinds
+	cfg.Kinds = nil // read through e.kinds, which SetKinds may replace
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -214,6 +211,7 @@ func New(cfg Config) (*Engine, error) {
 		holder: space.Holder{ID: cfg.Holder, Incarnation: cfg.Incarnation, Live: cfg.HolderLive},
 		spaces: make(map[string]*inst),
 	}
+	e.kinds.Store(&kinds)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
 }
@@ -387,4 +385,34 @@ func validHost(h string) bool {
 		return false
 	}
 	return !strings.ContainsAny(h, "/\\\x00") && !strings.HasPrefix(h, ".")
+}
+
+func kindsWithDefaults(in map[string]Kind) (map[string]Kind, error) {
+	kinds := make(map[string]Kind, len(in))
+	for name, k := range in {
+		k, err := k.withDefaults(name)
+		if err != nil {
+			return nil, fmt.Errorf("engine: kind %s: %v", name, err)
+		}
+		kinds[name] = k
+	}
+	return kinds, nil
+}
+
+// kind returns the configured kind by name.
+func (e *Engine) kind(name string) (Kind, bool) {
+	k, ok := (*e.kinds.Load())[name]
+	return k, ok
+}
+
+// SetKinds replaces the kinds, for a config reload. Awake instances keep the kind they
+// were started with until they sleep; the next wake uses the new one. An invalid kind
+// leaves the current set in place.
+func (e *Engine) SetKinds(kinds map[string]Kind) error {
+	k, err := kindsWithDefaults(kinds)
+	if err != nil {
+		return err
+	}
+	e.kinds.Store(&k)
+	return nil
 }

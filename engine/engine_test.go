@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
 )
 
 func TestCrashBackoff(t *testing.T) {
@@ -143,4 +146,40 @@ func TestContinuousDebounce(t *testing.T) {
 		cancel()
 		<-done
 	})
+}
+
+// TestSetKinds checks what a config reload relies on: the next wake sees the reloaded
+// kinds, and an invalid set is refused without touching the running one.
+func TestSetKinds(t *testing.T) {
+	b, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{
+		Bucket: b, StateDir: t.TempDir(), Holder: "box", Incarnation: "1",
+		Kinds: map[string]Kind{"old": {Command: "/bin/true"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, ok := e.kind("old"); !ok {
+		t.Fatal("kind old missing after New")
+	}
+	if err := e.SetKinds(map[string]Kind{"bad": {}}); err == nil {
+		t.Fatal("SetKinds accepted a kind without a command")
+	}
+	if _, ok := e.kind("old"); !ok {
+		t.Fatal("a refused SetKinds replaced the running kinds")
+	}
+	if err := e.SetKinds(map[string]Kind{"new": {Command: "/bin/true"}}); err != nil {
+		t.Fatal(err)
+	}
+	if k, ok := e.kind("new"); !ok || k.IdleTimeout != 10*time.Minute {
+		t.Fatalf("kind new = %+v, %v; want defaults applied", k, ok)
+	}
+	_, err = e.Acquire(context.Background(), Space{Host: "a.example.com", Kind: "old"})
+	if !errors.Is(err, ErrUnknownKind) {
+		t.Fatalf("Acquire of a removed kind: %v, want ErrUnknownKind", err)
+	}
 }

@@ -122,7 +122,7 @@ func (u *Use) Release() {
 // Acquire wakes the space if needed (all concurrent callers share one wake), marks it in use
 // and returns a Use.
 func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
-	kind, ok := e.cfg.Kinds[sp.Kind]
+	kind, ok := e.kind(sp.Kind)
 	if !ok {
 		return nil, ErrUnknownKind
 	}

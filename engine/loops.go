@@ -114,7 +114,7 @@ func (e *Engine) postWake(ctx context.Context, sp Space) error {
 		return err
 	}
 	defer u.Release()
-	kind := e.cfg.Kinds[sp.Kind]
+	kind, _ := e.kind(sp.Kind)
 	client := &http.Client{
 		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer

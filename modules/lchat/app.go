@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddytls"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
@@ -64,6 +65,13 @@ type App struct {
 	// when LCHAT_MESH_SELF is set; see MeshOptions.
 	Mesh *MeshOptions `json:"mesh,omitempty"`
 
+	// WildcardDomains are the domains whose wildcard certificate (*.<domain>) this box
+	// asks the tls app to obtain and renew; each value may hold several, separated
+	// by commas or spaces, and placeholders. The policy covering them needs a DNS-01
+	// challenge. Default: {env.LCHAT_WILDCARD_DOMAINS}, and none when that is empty.
+	WildcardDomains []string `json:"wildcard_domains,omitempty"`
+
+	tlsApp  *caddytls.TLS // set when there are wildcard domains
 	meshCfg mesh.Config
 	kinds   map[string]engine.Kind
 	poolKey string
@@ -193,6 +201,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.meshCfg, err = parseMeshEnv(); err != nil {
 		return err
 	}
+	if err := a.provisionWildcards(ctx); err != nil {
+		return err
+	}
 
 	var bkt bucket.Bucket
 	if a.BucketRaw != nil {
@@ -216,10 +227,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.poolKey = a.Registry
 	a.shared = val.(*shared)
 	if loaded {
-		// The engine keeps running across the reload; pass it changed kinds if it can
-		// take them.
-		if sk, ok := any(a.shared.eng).(interface{ SetKinds(map[string]engine.Kind) }); ok {
-			sk.SetKinds(a.kinds)
+		// The engine keeps running across the reload; the next wake of each space
+		// uses the reloaded kinds.
+		if err := a.shared.eng.SetKinds(a.kinds); err != nil {
+			return fmt.Errorf("kinds: %v", err)
 		}
 		if bkt != nil && bkt.String() != a.shared.bucket.String() {
 			a.logger.Warn("bucket changed in config; the running engine keeps its bucket until the process restarts",
@@ -315,6 +326,9 @@ func (a *App) Validate() error {
 // Start starts the engine's background loops (idempotent across reloads).
 func (a *App) Start() error {
 	a.shared.eng.Start()
+	if err := a.manageWildcards(); err != nil {
+		return err
+	}
 	return nil
 }
 
