@@ -1,0 +1,382 @@
+// Package meshe2e runs three real lchat-caddy processes on 127.0.0.1, .2 and .3 against
+// one real S3 (versitygw) with the real demo space, TLS between the boxes from a test
+// CA, and checks what an operator of a mesh relies on: membership, placement,
+// one-hop forwarding, replication, mesh-seed, fencing and failover.
+package meshe2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+const (
+	meshDomain = "mesh.test"
+	meshToken  = "test-mesh-token-3f9a1c"
+	beat       = time.Second
+	deadAfter  = 3 * time.Second
+)
+
+// testCA is a CA and a shared wildcard leaf for *.mesh.test (plus the loopback IPs the
+// boxes' SELF URLs use), written as PEM files.
+type testCA struct {
+	pool                     *x509.CertPool
+	caFile, certFile, keyFile string
+}
+
+func newTestCA(t *testing.T, dir string) *testCA {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "lchat mesh test CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "*." + meshDomain},
+		DNSNames:     []string{"*." + meshDomain, meshDomain},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("127.0.0.2"), net.ParseIP("127.0.0.3")},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, caCert, &leafKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(leafKey)
+	ca := &testCA{
+		pool:     x509.NewCertPool(),
+		caFile:   filepath.Join(dir, "ca.pem"),
+		certFile: filepath.Join(dir, "leaf.pem"),
+		keyFile:  filepath.Join(dir, "leaf-key.pem"),
+	}
+	ca.pool.AddCert(caCert)
+	write := func(p, typ string, der []byte) {
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(ca.caFile, "CERTIFICATE", caDER)
+	write(ca.certFile, "CERTIFICATE", leafDER)
+	write(ca.keyFile, "EC PRIVATE KEY", keyDER)
+	return ca
+}
+
+// node is one box of the cluster.
+type node struct {
+	*harness.Box
+	ip   string
+	addr string // ip:port of its HTTPS listener
+	self string // its LCHAT_MESH_SELF
+	// bucketProxy sits between the box and versitygw when the box was started with one.
+	bucketProxy *harness.TCPProxy
+}
+
+type cluster struct {
+	t      *testing.T
+	s3     *harness.S3
+	prefix string
+	ca     *testCA
+	nodes  []*node
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	dir := t.TempDir()
+	return &cluster{
+		t:      t,
+		s3:     harness.StartS3(t),
+		prefix: fmt.Sprintf("m%d", time.Now().UnixNano()%1e9),
+		ca:     newTestCA(t, dir),
+	}
+}
+
+func freePort(t *testing.T, ip string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatalf("listening on %s: %v", ip, err)
+	}
+	defer l.Close()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+// boxConfig is the JSON config of one mesh box: the lchat app on the shared bucket with
+// short mesh intervals, an HTTPS server with the shared wildcard certificate, the peer
+// API on the SELF host and the lchat handler for everything else.
+func (c *cluster) boxConfig(n *node) string {
+	cfg := map[string]any{
+		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},
+		"storage": map[string]any{"module": "file_system", "root": "{$LCHAT_TEST_DIR}/caddy"},
+		"apps": map[string]any{
+			"lchat": map[string]any{
+				"bucket": map[string]any{
+					"backend": "s3", "bucket": "{env.LCHAT_HIBERNATE_BUCKET}",
+					"prefix": "{env.LCHAT_HIBERNATE_PREFIX}", "use_path_style": true,
+				},
+				"state_dir":          "{$LCHAT_TEST_DIR}/state",
+				"registry":           "{$LCHAT_TEST_DIR}/registry.db",
+				"wake_scan_interval": "1s",
+				"mesh": map[string]any{
+					"beat": beat.String(), "dead_after": deadAfter.String(),
+					"trusted_ca_files": []string{c.ca.caFile},
+				},
+				"kinds": map[string]any{
+					"demo": map[string]any{
+						"command": "{self}", "args": []string{"demo-space"},
+						"idle_timeout": "10m", "ready_path": "/healthz", "stop_grace": "5s",
+						"replication": map[string]any{"class": "periodic", "interval": "1s"},
+						"allowed_env":  []string{"DEMO_SECRET"},
+					},
+				},
+			},
+			"http": map[string]any{"servers": map[string]any{"main": map[string]any{
+				"listen":                  []string{n.addr},
+				"automatic_https":         map[string]any{"disable": true},
+				"tls_connection_policies": []any{map[string]any{}},
+				"routes": []any{
+					map[string]any{
+						"match":    []any{map[string]any{"host": []string{n.ip}}},
+						"handle":   []any{map[string]any{"handler": "lchat_mesh_api"}},
+						"terminal": true,
+					},
+					map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}},
+				},
+			}}},
+			"tls": map[string]any{"certificates": map[string]any{"load_files": []any{
+				map[string]any{"certificate": c.ca.certFile, "key": c.ca.keyFile},
+			}}},
+		},
+	}
+	b, _ := json.MarshalIndent(cfg, "", "  ")
+	return string(b)
+}
+
+// start starts box number i (0-based) on 127.0.0.(i+1); withProxy routes its bucket
+// traffic through a TCP proxy the test can cut.
+func (c *cluster) start(withProxy bool) *node {
+	t := c.t
+	t.Helper()
+	ip := fmt.Sprintf("127.0.0.%d", len(c.nodes)+1)
+	n := &node{ip: ip}
+	n.addr = net.JoinHostPort(ip, freePort(t, ip))
+	n.self = "https://" + n.addr
+	env := c.s3.Env(c.prefix)
+	if withProxy {
+		n.bucketProxy = harness.StartTCPProxy(t, strings.TrimPrefix(c.s3.Endpoint, "http://"))
+		for i, kv := range env {
+			if strings.HasPrefix(kv, "AWS_ENDPOINT_URL_S3=") {
+				env[i] = "AWS_ENDPOINT_URL_S3=http://" + n.bucketProxy.Addr()
+			}
+		}
+	}
+	env = append(env,
+		mesh.EnvSelf+"="+n.self,
+		mesh.EnvDomains+"="+meshDomain,
+		mesh.EnvToken+"="+meshToken,
+	)
+	n.Box = harness.StartBox(t, harness.BoxOptions{JSON: c.boxConfig(n), Env: env})
+	c.nodes = append(c.nodes, n)
+	return n
+}
+
+// client sends every request to n's HTTPS listener, verifying the shared certificate
+// against the URL's host with the test CA.
+func (c *cluster) client(n *node) *http.Client {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	return &http.Client{
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return d.DialContext(ctx, network, n.addr)
+			},
+			TLSClientConfig:     &tls.Config{RootCAs: c.ca.pool},
+			MaxIdleConnsPerHost: 64,
+		},
+		Timeout: time.Minute,
+	}
+}
+
+type boxStatus struct {
+	Spaces []struct {
+		Host     string     `json:"host"`
+		State    string     `json:"state"`
+		PID      int        `json:"pid"`
+		LastSync *time.Time `json:"last_sync"`
+	} `json:"spaces"`
+	Mesh *struct {
+		Self     string            `json:"self"`
+		Fenced   bool              `json:"fenced"`
+		Awake    []string          `json:"awake"`
+		Live     []string          `json:"live_members"`
+		Counters map[string]uint64 `json:"counters"`
+	} `json:"mesh"`
+}
+
+func status(t *testing.T, n *node) boxStatus {
+	t.Helper()
+	var st boxStatus
+	n.AdminJSON("GET", "/lchat/status", nil, 200, &st)
+	if st.Mesh == nil {
+		t.Fatalf("%s: /lchat/status has no mesh section", n.self)
+	}
+	return st
+}
+
+// tryStatus is status for pollers that must not fail the test from a goroutine.
+func tryStatus(n *node) (boxStatus, bool) {
+	code, data, err := n.Admin("GET", "/lchat/status", nil)
+	var st boxStatus
+	if err != nil || code != 200 || json.Unmarshal(data, &st) != nil || st.Mesh == nil {
+		return st, false
+	}
+	return st, true
+}
+
+func (st boxStatus) awake(host string) bool {
+	for _, s := range st.Spaces {
+		if s.Host == host && s.State == "awake" {
+			return true
+		}
+	}
+	return false
+}
+
+func (st boxStatus) lastSync(host string) time.Time {
+	for _, s := range st.Spaces {
+		if s.Host == host && s.LastSync != nil {
+			return *s.LastSync
+		}
+	}
+	return time.Time{}
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func (c *cluster) do(n *node, method, host, path, body string, hdr http.Header) (int, string, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, "https://"+host+path, rd)
+	if err != nil {
+		return 0, "", err
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := c.client(n).Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(data), nil
+}
+
+func (c *cluster) mustDo(n *node, method, host, path, body string, want int) string {
+	c.t.Helper()
+	code, data, err := c.do(n, method, host, path, body, nil)
+	if err != nil {
+		c.t.Fatalf("%s https://%s%s via %s: %v", method, host, path, n.self, err)
+	}
+	if code != want {
+		c.t.Fatalf("%s https://%s%s via %s: %d, want %d: %.300s", method, host, path, n.self, code, want, data)
+	}
+	return data
+}
+
+func (c *cluster) post(n *node, host, text string) {
+	c.t.Helper()
+	c.mustDo(n, "POST", host, "/api/messages", fmt.Sprintf(`{"author":"test","text":%q}`, text), http.StatusCreated)
+}
+
+// members is the live fleet as the test knows it, for predicting placement.
+func members(nodes ...*node) []mesh.Member {
+	var out []mesh.Member
+	for _, n := range nodes {
+		out = append(out, mesh.Member{Self: n.self})
+	}
+	return out
+}
+
+// hostOwnedBy finds a fresh host whose HRW owner among live is want.
+func hostOwnedBy(t *testing.T, tag string, want *node, live ...*node) string {
+	t.Helper()
+	for i := 0; i < 10000; i++ {
+		h := fmt.Sprintf("%s%d.%s", tag, i, meshDomain)
+		if o, ok := mesh.Owner(h, members(live...), ""); ok && o.Self == want.self {
+			return h
+		}
+	}
+	t.Fatalf("no host owned by %s", want.self)
+	return ""
+}
+
+func (c *cluster) createSpace(n *node, host string) {
+	c.t.Helper()
+	n.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo",
+		"env": map[string]string{"DEMO_SECRET": "s3cr3t-env-value"}}, http.StatusCreated, nil)
+}
+
+func hasRoute(n *node, host string) bool {
+	code, _, err := n.Admin("GET", "/lchat/routes/"+host, nil)
+	return err == nil && code == 200
+}
+
+func awakeOn(t *testing.T, host string, nodes ...*node) []string {
+	var out []string
+	for _, n := range nodes {
+		if status(t, n).awake(host) {
+			out = append(out, n.self)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,445 @@
+package meshe2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+// TestStartupRefusals: SELF without domains or token, or a SELF with a path, stops
+// start-up with a message naming the variable and never the token.
+func TestStartupRefusals(t *testing.T) {
+	bin := harness.Binary(t)
+	dir := t.TempDir()
+	cfg := fmt.Sprintf(`{"admin":{"disabled":true},"apps":{"lchat":{"bucket":{"backend":"file","root":%q},
+		"state_dir":%q,"registry":%q}}}`, filepath.Join(dir, "bucket"), filepath.Join(dir, "st"), filepath.Join(dir, "reg.db"))
+	cfgFile := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "do-not-print-this-token"
+	cases := []struct {
+		name, want string
+		env        []string
+	}{
+		{"no domains", mesh.EnvDomains, []string{mesh.EnvSelf + "=https://box-1.example.net", mesh.EnvToken + "=" + secret}},
+		{"no token", mesh.EnvToken, []string{mesh.EnvSelf + "=https://box-1.example.net", mesh.EnvDomains + "=example.com"}},
+		{"self with path", mesh.EnvSelf, []string{mesh.EnvSelf + "=https://box-1.example.net/x", mesh.EnvDomains + "=example.com", mesh.EnvToken + "=" + secret}},
+		{"self without scheme", mesh.EnvSelf, []string{mesh.EnvSelf + "=box-1.example.net", mesh.EnvDomains + "=example.com", mesh.EnvToken + "=" + secret}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, "run", "--config", cfgFile)
+			cmd.Env = append([]string{"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir, "PATH=" + os.Getenv("PATH")}, tc.env...)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("started with %s; want a refusal:\n%s", tc.name, out)
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("still running after a minute; want a refusal")
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Errorf("refusal does not name %s:\n%s", tc.want, out)
+			}
+			if strings.Contains(string(out), secret) {
+				t.Errorf("refusal prints the token:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestMesh runs one three-box cluster through the mesh's life: membership, placement,
+// forwarding (TLS, WebSockets, spoofed markers), replication, mesh-seed, a box cut
+// off from the bucket, and graceful and hard failover.
+func TestMesh(t *testing.T) {
+	c := newCluster(t)
+	a := c.start(false)
+	b := c.start(false)
+	started := time.Now()
+	cc := c.start(true) // its bucket traffic goes through a proxy the fence step cuts
+	all := []*node{a, b, cc}
+
+	// Membership converges within one beat of the last box's start.
+	conv := waitFor(t, 5*time.Second, "every box sees three live members", func() bool {
+		for _, n := range all {
+			if len(status(t, n).Mesh.Live) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("FIGURE membership converged %v after the third box was up (%v after its start began; beat %v)",
+		conv, time.Since(started), beat)
+	if conv > beat+500*time.Millisecond {
+		t.Errorf("membership took %v to converge, more than one beat (%v) plus slack", conv, beat)
+	}
+
+	t.Run("replication", func(t *testing.T) {
+		host := "rep." + meshDomain
+		c.createSpace(a, host)
+		d := waitFor(t, 5*time.Second, "row replicated to both peers", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+		t.Logf("FIGURE create fan-out reached both peers in %v", d)
+		var sum struct {
+			EnvNames []string `json:"env_names"`
+		}
+		b.AdminJSON("GET", "/lchat/routes/"+host, nil, 200, &sum)
+		if len(sum.EnvNames) != 1 || sum.EnvNames[0] != "DEMO_SECRET" {
+			t.Errorf("replicated row env names = %v, want [DEMO_SECRET]", sum.EnvNames)
+		}
+		a.AdminJSON("DELETE", "/lchat/routes/"+host, nil, 200, nil)
+		d = waitFor(t, 5*time.Second, "tombstone on both peers", func() bool { return !hasRoute(b, host) && !hasRoute(cc, host) })
+		t.Logf("FIGURE delete tombstones reached both peers in %v", d)
+		for _, n := range all {
+			if strings.Contains(n.Logs(), "s3cr3t-env-value") || strings.Contains(n.Logs(), meshToken) {
+				t.Errorf("%s logged a secret", n.self)
+			}
+		}
+	})
+
+	t.Run("peer API", func(t *testing.T) {
+		put := func(token, host, body string) int {
+			req, _ := http.NewRequest("PUT", b.self+mesh.PathRoute+host, strings.NewReader(body))
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := c.client(b).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		h := "api." + meshDomain
+		row := fmt.Sprintf(`{"host":%q,"kind":"demo","hibernate":true}`, h)
+		if code := put("", h, row); code != 401 {
+			t.Errorf("PUT without token: %d, want 401", code)
+		}
+		if code := put("wrong", h, row); code != 401 {
+			t.Errorf("PUT with a wrong token: %d, want 401", code)
+		}
+		if code := put(meshToken, "x.other.test", `{"host":"x.other.test","kind":"demo","hibernate":true}`); code != 400 {
+			t.Errorf("PUT out of scope: %d, want 400", code)
+		}
+		if code := put(meshToken, h, fmt.Sprintf(`{"host":%q,"kind":"demo","hibernate":true,"env":{"LD_PRELOAD":"/x.so"}}`, h)); code != 400 {
+			t.Errorf("PUT with LD_PRELOAD: %d, want 400", code)
+		}
+		if code := put(meshToken, h, fmt.Sprintf(`{"host":%q,"kind":"demo","hibernate":true,"env":{"OTHER":"x"}}`, h)); code != 400 {
+			t.Errorf("PUT with an env name the kind does not allow: %d, want 400", code)
+		}
+		if hasRoute(b, h) {
+			t.Fatalf("a refused row was stored")
+		}
+		if code := put(meshToken, h, row); code != 200 {
+			t.Fatalf("valid PUT: %d", code)
+		}
+		if !hasRoute(b, h) {
+			t.Fatalf("a valid row was not stored")
+		}
+		req, _ := http.NewRequest("DELETE", b.self+mesh.PathRoute+h, nil)
+		req.Header.Set("Authorization", "Bearer "+meshToken)
+		for i := 0; i < 2; i++ { // idempotent
+			resp, err := c.client(b).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Errorf("DELETE #%d: %d", i+1, resp.StatusCode)
+			}
+		}
+		if hasRoute(b, h) {
+			t.Errorf("tombstoned row still there")
+		}
+	})
+
+	t.Run("placement and one hop", func(t *testing.T) {
+		live := members(all...)
+		for _, owner := range all {
+			host := hostOwnedBy(t, "own", owner, all...)
+			if o, _ := mesh.Owner(host, live, ""); o.Self != owner.self {
+				t.Fatal("test placement broken")
+			}
+			c.createSpace(a, host)
+			waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+			for _, entry := range all {
+				before, ob := status(t, entry).Mesh.Counters, status(t, owner).Mesh.Counters
+				c.mustDo(entry, "GET", host, "/api/messages", "", 200)
+				after, oa := status(t, entry).Mesh.Counters, status(t, owner).Mesh.Counters
+				if entry == owner {
+					if after["forwards"] != before["forwards"] {
+						t.Errorf("owner %s forwarded a request for its own host", owner.self)
+					}
+				} else {
+					if after["forwards"] != before["forwards"]+1 || oa["forwarded_in"] != ob["forwarded_in"]+1 {
+						t.Errorf("request for %s via %s: forwards %d→%d, owner forwarded_in %d→%d; want one hop to %s",
+							host, entry.self, before["forwards"], after["forwards"], ob["forwarded_in"], oa["forwarded_in"], owner.self)
+					}
+				}
+			}
+			if got := awakeOn(t, host, all...); len(got) != 1 || got[0] != owner.self {
+				t.Errorf("%s awake on %v, want only on its owner %s", host, got, owner.self)
+			}
+		}
+	})
+
+	t.Run("spoofed marker", func(t *testing.T) {
+		host := hostOwnedBy(t, "own", b, all...) // created above
+		before := status(t, a).Mesh.Counters
+		for _, v := range []string{"1.deadbeef", fmt.Sprintf("%d.%064x", time.Now().Unix(), 0), "garbage"} {
+			code, body, err := c.do(a, "GET", host, "/api/messages", "", http.Header{mesh.ForwardedHeader: {v}})
+			if err != nil || code != 200 {
+				t.Fatalf("spoofed request: %d %v %.200s", code, err, body)
+			}
+		}
+		after := status(t, a).Mesh.Counters
+		if after["markers_stripped"] != before["markers_stripped"]+3 || after["forwards"] != before["forwards"]+3 {
+			t.Errorf("spoofed markers: stripped %d→%d, forwards %d→%d; want 3 stripped and still forwarded",
+				before["markers_stripped"], after["markers_stripped"], before["forwards"], after["forwards"])
+		}
+		if got := awakeOn(t, host, all...); len(got) != 1 || got[0] != b.self {
+			t.Errorf("%s awake on %v after spoofed requests, want only %s", host, got, b.self)
+		}
+	})
+
+	t.Run("websocket through a forward", func(t *testing.T) {
+		host := hostOwnedBy(t, "own", cc, all...)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		ws, _, err := websocket.Dial(ctx, "wss://"+host+"/api/ws", &websocket.DialOptions{HTTPClient: c.client(a)})
+		if err != nil {
+			t.Fatalf("WebSocket via a non-owner: %v", err)
+		}
+		defer ws.CloseNow()
+		c.post(b, host, "over the websocket")
+		for {
+			_, data, err := ws.Read(ctx)
+			if err != nil {
+				t.Fatalf("reading the WebSocket: %v", err)
+			}
+			if strings.Contains(string(data), "over the websocket") {
+				break
+			}
+		}
+	})
+
+	t.Run("mesh-seed", func(t *testing.T) {
+		peerReq := func(method, host, body string) {
+			t.Helper()
+			req, _ := http.NewRequest(method, b.self+mesh.PathRoute+host, strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+meshToken)
+			resp, err := c.client(b).Do(req)
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("%s %s on %s: %v %v", method, host, b.self, err, resp)
+			}
+			resp.Body.Close()
+		}
+		missing := hostOwnedBy(t, "own", a, all...) // exists on every box
+		peerReq("DELETE", missing, "")              // now missing on b only
+		stray := "stray." + meshDomain
+		peerReq("PUT", stray, fmt.Sprintf(`{"host":%q,"kind":"demo","hibernate":true}`, stray)) // only on b
+		out, err := a.CLI("mesh-seed", "--prune", b.self)
+		t.Logf("mesh-seed output:\n%s", out)
+		if err != nil {
+			t.Fatalf("mesh-seed: %v", err)
+		}
+		if !hasRoute(b, missing) || hasRoute(b, stray) {
+			t.Errorf("after mesh-seed --prune: %s present=%v (want true), %s present=%v (want false)",
+				missing, hasRoute(b, missing), stray, hasRoute(b, stray))
+		}
+		if !strings.Contains(out, "replicated "+missing) || !strings.Contains(out, "tombstoned "+stray) || !strings.Contains(out, "done:") {
+			t.Errorf("mesh-seed progress lacks the rows it handled")
+		}
+
+		// Zero-source guard: a seed scoped to domains this box has no rows under refuses to prune.
+		envFile := filepath.Join(t.TempDir(), "router.env")
+		os.WriteFile(envFile, []byte("LCHAT_MESH_SELF="+a.self+"\nLCHAT_MESH_DOMAINS=empty.test\nLCHAT_MESH_TOKEN="+meshToken+"\n"), 0o600)
+		stray2 := "x.empty.test"
+		before := status(t, b)
+		out, err = a.CLI("mesh-seed", "--env-file", envFile, "--prune", b.self)
+		if err == nil || !strings.Contains(out, "refusing to prune") {
+			t.Errorf("mesh-seed --prune from zero in-scope rows: err=%v, output:\n%s", err, out)
+		}
+		if strings.Contains(out, meshToken) {
+			t.Errorf("mesh-seed printed the token")
+		}
+		_ = stray2
+		var routes struct{ Routes []any }
+		b.AdminJSON("GET", "/lchat/routes?limit=1000", nil, 200, &routes)
+		if after := status(t, b); after.Mesh.Counters["tombstones_in"] != before.Mesh.Counters["tombstones_in"] {
+			t.Errorf("the refused prune tombstoned rows on the peer")
+		}
+	})
+
+	t.Run("fleet", func(t *testing.T) {
+		out, err := a.CLI("fleet")
+		if err != nil {
+			t.Fatalf("fleet: %v\n%s", err, out)
+		}
+		t.Logf("fleet:\n%s", out)
+		for _, n := range all {
+			if !strings.Contains(out, n.self) {
+				t.Errorf("fleet lacks %s", n.self)
+			}
+		}
+		if strings.Contains(out, "unreachable") {
+			t.Errorf("fleet could not reach a live box")
+		}
+	})
+
+	t.Run("cut off from the bucket", func(t *testing.T) {
+		host := hostOwnedBy(t, "own", cc, all...)
+		c.post(cc, host, "before the cut")
+		since := time.Now()
+		waitFor(t, 10*time.Second, "a sync after the post", func() bool { return status(t, cc).lastSync(host).After(since) })
+
+		// Watch every box throughout: at no moment may two run the space.
+		var stop atomic.Bool
+		var mu sync.Mutex
+		var overlap []string
+		var ccStopped, otherAwake time.Time
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				var on []string
+				for _, n := range all {
+					if st, ok := tryStatus(n); ok && st.awake(host) {
+						on = append(on, n.self)
+					}
+				}
+				now := time.Now()
+				mu.Lock()
+				if len(on) > 1 {
+					overlap = append(overlap, fmt.Sprintf("%s: %v", now.Format(time.StampMilli), on))
+				}
+				ccOn := false
+				for _, s := range on {
+					if s == cc.self {
+						ccOn = true
+					}
+				}
+				if !ccOn && ccStopped.IsZero() {
+					ccStopped = now
+				}
+				if len(on) > 0 && !ccOn && otherAwake.IsZero() {
+					otherAwake = now
+				}
+				mu.Unlock()
+				time.Sleep(50 * time.Millisecond)
+			}
+		}()
+
+		cut := time.Now()
+		cc.bucketProxy.SetDown(true)
+		fenced := waitFor(t, 10*time.Second, "the cut-off box fences itself", func() bool {
+			st := status(t, cc)
+			return st.Mesh.Fenced && !st.awake(host)
+		})
+		served := waitFor(t, 20*time.Second, "a survivor serves the space with its data", func() bool {
+			code, body, err := c.do(a, "GET", host, "/api/messages", "", nil)
+			return err == nil && code == 200 && strings.Contains(body, "before the cut")
+		})
+		// Let the watcher see the survivor's instance before it stops watching.
+		waitFor(t, 5*time.Second, "the watcher sees the survivor run the space", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return !otherAwake.IsZero()
+		})
+		stop.Store(true)
+		wg.Wait()
+		t.Logf("FIGURE cut-off box fenced %v after the cut; survivor served %v after the cut", fenced, time.Since(cut))
+		_ = served
+		mu.Lock()
+		defer mu.Unlock()
+		if len(overlap) > 0 {
+			t.Errorf("two boxes ran %s at once: %v", host, overlap)
+		}
+		if otherAwake.IsZero() || ccStopped.IsZero() || !ccStopped.Before(otherAwake) {
+			t.Errorf("cut-off box stopped at %v, another box ran the space at %v: want the fence first", ccStopped, otherAwake)
+		}
+		if !strings.Contains(cc.Logs(), "fencing this box") {
+			t.Errorf("the fenced box did not say so in its log")
+		}
+		cc.bucketProxy.SetDown(false)
+		waitFor(t, 15*time.Second, "the box rejoins", func() bool {
+			for _, n := range all {
+				st := status(t, n)
+				if st.Mesh.Fenced || len(st.Mesh.Live) != 3 {
+					return false
+				}
+			}
+			return true
+		})
+		if got := awakeOn(t, host, all...); len(got) > 1 {
+			t.Errorf("after the rejoin %s runs on %v", host, got)
+		}
+	})
+
+	t.Run("graceful failover", func(t *testing.T) {
+		host := hostOwnedBy(t, "fo", b, all...)
+		c.createSpace(a, host)
+		waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+		c.post(a, host, "survives a drain")
+		since := time.Now()
+		waitFor(t, 10*time.Second, "a sync after the post", func() bool { return status(t, b).lastSync(host).After(since) })
+		if got := awakeOn(t, host, all...); len(got) != 1 || got[0] != b.self {
+			t.Fatalf("%s awake on %v, want %s", host, got, b.self)
+		}
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- b.Stop() }()
+		d := waitFor(t, 30*time.Second, "a survivor serves the drained box's space", func() bool {
+			code, body, err := c.do(a, "GET", host, "/api/messages", "", nil)
+			return err == nil && code == 200 && strings.Contains(body, "survives a drain")
+		})
+		t.Logf("FIGURE SIGTERM failover: survivor served %v after SIGTERM (target ≤ 2s)", d)
+		if d > 2*time.Second {
+			t.Errorf("graceful failover took %v, target 2s", d)
+		}
+		if err := <-done; err != nil {
+			t.Logf("drained box exit: %v", err)
+		}
+		_ = start
+		if !strings.Contains(b.Logs(), "left the mesh: heartbeat deleted") {
+			t.Errorf("drained box did not delete its heartbeat")
+		}
+	})
+
+	t.Run("hard failover", func(t *testing.T) {
+		live := []*node{a, cc}
+		waitFor(t, 10*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+		host := hostOwnedBy(t, "kill", cc, live...)
+		c.createSpace(a, host)
+		waitFor(t, 5*time.Second, "row on the peer", func() bool { return hasRoute(cc, host) })
+		c.post(a, host, "survives a kill")
+		since := time.Now()
+		waitFor(t, 10*time.Second, "a sync after the post", func() bool { return status(t, cc).lastSync(host).After(since) })
+		start := time.Now()
+		cc.Kill()
+		d := waitFor(t, deadAfter+20*time.Second, "a survivor serves the killed box's space", func() bool {
+			code, body, err := c.do(a, "GET", host, "/api/messages", "", nil)
+			return err == nil && code == 200 && strings.Contains(body, "survives a kill")
+		})
+		t.Logf("FIGURE SIGKILL failover: survivor served %v after SIGKILL (target ≤ dead_after %v + 5s)", d, deadAfter)
+		if d > deadAfter+5*time.Second {
+			t.Errorf("hard failover took %v, target %v", d, deadAfter+5*time.Second)
+		}
+		_ = start
+	})
+}
