@@ -29,6 +29,7 @@ func init() {
 //		registry <path>
 //		max_awake <n>
 //		wake_scan_interval <duration>
+//		wildcard_domains <domain...>
 //		mesh {
 //			beat <duration>
 //			dead_after <duration>
@@ -108,6 +109,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := durationArg(d, &a.WakeScanInterval); err != nil {
 				return err
 			}
+		case "wildcard_domains":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			a.WildcardDomains = append(a.WildcardDomains, args...)
 		case "mesh":
 			if a.Mesh == nil {
 				a.Mesh = new(MeshOptions)
