@@ -343,9 +343,7 @@ func (s *Switcher) Start() {
 	}
 	s.goSafe("executor", func() { s.runExecutor(boot) })
 	s.goSafe("negotiator", s.runNegotiator)
-	if s.cfg.Autoneg.Enabled {
-		s.goSafe("latency", s.runLatency)
-	}
+	s.goSafe("latency", s.runLatency)
 }
 
 // Close stops the goroutines and closes every connection. It is idempotent.
@@ -469,6 +467,8 @@ type negotiator struct {
 	retryAt time.Time
 	retryN  int
 	damper  *Damper
+	// damperCfg is the config damper was built with.
+	damperCfg AutonegConfig
 }
 
 func (s *Switcher) issue(n *negotiator, kind CmdKind, target int, source string) Command {
@@ -488,7 +488,7 @@ func (s *Switcher) loadCmd() Command {
 }
 
 func (s *Switcher) runNegotiator() {
-	n := &negotiator{s: s, settled: true, damper: NewDamper(s.config().Autoneg)}
+	n := &negotiator{s: s, settled: true, damper: NewDamper(s.config().Autoneg), damperCfg: s.config().Autoneg}
 	n.lastOv = int(s.override.Load())
 	for {
 		cfg := s.config()
@@ -621,6 +621,10 @@ func (n *negotiator) evaluate() {
 	if !cfg.Autoneg.Enabled || !alive || !n.settled {
 		return
 	}
+	if n.damperCfg != cfg.Autoneg {
+		// A reload changed the damping: start its windows afresh.
+		n.damper, n.damperCfg = NewDamper(cfg.Autoneg), cfg.Autoneg
+	}
 	s.stMu.Lock()
 	lat := s.latencies
 	s.stMu.Unlock()
@@ -640,12 +644,14 @@ func (n *negotiator) evaluate() {
 func (s *Switcher) runLatency() {
 	for {
 		cfg := s.config()
-		ctx, cancel := context.WithTimeout(s.ctx, cfg.Autoneg.Interval)
-		lat := cfg.Latency(ctx, s.derpMap.Load())
-		cancel()
-		s.stMu.Lock()
-		s.latencies = lat
-		s.stMu.Unlock()
+		if cfg.Autoneg.Enabled && cfg.Latency != nil {
+			ctx, cancel := context.WithTimeout(s.ctx, cfg.Autoneg.Interval)
+			lat := cfg.Latency(ctx, s.derpMap.Load())
+			cancel()
+			s.stMu.Lock()
+			s.latencies = lat
+			s.stMu.Unlock()
+		}
 		select {
 		case <-s.ctx.Done():
 			return
@@ -760,7 +766,9 @@ func (s *Switcher) runExecutor(boot int) {
 		case <-drainC:
 			s.expireDrains()
 		case m := <-s.mapCh:
-			s.reconcile(m, cur)
+			if s.reconcile(m, cur) {
+				cur = nil
+			}
 		}
 	}
 }
@@ -991,7 +999,8 @@ func (s *Switcher) rehome(region int, cmd Command) {
 	}
 }
 
-func (s *Switcher) reconcile(m *tailcfg.DERPMap, cur *op) {
+// reconcile applies a changed DERP map; it reports whether it aborted cur.
+func (s *Switcher) reconcile(m *tailcfg.DERPMap, cur *op) (aborted bool) {
 	s.stMu.Lock()
 	slots := append([]*slot(nil), s.slots...)
 	s.stMu.Unlock()
@@ -1006,6 +1015,7 @@ func (s *Switcher) reconcile(m *tailcfg.DERPMap, cur *op) {
 	}
 	if cur != nil && m.Regions[cur.cmd.Target] == nil {
 		s.abortOp(cur, "region removed from DERP map", 0)
+		aborted = true
 	}
 	if home != nil && m.Regions[home.region] == nil {
 		target := s.config().HomeRegion
@@ -1021,6 +1031,7 @@ func (s *Switcher) reconcile(m *tailcfg.DERPMap, cur *op) {
 		s.override.Store(0)
 	}
 	poke(s.pokeCh)
+	return aborted
 }
 
 // startRecv starts the slot's receive loop once. The loop reconnects implicitly

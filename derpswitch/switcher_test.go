@@ -363,3 +363,27 @@ func TestAutonegSwitchesAfterStabilityWindowAndBansOnRollback(t *testing.T) {
 	r.pin(2)
 	r.waitHome(2)
 }
+
+func TestReconfigureRemovesRegionOfInFlightSwitch(t *testing.T) {
+	r := newRig(t, nil)
+	r.waitHome(1)
+	release := r.net.holdConnect(2)
+	defer release()
+	r.pin(2)
+	waitFor(t, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
+	cfg := r.sw.config()
+	cfg.DERPMap = testMap(1, 3, 4)
+	if err := r.sw.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "switch aborted and pin cleared", func() bool {
+		st := r.sw.Status()
+		return st.Switch.State == StateIdle && st.Override == 0 && len(st.Slots) == 1
+	})
+	if err := r.sw.SetOverride(2); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("pin to removed region: %v", err)
+	}
+	// The executor is still responsive: a new pin lands.
+	r.pin(3)
+	r.waitHome(3)
+}
