@@ -855,7 +855,14 @@ func (s *Switcher) startCommand(cmd Command) *op {
 	o := &op{cmd: cmd, aux: aux, cancel: cancel, done: make(chan error, 1), start: time.Now()}
 	prove := cfg.Prove
 	go func() {
-		o.done <- s.proveAux(ctx, aux, prove)
+		err := errors.New("prove panicked")
+		defer func() {
+			if r := recover(); r != nil {
+				s.log.Error("panic while proving aux", zap.Any("error", r), zap.ByteString("stack", debug.Stack()))
+			}
+			o.done <- err
+		}()
+		err = s.proveAux(ctx, aux, prove)
 	}()
 	return o
 }
