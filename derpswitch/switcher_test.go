@@ -22,7 +22,12 @@ type rig struct {
 
 func newRig(t *testing.T, mutate func(*Config)) *rig {
 	t.Helper()
-	r := &rig{t: t, net: newFakeNet(), clock: NewManualClock(time.Unix(1_700_000_000, 0))}
+	return newRigOn(t, newFakeNet(), mutate)
+}
+
+func newRigOn(t *testing.T, net *fakeNet, mutate func(*Config)) *rig {
+	t.Helper()
+	r := &rig{t: t, net: net, clock: NewManualClock(time.Unix(1_700_000_000, 0))}
 	cfg := Config{
 		DERPMap:    testMap(1, 2, 3, 4),
 		HomeRegion: 1,
@@ -240,10 +245,9 @@ func TestClearPinCancelsPinSwitch(t *testing.T) {
 }
 
 func TestColdPathWithoutLiveHome(t *testing.T) {
-	r := newRig(t, func(c *Config) {})
-	r.net.setDown(1, true) // boot home never comes up
-	// (the boot dial may already have happened; the recv loop keeps failing)
-	time.Sleep(10 * time.Millisecond)
+	net := newFakeNet()
+	net.setDown(1, true) // the boot home never comes up
+	r := newRigOn(t, net, nil)
 	r.pin(2)
 	r.waitHome(2)
 	c := r.sw.Counters()
