@@ -40,7 +40,7 @@ const (
 // testCA is a CA and a shared wildcard leaf for *.mesh.test (plus the loopback IPs the
 // boxes' SELF URLs use), written as PEM files.
 type testCA struct {
-	pool                     *x509.CertPool
+	pool                      *x509.CertPool
 	caFile, certFile, keyFile string
 }
 
@@ -160,7 +160,7 @@ func (c *cluster) boxConfig(n *node) string {
 						"command": "{self}", "args": []string{"demo-space"},
 						"idle_timeout": "10m", "ready_path": "/healthz", "stop_grace": "5s",
 						"replication": map[string]any{"class": "periodic", "interval": "1s"},
-						"allowed_env":  []string{"DEMO_SECRET"},
+						"allowed_env": []string{"DEMO_SECRET"},
 					},
 				},
 			},
