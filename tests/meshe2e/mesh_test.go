@@ -3,7 +3,9 @@ package meshe2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -299,6 +301,61 @@ func TestMesh(t *testing.T) {
 		if strings.Contains(out, "unreachable") {
 			t.Errorf("fleet could not reach a live box")
 		}
+	})
+
+	t.Run("hibernate flip pins the host to its box", func(t *testing.T) {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, "live upstream on the origin box")
+		}))
+		defer up.Close()
+		host := hostOwnedBy(t, "flip", b, all...) // b would own it while it hibernates
+		c.createSpace(a, host)
+		waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+		a.AdminJSON("POST", "/lchat/routes/"+host+"/hibernate",
+			map[string]any{"hibernate": false, "upstream": strings.TrimPrefix(up.URL, "http://")}, 200, nil)
+		waitFor(t, 5*time.Second, "peers store the lives-elsewhere row", func() bool {
+			for _, n := range []*node{b, cc} {
+				var sum struct {
+					Hibernate bool   `json:"hibernate"`
+					LivesAt   string `json:"lives_at"`
+				}
+				n.AdminJSON("GET", "/lchat/routes/"+host, nil, 200, &sum)
+				if sum.Hibernate || sum.LivesAt != a.self {
+					return false
+				}
+			}
+			return true
+		})
+		for _, n := range all {
+			if body := c.mustDo(n, "GET", host, "/", "", 200); body != "live upstream on the origin box" {
+				t.Errorf("via %s: %q, want the origin's live upstream", n.self, body)
+			}
+		}
+	})
+
+	t.Run("relocate", func(t *testing.T) {
+		host := "rel." + meshDomain
+		c.createSpace(a, host)
+		waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+		if out, err := a.CLI("relocate", host, "--to", "eu", "--move-dns"); err == nil || !strings.Contains(out, "DNS provider") {
+			t.Errorf("relocate --move-dns without a provider: err=%v\n%s", err, out)
+		}
+		out, err := a.CLI("relocate", host, "--to", "eu")
+		if err != nil || !strings.Contains(out, "relocated "+host) || !strings.Contains(out, "no copy") {
+			t.Fatalf("relocate: %v\n%s", err, out)
+		}
+		waitFor(t, 5*time.Second, "peers see the new home region", func() bool {
+			for _, n := range []*node{b, cc} {
+				var sum struct {
+					HomeRegion string `json:"home_region"`
+				}
+				n.AdminJSON("GET", "/lchat/routes/"+host, nil, 200, &sum)
+				if sum.HomeRegion != "eu" {
+					return false
+				}
+			}
+			return true
+		})
 	})
 
 	t.Run("cut off from the bucket", func(t *testing.T) {
