@@ -15,8 +15,10 @@ import (
 
 // ourModules are the module IDs an xcaddy build with our plugin must list.
 var ourModules = []string{
+	"admin.api.derp_switch",
 	"admin.api.lchat",
 	"caddy.storage.lchat",
+	"derp_switch",
 	"dns.providers.dnsimple",
 	"dns.providers.route53",
 	"http.handlers.lchat",
