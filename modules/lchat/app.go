@@ -238,6 +238,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		}
 	}
 	registerMetrics(ctx, a)
+	registerMeshMetrics(ctx, a)
 	return nil
 }
 

@@ -301,6 +301,11 @@ func TestMesh(t *testing.T) {
 		if strings.Contains(out, "unreachable") {
 			t.Errorf("fleet could not reach a live box")
 		}
+		code, metrics, err := a.Admin("GET", "/metrics", nil)
+		if err != nil || code != 200 || !strings.Contains(string(metrics), `lchat_mesh_events_total{counter="forwards"}`) ||
+			!strings.Contains(string(metrics), "lchat_mesh_live_members 3") {
+			t.Errorf("Prometheus metrics lack the mesh counters (%d %v)", code, err)
+		}
 	})
 
 	t.Run("hibernate flip pins the host to its box", func(t *testing.T) {

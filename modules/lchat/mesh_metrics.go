@@ -1,0 +1,65 @@
+package lchat
+
+import (
+	"errors"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+var (
+	descMesh        = prometheus.NewDesc("lchat_mesh_events_total", "Mesh counters (forwards, forwarded_in, markers_stripped, fan-outs, rows and tombstones in, ...).", []string{"counter"}, nil)
+	descMeshMembers = prometheus.NewDesc("lchat_mesh_live_members", "Live members in this box's view of the mesh.", nil, nil)
+	descMeshFenced  = prometheus.NewDesc("lchat_mesh_fenced", "1 while this box is fenced (its heartbeat writes fail).", nil, nil)
+	descMeshBucket  = prometheus.NewDesc("lchat_mesh_membership_total", "Membership work: heartbeat puts, lists, gets and their errors.", []string{"counter"}, nil)
+)
+
+// meshCollector reads the mesh of the newest config's app; reloads keep the counters
+// (they live in the shared mesh state).
+type meshCollector struct{}
+
+func (meshCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descMesh
+	ch <- descMeshMembers
+	ch <- descMeshFenced
+	ch <- descMeshBucket
+}
+
+func (meshCollector) Collect(ch chan<- prometheus.Metric) {
+	a := current.Load()
+	if a == nil || a.shared == nil || a.shared.mesh == nil {
+		return
+	}
+	ms := a.shared.mesh
+	for name, v := range ms.c.snapshot() {
+		ch <- prometheus.MustNewConstMetric(descMesh, prometheus.CounterValue, float64(v), name)
+	}
+	ch <- prometheus.MustNewConstMetric(descMeshMembers, prometheus.GaugeValue, float64(len(ms.m.Live())))
+	fenced := 0.0
+	if ms.m.Fenced() {
+		fenced = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descMeshFenced, prometheus.GaugeValue, fenced)
+	st := ms.m.Stats()
+	for name, v := range map[string]int64{
+		"beats": st.Beats, "puts": st.Puts, "put_errors": st.PutErrors, "lists": st.Lists,
+		"list_errors": st.ListErrors, "gets": st.Gets, "get_errors": st.GetErrors, "fences": st.Fences,
+	} {
+		ch <- prometheus.MustNewConstMetric(descMeshBucket, prometheus.CounterValue, float64(v), name)
+	}
+}
+
+// registerMeshMetrics registers the mesh collector once per metrics registry.
+func registerMeshMetrics(ctx caddy.Context, a *App) {
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return
+	}
+	if err := reg.Register(meshCollector{}); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			a.logger.Warn("registering mesh metrics", zap.Error(err))
+		}
+	}
+}
