@@ -1,6 +1,6 @@
-// Command cmd is the lchat-caddy build the certificate end-to-end tests run: Caddy's
-// standard modules, the bucket modules, the certificate storage, the DNS providers, and the test-only
-// challtestsrv provider that the shipped binary leaves out.
+// Command cmd is the lchat-caddy build the certificate end-to-end tests run: the shipped
+// binary (Caddy's standard modules and every lchat module) plus the test-only
+// challtestsrv DNS provider that the shipped binary leaves out.
 package main
 
 import (
@@ -8,10 +8,7 @@ import (
 
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
-	_ "github.com/lchat/lchat-caddy/modules/buckets"
-	_ "github.com/lchat/lchat-caddy/modules/certstorage"
-	_ "github.com/lchat/lchat-caddy/modules/dnsproviders/dnsimple"
-	_ "github.com/lchat/lchat-caddy/modules/dnsproviders/route53"
+	_ "github.com/lchat/lchat-caddy"
 	_ "github.com/lchat/lchat-caddy/modules/dnsproviders/testdns"
 )
 
