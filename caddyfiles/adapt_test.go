@@ -192,3 +192,33 @@ func TestAdaptSingleUnknownChoice(t *testing.T) {
 		t.Errorf("unknown certificate cache: %s", out)
 	}
 }
+
+// The mesh box uses the same snippets as the single box: wildcards from the lchat
+// app, one catch-all site with the DNS-01 policy, and the peer API on the SELF site
+// only, whose own certificate keeps Caddy's default issuers.
+func TestAdaptMesh(t *testing.T) {
+	cfg := adapt(t, "mesh.Caddyfile", "LCHAT_MESH_SELF=https://box-1.example.net", "LCHAT_CERT_CACHE=s3",
+		"LCHAT_MESH_TOKEN=must-not-appear", "LCHAT_WILDCARD_DOMAINS=must-not-appear.example")
+	raw, _ := json.Marshal(cfg)
+	if strings.Contains(string(raw), "must-not-appear") {
+		t.Errorf("an environment value was expanded at adapt time: %s", raw)
+	}
+	if got, _ := json.Marshal(dig(cfg, "apps", "lchat", "wildcard_domains")); string(got) != `["{env.LCHAT_WILDCARD_DOMAINS}"]` {
+		t.Errorf("wildcard_domains = %s", got)
+	}
+	if prov := dnsProvider(t, cfg); prov["name"] != "dnsimple" {
+		t.Errorf("default DNS provider = %v, want dnsimple", prov)
+	}
+	if got := dig(cfg, "storage", "module"); got != "lchat" {
+		t.Errorf("LCHAT_CERT_CACHE=s3: storage module = %v, want lchat", got)
+	}
+	var selfPolicy bool
+	for _, p := range policies(t, cfg) {
+		if s, _ := json.Marshal(dig(p, "subjects")); string(s) == `["box-1.example.net"]` && dig(p, "issuers") == nil {
+			selfPolicy = true
+		}
+	}
+	if !selfPolicy {
+		t.Errorf("the SELF name has no policy of its own with the default issuers: %v", policies(t, cfg))
+	}
+}
