@@ -19,6 +19,9 @@ type Member struct {
 	// Age is how old the heartbeat is by the bucket's clock, as of the listing that
 	// produced this view plus the local monotonic time since.
 	Age time.Duration `json:"age"`
+	// Draining is set while the member shuts down: it is still live (its leases hold)
+	// but takes no new spaces and no replicated rows.
+	Draining bool `json:"draining,omitempty"`
 }
 
 // Covers reports whether the member's domains put host in its scope.
@@ -57,17 +60,17 @@ func mix64(z uint64) uint64 {
 }
 
 // Owner picks the preferred owner of host among members, which the caller passes as the
-// live view (Membership.Live). When homeRegion is set and at least one member of that
+// live view (Membership.Live). Draining members never own anything. When homeRegion is set and at least one member of that
 // region is present, only those members compete; otherwise the whole fleet does, so a
 // space whose region has no live box is still served somewhere. The highest Score wins;
 // ties (astronomically rare) go to the lexically smaller SELF so every box agrees.
-// ok is false when members is empty.
+// ok is false when no member may own it (none, or all draining).
 func Owner(host string, members []Member, homeRegion string) (owner Member, ok bool) {
 	host = NormalizeHost(host)
 	scoped := false
 	if homeRegion != "" {
 		for i := range members {
-			if members[i].Region == homeRegion {
+			if members[i].Region == homeRegion && !members[i].Draining {
 				scoped = true
 				break
 			}
@@ -77,7 +80,7 @@ func Owner(host string, members []Member, homeRegion string) (owner Member, ok b
 	bestIdx := -1
 	for i := range members {
 		m := &members[i]
-		if scoped && m.Region != homeRegion {
+		if m.Draining || scoped && m.Region != homeRegion {
 			continue
 		}
 		s := Score(m.Self, host)

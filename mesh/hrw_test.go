@@ -96,3 +96,52 @@ func TestOwner(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnerSkipsDraining: a draining member owns nothing (its hosts go where they would
+// go without it), a region whose only member drains falls back to the fleet, and a fleet
+// of draining members places nothing.
+func TestOwnerSkipsDraining(t *testing.T) {
+	ms := []Member{
+		{Self: "https://a.example.net", Region: "ie"},
+		{Self: "https://b.example.net", Region: "ie"},
+		{Self: "https://c.example.net", Region: "fi"},
+	}
+	drainB := append([]Member{}, ms...)
+	drainB[1].Draining = true
+	without := []Member{ms[0], ms[2]}
+	drainC := append([]Member{}, ms...)
+	drainC[2].Draining = true
+	movedFromB := 0
+	for i := 0; i < 2000; i++ {
+		host := fmt.Sprintf("s%d.example.com", i)
+		o, ok := Owner(host, drainB, "")
+		if !ok || o.Self == "https://b.example.net" {
+			t.Fatalf("%s: owner %q (ok %v) with b draining", host, o.Self, ok)
+		}
+		if w, _ := Owner(host, without, ""); w.Self != o.Self {
+			t.Fatalf("%s: with b draining owner %s, without b %s", host, o.Self, w.Self)
+		}
+		if before, _ := Owner(host, ms, ""); before.Self == "https://b.example.net" {
+			movedFromB++
+		} else if before.Self != o.Self {
+			t.Fatalf("%s moved from %s to %s though only b drains", host, before.Self, o.Self)
+		}
+		if o, _ := Owner(host, drainB, "ie"); o.Self != "https://a.example.net" {
+			t.Fatalf("%s: region ie with b draining placed on %s", host, o.Self)
+		}
+		// fi's only box drains: the space is served by the rest of the fleet.
+		if o, ok := Owner(host, drainC, "fi"); !ok || o.Region != "ie" {
+			t.Fatalf("%s: region fi with its only box draining placed on %q (ok %v)", host, o.Self, ok)
+		}
+	}
+	if movedFromB == 0 {
+		t.Fatal("b owned nothing before draining; the test proves nothing")
+	}
+	all := append([]Member{}, ms...)
+	for i := range all {
+		all[i].Draining = true
+	}
+	if o, ok := Owner("x.example.com", all, ""); ok {
+		t.Fatalf("owner %s among draining members only", o.Self)
+	}
+}

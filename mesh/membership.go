@@ -51,12 +51,17 @@ func SelfFromKey(key string) (string, bool) {
 }
 
 // Heartbeat is the body of a heartbeat object. It is written byte-for-byte identically on
-// every beat of one process, which is what keeps peers from re-reading it (see Membership).
+// every beat of one process, which is what keeps peers from re-reading it (see Membership);
+// it changes once at most, when the box starts draining.
 type Heartbeat struct {
 	Region      string   `json:"region"`
 	Domains     []string `json:"domains"`
 	Incarnation string   `json:"incarnation"`
 	Version     string   `json:"version"`
+	// Draining is set while the box shuts down: peers take it out of placement and
+	// fan-out at once, but it is still live, so the leases it holds stay held until it
+	// releases them (see MarkDraining).
+	Draining bool `json:"draining,omitempty"`
 }
 
 // MembershipConfig configures a Membership.
@@ -136,9 +141,17 @@ type Membership struct {
 	b          bucket.Bucket
 	logger     *zap.Logger
 	key        string
-	body       []byte
 	fenceAfter time.Duration
 	stats      membershipCounters
+
+	// body is the heartbeat body; MarkDraining replaces it once, before it asks the loop
+	// for a beat, so every beat that starts after that writes the draining body.
+	body     atomic.Pointer[[]byte]
+	draining atomic.Bool
+	// kick carries MarkDraining's requests for a beat now; the loop answers each on the
+	// channel it sent, with the outcome of the heartbeat write of a beat that started
+	// after the request arrived.
+	kick chan chan bool
 
 	// fenced is written only by the goroutine running the loop (or Start before it).
 	fenced atomic.Bool
@@ -202,25 +215,31 @@ func NewMembership(b bucket.Bucket, cfg MembershipConfig) (*Membership, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	domains := append([]string{}, cfg.Domains...)
-	if domains == nil {
-		domains = []string{}
-	}
-	body, err := json.Marshal(Heartbeat{Region: cfg.Region, Domains: domains, Incarnation: cfg.Incarnation, Version: cfg.Version})
-	if err != nil {
-		return nil, fmt.Errorf("membership: encoding heartbeat: %v", err)
-	}
 	m := &Membership{
 		cfg:        cfg,
 		b:          b,
 		logger:     cfg.Logger,
 		key:        HeartbeatKey(self),
-		body:       body,
 		fenceAfter: fenceAfter,
 		bodies:     map[string]cachedBody{},
+		kick:       make(chan chan bool),
+	}
+	if err := m.encodeBody(false); err != nil {
+		return nil, err
 	}
 	m.fenced.Store(true)
 	return m, nil
+}
+
+func (m *Membership) encodeBody(draining bool) error {
+	domains := append([]string{}, m.cfg.Domains...)
+	body, err := json.Marshal(Heartbeat{Region: m.cfg.Region, Domains: domains, Incarnation: m.cfg.Incarnation,
+		Version: m.cfg.Version, Draining: draining})
+	if err != nil {
+		return fmt.Errorf("membership: encoding heartbeat: %v", err)
+	}
+	m.body.Store(&body)
+	return nil
 }
 
 // Config returns the effective configuration, defaults filled in.
@@ -267,6 +286,15 @@ func (m *Membership) loop(ctx context.Context, fenceTimer *time.Timer) {
 	// One beat runs at a time; it reports its write, then its end, in order.
 	events := make(chan beatEvent, 2)
 	inflight := false
+	// waiting are kicks for the running beat; queued are kicks that arrived while an
+	// older beat ran (it may have read the old body) and wait for the next one.
+	var waiting, queued []chan bool
+	answer := func(chs []chan bool, ok bool) {
+		for _, ch := range chs {
+			ch <- ok // buffered, one answer each
+		}
+	}
+	defer func() { answer(waiting, false); answer(queued, false) }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -278,6 +306,13 @@ func (m *Membership) loop(ctx context.Context, fenceTimer *time.Timer) {
 				}
 			}
 			return
+		case ch := <-m.kick:
+			if inflight {
+				queued = append(queued, ch)
+				continue
+			}
+			waiting, inflight = []chan bool{ch}, true
+			go m.beat(ctx, events)
 		case <-ticker.C:
 			if inflight {
 				// The previous beat is still stuck on the bucket; its timeout ends it.
@@ -289,8 +324,16 @@ func (m *Membership) loop(ctx context.Context, fenceTimer *time.Timer) {
 		case ev := <-events:
 			if ev.done {
 				inflight = false
-			} else if ev.ok {
-				m.notePut(ev.sent, fenceTimer)
+				if len(queued) > 0 {
+					waiting, queued, inflight = queued, nil, true
+					go m.beat(ctx, events)
+				}
+			} else {
+				if ev.ok {
+					m.notePut(ev.sent, fenceTimer)
+				}
+				answer(waiting, ev.ok)
+				waiting = nil
 			}
 		case <-fenceTimer.C:
 			m.mu.Lock()
@@ -361,8 +404,9 @@ func (m *Membership) putHeartbeat(ctx context.Context) (time.Time, bool) {
 	m.stats.puts.Add(1)
 	pctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
 	defer cancel()
+	body := *m.body.Load()
 	sent := time.Now()
-	info, err := m.b.Put(pctx, m.key, bytes.NewReader(m.body), int64(len(m.body)), bucket.Cond{})
+	info, err := m.b.Put(pctx, m.key, bytes.NewReader(body), int64(len(body)), bucket.Cond{})
 	if err != nil {
 		if ctx.Err() == nil {
 			m.stats.putErrors.Add(1)
@@ -414,6 +458,7 @@ func (m *Membership) refresh(ctx context.Context) {
 			m.fillSelf(&mem)
 		} else if hb, ok := m.peerBody(ctx, o); ok {
 			mem.Region, mem.Domains, mem.Incarnation, mem.Version = hb.Region, hb.Domains, hb.Incarnation, hb.Version
+			mem.Draining = hb.Draining
 		}
 		view = append(view, mem)
 	}
@@ -430,6 +475,7 @@ func (m *Membership) refresh(ctx context.Context) {
 
 func (m *Membership) fillSelf(mem *Member) {
 	mem.Region, mem.Domains, mem.Incarnation, mem.Version = m.cfg.Region, m.cfg.Domains, m.cfg.Incarnation, m.cfg.Version
+	mem.Draining = m.draining.Load()
 }
 
 // list reads every page under prefix and the bucket's clock at the first page.
@@ -613,9 +659,67 @@ func (m *Membership) Close() {
 	<-done
 }
 
+// MarkDraining is the first step of a drain. It rewrites this box's heartbeat with the
+// draining flag and returns once that write succeeded (or ctx ends). Peers read the new
+// body at their next listing (its ETag changes with its content, so the cached body is
+// fetched again) and from then on leave this box out of placement (Owner) and fan-out
+// (Targets); this box leaves itself out at once. The box is still live: the loop keeps
+// beating with the draining body, so the leases it holds stay valid while it checkpoints
+// and releases them one by one, and it still fences itself if its writes fail.
+//
+// The mesh contract's wording is "delete the heartbeat first, then drain". Deleting
+// first frees every lease this box holds while it is still writing those spaces: a peer
+// may take a lease over, restore the manifest as it was before the final checkpoint and
+// accept writes, and then the draining box's checkpoint swap succeeds against the
+// manifest the peer read, so the peer is fenced out at its next sync and the writes it
+// took are lost. Marking draining first has the same effect on placement (peers stop
+// choosing this box within one listing), and each lease becomes free the moment its
+// final checkpoint is in and it is released; Leave deletes the heartbeat at the end.
+func (m *Membership) MarkDraining(ctx context.Context) error {
+	m.runMu.Lock()
+	started, done := m.started, m.done
+	m.runMu.Unlock()
+	if !m.draining.Swap(true) {
+		if err := m.encodeBody(true); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		for i := range m.view {
+			if m.view[i].Self == m.cfg.Self {
+				m.view[i].Draining = true
+			}
+		}
+		m.mu.Unlock()
+	}
+	if !started {
+		return errors.New("membership not started")
+	}
+	ch := make(chan bool, 1)
+	select {
+	case m.kick <- ch:
+	case <-done:
+		return errors.New("membership stopped")
+	case <-ctx.Done():
+		return fmt.Errorf("writing draining heartbeat: %v", ctx.Err())
+	}
+	select {
+	case ok := <-ch:
+		if !ok {
+			return errors.New("writing draining heartbeat failed")
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("writing draining heartbeat: %v", ctx.Err())
+	}
+}
+
+// Draining reports whether MarkDraining was called.
+func (m *Membership) Draining() bool { return m.draining.Load() }
+
 // Leave stops the loop and deletes this box's heartbeat, so peers stop counting it at
-// their next listing: the first step of a drain. The box's leases become free in peers'
-// eyes at that moment.
+// their next listing: the last step of a drain, after MarkDraining and after every space
+// was checkpointed and its lease released. Whatever lease this box still holds is free in
+// peers' eyes from that moment.
 func (m *Membership) Leave(ctx context.Context) error {
 	m.Close()
 	if err := m.b.Delete(ctx, m.key, bucket.Cond{}); err != nil {

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -331,4 +332,154 @@ func TestHeartbeatKey(t *testing.T) {
 			t.Errorf("SelfFromKey(%q) accepted", bad)
 		}
 	}
+}
+
+// TestMembershipDraining: MarkDraining rewrites the heartbeat at once; peers see the flag
+// at their next listing (one GET for the changed body, none after), drop the member from
+// placement and fan-out, and still count it live for leases while it keeps beating.
+// Leave then removes it.
+func TestMembershipDraining(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := meshtest.NewMemBucket()
+		mem.Granularity = time.Second
+		counted := meshtest.NewCounting(mem)
+		ctx := t.Context()
+		a := newTestMember(t, counted, "https://a.example.net", "", nil)
+		b := newTestMember(t, mem, "https://b.example.net", "", nil)
+		c := newTestMember(t, mem, "https://c.example.net", "", nil)
+		for _, m := range []*Membership{a, b, c} {
+			m.Start(ctx)
+			defer m.Close()
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		bSelf, bInc := b.Config().Self, b.Config().Incarnation
+		var bHosts []string
+		for i := 0; len(bHosts) < 20; i++ {
+			h := fmt.Sprintf("s%d.example.com", i)
+			if o, _ := Owner(h, a.Live(), ""); o.Self == bSelf {
+				bHosts = append(bHosts, h)
+			}
+		}
+		if got := selves(Targets("x.example.com", "", a.Live(), a.Config().Self)); !sameStrings(got, []string{bSelf, "https://c.example.net"}) {
+			t.Fatalf("targets before the drain: %v", got)
+		}
+
+		counted.Reset()
+		marked := time.Now()
+		if err := b.MarkDraining(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !b.Draining() {
+			t.Fatal("Draining() false after MarkDraining")
+		}
+		// b stops placing spaces on itself at once.
+		for _, h := range bHosts {
+			if o, _ := Owner(h, b.Live(), ""); o.Self == bSelf {
+				t.Fatalf("b still owns %s in its own view after MarkDraining", h)
+			}
+		}
+		// a's next listing (within one beat) reads the changed body once.
+		time.Sleep(time.Second - time.Since(marked))
+		synctest.Wait()
+		if got := counted.Counts()[meshtest.OpGet]; got != 1 {
+			t.Fatalf("a read %d heartbeat bodies after b started draining, want 1", got)
+		}
+		check := func(when string) {
+			t.Helper()
+			var seen *Member
+			live := a.Live()
+			for i := range live {
+				if live[i].Self == bSelf {
+					seen = &live[i]
+				}
+			}
+			if seen == nil || !seen.Draining {
+				t.Fatalf("%s: a's view of b = %+v, want live and draining", when, seen)
+			}
+			if !a.IsLive(bSelf, bInc) {
+				t.Fatalf("%s: a counts draining b dead; its leases would be free mid-checkpoint", when)
+			}
+			if live, err := a.CheckLive(ctx, bSelf, bInc); err != nil || !live {
+				t.Fatalf("%s: CheckLive(draining b) = %v, %v", when, live, err)
+			}
+			for _, h := range bHosts {
+				if o, ok := Owner(h, live, ""); !ok || o.Self == bSelf {
+					t.Fatalf("%s: %s placed on %q with b draining", when, h, o.Self)
+				}
+			}
+			if got := selves(Targets("x.example.com", "", live, a.Config().Self)); !sameStrings(got, []string{"https://c.example.net"}) {
+				t.Fatalf("%s: fan-out targets %v with b draining, want only c", when, got)
+			}
+		}
+		check("one beat after MarkDraining")
+
+		// b keeps beating (draining) well past dead_after; a re-reads nothing.
+		counted.Reset()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		check("10s into the drain")
+		if got := counted.Counts()[meshtest.OpGet]; got != 0 {
+			t.Fatalf("a read %d bodies during a steady drain, want 0", got)
+		}
+		if b.Fenced() {
+			t.Fatal("draining b fenced itself though its writes succeed")
+		}
+
+		if err := b.Leave(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if a.IsLive(bSelf, bInc) {
+			t.Fatal("b still live after Leave")
+		}
+	})
+}
+
+// TestMembershipDrainingStillFences: a box whose bucket fails while it drains gets an
+// error from MarkDraining and still fences itself on schedule.
+func TestMembershipDrainingStillFences(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := meshtest.NewMemBucket()
+		cut := meshtest.NewCounting(mem)
+		ctx := t.Context()
+		a := newTestMember(t, cut, "https://a.example.net", "", nil)
+		a.Start(ctx)
+		defer a.Close()
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		lastOK := time.Now().Add(-500 * time.Millisecond)
+		cut.SetFail(func(ctx context.Context, op meshtest.Op, key string) error { return errors.New("connection refused") })
+		if err := a.MarkDraining(ctx); err == nil {
+			t.Fatal("MarkDraining succeeded with the bucket down")
+		}
+		time.Sleep(a.FenceAfter() - time.Since(lastOK) - 10*time.Millisecond)
+		synctest.Wait()
+		if a.Fenced() {
+			t.Fatal("fenced early")
+		}
+		time.Sleep(20 * time.Millisecond)
+		synctest.Wait()
+		if !a.Fenced() {
+			t.Fatalf("draining box not fenced %s after its last good write", time.Since(lastOK))
+		}
+		// Writes succeed again: the next beat lifts the fence and writes the draining body.
+		cut.SetFail(nil)
+		if err := a.MarkDraining(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if a.Fenced() {
+			t.Fatal("still fenced after a good write")
+		}
+		obj, err := mem.Get(ctx, HeartbeatKey(a.Config().Self))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer obj.Body.Close()
+		var hb Heartbeat
+		if err := json.NewDecoder(obj.Body).Decode(&hb); err != nil || !hb.Draining {
+			t.Fatalf("stored heartbeat %+v (%v), want draining", hb, err)
+		}
+	})
 }

@@ -444,12 +444,12 @@ func (c *Client) fanout(ctx context.Context, what, host string, targets []Member
 }
 
 // Targets is the set of peers a row for host must reach: live members other than self
-// that cover the host by their domains, plus those whose region is homeRegion. Sorted by
-// Self.
+// that cover the host by their domains, plus those whose region is homeRegion, leaving
+// out draining members (they are shutting down). Sorted by Self.
 func Targets(host, homeRegion string, members []Member, self string) []Member {
 	var out []Member
 	for _, m := range members {
-		if m.Self == self {
+		if m.Self == self || m.Draining {
 			continue
 		}
 		if m.Covers(host) || homeRegion != "" && m.Region == homeRegion {

@@ -265,4 +265,9 @@ func TestTargets(t *testing.T) {
 			t.Errorf("Targets(%s, %q) = %v, want %v", tc.host, tc.region, got, tc.want)
 		}
 	}
+	// A draining member gets no rows: it is shutting down.
+	ms[1].Draining = true
+	if got := selves(Targets("a.example.com", "fi", ms, "https://me.example.net")); !sameStrings(got, []string{"https://c.example.net"}) {
+		t.Errorf("Targets with b draining = %v, want only c", got)
+	}
 }
