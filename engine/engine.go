@@ -327,6 +327,16 @@ func (e *Engine) Status() []SpaceStatus {
 	return out
 }
 
+// Awake reports whether host is waking or awake on this box: a space stays where it
+// is awake until it sleeps. It is meant for the request path: one map lookup under the
+// engine's lock and an atomic read, no allocation (Status copies every space).
+func (e *Engine) Awake(host string) bool {
+	e.mu.Lock()
+	in := e.spaces[host]
+	e.mu.Unlock()
+	return in != nil && in.here.Load()
+}
+
 // Counters reports the totals.
 func (e *Engine) Counters() Counters {
 	return Counters{

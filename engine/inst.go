@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -29,6 +30,10 @@ type inst struct {
 	// checkpoint, fence); it is held across I/O. Lock order: op before mu.
 	op     sync.Mutex
 	syncer *space.Syncer // guarded by op
+
+	// here mirrors state for lock-free readers (Engine.Awake): true while waking or
+	// awake. Written only by setStateLocked, with mu held.
+	here atomic.Bool
 
 	mu          sync.Mutex
 	sp          Space
@@ -85,6 +90,7 @@ func (in *inst) logger() *zap.Logger { return in.e.log.With(zap.String("host", i
 func (in *inst) setStateLocked(s string) {
 	in.state = s
 	in.since = in.e.now()
+	in.here.Store(s == StateAwake || s == StateWaking)
 }
 
 // Use is one holder of an awake space. Release it when the request and any hijacked

@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
+)
+
+// TestMain doubles as a minimal instance: with LCHAT_ENGINE_TEST_INSTANCE=1 (set through
+// a kind's Env) this test binary listens on $LCHAT_SOCKET until SIGTERM.
+func TestMain(m *testing.M) {
+	if os.Getenv("LCHAT_ENGINE_TEST_INSTANCE") == "1" {
+		if ms, _ := strconv.Atoi(os.Getenv("START_DELAY_MS")); ms > 0 {
+			time.Sleep(time.Duration(ms) * time.Millisecond)
+		}
+		ln, err := net.Listen("unix", os.Getenv("LCHAT_SOCKET"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM)
+		<-sig
+		ln.Close()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func newAwakeTestEngine(t testing.TB, delay time.Duration) *Engine {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "eng")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	e, err := New(Config{
+		Bucket: b, StateDir: dir, Holder: "box", Incarnation: "1",
+		Kinds: map[string]Kind{"app": {
+			Command:     self,
+			Env:         map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1", "START_DELAY_MS": strconv.Itoa(int(delay / time.Millisecond))},
+			Replication: Replication{Class: ReplicateSleep},
+			StopGrace:   5 * time.Second,
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e.Drain(ctx)
+		e.Close()
+	})
+	return e
+}
+
+// TestAwake follows one space through a real wake and sleep: Awake is true from the
+// start of the wake until the sleep begins, and false for hosts the engine never saw.
+func TestAwake(t *testing.T) {
+	e := newAwakeTestEngine(t, 300*time.Millisecond)
+	const host = "a.example.com"
+	if e.Awake(host) {
+		t.Fatal("Awake before any wake")
+	}
+	type result struct {
+		u   *Use
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		u, err := e.Acquire(context.Background(), Space{Host: host, Kind: "app"})
+		done <- result{u, err}
+	}()
+	sawWaking := false
+	var res result
+wait:
+	for {
+		select {
+		case res = <-done:
+			break wait
+		default:
+		}
+		if e.Awake(host) {
+			sawWaking = true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if !sawWaking {
+		t.Error("Awake was false while the space was waking")
+	}
+	if !e.Awake(host) {
+		t.Fatal("Awake false for an awake space")
+	}
+	if e.Awake("b.example.com") {
+		t.Fatal("Awake true for another host")
+	}
+	res.u.Release()
+	if err := e.Sleep(context.Background(), host); err != nil {
+		t.Fatal(err)
+	}
+	if e.Awake(host) {
+		t.Fatal("Awake true after Sleep")
+	}
+	if st := e.Status(); len(st) != 1 || st[0].State != StateAsleep {
+		t.Fatalf("status after sleep: %+v", st)
+	}
+}
+
+// TestAwakeNoAlloc: the request path's check allocates nothing, whatever the number of
+// spaces the engine knows.
+func TestAwakeNoAlloc(t *testing.T) {
+	e := newAwakeTestEngine(t, 0)
+	for i := 0; i < 1000; i++ {
+		in := e.get(fmt.Sprintf("s%d.example.com", i))
+		in.mu.Lock()
+		in.setStateLocked(StateAwake)
+		in.mu.Unlock()
+	}
+	if !e.Awake("s500.example.com") || e.Awake("nope.example.com") {
+		t.Fatal("Awake answers wrong")
+	}
+	if n := testing.AllocsPerRun(1000, func() { e.Awake("s500.example.com") }); n != 0 {
+		t.Fatalf("Awake allocates %v times per call", n)
+	}
+}
+
+// BenchmarkAwake compares Awake with the Status scan the handler used before, with 1000
+// spaces known to the engine.
+func BenchmarkAwake(b *testing.B) {
+	e := newAwakeTestEngine(b, 0)
+	for i := 0; i < 1000; i++ {
+		in := e.get(fmt.Sprintf("s%d.example.com", i))
+		in.mu.Lock()
+		in.setStateLocked(StateAwake)
+		in.mu.Unlock()
+	}
+	b.Run("Awake", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			e.Awake("s500.example.com")
+		}
+	})
+	b.Run("StatusScan", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, s := range e.Status() {
+				if s.Host == "s500.example.com" {
+					break
+				}
+			}
+		}
+	})
+}
