@@ -72,6 +72,11 @@ func Open(path string, opts Options) (*Registry, error) {
 			if err := json.Unmarshal(v, rt); err != nil {
 				return fmt.Errorf("decoding route %q: %v", k, err)
 			}
+			if !rt.Hibernate && rt.LivesAt != "" {
+				// Rows replicated before lives_at rows were valid on their own carried
+				// the peer's address as their upstream; it must never be dialed.
+				rt.Upstream = ""
+			}
 			g.routes[rt.Host] = rt
 			return nil
 		})

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 func TestValidateHost(t *testing.T) {
@@ -51,6 +53,16 @@ func TestRouteValidate(t *testing.T) {
 		{Route{Host: "a.b", Hibernate: true, Kind: "demo", Upstream: "x:1"}, "cannot have an upstream"},
 		{Route{Host: "a.b", Hibernate: true, Kind: "demo", Env: map[string]string{"1X": "v"}}, "invalid env name"},
 		{Route{Host: "A.b", Hibernate: true, Kind: "demo"}, "lowercase"},
+		// A live space pinned to another box of the mesh: no upstream here.
+		{Route{Host: "a.b", Kind: "demo", LivesAt: "https://box-1.example.net"}, ""},
+		{Route{Host: "a.b", LivesAt: "http://127.0.0.2:8443"}, ""},
+		{Route{Host: "a.b", LivesAt: "https://box-1.example.net", Upstream: "127.0.0.1:9000"}, "both an upstream and lives_at"},
+		{Route{Host: "a.b", Hibernate: true, Kind: "demo", LivesAt: "https://box-1.example.net"}, "cannot have lives_at"},
+		{Route{Host: "a.b", LivesAt: "box-1.example.net"}, "scheme"},
+		{Route{Host: "a.b", LivesAt: "ftp://box-1.example.net"}, "scheme"},
+		{Route{Host: "a.b", LivesAt: "https://box-1.example.net/path"}, "no path"},
+		{Route{Host: "a.b", LivesAt: "https://user@box-1.example.net"}, "no path"},
+		{Route{Host: "a.b", LivesAt: "https://"}, "no host"},
 	} {
 		err := tc.rt.Validate()
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
@@ -256,5 +268,37 @@ func BenchmarkOpen100k(b *testing.B) {
 			b.Fatalf("loaded %d", g.Len())
 		}
 		g.Close()
+	}
+}
+
+// TestLivesAtRow: a "lives elsewhere" row is stored and reloaded as it is, and a row
+// stored by an older version with the peer's address as its upstream loads without
+// that upstream (so it is never dialed locally) and can be updated.
+func TestLivesAtRow(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "reg.db")
+	g, err := Open(path, Options{Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Put(Route{Host: "live.example.com", Kind: "demo", LivesAt: "https://box-2.example.net"}); err != nil {
+		t.Fatal(err)
+	}
+	old, _ := json.Marshal(Route{Host: "old.example.com", Kind: "demo", LivesAt: "https://box-2.example.net", Upstream: "box-2.example.net:443"})
+	if err := g.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(routesBucket).Put([]byte("old.example.com"), old) }); err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	g = openTest(t, path, time.Now)
+	for _, h := range []string{"live.example.com", "old.example.com"} {
+		rt, ok := g.Lookup(h)
+		if !ok || rt.Hibernate || rt.LivesAt != "https://box-2.example.net" || rt.Upstream != "" {
+			t.Fatalf("%s after reopen: %+v, %v; want lives_at and no upstream", h, rt, ok)
+		}
+		if err := rt.Validate(); err != nil {
+			t.Fatalf("%s after reopen: %v", h, err)
+		}
+	}
+	if _, err := g.Update("old.example.com", func(r *Route) error { r.Version = "2"; return nil }); err != nil {
+		t.Fatalf("updating a migrated row: %v", err)
 	}
 }

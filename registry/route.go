@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -20,17 +21,20 @@ type Route struct {
 	Kind string `json:"kind,omitempty"`
 	// Version is the instance's version, passed to the kind as it likes.
 	Version string `json:"version,omitempty"`
-	// Hibernate makes the route a hibernating space; false is a live route
-	// proxied to Upstream.
+	// Hibernate makes the route a hibernating space; false is a live route,
+	// proxied to Upstream on this box or forwarded to the box at LivesAt.
 	Hibernate bool `json:"hibernate"`
 	// HomeRegion pins the space to a region's boxes (the mesh).
 	HomeRegion string `json:"home_region,omitempty"`
 	// Env holds the instance's own values (admin token, entitlement, seeded name).
 	// Values are secrets: they go to disk and to the instance, never into a listing.
 	Env map[string]string `json:"env,omitempty"`
-	// Upstream is a live route's dial address: host:port, or a Unix socket path.
+	// Upstream is a live route's dial address on this box: host:port, or a Unix
+	// socket path.
 	Upstream string `json:"upstream,omitempty"`
-	// LivesAt is reserved for the mesh.
+	// LivesAt is, for a live route that runs on another box of the mesh, that box's
+	// SELF URL (scheme://host[:port]). Such a row has no Upstream: requests are
+	// forwarded to LivesAt and never dialed from here.
 	LivesAt string `json:"lives_at,omitempty"`
 	// Created and Updated are set by the registry.
 	Created time.Time `json:"created"`
@@ -96,8 +100,20 @@ func (rt *Route) Validate() error {
 		if rt.Upstream != "" {
 			return fmt.Errorf("route %s: hibernating route cannot have an upstream (its socket is derived locally)", rt.Host)
 		}
-	} else if rt.Upstream == "" {
-		return fmt.Errorf("route %s: live route (hibernate false) needs an upstream", rt.Host)
+		if rt.LivesAt != "" {
+			return fmt.Errorf("route %s: hibernating route cannot have lives_at (placement decides where it runs)", rt.Host)
+		}
+	} else {
+		switch {
+		case rt.Upstream == "" && rt.LivesAt == "":
+			return fmt.Errorf("route %s: live route (hibernate false) needs an upstream, or lives_at when it runs on another box", rt.Host)
+		case rt.Upstream != "" && rt.LivesAt != "":
+			return fmt.Errorf("route %s: live route has both an upstream and lives_at; it runs either here or on another box", rt.Host)
+		case rt.LivesAt != "":
+			if err := validSelfURL(rt.LivesAt); err != nil {
+				return fmt.Errorf("route %s: lives_at: %v", rt.Host, err)
+			}
+		}
 	}
 	if rt.Kind != "" && !validName(rt.Kind) {
 		return fmt.Errorf("route %s: invalid kind name %q", rt.Host, rt.Kind)
@@ -106,6 +122,23 @@ func (rt *Route) Validate() error {
 		if err := ValidateEnvName(k); err != nil {
 			return fmt.Errorf("route %s: %v", rt.Host, err)
 		}
+	}
+	return nil
+}
+
+// validSelfURL accepts a box's SELF URL: http or https, a host, an optional port, and
+// nothing else.
+func validSelfURL(s string) error {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q is not a URL", s)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("%q: scheme must be http or https", s)
+	case u.Host == "" || u.Hostname() == "":
+		return fmt.Errorf("%q has no host", s)
+	case u.User != nil || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "":
+		return fmt.Errorf("%q must be scheme://host[:port] with no path, query or user", s)
 	}
 	return nil
 }
