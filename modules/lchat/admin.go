@@ -233,15 +233,16 @@ func (a *adminAPI) setHibernate(w http.ResponseWriter, r *http.Request, host str
 	next := cur
 	next.Hibernate = *req.Hibernate
 	if next.Hibernate {
-		next.Upstream = ""
+		next.Upstream, next.LivesAt = "", ""
 	} else if req.Upstream != "" {
-		next.Upstream = req.Upstream
+		// A local upstream: the route lives on this box from now on.
+		next.Upstream, next.LivesAt = req.Upstream, ""
 	}
 	if err := a.app.checkRoute(&next); err != nil {
 		return apiErr(http.StatusBadRequest, "%v", err)
 	}
 	stored, err := a.app.shared.reg.Update(host, func(rt *registry.Route) error {
-		rt.Hibernate, rt.Upstream = next.Hibernate, next.Upstream
+		rt.Hibernate, rt.Upstream, rt.LivesAt = next.Hibernate, next.Upstream, next.LivesAt
 		return nil
 	})
 	if err != nil {

@@ -61,6 +61,11 @@ type App struct {
 	// WakeScanInterval is how often the box lists due scheduled wakes. Default 30s.
 	WakeScanInterval caddy.Duration `json:"wake_scan_interval,omitempty"`
 
+	// DrainTimeout bounds the drain at process shutdown (checkpoint and release every
+	// awake space), so a stuck bucket or instance cannot hold leases forever; spaces not
+	// drained by then are left to their last sync. Default 60s.
+	DrainTimeout caddy.Duration `json:"drain_timeout,omitempty"`
+
 	// Mesh tunes the mesh (intervals, trusted roots for peers). The mesh is on only
 	// when LCHAT_MESH_SELF is set; see MeshOptions.
 	Mesh *MeshOptions `json:"mesh,omitempty"`
@@ -129,26 +134,36 @@ func (App) CaddyModule() caddy.ModuleInfo {
 
 // shared is what outlives a reload: one per registry path.
 type shared struct {
-	reg    *registry.Registry
-	eng    *engine.Engine
-	bucket bucket.Bucket
-	logger *zap.Logger
-	mesh   *meshState // nil without LCHAT_MESH_SELF
+	reg          *registry.Registry
+	eng          *engine.Engine
+	bucket       bucket.Bucket
+	logger       *zap.Logger
+	mesh         *meshState // nil without LCHAT_MESH_SELF
+	drainTimeout time.Duration
 }
 
 // Destruct drains every awake space (checkpoint, release the lease) and closes the
 // registry. The pool calls it when the last config using this registry lets go.
+//
+// With the mesh, the heartbeat is first rewritten as draining, not deleted: peers stop
+// placing spaces here at their next listing, yet this box stays live, so the lease of a
+// space it is still checkpointing cannot be taken over (and the takeover's writes lost to
+// this box's final checkpoint). Each lease is released as its space is drained, which
+// frees it at once; the heartbeat is deleted last. See mesh.Membership.MarkDraining.
 func (s *shared) Destruct() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	start := time.Now()
 	if s.mesh != nil {
-		// Heartbeat first: peers take over at once, before the spaces are drained.
-		s.mesh.leave()
-		defer s.mesh.close()
+		s.mesh.markDraining()
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.drainTimeout)
 	err := s.eng.Drain(ctx)
+	cancel()
 	s.eng.Close()
+	if s.mesh != nil {
+		// Every drain write has returned by now: only then may peers count this box gone.
+		s.mesh.leave()
+		s.mesh.close()
+	}
 	if cerr := s.reg.Close(); err == nil {
 		err = cerr
 	}
@@ -187,6 +202,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.WakeScanInterval == 0 {
 		a.WakeScanInterval = caddy.Duration(30 * time.Second)
+	}
+	if a.DrainTimeout == 0 {
+		a.DrainTimeout = caddy.Duration(60 * time.Second)
 	}
 
 	a.kinds = make(map[string]engine.Kind, len(a.Kinds))
@@ -310,7 +328,7 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 	a.logger.Info("lchat registry and engine ready",
 		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),
 		zap.String("bucket", bkt.String()), zap.String("state_dir", a.StateDir))
-	return &shared{reg: reg, eng: eng, bucket: bkt, logger: ctx.Logger(), mesh: ms}, nil
+	return &shared{reg: reg, eng: eng, bucket: bkt, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}, nil
 }
 
 // Validate checks the config across fields.
@@ -320,6 +338,9 @@ func (a *App) Validate() error {
 	}
 	if a.WakeScanInterval < 0 {
 		return fmt.Errorf("wake_scan_interval: must be positive")
+	}
+	if a.DrainTimeout < 0 {
+		return fmt.Errorf("drain_timeout: must be positive")
 	}
 	return nil
 }

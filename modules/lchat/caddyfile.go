@@ -29,6 +29,7 @@ func init() {
 //		registry <path>
 //		max_awake <n>
 //		wake_scan_interval <duration>
+//		drain_timeout <duration>
 //		wildcard_domains <domain...>
 //		mesh {
 //			beat <duration>
@@ -107,6 +108,10 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			a.MaxAwake = n
 		case "wake_scan_interval":
 			if err := durationArg(d, &a.WakeScanInterval); err != nil {
+				return err
+			}
+		case "drain_timeout":
+			if err := durationArg(d, &a.DrainTimeout); err != nil {
 				return err
 			}
 		case "wildcard_domains":

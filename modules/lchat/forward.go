@@ -194,15 +194,21 @@ func (h *Handler) meshServe(w http.ResponseWriter, r *http.Request, rt *registry
 			return false, nil
 		}
 		if isForwarded(r) {
-			return true, caddyhttp.Error(http.StatusMisdirectedRequest,
-				fmt.Errorf("live route %s lives on another box, and this request was already forwarded", host))
+			// The peer that sent this thinks it lives here; this box says it lives
+			// there. Their rows disagree until replication settles: say so, briefly.
+			ms.c.livesAtLoops.Add(1)
+			setRetryAfter(w, time.Duration(h.RetryAfter))
+			return true, caddyhttp.Error(http.StatusServiceUnavailable,
+				fmt.Errorf("live route %s lives on %s, and this request was already forwarded once; the boxes' routes disagree until replication settles", host, rt.LivesAt))
 		}
 		return h.forward(w, r, rt.LivesAt, next, false)
 	}
 	if !mesh.InScope(host, ms.cfg.Domains) && (rt.HomeRegion == "" || rt.HomeRegion != ms.cfg.Region) {
 		return false, nil
 	}
-	if isForwarded(r) || h.awakeHere(host) {
+	// A space stays where it is awake, unless this box drains: then it goes to the
+	// owner the peers now agree on, which waits for (or forwards to) this box's lease.
+	if isForwarded(r) || h.app.shared.eng.Awake(host) && !ms.m.Draining() {
 		return false, nil
 	}
 	owner, ok := mesh.Owner(host, ms.m.Live(), rt.HomeRegion)
@@ -210,16 +216,6 @@ func (h *Handler) meshServe(w http.ResponseWriter, r *http.Request, rt *registry
 		return false, nil
 	}
 	return h.forward(w, r, owner.Self, next, true)
-}
-
-// awakeHere reports whether host runs on this box now: it stays here until it sleeps.
-func (h *Handler) awakeHere(host string) bool {
-	for _, s := range h.app.shared.eng.Status() {
-		if s.Host == host {
-			return s.State == engine.StateAwake || s.State == engine.StateWaking
-		}
-	}
-	return false
 }
 
 // meshAcquireError handles a lease held by another live box: forward once to the
@@ -267,15 +263,6 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, self string, n
 		return false, nil
 	}
 	return true, err
-}
-
-// selfDialAddr is host:port of a SELF URL.
-func selfDialAddr(self string) (string, error) {
-	u, err := url.Parse(self)
-	if err != nil || u.Host == "" {
-		return "", fmt.Errorf("bad SELF URL")
-	}
-	return peerDialAddr(u), nil
 }
 
 // Interface guards

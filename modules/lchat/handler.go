@@ -111,6 +111,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	if !rt.Hibernate {
+		if rt.Upstream == "" {
+			// A lives_at row the mesh did not forward: the mesh is off here, or the
+			// row names this very box. Nothing here to dial.
+			setRetryAfter(w, time.Duration(h.RetryAfter))
+			return caddyhttp.Error(http.StatusServiceUnavailable,
+				fmt.Errorf("live route %s runs on another box (%s) and cannot be forwarded from this one", host, rt.LivesAt))
+		}
 		caddyhttp.SetVar(r.Context(), upstreamVar, dialAddress(rt.Upstream))
 		return h.proxy.ServeHTTP(w, r, next)
 	}

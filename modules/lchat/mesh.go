@@ -71,6 +71,7 @@ type meshCounters struct {
 	markersStripped atomic.Uint64 // invalid markers removed from outside traffic
 	holderForwards  atomic.Uint64 // forwards to a lease holder after a lease conflict
 	leaseBusy       atomic.Uint64 // 503s because the holder was already forwarded to
+	livesAtLoops    atomic.Uint64 // 503s: a forwarded request for a route living elsewhere
 	rowsIn          atomic.Uint64 // rows replicated in from peers
 	rowsRejected    atomic.Uint64 // peer rows refused (malformed, out of scope, kind)
 	tombstonesIn    atomic.Uint64 // tombstones applied from peers
@@ -87,6 +88,7 @@ func (c *meshCounters) snapshot() map[string]uint64 {
 		"markers_stripped": c.markersStripped.Load(),
 		"holder_forwards":  c.holderForwards.Load(),
 		"lease_busy":       c.leaseBusy.Load(),
+		"lives_at_loops":   c.livesAtLoops.Load(),
 		"rows_in":          c.rowsIn.Load(),
 		"rows_rejected":    c.rowsRejected.Load(),
 		"tombstones_in":    c.tombstonesIn.Load(),
@@ -223,8 +225,23 @@ func (ms *meshState) onFence(fenced bool) {
 	}
 }
 
-// leave is the first step of a real shutdown: delete the heartbeat so peers take
-// over at once, before the spaces are drained.
+// markDraining is the first step of a real shutdown: the heartbeat is rewritten as
+// draining, so peers stop placing spaces here at their next listing while this box stays
+// live for its leases. A failure is logged and the drain goes on: the loop keeps trying,
+// and fencing still guards the writes.
+func (ms *meshState) markDraining() {
+	ctx, cancel := context.WithTimeout(context.Background(), ms.m.Config().OpTimeout+time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := ms.m.MarkDraining(ctx); err != nil {
+		ms.logger.Error("marking this box draining in the mesh", zap.Error(err))
+	} else {
+		ms.logger.Info("draining: heartbeat marked, peers stop placing spaces here", zap.Duration("took", time.Since(start)))
+	}
+}
+
+// leave is the last step of a real shutdown, after the drain: stop beating and delete
+// the heartbeat.
 func (ms *meshState) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -168,10 +168,10 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 }
 
 // routeFromRow is the registry form of a replicated row. A live space pinned to a
-// peer keeps that peer's dial address as its upstream; the handler forwards such a
-// route to LivesAt and never dials the upstream itself.
+// peer becomes a lives_at row with no upstream: the handler forwards it to LivesAt
+// and never dials anything for it locally.
 func routeFromRow(row mesh.RouteRow) registry.Route {
-	rt := registry.Route{
+	return registry.Route{
 		Host:       row.Host,
 		Kind:       row.Kind,
 		Version:    row.Version,
@@ -180,12 +180,6 @@ func routeFromRow(row mesh.RouteRow) registry.Route {
 		Env:        row.Env,
 		LivesAt:    row.LivesAt,
 	}
-	if !row.Hibernate {
-		if addr, err := selfDialAddr(row.LivesAt); err == nil {
-			rt.Upstream = addr
-		}
-	}
-	return rt
 }
 
 // rowFromRoute is the replicated form of a registry row on this box.

@@ -1,0 +1,114 @@
+package lchat
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/registry"
+)
+
+// TestLivesAtRouteIsForwardedNeverDialed: a lives_at row (a live space pinned to a
+// peer) is forwarded once to the peer's SELF, a request already forwarded gets a 503
+// with Retry-After instead of a second hop, and without the mesh such a row is a 503
+// too: nothing is ever dialed locally for it.
+func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
+	var peerHits atomic.Int64
+	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peerHits.Add(1)
+		io.WriteString(w, "served by the peer for "+r.Host)
+	}))
+	defer peer.Close()
+
+	reg, err := registry.Open(filepath.Join(t.TempDir(), "reg.db"), registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	const host = "live.mesh.test"
+	if _, err := reg.Put(routeFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
+		t.Fatal(err)
+	}
+	if rt, _ := reg.Lookup(host); rt.Upstream != "" {
+		t.Fatalf("lives_at row stored with upstream %q", rt.Upstream)
+	}
+
+	cfg := mesh.Config{Self: "http://127.0.0.9:1", Domains: []string{"mesh.test"}, Token: "t0ken"}
+	ms := &meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, timeout: 5e9, logger: zap.NewNop()}
+	// A running (empty) Caddy config gives the embedded proxy the context it provisions in.
+	if err := caddy.Load([]byte(`{"admin":{"disabled":true}}`), true); err != nil {
+		t.Fatal(err)
+	}
+	defer caddy.Stop()
+	cctx, cancel := caddy.NewContext(caddy.ActiveContext())
+	defer cancel()
+
+	serve := func(h *Handler, marked bool) *httptest.ResponseRecorder {
+		t.Helper()
+		req := httptest.NewRequest("GET", "http://"+host+"/x", nil)
+		if marked {
+			ms.marker.Mark(req.Header, host)
+		}
+		w := httptest.NewRecorder()
+		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
+		err := h.ServeHTTP(w, req, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+		if err != nil {
+			var he caddyhttp.HandlerError
+			if ok := asHandlerError(err, &he); ok {
+				w.Code = he.StatusCode
+				w.Body.WriteString(he.Err.Error())
+			} else {
+				t.Fatalf("ServeHTTP: %v", err)
+			}
+		}
+		return w
+	}
+
+	withMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: &App{shared: &shared{reg: reg, mesh: ms}}, logger: zap.NewNop()}
+	if withMesh.meshProxy, err = newForwardProxy(cctx, ms, -1); err != nil {
+		t.Fatal(err)
+	}
+	w := serve(withMesh, false)
+	if w.Code != 200 || w.Body.String() != "served by the peer for "+host || peerHits.Load() != 1 {
+		t.Fatalf("unmarked request: %d %q (peer hits %d), want the peer's answer", w.Code, w.Body.String(), peerHits.Load())
+	}
+	w = serve(withMesh, true)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "7" || peerHits.Load() != 1 ||
+		!strings.Contains(w.Body.String(), "already forwarded") {
+		t.Fatalf("already-forwarded request: %d Retry-After %q %q (peer hits %d), want 503 with Retry-After and no second hop",
+			w.Code, w.Header().Get("Retry-After"), w.Body.String(), peerHits.Load())
+	}
+	if ms.c.livesAtLoops.Load() != 1 || ms.c.forwards.Load() != 1 {
+		t.Fatalf("counters: lives_at_loops %d forwards %d", ms.c.livesAtLoops.Load(), ms.c.forwards.Load())
+	}
+
+	noMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: &App{shared: &shared{reg: reg}}, logger: zap.NewNop()}
+	w = serve(noMesh, false)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || peerHits.Load() != 1 ||
+		!strings.Contains(w.Body.String(), mustHost(peer.URL)) {
+		t.Fatalf("lives_at row without the mesh: %d %q, want 503 naming the box it lives on", w.Code, w.Body.String())
+	}
+}
+
+func mustHost(u string) string {
+	p, _ := url.Parse(u)
+	return p.Host
+}
+
+func asHandlerError(err error, out *caddyhttp.HandlerError) bool {
+	he, ok := err.(caddyhttp.HandlerError)
+	if ok {
+		*out = he
+	}
+	return ok
+}
