@@ -27,9 +27,16 @@ type BoxOptions struct {
 	JSON      string
 	// Env is extra environment (NAME=VALUE), e.g. S3.Env(prefix).
 	Env []string
-	// IP is the loopback address to listen on; default 127.0.0.1. Mesh tests use
-	// 127.0.0.x to give each box its own address.
+	// IP is the loopback address of the box's HTTP address ({$LCHAT_TEST_HTTP});
+	// default 127.0.0.1. Mesh tests use 127.0.0.x to give each box its own address.
 	IP string
+	// AdminIP is the address of the admin API ({$LCHAT_TEST_ADMIN}); default
+	// 127.0.0.1 whatever IP is, as on a real box. Caddy's admin API on a loopback
+	// address accepts only the Host names localhost, 127.0.0.1 and ::1 (with its port),
+	// and the CLI sends the listen address as Host, so an admin API on 127.0.0.2
+	// refuses every request ("host not allowed") unless the config lists that address
+	// in the admin "origins".
+	AdminIP string
 	// Dir is the box's directory (data, config, HOME, state). Default: a new short
 	// temporary directory (Unix socket paths under it must stay short).
 	Dir string
@@ -69,6 +76,9 @@ func StartBox(t testing.TB, opts BoxOptions) *Box {
 	if opts.IP == "" {
 		opts.IP = "127.0.0.1"
 	}
+	if opts.AdminIP == "" {
+		opts.AdminIP = "127.0.0.1"
+	}
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 60 * time.Second
 	}
@@ -81,7 +91,7 @@ func StartBox(t testing.TB, opts BoxOptions) *Box {
 		opts.Dir = d
 	}
 	b := &Box{Dir: opts.Dir, t: t, bin: Binary(t), opts: opts, logs: new(syncBuffer)}
-	b.AdminAddr = net.JoinHostPort(opts.IP, freePort(t, opts.IP))
+	b.AdminAddr = net.JoinHostPort(opts.AdminIP, freePort(t, opts.AdminIP))
 	b.HTTPAddr = net.JoinHostPort(opts.IP, freePort(t, opts.IP))
 	b.AdminURL = "http://" + b.AdminAddr
 	b.HTTPURL = "http://" + b.HTTPAddr

@@ -141,7 +141,7 @@ func startBox(t *testing.T, s3 *harness.S3, prefix string, i int, beat, replicat
 		}
 	}
 	env = append(env, mesh.EnvSelf+"="+b.self, mesh.EnvDomains+"="+domain, mesh.EnvToken+"="+token)
-	b.Box = harness.StartBox(t, harness.BoxOptions{JSON: string(js), Env: env})
+	b.Box = harness.StartBox(t, harness.BoxOptions{JSON: string(js), Env: env, IP: ip})
 	return b
 }
 

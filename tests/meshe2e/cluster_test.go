@@ -209,7 +209,7 @@ func (c *cluster) start(withProxy bool) *node {
 		mesh.EnvDomains+"="+meshDomain,
 		mesh.EnvToken+"="+meshToken,
 	)
-	n.Box = harness.StartBox(t, harness.BoxOptions{JSON: c.boxConfig(n), Env: env})
+	n.Box = harness.StartBox(t, harness.BoxOptions{JSON: c.boxConfig(n), Env: env, IP: ip})
 	c.nodes = append(c.nodes, n)
 	return n
 }

@@ -463,23 +463,59 @@ func TestMesh(t *testing.T) {
 		if got := awakeOn(t, host, all...); len(got) != 1 || got[0] != b.self {
 			t.Fatalf("%s awake on %v, want %s", host, got, b.self)
 		}
+		// The last write before SIGTERM reaches the bucket only through the drain's
+		// checkpoint (the periodic sync may or may not have run; either way it must
+		// be on the survivor).
+		c.post(a, host, "posted just before SIGTERM")
 		start := time.Now()
 		done := make(chan error, 1)
 		go func() { done <- b.Stop() }()
+		var survivorBody string
 		d := waitFor(t, 30*time.Second, "a survivor serves the drained box's space", func() bool {
 			code, body, err := c.do(a, "GET", host, "/api/messages", "", nil)
+			survivorBody = body
 			return err == nil && code == 200 && strings.Contains(body, "survives a drain")
 		})
 		t.Logf("FIGURE SIGTERM failover: survivor served %v after SIGTERM (target ≤ 2s)", d)
 		if d > 2*time.Second {
 			t.Errorf("graceful failover took %v, target 2s", d)
 		}
+		if !strings.Contains(survivorBody, "posted just before SIGTERM") {
+			t.Errorf("the survivor lacks the message posted just before SIGTERM (the drain's checkpoint): %.300s", survivorBody)
+		}
 		if err := <-done; err != nil {
 			t.Logf("drained box exit: %v", err)
 		}
-		_ = start
-		if !strings.Contains(b.Logs(), "left the mesh: heartbeat deleted") {
-			t.Errorf("drained box did not delete its heartbeat")
+		t.Logf("FIGURE SIGTERM drain: box exited %v after SIGTERM", time.Since(start))
+		logs := b.Logs()
+		marked, left := strings.Index(logs, "draining: heartbeat marked"), strings.Index(logs, "left the mesh: heartbeat deleted")
+		if marked < 0 || left < 0 || left < marked {
+			t.Errorf("drained box: heartbeat marked draining at log offset %d, deleted at %d; want marked first, deleted last", marked, left)
+		}
+
+		// Writes taken by the survivor survive its own syncs: nothing the draining box
+		// wrote after the takeover fences the survivor out.
+		survivors := []*node{a, cc}
+		var owner *node
+		waitFor(t, 5*time.Second, "the space awake on one survivor", func() bool {
+			on := awakeOn(t, host, survivors...)
+			for _, n := range survivors {
+				if len(on) == 1 && on[0] == n.self {
+					owner = n
+				}
+			}
+			return owner != nil
+		})
+		c.post(a, host, "written on the survivor")
+		since = time.Now()
+		waitFor(t, 10*time.Second, "a sync on the survivor after the post", func() bool { return status(t, owner).lastSync(host).After(since) })
+		time.Sleep(1500 * time.Millisecond) // one more periodic sync
+		if body := c.mustDo(a, "GET", host, "/api/messages", "", 200); !strings.Contains(body, "written on the survivor") ||
+			!strings.Contains(body, "posted just before SIGTERM") {
+			t.Errorf("after the survivor's syncs the space lacks a message: %.300s", body)
+		}
+		if got := awakeOn(t, host, survivors...); len(got) != 1 || got[0] != owner.self {
+			t.Errorf("after the survivor's syncs %s runs on %v, want still on %s (not fenced out)", host, got, owner.self)
 		}
 	})
 
