@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -27,7 +28,18 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+		notes := filepath.Join(os.Getenv("LCHAT_DATA_DIR"), "notes.txt")
+		go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				f, err := os.OpenFile(notes, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+				if err != nil {
+					http.Error(w, err.Error(), 500)
+					return
+				}
+				fmt.Fprintln(f, r.URL.Path)
+				f.Close()
+			}
+		}))
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM)
 		<-sig
