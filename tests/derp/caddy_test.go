@@ -63,7 +63,16 @@ func (c *caddyBox) load(cfg []byte) {
 
 func (c *caddyBox) status() derpswitch.Status {
 	c.t.Helper()
-	resp, err := adminClient.Get("http://" + c.admin + "/derp_switch/status")
+	// Right after a config load the old admin server may still accept a connection
+	// it is about to close (the new one listens on the same port): retry that briefly.
+	var resp *http.Response
+	var err error
+	for try := 0; try < 20; try++ {
+		if resp, err = adminClient.Get("http://" + c.admin + "/derp_switch/status"); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if err != nil {
 		c.t.Fatal(err)
 	}
