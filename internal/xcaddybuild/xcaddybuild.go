@@ -90,3 +90,70 @@ func (m *Manifest) Args(dir, output string, overrides map[string]string) []strin
 	}
 	return args
 }
+
+// localVersion is the version the local module proxy offers for a replaced plugin.
+const localVersion = "v0.0.0-local"
+
+// Env returns the environment for running xcaddy. xcaddy v0.4.5 runs `go get <module>` even
+// for a plugin replaced by a local directory when the plugin's package is the module root,
+// and that asks the module proxy for the module's versions; an unpublished module (or an
+// offline machine) fails there. So each replaced plugin is offered by a file-based module
+// proxy in proxyDir, listing one version whose go.mod is the checkout's own. The replace
+// directive then makes the build use the checkout; the proxy only answers the version query.
+func (m *Manifest) Env(base []string, dir, proxyDir string, overrides map[string]string) ([]string, error) {
+	var nosum []string
+	for _, p := range m.Plugins {
+		repl := overrides[p.Module]
+		if repl == "" {
+			repl = p.Replace
+		}
+		if repl == "" {
+			continue
+		}
+		if !filepath.IsAbs(repl) {
+			repl = filepath.Join(dir, repl)
+		}
+		gomod, err := os.ReadFile(filepath.Join(repl, "go.mod"))
+		if err != nil {
+			return nil, fmt.Errorf("plugin %s: reading its go.mod: %v", p.Module, err)
+		}
+		vdir := filepath.Join(proxyDir, filepath.FromSlash(p.Module), "@v")
+		if err := os.MkdirAll(vdir, 0o755); err != nil {
+			return nil, err
+		}
+		files := map[string][]byte{
+			"list":                 []byte(localVersion + "\n"),
+			localVersion + ".info": []byte(`{"Version":"` + localVersion + `","Time":"2026-01-01T00:00:00Z"}`),
+			localVersion + ".mod":  gomod,
+		}
+		for name, data := range files {
+			if err := os.WriteFile(filepath.Join(vdir, name), data, 0o644); err != nil {
+				return nil, err
+			}
+		}
+		nosum = append(nosum, p.Module)
+	}
+	if len(nosum) == 0 {
+		return base, nil
+	}
+	goproxy, gonosumdb := "https://proxy.golang.org,direct", ""
+	env := make([]string, 0, len(base)+2)
+	for _, kv := range base {
+		switch {
+		case strings.HasPrefix(kv, "GOPROXY="):
+			goproxy = strings.TrimPrefix(kv, "GOPROXY=")
+		case strings.HasPrefix(kv, "GONOSUMDB="):
+			gonosumdb = strings.TrimPrefix(kv, "GONOSUMDB=")
+		default:
+			env = append(env, kv)
+		}
+	}
+	if gonosumdb != "" {
+		nosum = append(nosum, gonosumdb)
+	}
+	proxyURL := "file://" + filepath.ToSlash(proxyDir)
+	return append(env,
+		"GOPROXY="+proxyURL+","+goproxy,
+		"GONOSUMDB="+strings.Join(nosum, ","),
+	), nil
+}

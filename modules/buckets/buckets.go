@@ -12,7 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"path/filepath"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -48,7 +50,7 @@ type S3 struct {
 	SecretAccessKey string `json:"secret_access_key,omitempty"`
 	SessionToken    string `json:"session_token,omitempty"`
 
-	bkt *s3bucket.Bucket
+	bkt bucket.Bucket // an s3bucket, or a filebucket when Bucket is file:///path
 }
 
 // CaddyModule returns the Caddy module information.
@@ -72,6 +74,20 @@ func (s *S3) Provision(ctx caddy.Context) error {
 	repl := caddy.NewReplacer()
 	for _, f := range []*string{&s.Bucket, &s.Prefix, &s.Region, &s.Endpoint, &s.AccessKeyID, &s.SecretAccessKey, &s.SessionToken} {
 		*f = repl.ReplaceAll(*f, "")
+	}
+	if strings.HasPrefix(s.Bucket, "file:") {
+		// LCHAT_HIBERNATE_BUCKET=file:///path selects the embedded local store, so one
+		// Caddyfile serves both a real S3 deployment and a single machine.
+		root, err := fileBucketRoot(s.Bucket)
+		if err != nil {
+			return fmt.Errorf("lchat.buckets.s3: bucket: %v", err)
+		}
+		f := &File{Root: root, Prefix: s.Prefix}
+		if err := f.Provision(ctx); err != nil {
+			return err
+		}
+		s.bkt = f.bkt
+		return nil
 	}
 	if err := s.Validate(); err != nil {
 		return err
@@ -257,3 +273,12 @@ var (
 	_ caddy.Validator   = (*File)(nil)
 	_ bucket.Bucket     = (*File)(nil)
 )
+
+// fileBucketRoot returns the directory of a file:///absolute/path bucket URL.
+func fileBucketRoot(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Path == "" || !filepath.IsAbs(u.Path) || (u.Host != "" && u.Host != "localhost") {
+		return "", fmt.Errorf("a file bucket is file:///absolute/path, got %q", raw)
+	}
+	return u.Path, nil
+}

@@ -297,3 +297,26 @@ func TestRunCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestS3FileURL: LCHAT_HIBERNATE_BUCKET=file:///path makes the shipped Caddyfiles (which
+// say `bucket s3 {env.LCHAT_HIBERNATE_BUCKET}`) use the local store.
+func TestS3FileURL(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("LCHAT_TEST_BUCKET", "file://"+dir)
+	m := S3{Bucket: "{env.LCHAT_TEST_BUCKET}", Prefix: "prod"}
+	if err := m.Provision(newCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Put(context.Background(), "k", strings.NewReader("v"), 1, bucket.Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "prod", "k")); err != nil {
+		t.Fatalf("object not in the local directory under the prefix: %v", err)
+	}
+	for _, bad := range []string{"file://relative/dir", "file:", "file://otherhost/x"} {
+		m := S3{Bucket: bad}
+		if err := m.Provision(newCtx(t)); err == nil || !strings.Contains(err.Error(), "file:///absolute/path") {
+			t.Errorf("Provision(%q) = %v, want a file:///absolute/path error", bad, err)
+		}
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -141,11 +140,11 @@ func bucketFromFlags(ctx caddy.Context, f checkFlags, getenv func(string) string
 		bucket.Bucket
 	}
 	if strings.HasPrefix(f.Bucket, "file:") {
-		u, err := url.Parse(f.Bucket)
-		if err != nil || u.Path == "" || (u.Host != "" && u.Host != "localhost") {
-			return nil, fmt.Errorf("--bucket: a file bucket is file:///absolute/path")
+		root, err := fileBucketRoot(f.Bucket)
+		if err != nil {
+			return nil, fmt.Errorf("--bucket: %v", err)
 		}
-		mod = &File{Root: u.Path, Prefix: f.Prefix}
+		mod = &File{Root: root, Prefix: f.Prefix}
 	} else {
 		mod = &S3{
 			Bucket: f.Bucket, Prefix: f.Prefix, Region: f.Region, Endpoint: f.Endpoint,

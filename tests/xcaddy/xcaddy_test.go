@@ -37,10 +37,15 @@ func TestXcaddyBuildListsOurModules(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "caddy")
-	args := m.Args(root, out, map[string]string{"github.com/lchat/lchat-caddy": root})
+	checkout := map[string]string{"github.com/lchat/lchat-caddy": root}
+	args := m.Args(root, out, checkout)
+	env, err := m.Env(os.Environ(), root, t.TempDir(), checkout)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(harness.Tool(t, "xcaddy"), args...)
 	cmd.Dir = t.TempDir()
-	cmd.Env = append(os.Environ(), "XCADDY_SKIP_CLEANUP=0")
+	cmd.Env = env
 	if output, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("xcaddy %v: %v\n%s", args, err, output)
 	}
@@ -74,5 +79,31 @@ func TestManifestArgs(t *testing.T) {
 	want := "build v2.11.9 --output /src/out/caddy --with github.com/lchat/lchat-caddy=/src --with github.com/example/plugin=/tmp/p"
 	if got != want {
 		t.Errorf("Args:\n got %s\nwant %s", got, want)
+	}
+}
+
+func TestManifestEnvOffersReplacedPluginLocally(t *testing.T) {
+	root := harness.RepoRoot()
+	m := &xcaddybuild.Manifest{
+		CaddyVersion: "v2.11.9",
+		Plugins:      []xcaddybuild.Plugin{{Module: "github.com/lchat/lchat-caddy", Replace: "."}},
+	}
+	proxy := t.TempDir()
+	env, err := m.Env([]string{"HOME=/h", "GOPROXY=https://example.test"}, root, proxy, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(env, "\n")
+	for _, want := range []string{"HOME=/h", "GOPROXY=file://" + proxy + ",https://example.test", "GONOSUMDB=github.com/lchat/lchat-caddy"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("env lacks %q:\n%s", want, got)
+		}
+	}
+	list, err := os.ReadFile(filepath.Join(proxy, "github.com/lchat/lchat-caddy/@v/list"))
+	if err != nil || strings.TrimSpace(string(list)) == "" {
+		t.Fatalf("local proxy has no version list: %q, %v", list, err)
+	}
+	if _, err := m.Env(nil, t.TempDir(), proxy, nil); err == nil {
+		t.Error("Env accepted a replacement directory without go.mod")
 	}
 }

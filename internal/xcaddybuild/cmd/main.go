@@ -34,9 +34,20 @@ func main() {
 		cmdArgs = append([]string{"tool", "-modfile=" + filepath.Join(dir, "tools", "go.mod"), "xcaddy"}, args...)
 	}
 	fmt.Fprintf(os.Stderr, "xcaddybuild: %s %v\n", name, cmdArgs)
+	proxyDir, err := os.MkdirTemp("", "xcaddybuild-proxy")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(proxyDir)
+	env, err := m.Env(os.Environ(), dir, proxyDir, nil)
+	if err != nil {
+		fail(err)
+	}
 	cmd := exec.Command(name, cmdArgs...)
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
+		os.RemoveAll(proxyDir)
 		fail(fmt.Errorf("running xcaddy: %v", err))
 	}
 }
