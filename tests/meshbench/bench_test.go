@@ -15,8 +15,12 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -102,8 +106,16 @@ func freePort(t *testing.T, ip string) string {
 }
 
 // startBox starts a plain-HTTP mesh box (SELF http://127.0.0.x:port) whose bucket
-// traffic goes through its own counting proxy.
+// traffic goes through its own counting proxy, running the demo space.
 func startBox(t *testing.T, s3 *harness.S3, prefix string, i int, beat, replication string) *box {
+	return startBoxKinds(t, s3, prefix, i, beat, map[string]any{"demo": map[string]any{
+		"command": "{self}", "args": []string{"demo-space"}, "ready_path": "/healthz",
+		"idle_timeout": "1h", "replication": map[string]any{"class": "periodic", "interval": replication},
+	}})
+}
+
+// startBoxKinds is startBox with the given kinds.
+func startBoxKinds(t *testing.T, s3 *harness.S3, prefix string, i int, beat string, kinds map[string]any) *box {
 	ip := fmt.Sprintf("127.0.0.%d", i+1)
 	b := &box{addr: net.JoinHostPort(ip, freePort(t, ip))}
 	b.self = "http://" + b.addr
@@ -118,10 +130,7 @@ func startBox(t *testing.T, s3 *harness.S3, prefix string, i int, beat, replicat
 				"registry":           "{$LCHAT_TEST_DIR}/registry.db",
 				"wake_scan_interval": beat,
 				"mesh":               map[string]any{"beat": beat, "dead_after": "3s"},
-				"kinds": map[string]any{"demo": map[string]any{
-					"command": "{self}", "args": []string{"demo-space"}, "ready_path": "/healthz",
-					"idle_timeout": "1h", "replication": map[string]any{"class": "periodic", "interval": replication},
-				}},
+				"kinds":              kinds,
 			},
 			"http": map[string]any{"servers": map[string]any{"main": map[string]any{
 				"listen":          []string{b.addr},
@@ -317,4 +326,169 @@ func TestBucketRequestsPerHour(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second) // first syncs of the fresh spaces settle
 	measure("box with awake idle spaces", n)
+}
+
+// buildTiny builds tests/meshbench/tinyspace, the lightest instance there is.
+func buildTiny(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "tinyspace")
+	cmd := exec.Command("go", "build", "-o", out, "./tests/meshbench/tinyspace")
+	cmd.Dir = harness.RepoRoot()
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building tinyspace: %v\n%s", err, b)
+	}
+	return out
+}
+
+type spacesStatus struct {
+	Spaces []struct {
+		Host     string     `json:"host"`
+		State    string     `json:"state"`
+		LastSync *time.Time `json:"last_sync"`
+	} `json:"spaces"`
+}
+
+// TestBucketRequestsPerHourScaling counts a box's bucket requests over a window with
+// 0 and 20 awake spaces (and, with LCHAT_BENCH_SPACES=1000, with 1,000), each space a
+// real process (tinyspace) synced periodically, and prints them side by side. The
+// total must not grow with the number of spaces: per beat one heartbeat PUT and one
+// members LIST, one wakes LIST per scan, and nothing for the periodic sync of a space
+// whose files did not change.
+//
+//	LCHAT_BENCH_SPACES=1000 go test ./tests/meshbench/ -run Scaling -v -timeout 30m
+func TestBucketRequestsPerHourScaling(t *testing.T) {
+	if testing.Short() {
+		t.Skip("benchmark")
+	}
+	sizes := []int{0, 20}
+	if n, _ := strconv.Atoi(os.Getenv("LCHAT_BENCH_SPACES")); n > 20 {
+		sizes = append(sizes, n)
+	}
+	const (
+		window   = 20 * time.Second
+		interval = 10 * time.Second // periodic sync: every space syncs about twice per window
+	)
+	tiny := buildTiny(t)
+	s3 := harness.StartS3(t)
+	prefix := fmt.Sprintf("sc%d", time.Now().UnixNano()%1e9)
+	kinds := map[string]any{"tiny": map[string]any{
+		"command": tiny, "idle_timeout": "1h", "stop_grace": "2s",
+		"env":         map[string]string{"GOMAXPROCS": "1"},
+		"replication": map[string]any{"class": "periodic", "interval": interval.String()},
+	}}
+	a := startBoxKinds(t, s3, prefix, 0, "1s", kinds)
+	b := startBoxKinds(t, s3, prefix, 1, "1s", kinds)
+	waitLive(t, 2, a, b)
+
+	status := func() map[string]time.Time {
+		var st spacesStatus
+		a.AdminJSON("GET", "/lchat/status", nil, 200, &st)
+		out := map[string]time.Time{}
+		for _, s := range st.Spaces {
+			if s.State == "awake" {
+				out[s.Host] = time.Time{}
+				if s.LastSync != nil {
+					out[s.Host] = *s.LastSync
+				}
+			}
+		}
+		return out
+	}
+	type row struct {
+		spaces, total, synced int
+		perHour               float64
+		detail                string
+		setup                 time.Duration
+	}
+	var rows []row
+	var hosts []string
+	for _, n := range sizes {
+		setup := time.Now()
+		fresh := hosts[len(hosts):]
+		for i := len(hosts); len(hosts) < n; i++ {
+			h := ownedBy(a.self, []string{a.self, b.self}, fmt.Sprintf("t%d-", i))
+			a.AdminJSON("POST", "/lchat/routes", map[string]any{"host": h, "kind": "tiny"}, 201, nil)
+			hosts = append(hosts, h)
+			fresh = append(fresh, h)
+		}
+		work := make(chan string)
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for w := 0; w < 16; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for h := range work {
+					if code, err := a.get(h, "/"); err != nil || code != 200 {
+						failed.Add(1)
+						t.Logf("waking %s: %d %v", h, code, err)
+					}
+				}
+			}()
+		}
+		for _, h := range fresh {
+			work <- h
+		}
+		close(work)
+		wg.Wait()
+		if failed.Load() > 0 {
+			t.Fatalf("%d wakes failed", failed.Load())
+		}
+		// Settle: every space awake and synced once (its first manifest), plus a beat.
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			st := status()
+			synced := 0
+			for _, ls := range st {
+				if !ls.IsZero() {
+					synced++
+				}
+			}
+			if len(st) == n && synced == n {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d spaces: %d awake, %d synced after 5 minutes", n, len(st), synced)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		time.Sleep(1500 * time.Millisecond)
+		setupTook := time.Since(setup)
+
+		first, before := status(), a.s3.snapshot()
+		time.Sleep(window)
+		d := diff(before, a.s3.snapshot())
+		synced := 0
+		for h, ls := range status() {
+			if ls.After(first[h]) {
+				synced++
+			}
+		}
+		keys := make([]string, 0, len(d))
+		for k := range d {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var parts []string
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s=%d", k, d[k]))
+		}
+		rows = append(rows, row{spaces: n, total: total(d), synced: synced, detail: strings.Join(parts, " "),
+			perHour: float64(total(d)) * float64(time.Hour) / float64(window), setup: setupTook})
+	}
+	t.Logf("FIGURE bucket requests per box per hour (beat 1s, wake scan 1s, periodic sync %v, window %v, tinyspace instances):", interval, window)
+	t.Logf("FIGURE %12s %10s %12s %16s  %s", "awake", "in window", "per hour", "spaces synced", "by kind (setup)")
+	for _, r := range rows {
+		t.Logf("FIGURE %12d %10d %12.0f %16d  [%s] (%v)", r.spaces, r.total, r.perHour, r.synced, r.detail, r.setup.Round(time.Second))
+	}
+	t.Logf("FIGURE at the default 15s beat and 30s wake scan the same shape is %.0f per box per hour, whatever the number of spaces", 3600.0/15*2+3600.0/30)
+	idle := rows[0].total
+	for _, r := range rows[1:] {
+		if r.synced < r.spaces {
+			t.Errorf("%d spaces: only %d synced in the window; the figure does not show the sync cost", r.spaces, r.synced)
+		}
+		if r.total > idle+idle/10+5 {
+			t.Errorf("%d awake unchanged spaces: %d requests in the window against %d idle; the cost grows with the number of spaces", r.spaces, r.total, idle)
+		}
+	}
 }
