@@ -129,13 +129,17 @@ type cachedBody struct {
 // by the bucket's clock: a heartbeat's LastModified against the listing's Now (the S3
 // Date header). Peer bodies (region, domains, incarnation) need a GET each, so they are
 // cached by ETag and fetched again only when the ETag changes. Since a process rewrites
-// a byte-identical body on every beat, stores whose ETag is a content hash (S3 for
+// a byte-identical body on every beat (it changes once, when the box starts draining, and
+// that new content gets a new ETag, so every peer reads it at its next listing), stores whose ETag is a content hash (S3 for
 // single-part unencrypted puts, versitygw, the file bucket) keep the ETag stable and the
 // steady state costs no GETs at all; a store with per-write ETags (SSE-KMS, say) costs
 // one GET per live peer per beat instead, still independent of the number of spaces.
 //
 // Failures are soft: a failed LIST keeps the last view, a failed PUT is counted and
 // logged, and when PUTs keep failing the box fences itself (see MembershipConfig).
+//
+// A drain is MarkDraining, then the spaces' checkpoints and lease releases, then Leave;
+// MarkDraining says why the heartbeat is not deleted first.
 type Membership struct {
 	cfg        MembershipConfig
 	b          bucket.Bucket

@@ -87,6 +87,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		state_dir /srv/state
 		max_awake 3
 		wake_scan_interval 5s
+		drain_timeout 90s
 		kind demo {
 			command {self} demo-space --flag
 			env GREETING hello
@@ -106,6 +107,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	}
 	k := a.Kinds["demo"]
 	if a.StateDir != "/srv/state" || a.MaxAwake != 3 || a.WakeScanInterval != caddy.Duration(5*time.Second) || k == nil ||
+		a.DrainTimeout != caddy.Duration(90*time.Second) ||
 		k.Command != "{self}" || strings.Join(k.Args, " ") != "demo-space --flag" || k.Env["GREETING"] != "hello" ||
 		len(k.AllowedEnv) != 2 || k.IdleTimeout != caddy.Duration(2*time.Minute) || k.StopSignal != "SIGINT" ||
 		k.ReadyPath != "/healthz" || k.Replication.Class != "periodic" || k.Replication.Interval != caddy.Duration(15*time.Second) ||
@@ -119,9 +121,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		"lchat {\n kind\n}":                             "wrong argument count",
 		"lchat {\n kind demo {\n command\n }\n}":        "wrong argument count",
 		"lchat {\n max_awake many\n}":                   "max_awake",
+		"lchat {\n drain_timeout\n}":                    "wrong argument count",
 		"lchat {\n kind demo {\n idle_timeout x\n }\n}": "idle_timeout",
 		"lchat {\n kind demo {\n env ONLY\n }\n}":       "wrong argument count",
-		"lchat extra": "wrong argument count",
+		"lchat extra":                                   "wrong argument count",
 	} {
 		var a App
 		err := a.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))

@@ -279,6 +279,7 @@ type MeshStatus struct {
 	Incarnation  string            `json:"incarnation"`
 	HeartbeatAge string            `json:"heartbeat_age"`
 	Fenced       bool              `json:"fenced"`
+	Draining     bool              `json:"draining"`
 	Routes       int               `json:"routes"`
 	Awake        []string          `json:"awake"`
 	Live         []string          `json:"live_members"`
@@ -297,6 +298,7 @@ func (a *App) meshStatus() MeshStatus {
 		Incarnation:  ms.m.Config().Incarnation,
 		HeartbeatAge: self.Age.Round(time.Millisecond).String(),
 		Fenced:       ms.m.Fenced(),
+		Draining:     ms.m.Draining(),
 		Routes:       a.shared.reg.Len(),
 		Awake:        []string{},
 		Counters:     ms.c.snapshot(),
