@@ -323,8 +323,12 @@ func TestMesh(t *testing.T) {
 				var sum struct {
 					Hibernate bool   `json:"hibernate"`
 					LivesAt   string `json:"lives_at"`
+					Upstream  string `json:"upstream"`
 				}
 				n.AdminJSON("GET", "/lchat/routes/"+host, nil, 200, &sum)
+				if sum.Upstream != "" {
+					t.Fatalf("%s stores the pinned row with upstream %q; a lives_at row has none", n.self, sum.Upstream)
+				}
 				if sum.Hibernate || sum.LivesAt != a.self {
 					return false
 				}
