@@ -2,10 +2,10 @@ package space
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"errors"
 	"fmt"
-
 	"os"
 	"path/filepath"
 	"strings"
@@ -450,3 +450,168 @@ func TestReopenedDatabaseIsNotUploadedAgain(t *testing.T) {
 		}
 	})
 }
+
+// Database file names are the instance's choice. A name with '#', '?' or '%' must be
+// snapshotted as itself, not as another (new, empty) file the SQLite URI would name.
+func TestCheckpointOddDatabaseNames(t *testing.T) {
+	forEachBucket(t, func(t *testing.T, b bucket.Bucket) {
+		ctx := context.Background()
+		s := newSyncer(t, b, t.TempDir())
+		os.MkdirAll(s.DataDir, 0o700)
+		names := []string{"notes#1.db", "what?.db", "50%25off.db", "sp ace.db"}
+		for _, name := range names {
+			// openDB's own "file:" DSN would mangle these names too: create each under a
+			// plain name and rename it into place.
+			tmp := filepath.Join(s.DataDir, "tmp.db")
+			db := openDB(t, tmp)
+			db.Exec("CREATE TABLE m (body TEXT)")
+			if _, err := db.Exec("INSERT INTO m VALUES (?)", "row of "+name); err != nil {
+				t.Fatal(err)
+			}
+			db.Close()
+			os.Remove(tmp + "-wal")
+			os.Remove(tmp + "-shm")
+			if err := os.Rename(tmp, filepath.Join(s.DataDir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		entries, _ := os.ReadDir(s.DataDir)
+		if len(entries) != len(names) {
+			var got []string
+			for _, e := range entries {
+				got = append(got, e.Name())
+			}
+			t.Fatalf("checkpoint changed the data dir: %q, want only %q", got, names)
+		}
+		r := newSyncer(t, b, t.TempDir())
+		if err := r.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Restore(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range names {
+			db, err := sql.Open("sqlite", sqliteURI(filepath.Join(r.DataDir, name)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body string
+			err = db.QueryRow("SELECT body FROM m").Scan(&body)
+			db.Close()
+			if err != nil || body != "row of "+name {
+				t.Errorf("restored %s: %q, %v; want its row", name, body, err)
+			}
+		}
+	})
+}
+
+// Files the instance creates and removes while a checkpoint walks its directory (temporary
+// files, renames) are left out of that snapshot; they do not fail it.
+func TestCheckpointToleratesFilesVanishing(t *testing.T) {
+	b, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s := newSyncer(t, b, t.TempDir())
+	os.MkdirAll(filepath.Join(s.DataDir, "tmp"), 0o700)
+	os.WriteFile(filepath.Join(s.DataDir, "kept.txt"), []byte("kept"), 0o600)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := filepath.Join(s.DataDir, "tmp", fmt.Sprintf("f%d-%d", w, i%64))
+				os.WriteFile(p, []byte("scratch"), 0o600)
+				os.Remove(p)
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	for i := range 100 {
+		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+			t.Fatalf("checkpoint %d with files coming and going: %v", i, err)
+		}
+	}
+	m, _ := s.Manifest()
+	var kept bool
+	for _, f := range m.Files {
+		kept = kept || f.Path == "kept.txt"
+	}
+	if !kept {
+		t.Fatalf("manifest lost the stable file: %+v", m.Files)
+	}
+}
+
+func TestRestoreRefusesUnsafePaths(t *testing.T) {
+	b, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, bad := range []string{"../escape", "/etc/evil", "a/../../escape", ".", ""} {
+		root := t.TempDir()
+		// A manifest written by a buggy or hostile writer; its blob exists.
+		body := "payload"
+		sum := fmt.Sprintf("%x", sha256Sum(body))
+		b.Put(ctx, BlobKey("u.test", sum), strings.NewReader(body), int64(len(body)), bucket.Cond{})
+		if _, err := WriteManifest(ctx, b, "u.test", &Manifest{Generation: 1, Files: []File{{Path: bad, Size: 7, SHA256: sum, Mode: 0o600}}}, ""); err != nil {
+			// Overwrite the previous iteration's manifest.
+			_, etag, _ := ReadManifest(ctx, b, "u.test")
+			if _, err := WriteManifest(ctx, b, "u.test", &Manifest{Generation: 1, Files: []File{{Path: bad, Size: 7, SHA256: sum, Mode: 0o600}}}, etag); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := &Syncer{Bucket: b, Host: "u.test", DataDir: filepath.Join(root, "space", "data"), WorkDir: filepath.Join(root, "space", "work")}
+		os.MkdirAll(r.DataDir, 0o700)
+		os.WriteFile(filepath.Join(r.DataDir, "keep"), []byte("old"), 0o600)
+		if err := r.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Restore(ctx); err == nil || !strings.Contains(err.Error(), "invalid path") {
+			t.Errorf("restore of a manifest naming %q = %v, want an invalid-path refusal", bad, err)
+		}
+		if data, err := os.ReadFile(filepath.Join(r.DataDir, "keep")); err != nil || string(data) != "old" {
+			t.Errorf("%q: failed restore touched the data dir: %q %v", bad, data, err)
+		}
+		for _, p := range []string{filepath.Join(root, "space", "escape"), filepath.Join(root, "escape")} {
+			if _, err := os.Stat(p); err == nil {
+				t.Errorf("%q: restore wrote %s outside the data dir", bad, p)
+			}
+		}
+	}
+}
+
+// One unreadable record must not hold back every other space's scheduled wake.
+func TestScanSkipsABadWakeRecord(t *testing.T) {
+	forEachBucket(t, func(t *testing.T, b bucket.Bucket) {
+		ctx := context.Background()
+		at := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)
+		if _, err := PutWake(ctx, b, "good.test", at); err != nil {
+			t.Fatal(err)
+		}
+		junk := "not a time"
+		if _, err := b.Put(ctx, WakeKey("bad.test"), strings.NewReader(junk), int64(len(junk)), bucket.Cond{}); err != nil {
+			t.Fatal(err)
+		}
+		recs, now, err := (&WakeScanner{Bucket: b}).Scan(ctx)
+		if err == nil || !strings.Contains(err.Error(), "bad.test") {
+			t.Errorf("scan error = %v, want one naming bad.test", err)
+		}
+		if len(recs) != 1 || recs[0].Host != "good.test" || !recs[0].At.Equal(at) || now.IsZero() {
+			t.Fatalf("scan with one bad record = %+v at %v, want good.test at %v and the bucket's clock", recs, now, at)
+		}
+	})
+}
+
+func sha256Sum(s string) [32]byte { return sha256.Sum256([]byte(s)) }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -140,7 +141,9 @@ func (s *Syncer) download(ctx context.Context, root string, f File) error {
 		return err
 	}
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(out, h), obj.Body)
+	// One byte past the manifest's size is enough to know the blob is wrong; a bad blob
+	// never fills the disk.
+	n, err := io.Copy(io.MultiWriter(out, h), io.LimitReader(obj.Body, f.Size+1))
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
@@ -248,6 +251,9 @@ func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]s
 	fresh := make(map[string]File)
 	err := filepath.WalkDir(s.DataDir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
+			if p != s.DataDir && errors.Is(err, fs.ErrNotExist) {
+				return nil // removed by the instance while we walked: not part of this snapshot
+			}
 			return err
 		}
 		if err := ctx.Err(); err != nil {
@@ -268,11 +274,17 @@ func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]s
 			return nil
 		}
 		info, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // removed (or renamed away) after the directory was read
+		}
 		if err != nil {
 			return err
 		}
 		fp, err := fingerprint(s.DataDir, rel)
 		if err != nil {
+			if gone(p) {
+				return nil
+			}
 			return err
 		}
 		if f, ok := s.hashes[fp]; ok && s.known[f.SHA256] {
@@ -284,6 +296,10 @@ func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]s
 		tmp := filepath.Join(dir, randHex(8))
 		f, err := stage(ctx, p, tmp)
 		if err != nil {
+			os.Remove(tmp)
+			if ctx.Err() == nil && gone(p) {
+				return nil
+			}
 			return fmt.Errorf("snapshotting %s: %w", rel, err)
 		}
 		f.Path, f.Mode = rel, uint32(info.Mode().Perm())
@@ -307,6 +323,14 @@ func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]s
 	s.hashes = fresh
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return files, staged, nil
+}
+
+// gone reports whether p no longer exists: the instance removed or renamed a file (a
+// temporary one, typically) while a checkpoint was reading its directory. Such a file is
+// simply not part of the snapshot rather than a failed checkpoint.
+func gone(p string) bool {
+	_, err := os.Lstat(p)
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // stage copies src to dst consistently and hashes the copy.
@@ -342,8 +366,7 @@ func stage(ctx context.Context, src, dst string) (File, error) {
 }
 
 func vacuumInto(ctx context.Context, src, dst string) error {
-	// The instance may hold write locks; wait for them rather than fail.
-	db, err := sql.Open("sqlite", "file:"+src+"?_pragma=busy_timeout(10000)")
+	db, err := sql.Open("sqlite", sqliteURI(src))
 	if err != nil {
 		return err
 	}
@@ -387,6 +410,15 @@ func normalizeHeader(src, dst string) error {
 		}
 	}
 	return out.Close()
+}
+
+// sqliteURI names the database at path p for the driver. The path is escaped: the instance
+// picks its file names, and a raw '?', '#' or '%' in a "file:" URI would make SQLite open
+// (and create, empty) another file. mode=rw never creates a database that vanished. The
+// instance may hold write locks; busy_timeout waits for them rather than fail.
+func sqliteURI(p string) string {
+	u := url.URL{Scheme: "file", Path: p, RawQuery: "mode=rw&_pragma=busy_timeout(10000)"}
+	return u.String()
 }
 
 func hashFile(p string) (File, error) {

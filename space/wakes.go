@@ -18,10 +18,16 @@ const NextWakeFile = ".lchat/next-wake"
 
 // ReadNextWake reads $LCHAT_DATA_DIR/.lchat/next-wake: nil when absent or empty.
 func ReadNextWake(dataDir string) (*time.Time, error) {
-	data, err := os.ReadFile(filepath.Join(dataDir, filepath.FromSlash(NextWakeFile)))
+	f, err := os.Open(filepath.Join(dataDir, filepath.FromSlash(NextWakeFile)))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	// The instance writes this file; an RFC 3339 time is short, so never read more.
+	data, err := io.ReadAll(io.LimitReader(f, 256))
 	if err != nil {
 		return nil, err
 	}
@@ -77,16 +83,20 @@ type WakeScanner struct {
 	seen map[string]WakeRecord // by host; body is immutable per ETag
 }
 
-// Scan returns every scheduled wake and the bucket's clock at the time of the listing.
+// Scan returns every scheduled wake and the bucket's clock at the time of the listing. A
+// record that cannot be read or parsed is left out and reported in the error, while the
+// others are still returned with the clock: one bad object must not hold back every
+// other space's wake. A failed listing returns no records.
 func (w *WakeScanner) Scan(ctx context.Context) ([]WakeRecord, time.Time, error) {
 	if w.seen == nil {
 		w.seen = make(map[string]WakeRecord)
 	}
 	var (
-		out   []WakeRecord
-		now   time.Time
-		token string
-		found = make(map[string]bool)
+		out     []WakeRecord
+		now     time.Time
+		token   string
+		found   = make(map[string]bool)
+		badRecs []error
 	)
 	for {
 		page, err := w.Bucket.List(ctx, WakesPrefix, token)
@@ -111,7 +121,11 @@ func (w *WakeScanner) Scan(ctx context.Context) ([]WakeRecord, time.Time, error)
 				continue
 			}
 			if err != nil {
-				return nil, time.Time{}, err
+				if ctx.Err() != nil {
+					return nil, time.Time{}, err
+				}
+				badRecs = append(badRecs, err)
+				continue
 			}
 			w.seen[host] = rec
 			out = append(out, rec)
@@ -129,7 +143,7 @@ func (w *WakeScanner) Scan(ctx context.Context) ([]WakeRecord, time.Time, error)
 	if now.IsZero() {
 		now = time.Now()
 	}
-	return out, now, nil
+	return out, now, errors.Join(badRecs...)
 }
 
 func readWake(ctx context.Context, b bucket.Bucket, host string) (WakeRecord, error) {
