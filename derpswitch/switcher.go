@@ -493,7 +493,10 @@ func (s *Switcher) runNegotiator() {
 	for {
 		cfg := s.config()
 		wait := cfg.TickInterval
-		if !n.retryAt.IsZero() {
+		// The retry deadline matters only while no command is in flight: once the retry
+		// is issued its deadline is past, and waiting on it would spin the loop for the
+		// whole connect and prove.
+		if n.settled && !n.retryAt.IsZero() {
 			if d := n.retryAt.Sub(s.clock.Now()); d < wait {
 				wait = d
 			}
@@ -572,6 +575,12 @@ func (n *negotiator) evaluate() {
 	homeRegion, alive := s.liveHome()
 
 	if ov != 0 {
+		if h := s.homePtr.Load(); h != nil && h.region == ov && !n.retryAt.IsZero() {
+			// The home slot is on the pin already (a map reconcile rehomed it there):
+			// nothing is left to retry, and a stale deadline would spin the loop.
+			n.retryAt, n.retryN = time.Time{}, 0
+			s.setRetry(time.Time{}, 0)
+		}
 		if alive && homeRegion == ov {
 			if !n.settled && n.cmd.Target != ov {
 				s.issue(n, CmdNone, 0, "pin")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -390,4 +391,74 @@ func TestReconfigureRemovesRegionOfInFlightSwitch(t *testing.T) {
 	// The executor is still responsive: a new pin lands.
 	r.pin(3)
 	r.waitHome(3)
+}
+
+// countingClock counts the negotiator's (and executor's) waits, to catch a loop that
+// re-arms an already expired deadline instead of blocking.
+type countingClock struct {
+	*ManualClock
+	afters atomic.Int64
+}
+
+func (c *countingClock) After(d time.Duration) <-chan time.Time {
+	c.afters.Add(1)
+	return c.ManualClock.After(d)
+}
+
+// idleWaits returns how many waits were armed during a short real-time window in which
+// nothing happens; a blocked loop arms none, a spinning one thousands.
+func idleWaits(c *countingClock) int64 {
+	n := c.afters.Load()
+	time.Sleep(50 * time.Millisecond)
+	return c.afters.Load() - n
+}
+
+func TestNegotiatorBlocksWhileRetryInFlight(t *testing.T) {
+	cc := &countingClock{ManualClock: NewManualClock(time.Unix(1_700_000_000, 0))}
+	r := newRig(t, func(c *Config) { c.Clock = cc })
+	r.clock = cc.ManualClock
+	r.waitHome(1)
+	r.net.setDown(3, true)
+	r.pin(3)
+	waitFor(t, "rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
+	release := r.net.holdConnect(3) // the retry's connect hangs, as against a blackholed region
+	defer release()
+	waitFor(t, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 1 })
+	r.clock.Advance(5 * time.Second)
+	waitFor(t, "retry in flight", func() bool {
+		return r.sw.Counters().PinMBBRetries == 1 && r.sw.Status().Switch.State == StateAuxOpening
+	})
+	if n := idleWaits(cc); n > 2 {
+		t.Fatalf("negotiator armed %d waits in 50ms with a retry in flight; want it blocked", n)
+	}
+}
+
+func TestRetryScheduleDroppedWhenReconcileRehomesToPin(t *testing.T) {
+	cc := &countingClock{ManualClock: NewManualClock(time.Unix(1_700_000_000, 0))}
+	r := newRig(t, func(c *Config) { c.Clock = cc })
+	r.clock = cc.ManualClock
+	r.waitHome(1)
+	r.net.setDown(3, true)
+	r.pin(3)
+	waitFor(t, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 1 })
+	// The home's region leaves the DERP map: reconcile rehomes straight to the pin.
+	cfg := r.sw.config()
+	cfg.DERPMap, cfg.HomeRegion = testMap(2, 3, 4), 2
+	if err := r.sw.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "home slot on the pin", func() bool {
+		h := r.sw.homePtr.Load()
+		return h != nil && h.region == 3
+	})
+	waitFor(t, "retry schedule dropped", func() bool { return r.sw.Status().PinRetryIn == "" })
+	r.clock.Advance(5 * time.Second) // past the old retry deadline
+	if n := idleWaits(cc); n > 2 {
+		t.Fatalf("negotiator armed %d waits in 50ms after the pin's region became the home slot", n)
+	}
+	r.net.setDown(3, false)
+	r.waitHome(3)
+	if c := r.sw.Counters(); c.PinMBBRetries != 0 {
+		t.Fatalf("counters = %+v; a retry was issued for a pin the home slot already serves", c)
+	}
 }
