@@ -3,6 +3,8 @@ package certstorage
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,6 +37,9 @@ const (
 // past its TTL.
 var ErrLockLost = errors.New("lock lost to another holder")
 
+// ErrClosed means the Locker was closed: it takes no new locks.
+var ErrClosed = errors.New("locker closed")
+
 // lockBody is the content of a lock object. Staleness is judged on the bucket's
 // clock (LastModified against the store's time) with TTL from the body, so the
 // holder's own clock never matters; Expires is for operators reading the object.
@@ -46,11 +51,19 @@ type lockBody struct {
 	// content hash on S3), unique: a takeover's If-Match must not match a refresh
 	// that happened after the staleness judgement.
 	Seq int64 `json:"seq"`
+	// Hold is random per acquisition: a holder recognises its own writes by it.
+	Hold string `json:"hold"`
 }
 
-func (l *Locker) body(seq int64) []byte {
-	b, _ := json.Marshal(lockBody{Owner: l.Owner, TTLMS: l.ttl().Milliseconds(), Expires: time.Now().Add(l.ttl()).UTC(), Seq: seq})
+func (l *Locker) body(hold string, seq int64) []byte {
+	b, _ := json.Marshal(lockBody{Owner: l.Owner, TTLMS: l.ttl().Milliseconds(), Expires: time.Now().Add(l.ttl()).UTC(), Seq: seq, Hold: hold})
 	return b
+}
+
+func newHold() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // Locker is a set of named locks kept as objects in a bucket, one per name under
@@ -73,20 +86,25 @@ type Locker struct {
 	// Logger receives refresh failures. Default: no logging.
 	Logger *zap.Logger
 
-	// mu guards held.
-	mu   sync.Mutex
-	held map[string]*heldLock
+	// mu guards held and closed.
+	mu     sync.Mutex
+	held   map[string]*heldLock
+	closed bool
 }
 
 // heldLock is one lock this Locker holds. Its refresher is the only writer of
-// etag and lost after acquisition; Unlock reads them once the refresher stopped.
+// seq, confirmed, etag and lost after acquisition; Unlock reads them once the
+// refresher stopped.
 type heldLock struct {
-	key    string
-	seq    int64
-	etag   string
-	lost   bool
-	cancel context.CancelFunc
-	done   chan struct{}
+	key  string
+	hold string
+	// seq is the Seq of the last refresh attempted, confirmed that of the last
+	// one known to have landed (etag is its ETag).
+	seq, confirmed int64
+	etag           string
+	lost           bool
+	cancel         context.CancelFunc
+	done           chan struct{}
 }
 
 func (l *Locker) ttl() time.Duration {
@@ -142,12 +160,19 @@ func (l *Locker) Lock(ctx context.Context, name string) error {
 // TryLock makes one attempt at name: create the lock, or take over a stale one.
 // It reports whether the lock is now held.
 func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return false, fmt.Errorf("locking %s: %w", name, ErrClosed)
+	}
 	key := l.Key(name)
-	body := l.body(0)
+	hold := newHold()
+	body := l.body(hold, 0)
 	info, err := l.Bucket.Put(ctx, key, bytes.NewReader(body), int64(len(body)), bucket.Cond{IfNoneMatch: true})
 	switch {
 	case err == nil:
-		l.start(key, name, info.ETag)
+		l.start(key, name, hold, info.ETag)
 		return true, nil
 	case errors.Is(err, bucket.ErrPreconditionFailed), errors.Is(err, bucket.ErrConflict):
 	default:
@@ -162,7 +187,7 @@ func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
 	switch {
 	case err == nil:
 		l.logger().Info("took over stale lock", zap.String("lock", name))
-		l.start(key, name, info.ETag)
+		l.start(key, name, hold, info.ETag)
 		return true, nil
 	case errors.Is(err, bucket.ErrPreconditionFailed), errors.Is(err, bucket.ErrConflict):
 		return false, nil // someone else refreshed, released or took it first
@@ -209,21 +234,27 @@ func (l *Locker) stale(ctx context.Context, key string) (etag string, stale bool
 	return "", false, nil
 }
 
-// start records a held lock and runs its refresher.
-func (l *Locker) start(key, name string, etag string) {
+// start records a held lock and runs its refresher, unless the Locker was closed
+// meanwhile: then the lock is only recorded, so that Unlock still releases it.
+func (l *Locker) start(key, name, hold, etag string) {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &heldLock{key: key, etag: etag, cancel: cancel, done: make(chan struct{})}
+	h := &heldLock{key: key, hold: hold, etag: etag, cancel: cancel, done: make(chan struct{})}
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.held == nil {
 		l.held = map[string]*heldLock{}
 	}
 	l.held[name] = h
-	l.mu.Unlock()
+	if l.closed {
+		cancel()
+		close(h.done)
+		return
+	}
 	go l.refresher(ctx, name, h)
 }
 
 // refresher rewrites a held lock every Refresh so its LastModified stays fresh.
-// It is the only writer of h.seq, h.etag and h.lost until it returns.
+// It is the only writer of h.seq, h.confirmed, h.etag and h.lost until it returns.
 func (l *Locker) refresher(ctx context.Context, name string, h *heldLock) {
 	defer close(h.done)
 	defer func() {
@@ -240,14 +271,23 @@ func (l *Locker) refresher(ctx context.Context, name string, h *heldLock) {
 		case <-t.C:
 		}
 		h.seq++
-		body := l.body(h.seq)
-		info, err := l.Bucket.Put(ctx, h.key, bytes.NewReader(body), int64(len(body)), bucket.Cond{IfMatch: h.etag})
+		body := l.body(h.hold, h.seq)
+		// A hung request must not outlive its tick: the lock goes stale TTL after
+		// the last refresh that landed, and the next tick has to get its chance.
+		pctx, cancel := context.WithTimeout(ctx, l.refresh())
+		info, err := l.Bucket.Put(pctx, h.key, bytes.NewReader(body), int64(len(body)), bucket.Cond{IfMatch: h.etag})
+		cancel()
 		switch {
 		case err == nil:
-			h.etag = info.ETag
+			h.etag, h.confirmed = info.ETag, h.seq
 		case ctx.Err() != nil:
 			return
 		case errors.Is(err, bucket.ErrPreconditionFailed):
+			if etag, ok := l.landed(ctx, h); ok {
+				// An earlier refresh reported as failed reached the bucket after all.
+				h.etag = etag
+				continue
+			}
 			h.lost = true
 			l.logger().Error("lock taken over by another holder while held", zap.String("lock", name))
 			return
@@ -259,7 +299,31 @@ func (l *Locker) refresher(ctx context.Context, name string, h *heldLock) {
 	}
 }
 
-// Unlock releases name, which this Locker must hold.
+// landed reports whether the lock object at h.key is one of h's own refreshes
+// that was reported as failed (a timeout or a cut connection after the store
+// applied the write), and its ETag. Then the lock is still held, under an ETag h
+// never saw.
+func (l *Locker) landed(ctx context.Context, h *heldLock) (string, bool) {
+	ctx, cancel := context.WithTimeout(ctx, l.refresh())
+	defer cancel()
+	obj, err := l.Bucket.Get(ctx, h.key)
+	if err != nil {
+		return "", false
+	}
+	raw, err := io.ReadAll(io.LimitReader(obj.Body, 64<<10))
+	obj.Body.Close()
+	var b lockBody
+	if err != nil || json.Unmarshal(raw, &b) != nil {
+		return "", false
+	}
+	if b.Hold != h.hold || b.Seq <= h.confirmed || b.Seq > h.seq {
+		return "", false
+	}
+	return obj.ETag, true
+}
+
+// Unlock releases name, which this Locker must hold. It also releases a lock
+// held when the Locker was closed.
 func (l *Locker) Unlock(ctx context.Context, name string) error {
 	l.mu.Lock()
 	h, ok := l.held[name]
@@ -275,6 +339,12 @@ func (l *Locker) Unlock(ctx context.Context, name string) error {
 	}
 	err := l.Bucket.Delete(ctx, h.key, bucket.Cond{IfMatch: h.etag})
 	if errors.Is(err, bucket.ErrPreconditionFailed) {
+		// The last refresh, cancelled or reported as failed, may have landed.
+		if etag, ok := l.landed(ctx, h); ok {
+			err = l.Bucket.Delete(ctx, h.key, bucket.Cond{IfMatch: etag})
+		}
+	}
+	if errors.Is(err, bucket.ErrPreconditionFailed) {
 		return fmt.Errorf("unlocking %s: %w", name, ErrLockLost)
 	}
 	if err != nil {
@@ -283,12 +353,18 @@ func (l *Locker) Unlock(ctx context.Context, name string) error {
 	return nil
 }
 
-// Close stops refreshing every held lock without releasing it; each expires
-// after its TTL. It is for shutdown, where a release may no longer be possible.
+// Close stops refreshing every held lock, and makes later TryLock and Lock calls
+// fail with ErrClosed. Held locks stay recorded: their holders' Unlock (certmagic
+// releases its locks when its cancelled work returns, and again at process exit)
+// still deletes them, and a lock never released expires after its TTL, as a
+// killed process's does. Close is idempotent.
 func (l *Locker) Close() {
 	l.mu.Lock()
-	held := l.held
-	l.held = nil
+	l.closed = true
+	held := make([]*heldLock, 0, len(l.held))
+	for _, h := range l.held {
+		held = append(held, h)
+	}
 	l.mu.Unlock()
 	for _, h := range held {
 		h.cancel()

@@ -201,3 +201,83 @@ func TestMutualExclusion(t *testing.T) {
 		}
 	})
 }
+
+// A refresh the store applied but answered with an error (a reply lost on the
+// way back) leaves the lock held: the holder recognises its own write, keeps
+// refreshing, and its release deletes the lock.
+func TestRefreshWithLostReplyKeepsLock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newMemBucket()
+		a, c := newLocker(b, "a"), newLocker(b, "c")
+		ctx := context.Background()
+		if err := a.Lock(ctx, "n"); err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(m *memBucket) { m.lostReplies = 1 })
+		for range 4 {
+			time.Sleep(testTTL)
+			synctest.Wait()
+			if ok, err := c.TryLock(ctx, "n"); ok || err != nil {
+				t.Fatalf("another locker got the lock (%v, %v) while its holder kept refreshing", ok, err)
+			}
+		}
+		if err := a.Unlock(ctx, "n"); err != nil {
+			t.Fatalf("Unlock after a lost refresh reply = %v, want the lock released", err)
+		}
+		if _, err := b.Head(ctx, a.Key("n")); err == nil {
+			t.Fatal("the lock object is still there after Unlock")
+		}
+	})
+}
+
+// A refresh that hangs is abandoned before the next tick, so one stuck request
+// does not let the lock go stale under a live holder.
+func TestHungRefreshDoesNotStaleTheLock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newMemBucket()
+		a, c := newLocker(b, "a"), newLocker(b, "c")
+		ctx := context.Background()
+		if err := a.Lock(ctx, "n"); err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(m *memBucket) { m.hangs = 1 })
+		for range 3 {
+			time.Sleep(testTTL)
+			synctest.Wait()
+			if ok, err := c.TryLock(ctx, "n"); ok || err != nil {
+				t.Fatalf("another locker got the lock (%v, %v) after one refresh hung", ok, err)
+			}
+		}
+		if err := a.Unlock(ctx, "n"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Close (a config unloaded by a reload or a shutdown) stops refreshing but keeps
+// the record, so certmagic's later release still deletes the lock at once
+// instead of leaving other boxes waiting a TTL; new locks are refused.
+func TestCloseThenUnlockReleases(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newMemBucket()
+		a, c := newLocker(b, "a"), newLocker(b, "c")
+		ctx := context.Background()
+		if err := a.Lock(ctx, "n"); err != nil {
+			t.Fatal(err)
+		}
+		a.Close()
+		a.Close() // idempotent
+		if ok, err := a.TryLock(ctx, "m"); ok || !errors.Is(err, ErrClosed) {
+			t.Fatalf("TryLock on a closed locker = %v, %v; want ErrClosed", ok, err)
+		}
+		if err := a.Unlock(ctx, "n"); err != nil {
+			t.Fatalf("Unlock after Close = %v", err)
+		}
+		if ok, err := c.TryLock(ctx, "n"); !ok || err != nil {
+			t.Fatalf("TryLock right after the closed holder's release = %v, %v; want the lock", ok, err)
+		}
+		if err := c.Unlock(ctx, "n"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -22,6 +22,11 @@ type memBucket struct {
 	objs    map[string]memObj
 	n       int
 	stalled bool // every call fails, as with a cut network
+	// lostReplies is how many of the next puts are applied but answered with an
+	// error, as when a connection breaks after the store took the write.
+	lostReplies int
+	// hangs is how many of the next puts hang until their context ends.
+	hangs int
 }
 
 type memObj struct {
@@ -71,7 +76,7 @@ func (m *memBucket) Head(_ context.Context, key string) (bucket.Info, error) {
 	return o.info, nil
 }
 
-func (m *memBucket) Put(_ context.Context, key string, body io.Reader, _ int64, cond bucket.Cond) (bucket.Info, error) {
+func (m *memBucket) Put(ctx context.Context, key string, body io.Reader, _ int64, cond bucket.Cond) (bucket.Info, error) {
 	if err := bucket.CheckKey(key); err != nil {
 		return bucket.Info{}, err
 	}
@@ -80,6 +85,12 @@ func (m *memBucket) Put(_ context.Context, key string, body io.Reader, _ int64, 
 		return bucket.Info{}, err
 	}
 	m.mu.Lock()
+	if m.hangs > 0 {
+		m.hangs--
+		m.mu.Unlock()
+		<-ctx.Done()
+		return bucket.Info{}, ctx.Err()
+	}
 	defer m.mu.Unlock()
 	if m.stalled {
 		return bucket.Info{}, errStalled
@@ -94,7 +105,17 @@ func (m *memBucket) Put(_ context.Context, key string, body io.Reader, _ int64, 
 	m.n++
 	info := bucket.Info{Key: key, Size: int64(len(data)), ETag: fmt.Sprintf(`"%x"`, md5.Sum(data)), LastModified: time.Now().Truncate(time.Second)}
 	m.objs[key] = memObj{data: data, info: info}
+	if m.lostReplies > 0 {
+		m.lostReplies--
+		return bucket.Info{}, fmt.Errorf("put %s: connection reset", key)
+	}
 	return info, nil
+}
+
+func (m *memBucket) set(f func(m *memBucket)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f(m)
 }
 
 func (m *memBucket) Delete(_ context.Context, key string, cond bucket.Cond) error {

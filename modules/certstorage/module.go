@@ -125,8 +125,9 @@ func (m *Module) CertMagicStorage() (certmagic.Storage, error) {
 	return m.storage, nil
 }
 
-// Cleanup stops refreshing locks this config still holds; they expire after
-// lock_ttl. certmagic releases its locks itself when its work ends.
+// Cleanup stops refreshing locks this config still holds and takes no new ones.
+// certmagic still releases them when its cancelled work returns (and at process
+// exit), which deletes them at once; one never released expires after lock_ttl.
 func (m *Module) Cleanup() error {
 	if m.storage != nil {
 		m.storage.Locker.Close()
