@@ -462,3 +462,90 @@ func TestRetryScheduleDroppedWhenReconcileRehomesToPin(t *testing.T) {
 		t.Fatalf("counters = %+v; a retry was issued for a pin the home slot already serves", c)
 	}
 }
+
+// advanceUntil drives the clock in steps until cond holds (each step gives the
+// goroutines a moment to act on the ticks it fired).
+func (r *rig) advanceUntil(step time.Duration, maxSteps int, what string, cond func() bool) {
+	r.t.Helper()
+	for i := 0; i <= maxSteps; i++ {
+		deadline := time.Now().Add(100 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			if cond() {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if i < maxSteps {
+			r.clock.Advance(step)
+		}
+	}
+	r.t.Fatalf("%s: not reached after %d steps of %v", what, maxSteps, step)
+}
+
+func TestAutonegMovesHomeAndResumesAfterPinCleared(t *testing.T) {
+	ms := time.Millisecond
+	lat := &fakeLatency{}
+	lat.set(map[int]time.Duration{1: 90 * ms, 2: 30 * ms, 3: 80 * ms, 4: 85 * ms})
+	type commit struct {
+		region int
+		at     time.Time
+	}
+	commits := make(chan commit, 16)
+	var clock *ManualClock
+	r := newRig(t, func(c *Config) {
+		clock = c.Clock.(*ManualClock)
+		c.Autoneg = AutonegConfig{Enabled: true, Interval: time.Second, StabilityWindow: 10 * time.Second,
+			Dwell: time.Minute, MaxSwitchesPerHour: 4, BanDuration: time.Hour}
+		c.Latency = lat.measure
+		c.OnCommit = func(region int) { commits <- commit{region, clock.Now()} }
+	})
+	t0 := r.clock.Now()
+	r.waitHome(1)
+
+	// Region 2 is clearly better: autonegotiation moves the home there make-before-break,
+	// but only once the stability window has passed.
+	r.advanceUntil(3*time.Second, 10, "autoneg commit to 2", func() bool {
+		reg, ok := r.sw.liveHome()
+		return ok && reg == 2
+	})
+	c := <-commits
+	if c.region != 2 || c.at.Sub(t0) < 10*time.Second {
+		t.Fatalf("autoneg commit to %d at +%v; want region 2 after the 10s stability window", c.region, c.at.Sub(t0))
+	}
+	st := r.sw.Status()
+	if st.Switch.Source != "autoneg" || st.MBBCommits != 1 || st.PinMBBRequests != 0 || st.PinMBBCommits != 0 || st.DERPReconnects != 0 {
+		t.Fatalf("after autoneg switch: %+v", st)
+	}
+
+	// A pin moves the home at once, inside the dwell time autonegotiation would respect.
+	r.pin(3)
+	r.waitHome(3)
+	if c := <-commits; c.region != 3 {
+		t.Fatalf("pin commit to %d; want 3", c.region)
+	}
+	// While pinned, autonegotiation never moves the home, however long region 2 stays better.
+	pinnedAt := r.clock.Now()
+	for r.clock.Now().Sub(pinnedAt) < 3*time.Minute {
+		r.clock.Advance(3 * time.Second)
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if reg, _ := r.sw.liveHome(); reg != 3 || len(commits) != 0 {
+		t.Fatalf("home %d, %d extra commits while pinned; want the pin to hold", reg, len(commits))
+	}
+
+	// Clearing the pin hands the home back to autonegotiation: after a fresh stability
+	// window it returns to region 2.
+	r.pin(0)
+	clearedAt := r.clock.Now()
+	r.advanceUntil(3*time.Second, 10, "autoneg resumes", func() bool {
+		reg, ok := r.sw.liveHome()
+		return ok && reg == 2
+	})
+	if c := <-commits; c.region != 2 || c.at.Sub(clearedAt) < 10*time.Second {
+		t.Fatalf("commit to %d at +%v after clearing; want region 2 after the stability window", c.region, c.at.Sub(clearedAt))
+	}
+	if st := r.sw.Status(); st.Switch.Source != "autoneg" || st.PinMBBCommits != 1 || st.Rollbacks != 0 {
+		t.Fatalf("after resume: %+v", st)
+	}
+}
