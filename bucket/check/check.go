@@ -1,7 +1,9 @@
 // Package check proves that a bucket enforces conditional writes: it races many
-// If-None-Match creates of one key and many If-Match swaps from one ETag, and reports
-// how many writers won each race. A lease is only as good as this: some S3-compatible
-// stores accept the headers and ignore them, and then every racer wins.
+// If-None-Match creates of one key, many If-Match swaps from one ETag, and many If-Match
+// writes to a missing key, and reports how many writers won each race. A lease is only as
+// good as this: some S3-compatible stores accept the headers and ignore them, and then
+// every racer wins; others check If-Match only when the key exists, and then a lease
+// released meanwhile could be taken over and created at once.
 // Both `lchat-caddy bucket-check` and the tests use it.
 package check
 
@@ -12,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -36,34 +39,41 @@ type Options struct {
 type Race struct {
 	// Name is "create #1", "swap #2", ...
 	Name string `json:"name"`
-	// Kind is "if-none-match" or "if-match".
+	// Kind is "if-none-match", "if-match" or "if-match-missing".
 	Kind string `json:"kind"`
 	Key  string `json:"key"`
-	// Racers is how many writers took part; Winners how many writes succeeded.
+	// Racers is how many writers took part; Winners how many writes succeeded, and
+	// Want how many must: 1, or 0 for If-Match writes to a missing key.
 	Racers  int `json:"racers"`
 	Winners int `json:"winners"`
+	Want    int `json:"want_winners"`
 	// Lost counts 412 answers; Conflicts counts 409 answers, which were retried.
 	Lost      int `json:"lost"`
 	Conflicts int `json:"conflicts"`
 	// Errors holds other failures (at most a few, de-duplicated).
 	Errors []string `json:"errors,omitempty"`
-	// Stored reports whether the object left behind is the single winner's write.
+	// Stored reports whether the store was left as the outcome says: holding the
+	// single winner's write, or (when no writer may win) without the key.
 	Stored   bool          `json:"stored_matches_winner"`
 	Duration time.Duration `json:"duration"`
 }
 
-// OK reports whether exactly one writer won and the store kept its write.
-func (r Race) OK() bool { return r.Winners == 1 && r.Stored && len(r.Errors) == 0 }
+// OK reports whether exactly the wanted number of writers won and the store was
+// left accordingly.
+func (r Race) OK() bool { return r.Winners == r.Want && r.Stored && len(r.Errors) == 0 }
 
 func (r Race) String() string {
 	verdict := "ok"
 	if !r.OK() {
 		verdict = "FAIL"
 	}
-	s := fmt.Sprintf("%-10s %-14s %d racers: %d winner(s), %d precondition failed, %d conflicts retried (%s) %s",
-		r.Name, r.Kind, r.Racers, r.Winners, r.Lost, r.Conflicts, r.Duration.Round(time.Millisecond), verdict)
-	if r.Winners == 1 && !r.Stored {
+	s := fmt.Sprintf("%-10s %-16s %d racers: %d winner(s) (want %d), %d precondition failed, %d conflicts retried (%s) %s",
+		r.Name, r.Kind, r.Racers, r.Winners, r.Want, r.Lost, r.Conflicts, r.Duration.Round(time.Millisecond), verdict)
+	switch {
+	case r.Want == 1 && r.Winners == 1 && !r.Stored:
 		s += "; the stored object is not the winner's write"
+	case r.Want == 0 && r.Winners == 0 && !r.Stored:
+		s += "; every write was refused, yet the key exists"
 	}
 	for _, e := range r.Errors {
 		s += "\n    error: " + e
@@ -80,7 +90,7 @@ type Report struct {
 	CleanupError string `json:"cleanup_error,omitempty"`
 }
 
-// OK reports whether every race had exactly one winner.
+// OK reports whether every race had exactly the winners it wanted.
 func (r Report) OK() bool {
 	if len(r.Races) == 0 {
 		return false
@@ -96,7 +106,7 @@ func (r Report) OK() bool {
 // Verdict is a one-line summary.
 func (r Report) Verdict() string {
 	if r.OK() {
-		return fmt.Sprintf("OK: %s enforces conditional writes (%d races, exactly one winner each)", r.Bucket, len(r.Races))
+		return fmt.Sprintf("OK: %s enforces conditional writes (%d races: exactly one winner per create and swap, none on a missing key)", r.Bucket, len(r.Races))
 	}
 	bad := 0
 	for _, race := range r.Races {
@@ -104,13 +114,13 @@ func (r Report) Verdict() string {
 			bad++
 		}
 	}
-	return fmt.Sprintf("FAIL: %s does not enforce conditional writes reliably (%d of %d races without exactly one winner); do not trust leases to it", r.Bucket, bad, len(r.Races))
+	return fmt.Sprintf("FAIL: %s does not enforce conditional writes reliably (%d of %d races without the right winners); do not trust leases to it", r.Bucket, bad, len(r.Races))
 }
 
 // Run races conditional writes against b under a fresh scratch prefix and removes
 // what it wrote. The error is for a check that could not run (no access, a setup
 // write failing); a bucket that lets several writers win is a Report that is not OK.
-func Run(ctx context.Context, b bucket.Bucket, opts Options) (Report, error) {
+func Run(ctx context.Context, b bucket.Bucket, opts Options) (rep Report, err error) {
 	if opts.Racers <= 0 {
 		opts.Racers = 32
 	}
@@ -133,10 +143,11 @@ func Run(ctx context.Context, b bucket.Bucket, opts Options) (Report, error) {
 	if err := bucket.CheckPrefix(scratch); err != nil {
 		return Report{}, fmt.Errorf("scratch prefix: %w", err)
 	}
-	rep := Report{Bucket: b.String(), Scratch: scratch}
+	rep = Report{Bucket: b.String(), Scratch: scratch}
+	// rep is a named result, so the cleanup outcome reaches the caller.
 	defer func() {
-		if err := cleanup(context.WithoutCancel(ctx), b, scratch); err != nil {
-			rep.CleanupError = err.Error()
+		if cerr := cleanup(context.WithoutCancel(ctx), b, scratch); cerr != nil {
+			rep.CleanupError = cerr.Error()
 		}
 	}()
 	progress(fmt.Sprintf("checking %s under %s: %d rounds of %d racers", b, scratch, opts.Rounds, opts.Racers))
@@ -148,7 +159,7 @@ func Run(ctx context.Context, b bucket.Bucket, opts Options) (Report, error) {
 
 	for round := 1; round <= opts.Rounds; round++ {
 		key := fmt.Sprintf("%screate-%d", scratch, round)
-		r := race(ctx, b, opts.Racers, key, func(i int) bucket.Cond { return bucket.Cond{IfNoneMatch: true} })
+		r := race(ctx, b, opts.Racers, key, 1, func(i int) bucket.Cond { return bucket.Cond{IfNoneMatch: true} })
 		r.Name, r.Kind = fmt.Sprintf("create #%d", round), "if-none-match"
 		rep.Races = append(rep.Races, r)
 		progress(r.String())
@@ -162,8 +173,20 @@ func Run(ctx context.Context, b bucket.Bucket, opts Options) (Report, error) {
 		if err != nil {
 			return rep, fmt.Errorf("writing the swap base object: %w", err)
 		}
-		r := race(ctx, b, opts.Racers, key, func(i int) bucket.Cond { return bucket.Cond{IfMatch: base.ETag} })
+		r := race(ctx, b, opts.Racers, key, 1, func(i int) bucket.Cond { return bucket.Cond{IfMatch: base.ETag} })
 		r.Name, r.Kind = fmt.Sprintf("swap #%d", round), "if-match"
+		rep.Races = append(rep.Races, r)
+		progress(r.String())
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+	}
+	// A lease released (deleted) while a peer takes it over with If-Match on the old
+	// ETag must not come back: If-Match on a missing key is refused.
+	for round := 1; round <= opts.Rounds; round++ {
+		key := fmt.Sprintf("%smissing-%d", scratch, round)
+		r := race(ctx, b, opts.Racers, key, 0, func(i int) bucket.Cond { return bucket.Cond{IfMatch: absentETag} })
+		r.Name, r.Kind = fmt.Sprintf("missing #%d", round), "if-match-missing"
 		rep.Races = append(rep.Races, r)
 		progress(r.String())
 		if err := ctx.Err(); err != nil {
@@ -173,12 +196,17 @@ func Run(ctx context.Context, b bucket.Bucket, opts Options) (Report, error) {
 	return rep, nil
 }
 
-// race releases n writers at once, each putting its own body under key with cond.
+// absentETag is the If-Match value of writes to a missing key: a well-formed MD5 ETag
+// that no write of the check produces.
+const absentETag = `"00000000000000000000000000000000"`
+
+// race releases n writers at once, each putting its own body under key with cond;
+// want is how many may win (1, or 0 when the key is missing and cond is If-Match).
 // A 409 (the store saw the concurrent writes and refused this one, retryable) is
 // retried with the same condition, so a store that refuses every concurrent writer
 // still gets to show that exactly one can win.
-func race(ctx context.Context, b bucket.Bucket, n int, key string, cond func(i int) bucket.Cond) Race {
-	r := Race{Key: key, Racers: n}
+func race(ctx context.Context, b bucket.Bucket, n int, key string, want int, cond func(i int) bucket.Cond) Race {
+	r := Race{Key: key, Racers: n, Want: want}
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
@@ -201,6 +229,8 @@ func race(ctx context.Context, b bucket.Bucket, n int, key string, cond func(i i
 					r.Conflicts++
 					if try < 10 {
 						mu.Unlock()
+						// Jittered, so the retried writers do not collide again in step.
+						time.Sleep(time.Duration(mrand.N(10*(try+1))) * time.Millisecond)
 						continue
 					}
 					r.Errors = appendOnce(r.Errors, errSeen, "still conflicting after 10 retries")
@@ -218,7 +248,16 @@ func race(ctx context.Context, b bucket.Bucket, n int, key string, cond func(i i
 	wg.Wait()
 	r.Duration = time.Since(begin)
 	r.Winners = len(winners)
-	if len(winners) == 1 {
+	if r.Want == 0 && len(winners) == 0 {
+		_, err := b.Head(ctx, key)
+		switch {
+		case errors.Is(err, bucket.ErrNotFound):
+			r.Stored = true
+		case err != nil:
+			r.Errors = append(r.Errors, "reading the result: "+err.Error())
+		}
+	}
+	if r.Want == 1 && len(winners) == 1 {
 		if obj, err := b.Get(ctx, key); err == nil {
 			data, err := io.ReadAll(io.LimitReader(obj.Body, 64))
 			obj.Body.Close()

@@ -2,6 +2,7 @@ package check_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -18,6 +19,26 @@ type ignoresConditions struct{ bucket.Bucket }
 
 func (b ignoresConditions) Put(ctx context.Context, key string, body io.Reader, size int64, _ bucket.Cond) (bucket.Info, error) {
 	return b.Bucket.Put(ctx, key, body, size, bucket.Cond{})
+}
+
+// ifMatchOnlyWhenPresent checks If-Match only against an existing key and lets an
+// If-Match write to a missing key through, as a careless store might.
+type ifMatchOnlyWhenPresent struct{ bucket.Bucket }
+
+func (b ifMatchOnlyWhenPresent) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
+	if cond.IfMatch != "" {
+		if _, err := b.Head(ctx, key); errors.Is(err, bucket.ErrNotFound) {
+			cond = bucket.Cond{}
+		}
+	}
+	return b.Bucket.Put(ctx, key, body, size, cond)
+}
+
+// failingDelete cannot delete, so the check cannot clean up.
+type failingDelete struct{ bucket.Bucket }
+
+func (failingDelete) Delete(context.Context, string, bucket.Cond) error {
+	return errors.New("access denied")
 }
 
 func fileBucket(t *testing.T) bucket.Bucket {
@@ -55,13 +76,48 @@ func run(t *testing.T, b bucket.Bucket) check.Report {
 
 func TestFileBucketPasses(t *testing.T) {
 	rep := run(t, fileBucket(t))
-	if !rep.OK() || len(rep.Races) != 6 || !strings.HasPrefix(rep.Verdict(), "OK") {
-		t.Fatalf("verdict %q for a file bucket", rep.Verdict())
+	if !rep.OK() || len(rep.Races) != 9 || !strings.HasPrefix(rep.Verdict(), "OK") {
+		t.Fatalf("verdict %q for a file bucket, %d races", rep.Verdict(), len(rep.Races))
 	}
+	kinds := map[string]int{}
 	for _, r := range rep.Races {
-		if r.Winners != 1 || r.Lost+r.Winners != r.Racers {
+		kinds[r.Kind]++
+		want := 1
+		if r.Kind == "if-match-missing" {
+			want = 0
+		}
+		if r.Winners != want || r.Lost+r.Winners != r.Racers || !r.Stored {
 			t.Errorf("%s", r)
 		}
+	}
+	if kinds["if-none-match"] != 3 || kinds["if-match"] != 3 || kinds["if-match-missing"] != 3 {
+		t.Errorf("races by kind: %v, want 3 of each", kinds)
+	}
+}
+
+func TestIfMatchOnMissingKeyAcceptedFails(t *testing.T) {
+	rep := run(t, ifMatchOnlyWhenPresent{fileBucket(t)})
+	if rep.OK() || !strings.HasPrefix(rep.Verdict(), "FAIL") {
+		t.Fatalf("verdict %q for a store that lets If-Match create a missing key", rep.Verdict())
+	}
+	for _, r := range rep.Races {
+		if ok := r.Kind != "if-match-missing"; r.OK() != ok {
+			t.Errorf("%s: OK=%v, want %v", r, r.OK(), ok)
+		}
+	}
+}
+
+func TestCleanupErrorReported(t *testing.T) {
+	b := fileBucket(t)
+	rep, err := check.Run(context.Background(), failingDelete{b}, check.Options{Racers: 4, Rounds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Fatalf("verdict %q", rep.Verdict())
+	}
+	if !strings.Contains(rep.CleanupError, "access denied") || !strings.Contains(rep.CleanupError, rep.Scratch) {
+		t.Fatalf("CleanupError = %q, want the delete failure under %s", rep.CleanupError, rep.Scratch)
 	}
 }
 

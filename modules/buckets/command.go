@@ -29,11 +29,12 @@ func init() {
 		Usage: "[--bucket <name>|file:///<dir>] [--prefix <p>] [--region <r>] [--endpoint <url>] [--path-style] | --config <file> [--adapter <name>]",
 		Short: "Proves that the bucket enforces conditional writes",
 		Long: `
-Races many If-None-Match creates of one key and many If-Match swaps from one ETag
-against the bucket, under a scratch prefix (bucket-check/<random>/) that is removed
-afterwards, and prints each race and a verdict. Leases and manifests are only safe on
-a store where exactly one writer wins each race; some S3-compatible stores accept the
-conditional headers and ignore them.
+Races many If-None-Match creates of one key, many If-Match swaps from one ETag, and
+many If-Match writes to a missing key against the bucket, under a scratch prefix
+(bucket-check/<random>/) that is removed afterwards, and prints each race and a
+verdict. Leases and manifests are only safe on a store where exactly one writer wins
+each create and swap and none wins on a missing key; some S3-compatible stores accept
+the conditional headers and ignore them.
 
 The bucket comes from flags, with defaults from the environment
 (LCHAT_HIBERNATE_BUCKET, LCHAT_HIBERNATE_PREFIX, AWS_ENDPOINT_URL_S3, AWS_REGION;
@@ -41,7 +42,7 @@ credentials from the standard AWS chain), or with --config from the lchat app's
 "bucket" in a Caddy config (JSON, or any adapter such as the Caddyfile).
 --bucket takes a bucket name, or file:///path for a local directory bucket.
 
-Exit status: 0 when every race had exactly one winner, 2 when one did not,
+Exit status: 0 when every race had the right winners, 2 when one did not,
 1 when the check could not run.`,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Flags().String("bucket", "", "bucket name, or file:///path (default $LCHAT_HIBERNATE_BUCKET)")
