@@ -17,11 +17,13 @@ import (
 var ourModules = []string{
 	"admin.api.derp_switch",
 	"admin.api.lchat",
+	"admin.api.lchat_mesh",
 	"caddy.storage.lchat",
 	"derp_switch",
 	"dns.providers.dnsimple",
 	"dns.providers.route53",
 	"http.handlers.lchat",
+	"http.handlers.lchat_mesh_api",
 	"lchat",
 	"lchat.buckets.file",
 	"lchat.buckets.s3",
@@ -105,5 +107,36 @@ func TestManifestEnvOffersReplacedPluginLocally(t *testing.T) {
 	}
 	if _, err := m.Env(nil, t.TempDir(), proxy, nil); err == nil {
 		t.Error("Env accepted a replacement directory without go.mod")
+	}
+}
+
+// TestManifestAgreesWithGoMod: xcaddy.json names the Caddy our go.mod builds with and the
+// xcaddy tools/go.mod pins, so the manifest cannot drift from what the tests prove.
+func TestManifestAgreesWithGoMod(t *testing.T) {
+	root := harness.RepoRoot()
+	m, err := xcaddybuild.Load(filepath.Join(root, "xcaddy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	required := func(gomod, module string) string {
+		t.Helper()
+		data, err := os.ReadFile(filepath.Join(root, gomod))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
+			if len(f) >= 2 && f[0] == module {
+				return f[1]
+			}
+		}
+		t.Fatalf("%s does not require %s", gomod, module)
+		return ""
+	}
+	if got := required("go.mod", "github.com/caddyserver/caddy/v2"); got != m.CaddyVersion {
+		t.Errorf("xcaddy.json caddy_version %s, go.mod has caddy %s", m.CaddyVersion, got)
+	}
+	if got := required("tools/go.mod", "github.com/caddyserver/xcaddy"); got != m.XcaddyVersion {
+		t.Errorf("xcaddy.json xcaddy_version %s, tools/go.mod pins xcaddy %s", m.XcaddyVersion, got)
 	}
 }
