@@ -4,16 +4,24 @@ package single
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	_ "modernc.org/sqlite"
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/tests/harness"
@@ -54,6 +62,13 @@ func boxConfig(o cfgOpts) string {
 						"idle_timeout": o.Idle, "ready_path": "/healthz", "stop_grace": "5s",
 						"replication": map[string]any{"class": "periodic", "interval": o.Replication},
 						"allowed_env": []string{"DEMO_SECRET"},
+					},
+					// The demo with a short idle timeout, for tests that need a space
+					// to fall asleep on its own while other kinds stay up.
+					"nap": map[string]any{
+						"command": "{self}", "args": []string{"demo-space"},
+						"idle_timeout": "1s", "ready_path": "/healthz", "stop_grace": "5s",
+						"replication": map[string]any{"class": "sleep"},
 					},
 					// A kind whose instance never becomes ready.
 					"stuck": map[string]any{
@@ -181,6 +196,75 @@ func readObject(t *testing.T, bkt bucket.Bucket, key string) ([]byte, string) {
 	return data, obj.ETag
 }
 
+// instanceStarts counts the process starts of host's instance, from the log the engine
+// appends a line to before each start.
+func instanceStarts(t *testing.T, b *harness.Box, host string) int {
+	t.Helper()
+	data, err := os.ReadFile(instanceLog(b, host))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "--- ") && strings.Contains(line, " starting ") {
+			n++
+		}
+	}
+	return n
+}
+
+func instanceLog(b *harness.Box, host string) string {
+	return filepath.Join(b.Dir, "state", "spaces", host, "instance.log")
+}
+
+// bucketMessages reads the chat messages straight from the space's checkpoint in the
+// bucket: the database blob the manifest names, opened on its own.
+func bucketMessages(t *testing.T, bkt bucket.Bucket, host string) []string {
+	t.Helper()
+	data, _ := readObject(t, bkt, "spaces/"+host+"/manifest")
+	var m struct {
+		Files []struct {
+			Path   string `json:"path"`
+			SHA256 string `json:"sha256"`
+		} `json:"files"`
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatalf("manifest of %s: %v", host, err)
+	}
+	for _, f := range m.Files {
+		if f.Path != "chat.db" {
+			continue
+		}
+		blob, _ := readObject(t, bkt, "spaces/"+host+"/blobs/"+f.SHA256)
+		p := filepath.Join(t.TempDir(), "chat.db")
+		if err := os.WriteFile(p, blob, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		db, err := sql.Open("sqlite", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		rows, err := db.Query("SELECT text FROM messages ORDER BY id")
+		if err != nil {
+			t.Fatalf("checkpointed chat.db of %s: %v", host, err)
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var s string
+			rows.Scan(&s)
+			out = append(out, s)
+		}
+		return out
+	}
+	t.Fatalf("manifest of %s names no chat.db: %s", host, data)
+	return nil
+}
+
 func TestLifecycle(t *testing.T) {
 	e := newEnv(t)
 	b := e.box(t, cfgOpts{Idle: "2s"})
@@ -210,48 +294,82 @@ func TestLifecycle(t *testing.T) {
 	if err != nil || len(page.Objects) == 0 {
 		t.Fatalf("no blobs in the bucket: %+v %v", page, err)
 	}
+	if got := bucketMessages(t, e.bkt, host); !slices.Contains(got, "hello from the lifecycle test") {
+		t.Fatalf("the checkpoint in the bucket lacks the message: %q", got)
+	}
+	lease, _ := readObject(t, e.bkt, "spaces/"+host+"/lease")
+	if !strings.Contains(string(lease), `"released":true`) {
+		t.Fatalf("lease after idle sleep: %s, want released", lease)
+	}
 
 	if got := messages(t, b, host); !strings.Contains(got, "hello from the lifecycle test") {
 		t.Fatalf("message lost across sleep and wake: %s", got)
 	}
 	st := getStatus(t, b)
-	if st.Counters["wakes"] != 2 || st.Counters["sleeps"] < 1 {
-		t.Fatalf("counters after one sleep and two wakes: %v", st.Counters)
+	if st.Counters["wakes"] != 2 || st.Counters["sleeps"] < 1 || instanceStarts(t, b, host) != 2 {
+		t.Fatalf("counters after one sleep and two wakes: %v, %d process starts", st.Counters, instanceStarts(t, b, host))
 	}
 }
 
-func TestConcurrentFirstRequests(t *testing.T) {
-	e := newEnv(t)
-	b := e.box(t, cfgOpts{})
-	const host = "herd.example.com"
-	createSpace(t, b, host)
-
+// herd sends 100 concurrent GET /api/messages to host and returns the status codes
+// and how many bodies held want.
+func herd(t *testing.T, b *harness.Box, host, want string) (map[int]int, int) {
 	client := b.Client()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	codes := map[int]int{}
+	found := 0
 	for i := 0; i < 100; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			resp, err := client.Get(b.URL(host, "/api/messages"))
-			code := 0
+			code, has := 0, false
 			if err == nil {
-				io.Copy(io.Discard, resp.Body)
+				body, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				code = resp.StatusCode
+				code, has = resp.StatusCode, strings.Contains(string(body), want)
 			}
 			mu.Lock()
 			codes[code]++
+			if has {
+				found++
+			}
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	if codes[200] != 100 {
+	return codes, found
+}
+
+func TestConcurrentFirstRequests(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{})
+
+	// A space never woken before: nothing to restore.
+	const fresh = "herd.example.com"
+	createSpace(t, b, fresh)
+	if codes, _ := herd(t, b, fresh, ""); codes[200] != 100 {
 		t.Fatalf("status codes of 100 concurrent first requests: %v, want all 200", codes)
 	}
-	if st := getStatus(t, b); st.Counters["wakes"] != 1 {
-		t.Fatalf("wakes = %v, want exactly one process start", st.Counters["wakes"])
+	if n := instanceStarts(t, b, fresh); n != 1 || getStatus(t, b).Counters["wakes"] != 1 {
+		t.Fatalf("%d process starts, wakes %v; want exactly one", n, getStatus(t, b).Counters["wakes"])
+	}
+
+	// A sleeping space with state in the bucket: the wake restores it first.
+	const sleeper = "herd2.example.com"
+	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": sleeper, "kind": "nap"}, http.StatusCreated, nil)
+	postMessage(t, b, sleeper, "said before the herd")
+	waitFor(t, 30*time.Second, "space asleep after idle", func() bool {
+		st, pid := space(t, b, sleeper)
+		return st == "asleep" && pid == 0
+	})
+	codes, found := herd(t, b, sleeper, "said before the herd")
+	if codes[200] != 100 || found != 100 {
+		t.Fatalf("100 concurrent first requests to a sleeping space: codes %v, %d bodies with the restored message; want 100 of each", codes, found)
+	}
+	if n := instanceStarts(t, b, sleeper); n != 2 {
+		t.Fatalf("%d process starts of the sleeping space after the herd, want 2 (one before, one for the herd)", n)
 	}
 }
 
@@ -281,9 +399,10 @@ func TestForeignManifestFencesBox(t *testing.T) {
 	}
 	postMessage(t, b, host, "second, after the takeover")
 
+	_, pid := space(t, b, host)
 	waitFor(t, 30*time.Second, "the box to stop the fenced instance", func() bool {
-		st, pid := space(t, b, host)
-		return st != "awake" && pid == 0
+		st, p := space(t, b, host)
+		return st != "awake" && p == 0 && syscall.Kill(pid, 0) != nil
 	})
 	if c := getStatus(t, b).Counters; c["fenced"] < 1 {
 		t.Fatalf("fenced counter = %v", c["fenced"])
@@ -320,8 +439,50 @@ func TestCrashAndRecovery(t *testing.T) {
 	if got := messages(t, b, host); !strings.Contains(got, "written before the crash") {
 		t.Fatalf("message lost in crash: %s", got)
 	}
-	if _, p := space(t, b, host); p == 0 || p == pid {
-		t.Fatalf("after recovery pid = %d (crashed pid %d)", p, pid)
+	_, pid2 := space(t, b, host)
+	if pid2 == 0 || pid2 == pid {
+		t.Fatalf("after recovery pid = %d (crashed pid %d)", pid2, pid)
+	}
+
+	// Repeated crashes back off instead of looping: the third crash in a row is followed
+	// by 503 with a Retry-After of at least the 2s backoff, then a wake once it passes.
+	crashAndWait := func(pid int) {
+		t.Helper()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 30*time.Second, "crash detected", func() bool {
+			st, p := space(t, b, host)
+			return st != "awake" && p == 0
+		})
+	}
+	crashAndWait(pid2)
+	var pid3 int
+	waitFor(t, 30*time.Second, "wake after the first backoff", func() bool {
+		code, _ := do(t, b, "GET", host, "/healthz", "")
+		_, pid3 = space(t, b, host)
+		return code == 200 && pid3 != 0
+	})
+	crashAndWait(pid3)
+	resp, err := b.Client().Get(b.URL(host, "/healthz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if resp.StatusCode != http.StatusServiceUnavailable || ra < 2 {
+		t.Fatalf("request right after a third crash: %d Retry-After %q, want 503 with Retry-After >= 2",
+			resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if c := getStatus(t, b).Counters; c["crashes"] != 3 {
+		t.Fatalf("crashes = %v, want 3", c["crashes"])
+	}
+	waitFor(t, 30*time.Second, "wake after the backoff", func() bool {
+		code, _ := do(t, b, "GET", host, "/healthz", "")
+		return code == 200
+	})
+	if got := messages(t, b, host); !strings.Contains(got, "written before the crash") {
+		t.Fatalf("message lost across repeated crashes: %s", got)
 	}
 }
 
@@ -387,10 +548,28 @@ func TestSIGTERMDrains(t *testing.T) {
 		t.Fatalf("lease not released after drain: %s", lease)
 	}
 	// A brand-new box on the same bucket restores the drained state.
-	b2 := e.box(t, cfgOpts{})
+	b2 := e.box(t, cfgOpts{Replication: "1h"})
 	createSpace(t, b2, host)
 	if got := messages(t, b2, host); !strings.Contains(got, "saved by the drain") {
 		t.Fatalf("drained state missing on a new box: %s", got)
+	}
+
+	// `lchat-caddy stop` drains the same way.
+	postMessage(t, b2, host, "saved by lchat-caddy stop")
+	_, pid2 := space(t, b2, host)
+	if out, err := b2.CLI("stop"); err != nil {
+		t.Fatalf("lchat-caddy stop: %v %s", err, out)
+	}
+	waitFor(t, 2*time.Minute, "the box to exit after stop", b2.Exited)
+	if err := syscall.Kill(pid2, 0); err == nil {
+		t.Fatalf("instance %d still running after lchat-caddy stop", pid2)
+	}
+	lease, _ = readObject(t, e.bkt, "spaces/"+host+"/lease")
+	if err := json.Unmarshal(lease, &l); err != nil || !l.Released {
+		t.Fatalf("lease not released after lchat-caddy stop: %s", lease)
+	}
+	if got := bucketMessages(t, e.bkt, host); !slices.Contains(got, "saved by lchat-caddy stop") {
+		t.Fatalf("checkpoint after lchat-caddy stop lacks the last message: %q", got)
 	}
 }
 
@@ -411,10 +590,19 @@ func TestScheduledWake(t *testing.T) {
 	if _, err := e.bkt.Head(context.Background(), "wakes/"+host); err != nil {
 		t.Fatalf("scheduled wake not recorded in the bucket: %v", err)
 	}
-	// No request from here on until the box has woken the space by itself.
-	waitFor(t, 60*time.Second, "the scheduled wake", func() bool {
-		return getStatus(t, b).Counters["wakes"] >= 2
+	// No request from here on until the box has woken the space by itself and its POST
+	// was answered 2xx: only then is the record deleted.
+	waitFor(t, 60*time.Second, "the scheduled wake delivered", func() bool {
+		_, err := e.bkt.Head(context.Background(), "wakes/"+host)
+		return errors.Is(err, bucket.ErrNotFound)
 	})
+	if w := getStatus(t, b).Counters["wakes"]; w != 2 {
+		t.Fatalf("wakes = %v before any request, want 2 (the scheduled one)", w)
+	}
+	// The demo logs each wake POST with its X-Lchat-Wake-Reason.
+	if data, _ := os.ReadFile(instanceLog(b, host)); !strings.Contains(string(data), `"reason":"scheduled"`) {
+		t.Fatalf("instance never saw a POST with X-Lchat-Wake-Reason: scheduled; its log:\n%s", data)
+	}
 	waitFor(t, 30*time.Second, "the reminder delivered", func() bool {
 		return strings.Contains(messages(t, b, host), "wake-up call")
 	})
