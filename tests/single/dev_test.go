@@ -1,0 +1,164 @@
+package single
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// devRun is one `lchat-caddy dev` process.
+type devRun struct {
+	cmd         *exec.Cmd
+	done        chan error
+	out         chan string // stdout lines
+	listen, adm string
+}
+
+// startDev runs `lchat-caddy dev` in dir, as the README tells a newcomer to, and waits
+// for the URLs it prints.
+func startDev(t *testing.T, dir, home string) *devRun {
+	t.Helper()
+	d := &devRun{listen: freeAddr(t), adm: freeAddr(t), done: make(chan error, 1), out: make(chan string, 1024)}
+	d.cmd = exec.Command(harness.Binary(t), "dev", "--dir", filepath.Join(dir, "lchat-dev"), "--listen", d.listen, "--admin", d.adm)
+	d.cmd.Dir = dir
+	env := []string{"HOME=" + home, "XDG_DATA_HOME=" + filepath.Join(home, "data"), "XDG_CONFIG_HOME=" + filepath.Join(home, "config")}
+	for _, kv := range os.Environ() {
+		if n, _, _ := strings.Cut(kv, "="); n == "PATH" || n == "TMPDIR" {
+			env = append(env, kv)
+		}
+	}
+	d.cmd.Env = env
+	stdout, _ := d.cmd.StdoutPipe()
+	d.cmd.Stderr = io.Discard
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case d.out <- sc.Text():
+			default:
+			}
+		}
+		d.done <- d.cmd.Wait()
+	}()
+	t.Cleanup(func() { d.cmd.Process.Kill() })
+	deadline := time.After(60 * time.Second)
+	var printed []string
+	for {
+		select {
+		case line := <-d.out:
+			printed = append(printed, line)
+			if strings.Contains(line, "demo space:") {
+				if !strings.Contains(line, "http://demo.localhost:") {
+					t.Fatalf("dev printed %q, want the demo space URL", line)
+				}
+				return d
+			}
+		case err := <-d.done:
+			t.Fatalf("lchat-caddy dev exited during start-up: %v\n%s", err, strings.Join(printed, "\n"))
+		case <-deadline:
+			t.Fatalf("lchat-caddy dev printed no URLs within 60s:\n%s", strings.Join(printed, "\n"))
+		}
+	}
+}
+
+func (d *devRun) do(t *testing.T, method, path, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, "http://"+d.listen+path, strings.NewReader(body))
+	req.Host = "demo.localhost"
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(data)
+}
+
+// interrupt is Ctrl-C: the process must drain and exit cleanly.
+func (d *devRun) interrupt(t *testing.T) {
+	t.Helper()
+	d.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-d.done:
+		if err != nil {
+			t.Fatalf("lchat-caddy dev after Ctrl-C: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("lchat-caddy dev did not exit within 2 minutes of Ctrl-C")
+	}
+}
+
+// `lchat-caddy dev`: one command, no setup; the demo space exists on first run, serves
+// its page, and Ctrl-C saves it to the local bucket so the next run has it back.
+func TestDevCommand(t *testing.T) {
+	dir, home := t.TempDir(), t.TempDir()
+	d := startDev(t, dir, home)
+	if code, body := d.do(t, "GET", "/", ""); code != 200 || !strings.Contains(strings.ToLower(body), "<html") {
+		t.Fatalf("GET / on the demo space: %d %.200s", code, body)
+	}
+	if code, body := d.do(t, "POST", "/api/messages", `{"author":"dev","text":"kept across dev runs"}`); code != http.StatusCreated {
+		t.Fatalf("posting: %d %s", code, body)
+	}
+	d.interrupt(t)
+
+	// Ctrl-C drained: the local bucket holds the space, its lease released.
+	fb, err := filebucket.New(filepath.Join(dir, "lchat-dev", "bucket"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bucketMessages(t, fb, "demo.localhost"); len(got) == 0 || got[len(got)-1] != "kept across dev runs" {
+		t.Fatalf("local bucket after Ctrl-C holds %q", got)
+	}
+	obj, err := fb.Get(context.Background(), "spaces/demo.localhost/lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l struct {
+		Released bool `json:"released"`
+	}
+	json.NewDecoder(obj.Body).Decode(&l)
+	obj.Body.Close()
+	if !l.Released {
+		t.Fatal("lease not released by Ctrl-C")
+	}
+
+	// The second run finds its route and state; the CLI talks to it.
+	d = startDev(t, dir, home)
+	if code, body := d.do(t, "GET", "/api/messages", ""); code != 200 || !strings.Contains(body, "kept across dev runs") {
+		t.Fatalf("second run: %d %s", code, body)
+	}
+	out, err := exec.Command(harness.Binary(t), "routes", "--address", d.adm).CombinedOutput()
+	if err != nil || strings.Count(string(out), "demo.localhost") != 1 {
+		t.Fatalf("routes on the second run: %v\n%s", err, out)
+	}
+	d.interrupt(t)
+}
