@@ -659,6 +659,64 @@ func TestOperatorSurface(t *testing.T) {
 	if code, _ := do(t, b, "GET", "cli.example.com", "/healthz", ""); code != 200 {
 		t.Fatalf("space created by the CLI: %d", code)
 	}
+
+	// Bad input on the other endpoints: 4xx with a message, and nothing changes.
+	before, beforeBody, _ := b.Admin("GET", "/lchat/routes/cli.example.com", nil)
+	for _, c := range []struct {
+		method, path string
+		body         any
+		want         string
+	}{
+		{"POST", "/lchat/routes/cli.example.com/hibernate", `{"hibernate": fals`, "decoding"},
+		{"POST", "/lchat/routes/cli.example.com/hibernate", `{}`, "hibernate"},
+		{"POST", "/lchat/routes/cli.example.com/hibernate", `{"hibernate": false}`, "upstream"},
+		{"POST", "/lchat/routes/cli.example.com/hibernate", `{"hibernate": true, "kind": "x"}`, "unknown field"},
+		{"POST", "/lchat/routes/CLI.example.com/hibernate", `{"hibernate": false, "upstream": "127.0.0.1:1"}`, "lowercase"},
+		{"DELETE", "/lchat/routes/cli.example.com:443", nil, "port"},
+		{"GET", "/lchat/routes?limit=0", nil, "limit"},
+		{"GET", "/lchat/routes?limit=many", nil, "limit"},
+	} {
+		code, data, err := b.Admin(c.method, c.path, c.body)
+		if err != nil || code < 400 || code > 499 || !strings.Contains(string(data), c.want) {
+			t.Errorf("%s %s %v: %d %s, want 4xx mentioning %q", c.method, c.path, c.body, code, data, c.want)
+		}
+	}
+	if _, after, _ := b.Admin("GET", "/lchat/routes/cli.example.com", nil); before != 200 || string(after) != string(beforeBody) {
+		t.Fatalf("bad input changed the route:\nbefore %s\nafter  %s", beforeBody, after)
+	}
+	if st, _ := space(t, b, "cli.example.com"); st != "awake" {
+		t.Fatalf("bad input changed the space: %s, want awake", st)
+	}
+
+	// Paged listing.
+	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": "page1.example.com", "kind": "demo"}, http.StatusCreated, nil)
+	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": "page2.example.com", "kind": "demo"}, http.StatusCreated, nil)
+	var seen []string
+	for after, pages := "", 0; ; pages++ {
+		var p struct {
+			Routes []struct {
+				Host string `json:"host"`
+			} `json:"routes"`
+			Next string `json:"next"`
+		}
+		b.AdminJSON("GET", "/lchat/routes?limit=2&after="+after, nil, 200, &p)
+		if len(p.Routes) > 2 || pages > 3 {
+			t.Fatalf("page of %d routes with limit 2 (page %d)", len(p.Routes), pages)
+		}
+		for _, r := range p.Routes {
+			seen = append(seen, r.Host)
+		}
+		if p.Next == "" {
+			break
+		}
+		after = p.Next
+	}
+	if want := []string{"cli.example.com", "page1.example.com", "page2.example.com"}; !slices.Equal(seen, want) {
+		t.Fatalf("paged listing = %q, want %q", seen, want)
+	}
+	for _, h := range []string{"page1.example.com", "page2.example.com"} {
+		b.AdminJSON("DELETE", "/lchat/routes/"+h, nil, 200, nil)
+	}
 	out, err = b.CLI("routes")
 	if err != nil || !strings.Contains(out, "cli.example.com") || strings.Contains(out, secret) {
 		t.Fatalf("routes: %v\n%s", err, out)
