@@ -48,6 +48,7 @@ func Run(t *testing.T, newBucket func(t *testing.T) bucket.Bucket) {
 		{"ListPagination", testListPagination},
 		{"StoreClock", testStoreClock},
 		{"UnknownSize", testUnknownSize},
+		{"WrongSize", testWrongSize},
 		{"RaceCreate", testRaceCreate},
 		{"RaceSwap", testRaceSwap},
 		{"LargeObject", testLargeObject},
@@ -442,6 +443,32 @@ func testUnknownSize(t *testing.T, b bucket.Bucket) {
 	}
 }
 
+// testWrongSize: a body that is not the announced size fails the put and stores
+// nothing, for small bodies and for ones large enough to go in parts.
+func testWrongSize(t *testing.T, b bucket.Bucket) {
+	ctx := context.Background()
+	before := mustPut(t, b, "existing", "keep me")
+	for _, n := range []int64{1 << 10, 12 << 20} {
+		for _, tc := range []struct {
+			name     string
+			declared int64
+		}{{"short", n + 1}, {"long", n - 1}} {
+			for _, key := range []string{"new", "existing"} {
+				_, err := b.Put(ctx, key, &genReader{rand.NewChaCha8([32]byte{9}), n}, tc.declared, bucket.Cond{})
+				if err == nil {
+					t.Errorf("Put of %d bytes declared as %d (%s body) to %s succeeded", n, tc.declared, tc.name, key)
+				}
+			}
+			if _, err := b.Head(ctx, "new"); !errors.Is(err, bucket.ErrNotFound) {
+				t.Errorf("a %s %d-byte body was stored anyway: Head = %v", tc.name, n, err)
+			}
+			if info, body := mustGet(t, b, "existing"); body != "keep me" || info.ETag != before.ETag {
+				t.Errorf("a %s %d-byte body replaced an object: %d bytes now", tc.name, n, info.Size)
+			}
+		}
+	}
+}
+
 // race runs Racers concurrent attempts released together. A conflicted attempt (409,
 // "retry me") is retried: S3 allows a store to refuse every concurrent writer, and what
 // a lease needs is that no more than one attempt ever succeeds, and one can.
@@ -600,11 +627,26 @@ func testLargeObject(t *testing.T, b bucket.Bucket) {
 	if n != size || !bytes.Equal(got.Sum(nil), sent.Sum(nil)) {
 		t.Fatalf("read back %d bytes, hash differs: %v", n, !bytes.Equal(got.Sum(nil), sent.Sum(nil)))
 	}
-	t.Logf("%d MiB object: heap grew at most %d MiB during Put, %d MiB during Get", size>>20, putPeak>>20, getPeak>>20)
+	// A body of unknown size (a snapshot being produced) streams the same way.
+	stop = heapWatch()
+	unk, err := b.Put(context.Background(), "big-unknown-size", &genReader{rand.NewChaCha8(seed), size}, -1, bucket.Cond{IfNoneMatch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknownPeak := stop()
+	if unk.Size != size {
+		t.Fatalf("unknown-size Put stored %d bytes, want %d", unk.Size, size)
+	}
+	if err := b.Delete(context.Background(), "big-unknown-size", bucket.Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d MiB object: heap grew at most %d MiB during Put, %d MiB during Get, %d MiB during an unknown-size Put",
+		size>>20, putPeak>>20, getPeak>>20, unknownPeak>>20)
 	// Loose: bounded part buffers are fine, holding the object is not.
 	if !testing.Short() {
-		if putPeak > uint64(size)/2 || getPeak > uint64(size)/2 {
-			t.Errorf("heap grew by %d MiB (Put) / %d MiB (Get) for a %d MiB object: the body is being buffered", putPeak>>20, getPeak>>20, size>>20)
+		if putPeak > uint64(size)/2 || getPeak > uint64(size)/2 || unknownPeak > uint64(size)/2 {
+			t.Errorf("heap grew by %d MiB (Put) / %d MiB (Get) / %d MiB (unknown-size Put) for a %d MiB object: the body is being buffered",
+				putPeak>>20, getPeak>>20, unknownPeak>>20, size>>20)
 		}
 	}
 	// Conditional writes of bodies too big for one buffered request stay conditional,

@@ -292,12 +292,18 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, size int64
 		}
 	}()
 	h := md5.New()
-	n, err := io.Copy(io.MultiWriter(tmp, h), ctxReader{ctx, body})
+	var src io.Reader = ctxReader{ctx, body}
+	if size >= 0 {
+		// One byte past size is enough to tell a long body; a runaway one does not
+		// fill the disk.
+		src = io.LimitReader(src, size+1)
+	}
+	n, err := io.Copy(io.MultiWriter(tmp, h), src)
 	if err != nil {
 		return bucket.Info{}, fmt.Errorf("filebucket: writing %s: %w", key, err)
 	}
 	if size >= 0 && n != size {
-		return bucket.Info{}, fmt.Errorf("filebucket: writing %s: body had %d bytes, expected %d", key, n, size)
+		return bucket.Info{}, fmt.Errorf("filebucket: writing %s: body is not the expected %d bytes", key, size)
 	}
 	if err := tmp.Sync(); err != nil {
 		return bucket.Info{}, fmt.Errorf("filebucket: syncing %s: %v", key, err)

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -117,6 +118,24 @@ func checkEndpoint(ep string) error {
 	return nil
 }
 
+// checkEnvEndpoint checks the endpoint the AWS SDK would take from the environment,
+// so a malformed one stops start-up naming the variable instead of failing every
+// request later.
+func checkEnvEndpoint(getenv func(string) string) error {
+	if strings.EqualFold(getenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"), "true") {
+		return nil
+	}
+	for _, name := range []string{"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"} {
+		if v := getenv(name); v != "" {
+			if err := checkEndpoint(v); err != nil {
+				return fmt.Errorf("%s: %v", name, err)
+			}
+			return nil // the service-specific variable wins over the general one
+		}
+	}
+	return nil
+}
+
 // Bucket is an S3 bucket (or a prefix within one).
 type Bucket struct {
 	client   *s3.Client
@@ -130,6 +149,11 @@ type Bucket struct {
 func New(ctx context.Context, cfg Config) (*Bucket, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("s3bucket: %v", err)
+	}
+	if cfg.Endpoint == "" {
+		if err := checkEnvEndpoint(os.Getenv); err != nil {
+			return nil, fmt.Errorf("s3bucket: %v", err)
+		}
 	}
 	prefix, _ := bucket.CleanPrefix(cfg.Prefix)
 	opts := []func(*config.LoadOptions) error{
@@ -261,9 +285,11 @@ func (b *Bucket) Head(ctx context.Context, key string) (bucket.Info, error) {
 	return bucket.Info{Key: key, Size: aws.ToInt64(out.ContentLength), ETag: aws.ToString(out.ETag), LastModified: aws.ToTime(out.LastModified)}, nil
 }
 
-// Put stores body. Bodies up to 8 MiB go as one PutObject; larger (or longer than it
-// turned out) ones as a multipart upload whose completion carries the condition, so
-// neither path holds more than a few parts in memory. The returned LastModified is
+// Put stores body. Bodies up to 5 MiB go as one PutObject (one-part multipart when
+// conditional and over 256 KiB, see condSinglePutMax); larger (or longer than it turned
+// out) ones as a multipart upload whose completion carries the condition, so neither
+// path holds more than a few parts in memory. A body that is not size bytes long (when
+// size >= 0) fails the upload before it completes: nothing is stored. The returned LastModified is
 // the store's Date for the completing request (S3 does not return LastModified on
 // writes; it agrees with a later Head to the second).
 func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
@@ -312,7 +338,11 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, size int64
 		return bucket.Info{}, fmt.Errorf("s3bucket: putting %s: body is longer than the expected %d bytes", key, size)
 	}
 
-	counted := &countingReader{r: io.MultiReader(&buf, body)}
+	var rest io.Reader = io.MultiReader(&buf, body)
+	if size >= 0 {
+		rest = &exactReader{r: rest, left: size, key: key, size: size}
+	}
+	counted := &countingReader{r: rest}
 	var rec dateRecorder
 	out, err := b.uploader.Upload(ctx, &s3.PutObjectInput{
 		Bucket: &b.bucket, Key: &full, Body: counted,
@@ -322,10 +352,6 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, size int64
 	})
 	if err != nil {
 		return bucket.Info{}, putErr(key, cond, err)
-	}
-	if size >= 0 && counted.n != size {
-		// Stored already: S3 has no way to abort a completed upload. Report it loudly.
-		return bucket.Info{}, fmt.Errorf("s3bucket: putting %s: body had %d bytes, expected %d", key, counted.n, size)
 	}
 	return bucket.Info{Key: key, Size: counted.n, ETag: aws.ToString(out.ETag), LastModified: rec.last()}, nil
 }
@@ -371,6 +397,38 @@ func putErr(key string, cond bucket.Cond, err error) error {
 		return fmt.Errorf("s3bucket: putting %s: If-Match on a missing key: %w", key, bucket.ErrPreconditionFailed)
 	}
 	return err
+}
+
+// exactReader fails a read that would go past size bytes or ends before them, so
+// the uploader aborts instead of completing an object of the wrong length.
+type exactReader struct {
+	r    io.Reader
+	left int64
+	key  string
+	size int64
+}
+
+func (e *exactReader) Read(p []byte) (int, error) {
+	if e.left == 0 {
+		var one [1]byte
+		n, err := e.r.Read(one[:])
+		switch {
+		case n > 0:
+			return 0, fmt.Errorf("s3bucket: putting %s: body is longer than the expected %d bytes", e.key, e.size)
+		case err != nil:
+			return 0, err
+		}
+		return 0, nil
+	}
+	if int64(len(p)) > e.left {
+		p = p[:e.left]
+	}
+	n, err := e.r.Read(p)
+	e.left -= int64(n)
+	if err == io.EOF && e.left > 0 {
+		return n, fmt.Errorf("s3bucket: putting %s: body ended %d bytes short of the expected %d: %w", e.key, e.left, e.size, io.ErrUnexpectedEOF)
+	}
+	return n, err
 }
 
 type countingReader struct {

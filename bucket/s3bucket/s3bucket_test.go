@@ -62,6 +62,26 @@ func TestConfigErrors(t *testing.T) {
 			}
 		})
 	}
+	// The endpoint the SDK would take from the environment is checked as strictly,
+	// naming the variable.
+	for _, name := range []string{"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("AWS_ENDPOINT_URL_S3", "")
+			t.Setenv("AWS_ENDPOINT_URL", "")
+			t.Setenv(name, "https://AKIA:"+secret+"@s3.example.com/path")
+			_, err := s3bucket.New(context.Background(), s3bucket.Config{Bucket: "b"})
+			if err == nil || !strings.Contains(err.Error(), name+": endpoint must be") {
+				t.Fatalf("New with a malformed %s = %v", name, err)
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Fatalf("error leaks the secret: %v", err)
+			}
+			// An explicit endpoint overrides the environment, so it is not checked.
+			if _, err := s3bucket.New(context.Background(), s3bucket.Config{Bucket: "b", Endpoint: "http://127.0.0.1:9000"}); err != nil {
+				t.Fatalf("explicit endpoint with a malformed %s: %v", name, err)
+			}
+		})
+	}
 	for _, ok := range []string{"http://127.0.0.1:9000", "https://s3.example.com", "https://s3.example.com/"} {
 		if _, err := s3bucket.New(context.Background(), s3bucket.Config{Bucket: "b", Endpoint: ok}); err != nil {
 			t.Errorf("endpoint %s: %v", ok, err)

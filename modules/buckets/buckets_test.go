@@ -320,3 +320,14 @@ func TestS3FileURL(t *testing.T) {
 		}
 	}
 }
+
+// TestS3ProvisionEnvEndpoint: the shipped Caddyfiles leave the endpoint to
+// AWS_ENDPOINT_URL_S3; a malformed one stops start-up naming the variable.
+func TestS3ProvisionEnvEndpoint(t *testing.T) {
+	t.Setenv("AWS_ENDPOINT_URL_S3", "minio.internal:9000")
+	m := S3{Bucket: "b"}
+	err := m.Provision(newCtx(t))
+	if err == nil || !strings.HasPrefix(err.Error(), "lchat.buckets.s3: ") || !strings.Contains(err.Error(), "AWS_ENDPOINT_URL_S3: endpoint must be http(s)://host[:port]") {
+		t.Fatalf("Provision with a malformed AWS_ENDPOINT_URL_S3 = %v", err)
+	}
+}
