@@ -6,14 +6,18 @@ package route53
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	r53 "github.com/aws/aws-sdk-go-v2/service/route53"
+	r53types "github.com/aws/aws-sdk-go-v2/service/route53/types"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/libdns/libdns"
 	libdnsroute53 "github.com/libdns/route53"
@@ -58,6 +62,8 @@ type Provider struct {
 	// safe for concurrent first use.
 	mu       *sync.Mutex
 	provider *libdnsroute53.Provider
+	// client makes the requests the libdns provider cannot (see AppendRecords).
+	client *r53.Client
 }
 
 // CaddyModule returns the Caddy module information.
@@ -74,7 +80,6 @@ func (Provider) CaddyModule() caddy.ModuleInfo {
 func (p *Provider) Provision(ctx caddy.Context) error {
 	p.mu = new(sync.Mutex)
 	repl := caddy.NewReplacer()
-	var err error
 	for _, f := range []*string{&p.HostedZoneID, &p.Region, &p.Profile, &p.AccessKeyID, &p.SecretAccessKey, &p.SessionToken} {
 		*f = repl.ReplaceAll(*f, "")
 	}
@@ -103,9 +108,13 @@ func (p *Provider) Provision(ctx caddy.Context) error {
 		opts = append(opts, config.WithCredentialsProvider(
 			credentials.NewStaticCredentialsProvider(p.AccessKeyID, p.SecretAccessKey, p.SessionToken)))
 	}
-	if _, err = config.LoadDefaultConfig(ctx, opts...); err != nil {
+	cfg, err := config.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
 		return fmt.Errorf("route53: loading AWS configuration: %v", p.scrub(err))
 	}
+	p.client = r53.NewFromConfig(cfg, func(o *r53.Options) {
+		o.Retryer = retry.AddWithMaxAttempts(retry.NewStandard(), p.MaxRetries)
+	})
 
 	p.provider = &libdnsroute53.Provider{
 		HostedZoneID:       p.HostedZoneID,
@@ -129,11 +138,20 @@ func (p *Provider) GetRecords(ctx context.Context, zone string) ([]libdns.Record
 	return recs, p.wrap("listing records", zone, err)
 }
 
-// AppendRecords adds records to zone (DNS-01 puts its TXT record this way).
+// AppendRecords adds records to zone (DNS-01 puts its TXT record this way). The
+// libdns provider CREATEs a single record's set, which Route53 refuses when the
+// name already has a set of that type: a TXT value left behind by a box killed
+// mid-challenge, or another pending challenge for the same name. Then the value
+// is added to the existing set instead, so a leftover never blocks issuance.
 func (p *Provider) AppendRecords(ctx context.Context, zone string, recs []libdns.Record) ([]libdns.Record, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out, err := p.provider.AppendRecords(ctx, zone, recs)
+	if err != nil && len(recs) == 1 && setExists(err) {
+		if err = p.addToSet(ctx, zone, recs[0]); err == nil {
+			out = recs
+		}
+	}
 	return out, p.wrap("appending records", zone, err)
 }
 
@@ -156,6 +174,12 @@ func (p *Provider) DeleteRecords(ctx context.Context, zone string, recs []libdns
 func (p *Provider) wrap(op, zone string, err error) error {
 	if err == nil {
 		return nil
+	}
+	// The SDK puts a rejected change batch's reasons in Messages, not in the
+	// error text, which only says "ChangeBatch errors occurred".
+	var icb *r53types.InvalidChangeBatch
+	if errors.As(err, &icb) && len(icb.Messages) > 0 {
+		err = fmt.Errorf("%v %q", err, icb.Messages)
 	}
 	return fmt.Errorf("route53: %s in zone %s: %v", op, zone, p.scrub(err))
 }

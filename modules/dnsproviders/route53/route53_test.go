@@ -5,10 +5,14 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -38,6 +42,9 @@ type fakeRoute53 struct {
 	requests []string // "METHOD path?query"
 	authz    []string
 	failNext string // an error code to answer the next change with
+	// rejectNext is a reason to reject the next change batch with, as an
+	// InvalidChangeBatch document.
+	rejectNext string
 }
 
 type xmlRRSet struct {
@@ -79,8 +86,31 @@ func (f *fakeRoute53) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `<?xml version="1.0"?><ErrorResponse %s><Error><Type>Sender</Type><Code>NoSuchHostedZone</Code>`+
 			`<Message>No hosted zone found with ID: %s</Message></Error><RequestId>r1</RequestId></ErrorResponse>`, ns, r.URL.Path)
 	case r.Method == http.MethodGet && strings.TrimSuffix(r.URL.Path, "/") == zonePath:
+		// Sets in order from (name, type) on, at most maxitems of them, paginated
+		// with NextRecordName/NextRecordType as Route53 does.
+		q := r.URL.Query()
+		keys := make([]string, 0, len(f.sets))
+		for k := range f.sets {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		start := strings.TrimSpace(q.Get("name") + " " + q.Get("type"))
+		limit := 100
+		if n, err := strconv.Atoi(q.Get("maxitems")); err == nil && n > 0 {
+			limit = n
+		}
 		fmt.Fprintf(w, `<?xml version="1.0"?><ListResourceRecordSetsResponse %s><ResourceRecordSets>`, ns)
-		for k, vals := range f.sets {
+		n, next := 0, ""
+		for _, k := range keys {
+			if k < start {
+				continue
+			}
+			if n == limit {
+				next = k
+				break
+			}
+			n++
+			vals := f.sets[k]
 			name, typ, _ := strings.Cut(k, " ")
 			fmt.Fprintf(w, `<ResourceRecordSet><Name>%s</Name><Type>%s</Type><TTL>%d</TTL><ResourceRecords>`, name, typ, f.ttls[k])
 			for _, v := range vals {
@@ -90,12 +120,24 @@ func (f *fakeRoute53) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			fmt.Fprint(w, `</ResourceRecords></ResourceRecordSet>`)
 		}
-		fmt.Fprint(w, `</ResourceRecordSets><IsTruncated>false</IsTruncated><MaxItems>1000</MaxItems></ListResourceRecordSetsResponse>`)
+		if next != "" {
+			name, typ, _ := strings.Cut(next, " ")
+			fmt.Fprintf(w, `</ResourceRecordSets><IsTruncated>true</IsTruncated><NextRecordName>%s</NextRecordName><NextRecordType>%s</NextRecordType><MaxItems>%d</MaxItems></ListResourceRecordSetsResponse>`, name, typ, limit)
+		} else {
+			fmt.Fprintf(w, `</ResourceRecordSets><IsTruncated>false</IsTruncated><MaxItems>%d</MaxItems></ListResourceRecordSetsResponse>`, limit)
+		}
 	case r.Method == http.MethodPost && strings.TrimSuffix(r.URL.Path, "/") == zonePath:
 		var req changeBatchRequest
 		if err := xml.Unmarshal(body, &req); err != nil {
 			w.WriteHeader(http.StatusBadRequest)
 			fmt.Fprintf(w, `<ErrorResponse %s><Error><Type>Sender</Type><Code>MalformedInput</Code><Message>%v</Message></Error></ErrorResponse>`, ns, err)
+			return
+		}
+		if f.rejectNext != "" {
+			msg := f.rejectNext
+			f.rejectNext = ""
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprintf(w, `<?xml version="1.0"?><InvalidChangeBatch %s><Messages><Message>%s</Message></Messages><RequestId>r4</RequestId></InvalidChangeBatch>`, ns, msg)
 			return
 		}
 		if f.failNext != "" {
@@ -106,24 +148,39 @@ func (f *fakeRoute53) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				`<Message>rejected by the test</Message></Error><RequestId>r2</RequestId></ErrorResponse>`, ns, code)
 			return
 		}
+		// A batch applies whole or not at all; a DELETE must name the set exactly
+		// as it is (values and TTL), as on Route53.
+		sets, ttls := maps.Clone(f.sets), maps.Clone(f.ttls)
+		reject := func(msg string) {
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprintf(w, `<?xml version="1.0"?><InvalidChangeBatch %s><Messages><Message>%s</Message></Messages><RequestId>r3</RequestId></InvalidChangeBatch>`, ns, msg)
+		}
 		for _, c := range req.Changes {
 			k := c.Set.Name + " " + c.Set.Type
 			switch c.Action {
 			case "CREATE":
-				if _, ok := f.sets[k]; ok {
-					w.WriteHeader(http.StatusBadRequest)
-					fmt.Fprintf(w, `<?xml version="1.0"?><InvalidChangeBatch %s><Messages><Message>Tried to create resource record set [name='%s', type='%s'] but it already exists</Message></Messages></InvalidChangeBatch>`, ns, c.Set.Name, c.Set.Type)
+				if _, ok := sets[k]; ok {
+					reject(fmt.Sprintf("Tried to create resource record set [name='%s', type='%s'] but it already exists", c.Set.Name, c.Set.Type))
 					return
 				}
-				f.sets[k] = c.Set.ResourceRecords
-				f.ttls[k] = c.Set.TTL
+				sets[k], ttls[k] = c.Set.ResourceRecords, c.Set.TTL
 			case "UPSERT":
-				f.sets[k] = c.Set.ResourceRecords
-				f.ttls[k] = c.Set.TTL
+				sets[k], ttls[k] = c.Set.ResourceRecords, c.Set.TTL
 			case "DELETE":
-				delete(f.sets, k)
+				cur, ok := sets[k]
+				if !ok {
+					reject(fmt.Sprintf("Tried to delete resource record set [name='%s', type='%s'] but it was not found", c.Set.Name, c.Set.Type))
+					return
+				}
+				if !slices.Equal(cur, c.Set.ResourceRecords) || ttls[k] != c.Set.TTL {
+					reject(fmt.Sprintf("Tried to delete resource record set [name='%s', type='%s'] but the values provided do not match the current values", c.Set.Name, c.Set.Type))
+					return
+				}
+				delete(sets, k)
+				delete(ttls, k)
 			}
 		}
+		f.sets, f.ttls = sets, ttls
 		fmt.Fprintf(w, `<?xml version="1.0"?><ChangeResourceRecordSetsResponse %s><ChangeInfo><Id>/change/C1</Id>`+
 			`<Status>PENDING</Status><SubmittedAt>2026-01-01T00:00:00Z</SubmittedAt></ChangeInfo></ChangeResourceRecordSetsResponse>`, ns)
 	default:
@@ -392,4 +449,105 @@ func TestMain(m *testing.M) {
 	// The SDK must never reach a real AWS endpoint from these tests.
 	os.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	os.Exit(m.Run())
+}
+
+// A TXT value left on _acme-challenge (a box killed mid-challenge never cleaned
+// up) must not block the next challenge: Route53 refuses the libdns provider's
+// CREATE of an existing set, so the value joins the set in one atomic batch, and
+// the challenge's delete removes only its own value.
+func TestDNS01AppendBesideLeftoverValue(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		zoneID string
+	}{
+		{"zone looked up by name", ""},
+		{"hosted zone id given", zoneID},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _ := newFake(t)
+			const k = "_acme-challenge.example.com. TXT"
+			f.mu.Lock()
+			f.sets[k] = []string{`"left-by-a-dead-box"`}
+			f.ttls[k] = 120
+			f.mu.Unlock()
+			p := &Provider{HostedZoneID: tc.zoneID, MaxRetries: 1}
+			provision(t, p)
+			ctx := context.Background()
+			txt := libdns.RR{Name: "_acme-challenge", Type: "TXT", Data: "token-value-1", TTL: 60 * time.Second}
+
+			out, err := p.AppendRecords(ctx, "example.com.", []libdns.Record{txt})
+			if err != nil {
+				t.Fatalf("append beside a leftover value: %v", err)
+			}
+			if len(out) != 1 || out[0].RR().Data != "token-value-1" {
+				t.Fatalf("append returned %v, want the one record appended", out)
+			}
+			f.mu.Lock()
+			got, ttl := slices.Clone(f.sets[k]), f.ttls[k]
+			f.mu.Unlock()
+			slices.Sort(got)
+			if !slices.Equal(got, []string{`"left-by-a-dead-box"`, `"token-value-1"`}) || ttl != 60 {
+				t.Fatalf("TXT set = %q ttl %d, want the leftover and the new value, ttl 60", got, ttl)
+			}
+			// Appending the same value again changes nothing.
+			if _, err := p.AppendRecords(ctx, "example.com.", []libdns.Record{txt}); err != nil {
+				t.Fatalf("repeated append: %v", err)
+			}
+			f.mu.Lock()
+			n := len(f.sets[k])
+			f.mu.Unlock()
+			if n != 2 {
+				t.Fatalf("a repeated append left %d values, want 2", n)
+			}
+
+			if _, err := p.DeleteRecords(ctx, "example.com.", []libdns.Record{txt}); err != nil {
+				t.Fatalf("delete: %v", err)
+			}
+			f.mu.Lock()
+			got = f.sets[k]
+			f.mu.Unlock()
+			if !slices.Equal(got, []string{`"left-by-a-dead-box"`}) {
+				t.Fatalf("after deleting the challenge value the set is %q, want only the leftover", got)
+			}
+		})
+	}
+}
+
+// The value added to an existing set is written as the libdns provider writes
+// TXT data (quoted, escaped, split at 255 bytes), so its later delete matches.
+func TestRecordValue(t *testing.T) {
+	long := strings.Repeat("a", 300)
+	for _, tc := range []struct {
+		rr   libdns.RR
+		want string
+	}{
+		{libdns.RR{Type: "A", Data: "192.0.2.1"}, "192.0.2.1"},
+		{libdns.RR{Type: "TXT", Data: "abc-_DEF"}, `"abc-_DEF"`},
+		{libdns.RR{Type: "TXT", Data: `say "hi" \ ä`}, `"say \"hi\" \\ \303\244"`},
+		{libdns.RR{Type: "TXT", Data: long}, `"` + long[:255] + `" "` + long[255:] + `"`},
+	} {
+		if got := recordValue(tc.rr); got != tc.want {
+			t.Errorf("recordValue(%s %q) = %s, want %s", tc.rr.Type, tc.rr.Data, got, tc.want)
+		}
+	}
+}
+
+// A change Route53 rejects is reported with its reasons, not only the SDK's
+// "ChangeBatch errors occurred"; a rejection other than "already exists" is not
+// retried as an append to the existing set.
+func TestRejectedBatchReasonIsReported(t *testing.T) {
+	f, _ := newFake(t)
+	p := &Provider{HostedZoneID: zoneID, MaxRetries: 1}
+	provision(t, p)
+	const reason = "RRSet with DNS name _z.example.com. is not permitted in zone example.com."
+	f.mu.Lock()
+	f.rejectNext = reason
+	f.mu.Unlock()
+	_, err := p.AppendRecords(context.Background(), "example.com.", []libdns.Record{libdns.TXT{Name: "_z", Text: "v", TTL: time.Minute}})
+	if err == nil || !strings.Contains(err.Error(), reason) {
+		t.Fatalf("rejected append: err = %v, want Route53's reason in it", err)
+	}
+	if reqs := f.take(); len(reqs) != 1 {
+		t.Fatalf("requests after a rejected create: %v, want only the one change", reqs)
+	}
 }
