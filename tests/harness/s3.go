@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -106,25 +105,37 @@ func (s *S3) start(bin string) error {
 	s.cmd = cmd
 	s.stopped.Store(false)
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	client := &http.Client{Timeout: time.Second}
+	go func() {
+		err := cmd.Wait()
+		s.stopped.Store(true)
+		exited <- err
+	}()
+	// Ready when a request signed with this server's random credentials succeeds: a
+	// bare HTTP answer could come from another test's server that took the port first.
+	cfg := s.Config("")
+	cfg.Bucket = "any"
+	b, err := s3bucket.New(context.Background(), cfg)
+	if err != nil {
+		return err
+	}
+	client := b.Client()
 	deadline := time.Now().Add(20 * time.Second)
+	var lastErr error
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-exited:
-			s.stopped.Store(true)
 			return fmt.Errorf("versitygw exited: %v", err)
 		default:
 		}
-		// Any HTTP answer (403 for an unsigned request) means it is serving.
-		if resp, err := client.Get(s.Endpoint + "/"); err == nil {
-			resp.Body.Close()
-			go func() { <-exited; s.stopped.Store(true) }()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, lastErr = client.ListBuckets(ctx, &s3.ListBucketsInput{})
+		cancel()
+		if lastErr == nil {
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return fmt.Errorf("versitygw did not answer on %s within 20s", addr)
+	return fmt.Errorf("versitygw did not accept a signed request on %s within 20s: %v", addr, lastErr)
 }
 
 // stop kills the server's process group and waits for it to go.
