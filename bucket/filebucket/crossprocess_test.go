@@ -63,11 +63,18 @@ func TestCrossProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		children = append(children, child{cmd, stdin.(*os.File), bufio.NewScanner(stdout)})
-		_ = stdin
 	}
 	// Wait until both are ready, then release them together.
-	for _, c := range children {
-		for c.out.Scan() && c.out.Text() != "ready" {
+	for p, c := range children {
+		ready := false
+		for !ready && c.out.Scan() {
+			ready = c.out.Text() == "ready"
+			if strings.HasPrefix(c.out.Text(), "error ") {
+				t.Errorf("child %d: %s", p, c.out.Text())
+			}
+		}
+		if !ready {
+			t.Fatalf("child %d exited before it was ready", p)
 		}
 	}
 	for _, c := range children {

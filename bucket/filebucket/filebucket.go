@@ -366,7 +366,7 @@ func (b *Bucket) publishLocked(key, tmp, path string) error {
 	dir := filepath.Dir(path)
 	var err error
 	for range 10 {
-		if err = os.MkdirAll(dir, 0o755); err != nil {
+		if err = b.mkdirAllDurable(dir); err != nil {
 			if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrExist) {
 				return fmt.Errorf("filebucket: writing %s: a key that is a prefix of it exists: %v", key, err)
 			}
@@ -385,6 +385,30 @@ func (b *Bucket) publishLocked(key, tmp, path string) error {
 	}
 	if err := syncDir(dir); err != nil {
 		return fmt.Errorf("filebucket: syncing directory of %s: %v", key, err)
+	}
+	return nil
+}
+
+// mkdirAllDurable creates dir and its missing parents, syncing the parent of each
+// directory it creates: the new object's name is only durable if the names of the
+// directories leading to it are too.
+func (b *Bucket) mkdirAllDurable(dir string) error {
+	var created []string
+	for d := dir; d != b.root && strings.HasPrefix(d, b.root+string(filepath.Separator)); d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil {
+			break
+		}
+		created = append(created, d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, d := range created {
+		// A concurrent delete may have removed an empty parent again; the rename
+		// then fails with ENOENT and publishLocked tries both again.
+		if err := syncDir(filepath.Dir(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
 	}
 	return nil
 }
