@@ -162,8 +162,7 @@ func (f *File) Validate() error {
 
 var errNotProvisioned = errors.New("bucket module used before Provision")
 
-// The bucket.Bucket methods delegate to the backend built in Provision.
-
+// Get streams an object, through the backend built in Provision.
 func (s *S3) Get(ctx context.Context, key string) (*bucket.Object, error) {
 	if s.bkt == nil {
 		return nil, errNotProvisioned
@@ -171,6 +170,7 @@ func (s *S3) Get(ctx context.Context, key string) (*bucket.Object, error) {
 	return s.bkt.Get(ctx, key)
 }
 
+// Head returns an object's metadata, through the backend built in Provision.
 func (s *S3) Head(ctx context.Context, key string) (bucket.Info, error) {
 	if s.bkt == nil {
 		return bucket.Info{}, errNotProvisioned
@@ -178,6 +178,7 @@ func (s *S3) Head(ctx context.Context, key string) (bucket.Info, error) {
 	return s.bkt.Head(ctx, key)
 }
 
+// Put stores body under key, streaming it, through the backend built in Provision.
 func (s *S3) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
 	if s.bkt == nil {
 		return bucket.Info{}, errNotProvisioned
@@ -185,6 +186,7 @@ func (s *S3) Put(ctx context.Context, key string, body io.Reader, size int64, co
 	return s.bkt.Put(ctx, key, body, size, cond)
 }
 
+// Delete removes key, through the backend built in Provision.
 func (s *S3) Delete(ctx context.Context, key string, cond bucket.Cond) error {
 	if s.bkt == nil {
 		return errNotProvisioned
@@ -192,6 +194,7 @@ func (s *S3) Delete(ctx context.Context, key string, cond bucket.Cond) error {
 	return s.bkt.Delete(ctx, key, cond)
 }
 
+// List returns one page of the keys under prefix, through the backend built in Provision.
 func (s *S3) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
 	if s.bkt == nil {
 		return bucket.ListPage{}, errNotProvisioned
@@ -199,6 +202,7 @@ func (s *S3) List(ctx context.Context, prefix, token string) (bucket.ListPage, e
 	return s.bkt.List(ctx, prefix, token)
 }
 
+// Copy copies src to dst within the bucket, through the backend built in Provision.
 func (s *S3) Copy(ctx context.Context, src, dst string) (bucket.Info, error) {
 	if s.bkt == nil {
 		return bucket.Info{}, errNotProvisioned
@@ -214,6 +218,7 @@ func (s *S3) String() string {
 	return s.bkt.String()
 }
 
+// Get streams an object, through the backend built in Provision.
 func (f *File) Get(ctx context.Context, key string) (*bucket.Object, error) {
 	if f.bkt == nil {
 		return nil, errNotProvisioned
@@ -221,6 +226,7 @@ func (f *File) Get(ctx context.Context, key string) (*bucket.Object, error) {
 	return f.bkt.Get(ctx, key)
 }
 
+// Head returns an object's metadata, through the backend built in Provision.
 func (f *File) Head(ctx context.Context, key string) (bucket.Info, error) {
 	if f.bkt == nil {
 		return bucket.Info{}, errNotProvisioned
@@ -228,6 +234,7 @@ func (f *File) Head(ctx context.Context, key string) (bucket.Info, error) {
 	return f.bkt.Head(ctx, key)
 }
 
+// Put stores body under key, streaming it, through the backend built in Provision.
 func (f *File) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
 	if f.bkt == nil {
 		return bucket.Info{}, errNotProvisioned
@@ -235,6 +242,7 @@ func (f *File) Put(ctx context.Context, key string, body io.Reader, size int64, 
 	return f.bkt.Put(ctx, key, body, size, cond)
 }
 
+// Delete removes key, through the backend built in Provision.
 func (f *File) Delete(ctx context.Context, key string, cond bucket.Cond) error {
 	if f.bkt == nil {
 		return errNotProvisioned
@@ -242,6 +250,7 @@ func (f *File) Delete(ctx context.Context, key string, cond bucket.Cond) error {
 	return f.bkt.Delete(ctx, key, cond)
 }
 
+// List returns one page of the keys under prefix, through the backend built in Provision.
 func (f *File) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
 	if f.bkt == nil {
 		return bucket.ListPage{}, errNotProvisioned
@@ -249,6 +258,7 @@ func (f *File) List(ctx context.Context, prefix, token string) (bucket.ListPage,
 	return f.bkt.List(ctx, prefix, token)
 }
 
+// Copy copies src to dst within the bucket, through the backend built in Provision.
 func (f *File) Copy(ctx context.Context, src, dst string) (bucket.Info, error) {
 	if f.bkt == nil {
 		return bucket.Info{}, errNotProvisioned
