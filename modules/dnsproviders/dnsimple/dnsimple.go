@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	dnsimpleapi "github.com/dnsimple/dnsimple-go/v8/dnsimple"
@@ -19,6 +20,9 @@ import (
 func init() {
 	caddy.RegisterModule(Provider{})
 }
+
+// callTimeout bounds one call of the provider, every API request it makes included.
+const callTimeout = 2 * time.Minute
 
 // Provider manages DNS records through the DNSimple API v2.
 type Provider struct {
@@ -33,6 +37,10 @@ type Provider struct {
 	// APIURL is the API's base URL. Default: https://api.dnsimple.com
 	// (https://api.sandbox.dnsimple.com for the sandbox).
 	APIURL string `json:"api_url,omitempty"`
+
+	// timeout bounds each call: certmagic gives DNS-01 calls no deadline of their
+	// own, and a hung API request would hold the fleet's issuance lock.
+	timeout time.Duration
 
 	// mu guards provider and its lazy account lookup; the libdns provider itself
 	// serializes its calls too.
@@ -53,6 +61,7 @@ func (Provider) CaddyModule() caddy.ModuleInfo {
 // Provision expands placeholders and checks the configuration.
 func (p *Provider) Provision(ctx caddy.Context) error {
 	p.mu = new(sync.Mutex)
+	p.timeout = callTimeout
 	repl := caddy.NewReplacer()
 	p.APIAccessToken = strings.TrimSpace(repl.ReplaceAll(p.APIAccessToken, ""))
 	p.AccountID = repl.ReplaceAll(p.AccountID, "")
@@ -103,18 +112,45 @@ func (p *Provider) libdnsProvider(ctx context.Context) (*libdnsdnsimple.Provider
 	return p.provider, nil
 }
 
-// GetRecords lists the records of zone.
+// bound gives ctx the provider's per-call deadline.
+func (p *Provider) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, p.timeout)
+}
+
+// GetRecords lists the records of zone, every page of them. Records the libdns
+// types cannot represent are left out (the libdns provider returns them as nil
+// entries, and reads only the first page).
 func (p *Provider) GetRecords(ctx context.Context, zone string) ([]libdns.Record, error) {
-	lp, err := p.libdnsProvider(ctx)
-	if err != nil {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
+	if _, err := p.libdnsProvider(ctx); err != nil {
 		return nil, p.wrap("listing records", zone, err)
 	}
-	recs, err := lp.GetRecords(ctx, zone)
-	return recs, p.wrap("listing records", zone, err)
+	var recs []libdns.Record
+	opts := &dnsimpleapi.ZoneRecordListOptions{}
+	for {
+		resp, err := p.client.Zones.ListRecords(ctx, p.account, strings.TrimSuffix(zone, "."), opts)
+		if err != nil {
+			return nil, p.wrap("listing records", zone, err)
+		}
+		for _, r := range resp.Data {
+			rec, err := libdns.RR{Name: r.Name, Type: r.Type, Data: r.Content, TTL: time.Duration(r.TTL) * time.Second}.Parse()
+			if err == nil {
+				recs = append(recs, rec)
+			}
+		}
+		if resp.Pagination == nil || resp.Pagination.CurrentPage >= resp.Pagination.TotalPages {
+			return recs, nil
+		}
+		page := resp.Pagination.CurrentPage + 1
+		opts.Page = &page
+	}
 }
 
 // AppendRecords adds records to zone (DNS-01 puts its TXT record this way).
 func (p *Provider) AppendRecords(ctx context.Context, zone string, recs []libdns.Record) ([]libdns.Record, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
 	lp, err := p.libdnsProvider(ctx)
 	if err != nil {
 		return nil, p.wrap("appending records", zone, err)
@@ -127,6 +163,8 @@ func (p *Provider) AppendRecords(ctx context.Context, zone string, recs []libdns
 // record this way). The existing record is found by exact name and type; the
 // libdns provider matches names by substring and could rewrite "x8oe" for "8oe".
 func (p *Provider) SetRecords(ctx context.Context, zone string, recs []libdns.Record) ([]libdns.Record, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
 	if _, err := p.libdnsProvider(ctx); err != nil {
 		return nil, p.wrap("setting records", zone, err)
 	}
@@ -174,6 +212,8 @@ func (p *Provider) SetRecords(ctx context.Context, zone string, recs []libdns.Re
 // deleting by name alone (as the libdns provider does) could remove the value a
 // pending validation still needs. Records that are not there are skipped.
 func (p *Provider) DeleteRecords(ctx context.Context, zone string, recs []libdns.Record) ([]libdns.Record, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
 	if _, err := p.libdnsProvider(ctx); err != nil {
 		return nil, p.wrap("deleting records", zone, err)
 	}

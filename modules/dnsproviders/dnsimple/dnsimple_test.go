@@ -117,8 +117,15 @@ func (f *fakeDNSimple) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			out = append(out, rec)
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"data": out, "pagination": map[string]int{
-			"current_page": 1, "per_page": 30, "total_entries": len(out), "total_pages": 1}})
+		// Pages of 30, as the API's default.
+		const perPage = 30
+		page, _ := strconv.Atoi(q.Get("page"))
+		page = max(page, 1)
+		total := len(out)
+		pages := max((total+perPage-1)/perPage, 1)
+		lo, hi := min((page-1)*perPage, total), min(page*perPage, total)
+		writeJSON(w, http.StatusOK, map[string]any{"data": out[lo:hi], "pagination": map[string]int{
+			"current_page": page, "per_page": perPage, "total_entries": total, "total_pages": pages}})
 	case len(parts) == 2 && parts[1] == "records" && r.Method == http.MethodPost:
 		var attrs struct {
 			Name    *string `json:"name"`
@@ -372,5 +379,80 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		if p.APIAccessToken != tc.want.APIAccessToken || p.AccountID != tc.want.AccountID || p.APIURL != tc.want.APIURL {
 			t.Errorf("%q: got %+v, want %+v", tc.input, p, tc.want)
 		}
+	}
+}
+
+// Listing follows every page, and a challenge value on a later page is still the
+// one deleted.
+func TestPagination(t *testing.T) {
+	f, srv := newFake(t)
+	p := provisioned(t, &Provider{APIAccessToken: testToken, AccountID: strconv.Itoa(accountID), APIURL: srv.URL})
+	ctx := context.Background()
+	f.mu.Lock()
+	for i := range 70 {
+		f.nextID++
+		f.records[f.nextID] = &record{ID: f.nextID, ZoneID: "example.com", Name: fmt.Sprintf("s%02d", i), Type: "A", Content: "192.0.2.1", TTL: 300}
+	}
+	for i := range 35 {
+		f.nextID++
+		f.records[f.nextID] = &record{ID: f.nextID, ZoneID: "example.com", Name: "_acme-challenge", Type: "TXT", Content: fmt.Sprintf("other-%02d", i), TTL: 60}
+	}
+	f.mu.Unlock()
+	mine := libdns.TXT{Name: "_acme-challenge", Text: "mine", TTL: time.Minute}
+	if _, err := p.AppendRecords(ctx, "example.com.", []libdns.Record{mine}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := p.GetRecords(ctx, "example.com.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 2 + 70 + 35 + 1; len(recs) != want {
+		t.Fatalf("GetRecords returned %d records, want all %d (every page)", len(recs), want)
+	}
+	for _, r := range recs {
+		if r == nil {
+			t.Fatal("GetRecords returned a nil record")
+		}
+	}
+	if _, err := p.DeleteRecords(ctx, "example.com.", []libdns.Record{mine}); err != nil {
+		t.Fatal(err)
+	}
+	got := f.find("_acme-challenge", "TXT")
+	if len(got) != 35 {
+		t.Fatalf("%d TXT records left, want the 35 others", len(got))
+	}
+	for _, r := range got {
+		if r.Content == "mine" {
+			t.Fatal("the value on the second page was not deleted")
+		}
+	}
+}
+
+// A call against an API that never answers ends at the provider's deadline with
+// an error, instead of holding certmagic's issuance lock forever.
+func TestHungAPICallEnds(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	p := provisioned(t, &Provider{APIAccessToken: testToken, AccountID: strconv.Itoa(accountID), APIURL: srv.URL})
+	p.timeout = 100 * time.Millisecond
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.AppendRecords(context.Background(), "example.com.", []libdns.Record{libdns.TXT{Name: "_acme-challenge", Text: "v"}})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("append against a hung API succeeded")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("append against a hung API did not return")
 	}
 }
