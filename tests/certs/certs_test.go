@@ -292,6 +292,17 @@ func TestLockContentionOneOrder(t *testing.T) {
 	if n := acme.Orders(t); n != 1 {
 		t.Fatalf("pebble saw %d orders from two contending boxes, want 1", n)
 	}
+	// The boxes contended: one of them went for the lock while the other held it,
+	// and found the certificate in storage once it got the lock.
+	waited := 0
+	for _, b := range []*box{box1, box2} {
+		if strings.Contains(b.log(t), "certificate already exists in storage") {
+			waited++
+		}
+	}
+	if waited != 1 {
+		t.Fatalf("%d boxes found the certificate in storage after waiting for the lock, want 1 (no contention happened?)", waited)
+	}
 	page, err := s3.NewBucket(t, "fleet").List(context.Background(), "certs/locks/", "")
 	if err != nil || len(page.Objects) != 0 {
 		t.Fatalf("locks left in the bucket after both boxes finished: %v %v", page.Objects, err)
