@@ -53,7 +53,14 @@ func TestXcaddyBuildListsOurModules(t *testing.T) {
 	if output, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("xcaddy %v: %v\n%s", args, err, output)
 	}
-	listed, err := exec.Command(out, "list-modules").CombinedOutput()
+	checkModules(t, out)
+}
+
+// checkModules runs `<bin> list-modules` and requires every lchat module and Caddy's
+// standard ones.
+func checkModules(t *testing.T, bin string) {
+	t.Helper()
+	listed, err := exec.Command(bin, "list-modules").CombinedOutput()
 	if err != nil {
 		t.Fatalf("list-modules: %v\n%s", err, listed)
 	}
@@ -63,11 +70,26 @@ func TestXcaddyBuildListsOurModules(t *testing.T) {
 	}
 	for _, id := range ourModules {
 		if !have[id] {
-			t.Errorf("xcaddy-built binary does not list module %s", id)
+			t.Errorf("%s does not list module %s", filepath.Base(bin), id)
 		}
 	}
 	if !have["http.handlers.reverse_proxy"] {
-		t.Errorf("xcaddy-built binary lacks Caddy's standard modules")
+		t.Errorf("%s lacks Caddy's standard modules", filepath.Base(bin))
+	}
+}
+
+// TestOwnBuild: cmd/lchat-caddy is Caddy with the standard modules and ours, and
+// `version` names the Caddy it is built on.
+func TestOwnBuild(t *testing.T) {
+	bin := harness.Binary(t)
+	checkModules(t, bin)
+	m, err := xcaddybuild.Load(filepath.Join(harness.RepoRoot(), "xcaddy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), m.CaddyVersion) {
+		t.Fatalf("version: %v: %q, want it to start with %s", err, out, m.CaddyVersion)
 	}
 }
 
