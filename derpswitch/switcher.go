@@ -136,6 +136,11 @@ func (c *Config) Validate() error {
 	if c.Mode != "" && c.Mode != ModeMBB && c.Mode != ModeLegacy {
 		return fmt.Errorf("mode %q: want %q or %q", c.Mode, ModeMBB, ModeLegacy)
 	}
+	for _, d := range c.RetryBackoff {
+		if d <= 0 {
+			return fmt.Errorf("retry backoff %v: every entry must be positive", d)
+		}
+	}
 	if c.Autoneg.Enabled && c.Latency == nil {
 		return errors.New("autonegotiation needs a latency source")
 	}

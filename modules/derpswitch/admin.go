@@ -20,9 +20,12 @@ func init() {
 //
 //	GET  /derp_switch/status
 //	POST /derp_switch/settings   {"derp_region": N}   (0 clears the pin)
-type adminAPI struct {
-	app *App
-}
+//
+// It serves the running app (the last one started), not the app of the config it was
+// provisioned with: Caddy replaces the admin server before it provisions a new config's
+// apps, and keeps that admin server when the new config then fails, while the previous
+// config (and its app) keeps running.
+type adminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
 func (adminAPI) CaddyModule() caddy.ModuleInfo {
@@ -30,15 +33,6 @@ func (adminAPI) CaddyModule() caddy.ModuleInfo {
 		ID:  "admin.api.derp_switch",
 		New: func() caddy.Module { return new(adminAPI) },
 	}
-}
-
-// Provision finds the derp_switch app, if configured.
-func (a *adminAPI) Provision(ctx caddy.Context) error {
-	app, err := ctx.AppIfConfigured("derp_switch")
-	if err == nil {
-		a.app = app.(*App)
-	}
-	return nil
 }
 
 // Routes returns the admin routes.
@@ -53,10 +47,11 @@ func (a *adminAPI) handleStatus(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 	}
-	if a.app == nil {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("derp_switch app is not configured")}
+	app := runningApp()
+	if app == nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("derp_switch app is not running")}
 	}
-	return writeJSON(w, a.app.Switcher().Status())
+	return writeJSON(w, app.Switcher().Status())
 }
 
 type settingsRequest struct {
@@ -67,8 +62,9 @@ func (a *adminAPI) handleSettings(w http.ResponseWriter, r *http.Request) error 
 	if r.Method != http.MethodPost {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 	}
-	if a.app == nil {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("derp_switch app is not configured")}
+	app := runningApp()
+	if app == nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("derp_switch app is not running")}
 	}
 	var req settingsRequest
 	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
@@ -79,14 +75,14 @@ func (a *adminAPI) handleSettings(w http.ResponseWriter, r *http.Request) error 
 	if req.DERPRegion == nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(`missing "derp_region"`)}
 	}
-	if err := a.app.SetPin(r.Context(), *req.DERPRegion); err != nil {
+	if err := app.SetPin(r.Context(), *req.DERPRegion); err != nil {
 		status := http.StatusInternalServerError
 		if errors.Is(err, derpswitch.ErrUnknownRegion) {
 			status = http.StatusBadRequest
 		}
 		return caddy.APIError{HTTPStatus: status, Err: err}
 	}
-	return writeJSON(w, a.app.Switcher().Status())
+	return writeJSON(w, app.Switcher().Status())
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {
@@ -97,5 +93,4 @@ func writeJSON(w http.ResponseWriter, v any) error {
 // Interface guards
 var (
 	_ caddy.AdminRouter = (*adminAPI)(nil)
-	_ caddy.Provisioner = (*adminAPI)(nil)
 )

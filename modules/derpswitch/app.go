@@ -40,6 +40,28 @@ const (
 // (public key), so a reload with the same identity keeps the DERP connections.
 var pool = caddy.NewUsagePool()
 
+// running is the app of the running config, served by the admin endpoints: set when an
+// app starts, cleared when it is cleaned up, and handed back to the previous app when
+// a reload fails after the new app started (Caddy then keeps the previous config).
+var running struct {
+	mu sync.Mutex
+	// app is the running app.
+	app *App
+}
+
+func runningApp() *App {
+	running.mu.Lock()
+	defer running.mu.Unlock()
+	return running.app
+}
+
+// markRunning makes a the running app and remembers the one it replaces.
+func markRunning(a *App) {
+	running.mu.Lock()
+	defer running.mu.Unlock()
+	a.prev, running.app = running.app, a
+}
+
 // App is the `derp_switch` Caddy app.
 type App struct {
 	// DERPMap is an inline DERP map (tailcfg.DERPMap JSON: {"Regions": {...}}).
@@ -76,6 +98,13 @@ type App struct {
 	poolKey string
 	handle  *switcherHandle
 	sw      *derpswitch.Switcher
+
+	// prev is the app that was running when this one started; cleanedUp marks an app
+	// whose config is gone. Together they let a failed reload hand the admin endpoints
+	// (and the switcher's settings) back to the config that keeps running. Both are
+	// guarded by running.mu.
+	prev      *App
+	cleanedUp bool
 }
 
 // ProveConfig is the prove gate for an auxiliary connection.
@@ -118,6 +147,10 @@ type switcherHandle struct {
 
 	mu      sync.Mutex
 	started bool
+
+	// pinMu serializes persisting and applying pins, so that concurrent requests
+	// cannot leave storage naming one region and the running override another.
+	pinMu sync.Mutex
 }
 
 // Destruct stops the switcher when the last config using it is gone.
@@ -214,6 +247,14 @@ func (a *App) Validate() error {
 	if a.Prove != nil && a.Prove.Count < 0 {
 		return errors.New("prove count must not be negative")
 	}
+	if a.cfg.DERPMap != nil && a.cfg.DERPMap.Regions[a.HomeRegion] == nil {
+		return fmt.Errorf("home_region %d is not in the DERP map", a.HomeRegion)
+	}
+	for _, d := range a.RetryBackoff {
+		if d <= 0 {
+			return fmt.Errorf("retry_backoff %v: every entry must be positive", time.Duration(d))
+		}
+	}
 	return nil
 }
 
@@ -226,6 +267,7 @@ func (a *App) Start() error {
 		h.started = true
 		h.sw.Start()
 		setCurrent(h.sw)
+		markRunning(a)
 		a.logger.Info("DERP switch started", zap.Int("home_region", a.HomeRegion),
 			zap.Int("pin", a.cfg.Override), zap.String("mode", a.Mode), zap.String("node", a.poolKey))
 		return nil
@@ -234,6 +276,7 @@ func (a *App) Start() error {
 		return fmt.Errorf("reconfiguring DERP switch: %v", err)
 	}
 	setCurrent(h.sw)
+	markRunning(a)
 	a.logger.Info("DERP switch reconfigured; connections kept", zap.String("node", a.poolKey))
 	return nil
 }
@@ -243,11 +286,40 @@ func (a *App) Stop() error { return nil }
 
 // Cleanup releases this config's reference to the switcher; the last one closes it.
 func (a *App) Cleanup() error {
+	running.mu.Lock()
+	a.cleanedUp = true
+	var back *App
+	if running.app == a {
+		// This config started but is being unwound. If the one before it was not
+		// cleaned up, a reload failed after this app started (another app refused to
+		// start): that config keeps running, so its app and settings come back.
+		running.app = nil
+		if p := a.prev; p != nil && !p.cleanedUp {
+			running.app, back = p, p
+		}
+	}
+	running.mu.Unlock()
+	if back != nil {
+		back.restore()
+	}
 	if a.poolKey == "" {
 		return nil
 	}
 	_, err := pool.Delete(a.poolKey)
 	return err
+}
+
+// restore gives the switcher a's settings again after a newer config that had
+// reconfigured it failed to start.
+func (a *App) restore() {
+	h := a.handle
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.sw.Reconfigure(a.cfg); err != nil {
+		a.logger.Error("restoring DERP switch settings after a failed reload", zap.Error(err))
+	}
+	setCurrent(h.sw)
+	a.logger.Info("failed reload unwound; DERP switch back on the running config", zap.String("node", a.poolKey))
 }
 
 // Switcher returns the running engine.
@@ -258,6 +330,8 @@ func (a *App) SetPin(ctx context.Context, region int) error {
 	if region < 0 || (region != 0 && !a.sw.HasRegion(region)) {
 		return fmt.Errorf("region %d: %w", region, derpswitch.ErrUnknownRegion)
 	}
+	a.handle.pinMu.Lock()
+	defer a.handle.pinMu.Unlock()
 	if err := storePin(ctx, a.ctx, region); err != nil {
 		return err
 	}

@@ -3,15 +3,20 @@ package derp
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	_ "github.com/caddyserver/caddy/v2/modules/filestorage"
 	_ "github.com/caddyserver/caddy/v2/modules/metrics"
 	"tailscale.com/tailcfg"
@@ -41,17 +46,35 @@ func freeAddr(t *testing.T) string {
 }
 
 func (c *caddyBox) config(m *tailcfg.DERPMap, drain string) []byte {
+	return c.configWith(m, drain, 1, "")
+}
+
+// configWith is config with another home_region and extra app fields (",\"k\": v").
+func (c *caddyBox) configWith(m *tailcfg.DERPMap, drain string, home int, extra string) []byte {
 	mapJSON, _ := json.Marshal(m)
 	return []byte(fmt.Sprintf(`{
 		"admin": {"listen": %q},
 		"storage": {"module": "file_system", "root": %q},
 		"apps": {"derp_switch": {
 			"derp_map": %s,
-			"home_region": 1,
+			"home_region": %d,
 			"drain": %q,
-			"prove": {"count": 3, "interval": "50ms", "timeout": "1s"}
+			"prove": {"count": 3, "interval": "50ms", "timeout": "1s"}%s
 		}}
-	}`, c.admin, c.storage, mapJSON, drain))
+	}`, c.admin, c.storage, mapJSON, home, drain, extra))
+}
+
+func (c *caddyBox) post(path, body string) (int, string) {
+	c.t.Helper()
+	req, _ := http.NewRequest("POST", "http://"+c.admin+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := adminClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 func (c *caddyBox) load(cfg []byte) {
@@ -121,6 +144,31 @@ func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 	if code, body := c.pin(99); code != http.StatusBadRequest {
 		t.Fatalf("pin to unknown region: %d %s; want 400", code, body)
 	}
+	// Bad requests are refused and change nothing (neither the live pin nor storage).
+	for _, body := range []string{`{}`, `{"derp_region": -1}`, `{"derp_region": "2"}`, `{"derp_region": 2.5}`, `{"region": 2}`, `not json`} {
+		if code, resp := c.post("/derp_switch/settings", body); code != http.StatusBadRequest {
+			t.Errorf("settings %s: %d %s; want 400", body, code, resp)
+		}
+	}
+	if resp, err := adminClient.Get("http://" + c.admin + "/derp_switch/settings"); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("GET settings: %d; want 405", resp.StatusCode)
+	}
+	if st := c.status(); st.Override != 0 || st.HomeRegion != 1 || st.Switch.Generation != 0 {
+		t.Fatalf("refused requests changed the state: %+v", st)
+	}
+	if _, err := os.Stat(filepath.Join(c.storage, "derp_switch", "pin.json")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("refused requests persisted a pin (stat: %v)", err)
+	}
+	keyFile := filepath.Join(c.storage, "derp_switch", "node_key")
+	nodeKey, err := os.ReadFile(keyFile)
+	if err != nil || len(nodeKey) == 0 {
+		t.Fatalf("node key not in storage: %v", err)
+	}
+	if fi, _ := os.Stat(keyFile); fi.Mode().Perm()&0o077 != 0 {
+		t.Errorf("node key file mode %v; want it private to the owner", fi.Mode().Perm())
+	}
 	if code, body := c.pin(3); code != http.StatusOK {
 		t.Fatalf("pin 3: %d %s", code, body)
 	}
@@ -169,6 +217,47 @@ func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 		t.Fatalf("map change reconnected the home")
 	}
 
+	// A reload that names a home region outside the map, or a retry backoff of zero
+	// (a reconnect storm), is refused; the running box is untouched.
+	for _, bad := range [][]byte{
+		c.configWith(m2, "2s", 9, ""),
+		c.configWith(m2, "2s", 1, `, "retry_backoff": [0]`),
+	} {
+		if err := caddy.Load(bad, true); err == nil {
+			t.Fatalf("bad config accepted:\n%s", bad)
+		}
+	}
+	st = c.status()
+	if st.HomeRegion != 3 || !st.HomeConnected || st.Override != 3 || st.DERPReconnects != 0 {
+		t.Fatalf("after refused reloads: %+v", st)
+	}
+	if got := regions[2].proxy.accepted.Load(); got != accepted3 {
+		t.Fatalf("a refused reload reconnected the home")
+	}
+
+	// A reload that fails after derp_switch started (here: the http app cannot bind a
+	// port that is taken) leaves the previous config running: the admin endpoints keep
+	// serving it, with its settings (mode mbb), not the failed config's (legacy).
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	failing := bytes.Replace(c.configWith(m2, "2s", 1, `, "mode": "legacy"`), []byte(`"apps": {`),
+		[]byte(fmt.Sprintf(`"apps": {"http": {"servers": {"s": {"listen": [%q]}}}, `, taken.Addr().String())), 1)
+	for try := 0; try < 6; try++ { // apps start in random order: derp_switch first about half the time
+		if err := caddy.Load(failing, true); err == nil {
+			t.Fatal("config with a taken port accepted")
+		}
+		st = c.status()
+		if st.Mode != derpswitch.ModeMBB || st.HomeRegion != 3 || !st.HomeConnected || st.DERPReconnects != 0 {
+			t.Fatalf("after a reload that failed to start (try %d): %+v", try, st)
+		}
+	}
+	if code, body := c.pin(3); code != http.StatusOK {
+		t.Fatalf("pin after failed reloads: %d %s", code, body)
+	}
+
 	// Restart: boot connects straight to the persisted pin, never to home_region 1.
 	if err := caddy.Stop(); err != nil {
 		t.Fatal(err)
@@ -182,6 +271,9 @@ func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 	}
 	if got := regions[0].proxy.accepted.Load(); got != accepted1 {
 		t.Fatalf("boot with a pin connected to the default home first")
+	}
+	if again, err := os.ReadFile(keyFile); err != nil || !bytes.Equal(again, nodeKey) {
+		t.Fatalf("node key changed across a restart (err %v)", err)
 	}
 
 	// Clear the pin: persisted as cleared; the home stays until something moves it.
