@@ -30,6 +30,11 @@ func init() {
 // defaultRegion is where Route53, a global service, signs requests in the aws partition.
 const defaultRegion = "us-east-1"
 
+// callTimeout bounds one call of the provider, its retries included (plus max_wait
+// with wait_for_sync): certmagic gives DNS-01 calls no deadline of their own, and
+// a hung API request would hold the fleet's issuance lock.
+const callTimeout = 2 * time.Minute
+
 // Provider manages DNS records in one Route53 hosted zone.
 type Provider struct {
 	// HostedZoneID is the hosted zone to change, without the "/hostedzone/" prefix.
@@ -57,6 +62,9 @@ type Provider struct {
 
 	// MaxWait bounds WaitForSync. Default: 1m.
 	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+
+	// timeout bounds each call: callTimeout, plus MaxWait with WaitForSync.
+	timeout time.Duration
 
 	// mu serializes calls into the libdns provider, whose lazy client set-up is not
 	// safe for concurrent first use.
@@ -92,6 +100,10 @@ func (p *Provider) Provision(ctx caddy.Context) error {
 	}
 	if p.MaxWait == 0 {
 		p.MaxWait = caddy.Duration(time.Minute)
+	}
+	p.timeout = callTimeout
+	if p.WaitForSync {
+		p.timeout += time.Duration(p.MaxWait)
 	}
 	if (p.AccessKeyID == "") != (p.SecretAccessKey == "") {
 		return fmt.Errorf("route53: access_key_id and secret_access_key must be set together")
@@ -132,6 +144,8 @@ func (p *Provider) Provision(ctx caddy.Context) error {
 
 // GetRecords lists the records of zone.
 func (p *Provider) GetRecords(ctx context.Context, zone string) ([]libdns.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	recs, err := p.provider.GetRecords(ctx, zone)
@@ -144,6 +158,8 @@ func (p *Provider) GetRecords(ctx context.Context, zone string) ([]libdns.Record
 // mid-challenge, or another pending challenge for the same name. Then the value
 // is added to the existing set instead, so a leftover never blocks issuance.
 func (p *Provider) AppendRecords(ctx context.Context, zone string, recs []libdns.Record) ([]libdns.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out, err := p.provider.AppendRecords(ctx, zone, recs)
@@ -157,6 +173,8 @@ func (p *Provider) AppendRecords(ctx context.Context, zone string, recs []libdns
 
 // SetRecords replaces the record sets named by recs (relocation moves an A record this way).
 func (p *Provider) SetRecords(ctx context.Context, zone string, recs []libdns.Record) ([]libdns.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out, err := p.provider.SetRecords(ctx, zone, recs)
@@ -165,6 +183,8 @@ func (p *Provider) SetRecords(ctx context.Context, zone string, recs []libdns.Re
 
 // DeleteRecords removes recs from zone.
 func (p *Provider) DeleteRecords(ctx context.Context, zone string, recs []libdns.Record) ([]libdns.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out, err := p.provider.DeleteRecords(ctx, zone, recs)

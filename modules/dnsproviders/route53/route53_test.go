@@ -445,6 +445,37 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	}
 }
 
+// A call against an API that never answers ends at the provider's deadline with
+// an error, instead of holding certmagic's issuance lock forever.
+func TestHungAPICallEnds(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	awsEnv(t, srv.URL)
+	p := &Provider{HostedZoneID: zoneID, MaxRetries: 1}
+	provision(t, p)
+	p.timeout = 100 * time.Millisecond
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.AppendRecords(context.Background(), "example.com.", []libdns.Record{libdns.TXT{Name: "_acme-challenge", Text: "v"}})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("append against a hung API succeeded")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("append against a hung API did not return")
+	}
+}
+
 func TestMain(m *testing.M) {
 	// The SDK must never reach a real AWS endpoint from these tests.
 	os.Setenv("AWS_EC2_METADATA_DISABLED", "true")
