@@ -259,7 +259,8 @@ func (s *slot) getRole() string { r, _ := s.role.Load().(string); return r }
 
 // Switcher is the region-switch engine. Start runs it; Close stops it.
 type Switcher struct {
-	log   *zap.Logger
+	// logp is the current config's logger (a reload may bring another).
+	logp  atomic.Pointer[zap.Logger]
 	clock Clock
 	dial  DialFunc
 	ctr   counters
@@ -316,7 +317,6 @@ func New(cfg Config) (*Switcher, error) {
 		return nil, fmt.Errorf("persisted pin %d: %w", cfg.Override, ErrUnknownRegion)
 	}
 	s := &Switcher{
-		log:        cfg.Logger,
 		clock:      cfg.Clock,
 		dial:       cfg.Dial,
 		cfg:        cfg,
@@ -327,10 +327,13 @@ func New(cfg Config) (*Switcher, error) {
 		mapCh:      make(chan *tailcfg.DERPMap, 1),
 		state:      StateIdle,
 	}
+	s.logp.Store(cfg.Logger)
 	s.derpMap.Store(cfg.DERPMap)
 	s.override.Store(int64(cfg.Override))
 	return s, nil
 }
+
+func (s *Switcher) logger() *zap.Logger { return s.logp.Load() }
 
 func (s *Switcher) config() Config {
 	s.cfgMu.Lock()
@@ -376,7 +379,7 @@ func (s *Switcher) goSafe(name string, f func()) {
 		defer s.wg.Done()
 		defer func() {
 			if r := recover(); r != nil {
-				s.log.Error("panic", zap.String("goroutine", name), zap.Any("error", r),
+				s.logger().Error("panic", zap.String("goroutine", name), zap.Any("error", r),
 					zap.ByteString("stack", debug.Stack()))
 			}
 		}()
@@ -430,6 +433,7 @@ func (s *Switcher) Reconfigure(cfg Config) error {
 	s.cfgMu.Lock()
 	s.cfg = cfg
 	s.cfgMu.Unlock()
+	s.logp.Store(cfg.Logger)
 	old := s.derpMap.Swap(cfg.DERPMap)
 	if !derpMapEqual(old, cfg.DERPMap) {
 		select {
@@ -550,12 +554,12 @@ func (n *negotiator) consume(o outcome) {
 			n.retryN++
 			n.retryAt = now.Add(d)
 			s.setRetry(n.retryAt, n.retryN)
-			s.log.Warn("pin MBB rolled back; old home keeps serving, retry scheduled",
+			s.logger().Warn("pin MBB rolled back; old home keeps serving, retry scheduled",
 				zap.Int("target_region", o.cmd.Target), zap.Uint64("generation", o.cmd.Generation),
 				zap.Duration("retry_in", d), zap.Int("attempt", n.retryN))
 		} else if o.cmd.Source == "autoneg" {
 			n.damper.Ban(now, o.cmd.Target)
-			s.log.Info("autonegotiated switch rolled back; region banned",
+			s.logger().Info("autonegotiated switch rolled back; region banned",
 				zap.Int("region", o.cmd.Target), zap.Duration("ban", s.config().Autoneg.BanDuration))
 		}
 	}
@@ -602,14 +606,14 @@ func (n *negotiator) evaluate() {
 				}
 				c := s.issue(n, CmdMBB, ov, "pin")
 				s.ctr.pinMBBRetries.Add(1)
-				s.log.Info("pin MBB retry", zap.Int("from_region", homeRegion),
+				s.logger().Info("pin MBB retry", zap.Int("from_region", homeRegion),
 					zap.Int("target_region", ov), zap.Uint64("generation", c.Generation),
 					zap.Int("attempt", n.retryN))
 				return
 			}
 			c := s.issue(n, CmdMBB, ov, "pin")
 			s.ctr.pinMBBRequests.Add(1)
-			s.log.Info("PIN via MBB (gapless; old home drains)", zap.Int("from_region", homeRegion),
+			s.logger().Info("PIN via MBB (gapless; old home drains)", zap.Int("from_region", homeRegion),
 				zap.Int("target_region", ov), zap.Uint64("generation", c.Generation))
 			return
 		}
@@ -621,7 +625,7 @@ func (n *negotiator) evaluate() {
 			return
 		}
 		c := s.issue(n, CmdRehome, ov, "pin")
-		s.log.Info("pin applied by direct rehome", zap.Int("target_region", ov),
+		s.logger().Info("pin applied by direct rehome", zap.Int("target_region", ov),
 			zap.Bool("home_alive", alive), zap.String("mode", string(cfg.Mode)),
 			zap.Uint64("generation", c.Generation))
 		return
@@ -629,7 +633,7 @@ func (n *negotiator) evaluate() {
 
 	if !n.settled && n.cmd.Source == "pin" {
 		c := s.issue(n, CmdNone, 0, "pin")
-		s.log.Info("pin cleared; cancelling pin-sourced switch", zap.Uint64("generation", c.Generation))
+		s.logger().Info("pin cleared; cancelling pin-sourced switch", zap.Uint64("generation", c.Generation))
 		return
 	}
 	if !cfg.Autoneg.Enabled || !alive || !n.settled {
@@ -650,7 +654,7 @@ func (n *negotiator) evaluate() {
 		return
 	}
 	c := s.issue(n, CmdMBB, target, "autoneg")
-	s.log.Info("autonegotiated switch via MBB", zap.Int("from_region", homeRegion),
+	s.logger().Info("autonegotiated switch via MBB", zap.Int("from_region", homeRegion),
 		zap.Int("target_region", target), zap.Duration("home_latency", lat[homeRegion]),
 		zap.Duration("target_latency", lat[target]), zap.Uint64("generation", c.Generation))
 }
@@ -734,7 +738,7 @@ func (s *Switcher) runExecutor(boot int) {
 	home := s.newSlot(boot, RoleHome)
 	s.setHome(home)
 	home.startRecv()
-	s.log.Info("boot: connecting home region", zap.Int("region", boot))
+	s.logger().Info("boot: connecting home region", zap.Int("region", boot))
 
 	var cur *op
 	var lastGen uint64
@@ -813,7 +817,7 @@ func (s *Switcher) expireDrains() {
 	}
 	s.stMu.Unlock()
 	for _, sl := range expired {
-		s.log.Info("old home drained; closing", zap.Int("region", sl.region))
+		s.logger().Info("old home drained; closing", zap.Int("region", sl.region))
 		s.removeSlot(sl)
 	}
 }
@@ -863,7 +867,7 @@ func (s *Switcher) startCommand(cmd Command) *op {
 		from = home.region
 	}
 	s.setState(StateAuxOpening)
-	s.log.Info("MBB AUX_OPENING", zap.Int("from_region", from), zap.Int("target_region", cmd.Target),
+	s.logger().Info("MBB AUX_OPENING", zap.Int("from_region", from), zap.Int("target_region", cmd.Target),
 		zap.Uint64("generation", cmd.Generation), zap.String("source", cmd.Source))
 	ctx, cancel := context.WithCancel(s.ctx)
 	o := &op{cmd: cmd, aux: aux, cancel: cancel, done: make(chan error, 1), start: time.Now()}
@@ -872,7 +876,7 @@ func (s *Switcher) startCommand(cmd Command) *op {
 		err := errors.New("prove panicked")
 		defer func() {
 			if r := recover(); r != nil {
-				s.log.Error("panic while proving aux", zap.Any("error", r), zap.ByteString("stack", debug.Stack()))
+				s.logger().Error("panic while proving aux", zap.Any("error", r), zap.ByteString("stack", debug.Stack()))
 			}
 			o.done <- err
 		}()
@@ -918,7 +922,7 @@ func (s *Switcher) abortOp(o *op, why string, byGen uint64) {
 		s.removeSlot(o.aux)
 	}
 	s.setState(StateIdle)
-	s.log.Info("MBB aborted", zap.Int("target_region", o.cmd.Target),
+	s.logger().Info("MBB aborted", zap.Int("target_region", o.cmd.Target),
 		zap.Uint64("generation", o.cmd.Generation), zap.Uint64("by_generation", byGen),
 		zap.String("reason", why))
 	s.report(outcomeAborted, o.cmd)
@@ -932,7 +936,7 @@ func (s *Switcher) finishOp(o *op, err error) {
 			o.cancel()
 			s.removeSlot(o.aux)
 			s.setState(StateIdle)
-			s.log.Info("MBB aborted", zap.Int("target_region", o.cmd.Target),
+			s.logger().Info("MBB aborted", zap.Int("target_region", o.cmd.Target),
 				zap.Uint64("generation", o.cmd.Generation), zap.String("reason", err.Error()))
 			s.report(outcomeAborted, o.cmd)
 			return
@@ -948,7 +952,7 @@ func (s *Switcher) finishOp(o *op, err error) {
 		if home != nil {
 			homeRegion = home.region
 		}
-		s.log.Warn("MBB ROLLBACK: target not proven; old home keeps serving",
+		s.logger().Warn("MBB ROLLBACK: target not proven; old home keeps serving",
 			zap.Int("target_region", o.cmd.Target), zap.Int("home_region", homeRegion),
 			zap.Uint64("generation", o.cmd.Generation), zap.String("source", o.cmd.Source),
 			zap.Error(err))
@@ -972,7 +976,7 @@ func (s *Switcher) finishOp(o *op, err error) {
 	s.state = StateIdle
 	s.lastCommitAt = now
 	s.stMu.Unlock()
-	s.log.Info("MBB COMMIT (no teardown)", zap.Int("from_region", fromRegion),
+	s.logger().Info("MBB COMMIT (no teardown)", zap.Int("from_region", fromRegion),
 		zap.Int("target_region", o.cmd.Target), zap.Uint64("generation", o.cmd.Generation),
 		zap.String("source", o.cmd.Source), zap.Duration("took", time.Since(o.start)))
 	if cfg.OnCommit != nil {
@@ -1012,7 +1016,7 @@ func (s *Switcher) rehome(region int, cmd Command) {
 	if old != nil {
 		oldRegion = old.region
 	}
-	s.log.Info("DERP reconnect requested (teardown rehome)", zap.Int("from_region", oldRegion),
+	s.logger().Info("DERP reconnect requested (teardown rehome)", zap.Int("from_region", oldRegion),
 		zap.Int("target_region", region), zap.Uint64("generation", cmd.Generation),
 		zap.String("source", cmd.Source))
 	if cfg := s.config(); cfg.OnCommit != nil {
@@ -1043,12 +1047,12 @@ func (s *Switcher) reconcile(m *tailcfg.DERPMap, cur *op) (aborted bool) {
 		if ov := int(s.override.Load()); ov != 0 && m.Regions[ov] != nil {
 			target = ov
 		}
-		s.log.Warn("home region removed from DERP map; rehoming", zap.Int("region", home.region),
+		s.logger().Warn("home region removed from DERP map; rehoming", zap.Int("region", home.region),
 			zap.Int("target_region", target))
 		s.rehome(target, Command{Source: "reconcile"})
 	}
 	if ov := int(s.override.Load()); ov != 0 && m.Regions[ov] == nil {
-		s.log.Warn("pinned region no longer in DERP map; clearing pin", zap.Int("region", ov))
+		s.logger().Warn("pinned region no longer in DERP map; clearing pin", zap.Int("region", ov))
 		s.override.Store(0)
 	}
 	poke(s.pokeCh)
@@ -1064,7 +1068,7 @@ func (sl *slot) startRecv() {
 			defer sl.sw.recvWG.Done()
 			defer func() {
 				if r := recover(); r != nil {
-					sl.sw.log.Error("panic in recv loop", zap.Any("error", r),
+					sl.sw.logger().Error("panic in recv loop", zap.Any("error", r),
 						zap.ByteString("stack", debug.Stack()))
 				}
 			}()
@@ -1088,7 +1092,7 @@ func (sl *slot) recvLoop() {
 			}
 			wasUp := sl.connected.Swap(false)
 			if wasUp && s.homePtr.Load() == sl {
-				s.log.Warn("home DERP connection lost", zap.Int("region", sl.region), zap.Error(err))
+				s.logger().Warn("home DERP connection lost", zap.Int("region", sl.region), zap.Error(err))
 				poke(s.pokeCh)
 			}
 			select {
@@ -1103,7 +1107,7 @@ func (sl *slot) recvLoop() {
 		if gen != lastGen {
 			if lastGen != 0 && s.homePtr.Load() == sl {
 				s.ctr.derpReconnects.Add(1)
-				s.log.Info("home DERP connection re-established", zap.Int("region", sl.region),
+				s.logger().Info("home DERP connection re-established", zap.Int("region", sl.region),
 					zap.Int("conn_gen", gen))
 			}
 			lastGen = gen

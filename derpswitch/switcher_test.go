@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"tailscale.com/derp"
 	"tailscale.com/tailcfg"
 	"tailscale.com/types/key"
@@ -547,5 +549,22 @@ func TestAutonegMovesHomeAndResumesAfterPinCleared(t *testing.T) {
 	}
 	if st := r.sw.Status(); st.Switch.Source != "autoneg" || st.PinMBBCommits != 1 || st.Rollbacks != 0 {
 		t.Fatalf("after resume: %+v", st)
+	}
+}
+
+func TestReconfigureSwitchesLogger(t *testing.T) {
+	r := newRig(t, nil)
+	r.waitHome(1)
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := r.sw.config()
+	cfg.Logger = zap.New(core)
+	if err := r.sw.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	r.pin(2)
+	r.waitHome(2)
+	waitFor(t, "commit logged", func() bool { return logs.FilterMessageSnippet("MBB COMMIT").Len() == 1 })
+	if logs.FilterMessageSnippet("PIN via MBB").Len() != 1 {
+		t.Fatalf("a reload's logger did not receive the switch log lines: %v", logs.All())
 	}
 }
