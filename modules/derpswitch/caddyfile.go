@@ -66,18 +66,20 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "derp_map_file":
-			if !d.NextArg() {
-				return d.ArgErr()
+			v, err := stringArg(d)
+			if err != nil {
+				return err
 			}
-			a.DERPMapFile = d.Val()
+			a.DERPMapFile = v
 		case "derp_map":
-			if !d.NextArg() {
-				return d.ArgErr()
+			v, err := stringArg(d)
+			if err != nil {
+				return err
 			}
-			if !json.Valid([]byte(d.Val())) {
+			if !json.Valid([]byte(v)) {
 				return d.Errf("derp_map: invalid JSON")
 			}
-			a.DERPMap = json.RawMessage(d.Val())
+			a.DERPMap = json.RawMessage(v)
 		case "home_region":
 			n, err := intArg(d)
 			if err != nil {
@@ -85,13 +87,14 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			a.HomeRegion = n
 		case "mode":
-			if !d.NextArg() {
-				return d.ArgErr()
+			v, err := stringArg(d)
+			if err != nil {
+				return err
 			}
-			if d.Val() != "mbb" && d.Val() != "legacy" {
-				return d.Errf("mode must be mbb or legacy, not %q", d.Val())
+			if v != "mbb" && v != "legacy" {
+				return d.Errf("mode must be mbb or legacy, not %q", v)
 			}
-			a.Mode = d.Val()
+			a.Mode = v
 		case "prove":
 			if a.Prove == nil {
 				a.Prove = new(ProveConfig)
@@ -165,20 +168,34 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 		case "echo_prefix":
-			if !d.NextArg() {
-				return d.ArgErr()
+			v, err := stringArg(d)
+			if err != nil {
+				return err
 			}
-			a.EchoPrefix = d.Val()
+			a.EchoPrefix = v
 		case "echo_reply_prefix":
-			if !d.NextArg() {
-				return d.ArgErr()
+			v, err := stringArg(d)
+			if err != nil {
+				return err
 			}
-			a.EchoReplyPrefix = d.Val()
+			a.EchoReplyPrefix = v
 		default:
 			return d.Errf("unrecognized subdirective %s", d.Val())
 		}
 	}
 	return nil
+}
+
+// stringArg reads exactly one argument.
+func stringArg(d *caddyfile.Dispenser) (string, error) {
+	if !d.NextArg() {
+		return "", d.ArgErr()
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return "", d.ArgErr()
+	}
+	return v, nil
 }
 
 func intArg(d *caddyfile.Dispenser) (int, error) {

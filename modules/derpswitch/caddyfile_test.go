@@ -65,6 +65,12 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"derp_switch {\n retry_backoff\n}", "wrong argument count"},
 		{"derp_switch {\n drain soon\n}", "duration"},
 		{"derp_switch extra", "wrong argument count"},
+		{"derp_switch {\n derp_map_file a.json b.json\n}", "wrong argument count"},
+		{"derp_switch {\n mode mbb legacy\n}", "wrong argument count"},
+		{"derp_switch {\n echo_prefix a: b:\n}", "wrong argument count"},
+		{"derp_switch {\n derp_map `{bad`\n}", "invalid JSON"},
+		{"derp_switch {\n autonegotiate {\n  dwell\n }\n}", "wrong argument count"},
+		{"derp_switch {\n autonegotiate {\n  often 1\n }\n}", "unrecognized autonegotiate subdirective often"},
 	} {
 		d := caddyfile.NewTestDispenser(tt.in)
 		err := new(App).UnmarshalCaddyfile(d)
