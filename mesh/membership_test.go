@@ -483,3 +483,52 @@ func TestMembershipDrainingStillFences(t *testing.T) {
 		}
 	})
 }
+
+// TestMembershipLivenessByBucketClock: liveness compares a heartbeat's LastModified with
+// the listing's own time, both from the store, so a store whose clock is an hour off the
+// boxes' changes nothing: members are live at once, and a killed one dies after
+// dead_after, not an hour early or an hour late.
+func TestMembershipLivenessByBucketClock(t *testing.T) {
+	for _, off := range []time.Duration{-time.Hour, time.Hour} {
+		t.Run(off.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := meshtest.NewMemBucket()
+				mem.Granularity = time.Second
+				mem.Offset = off
+				ctx := t.Context()
+				a := newTestMember(t, mem, "https://a.example.net", "", nil)
+				b := newTestMember(t, mem, "https://b.example.net", "", nil)
+				for _, m := range []*Membership{a, b} {
+					m.Start(ctx)
+					defer m.Close()
+				}
+				time.Sleep(time.Second)
+				synctest.Wait()
+				live := a.Live()
+				if got := selves(live); !sameStrings(got, []string{"https://a.example.net", "https://b.example.net"}) {
+					t.Fatalf("store clock %v off: a sees %v", off, got)
+				}
+				for _, m := range live {
+					if m.Age < 0 || m.Age > 2*time.Second {
+						t.Fatalf("store clock %v off: %s has age %v", off, m.Self, m.Age)
+					}
+				}
+				b.Close()
+				killed := time.Now()
+				time.Sleep(2 * time.Second)
+				synctest.Wait()
+				if !a.IsLive(b.Config().Self, b.Config().Incarnation) {
+					t.Fatalf("store clock %v off: b dead %v after its last beat (dead_after 3s)", off, time.Since(killed))
+				}
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				if a.IsLive(b.Config().Self, b.Config().Incarnation) {
+					t.Fatalf("store clock %v off: b still live %v after its last beat (dead_after 3s)", off, time.Since(killed))
+				}
+				if st := a.Stats(); st.ClockFallbacks != 0 {
+					t.Fatalf("fell back to the local clock %d times", st.ClockFallbacks)
+				}
+			})
+		})
+	}
+}

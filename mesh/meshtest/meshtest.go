@@ -27,6 +27,9 @@ type MemBucket struct {
 	// Granularity truncates LastModified and Now, as S3's whole-second timestamps do.
 	// Zero keeps full precision.
 	Granularity time.Duration
+	// Offset shifts the store's clock from the time package's, like a bucket whose
+	// clock disagrees with the boxes'. Zero means none.
+	Offset time.Duration
 	// PageSize limits a List page. Default: 1000.
 	PageSize int
 
@@ -43,7 +46,7 @@ type memObj struct {
 func NewMemBucket() *MemBucket { return &MemBucket{objs: map[string]memObj{}} }
 
 func (b *MemBucket) now() time.Time {
-	t := time.Now()
+	t := time.Now().Add(b.Offset)
 	if b.Granularity > 0 {
 		t = t.Truncate(b.Granularity)
 	}
