@@ -341,3 +341,43 @@ func TestKilledHolderLockExpires(t *testing.T) {
 		t.Fatalf("pebble saw %d orders, want 2 (the dead holder's and the other box's)", n)
 	}
 }
+
+// A box stopped with SIGTERM in the middle of an order releases its lock on the
+// way out (its config is cleaned up first, which stops the refresh, and
+// certmagic's release still deletes the lock): the other box gets the lock at
+// once instead of waiting for lock_ttl (60s here) to take over a stale one.
+func TestStoppedHolderReleasesLock(t *testing.T) {
+	s3 := harness.StartS3(t)
+	acme := harness.StartACME(t, "mesh.test")
+	roots := acme.RootPool(t)
+	fleet := s3.NewBucket(t, "fleet")
+
+	holder := startBox(t, acme, s3, boxOpts{name: "holder", prefix: "fleet", lockTTL: time.Minute, propagationDelay: 5 * time.Minute})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		page, err := fleet.List(context.Background(), "certs/locks/", "")
+		if err == nil && len(page.Objects) > 0 && acme.Orders(t) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("holder never took the issuance lock and started an order (err %v)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	syscall.Kill(-holder.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-holder.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("holder did not exit on SIGTERM")
+	}
+	page, err := fleet.List(context.Background(), "certs/locks/", "")
+	if err != nil || len(page.Objects) != 0 {
+		t.Fatalf("locks left in the bucket after the holder stopped: %v %v", page.Objects, err)
+	}
+
+	other := startBox(t, acme, s3, boxOpts{name: "other", prefix: "fleet", lockTTL: time.Minute})
+	other.waitServing(t, roots, 50*time.Second, "a.mesh.test")
+	if strings.Contains(other.log(t), "took over stale lock") {
+		t.Fatal("the other box had to wait out the stopped holder's lock")
+	}
+}
