@@ -15,6 +15,9 @@ import (
 // ErrNotFound means no route exists for the host.
 var ErrNotFound = errors.New("route not found")
 
+// ErrExists means Create found a route for the host already.
+var ErrExists = errors.New("route exists")
+
 var routesBucket = []byte("routes")
 
 // Registry is the store of routes. Writes go to disk first, then to memory; reads on
@@ -126,6 +129,25 @@ func (g *Registry) Put(rt Route) (Route, error) {
 	}
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
+	stored := g.stampLocked(rt.clone())
+	if err := g.writeLocked([]*Route{stored}); err != nil {
+		return Route{}, err
+	}
+	return *stored.clone(), nil
+}
+
+// Create validates and stores rt only if no route for rt.Host exists; otherwise it
+// reports ErrExists and stores nothing. The check and the write happen under the
+// writers' lock, so of concurrent Creates for one host exactly one succeeds.
+func (g *Registry) Create(rt Route) (Route, error) {
+	if err := rt.Validate(); err != nil {
+		return Route{}, err
+	}
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	if _, ok := g.Lookup(rt.Host); ok {
+		return Route{}, fmt.Errorf("route %s: %w", rt.Host, ErrExists)
+	}
 	stored := g.stampLocked(rt.clone())
 	if err := g.writeLocked([]*Route{stored}); err != nil {
 		return Route{}, err

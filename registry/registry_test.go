@@ -2,6 +2,7 @@ package registry
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -300,5 +301,58 @@ func TestLivesAtRow(t *testing.T) {
 	}
 	if _, err := g.Update("old.example.com", func(r *Route) error { r.Version = "2"; return nil }); err != nil {
 		t.Fatalf("updating a migrated row: %v", err)
+	}
+}
+
+// TestCreateConcurrent: of many concurrent creates of one host exactly one succeeds and
+// the others get ErrExists; the stored route is the winner's.
+func TestCreateConcurrent(t *testing.T) {
+	g := openTest(t, filepath.Join(t.TempDir(), "reg.db"), nil)
+	const n = 32
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, errs[i] = g.Create(Route{Host: "dup.example.com", Kind: "demo", Hibernate: true, Version: fmt.Sprint(i)})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	won := -1
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			if won >= 0 {
+				t.Fatalf("creates %d and %d both succeeded", won, i)
+			}
+			won = i
+		case !errors.Is(err, ErrExists):
+			t.Fatalf("create %d: %v, want ErrExists", i, err)
+		}
+	}
+	if won < 0 {
+		t.Fatal("no create succeeded")
+	}
+	if rt, _ := g.Lookup("dup.example.com"); rt.Version != fmt.Sprint(won) {
+		t.Fatalf("stored version %q, want the winner's %d", rt.Version, won)
+	}
+	if _, err := g.Create(Route{Host: "bad host"}); err == nil || errors.Is(err, ErrExists) {
+		t.Fatalf("Create of an invalid route: %v, want a validation error", err)
+	}
+}
+
+func TestValidateRegion(t *testing.T) {
+	for r, ok := range map[string]bool{
+		"eu": true, "us-east-1": true, "r2": true, strings.Repeat("a", 32): true,
+		"": false, strings.Repeat("a", 33): false, "EU": false, "eu_west": false, "eu.west": false,
+		"eu west": false, "eu/1": false, "é": false,
+	} {
+		if err := ValidateRegion(r); (err == nil) != ok {
+			t.Errorf("ValidateRegion(%q) = %v, want ok=%v", r, err, ok)
+		}
 	}
 }

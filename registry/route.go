@@ -168,6 +168,20 @@ func ValidateEnvName(k string) error {
 	return nil
 }
 
+// ValidateRegion accepts a region label, as home_region carries: 1 to 32 lowercase
+// letters, digits and '-'.
+func ValidateRegion(r string) error {
+	if r == "" || len(r) > 32 {
+		return fmt.Errorf("region %q must be 1 to 32 characters", r)
+	}
+	for i := 0; i < len(r); i++ {
+		if c := r[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return fmt.Errorf("region %q contains %q; only a-z, 0-9 and '-' are allowed", r, c)
+		}
+	}
+	return nil
+}
+
 // ValidateHost accepts lowercase DNS names (punycode labels included) and rejects
 // ports, paths, wildcards, uppercase, IP addresses and trailing dots, saying which.
 func ValidateHost(h string) error {
