@@ -234,7 +234,16 @@ func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, err e
 		return false, nil
 	}
 	ms.c.holderForwards.Add(1)
-	return h.forward(w, r, held.Holder, next, false)
+	done, ferr := h.forward(w, r, held.Holder, next, false)
+	var de reverseproxy.DialError
+	if errors.As(ferr, &de) {
+		// The holder is down or unreachable: its lease frees once its heartbeat is
+		// dead, so this is temporary (503 and Retry-After), not a bad gateway.
+		setRetryAfter(w, time.Duration(h.RetryAfter))
+		return true, caddyhttp.Error(http.StatusServiceUnavailable,
+			fmt.Errorf("space %s is held by %s, which cannot be reached now: %v", r.Host, held.Holder, de))
+	}
+	return done, ferr
 }
 
 // forward proxies the request once to the peer at self. When the peer cannot be
