@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -109,6 +110,13 @@ func (a *meshAdmin) fleet(w http.ResponseWriter, r *http.Request) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() {
+				if rec := recover(); rec != nil {
+					fm.Error = "reading status: internal error"
+					a.logger.Error("fleet status read panicked", zap.String("peer", m.Self),
+						zap.Any("panic", rec), zap.ByteString("stack", debug.Stack()))
+				}
+			}()
 			raw, err := ms.client.Status(ctx, m.Self)
 			if err != nil {
 				fm.Error = err.Error()
@@ -182,7 +190,12 @@ func (a *meshAdmin) seed(w http.ResponseWriter, r *http.Request, ms *meshState) 
 		client.Token = mesh.Secret(req.Token)
 	}
 	ctx := r.Context()
-	local := a.app.allRows()
+	local, err := a.app.allRows()
+	if err != nil {
+		// A partial registry must never reach the planner: --prune would tombstone
+		// every peer row the read missed.
+		return apiErr(http.StatusInternalServerError, "reading this box's routes; nothing was sent: %v", err)
+	}
 	remote, err := client.ListRoutes(ctx, peer)
 	if err != nil {
 		return apiErr(http.StatusBadGateway, "listing the peer's routes: %v", err)
@@ -229,22 +242,22 @@ func (a *meshAdmin) seed(w http.ResponseWriter, r *http.Request, ms *meshState) 
 }
 
 // allRows is every row of this box in replicated form, env values included (they go
-// to the peer only, never to the operator).
-func (a *App) allRows() []mesh.RouteRow {
+// to the peer only, never to the operator). A failed registry read is an error, never
+// a shorter list.
+func (a *App) allRows() ([]mesh.RouteRow, error) {
 	ms := a.shared.mesh
 	var out []mesh.RouteRow
 	after := ""
 	for {
 		rts, next, err := a.shared.reg.List(after, 1000)
 		if err != nil {
-			a.logger.Error("listing routes for mesh-seed", zap.Error(err))
-			return out
+			return nil, fmt.Errorf("listing routes: %v", err)
 		}
 		for i := range rts {
 			out = append(out, ms.rowFromRoute(&rts[i]))
 		}
 		if next == "" {
-			return out
+			return out, nil
 		}
 		after = next
 	}

@@ -75,7 +75,11 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	switch {
 	case p == mesh.PathRoutes && r.Method == http.MethodGet:
-		return mesh.WriteRoutes(w, h.app.inScopeRows(false))
+		rows, err := h.app.inScopeRows(false)
+		if err != nil {
+			return caddyhttp.Error(http.StatusInternalServerError, err)
+		}
+		return mesh.WriteRoutes(w, rows)
 	case p == mesh.PathStatus && r.Method == http.MethodGet:
 		return writeJSON(w, http.StatusOK, h.app.meshStatus())
 	case strings.HasPrefix(p, mesh.PathRoute) && r.Method == http.MethodPut:
@@ -146,8 +150,16 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 	if err := registry.ValidateHost(host); err != nil {
 		return caddyhttp.Error(http.StatusBadRequest, err)
 	}
-	if rt, ok := h.app.shared.reg.Lookup(host); ok && !rt.Hibernate && rt.LivesAt == "" {
+	rt, ok := h.app.shared.reg.Lookup(host)
+	if ok && !rt.Hibernate && rt.LivesAt == "" {
 		return caddyhttp.Error(http.StatusConflict, fmt.Errorf("route %s is a live route served by this box", host))
+	}
+	// Like a PUT, a tombstone outside this box's scope changes nothing: a host outside
+	// the mesh domains is this box's own business unless its stored row is homed in
+	// this box's region.
+	if !mesh.InScope(host, ms.cfg.Domains) && !(ok && ms.rowFromRoute(rt).InScopeFor(ms.cfg.Domains, ms.cfg.Region)) {
+		ms.c.rowsRejected.Add(1)
+		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("route %s is outside this box's mesh domains and region", host))
 	}
 	err := h.app.shared.reg.Delete(host)
 	if err != nil && !errors.Is(err, registry.ErrNotFound) {
@@ -202,16 +214,16 @@ func (ms *meshState) rowFromRoute(rt *registry.Route) mesh.RouteRow {
 }
 
 // inScopeRows lists the rows of this box in its mesh scope (its domains, or its region
-// as home_region). Env values are included only when withEnv is set (mesh-seed).
-func (a *App) inScopeRows(withEnv bool) []mesh.RouteRow {
+// as home_region). Env values are included only when withEnv is set (mesh-seed). A
+// failed registry read is an error, never a shorter list: peers diff against it.
+func (a *App) inScopeRows(withEnv bool) ([]mesh.RouteRow, error) {
 	ms := a.shared.mesh
 	var out []mesh.RouteRow
 	after := ""
 	for {
 		rts, next, err := a.shared.reg.List(after, 1000)
 		if err != nil {
-			a.logger.Error("listing routes for the mesh", zap.Error(err))
-			return out
+			return nil, fmt.Errorf("listing routes: %v", err)
 		}
 		for i := range rts {
 			row := ms.rowFromRoute(&rts[i])
@@ -224,7 +236,7 @@ func (a *App) inScopeRows(withEnv bool) []mesh.RouteRow {
 			out = append(out, row)
 		}
 		if next == "" {
-			return out
+			return out, nil
 		}
 		after = next
 	}
