@@ -284,26 +284,56 @@ func (st boxStatus) lastSync(host string) time.Time {
 	return time.Time{}
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+// waitFor polls cond every 50ms until it holds; on timeout it fails the test, with what
+// each diag reports (the last answer seen, say) so a failure names its cause.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool, diag ...func() string) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for !cond() {
 		if time.Since(start) > timeout {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			var extra []string
+			for _, d := range diag {
+				extra = append(extra, d())
+			}
+			t.Fatalf("timed out after %v waiting for %s %s", timeout, what, strings.Join(extra, "; "))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	return time.Since(start)
 }
 
+// waitSynced waits until n has checkpointed host with a snapshot taken after since. The
+// first sync to finish after since may have taken its snapshot before it (a sync's time
+// is when it ended), so it waits for the next one, which started after that.
+func waitSynced(t *testing.T, n *node, host string, since time.Time) {
+	t.Helper()
+	var first time.Time
+	waitFor(t, 10*time.Second, "a sync of "+host+" that started after the write", func() bool {
+		ls := status(t, n).lastSync(host)
+		if first.IsZero() {
+			if ls.After(since) {
+				first = ls
+			}
+			return false
+		}
+		return ls.After(first)
+	})
+}
+
 func (c *cluster) do(n *node, method, host, path, body string, hdr http.Header) (int, string, error) {
+	code, _, data, err := c.doH(n, method, host, path, body, hdr)
+	return code, data, err
+}
+
+// doH is do with the response headers.
+func (c *cluster) doH(n *node, method, host, path, body string, hdr http.Header) (int, http.Header, string, error) {
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
 	req, err := http.NewRequest(method, "https://"+host+path, rd)
 	if err != nil {
-		return 0, "", err
+		return 0, nil, "", err
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
@@ -313,11 +343,11 @@ func (c *cluster) do(n *node, method, host, path, body string, hdr http.Header) 
 	}
 	resp, err := c.client(n).Do(req)
 	if err != nil {
-		return 0, "", err
+		return 0, nil, "", err
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(data), nil
+	return resp.StatusCode, resp.Header, string(data), nil
 }
 
 func (c *cluster) mustDo(n *node, method, host, path, body string, want int) string {

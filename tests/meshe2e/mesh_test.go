@@ -167,6 +167,20 @@ func TestMesh(t *testing.T) {
 		if hasRoute(b, h) {
 			t.Errorf("tombstoned row still there")
 		}
+
+		// A tombstone for a host outside b's mesh scope is refused and changes nothing.
+		local := "y.other.test"
+		b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": local, "kind": "demo"}, http.StatusCreated, nil)
+		req, _ = http.NewRequest("DELETE", b.self+mesh.PathRoute+local, nil)
+		req.Header.Set("Authorization", "Bearer "+meshToken)
+		resp, err := c.client(b).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !hasRoute(b, local) {
+			t.Errorf("DELETE out of scope: %d, row still there: %v; want 400 and the row kept", resp.StatusCode, hasRoute(b, local))
+		}
 	})
 
 	t.Run("placement and one hop", func(t *testing.T) {
@@ -215,6 +229,95 @@ func TestMesh(t *testing.T) {
 		}
 		if got := awakeOn(t, host, all...); len(got) != 1 || got[0] != b.self {
 			t.Errorf("%s awake on %v after spoofed requests, want only %s", host, got, b.self)
+		}
+	})
+
+	t.Run("lease conflicts", func(t *testing.T) {
+		marked := func(host string) http.Header {
+			h := http.Header{}
+			mesh.Marker{Token: meshToken}.Mark(h, host)
+			return h
+		}
+		// Marked requests are served where they land, so all three boxes race to wake
+		// one space: exactly one instance runs, and the others, already forwarded, answer
+		// 503 with Retry-After and count it.
+		host := hostOwnedBy(t, "race", b, all...)
+		c.createSpace(a, host)
+		waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+		before := map[string]map[string]uint64{}
+		for _, n := range all {
+			before[n.self] = status(t, n).Mesh.Counters
+		}
+		type answer struct {
+			self, retry string
+			code        int
+			err         error
+		}
+		const perBox = 4
+		answers := make(chan answer, perBox*len(all))
+		gate := make(chan struct{})
+		var wg sync.WaitGroup
+		for _, n := range all {
+			for i := 0; i < perBox; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-gate
+					code, hdr, _, err := c.doH(n, "GET", host, "/api/messages", "", marked(host))
+					answers <- answer{self: n.self, retry: hdr.Get("Retry-After"), code: code, err: err}
+				}()
+			}
+		}
+		close(gate)
+		wg.Wait()
+		close(answers)
+		ok, busy := map[string]int{}, map[string]int{}
+		for ans := range answers {
+			switch {
+			case ans.err != nil:
+				t.Errorf("racing wake via %s: %v", ans.self, ans.err)
+			case ans.code == 200:
+				ok[ans.self]++
+			case ans.code == 503 && ans.retry != "":
+				busy[ans.self]++
+			default:
+				t.Errorf("racing wake via %s: %d (Retry-After %q), want 200, or 503 with Retry-After", ans.self, ans.code, ans.retry)
+			}
+		}
+		on := awakeOn(t, host, all...)
+		if len(on) != 1 {
+			t.Fatalf("racing wakes left %s awake on %v, want exactly one box", host, on)
+		}
+		for _, n := range all {
+			gotBusy := status(t, n).Mesh.Counters["lease_busy"] - before[n.self]["lease_busy"]
+			if n.self == on[0] {
+				if ok[n.self] != perBox {
+					t.Errorf("winner %s answered %d of %d racing requests with 200", n.self, ok[n.self], perBox)
+				}
+				continue
+			}
+			if ok[n.self] != 0 || busy[n.self] != perBox || gotBusy != perBox {
+				t.Errorf("loser %s: %d×200, %d×503, lease_busy +%d; want %d×503 counted", n.self, ok[n.self], busy[n.self], gotBusy, perBox)
+			}
+		}
+
+		// The loser of a lease conflict forwards once to the holder: a wakes h2 (a
+		// marked request stays there), then b, its owner, gets a plain request for it.
+		h2 := hostOwnedBy(t, "held", b, all...)
+		c.createSpace(a, h2)
+		waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, h2) && hasRoute(cc, h2) })
+		if code, _, body, err := c.doH(a, "GET", h2, "/api/messages", "", marked(h2)); err != nil || code != 200 {
+			t.Fatalf("marked request to a: %d %v %.200s", code, err, body)
+		}
+		bb, ab := status(t, b).Mesh.Counters, status(t, a).Mesh.Counters
+		c.mustDo(b, "GET", h2, "/api/messages", "", 200)
+		ba, aa := status(t, b).Mesh.Counters, status(t, a).Mesh.Counters
+		if ba["holder_forwards"] != bb["holder_forwards"]+1 || aa["forwarded_in"] != ab["forwarded_in"]+1 {
+			t.Errorf("b's holder_forwards %d→%d, a's forwarded_in %d→%d; want one forward from the owner to the holder",
+				bb["holder_forwards"], ba["holder_forwards"], ab["forwarded_in"], aa["forwarded_in"])
+		}
+		if on := awakeOn(t, h2, all...); len(on) != 1 || on[0] != a.self {
+			t.Errorf("%s awake on %v, want only on the lease holder %s", h2, on, a.self)
 		}
 	})
 
@@ -270,7 +373,8 @@ func TestMesh(t *testing.T) {
 		// Zero-source guard: a seed scoped to domains this box has no rows under refuses to prune.
 		envFile := filepath.Join(t.TempDir(), "router.env")
 		os.WriteFile(envFile, []byte("LCHAT_MESH_SELF="+a.self+"\nLCHAT_MESH_DOMAINS=empty.test\nLCHAT_MESH_TOKEN="+meshToken+"\n"), 0o600)
-		stray2 := "x.empty.test"
+		var routesBefore, routesAfter struct{ Routes []any }
+		b.AdminJSON("GET", "/lchat/routes?limit=1000", nil, 200, &routesBefore)
 		before := status(t, b)
 		out, err = a.CLI("mesh-seed", "--env-file", envFile, "--prune", b.self)
 		if err == nil || !strings.Contains(out, "refusing to prune") {
@@ -279,9 +383,10 @@ func TestMesh(t *testing.T) {
 		if strings.Contains(out, meshToken) {
 			t.Errorf("mesh-seed printed the token")
 		}
-		_ = stray2
-		var routes struct{ Routes []any }
-		b.AdminJSON("GET", "/lchat/routes?limit=1000", nil, 200, &routes)
+		b.AdminJSON("GET", "/lchat/routes?limit=1000", nil, 200, &routesAfter)
+		if len(routesAfter.Routes) != len(routesBefore.Routes) {
+			t.Errorf("the refused prune changed the peer's routes: %d → %d", len(routesBefore.Routes), len(routesAfter.Routes))
+		}
 		if after := status(t, b); after.Mesh.Counters["tombstones_in"] != before.Mesh.Counters["tombstones_in"] {
 			t.Errorf("the refused prune tombstoned rows on the peer")
 		}
@@ -370,8 +475,7 @@ func TestMesh(t *testing.T) {
 	t.Run("cut off from the bucket", func(t *testing.T) {
 		host := hostOwnedBy(t, "own", cc, all...)
 		c.post(cc, host, "before the cut")
-		since := time.Now()
-		waitFor(t, 10*time.Second, "a sync after the post", func() bool { return status(t, cc).lastSync(host).After(since) })
+		waitSynced(t, cc, host, time.Now())
 
 		// Watch every box throughout: at no moment may two run the space.
 		var stop atomic.Bool
@@ -380,6 +484,7 @@ func TestMesh(t *testing.T) {
 		var ccStopped, otherAwake time.Time
 		var wg sync.WaitGroup
 		wg.Add(1)
+		defer func() { stop.Store(true); wg.Wait() }()
 		go func() {
 			defer wg.Done()
 			for !stop.Load() {
@@ -413,14 +518,17 @@ func TestMesh(t *testing.T) {
 
 		cut := time.Now()
 		cc.bucketProxy.SetDown(true)
+		defer cc.bucketProxy.SetDown(false) // also when a check fails, so later subtests keep three boxes
 		fenced := waitFor(t, 10*time.Second, "the cut-off box fences itself", func() bool {
 			st := status(t, cc)
 			return st.Mesh.Fenced && !st.awake(host)
 		})
+		var last string
 		served := waitFor(t, 20*time.Second, "a survivor serves the space with its data", func() bool {
 			code, body, err := c.do(a, "GET", host, "/api/messages", "", nil)
+			last = fmt.Sprintf("%d %v %.300s", code, err, body)
 			return err == nil && code == 200 && strings.Contains(body, "before the cut")
-		})
+		}, func() string { return "(last answer via " + a.self + ": " + last + ")" })
 		// Let the watcher see the survivor's instance before it stops watching.
 		waitFor(t, 5*time.Second, "the watcher sees the survivor run the space", func() bool {
 			mu.Lock()
@@ -530,18 +638,31 @@ func TestMesh(t *testing.T) {
 		c.createSpace(a, host)
 		waitFor(t, 5*time.Second, "row on the peer", func() bool { return hasRoute(cc, host) })
 		c.post(a, host, "survives a kill")
-		since := time.Now()
-		waitFor(t, 10*time.Second, "a sync after the post", func() bool { return status(t, cc).lastSync(host).After(since) })
-		start := time.Now()
+		waitSynced(t, cc, host, time.Now())
 		cc.Kill()
+		// Until the killed box's heartbeat is dead its lease holds: every answer in
+		// between must be a 503 with Retry-After (temporary), never a 502 or a 200
+		// without the synced data.
+		busy := 0
+		var bad []string
 		d := waitFor(t, deadAfter+20*time.Second, "a survivor serves the killed box's space", func() bool {
-			code, body, err := c.do(a, "GET", host, "/api/messages", "", nil)
-			return err == nil && code == 200 && strings.Contains(body, "survives a kill")
-		})
-		t.Logf("FIGURE SIGKILL failover: survivor served %v after SIGKILL (target ≤ dead_after %v + 5s)", d, deadAfter)
+			code, hdr, body, err := c.doH(a, "GET", host, "/api/messages", "", nil)
+			switch {
+			case err == nil && code == 200 && strings.Contains(body, "survives a kill"):
+				return true
+			case err == nil && code == 503 && hdr.Get("Retry-After") != "":
+				busy++
+			default:
+				bad = append(bad, fmt.Sprintf("%d %v %.200s", code, err, body))
+			}
+			return false
+		}, func() string { return fmt.Sprintf("(answers: %d×503, others %q)", busy, bad) })
+		t.Logf("FIGURE SIGKILL failover: survivor served %v after SIGKILL (target ≤ dead_after %v + 5s); %d×503 before", d, deadAfter, busy)
 		if d > deadAfter+5*time.Second {
 			t.Errorf("hard failover took %v, target %v", d, deadAfter+5*time.Second)
 		}
-		_ = start
+		if len(bad) > 0 {
+			t.Errorf("while the killed box's lease held, answers other than 503 + Retry-After: %q", bad)
+		}
 	})
 }
