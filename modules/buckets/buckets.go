@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -42,8 +43,11 @@ type S3 struct {
 	// (or AWS_ENDPOINT_URL_S3 when set).
 	Endpoint string `json:"endpoint,omitempty"`
 	// UsePathStyle addresses buckets as host/bucket (most S3-compatible stores need
-	// it). Default: false, virtual-hosted style.
+	// it). Default: true when an endpoint is configured (Endpoint, or
+	// AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL), else false (AWS's virtual-hosted style).
 	UsePathStyle bool `json:"use_path_style,omitempty"`
+	// VirtualHost keeps virtual-hosted style even with an endpoint. Default: false.
+	VirtualHost bool `json:"virtual_host,omitempty"`
 	// AccessKeyID, SecretAccessKey and SessionToken are static credentials; use
 	// placeholders rather than literal secrets. Default: the AWS credentials chain.
 	AccessKeyID     string `json:"access_key_id,omitempty"`
@@ -88,6 +92,14 @@ func (s *S3) Provision(ctx caddy.Context) error {
 		}
 		s.bkt = f.bkt
 		return nil
+	}
+	if s.UsePathStyle && s.VirtualHost {
+		return errors.New("lchat.buckets.s3: use_path_style and virtual_host exclude each other")
+	}
+	// A custom endpoint is nearly always an S3-compatible store that needs path style;
+	// bucket-check makes the same choice, so it tests what the server will do.
+	if !s.VirtualHost && (s.Endpoint != "" || os.Getenv("AWS_ENDPOINT_URL_S3") != "" || os.Getenv("AWS_ENDPOINT_URL") != "") {
+		s.UsePathStyle = true
 	}
 	if err := s.Validate(); err != nil {
 		return err

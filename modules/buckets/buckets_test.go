@@ -331,3 +331,37 @@ func TestS3ProvisionEnvEndpoint(t *testing.T) {
 		t.Fatalf("Provision with a malformed AWS_ENDPOINT_URL_S3 = %v", err)
 	}
 }
+
+// TestS3PathStyleDefault: with an endpoint (configured or from the environment) the
+// server uses path style unless told otherwise, the same choice bucket-check makes.
+func TestS3PathStyleDefault(t *testing.T) {
+	t.Setenv("AWS_ENDPOINT_URL_S3", "")
+	t.Setenv("AWS_ENDPOINT_URL", "")
+	cases := []struct {
+		name string
+		m    S3
+		env  string
+		want bool
+	}{
+		{"aws", S3{Bucket: "b", Region: "eu-west-1"}, "", false},
+		{"endpoint field", S3{Bucket: "b", Region: "r", Endpoint: "http://127.0.0.1:9000"}, "", true},
+		{"endpoint env", S3{Bucket: "b", Region: "r"}, "http://127.0.0.1:9000", true},
+		{"virtual host kept", S3{Bucket: "b", Region: "r", Endpoint: "http://s3.local:9000", VirtualHost: true}, "", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("AWS_ENDPOINT_URL_S3", c.env)
+			m := c.m
+			if err := m.Provision(newCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			if m.UsePathStyle != c.want {
+				t.Errorf("UsePathStyle = %v, want %v", m.UsePathStyle, c.want)
+			}
+		})
+	}
+	both := S3{Bucket: "b", UsePathStyle: true, VirtualHost: true}
+	if err := both.Provision(newCtx(t)); err == nil {
+		t.Error("use_path_style with virtual_host was accepted")
+	}
+}

@@ -11,7 +11,8 @@ import (
 //	    prefix            <prefix>
 //	    region            <region>
 //	    endpoint          <http(s)://host[:port]>
-//	    use_path_style
+//	    use_path_style    # default on when an endpoint is configured
+//	    virtual_host      # keep virtual-hosted style with an endpoint
 //	    access_key_id     <id>
 //	    secret_access_key <secret>
 //	    session_token     <token>
@@ -46,6 +47,12 @@ func (s *S3) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			s.UsePathStyle = true
+			continue
+		case "virtual_host":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			s.VirtualHost = true
 			continue
 		default:
 			return d.Errf("unrecognized subdirective %s", d.Val())

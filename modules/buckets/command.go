@@ -149,8 +149,8 @@ func bucketFromFlags(ctx caddy.Context, f checkFlags, getenv func(string) string
 	} else {
 		mod = &S3{
 			Bucket: f.Bucket, Prefix: f.Prefix, Region: f.Region, Endpoint: f.Endpoint,
-			// Custom endpoints are nearly always S3-compatible stores that need it.
-			UsePathStyle: f.PathStyle || (f.Endpoint != "" && !f.VirtualHost),
+			// Path style by default with an endpoint, exactly as the server decides.
+			UsePathStyle: f.PathStyle, VirtualHost: f.VirtualHost,
 		}
 	}
 	if err := mod.Provision(ctx); err != nil {
