@@ -168,10 +168,15 @@ func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
 	if err := a.app.checkRoute(&rt); err != nil {
 		return apiErr(http.StatusBadRequest, "%v", err)
 	}
-	if _, ok := a.app.shared.reg.Lookup(rt.Host); ok {
+	if rt.HomeRegion != "" {
+		if err := registry.ValidateRegion(rt.HomeRegion); err != nil {
+			return apiErr(http.StatusBadRequest, "home_region: %v", err)
+		}
+	}
+	stored, err := a.app.shared.reg.Create(rt)
+	if errors.Is(err, registry.ErrExists) {
 		return apiErr(http.StatusConflict, "route %s exists; remove it first", rt.Host)
 	}
-	stored, err := a.app.shared.reg.Put(rt)
 	if err != nil {
 		return apiErr(http.StatusInternalServerError, "%v", err)
 	}
