@@ -3,6 +3,7 @@ package derp
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -220,6 +221,43 @@ func TestPreemption(t *testing.T) {
 	}
 	if st := b.sw.Status(); st.HomeRegion != 3 || st.PinPending {
 		t.Fatalf("status %+v", st)
+	}
+}
+
+// TestPreemptionWhileProving pins A and, while A's connection is up and being proven
+// (ping/pong), pins B: A's switch is aborted, and the only commit is to B.
+func TestPreemptionWhileProving(t *testing.T) {
+	_, m := startRegions(t, 4)
+	b := startBox(t, m, func(c *derpswitch.Config) {
+		// A long prove (20 pings, 100 ms apart) makes the prove window easy to hit.
+		c.Prove = derpswitch.ProveConfig{Count: 20, Interval: 100 * time.Millisecond, Timeout: time.Second}
+	})
+	b.waitHome(t, 1, 10*time.Second)
+	before := b.sw.Counters()
+	b.pin(t, 2)
+	waitFor(t, 5*time.Second, "aux to 2 proving", func() bool {
+		st := b.sw.Status()
+		return st.Switch.Target == 2 && st.Switch.State == derpswitch.StateProving
+	})
+	b.pin(t, 3)
+	b.waitHome(t, 3, 10*time.Second)
+	after := b.sw.Counters()
+	if d := after.MBBCommits - before.MBBCommits; d != 1 || after.PinMBBCommits-before.PinMBBCommits != 1 {
+		t.Fatalf("counters %+v -> %+v; want exactly one commit", before, after)
+	}
+	b.mu.Lock()
+	commits := slices.Clone(b.commits)
+	b.mu.Unlock()
+	if len(commits) != 1 || commits[0].region != 3 {
+		t.Fatalf("commits %+v; want one to region 3", commits)
+	}
+	if n := b.logCount("MBB aborted"); n < 1 {
+		t.Errorf("no abort logged for the preempted switch to 2")
+	}
+	for _, sl := range b.sw.Status().Slots {
+		if sl.Region == 2 {
+			t.Fatalf("connection to preempted region 2 still open: %+v", b.sw.Status().Slots)
+		}
 	}
 }
 
