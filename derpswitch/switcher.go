@@ -271,7 +271,8 @@ type Switcher struct {
 
 	derpMap atomic.Pointer[tailcfg.DERPMap]
 
-	// override is the operator pin. Writer: SetOverride.
+	// override is the operator pin. Writers: SetOverride, and the executor's map
+	// reconcile when the pinned region leaves the DERP map.
 	override atomic.Int64
 	pokeCh   chan struct{}
 	// overrideCh tells the executor the override changed (for I2').

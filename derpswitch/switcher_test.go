@@ -344,7 +344,7 @@ func (f *fakeLatency) measure(context.Context, *tailcfg.DERPMap) map[int]time.Du
 	return f.lat
 }
 
-func TestAutonegSwitchesAfterStabilityWindowAndBansOnRollback(t *testing.T) {
+func TestAutonegBansRegionOnRollbackPinIgnoresBan(t *testing.T) {
 	lat := &fakeLatency{}
 	lat.set(map[int]time.Duration{1: 90 * time.Millisecond, 2: 30 * time.Millisecond, 3: 80 * time.Millisecond})
 	r := newRig(t, func(c *Config) {
