@@ -415,6 +415,19 @@ func (e *Engine) kind(name string) (Kind, bool) {
 	return k, ok
 }
 
+// Kinds returns the configured kinds, defaults applied. The map is shared: do not modify it.
+func (e *Engine) Kinds() map[string]Kind { return *e.kinds.Load() }
+
+// Kind returns the configured kind by name, defaults applied.
+func (e *Engine) Kind(name string) (Kind, bool) { return e.kind(name) }
+
+// CheckKinds reports whether SetKinds would accept kinds, changing nothing: a config
+// checks its kinds while it provisions and applies them only once it starts.
+func CheckKinds(kinds map[string]Kind) error {
+	_, err := kindsWithDefaults(kinds)
+	return err
+}
+
 // SetKinds replaces the kinds, for a config reload. Awake instances keep the kind they
 // were started with until they sleep; the next wake uses the new one. An invalid kind
 // leaves the current set in place.

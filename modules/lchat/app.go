@@ -15,6 +15,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -82,6 +83,9 @@ type App struct {
 	poolKey string
 	shared  *shared
 	logger  *zap.Logger
+	// prevKinds are the kinds the engine ran before this config's Start applied its
+	// own; Stop puts them back if this config's start is unwound.
+	prevKinds map[string]engine.Kind
 }
 
 // Kind configures how this box runs one kind of space. The command always comes from
@@ -140,6 +144,11 @@ type shared struct {
 	logger       *zap.Logger
 	mesh         *meshState // nil without LCHAT_MESH_SELF
 	drainTimeout time.Duration
+
+	// kindsMu serializes applying kinds (App.Start) and unwinding them (App.Stop).
+	kindsMu sync.Mutex
+	// kindsFrom is the config whose kinds the engine runs; nil after an unwind.
+	kindsFrom *App
 }
 
 // Destruct drains every awake space (checkpoint, release the lease) and closes the
@@ -219,6 +228,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.meshCfg, err = parseMeshEnv(); err != nil {
 		return err
 	}
+	// Checked now, applied in Start: a config that fails to provision must not
+	// change the kinds the running one serves with.
+	if err := engine.CheckKinds(a.kinds); err != nil {
+		return fmt.Errorf("kinds: %v", err)
+	}
 	if err := a.provisionWildcards(ctx); err != nil {
 		return err
 	}
@@ -245,11 +259,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.poolKey = a.Registry
 	a.shared = val.(*shared)
 	if loaded {
-		// The engine keeps running across the reload; the next wake of each space
-		// uses the reloaded kinds.
-		if err := a.shared.eng.SetKinds(a.kinds); err != nil {
-			return fmt.Errorf("kinds: %v", err)
-		}
+		// The engine keeps running across the reload; Start gives it this config's
+		// kinds, so the next wake of each space uses them.
 		if bkt != nil && bkt.String() != a.shared.bucket.String() {
 			a.logger.Warn("bucket changed in config; the running engine keeps its bucket until the process restarts",
 				zap.String("running", a.shared.bucket.String()), zap.String("configured", bkt.String()))
@@ -345,18 +356,46 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// Start starts the engine's background loops (idempotent across reloads).
+// Start applies this config's kinds (Start runs only for a config that provisioned
+// fully) and starts the engine's background loops (idempotent across reloads).
 func (a *App) Start() error {
-	a.shared.eng.Start()
+	s := a.shared
+	s.kindsMu.Lock()
+	prev := s.eng.Kinds()
+	if err := s.eng.SetKinds(a.kinds); err != nil {
+		s.kindsMu.Unlock()
+		return fmt.Errorf("kinds: %v", err)
+	}
+	a.prevKinds, s.kindsFrom = prev, a
+	s.kindsMu.Unlock()
+	s.eng.Start()
 	if err := a.manageWildcards(); err != nil {
 		return err
 	}
 	return nil
 }
 
-// Stop does nothing: a reload stops the old config too, and a reload must keep the
-// spaces awake. Draining happens when the pool lets go of the engine (Cleanup).
-func (a *App) Stop() error { return nil }
+// Stop keeps the spaces awake: a reload stops the old config too, and a reload must
+// keep them running. Draining happens when the pool lets go of the engine (Cleanup).
+// When this config's kinds are still the engine's, Stop means its start is being
+// unwound (another app failed to start, so the running config stays): the kinds the
+// engine ran before are put back. After a successful reload the new config's kinds
+// are the engine's, and the old config's Stop changes nothing.
+func (a *App) Stop() error {
+	s := a.shared
+	if s == nil {
+		return nil
+	}
+	s.kindsMu.Lock()
+	defer s.kindsMu.Unlock()
+	if s.kindsFrom == a && a.prevKinds != nil {
+		if err := s.eng.SetKinds(a.prevKinds); err != nil {
+			return fmt.Errorf("restoring kinds: %v", err)
+		}
+		s.kindsFrom = nil
+	}
+	return nil
+}
 
 // Cleanup releases this config's reference to the registry and engine; the last
 // reference drains them.
