@@ -158,7 +158,10 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, host stri
 		setRetryAfter(w, after)
 		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s unavailable: %s", host, retry.Reason))
 	case errors.Is(err, engine.ErrUnknownKind):
-		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s: kind is not configured on this box", host))
+		// The route names a kind this box's config no longer has (a reload removed it):
+		// an operator's fix away, so a client may retry.
+		setRetryAfter(w, time.Duration(h.RetryAfter))
+		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s: its kind is not configured on this box", host))
 	case r.Context().Err() != nil && errors.Is(err, context.Canceled):
 		// The client went away while waiting; Caddy's proxy reports this as 499 too.
 		return caddyhttp.Error(499, err)
