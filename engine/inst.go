@@ -34,6 +34,9 @@ type inst struct {
 	// here mirrors state for lock-free readers (Engine.Awake): true while waking or
 	// awake. Written only by setStateLocked, with mu held.
 	here atomic.Bool
+	// rechecking is set while a recheck after a fence is queued or running, so requests
+	// to a held space start at most one.
+	rechecking atomic.Bool
 
 	mu          sync.Mutex
 	sp          Space
@@ -167,7 +170,12 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 		default: // asleep, failed, fenced
 			if in.held {
 				in.mu.Unlock()
-				e.goSafe("recheck", func() { e.recheck(in) })
+				if in.rechecking.CompareAndSwap(false, true) {
+					e.goSafe("recheck", func() {
+						defer in.rechecking.Store(false)
+						e.recheck(in)
+					})
+				}
 				return nil, &RetryError{After: time.Second, Reason: "re-checking lease after fence"}
 			}
 			if wait := in.retryAt.Sub(e.now()); wait > 0 {
