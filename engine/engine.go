@@ -94,11 +94,15 @@ type Config struct {
 	WakeScanInterval time.Duration
 	// Owns limits scheduled wakes to owned hosts; nil = all.
 	Owns func(host string) bool
-	// Resolve maps a host with a due scheduled wake to its route; nil (or not found) falls
-	// back to the last Space this engine was asked to serve under that host.
+	// Resolve maps a host with a due scheduled wake to its route; not found means the host
+	// has no route (its record is deleted when this box owns the host). nil falls back to
+	// the last Space this engine was asked to serve under that host.
 	Resolve func(host string) (Space, bool)
 	Logger  *zap.Logger
 }
+
+// errFencedNoWrite is why a fenced box writes nothing.
+var errFencedNoWrite = errors.New("box fenced: not writing")
 
 // ErrUnknownKind means the space's kind is not configured on this box.
 var ErrUnknownKind = errors.New("unknown kind")
@@ -175,6 +179,10 @@ type Engine struct {
 
 	mu     sync.Mutex
 	spaces map[string]*inst
+
+	wakeMu        sync.Mutex
+	wakeSlots     map[string]*wakeSlot // by host; see setWakeRecord
+	wakeRetryBase time.Duration        // first backoff of a failed wake record write
 }
 
 // New validates cfg, applies defaults and returns an engine. Call Start for the background
@@ -210,6 +218,9 @@ func New(cfg Config) (*Engine, error) {
 		log:    cfg.Logger,
 		holder: space.Holder{ID: cfg.Holder, Incarnation: cfg.Incarnation, Live: cfg.HolderLive},
 		spaces: make(map[string]*inst),
+
+		wakeSlots:     make(map[string]*wakeSlot),
+		wakeRetryBase: wakeRetryBase,
 	}
 	e.kinds.Store(&kinds)
 	e.ctx, e.cancel = context.WithCancel(context.Background())

@@ -3,10 +3,16 @@ package engine
 import (
 	"context"
 	"errors"
+	"io"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/mesh/meshtest"
 	"github.com/lchat/lchat-caddy/space"
@@ -75,5 +81,163 @@ func TestHeldSpaceStartsOneRecheck(t *testing.T) {
 	}
 	if in.rechecking.Load() {
 		t.Fatal("recheck still marked running after the bucket answered")
+	}
+}
+
+// wakeRecord reads wakes/<host>: its time, or ok false when there is none.
+func wakeRecord(t *testing.T, b bucket.Bucket, host string) (time.Time, bool) {
+	t.Helper()
+	obj, err := b.Get(context.Background(), space.WakeKey(host))
+	if errors.Is(err, bucket.ErrNotFound) {
+		return time.Time{}, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obj.Body.Close()
+	data, _ := io.ReadAll(obj.Body)
+	at, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(string(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return at, true
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestScheduledWakeRecordSurvivesFailedWrite: a space goes to sleep asking for a wake
+// while the bucket refuses the wake record; the record is written once the bucket
+// takes it again. A newer intent (the route removed) replaces a pending one: the retry
+// never writes the older record over it.
+func TestScheduledWakeRecordSurvivesFailedWrite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "eng")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	e, c := newCountingEngine(t, Config{StateDir: dir, Kinds: map[string]Kind{"app": {
+		Command:     self,
+		Env:         map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+		Replication: Replication{Class: ReplicateSleep},
+		StopGrace:   5 * time.Second,
+	}}})
+	defer e.Close()
+	e.wakeRetryBase = 10 * time.Millisecond
+	// Writes of wake records fail while these count down.
+	var failPuts, failDeletes atomic.Int64
+	c.SetFail(func(ctx context.Context, op meshtest.Op, key string) error {
+		if !strings.HasPrefix(key, space.WakesPrefix) {
+			return nil
+		}
+		if op == meshtest.OpPut && failPuts.Add(-1) >= 0 || op == meshtest.OpDelete && failDeletes.Add(-1) >= 0 {
+			return errors.New("injected: bucket refused the wake record")
+		}
+		return nil
+	})
+
+	sleepAsking := func(host string, at time.Time) {
+		t.Helper()
+		u, err := e.Acquire(context.Background(), Space{Host: host, Kind: "app"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := e.lookup(host)
+		if err := os.MkdirAll(filepath.Join(in.dataDir, ".lchat"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(in.dataDir, filepath.FromSlash(space.NextWakeFile)), []byte(at.Format(time.RFC3339)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		u.Release()
+		if err := e.Sleep(context.Background(), host); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Three failed writes, then the bucket takes it.
+	at := time.Now().Add(time.Hour).Truncate(time.Second).UTC()
+	failPuts.Store(3)
+	sleepAsking("a.example.com", at)
+	waitFor(t, "the wake record after failed writes", func() bool {
+		got, ok := wakeRecord(t, c.Bucket, "a.example.com")
+		return ok && got.Equal(at)
+	})
+
+	// The bucket refuses the record, then its deletion when the route is removed; the
+	// deletion lands first, and the pending retry of the record must then give up
+	// instead of writing it back once the bucket takes puts again.
+	failPuts.Store(1 << 30)
+	failDeletes.Store(1)
+	sleepAsking("b.example.com", at)
+	if err := e.Forget(context.Background(), "b.example.com"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the retried removal to land", func() bool { return failDeletes.Load() < 0 })
+	failPuts.Store(0)
+	time.Sleep(300 * time.Millisecond) // the record's retry (10ms backoff, doubling) tries again by now
+	e.Close()
+	if got, ok := wakeRecord(t, c.Bucket, "b.example.com"); ok {
+		t.Fatalf("wake record %v written back after the route was removed", got)
+	}
+}
+
+// TestForgetDeletesWakeRecord: removing a route deletes its scheduled wake record, even
+// on a box that never ran the space.
+func TestForgetDeletesWakeRecord(t *testing.T) {
+	e, c := newCountingEngine(t, Config{})
+	defer e.Close()
+	const host = "gone.example.com"
+	if _, err := space.PutWake(context.Background(), c, host, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Forget(context.Background(), host); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := wakeRecord(t, c, host); ok {
+		t.Fatal("wake record of a removed route still in the bucket")
+	}
+}
+
+// TestScanDeletesWakeOfHostWithNoRoute: a due wake record for a host with no route is
+// deleted by the box that owns the host, and left alone by a box that does not (with
+// the mesh another box may have the route).
+func TestScanDeletesWakeOfHostWithNoRoute(t *testing.T) {
+	e, c := newCountingEngine(t, Config{
+		WakeScanInterval: 10 * time.Millisecond,
+		Resolve:          func(string) (Space, bool) { return Space{}, false },
+		Owns:             func(host string) bool { return host == "mine.example.com" },
+	})
+	defer e.Close()
+	past := time.Now().Add(-time.Minute)
+	for _, h := range []string{"mine.example.com", "theirs.example.com"} {
+		if _, err := space.PutWake(context.Background(), c, h, past); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.Start()
+	waitFor(t, "the owned record deleted", func() bool {
+		_, ok := wakeRecord(t, c, "mine.example.com")
+		return !ok
+	})
+	lists := c.Counts()[meshtest.OpList]
+	waitFor(t, "two more scans", func() bool { return c.Counts()[meshtest.OpList] >= lists+2 })
+	if _, ok := wakeRecord(t, c, "theirs.example.com"); !ok {
+		t.Fatal("a box that does not own the host deleted its wake record")
 	}
 }

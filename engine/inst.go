@@ -491,13 +491,9 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst, release boo
 	}
 	switch {
 	case next != nil:
-		if _, err := space.PutWake(ctx, e.cfg.Bucket, in.host, *next); err != nil {
-			log.Error("recording scheduled wake", zap.Error(err))
-		}
+		e.setWakeRecord(ctx, in.host, next)
 	case prev != nil && prev.NextWake != nil:
-		if err := space.DeleteWake(ctx, e.cfg.Bucket, in.host, ""); err != nil {
-			log.Error("clearing scheduled wake", zap.Error(err))
-		}
+		e.setWakeRecord(ctx, in.host, nil)
 	}
 	if release {
 		e.releaseLease(in)
@@ -508,7 +504,7 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst, release boo
 // checkpointLocked checkpoints with in.op held. A fenced result stops the instance at once.
 func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time) error {
 	if e.fenced.Load() {
-		return errors.New("box fenced: not writing")
+		return errFencedNoWrite
 	}
 	st, err := in.syncer.Checkpoint(ctx, next, e.now())
 	in.mu.Lock()
@@ -624,10 +620,15 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 	in.mu.Unlock()
 }
 
-// Forget stops the space, releases its lease and drops its local state; bucket data stays.
+// Forget stops the space, releases its lease, deletes its scheduled wake record and drops
+// its local state; the rest of its bucket data stays. It is for a removed route, so it
+// deletes the wake record even when this engine never ran the space.
 func (e *Engine) Forget(ctx context.Context, host string) error {
 	in := e.lookup(host)
 	if in == nil {
+		if validHost(host) {
+			e.setWakeRecord(ctx, host, nil)
+		}
 		return nil
 	}
 	in.op.Lock()
@@ -643,6 +644,7 @@ func (e *Engine) Forget(ctx context.Context, host string) error {
 	if !e.fenced.Load() {
 		e.releaseLease(in)
 	}
+	e.setWakeRecord(ctx, host, nil)
 	e.mu.Lock()
 	delete(e.spaces, host)
 	e.mu.Unlock()

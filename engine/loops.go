@@ -55,12 +55,12 @@ func (e *Engine) scanLoop() {
 	}
 }
 
-// resolve finds the route of a host with a due wake.
+// resolve finds the route of a host with a due wake. With Config.Resolve it is the only
+// authority: a host it does not know has no route here (a removed route, or a live one),
+// even if the engine once ran a space under that name.
 func (e *Engine) resolve(host string) (Space, bool) {
 	if e.cfg.Resolve != nil {
-		if sp, ok := e.cfg.Resolve(host); ok {
-			return sp, true
-		}
+		return e.cfg.Resolve(host)
 	}
 	if in := e.lookup(host); in != nil {
 		in.mu.Lock()
@@ -80,7 +80,14 @@ func (e *Engine) fireWake(ctx context.Context, r space.WakeRecord) {
 	for attempt := 1; ; attempt++ {
 		sp, ok := e.resolve(r.Host)
 		if !ok {
-			log.Warn("scheduled wake for a host with no route here; skipping")
+			// The scan fires only the hosts this box owns (Config.Owns), so no other box
+			// serves this one either: its route is gone. Delete the record, if it is
+			// still the one listed, rather than skip it at every scan forever.
+			if err := space.DeleteWake(ctx, e.cfg.Bucket, r.Host, r.ETag); err != nil {
+				log.Warn("deleting the scheduled wake of a host with no route", zap.Error(err))
+				return
+			}
+			log.Info("deleted the scheduled wake of a host with no route", zap.Time("due", r.At))
 			return
 		}
 		err := e.postWake(ctx, sp)

@@ -2,19 +2,25 @@ package lchat
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/space"
 )
 
 func newTestAdmin(t *testing.T) *adminAPI {
@@ -24,7 +30,17 @@ func newTestAdmin(t *testing.T) *adminAPI {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close() })
-	app := &App{shared: &shared{reg: reg}, kinds: map[string]engine.Kind{"demo": {Name: "demo", Command: "/bin/true"}}}
+	b, err := filebucket.New(filepath.Join(t.TempDir(), "bucket"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]engine.Kind{"demo": {Name: "demo", Command: "/bin/true"}}
+	eng, err := engine.New(engine.Config{Bucket: b, StateDir: t.TempDir(), Holder: "box", Incarnation: "1", Kinds: kinds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(eng.Close)
+	app := &App{shared: &shared{reg: reg, eng: eng, bucket: b}, kinds: kinds}
 	return &adminAPI{app: app, logger: zap.NewNop()}
 }
 
@@ -98,5 +114,31 @@ func TestCreateRouteHomeRegion(t *testing.T) {
 	}
 	if code, msg := adminDo(a, "POST", "/lchat/routes", map[string]any{"host": "r.example.com", "kind": "demo", "home_region": "eu-west-1"}); code != http.StatusCreated {
 		t.Fatalf("valid home_region: %d %s", code, msg)
+	}
+}
+
+// TestDeleteRouteDeletesWakeRecord: removing a route, hibernating or live (a space once,
+// before hibernation was turned off), deletes its scheduled wake record, so no box
+// keeps scanning a wake for a host that no longer exists.
+func TestDeleteRouteDeletesWakeRecord(t *testing.T) {
+	a := newTestAdmin(t)
+	b := a.app.shared.bucket
+	for _, body := range []map[string]any{
+		{"host": "space.example.com", "kind": "demo"},
+		{"host": "live.example.com", "upstream": "127.0.0.1:9"},
+	} {
+		host := body["host"].(string)
+		if code, msg := adminDo(a, "POST", "/lchat/routes", body); code != http.StatusCreated {
+			t.Fatalf("create %s: %d %s", host, code, msg)
+		}
+		if _, err := space.PutWake(context.Background(), b, host, time.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if code, msg := adminDo(a, "DELETE", "/lchat/routes/"+host, nil); code != http.StatusOK {
+			t.Fatalf("delete %s: %d %s", host, code, msg)
+		}
+		if _, err := b.Head(context.Background(), space.WakeKey(host)); !errors.Is(err, bucket.ErrNotFound) {
+			t.Errorf("%s: wake record after the route was removed: %v", host, err)
+		}
 	}
 }

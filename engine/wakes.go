@@ -1,0 +1,104 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/space"
+)
+
+// Backoff of a scheduled-wake record write that failed.
+const (
+	wakeRetryBase = time.Second
+	wakeRetryMax  = time.Minute
+)
+
+// wakeSlot orders the writes of one host's wakes/<host> record: each new intent (record
+// a time, or delete) bumps gen, and a background retry of an older intent gives up.
+type wakeSlot struct {
+	mu  sync.Mutex // held across a write, so a retry can never land after a newer write
+	gen uint64
+}
+
+func (e *Engine) wakeSlotFor(host string) *wakeSlot {
+	e.wakeMu.Lock()
+	defer e.wakeMu.Unlock()
+	s := e.wakeSlots[host]
+	if s == nil {
+		s = new(wakeSlot)
+		e.wakeSlots[host] = s
+	}
+	return s
+}
+
+// setWakeRecord records at under wakes/<host>, or deletes the record when at is nil. A
+// write that fails (or cannot be sent while the box is fenced) is retried in the
+// background with backoff until it lands, a newer intent for the host replaces it, or
+// the engine closes: a lost record is a space that asked to be woken and never is (or
+// one woken for nothing, forever, after its route is gone).
+func (e *Engine) setWakeRecord(ctx context.Context, host string, at *time.Time) {
+	s := e.wakeSlotFor(host)
+	s.mu.Lock()
+	s.gen++
+	gen := s.gen
+	var err error
+	if e.fenced.Load() {
+		err = errFencedNoWrite
+	} else {
+		err = e.writeWakeRecord(ctx, host, at)
+	}
+	s.mu.Unlock()
+	if err == nil {
+		return
+	}
+	if e.ctx.Err() != nil {
+		e.log.Error("scheduled wake record not written; the engine is closed", zap.String("host", host), zap.Error(err))
+		return
+	}
+	e.log.Warn("writing scheduled wake record failed; retrying in the background", zap.String("host", host),
+		zap.Bool("delete", at == nil), zap.Error(err))
+	e.goSafe("scheduled wake record", func() { e.retryWakeRecord(s, host, gen, at) })
+}
+
+func (e *Engine) retryWakeRecord(s *wakeSlot, host string, gen uint64, at *time.Time) {
+	log := e.log.With(zap.String("host", host), zap.Bool("delete", at == nil))
+	delay := e.wakeRetryBase
+	for attempt := 2; ; attempt++ {
+		select {
+		case <-e.ctx.Done():
+			log.Error("scheduled wake record not written before the engine closed")
+			return
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, wakeRetryMax)
+		s.mu.Lock()
+		if s.gen != gen {
+			s.mu.Unlock()
+			return // a newer record (or its deletion) replaced this one
+		}
+		if e.fenced.Load() {
+			s.mu.Unlock()
+			continue
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+		err := e.writeWakeRecord(ctx, host, at)
+		cancel()
+		s.mu.Unlock()
+		if err == nil {
+			log.Info("scheduled wake record written", zap.Int("attempts", attempt))
+			return
+		}
+		log.Warn("writing scheduled wake record failed; retrying", zap.Error(err), zap.Duration("in", delay))
+	}
+}
+
+func (e *Engine) writeWakeRecord(ctx context.Context, host string, at *time.Time) error {
+	if at == nil {
+		return space.DeleteWake(ctx, e.cfg.Bucket, host, "")
+	}
+	_, err := space.PutWake(ctx, e.cfg.Bucket, host, *at)
+	return err
+}
