@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -19,7 +20,19 @@ import (
 // TestMain doubles as a minimal instance: with LCHAT_ENGINE_TEST_INSTANCE=1 (set through
 // a kind's Env) this test binary listens on $LCHAT_SOCKET until SIGTERM.
 func TestMain(m *testing.M) {
+	if os.Getenv("LCHAT_ENGINE_TEST_CHILD") == "1" {
+		select {} // a child the instance left in its process group
+	}
 	if os.Getenv("LCHAT_ENGINE_TEST_INSTANCE") == "1" {
+		if os.Getenv("SPAWN_CHILD") == "1" {
+			child := exec.Command(os.Args[0])
+			child.Env = append(os.Environ(), "LCHAT_ENGINE_TEST_INSTANCE=", "LCHAT_ENGINE_TEST_CHILD=1")
+			if err := child.Start(); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			os.WriteFile(filepath.Join(os.Getenv("LCHAT_DATA_DIR"), "child.pid"), []byte(strconv.Itoa(child.Process.Pid)), 0o600)
+		}
 		if ms, _ := strconv.Atoi(os.Getenv("START_DELAY_MS")); ms > 0 {
 			time.Sleep(time.Duration(ms) * time.Millisecond)
 		}
@@ -30,6 +43,9 @@ func TestMain(m *testing.M) {
 		}
 		notes := filepath.Join(os.Getenv("LCHAT_DATA_DIR"), "notes.txt")
 		go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && r.URL.Path == "/crash" {
+				os.Exit(3)
+			}
 			if r.Method == http.MethodPost {
 				f, err := os.OpenFile(notes, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 				if err != nil {

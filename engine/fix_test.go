@@ -3,12 +3,17 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -240,4 +245,107 @@ func TestScanDeletesWakeOfHostWithNoRoute(t *testing.T) {
 	if _, ok := wakeRecord(t, c, "theirs.example.com"); !ok {
 		t.Fatal("a box that does not own the host deleted its wake record")
 	}
+}
+
+// procGone reports whether pid no longer runs (gone, or a zombie nobody reaped yet).
+func procGone(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// pid (comm) state ...: the state follows the last ')'.
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && (s[i+2] == 'Z' || s[i+2] == 'X')
+}
+
+// dying fails unless pid is gone within a moment: it was sent SIGKILL (which takes a
+// scheduling round to act on a loaded machine).
+func dying(t *testing.T, pid int, when string) {
+	t.Helper()
+	for start := time.Now(); !procGone(pid); time.Sleep(time.Millisecond) {
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("%s: child %d of the instance still running after the instance was reaped", when, pid)
+		}
+	}
+}
+
+// TestInstanceGroupKilledBeforeReap: a child the instance left in its process group dies
+// with it, when the instance crashes and when it is stopped, and by the time the engine
+// has reaped the instance (after the reap the group id may belong to another process,
+// so it must not be signalled then).
+func TestInstanceGroupKilledBeforeReap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("needs /proc")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "eng")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	e, _ := newCountingEngine(t, Config{StateDir: dir, Kinds: map[string]Kind{"app": {
+		Command:     self,
+		Env:         map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1", "SPAWN_CHILD": "1"},
+		Replication: Replication{Class: ReplicateSleep},
+		StopGrace:   5 * time.Second,
+	}}})
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e.Drain(ctx)
+		e.Close()
+	}()
+
+	wake := func(host string) (*Use, *proc, int) {
+		t.Helper()
+		u, err := e.Acquire(context.Background(), Space{Host: host, Kind: "app"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := e.lookup(host)
+		in.mu.Lock()
+		p := in.proc
+		in.mu.Unlock()
+		var child int
+		waitFor(t, "the instance's child", func() bool {
+			b, err := os.ReadFile(filepath.Join(in.dataDir, "child.pid"))
+			child, _ = strconv.Atoi(string(b))
+			return err == nil && child > 0
+		})
+		if procGone(child) {
+			t.Fatalf("child %d not running", child)
+		}
+		t.Cleanup(func() { syscall.Kill(child, syscall.SIGKILL) })
+		return u, p, child
+	}
+
+	// Crash: the instance exits on its own.
+	u, p, child := wake("crash.example.com")
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", u.Socket())
+	}}}
+	if resp, err := client.Post("http://instance/crash", "", nil); err == nil {
+		resp.Body.Close()
+	}
+	client.CloseIdleConnections()
+	<-p.exited
+	dying(t, child, "crash")
+	u.Release()
+
+	// Stop: the instance exits on SIGTERM.
+	u, p, child = wake("stop.example.com")
+	u.Release()
+	if err := e.Sleep(context.Background(), "stop.example.com"); err != nil {
+		t.Fatal(err)
+	}
+	<-p.exited
+	dying(t, child, "stop")
+	p.signal(syscall.SIGKILL) // after the reap: must be a no-op, whatever now has that pid
 }

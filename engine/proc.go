@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -22,13 +23,41 @@ type proc struct {
 	pid      int
 	exited   chan struct{} // closed when the process has been reaped
 	stopping atomic.Bool   // set before the engine stops it, so the exit is not a crash
+
+	// mu orders signals against the reap: once the leader is reaped, its pid (the
+	// group's id) may be reused by an unrelated process, so nothing is signalled after.
+	mu     sync.Mutex
+	reaped bool
 }
 
-// signal sends sig to the instance's whole process group.
+// signal sends sig to the instance's whole process group, unless it has been reaped.
 func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reaped {
+		return
+	}
 	if err := syscall.Kill(-p.pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 		p.cmd.Process.Signal(sig)
 	}
+}
+
+// reap waits for the leader to exit, kills what is left of its group while the leader
+// is still unreaped (its pid, the group's id, cannot be reused before the reap), then
+// reaps it. Children left in the group must not outlive the instance, whether it was
+// stopped or crashed, and a group kill after the reap could hit a recycled group.
+func (p *proc) reap() error {
+	if waitUnreaped(p.pid) {
+		p.mu.Lock()
+		syscall.Kill(-p.pid, syscall.SIGKILL)
+	} else {
+		p.mu.Lock()
+	}
+	err := p.cmd.Wait()
+	p.reaped = true
+	p.mu.Unlock()
+	close(p.exited)
+	return err
 }
 
 func (p *proc) kill() { p.signal(syscall.SIGKILL) }
@@ -62,8 +91,7 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	// Not counted in e.wg: it ends when the process does, which Close does not force.
 	go func() {
 		defer e.recoverPanic("process wait")
-		err := cmd.Wait()
-		close(p.exited)
+		err := p.reap()
 		e.onExit(in, p, err)
 	}()
 	return p, nil
@@ -139,6 +167,5 @@ func (e *Engine) stopProcess(in *inst, p *proc, kind Kind) {
 		p.kill()
 		<-p.exited
 	}
-	// Children left in the group must not outlive the instance.
-	syscall.Kill(-p.pid, syscall.SIGKILL)
+	// The rest of the group was killed before the leader was reaped (proc.reap).
 }
