@@ -81,6 +81,9 @@ func newPeerTransport(ms *meshState) *peerTransport {
 			}
 			return tc, nil
 		},
+		// Pools are per (peer, instance host): bound the total too, or a box that
+		// forwards for many hosts keeps a TLS connection open for each of them.
+		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   32,
 		IdleConnTimeout:       90 * time.Second,
 		ResponseHeaderTimeout: 0, // a wake on the peer may take a while; its handler bounds it
