@@ -13,6 +13,7 @@ var (
 	descMeshMembers = prometheus.NewDesc("lchat_mesh_live_members", "Live members in this box's view of the mesh.", nil, nil)
 	descMeshFenced  = prometheus.NewDesc("lchat_mesh_fenced", "1 while this box is fenced (its heartbeat writes fail).", nil, nil)
 	descMeshBucket  = prometheus.NewDesc("lchat_mesh_membership_total", "Membership work: heartbeat puts, lists, gets and their errors.", []string{"counter"}, nil)
+	descMeshHBAge   = prometheus.NewDesc("lchat_mesh_heartbeat_age_seconds", "Time since this box's last successful heartbeat write was sent (by its own clock); it fences itself at dead_after minus fence_margin.", nil, nil)
 )
 
 // meshCollector reads the mesh of the newest config's app; reloads keep the counters
@@ -24,6 +25,7 @@ func (meshCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descMeshMembers
 	ch <- descMeshFenced
 	ch <- descMeshBucket
+	ch <- descMeshHBAge
 }
 
 func (meshCollector) Collect(ch chan<- prometheus.Metric) {
@@ -41,6 +43,7 @@ func (meshCollector) Collect(ch chan<- prometheus.Metric) {
 		fenced = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descMeshFenced, prometheus.GaugeValue, fenced)
+	ch <- prometheus.MustNewConstMetric(descMeshHBAge, prometheus.GaugeValue, ms.m.Self().Age.Seconds())
 	st := ms.m.Stats()
 	for name, v := range map[string]int64{
 		"beats": st.Beats, "puts": st.Puts, "put_errors": st.PutErrors, "lists": st.Lists,
