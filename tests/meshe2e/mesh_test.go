@@ -168,8 +168,15 @@ func TestMesh(t *testing.T) {
 			t.Errorf("tombstoned row still there")
 		}
 
-		// A tombstone for a host outside b's mesh scope is refused and changes nothing.
-		local := "y.other.test"
+		// A host outside the mesh domains is served by the box that has it, even
+		// where HRW over the members would pick another box.
+		local := ""
+		for i := 0; local == ""; i++ {
+			h := fmt.Sprintf("y%d.other.test", i)
+			if o, _ := mesh.Owner(h, members(all...), ""); o.Self != b.self {
+				local = h
+			}
+		}
 		b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": local, "kind": "demo"}, http.StatusCreated, nil)
 		req, _ = http.NewRequest("DELETE", b.self+mesh.PathRoute+local, nil)
 		req.Header.Set("Authorization", "Bearer "+meshToken)
@@ -180,6 +187,24 @@ func TestMesh(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != 400 || !hasRoute(b, local) {
 			t.Errorf("DELETE out of scope: %d, row still there: %v; want 400 and the row kept", resp.StatusCode, hasRoute(b, local))
+		}
+		fw := status(t, b).Mesh.Counters["forwards"]
+		cl := c.client(b)
+		// The test certificate covers the mesh domain only: present that name, ask for local.
+		cl.Transport.(*http.Transport).TLSClientConfig.ServerName = "sni." + meshDomain
+		resp, err = cl.Get("https://" + local + "/api/messages")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("GET %s via b: %d, want 200 (served locally)", local, resp.StatusCode)
+		}
+		if got := status(t, b).Mesh.Counters["forwards"]; got != fw {
+			t.Errorf("b forwarded a request for %s, outside the mesh domains (forwards %d→%d)", local, fw, got)
+		}
+		if on := awakeOn(t, local, all...); len(on) != 1 || on[0] != b.self {
+			t.Errorf("%s awake on %v, want only on %s", local, on, b.self)
 		}
 	})
 
@@ -319,6 +344,13 @@ func TestMesh(t *testing.T) {
 		if on := awakeOn(t, h2, all...); len(on) != 1 || on[0] != a.self {
 			t.Errorf("%s awake on %v, want only on the lease holder %s", h2, on, a.self)
 		}
+		// A space stays where it is awake: a, not its owner, serves a plain request
+		// for h2 itself.
+		before2 := status(t, a).Mesh.Counters["forwards"]
+		c.mustDo(a, "GET", h2, "/api/messages", "", 200)
+		if after2 := status(t, a).Mesh.Counters["forwards"]; after2 != before2 {
+			t.Errorf("a forwarded a request for %s, awake on a itself (forwards %d→%d)", h2, before2, after2)
+		}
 	})
 
 	t.Run("websocket through a forward", func(t *testing.T) {
@@ -407,9 +439,17 @@ func TestMesh(t *testing.T) {
 			t.Errorf("fleet could not reach a live box")
 		}
 		code, metrics, err := a.Admin("GET", "/metrics", nil)
-		if err != nil || code != 200 || !strings.Contains(string(metrics), `lchat_mesh_events_total{counter="forwards"}`) ||
-			!strings.Contains(string(metrics), "lchat_mesh_live_members 3") {
-			t.Errorf("Prometheus metrics lack the mesh counters (%d %v)", code, err)
+		if err != nil || code != 200 {
+			t.Fatalf("GET /metrics: %d %v", code, err)
+		}
+		// The fleet view's figures, as metrics: forwards, wakes, lease conflicts, awake
+		// spaces, heartbeat age, live members.
+		for _, want := range []string{`lchat_mesh_events_total{counter="forwards"}`, `lchat_engine_events_total{counter="wakes"}`,
+			`lchat_engine_events_total{counter="lease_conflicts"}`, `lchat_spaces{state="awake"}`,
+			"lchat_mesh_heartbeat_age_seconds ", "lchat_mesh_live_members 3", "lchat_mesh_fenced 0"} {
+			if !strings.Contains(string(metrics), want) {
+				t.Errorf("Prometheus metrics lack %s", want)
+			}
 		}
 	})
 
