@@ -186,8 +186,19 @@ func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 	}
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(metrics), "lchat_derp_switch_pin_mbb_commits_total 1") {
-		t.Errorf("metrics lack pin_mbb_commits_total 1:\n%s", grepLines(string(metrics), "lchat_derp_switch"))
+	st = c.status()
+	for name, v := range map[string]uint64{
+		"pin_mbb_requests": st.PinMBBRequests, "pin_mbb_commits": st.PinMBBCommits,
+		"pin_mbb_retries": st.PinMBBRetries, "derp_reconnects": st.DERPReconnects,
+		"rehome_applied": st.RehomeApplied, "rollbacks": st.Rollbacks,
+	} {
+		line := fmt.Sprintf("lchat_derp_switch_%s_total %d\n", name, v)
+		if !strings.Contains(string(metrics), line) {
+			t.Errorf("metrics lack %q (status has %d):\n%s", strings.TrimSpace(line), v, grepLines(string(metrics), "lchat_derp_switch"))
+		}
+	}
+	if !strings.Contains(string(metrics), "lchat_derp_switch_pin_mbb_commits_total 1\n") {
+		t.Errorf("metrics lack pin_mbb_commits_total 1")
 	}
 
 	// Reload with the same identity and map: same engine, no new connection.
