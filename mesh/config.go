@@ -6,6 +6,7 @@ package mesh
 
 import (
 	"bufio"
+	"encoding"
 	"errors"
 	"fmt"
 	"net"
@@ -319,3 +320,12 @@ func validEnvName(s string) bool {
 	}
 	return true
 }
+
+// Interface guards
+var (
+	_ fmt.Stringer           = Secret("")
+	_ fmt.GoStringer         = Secret("")
+	_ encoding.TextMarshaler = Secret("")
+	_ fmt.Stringer           = Config{}
+	_ fmt.GoStringer         = Config{}
+)

@@ -459,3 +459,11 @@ func Targets(host, homeRegion string, members []Member, self string) []Member {
 	sort.Slice(out, func(i, j int) bool { return out[i].Self < out[j].Self })
 	return out
 }
+
+// Interface guards
+var (
+	_ fmt.Stringer   = RouteRow{}
+	_ fmt.GoStringer = RouteRow{}
+	_ error          = (*RowError)(nil)
+	_ error          = (*StatusError)(nil)
+)

@@ -66,3 +66,6 @@ func registerMeshMetrics(ctx caddy.Context, a *App) {
 		}
 	}
 }
+
+// Interface guards
+var _ prometheus.Collector = meshCollector{}
