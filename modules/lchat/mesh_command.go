@@ -90,6 +90,11 @@ func cmdMeshSeed(fs caddycmd.Flags) (int, error) {
 		if err != nil {
 			return caddy.ExitCodeFailedStartup, fmt.Errorf("--env-file: %v", err)
 		}
+		if !cfg.Enabled() {
+			// ParseEnv reads nothing else without SELF: the file's domains and token
+			// would be ignored without a word.
+			return caddy.ExitCodeFailedStartup, fmt.Errorf("--env-file: %s does not set %s", f, mesh.EnvSelf)
+		}
 		req.Domains, req.Token = cfg.Domains, string(cfg.Token)
 	}
 	addr, err := caddycmd.DetermineAdminAPIAddress(fs.String("address"), nil, fs.String("config"), fs.String("adapter"))

@@ -422,6 +422,14 @@ func TestMesh(t *testing.T) {
 		if after := status(t, b); after.Mesh.Counters["tombstones_in"] != before.Mesh.Counters["tombstones_in"] {
 			t.Errorf("the refused prune tombstoned rows on the peer")
 		}
+
+		// An env file without LCHAT_MESH_SELF is refused, not silently ignored.
+		noSelf := filepath.Join(t.TempDir(), "no-self.env")
+		os.WriteFile(noSelf, []byte("LCHAT_MESH_DOMAINS=empty.test\nLCHAT_MESH_TOKEN="+meshToken+"\n"), 0o600)
+		out, err = a.CLI("mesh-seed", "--env-file", noSelf, "--prune", b.self)
+		if err == nil || !strings.Contains(out, mesh.EnvSelf) || strings.Contains(out, meshToken) {
+			t.Errorf("mesh-seed --env-file without SELF: err=%v, output:\n%s", err, out)
+		}
 	})
 
 	t.Run("fleet", func(t *testing.T) {
