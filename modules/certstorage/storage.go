@@ -165,6 +165,10 @@ func (s *Storage) list(ctx context.Context, prefix string) ([]string, error) {
 	}
 }
 
+// SharedAcrossBoxes reports that every box on the bucket sees this storage, so per-box
+// state (such as the derp_switch node key) must live elsewhere.
+func (s *Storage) SharedAcrossBoxes() bool { return true }
+
 // String describes the storage for logs.
 func (s *Storage) String() string {
 	return fmt.Sprintf("lchat storage %s/%s", s.Bucket, strings.TrimSuffix(s.Prefix, "/"))

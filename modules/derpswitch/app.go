@@ -13,12 +13,14 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 	"tailscale.com/tailcfg"
 	"tailscale.com/types/key"
@@ -92,8 +94,15 @@ type App struct {
 	// EchoReplyPrefix replaces EchoPrefix in the answer. Default "lchat-echo-reply:".
 	EchoReplyPrefix string `json:"echo_reply_prefix,omitempty"`
 
+	// StorageRaw keeps this box's node key and pin: per-box state, never to be shared.
+	// Default: Caddy's storage, unless that storage is shared between boxes
+	// (caddy.storage.lchat, LCHAT_CERT_CACHE=s3); then a file_system storage in this
+	// box's Caddy data directory (`derp_switch/`).
+	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
+
 	ctx     caddy.Context
 	logger  *zap.Logger
+	storage certmagic.Storage // node key and pin; see StorageRaw
 	cfg     derpswitch.Config
 	poolKey string
 	handle  *switcherHandle
@@ -179,11 +188,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.EchoReplyPrefix = "lchat-echo-reply:"
 	}
 
+	if a.storage, err = a.boxStorage(ctx); err != nil {
+		return err
+	}
 	priv, err := a.nodeKey(ctx)
 	if err != nil {
 		return err
 	}
-	pin, err := loadPin(ctx)
+	pin, err := a.loadPin(ctx)
 	if err != nil {
 		return err
 	}
@@ -332,7 +344,7 @@ func (a *App) SetPin(ctx context.Context, region int) error {
 	}
 	a.handle.pinMu.Lock()
 	defer a.handle.pinMu.Unlock()
-	if err := storePin(ctx, a.ctx, region); err != nil {
+	if err := a.storePin(ctx, region); err != nil {
 		return err
 	}
 	if err := a.sw.SetOverride(region); err != nil {
@@ -388,7 +400,7 @@ func regionIDs(m *tailcfg.DERPMap) []int {
 
 // nodeKey loads the node private key from storage, generating and storing it once.
 func (a *App) nodeKey(ctx caddy.Context) (key.NodePrivate, error) {
-	st := ctx.Storage()
+	st := a.storage
 	b, err := st.Load(ctx, nodeKeyStorageKey)
 	if err == nil {
 		var k key.NodePrivate
@@ -413,8 +425,35 @@ type pinRecord struct {
 	DERPRegion int `json:"derp_region"`
 }
 
-func loadPin(ctx caddy.Context) (int, error) {
-	b, err := ctx.Storage().Load(ctx, pinStorageKey)
+// sharedStorage is implemented by storages that every box of a fleet shares.
+type sharedStorage interface{ SharedAcrossBoxes() bool }
+
+// boxStorage picks where this box's node key and pin live; see StorageRaw.
+func (a *App) boxStorage(ctx caddy.Context) (certmagic.Storage, error) {
+	if a.StorageRaw != nil {
+		mod, err := ctx.LoadModule(a, "StorageRaw")
+		if err != nil {
+			return nil, fmt.Errorf("loading storage: %v", err)
+		}
+		st, err := mod.(caddy.StorageConverter).CertMagicStorage()
+		if err != nil {
+			return nil, fmt.Errorf("storage: %v", err)
+		}
+		return st, nil
+	}
+	st := ctx.Storage()
+	if sh, ok := st.(sharedStorage); ok && sh.SharedAcrossBoxes() {
+		// Caddy's default file storage: the keys land in <data dir>/derp_switch/.
+		dir := caddy.AppDataDir()
+		a.logger.Info("Caddy storage is shared between boxes; keeping the DERP node key and pin on this box",
+			zap.String("path", filepath.Join(dir, "derp_switch")))
+		return &certmagic.FileStorage{Path: dir}, nil
+	}
+	return st, nil
+}
+
+func (a *App) loadPin(ctx caddy.Context) (int, error) {
+	b, err := a.storage.Load(ctx, pinStorageKey)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
@@ -428,9 +467,9 @@ func loadPin(ctx caddy.Context) (int, error) {
 	return p.DERPRegion, nil
 }
 
-func storePin(ctx context.Context, cctx caddy.Context, region int) error {
+func (a *App) storePin(ctx context.Context, region int) error {
 	b, _ := json.Marshal(pinRecord{DERPRegion: region})
-	if err := cctx.Storage().Store(ctx, pinStorageKey, b); err != nil {
+	if err := a.storage.Store(ctx, pinStorageKey, b); err != nil {
 		return fmt.Errorf("persisting DERP pin: %v", err)
 	}
 	return nil

@@ -57,6 +57,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existingVal any) (any, error) {
 //		}
 //		echo_prefix <prefix>|off
 //		echo_reply_prefix <prefix>
+//		storage <module> ...   # node key and pin; default: Caddy's storage unless shared
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // option name
@@ -179,6 +180,19 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			a.EchoReplyPrefix = v
+		case "storage":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			name := d.Val()
+			unm, err := caddyfile.UnmarshalModule(d, "caddy.storage."+name)
+			if err != nil {
+				return err
+			}
+			if _, ok := unm.(caddy.StorageConverter); !ok {
+				return d.Errf("storage: module %s is not a storage", name)
+			}
+			a.StorageRaw = caddyconfig.JSONModuleObject(unm, "module", name, nil)
 		default:
 			return d.Errf("unrecognized subdirective %s", d.Val())
 		}

@@ -22,6 +22,8 @@ import (
 	"tailscale.com/tailcfg"
 
 	"github.com/lchat/lchat-caddy/derpswitch"
+	_ "github.com/lchat/lchat-caddy/modules/buckets"
+	_ "github.com/lchat/lchat-caddy/modules/certstorage"
 	_ "github.com/lchat/lchat-caddy/modules/derpswitch"
 )
 
@@ -310,4 +312,45 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestNodeKeyStaysOnTheBox: with a storage every box shares (caddy.storage.lchat on the
+// fleet's bucket, LCHAT_CERT_CACHE=s3), the node key and the pin stay in this box's data
+// directory, so two boxes never load one DERP identity or overwrite each other's pin. An
+// explicit `storage` on the app wins over both.
+func TestNodeKeyStaysOnTheBox(t *testing.T) {
+	_, m := startRegions(t, 2)
+	mapJSON, _ := json.Marshal(m)
+	data := t.TempDir()
+	t.Setenv("XDG_DATA_HOME", data)
+	bucketDir := t.TempDir()
+	admin := freeAddr(t)
+	load := func(extra string) {
+		t.Helper()
+		cfg := fmt.Sprintf(`{
+			"admin": {"listen": %q},
+			"storage": {"module": "lchat", "bucket": {"backend": "file", "root": %q}},
+			"apps": {"derp_switch": {"derp_map": %s, "home_region": 1%s}}
+		}`, admin, bucketDir, mapJSON, extra)
+		if err := caddy.Load([]byte(cfg), true); err != nil {
+			t.Fatalf("loading config: %v", err)
+		}
+	}
+	load("")
+	t.Cleanup(func() { caddy.Stop() })
+	if _, err := os.Stat(filepath.Join(data, "caddy", "derp_switch", "node_key")); err != nil {
+		t.Fatalf("node key not in this box's data directory: %v", err)
+	}
+	filepath.WalkDir(bucketDir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && strings.Contains(p, "derp_switch") {
+			t.Errorf("per-box DERP state in the shared bucket: %s", p)
+		}
+		return nil
+	})
+
+	own := t.TempDir()
+	load(fmt.Sprintf(`, "storage": {"module": "file_system", "root": %q}`, own))
+	if _, err := os.Stat(filepath.Join(own, "derp_switch", "node_key")); err != nil {
+		t.Fatalf("explicit storage not used for the node key: %v", err)
+	}
 }
