@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -27,6 +28,8 @@ func init() {
 type adminAPI struct {
 	app    *App
 	logger *zap.Logger
+	// cloudRegion is LCHAT_CLOUD_REGION: the home_region of a route created without one.
+	cloudRegion string
 }
 
 // CaddyModule returns the Caddy module information.
@@ -43,8 +46,18 @@ func (a *adminAPI) Provision(ctx caddy.Context) error {
 	if app, err := ctx.AppIfConfigured("lchat"); err == nil {
 		a.app = app.(*App)
 	}
+	if r := strings.TrimSpace(os.Getenv(envCloudRegion)); r != "" {
+		if err := registry.ValidateRegion(r); err != nil {
+			return fmt.Errorf("%s: %v", envCloudRegion, err)
+		}
+		a.cloudRegion = r
+	}
 	return nil
 }
+
+// envCloudRegion stamps the home_region of spaces created on this box (region-scoped
+// placement: a space is placed in its region from its first wake).
+const envCloudRegion = "LCHAT_CLOUD_REGION"
 
 // Routes returns the admin routes.
 func (a *adminAPI) Routes() []caddy.AdminRoute {
@@ -164,6 +177,9 @@ func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.Hibernate != nil {
 		rt.Hibernate = *req.Hibernate
+	}
+	if rt.HomeRegion == "" {
+		rt.HomeRegion = a.cloudRegion
 	}
 	if err := a.app.checkRoute(&rt); err != nil {
 		return apiErr(http.StatusBadRequest, "%v", err)

@@ -291,6 +291,9 @@ func (a *meshAdmin) relocate(w http.ResponseWriter, r *http.Request, ms *meshSta
 	if req.To == "" {
 		return apiErr(http.StatusBadRequest, `body must set "to": the destination region`)
 	}
+	if err := registry.ValidateRegion(req.To); err != nil {
+		return apiErr(http.StatusBadRequest, "to: %v", err)
+	}
 	cur, err := a.app.shared.reg.Get(host)
 	if errors.Is(err, registry.ErrNotFound) {
 		return apiErr(http.StatusNotFound, "no route for host %s", host)

@@ -111,6 +111,8 @@ type cluster struct {
 	prefix string
 	ca     *testCA
 	nodes  []*node
+	// env is added to every box started from now on.
+	env []string
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -209,6 +211,7 @@ func (c *cluster) start(withProxy bool) *node {
 		mesh.EnvDomains+"="+meshDomain,
 		mesh.EnvToken+"="+meshToken,
 	)
+	env = append(env, c.env...)
 	n.Box = harness.StartBox(t, harness.BoxOptions{JSON: c.boxConfig(n), Env: env, IP: ip})
 	c.nodes = append(c.nodes, n)
 	return n

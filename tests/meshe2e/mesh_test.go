@@ -502,6 +502,9 @@ func TestMesh(t *testing.T) {
 		if out, err := a.CLI("relocate", host, "--to", "eu", "--move-dns"); err == nil || !strings.Contains(out, "DNS provider") {
 			t.Errorf("relocate --move-dns without a provider: err=%v\n%s", err, out)
 		}
+		if out, err := a.CLI("relocate", host, "--to", "EU!"); err == nil {
+			t.Errorf("relocate --to EU! (not a region label) succeeded:\n%s", out)
+		}
 		out, err := a.CLI("relocate", host, "--to", "eu")
 		if err != nil || !strings.Contains(out, "relocated "+host) || !strings.Contains(out, "no copy") {
 			t.Fatalf("relocate: %v\n%s", err, out)
@@ -713,4 +716,40 @@ func TestMesh(t *testing.T) {
 			t.Errorf("while the killed box's lease held, answers other than 503 + Retry-After: %q", bad)
 		}
 	})
+}
+
+// TestCloudRegionStampsHomeRegion: a box with LCHAT_CLOUD_REGION gives a space created
+// without a home_region that region, so the mesh places it in its region from its first
+// wake; an explicit home_region wins, and the peers get the stamped row.
+func TestCloudRegionStampsHomeRegion(t *testing.T) {
+	c := newCluster(t)
+	c.env = []string{"LCHAT_CLOUD_REGION=fi"}
+	a := c.start(false)
+	c.env = nil
+	b := c.start(false)
+	waitFor(t, 5*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	homeRegion := func(n *node, host string) string {
+		var sum struct {
+			HomeRegion string `json:"home_region"`
+		}
+		n.AdminJSON("GET", "/lchat/routes/"+host, nil, 200, &sum)
+		return sum.HomeRegion
+	}
+	a.AdminJSON("POST", "/lchat/routes", map[string]any{"host": "stamped." + meshDomain, "kind": "demo"}, http.StatusCreated, nil)
+	a.AdminJSON("POST", "/lchat/routes", map[string]any{"host": "explicit." + meshDomain, "kind": "demo", "home_region": "ie"}, http.StatusCreated, nil)
+	if got := homeRegion(a, "stamped."+meshDomain); got != "fi" {
+		t.Errorf("home_region of a space created without one = %q, want LCHAT_CLOUD_REGION fi", got)
+	}
+	if got := homeRegion(a, "explicit."+meshDomain); got != "ie" {
+		t.Errorf("explicit home_region = %q, want ie", got)
+	}
+	waitFor(t, 5*time.Second, "the stamped row on the peer", func() bool { return hasRoute(b, "stamped."+meshDomain) })
+	if got := homeRegion(b, "stamped."+meshDomain); got != "fi" {
+		t.Errorf("the peer's copy has home_region %q, want fi", got)
+	}
+	// A box without LCHAT_CLOUD_REGION stamps nothing.
+	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": "plain." + meshDomain, "kind": "demo"}, http.StatusCreated, nil)
+	if got := homeRegion(b, "plain."+meshDomain); got != "" {
+		t.Errorf("home_region on a box without LCHAT_CLOUD_REGION = %q, want none", got)
+	}
 }
