@@ -23,7 +23,7 @@ import (
 	"github.com/lchat/lchat-caddy/space"
 )
 
-func newCountingEngine(t *testing.T, cfg Config) (*Engine, *meshtest.Counting) {
+func newCountingEngine(t testing.TB, cfg Config) (*Engine, *meshtest.Counting) {
 	t.Helper()
 	fb, err := filebucket.New(t.TempDir())
 	if err != nil {

@@ -46,13 +46,13 @@ type inst struct {
 	uses        int         // Uses held in the current awake period
 	gen         uint64      // awake period; a Use from an earlier one no longer counts
 	waiters     int         // Acquires waiting on trans
-	lastUsed    time.Time   // LRU order
+	lastUsed    time.Time   // LRU order, and the idle clock: set by every Acquire and Release
 	trans       *transition // non-nil while waking or sleeping
 	proc        *proc
-	leaseETag   string // "" when this box does not hold the lease
-	held        bool   // stopped by a heartbeat fence with the lease and newer local state
-	dirty       bool   // asleep with local state newer than the bucket (a failed checkpoint)
-	idle        *time.Timer
+	leaseETag   string      // "" when this box does not hold the lease
+	held        bool        // stopped by a heartbeat fence with the lease and newer local state
+	dirty       bool        // asleep with local state newer than the bucket (a failed checkpoint)
+	idle        *time.Timer // one per awake period; re-arms itself while the space is used
 	idleGen     uint64
 	syncStop    context.CancelFunc
 	crashes     int // consecutive
@@ -102,29 +102,26 @@ type Use struct {
 	in       *inst
 	gen      uint64
 	socket   string
-	released bool
-	mu       sync.Mutex
+	released atomic.Bool
 }
 
 // Socket is the Unix socket to proxy to.
 func (u *Use) Socket() string { return u.socket }
 
-// Release ends the use; the idle timer starts when the last use is released. Idempotent.
+// Release ends the use; the space sleeps IdleTimeout after its last use is released.
+// Idempotent. It only counts and stamps: the idle timer checks lastUsed when it fires, so
+// the request path never creates or stops a timer.
 func (u *Use) Release() {
-	u.mu.Lock()
-	if u.released {
-		u.mu.Unlock()
+	if u.released.Swap(true) {
 		return
 	}
-	u.released = true
-	u.mu.Unlock()
 	in := u.in
+	now := in.e.now()
 	in.mu.Lock()
 	if u.gen == in.gen {
 		in.uses--
 	}
-	in.lastUsed = in.e.now()
-	in.armIdleLocked()
+	in.lastUsed = now
 	in.mu.Unlock()
 }
 
@@ -151,7 +148,6 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 		case StateAwake:
 			in.uses++
 			in.lastUsed = e.now()
-			in.disarmIdleLocked()
 			u := &Use{in: in, gen: in.gen, socket: in.socket}
 			in.mu.Unlock()
 			return u, nil
@@ -210,26 +206,49 @@ func (in *inst) wait(ctx context.Context, t *transition) error {
 	}
 	in.mu.Lock()
 	in.waiters--
-	in.armIdleLocked()
 	in.mu.Unlock()
 	return err
 }
 
-// armIdleLocked (re)starts the idle timer when the space is awake and unused, and stops it
-// otherwise.
+// armIdleLocked starts the idle timer of an awake period. The timer re-arms itself for as
+// long as the space is in use or was used within IdleTimeout (idleCheck).
 func (in *inst) armIdleLocked() {
-	if in.state != StateAwake || in.uses > 0 || in.waiters > 0 || in.e.ctx.Err() != nil {
-		in.disarmIdleLocked()
+	in.disarmIdleLocked()
+	if in.state != StateAwake || in.e.ctx.Err() != nil {
 		return
 	}
-	in.idleGen++
 	gen := in.idleGen
-	if in.idle != nil {
-		in.idle.Stop()
+	in.idle = time.AfterFunc(in.kind.IdleTimeout, func() { in.idleCheck(gen) })
+}
+
+// idleDueLocked reports whether the space has been idle for IdleTimeout, and otherwise how
+// long until it could be.
+func (in *inst) idleDueLocked(now time.Time) (bool, time.Duration) {
+	timeout := in.kind.IdleTimeout
+	if in.uses > 0 || in.waiters > 0 {
+		return false, timeout
 	}
-	in.idle = time.AfterFunc(in.kind.IdleTimeout, func() {
-		in.e.goSafe("idle sleep", func() { in.e.idleFire(in, gen) })
-	})
+	if wait := in.lastUsed.Add(timeout).Sub(now); wait > 0 {
+		return false, wait
+	}
+	return true, 0
+}
+
+// idleCheck runs when the idle timer fires: sleep the space if it is due, else re-arm.
+func (in *inst) idleCheck(gen uint64) {
+	e := in.e
+	in.mu.Lock()
+	if gen != in.idleGen || in.state != StateAwake || e.ctx.Err() != nil {
+		in.mu.Unlock()
+		return
+	}
+	if due, wait := in.idleDueLocked(e.now()); !due {
+		in.idle.Reset(wait)
+		in.mu.Unlock()
+		return
+	}
+	in.mu.Unlock()
+	e.goSafe("idle sleep", func() { e.idleFire(in, gen) })
 }
 
 func (in *inst) disarmIdleLocked() {
@@ -242,12 +261,12 @@ func (in *inst) disarmIdleLocked() {
 
 func (e *Engine) idleFire(in *inst, gen uint64) {
 	in.mu.Lock()
-	stale := gen != in.idleGen || in.state != StateAwake || in.uses > 0 || in.waiters > 0
+	stale := gen != in.idleGen || in.state != StateAwake
 	in.mu.Unlock()
 	if stale {
 		return
 	}
-	if err := e.sleep(e.ctx, in, "idle", true); err != nil {
+	if err := e.sleep(e.ctx, in, reasonIdle, true); err != nil {
 		in.logger().Error("idle sleep", zap.Error(err))
 	}
 }
@@ -418,12 +437,29 @@ func (e *Engine) Sleep(ctx context.Context, host string) error {
 	return e.sleep(ctx, in, "requested", false)
 }
 
-// sleep stops, checkpoints and releases. With onlyIdle it does nothing when a Use appeared.
+// reasonIdle is the sleep reason of the idle timer.
+const reasonIdle = "idle"
+
+// sleep stops, checkpoints and releases. With onlyIdle it does nothing when a Use appeared;
+// an idle sleep also does nothing when the space was used since its timer decided, and
+// re-arms the timer instead.
 func (e *Engine) sleep(ctx context.Context, in *inst, reason string, onlyIdle bool) error {
 	in.op.Lock()
 	defer in.op.Unlock()
 	in.mu.Lock()
-	if in.state != StateAwake || (onlyIdle && (in.uses > 0 || in.waiters > 0)) {
+	if in.state != StateAwake {
+		in.mu.Unlock()
+		return nil
+	}
+	if reason == reasonIdle {
+		if due, wait := in.idleDueLocked(e.now()); !due {
+			if in.idle != nil {
+				in.idle.Reset(wait)
+			}
+			in.mu.Unlock()
+			return nil
+		}
+	} else if onlyIdle && (in.uses > 0 || in.waiters > 0) {
 		in.mu.Unlock()
 		return nil
 	}
