@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"os"
 	"strings"
+
+	"github.com/lchat/lchat-caddy/registry"
 )
 
 // Environment variable names (the contract in DESIGN.md).
@@ -99,8 +101,12 @@ func ParseEnv(getenv func(string) string) (Config, error) {
 	}
 	cfg.Token = Secret(tok)
 	cfg.Region = strings.TrimSpace(getenv(EnvRegion))
-	if cfg.Region != "" && !validToken(cfg.Region) {
-		return Config{}, fmt.Errorf("%s: region %q must be one label of letters, digits, '.', '_' or '-'", EnvRegion, cfg.Region)
+	if cfg.Region != "" {
+		// The same rule as a route's home_region, or no region-pinned space could
+		// ever be placed on this box.
+		if err := registry.ValidateRegion(cfg.Region); err != nil {
+			return Config{}, fmt.Errorf("%s: %v", EnvRegion, err)
+		}
 	}
 	return cfg, nil
 }

@@ -45,6 +45,8 @@ func TestParseEnv(t *testing.T) {
 		{name: "no scheme", env: map[string]string{EnvSelf: "a.example.net", EnvDomains: "example.com", EnvToken: testToken}, errHas: EnvSelf},
 		{name: "bad port", env: map[string]string{EnvSelf: "https://a.example.net:99999", EnvDomains: "example.com", EnvToken: testToken}, errHas: EnvSelf},
 		{name: "region with comma", env: map[string]string{EnvSelf: "https://a.example.net", EnvDomains: "example.com", EnvToken: testToken, EnvRegion: "ie,fi"}, errHas: EnvRegion},
+		// A route's home_region is lowercase; a box labelled "EU" could never host one.
+		{name: "region uppercase", env: map[string]string{EnvSelf: "https://a.example.net", EnvDomains: "example.com", EnvToken: testToken, EnvRegion: "EU"}, errHas: EnvRegion},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseEnv(envOf(tc.env))

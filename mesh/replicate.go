@@ -18,6 +18,8 @@ import (
 	"unicode/utf8"
 
 	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/registry"
 )
 
 // Peer endpoint paths, mounted on each box's SELF URL.
@@ -123,8 +125,10 @@ func (r *RouteRow) Validate() error {
 	if r.Version != "" && !validToken(r.Version) {
 		return &RowError{"version", "must be 1-128 letters, digits, '.', '_' or '-'"}
 	}
-	if r.HomeRegion != "" && !validToken(r.HomeRegion) {
-		return &RowError{"home_region", "must be 1-128 letters, digits, '.', '_' or '-'"}
+	if r.HomeRegion != "" {
+		if err := registry.ValidateRegion(r.HomeRegion); err != nil {
+			return &RowError{"home_region", err.Error()}
+		}
 	}
 	if len(r.Env) > maxEnvVars {
 		return &RowError{"env", fmt.Sprintf("more than %d variables", maxEnvVars)}
