@@ -24,6 +24,7 @@ type inst struct {
 	dir     string // StateDir/spaces/<host>
 	dataDir string
 	socket  string
+	dial    string // "unix/" + socket: the reverse proxy's dial address
 	logPath string
 
 	// op serializes the operations that touch the process and the bucket (wake, sleep,
@@ -70,12 +71,14 @@ type transition struct {
 
 func newInst(e *Engine, host string) *inst {
 	dir := filepath.Join(e.cfg.StateDir, "spaces", host)
+	sock := socketPath(e.cfg.StateDir, host)
 	return &inst{
 		e:       e,
 		host:    host,
 		dir:     dir,
 		dataDir: filepath.Join(dir, "data"),
-		socket:  socketPath(e.cfg.StateDir, host),
+		socket:  sock,
+		dial:    "unix/" + sock,
 		logPath: filepath.Join(dir, "instance.log"),
 		state:   StateAsleep,
 		since:   e.now(),
@@ -107,6 +110,9 @@ type Use struct {
 
 // Socket is the Unix socket to proxy to.
 func (u *Use) Socket() string { return u.socket }
+
+// Dial is the socket as a Caddy network address ("unix/<path>"), for a reverse proxy.
+func (u *Use) Dial() string { return u.in.dial }
 
 // Release ends the use; the space sleeps IdleTimeout after its last use is released.
 // Idempotent. It only counts and stamps: the idle timer checks lastUsed when it fires, so

@@ -1,6 +1,10 @@
 // Package bench prints figures: the proxy overhead of `lchat` against Caddy's plain
 // reverse_proxy to the same awake instance, and the registry at 100,000 routes.
 // Run: go test ./tests/bench -run . -v   (skipped with -short)
+// With LCHAT_BENCH_CPUPROFILE=<file>, TestProxyOverhead also saves CPU profiles of the
+// server (its admin API's /debug/pprof/profile) taken during an extra lchat round (<file>)
+// and an extra reverse_proxy round (<file>.plain);
+// read it with `go tool pprof bin/lchat-caddy <file>`.
 package bench
 
 import (
@@ -153,12 +157,21 @@ func TestProxyOverhead(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Short rounds in pairs, the order alternating (plain first, then lchat first), so
+	// a drift in the machine's load (other processes on a shared box) weighs on both
+	// sides alike instead of on whichever always runs second.
 	const workers = 16
-	round := 3 * time.Second
+	const pairs = 6
+	round := 2 * time.Second
 	var viaLchat, viaPlain []*result
-	for i := 0; i < 3; i++ {
-		viaPlain = append(viaPlain, load("127.0.0.1:"+plainPort, host, "/api/messages", workers, round))
-		viaLchat = append(viaLchat, load(b.HTTPAddr, host, "/api/messages", workers, round))
+	for i := 0; i < pairs; i++ {
+		if i%2 == 0 {
+			viaPlain = append(viaPlain, load("127.0.0.1:"+plainPort, host, "/api/messages", workers, round))
+			viaLchat = append(viaLchat, load(b.HTTPAddr, host, "/api/messages", workers, round))
+		} else {
+			viaLchat = append(viaLchat, load(b.HTTPAddr, host, "/api/messages", workers, round))
+			viaPlain = append(viaPlain, load("127.0.0.1:"+plainPort, host, "/api/messages", workers, round))
+		}
 	}
 	merge := func(rs []*result) *result {
 		m := &result{}
@@ -174,12 +187,47 @@ func TestProxyOverhead(t *testing.T) {
 	if lc.errs+pl.errs > 0 {
 		t.Errorf("errors: lchat %d, plain %d", lc.errs, pl.errs)
 	}
-	fmt.Printf("proxy overhead, GET /api/messages on an awake demo space, %d workers, 3 x %v rounds each, alternating, GOMAXPROCS=%d\n",
-		workers, round, runtime.GOMAXPROCS(0))
+	fmt.Printf("proxy overhead, GET /api/messages on an awake demo space, %d workers, %d x %v rounds each, in pairs of alternating order, GOMAXPROCS=%d\n",
+		workers, pairs, round, runtime.GOMAXPROCS(0))
 	fmt.Printf("  reverse_proxy: %8.0f req/s  p50 %v  p99 %v\n", pl.rps(), pl.pct(0.5), pl.pct(0.99))
 	fmt.Printf("  lchat:         %8.0f req/s  p50 %v  p99 %v\n", lc.rps(), lc.pct(0.5), lc.pct(0.99))
 	fmt.Printf("  ratio: req/s %.3f (target >= 0.95)   p99 %.3f (target <= 1.10)\n",
 		lc.rps()/pl.rps(), float64(lc.pct(0.99))/float64(pl.pct(0.99)))
+	var rpsRatios, p99Ratios []float64
+	for i := range viaLchat {
+		rr, pr := viaLchat[i].rps()/viaPlain[i].rps(), float64(viaLchat[i].pct(0.99))/float64(viaPlain[i].pct(0.99))
+		rpsRatios, p99Ratios = append(rpsRatios, rr), append(p99Ratios, pr)
+		fmt.Printf("  pair %d: req/s ratio %.3f  p99 ratio %.3f\n", i+1, rr, pr)
+	}
+	slices.Sort(rpsRatios)
+	slices.Sort(p99Ratios)
+	fmt.Printf("  pair ratios: req/s min %.3f median %.3f max %.3f   p99 min %.3f median %.3f max %.3f\n",
+		rpsRatios[0], (rpsRatios[pairs/2-1]+rpsRatios[pairs/2])/2, rpsRatios[pairs-1],
+		p99Ratios[0], (p99Ratios[pairs/2-1]+p99Ratios[pairs/2])/2, p99Ratios[pairs-1])
+
+	if out := os.Getenv("LCHAT_BENCH_CPUPROFILE"); out != "" {
+		for _, r := range []struct{ name, addr, file string }{
+			{"lchat", b.HTTPAddr, out},
+			{"reverse_proxy", "127.0.0.1:" + plainPort, out + ".plain"},
+		} {
+			done := make(chan error, 1)
+			go func() {
+				status, data, err := b.Admin("GET", "/debug/pprof/profile?seconds=8", nil)
+				if err == nil && status != 200 {
+					err = fmt.Errorf("profile: status %d: %s", status, data)
+				}
+				if err == nil {
+					err = os.WriteFile(r.file, data, 0o644)
+				}
+				done <- err
+			}()
+			res := load(r.addr, host, "/api/messages", workers, 10*time.Second)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			fmt.Printf("  server CPU profile of a %s round (%.0f req/s, %d requests): %s\n", r.name, res.rps(), res.n, r.file)
+		}
+	}
 }
 
 func TestRegistry100k(t *testing.T) {
