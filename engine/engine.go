@@ -98,7 +98,11 @@ type Config struct {
 	// has no route (its record is deleted when this box owns the host). nil falls back to
 	// the last Space this engine was asked to serve under that host.
 	Resolve func(host string) (Space, bool)
-	Logger  *zap.Logger
+	// FenceStopGrace caps a kind's StopGrace when a heartbeat fence stops the awake
+	// instances: they must be gone before peers count this box dead and take over.
+	// Zero: each kind's StopGrace.
+	FenceStopGrace time.Duration
+	Logger         *zap.Logger
 }
 
 // errFencedNoWrite is why a fenced box writes nothing.

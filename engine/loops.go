@@ -200,6 +200,11 @@ func (e *Engine) SetFenced(fenced bool) {
 		e.log.Warn("fenced: heartbeat writes failing; stopping every awake space without writing")
 		for _, in := range e.all() {
 			e.goSafe("fence stop", func() {
+				// A sync in flight holds the op lock while it waits on the bucket this
+				// box can no longer reach: cancel it first so the stop is not held up.
+				in.mu.Lock()
+				in.stopSyncLocked()
+				in.mu.Unlock()
 				in.op.Lock()
 				defer in.op.Unlock()
 				in.mu.Lock()
@@ -214,6 +219,9 @@ func (e *Engine) SetFenced(fenced bool) {
 				in.stopSyncLocked()
 				in.setStateLocked(StateSleeping)
 				in.mu.Unlock()
+				if g := e.cfg.FenceStopGrace; g > 0 && kind.StopGrace > g {
+					kind.StopGrace = g
+				}
 				e.stopProcess(in, p, kind)
 				in.mu.Lock()
 				in.proc = nil

@@ -180,6 +180,8 @@ func (ms *meshState) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 	cfg.Holder = ms.cfg.Self
 	cfg.Incarnation = mc.Incarnation
 	cfg.HolderLive = ms.holderLive
+	// A fenced box's instances must be gone well before peers count it dead.
+	cfg.FenceStopGrace = mc.FenceMargin / 2
 	cfg.Owns = func(host string) bool {
 		rt, ok := reg.Lookup(host)
 		if !ok || !mesh.InScope(host, ms.cfg.Domains) && (rt.HomeRegion == "" || rt.HomeRegion != ms.cfg.Region) {

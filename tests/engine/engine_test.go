@@ -40,7 +40,7 @@ func newFixture(t testing.TB) *fixture {
 	f.kind = engine.Kind{
 		Command:      self,
 		Env:          map[string]string{"LCHAT_TEST_INSTANCE": "1", "STARTS_FILE": f.starts},
-		AllowedEnv:   []string{"ALLOWED", "START_DELAY_MS", "HANG"},
+		AllowedEnv:   []string{"ALLOWED", "START_DELAY_MS", "HANG", "IGNORE_TERM"},
 		IdleTimeout:  time.Hour,
 		StopGrace:    5 * time.Second,
 		ReadyPath:    "/ready",

@@ -72,3 +72,23 @@ func TestHeartbeatFenceStopsWritesAndRechecksLease(t *testing.T) {
 		t.Fatalf("mine.test after unfence: %q", got)
 	}
 }
+
+// TestFenceStopIsBoundedByFenceStopGrace: a heartbeat fence must have the instances gone
+// before peers count this box dead, whatever the kind's stop_grace: an instance that
+// ignores SIGTERM under a one-minute grace is killed within FenceStopGrace.
+func TestFenceStopIsBoundedByFenceStopGrace(t *testing.T) {
+	f := newFixture(t)
+	f.kind.StopGrace = time.Minute
+	e := f.engine("1", func(c *engine.Config) { c.FenceStopGrace = 300 * time.Millisecond })
+	sp := engine.Space{Host: "stubborn.test", Kind: "app", Env: map[string]string{"IGNORE_TERM": "1"}}
+	u := acquire(t, e, sp)
+	u.Release()
+	pid := status(e, "stubborn.test").PID
+
+	start := time.Now()
+	e.SetFenced(true)
+	eventually(t, "stubborn instance stopped by fence", func() bool { return !alive(pid) })
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("fence stop took %v; the kind's one-minute grace was not capped", took)
+	}
+}

@@ -106,9 +106,15 @@ func runInstance() {
 		os.Exit(1)
 	}
 	srv := &http.Server{Handler: mux}
+	stop := syscall.SIGTERM
+	if os.Getenv("IGNORE_TERM") != "" {
+		// A stubborn instance: SIGTERM does nothing, only SIGKILL stops it.
+		signal.Ignore(syscall.SIGTERM)
+		stop = syscall.SIGUSR2
+	}
 	go func() {
 		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, syscall.SIGTERM)
+		signal.Notify(sig, stop)
 		<-sig
 		srv.Close()
 	}()
