@@ -210,8 +210,9 @@ func HostFromPath(p string) (string, bool) {
 }
 
 // DecodeRow reads and validates a replicated row from a PUT request body of at most
-// maxBytes (DefaultMaxRowBytes when <= 0). When the request path is PathRoute + host, the
-// body's host must match it. Every error is a *RowError, meant for a 400 response.
+// maxBytes (DefaultMaxRowBytes when <= 0). When the request path is under PathRoute, it
+// must name a valid host and the body's host must match it. Every error is a *RowError,
+// meant for a 400 response.
 func DecodeRow(r *http.Request, maxBytes int64) (RouteRow, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxRowBytes
@@ -234,8 +235,16 @@ func DecodeRow(r *http.Request, maxBytes int64) (RouteRow, error) {
 	if err := row.Validate(); err != nil {
 		return RouteRow{}, err
 	}
-	if pathHost, ok := HostFromPath(r.URL.Path); ok && pathHost != row.Host {
-		return RouteRow{}, &RowError{"host", "does not match the host in the path"}
+	if strings.HasPrefix(r.URL.Path, PathRoute) {
+		// The path names the row; a path without a valid host (empty, "..", a slash)
+		// must not let the body pick one.
+		pathHost, ok := HostFromPath(r.URL.Path)
+		if !ok {
+			return RouteRow{}, &RowError{"host", "the path names no valid host"}
+		}
+		if pathHost != row.Host {
+			return RouteRow{}, &RowError{"host", "does not match the host in the path"}
+		}
 	}
 	return row, nil
 }

@@ -120,13 +120,21 @@ func TestClientAgainstPeer(t *testing.T) {
 }
 
 func TestDecodeRowRejects(t *testing.T) {
-	_, url := startPeer(t)
+	p, url := startPeer(t)
 	for _, tc := range []struct {
 		name, path, body string
 	}{
 		{"not json", "/api/mesh/route/a.example.com", `{`},
 		{"trailing", "/api/mesh/route/a.example.com", `{"host":"a.example.com","kind":"chat","hibernate":true} {}`},
 		{"path mismatch", "/api/mesh/route/b.example.com", `{"host":"a.example.com","kind":"chat","hibernate":true}`},
+		// A path that names no valid host must not let the body choose one.
+		{"no host in path", "/api/mesh/route/", `{"host":"a.example.com","kind":"chat","hibernate":true}`},
+		{"dot-dot path", "/api/mesh/route/..", `{"host":"a.example.com","kind":"chat","hibernate":true}`},
+		{"escaped slash in path", "/api/mesh/route/a.example.com%2F..", `{"host":"a.example.com","kind":"chat","hibernate":true}`},
+		{"unicode path", "/api/mesh/route/b%C3%BCcher.example.com", `{"host":"a.example.com","kind":"chat","hibernate":true}`},
+		{"unicode host", "/api/mesh/route/b%C3%BCcher.example.com", `{"host":"bücher.example.com","kind":"chat","hibernate":true}`},
+		{"dot-dot host", "/api/mesh/route/..", `{"host":"..","kind":"chat","hibernate":true}`},
+		{"env name with =", "/api/mesh/route/a.example.com", `{"host":"a.example.com","kind":"chat","hibernate":true,"env":{"A=B":"c"}}`},
 		{"no kind", "/api/mesh/route/a.example.com", `{"host":"a.example.com","hibernate":true}`},
 		{"bad host", "/api/mesh/route/a..example.com", `{"host":"a..example.com","kind":"chat","hibernate":true}`},
 		{"PATH env", "/api/mesh/route/a.example.com", `{"host":"a.example.com","kind":"chat","hibernate":true,"env":{"PATH":"/tmp"}}`},
@@ -146,6 +154,9 @@ func TestDecodeRowRejects(t *testing.T) {
 		if resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("%s: status %d, want 400", tc.name, resp.StatusCode)
 		}
+	}
+	if len(p.rows) != 0 {
+		t.Errorf("refused rows were stored: %v", p.rows)
 	}
 	// A live route replicates as a lives-elsewhere row; socket paths in the body are ignored.
 	body := `{"host":"a.example.com","kind":"chat","hibernate":false,"lives_at":"HTTPS://B.example.net","socket":"/run/x.sock"}`
