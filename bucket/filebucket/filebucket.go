@@ -68,8 +68,10 @@ func New(root string) (*Bucket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("filebucket: resolving root %s: %v", root, err)
 	}
+	// Owner only: objects hold spaces' data and certificate keys, and their names are
+	// the hosts of the fleet. Objects are created 0600 (os.CreateTemp).
 	for _, d := range []string{abs, filepath.Join(abs, metaDir, "tmp"), filepath.Join(abs, metaDir, "locks")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("filebucket: creating directory %s: %v", d, err)
 		}
 	}
@@ -145,7 +147,7 @@ func (b *Bucket) lock(rel string) (unlock func(), err error) {
 	h := fnv.New32a()
 	io.WriteString(h, rel)
 	name := filepath.Join(b.root, metaDir, "locks", fmt.Sprintf("%02x", h.Sum32()%lockStripes))
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("filebucket: opening lock file: %v", err)
 	}
@@ -400,7 +402,7 @@ func (b *Bucket) mkdirAllDurable(dir string) error {
 		}
 		created = append(created, d)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	for _, d := range created {

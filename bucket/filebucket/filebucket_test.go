@@ -1,7 +1,10 @@
 package filebucket_test
 
 import (
+	"io/fs"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/lchat/lchat-caddy/bucket"
@@ -39,4 +42,46 @@ func TestConformanceWithPrefix(t *testing.T) {
 		}
 		return b
 	})
+}
+
+// TestOwnerOnly: nothing the bucket creates is readable or listable by other users,
+// whatever the umask allows: objects hold spaces' data and certificate keys, and key
+// names are the fleet's hosts. Parents the bucket creates for its root count too.
+func TestOwnerOnly(t *testing.T) {
+	old := syscall.Umask(0o022)
+	defer syscall.Umask(old)
+	top := t.TempDir()
+	b, err := filebucket.New(filepath.Join(top, "data", "bucket"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"spaces/a.example.com/manifest", "spaces/a.example.com/blobs/00ff", "certs/x/key"} {
+		if _, err := b.Put(t.Context(), key, strings.NewReader("secret"), 6, bucket.Cond{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Put(t.Context(), "spaces/a.example.com/lease", strings.NewReader("l"), 1, bucket.Cond{IfNoneMatch: true}); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	err = filepath.WalkDir(filepath.Join(top, "data"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		n++
+		if fi.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s has mode %v, want no group or other bits", p, fi.Mode().Perm())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 10 {
+		t.Fatalf("walked only %d paths", n)
+	}
 }
