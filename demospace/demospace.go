@@ -90,7 +90,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.clock == nil {
 		cfg.clock = realClock{}
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+	// Owner only: the room's database and the socket are nobody else's business.
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data directory: %v", err)
 	}
 	s := &Server{
@@ -135,7 +136,7 @@ func New(cfg Config) (*Server, error) {
 // that died. A socket something still answers on is not taken over, and a
 // path that is not a socket is never removed.
 func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %v", err)
 	}
 	fi, err := os.Lstat(path)
@@ -157,6 +158,11 @@ func listenUnix(path string) (net.Listener, error) {
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("listening: %v", err)
+	}
+	// The proxy runs as this user; with a loose umask, others could connect too.
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("restricting socket: %v", err)
 	}
 	return ln, nil
 }
