@@ -1,6 +1,7 @@
 package lchat
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -150,9 +151,22 @@ type createRequest struct {
 }
 
 func decodeStrict(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	raw, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return apiErr(http.StatusBadRequest, "reading request body: %v", err)
+	}
+	if len(raw) > maxBody {
+		// Said as such: a truncated body would only read as "unexpected EOF".
+		return apiErr(http.StatusRequestEntityTooLarge, "request body larger than %d bytes", maxBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		var syn *json.SyntaxError
+		if errors.As(err, &syn) {
+			// Its message quotes a character of the body, which may be inside an env value.
+			return apiErr(http.StatusBadRequest, "decoding request body: malformed JSON at byte %d", syn.Offset)
+		}
 		return apiErr(http.StatusBadRequest, "decoding request body: %v", err)
 	}
 	if dec.More() {

@@ -144,7 +144,9 @@ func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger 
 		HTTPClient: &http.Client{
 			Timeout: 15 * time.Second,
 			Transport: &http.Transport{
-				Proxy:               http.ProxyFromEnvironment,
+				// Never through an environment proxy, like forwards: the request carries
+				// the mesh token, and over an http SELF a proxy would read it.
+				Proxy:               nil,
 				DialContext:         (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
 				TLSClientConfig:     &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 				TLSHandshakeTimeout: timeout,
