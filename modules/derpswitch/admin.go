@@ -72,6 +72,10 @@ func (a *adminAPI) handleSettings(w http.ResponseWriter, r *http.Request) error 
 	if err := dec.Decode(&req); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("decoding request: %v", err)}
 	}
+	if dec.More() {
+		// Two objects, or an object and junk: which one was meant is a guess.
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("decoding request: trailing data after the JSON object")}
+	}
 	if req.DERPRegion == nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(`missing "derp_region"`)}
 	}

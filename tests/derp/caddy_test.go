@@ -147,7 +147,8 @@ func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 		t.Fatalf("pin to unknown region: %d %s; want 400", code, body)
 	}
 	// Bad requests are refused and change nothing (neither the live pin nor storage).
-	for _, body := range []string{`{}`, `{"derp_region": -1}`, `{"derp_region": "2"}`, `{"derp_region": 2.5}`, `{"region": 2}`, `not json`} {
+	for _, body := range []string{`{}`, `{"derp_region": -1}`, `{"derp_region": "2"}`, `{"derp_region": 2.5}`, `{"region": 2}`, `not json`,
+		`{"derp_region": 2} {"derp_region": 3}`, `{"derp_region": 2} junk`} {
 		if code, resp := c.post("/derp_switch/settings", body); code != http.StatusBadRequest {
 			t.Errorf("settings %s: %d %s; want 400", body, code, resp)
 		}
