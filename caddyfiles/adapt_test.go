@@ -54,6 +54,9 @@ func TestAdaptDev(t *testing.T) {
 	if got := dig(cfg, "apps", "lchat", "bucket", "backend"); got != "file" {
 		t.Errorf("bucket backend = %v", got)
 	}
+	if got := dig(cfg, "admin", "listen"); got != "localhost:2019" {
+		t.Errorf("admin listen = %v, want localhost:2019", got)
+	}
 	raw, _ := json.Marshal(dig(cfg, "apps", "http"))
 	if !strings.Contains(string(raw), `"handler":"lchat"`) || !strings.Contains(string(raw), ":8080") {
 		t.Errorf("http app lacks the lchat handler on :8080: %s", raw)
@@ -116,6 +119,10 @@ func TestAdaptSingle(t *testing.T) {
 	}
 	if got := dig(cfg, "apps", "lchat", "bucket", "backend"); got != "s3" {
 		t.Errorf("bucket backend = %v", got)
+	}
+	// The admin API (routes with their env, pins, config) stays on loopback by default.
+	if got := dig(cfg, "admin", "listen"); got != "localhost:2019" {
+		t.Errorf("admin listen = %v, want localhost:2019", got)
 	}
 	if got := dig(cfg, "apps", "lchat", "kinds", "demo", "idle_timeout"); got == nil {
 		t.Errorf("demo kind missing: %s", raw)
@@ -211,6 +218,9 @@ func TestAdaptMesh(t *testing.T) {
 	}
 	if got := dig(cfg, "storage", "module"); got != "lchat" {
 		t.Errorf("LCHAT_CERT_CACHE=s3: storage module = %v, want lchat", got)
+	}
+	if got := dig(cfg, "admin", "listen"); got != "localhost:2019" {
+		t.Errorf("admin listen = %v, want localhost:2019", got)
 	}
 	var selfPolicy bool
 	for _, p := range policies(t, cfg) {
