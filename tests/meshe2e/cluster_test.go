@@ -118,12 +118,27 @@ type cluster struct {
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
 	dir := t.TempDir()
-	return &cluster{
+	c := &cluster{
 		t:      t,
 		s3:     harness.StartS3(t),
 		prefix: fmt.Sprintf("m%d", time.Now().UnixNano()%1e9),
 		ca:     newTestCA(t, dir),
 	}
+	// Whatever the test did (replication, seeds, failover, drains), no box logged a
+	// secret: the mesh token, the S3 secret key or a route's env value. Box cleanups
+	// run first (registered later); the logs stay in memory.
+	t.Cleanup(func() {
+		for _, n := range c.nodes {
+			logs := n.Logs()
+			for name, secret := range map[string]string{"the mesh token": meshToken,
+				"the S3 secret key": c.s3.SecretKey, "an env value": "s3cr3t-env-value"} {
+				if strings.Contains(logs, secret) {
+					t.Errorf("%s logged %s", n.self, name)
+				}
+			}
+		}
+	})
+	return c
 }
 
 func freePort(t *testing.T, ip string) string {

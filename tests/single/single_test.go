@@ -724,6 +724,9 @@ func TestOperatorSurface(t *testing.T) {
 	if strings.Contains(b.Logs(), secret) {
 		t.Fatal("the box logged an env value")
 	}
+	if strings.Contains(b.Logs(), e.s3.SecretKey) {
+		t.Fatal("the box logged the S3 secret key")
+	}
 
 	// A live route, by flipping hibernation off toward a plain upstream.
 	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
