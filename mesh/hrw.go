@@ -14,6 +14,10 @@ type Member struct {
 	Incarnation string `json:"incarnation,omitempty"`
 	// Version is the member's software version.
 	Version string `json:"version,omitempty"`
+	// Address is the member's advertised public address, if any.
+	Address string `json:"address,omitempty"`
+	// Bucket names the member's bucket (no credentials), if advertised.
+	Bucket string `json:"bucket,omitempty"`
 	// LastModified is the heartbeat's time by the bucket's clock.
 	LastModified time.Time `json:"last_modified"`
 	// Age is how old the heartbeat is by the bucket's clock, as of the listing that

@@ -58,6 +58,12 @@ type Heartbeat struct {
 	Domains     []string `json:"domains"`
 	Incarnation string   `json:"incarnation"`
 	Version     string   `json:"version"`
+	// Address is the box's public address (an IP), the target of a relocated space's
+	// DNS record. Optional.
+	Address string `json:"address,omitempty"`
+	// Bucket names the bucket the box keeps its spaces in (its String(), never
+	// credentials), so a relocation can tell a shared bucket from a per-region one.
+	Bucket string `json:"bucket,omitempty"`
 	// Draining is set while the box shuts down: peers take it out of placement and
 	// fan-out at once, but it is still live, so the leases it holds stay held until it
 	// releases them (see MarkDraining).
@@ -74,6 +80,10 @@ type MembershipConfig struct {
 	Domains []string
 	// Version is this box's software version, advertised in the heartbeat.
 	Version string
+	// Address is this box's public address, advertised in the heartbeat. Optional.
+	Address string
+	// Bucket names this box's bucket (no credentials), advertised in the heartbeat.
+	Bucket string
 	// Incarnation identifies this process. Default: 16 random bytes, hex.
 	Incarnation string
 	// Beat is the heartbeat interval. Default: 15s.
@@ -238,7 +248,7 @@ func NewMembership(b bucket.Bucket, cfg MembershipConfig) (*Membership, error) {
 func (m *Membership) encodeBody(draining bool) error {
 	domains := append([]string{}, m.cfg.Domains...)
 	body, err := json.Marshal(Heartbeat{Region: m.cfg.Region, Domains: domains, Incarnation: m.cfg.Incarnation,
-		Version: m.cfg.Version, Draining: draining})
+		Version: m.cfg.Version, Address: m.cfg.Address, Bucket: m.cfg.Bucket, Draining: draining})
 	if err != nil {
 		return fmt.Errorf("membership: encoding heartbeat: %v", err)
 	}
@@ -463,6 +473,7 @@ func (m *Membership) refresh(ctx context.Context) {
 		} else if hb, ok := m.peerBody(ctx, o); ok {
 			mem.Region, mem.Domains, mem.Incarnation, mem.Version = hb.Region, hb.Domains, hb.Incarnation, hb.Version
 			mem.Draining = hb.Draining
+			mem.Address, mem.Bucket = hb.Address, hb.Bucket
 		}
 		view = append(view, mem)
 	}
@@ -480,6 +491,7 @@ func (m *Membership) refresh(ctx context.Context) {
 func (m *Membership) fillSelf(mem *Member) {
 	mem.Region, mem.Domains, mem.Incarnation, mem.Version = m.cfg.Region, m.cfg.Domains, m.cfg.Incarnation, m.cfg.Version
 	mem.Draining = m.draining.Load()
+	mem.Address, mem.Bucket = m.cfg.Address, m.cfg.Bucket
 }
 
 // list reads every page under prefix and the bucket's clock at the first page.
