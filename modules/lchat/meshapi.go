@@ -106,6 +106,13 @@ func (h *MeshAPI) putRoute(w http.ResponseWriter, r *http.Request) error {
 		// is the original; a peer's copy of it changes nothing.
 		return writeJSON(w, http.StatusOK, map[string]string{"kept": row.Host})
 	}
+	if !row.Hibernate && !ms.isLiveMember(row.LivesAt) {
+		// Every request for the host would be forwarded there, with the Host kept and a
+		// marker made with the mesh token: only a box of this mesh may be named, never
+		// an arbitrary address (a metadata service, an internal host).
+		ms.c.rowsRejected.Add(1)
+		return caddyhttp.Error(http.StatusConflict, fmt.Errorf("route %s: lives_at %s is not a live box of this mesh", row.Host, row.LivesAt))
+	}
 	rt := routeFromRow(row)
 	if err := h.app.checkRoute(&rt); err != nil {
 		ms.c.rowsRejected.Add(1)
@@ -177,6 +184,19 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 		h.logger.Info("route tombstoned by a peer", zap.String("host", host))
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"removed": host, "existed": existed})
+}
+
+// isLiveMember reports whether self is the SELF of a live box in this box's view.
+func (ms *meshState) isLiveMember(self string) bool {
+	if ms.m == nil {
+		return false
+	}
+	for _, m := range ms.m.Live() {
+		if m.Self == self {
+			return true
+		}
+	}
+	return false
 }
 
 // routeFromRow is the registry form of a replicated row. A live space pinned to a

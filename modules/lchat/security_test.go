@@ -18,6 +18,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/mesh/meshtest"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -384,5 +385,47 @@ func TestPeerClientsDialDirectly(t *testing.T) {
 	}
 	if pt := newPeerTransport(ms); pt.tr.Proxy != nil {
 		t.Errorf("forward transport has a proxy function")
+	}
+}
+
+// TestPeerRowLivesAtMustBeAMember: a replicated live row may pin its host only to a live
+// box of this mesh. Any other lives_at (a metadata service, an internal address) would
+// make every box forward the host's requests there, so it is 409 and stores nothing.
+func TestPeerRowLivesAtMustBeAMember(t *testing.T) {
+	bkt := meshtest.NewMemBucket()
+	join := func(self string) *mesh.Membership {
+		m, err := mesh.NewMembership(bkt, mesh.MembershipConfig{Self: self, Domains: []string{"mesh.test"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Close)
+		return m
+	}
+	join("https://box-b.example.net")
+	app := newSecurityApp(t)
+	const token = "peer-token"
+	cfg := mesh.Config{Self: "https://box-a.example.net", Domains: []string{"mesh.test"}, Token: token}
+	ms := &meshState{cfg: cfg, m: join(cfg.Self), logger: zap.NewNop(), ctx: t.Context()}
+	app.shared.mesh = ms
+	h := &MeshAPI{app: app, MaxRowBytes: 4096, logger: zap.NewNop()}
+	live := func(host, at string) string {
+		return `{"host":"` + host + `","kind":"demo","hibernate":false,"lives_at":"` + at + `"}`
+	}
+	for _, at := range []string{"http://169.254.169.254", "http://10.0.0.1:8080", "https://box-c.example.net", "http://box-b.example.net"} {
+		if code, msg := meshAPIDo(h, "PUT", "/api/mesh/route/x.mesh.test", "Bearer "+token, live("x.mesh.test", at)); code != http.StatusConflict {
+			t.Errorf("lives_at %s: %d %q, want 409", at, code, msg)
+		}
+	}
+	if n := app.shared.reg.Len(); n != 0 {
+		t.Fatalf("%d rows stored with a lives_at outside the mesh", n)
+	}
+	if code, msg := meshAPIDo(h, "PUT", "/api/mesh/route/x.mesh.test", "Bearer "+token, live("x.mesh.test", "HTTPS://Box-B.example.net")); code != http.StatusOK {
+		t.Fatalf("lives_at a live member: %d %q", code, msg)
+	}
+	if rt, ok := app.shared.reg.Lookup("x.mesh.test"); !ok || rt.LivesAt != "https://box-b.example.net" || rt.Upstream != "" {
+		t.Fatalf("stored row = %+v", rt.Summary())
 	}
 }
