@@ -144,6 +144,7 @@ type shared struct {
 	logger       *zap.Logger
 	mesh         *meshState // nil without LCHAT_MESH_SELF
 	drainTimeout time.Duration
+	ids          idAllocators // the id ledger's allocators (ids.go)
 
 	// kindsMu serializes applying kinds (App.Start) and unwinding them (App.Stop).
 	kindsMu sync.Mutex
