@@ -1,6 +1,9 @@
 package buckets
 
 import (
+	"encoding/json"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
@@ -93,6 +96,22 @@ func (f *File) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	return nil
+}
+
+// UnmarshalBucket parses a `bucket <backend> ...` line (the backend's own Caddyfile
+// syntax follows the name) into the JSON of an `lchat.buckets` guest module, for the
+// modules that keep state in a bucket (the lchat app, caddy.storage.lchat). The
+// dispenser is on the `bucket` token.
+func UnmarshalBucket(d *caddyfile.Dispenser) (json.RawMessage, error) {
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	name := d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, "lchat.buckets."+name)
+	if err != nil {
+		return nil, err
+	}
+	return caddyconfig.JSONModuleObject(unm, "backend", name, nil), nil
 }
 
 // oneArg reads exactly one argument into dst.

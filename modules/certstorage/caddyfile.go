@@ -2,8 +2,9 @@ package certstorage
 
 import (
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/lchat/lchat-caddy/modules/buckets"
 )
 
 // UnmarshalCaddyfile sets up the storage from Caddyfile tokens (the global
@@ -29,15 +30,11 @@ func (m *Module) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "bucket":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			name := d.Val()
-			unm, err := caddyfile.UnmarshalModule(d, "lchat.buckets."+name)
+			raw, err := buckets.UnmarshalBucket(d)
 			if err != nil {
 				return err
 			}
-			m.BucketRaw = caddyconfig.JSONModuleObject(unm, "backend", name, nil)
+			m.BucketRaw = raw
 		case "prefix":
 			if !d.NextArg() {
 				return d.ArgErr()

@@ -10,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/lchat/lchat-caddy/modules/buckets"
 )
 
 func init() {
@@ -79,15 +81,11 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "bucket":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			name := d.Val()
-			unm, err := caddyfile.UnmarshalModule(d, "lchat.buckets."+name)
+			raw, err := buckets.UnmarshalBucket(d)
 			if err != nil {
 				return err
 			}
-			a.BucketRaw = caddyconfig.JSONModuleObject(unm, "backend", name, nil)
+			a.BucketRaw = raw
 		case "state_dir":
 			if err := oneArg(d, &a.StateDir); err != nil {
 				return err
