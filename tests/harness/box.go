@@ -103,12 +103,31 @@ func StartBox(t testing.TB, opts BoxOptions) *Box {
 	b.env = b.environ()
 	t.Cleanup(func() {
 		b.Kill()
+		b.checkNoSecretLogged()
 		if t.Failed() {
 			t.Logf("lchat-caddy %s log tail:\n%s", b.HTTPAddr, lastLines(b.Logs(), 80))
 		}
 	})
 	b.Start()
 	return b
+}
+
+// checkNoSecretLogged fails the test when the box's log holds the value of a secret
+// variable it was started with (a name with SECRET, TOKEN or PASSWORD in it): whatever
+// a test did, tokens and keys never reach the log. Short values are skipped, as they
+// may occur by chance; the failure names the variable, never the value.
+func (b *Box) checkNoSecretLogged() {
+	logs := b.Logs()
+	for _, kv := range b.opts.Env {
+		name, val, _ := strings.Cut(kv, "=")
+		up := strings.ToUpper(name)
+		if len(val) < 8 || !strings.Contains(up, "SECRET") && !strings.Contains(up, "TOKEN") && !strings.Contains(up, "PASSWORD") {
+			continue
+		}
+		if strings.Contains(logs, val) {
+			b.t.Errorf("lchat-caddy %s logged the value of %s", b.HTTPAddr, name)
+		}
+	}
 }
 
 func (b *Box) environ() []string {
