@@ -78,6 +78,7 @@ type App struct {
 	WildcardDomains []string `json:"wildcard_domains,omitempty"`
 
 	tlsApp  *caddytls.TLS // set when there are wildcard domains
+	reloc   relocator     // mesh.relocate_dns and mesh.region_buckets (relocate.go)
 	meshCfg mesh.Config
 	kinds   map[string]engine.Kind
 	poolKey string
@@ -235,6 +236,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("kinds: %v", err)
 	}
 	if err := a.provisionWildcards(ctx); err != nil {
+		return err
+	}
+	if err := a.provisionRelocate(ctx); err != nil {
 		return err
 	}
 
@@ -446,20 +450,6 @@ var signals = map[string]syscall.Signal{
 	"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2,
 }
 
-// forbiddenEnv reports names a route must never set: the loader's and the shell's,
-// and the ones the box itself provides.
-func forbiddenEnv(name string) bool {
-	switch {
-	case strings.HasPrefix(name, "LD_"), strings.HasPrefix(name, "DYLD_"), strings.HasPrefix(name, "LCHAT_"):
-		return true
-	}
-	switch name {
-	case "PATH", "HOME", "SHELL", "IFS", "ENV", "BASH_ENV", "PS4", "GODEBUG", "GOTRACEBACK", "TMPDIR", "USER", "LOGNAME":
-		return true
-	}
-	return false
-}
-
 func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind, error) {
 	if kc == nil {
 		return engine.Kind{}, errors.New("empty kind")
@@ -504,7 +494,7 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		if err := registry.ValidateEnvName(n); err != nil {
 			return k, fmt.Errorf("allowed_env: %v", err)
 		}
-		if forbiddenEnv(n) {
+		if registry.ForbiddenEnv(n) {
 			return k, fmt.Errorf("allowed_env: %s may never come from a route", n)
 		}
 		k.AllowedEnv = append(k.AllowedEnv, n)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/modules/buckets"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -38,6 +40,17 @@ type MeshOptions struct {
 	TrustedCAFiles []string `json:"trusted_ca_files,omitempty"`
 	// ForwardTimeout bounds dialing and the TLS handshake to a peer. Default 5s.
 	ForwardTimeout caddy.Duration `json:"forward_timeout,omitempty"`
+	// PublicAddress is this box's public IP, advertised in its heartbeat: the address
+	// `relocate --move-dns` points a space's A record at when it moves to this box's
+	// region. Default: none (the box is never a DNS target).
+	PublicAddress string `json:"public_address,omitempty"`
+	// RelocateDNS is the DNS provider `relocate --move-dns` repoints records through.
+	// Default: none (--move-dns fails before changing anything).
+	RelocateDNS *RelocateDNS `json:"relocate_dns,omitempty"`
+	// RegionBucketsRaw are the buckets of other regions, by region, for relocating a
+	// space to a region whose boxes keep spaces in another bucket than this box.
+	// Default: none (every destination must share this box's bucket).
+	RegionBucketsRaw map[string]json.RawMessage `json:"region_buckets,omitempty" caddy:"namespace=lchat.buckets inline_key=backend"`
 }
 
 // meshState is this box's running mesh: identity, membership, the peer client and
@@ -161,6 +174,8 @@ func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger 
 		Region:      cfg.Region,
 		Domains:     cfg.Domains,
 		Version:     version,
+		Address:     opts.PublicAddress,
+		Bucket:      bkt.String(),
 		Beat:        time.Duration(opts.Beat),
 		DeadAfter:   time.Duration(opts.DeadAfter),
 		FenceMargin: time.Duration(opts.FenceMargin),
@@ -276,6 +291,13 @@ var errMeshOff = errors.New("the mesh is off on this box (LCHAT_MESH_SELF is not
 //		fence_margin <duration>
 //		forward_timeout <duration>
 //		trusted_ca_files <pem...>
+//		public_address <ip>
+//		relocate_dns {
+//			provider <name> ...
+//			zone <zone>
+//			ttl <duration>
+//		}
+//		region_bucket <region> <backend> ...
 //	}
 func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
@@ -299,6 +321,38 @@ func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := durationArg(d, &o.ForwardTimeout); err != nil {
 				return err
 			}
+		case "public_address":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			o.PublicAddress = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		case "relocate_dns":
+			if o.RelocateDNS != nil {
+				return d.Err("relocate_dns given twice")
+			}
+			o.RelocateDNS = new(RelocateDNS)
+			if err := o.RelocateDNS.unmarshalCaddyfile(d); err != nil {
+				return err
+			}
+		case "region_bucket":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			region := d.Val()
+			if _, dup := o.RegionBucketsRaw[region]; dup {
+				return d.Errf("region_bucket %s given twice", region)
+			}
+			raw, err := buckets.UnmarshalBucket(d)
+			if err != nil {
+				return err
+			}
+			if o.RegionBucketsRaw == nil {
+				o.RegionBucketsRaw = make(map[string]json.RawMessage)
+			}
+			o.RegionBucketsRaw[region] = raw
 		case "trusted_ca_files":
 			args := d.RemainingArgs()
 			if len(args) == 0 {

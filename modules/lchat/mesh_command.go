@@ -63,11 +63,20 @@ never mass-delete a peer.
 		Usage: "<host> --to <region> [--move-dns] [--address <admin>]",
 		Short: "Moves a hibernating space to another region's boxes",
 		Long: `
-Flips the home_region of a hibernating space (asleep on this box) and replicates
-the row to the boxes of both regions, so the mesh places it on a box of <region>.
-The mesh shares one bucket, so no bytes are copied. --move-dns repoints the DNS
-record through a configured DNS provider; without one it fails before changing
-anything.
+Moves a hibernating space (asleep everywhere) to <region>, in three steps:
+
+1. Store: when <region>'s boxes share this server's bucket, nothing is copied.
+   When mesh.region_buckets names another bucket for <region>, spaces/<host>/
+   (blobs, then the manifest; never the lease) is streamed there, unless it
+   already holds the same or a newer generation. It refuses while the space is
+   awake in either bucket.
+2. Flips the route's home_region and replicates the row to the boxes of both
+   regions, so the mesh places the space on a box of <region>.
+3. --move-dns sets the host's A record, through the mesh.relocate_dns provider,
+   to the public address (mesh.public_address) of a live <region> box. Without
+   a provider, or without such a box, it fails before changing anything.
+
+Re-running a relocation is safe: each finished step is a no-op the second time.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Args = cobra.ExactArgs(1)
@@ -196,5 +205,8 @@ func cmdRelocate(fs caddycmd.Flags) (int, error) {
 	fmt.Printf("store: %s\n", res.Store)
 	fmt.Printf("home_region flipped + route re-fanned-out to %d peers — the mesh now places %s on a %s box\n",
 		len(res.Fanout), res.Host, res.To)
+	if res.DNS != "" {
+		fmt.Printf("dns: %s\n", res.DNS)
+	}
 	return caddy.ExitCodeSuccess, nil
 }
