@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/space"
 )
 
@@ -267,12 +268,12 @@ func (k Kind) withDefaults(name string) (Kind, error) {
 		return k, fmt.Errorf("ready path %q must start with /", k.ReadyPath)
 	}
 	for _, n := range k.AllowedEnv {
-		if forbiddenEnv(n) {
+		if registry.ForbiddenEnv(n) {
 			return k, fmt.Errorf("allowed env %q is a loader, shell or reserved variable", n)
 		}
 	}
 	for n := range k.Env {
-		if !validEnvName(n) {
+		if registry.ValidateEnvName(n) != nil {
 			return k, fmt.Errorf("env name %q is not valid", n)
 		}
 	}

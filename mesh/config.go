@@ -239,7 +239,7 @@ func ReadEnvFile(path string) (map[string]string, error) {
 		line = strings.TrimPrefix(line, "export ")
 		key, val, ok := strings.Cut(line, "=")
 		key = strings.TrimSpace(key)
-		if !ok || !validEnvName(key) {
+		if !ok || registry.ValidateEnvName(key) != nil {
 			return nil, fmt.Errorf("reading env file %s: line %d is not KEY=VALUE", path, n)
 		}
 		val, err = unquoteEnv(strings.TrimSpace(val))
@@ -311,20 +311,6 @@ func ParseEnvFile(path string, fallback func(string) string) (Config, error) {
 		}
 		return ""
 	})
-}
-
-// validEnvName reports whether s is a portable environment variable name.
-func validEnvName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
 }
 
 // Interface guards

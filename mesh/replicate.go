@@ -84,33 +84,10 @@ const (
 	maxShortField = 128
 )
 
-// deniedEnv are names a replicated row may never set, whatever the kind allows: loader,
-// shell and interpreter hooks, and the variables the box itself provides.
-var deniedEnv = map[string]bool{
-	"PATH": true, "HOME": true, "SHELL": true, "IFS": true, "ENV": true, "BASH_ENV": true,
-	"PS4": true, "PROMPT_COMMAND": true, "CDPATH": true, "GCONV_PATH": true, "HOSTALIASES": true,
-	"LOCALDOMAIN": true, "RES_OPTIONS": true, "TMPDIR": true, "NODE_OPTIONS": true,
-	"PYTHONPATH": true, "PYTHONSTARTUP": true, "PERL5LIB": true, "PERL5OPT": true,
-	"RUBYOPT": true, "RUBYLIB": true, "JAVA_TOOL_OPTIONS": true, "GODEBUG": true,
-	"GOTRACEBACK": true, "MALLOC_CHECK_": true, "SSL_CERT_FILE": true, "SSL_CERT_DIR": true,
-}
-
-// deniedEnvPrefixes are name prefixes a replicated row may never set.
-var deniedEnvPrefixes = []string{"LD_", "DYLD_", "BASH_FUNC_", "LCHAT_HOST", "LCHAT_SOCKET", "LCHAT_DATA_DIR", "LCHAT_MESH_"}
-
 // EnvNameAllowed reports whether a replicated row may carry the env variable name at all.
 // The kind's own allowlist narrows this further on the receiving box.
 func EnvNameAllowed(name string) bool {
-	if !validEnvName(name) || deniedEnv[strings.ToUpper(name)] {
-		return false
-	}
-	up := strings.ToUpper(name)
-	for _, p := range deniedEnvPrefixes {
-		if strings.HasPrefix(up, p) {
-			return false
-		}
-	}
-	return true
+	return !registry.ForbiddenEnv(name)
 }
 
 // Validate normalizes the host and checks every field. It returns a *RowError.
@@ -135,7 +112,7 @@ func (r *RouteRow) Validate() error {
 	}
 	for k, v := range r.Env {
 		if !EnvNameAllowed(k) {
-			if validEnvName(k) {
+			if registry.ValidateEnvName(k) == nil {
 				return &RowError{"env", fmt.Sprintf("variable %s may not be replicated", k)}
 			}
 			return &RowError{"env", "a variable name is not a portable name"}
