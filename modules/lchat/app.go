@@ -340,6 +340,10 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		}
 		a.logger.Info("mesh on", zap.Stringer("mesh", ms.cfg), zap.Duration("beat", ms.m.Config().Beat),
 			zap.Duration("dead_after", ms.m.Config().DeadAfter), zap.Bool("fenced", ms.m.Fenced()))
+		if insecureSelf(ms.cfg.Self) {
+			a.logger.Warn("LCHAT_MESH_SELF is plain http on a non-loopback address: the mesh token and replicated env values cross the network unencrypted; use https",
+				zap.String("self", ms.cfg.Self))
+		}
 	}
 	a.logger.Info("lchat registry and engine ready",
 		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),

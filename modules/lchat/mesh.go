@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"net/http"
 	"os"
 	"sync/atomic"
@@ -364,4 +365,18 @@ func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	return nil
+}
+
+// insecureSelf reports a SELF URL that sends peer traffic in the clear beyond this machine.
+func insecureSelf(self string) bool {
+	u, err := url.Parse(self)
+	if err != nil || u.Scheme != "http" {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip == nil || !ip.IsLoopback()
 }
