@@ -174,6 +174,10 @@ func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return apiErr(http.StatusInternalServerError, "%v", err)
 		}
+		// This box's reserved block may lie below the seed: drop it. Blocks other boxes
+		// reserved before the seed are theirs until used up (at most one block each), so
+		// seed a namespace before its boxes draw ids.
+		a.app.shared.ids.drop(a.namespace)
 		next, err := ledger.Current(r.Context(), b, a.namespace)
 		if err != nil {
 			return apiErr(http.StatusInternalServerError, "%v", err)
@@ -206,6 +210,13 @@ func (ia *idAllocators) get(s *shared, namespace string) (*ledger.Allocator, err
 	}
 	ia.m[namespace] = a
 	return a, nil
+}
+
+// drop forgets namespace's allocator and the rest of its block.
+func (ia *idAllocators) drop(namespace string) {
+	ia.mu.Lock()
+	defer ia.mu.Unlock()
+	delete(ia.m, namespace)
 }
 
 // Interface guards
