@@ -320,7 +320,7 @@ func (a *meshAdmin) relocate(w http.ResponseWriter, r *http.Request, ms *meshSta
 
 	// The destination's store: this box's bucket, or mesh.region_buckets[to].
 	dst, perRegion := a.app.reloc.buckets[req.To]
-	if perRegion && dst.String() == own.String() {
+	if perRegion && sameBucket(dst.String(), own.String()) {
 		perRegion = false
 	}
 	// The destination region's live boxes: in this box's view when they share the
@@ -349,14 +349,14 @@ func (a *meshAdmin) relocate(w http.ResponseWriter, r *http.Request, ms *meshSta
 	}
 	if !perRegion {
 		for _, m := range destBoxes {
-			if m.Bucket != "" && m.Bucket != own.String() {
+			if m.Bucket != "" && !sameBucket(m.Bucket, own.String()) {
 				return apiErr(http.StatusConflict, "%s boxes keep spaces in bucket %s, not this box's %s: configure mesh.region_buckets for %s to copy the space there; nothing was changed",
 					req.To, m.Bucket, own.String(), req.To)
 			}
 		}
 	} else {
 		for _, m := range destBoxes {
-			if m.Bucket != "" && m.Bucket != dst.String() {
+			if m.Bucket != "" && !sameBucket(m.Bucket, dst.String()) {
 				return apiErr(http.StatusConflict, "%s boxes keep spaces in bucket %s, but mesh.region_buckets names %s for %s; nothing was changed",
 					req.To, m.Bucket, dst.String(), req.To)
 			}

@@ -320,3 +320,13 @@ func (r *RelocateDNS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	return nil
 }
+
+// sameBucket reports whether two bucket descriptions (String(), as advertised in
+// heartbeats) name the same store. A description carries the endpoint only when it was
+// configured explicitly ("s3://b/p at http://host:port"), not when it came from
+// AWS_ENDPOINT_URL_S3, so the endpoints are compared only when both carry one.
+func sameBucket(a, b string) bool {
+	abase, aend, _ := strings.Cut(a, " at ")
+	bbase, bend, _ := strings.Cut(b, " at ")
+	return abase == bbase && (aend == "" || bend == "" || aend == bend)
+}
