@@ -532,3 +532,36 @@ func TestMembershipLivenessByBucketClock(t *testing.T) {
 		})
 	}
 }
+
+// TestHeartbeatAdvertisesAddressAndBucket: a box's public address and bucket name reach
+// its peers through the heartbeat (relocation reads them), and a box without them
+// advertises none.
+func TestHeartbeatAdvertisesAddressAndBucket(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := meshtest.NewMemBucket()
+		ctx := t.Context()
+		a := newTestMember(t, mem, "https://a.example.net", "fi", func(c *MembershipConfig) {
+			c.Address, c.Bucket = "203.0.113.9", "s3://fi-spaces/fi"
+		})
+		b := newTestMember(t, mem, "https://b.example.net", "ie", nil)
+		for _, m := range []*Membership{a, b} {
+			if err := m.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		for i, view := range [][]Member{a.Live(), b.Live()} {
+			if len(view) != 2 {
+				t.Fatalf("view %d: %+v", i, view)
+			}
+			if view[0].Address != "203.0.113.9" || view[0].Bucket != "s3://fi-spaces/fi" {
+				t.Errorf("view %d: a advertises %q %q", i, view[0].Address, view[0].Bucket)
+			}
+			if view[1].Address != "" || view[1].Bucket != "" {
+				t.Errorf("view %d: b advertises %q %q without either configured", i, view[1].Address, view[1].Bucket)
+			}
+		}
+	})
+}
