@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -244,10 +243,6 @@ func TestRelocateAcrossRegionBuckets(t *testing.T) {
 		},
 	})
 	t.Cleanup(func() {
-		if t.Failed() {
-			os.WriteFile("/tmp/reloc-ie.log", []byte(ie.Logs()), 0o600)
-			os.WriteFile("/tmp/reloc-fi.log", []byte(fi.Logs()), 0o600)
-		}
 		for _, n := range []*meshNode{ie, fi} {
 			for name, secret := range map[string]string{"the DNS token": dnsToken, "the fi S3 secret": s3fi.SecretKey, "the mesh token": meshToken} {
 				if strings.Contains(n.Logs(), secret) {
