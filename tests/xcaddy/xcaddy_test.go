@@ -17,6 +17,7 @@ import (
 var ourModules = []string{
 	"admin.api.derp_switch",
 	"admin.api.lchat",
+	"admin.api.lchat_ids",
 	"admin.api.lchat_mesh",
 	"caddy.storage.lchat",
 	"derp_switch",
