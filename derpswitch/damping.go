@@ -138,9 +138,3 @@ func (d *Damper) Ban(now time.Time, region int) {
 		d.candidate = 0
 	}
 }
-
-// Banned reports whether region is currently banned.
-func (d *Damper) Banned(now time.Time, region int) bool {
-	until, ok := d.bans[region]
-	return ok && now.Before(until)
-}

@@ -242,7 +242,6 @@ const (
 // slot is one connection to one region.
 type slot struct {
 	sw     *Switcher
-	id     int
 	region int
 	conn   Conn
 
@@ -292,14 +291,12 @@ type Switcher struct {
 	stMu sync.Mutex
 	// The fields below are written by the executor (slots, state) or negotiator
 	// (pin retry, autoneg) and read by Status under stMu.
-	slots        []*slot
-	state        string
-	pinRetryAt   time.Time
-	pinRetryN    int
-	autonegNote  string
-	latencies    map[int]time.Duration
-	nextSlotID   int
-	lastCommitAt time.Time
+	slots       []*slot
+	state       string
+	pinRetryAt  time.Time
+	pinRetryN   int
+	autonegNote string
+	latencies   map[int]time.Duration
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -423,7 +420,10 @@ func (s *Switcher) HasRegion(region int) bool {
 // reconciles the rest.
 func (s *Switcher) Reconfigure(cfg Config) error {
 	cur := s.config()
-	cfg.Dial, cfg.Clock, cfg.Latency = cur.Dial, cur.Clock, cmpLatency(cfg.Latency, cur.Latency)
+	cfg.Dial, cfg.Clock = cur.Dial, cur.Clock
+	if cfg.Latency == nil {
+		cfg.Latency = cur.Latency
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = cur.Logger
 	}
@@ -445,13 +445,6 @@ func (s *Switcher) Reconfigure(cfg Config) error {
 	}
 	poke(s.pokeCh)
 	return nil
-}
-
-func cmpLatency(a, b func(context.Context, *tailcfg.DERPMap) map[int]time.Duration) func(context.Context, *tailcfg.DERPMap) map[int]time.Duration {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 func (s *Switcher) regionFunc(region int) func() *tailcfg.DERPRegion {
@@ -692,8 +685,7 @@ type op struct {
 func (s *Switcher) newSlot(region int, role string) *slot {
 	s.stMu.Lock()
 	defer s.stMu.Unlock()
-	s.nextSlotID++
-	sl := &slot{sw: s, id: s.nextSlotID, region: region, conn: s.dial(s.regionFunc(region))}
+	sl := &slot{sw: s, region: region, conn: s.dial(s.regionFunc(region))}
 	sl.role.Store(role)
 	s.slots = append(s.slots, sl)
 	return sl
@@ -916,9 +908,15 @@ func (s *Switcher) proveAux(ctx context.Context, aux *slot, p ProveConfig) error
 	return nil
 }
 
+// abortOp cancels an in-flight op, waits for its prove goroutine and drops it.
 func (s *Switcher) abortOp(o *op, why string, byGen uint64) {
 	o.cancel()
 	<-o.done
+	s.dropOp(o, why, byGen)
+}
+
+// dropOp closes a finished op's aux connection and reports the op aborted.
+func (s *Switcher) dropOp(o *op, why string, byGen uint64) {
 	if o.aux != s.homePtr.Load() {
 		s.removeSlot(o.aux)
 	}
@@ -929,21 +927,15 @@ func (s *Switcher) abortOp(o *op, why string, byGen uint64) {
 	s.report(outcomeAborted, o.cmd)
 }
 
+// finishOp ends an op whose prove returned err: a rollback, or the commit that makes
+// the aux the home and drains the old one.
 func (s *Switcher) finishOp(o *op, err error) {
 	cfg := s.config()
-	if err == nil {
-		if ov := int(s.override.Load()); ov != 0 && ov != o.cmd.Target {
-			err = errors.New("override names another region (I2')")
-			o.cancel()
-			s.removeSlot(o.aux)
-			s.setState(StateIdle)
-			s.logger().Info("MBB aborted", zap.Int("target_region", o.cmd.Target),
-				zap.Uint64("generation", o.cmd.Generation), zap.String("reason", err.Error()))
-			s.report(outcomeAborted, o.cmd)
-			return
-		}
-	}
 	o.cancel()
+	if ov := int(s.override.Load()); err == nil && ov != 0 && ov != o.cmd.Target {
+		s.dropOp(o, "override names another region (I2')", 0)
+		return
+	}
 	if err != nil {
 		s.removeSlot(o.aux)
 		s.ctr.rollbacks.Add(1)
@@ -973,10 +965,7 @@ func (s *Switcher) finishOp(o *op, err error) {
 	if ov := int(s.override.Load()); ov != 0 && ov == o.cmd.Target {
 		s.ctr.pinMBBCommits.Add(1)
 	}
-	s.stMu.Lock()
-	s.state = StateIdle
-	s.lastCommitAt = now
-	s.stMu.Unlock()
+	s.setState(StateIdle)
 	s.logger().Info("MBB COMMIT (no teardown)", zap.Int("from_region", fromRegion),
 		zap.Int("target_region", o.cmd.Target), zap.Uint64("generation", o.cmd.Generation),
 		zap.String("source", o.cmd.Source), zap.Duration("took", time.Since(o.start)))
