@@ -209,7 +209,7 @@ func fileETag(f *os.File, fi fs.FileInfo) (string, error) {
 	return quoteETag(h.Sum(nil)), nil
 }
 
-// stat opens path and describes it. A missing file, or a directory, is ErrNotFound.
+// open opens path and describes it. A missing file, or a directory, is ErrNotFound.
 func (b *Bucket) open(key, path string) (*os.File, bucket.Info, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -493,12 +493,7 @@ func (b *Bucket) List(ctx context.Context, prefix, token string) (bucket.ListPag
 		}
 		after = bucket.JoinPrefix(b.prefix, string(raw))
 	}
-	var fullPrefix string
-	if b.prefix != "" {
-		fullPrefix = b.prefix + "/" + prefix
-	} else {
-		fullPrefix = prefix
-	}
+	fullPrefix := bucket.JoinPrefix(b.prefix, prefix)
 	w := walker{b: b, ctx: ctx, prefix: fullPrefix, after: after}
 	startDir := fullPrefix[:strings.LastIndex(fullPrefix, "/")+1] // "" or ends in "/"
 	if err := w.walk(startDir); err != nil && err != errPageFull {

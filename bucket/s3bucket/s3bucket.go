@@ -552,10 +552,7 @@ func (b *Bucket) List(ctx context.Context, prefix, token string) (bucket.ListPag
 	if err := bucket.CheckPrefix(prefix); err != nil {
 		return bucket.ListPage{}, fmt.Errorf("s3bucket: %w", err)
 	}
-	full := prefix
-	if b.prefix != "" {
-		full = b.prefix + "/" + prefix
-	}
+	full := bucket.JoinPrefix(b.prefix, prefix)
 	in := &s3.ListObjectsV2Input{Bucket: &b.bucket, MaxKeys: aws.Int32(1000)}
 	if full != "" {
 		in.Prefix = &full
