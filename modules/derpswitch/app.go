@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -175,8 +176,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if a.HomeRegion == 0 {
-		ids := regionIDs(m)
-		a.HomeRegion = ids[0]
+		a.HomeRegion = slices.Min(slices.Collect(maps.Keys(m.Regions)))
 	}
 	if a.Mode == "" {
 		a.Mode = string(derpswitch.ModeMBB)
@@ -232,8 +232,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.cfg = cfg
 
+	// A switcher loaded from the pool (a reload) is handed the new config in Start.
 	a.poolKey = priv.Public().String()
-	val, loaded, err := pool.LoadOrNew(a.poolKey, func() (caddy.Destructor, error) {
+	val, _, err := pool.LoadOrNew(a.poolKey, func() (caddy.Destructor, error) {
 		sw, err := derpswitch.New(cfg)
 		if err != nil {
 			return nil, err
@@ -246,7 +247,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.handle = val.(*switcherHandle)
 	a.sw = a.handle.sw
-	_ = loaded // a loaded switcher is handed the new config in Start
 	registerMetrics(ctx.GetMetricsRegistry())
 	return nil
 }
@@ -389,15 +389,6 @@ func (a *App) loadDERPMap() (*tailcfg.DERPMap, error) {
 	return m, nil
 }
 
-func regionIDs(m *tailcfg.DERPMap) []int {
-	var ids []int
-	for id := range m.Regions {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
-
 // nodeKey loads the node private key from storage, generating and storing it once.
 func (a *App) nodeKey(ctx caddy.Context) (key.NodePrivate, error) {
 	st := a.storage
@@ -405,7 +396,7 @@ func (a *App) nodeKey(ctx caddy.Context) (key.NodePrivate, error) {
 	if err == nil {
 		var k key.NodePrivate
 		if err := k.UnmarshalText(b); err != nil {
-			return key.NodePrivate{}, fmt.Errorf("decoding stored DERP node key: malformed")
+			return key.NodePrivate{}, errors.New("decoding stored DERP node key: malformed")
 		}
 		return k, nil
 	}
@@ -437,7 +428,7 @@ func (a *App) boxStorage(ctx caddy.Context) (certmagic.Storage, error) {
 		}
 		st, err := mod.(caddy.StorageConverter).CertMagicStorage()
 		if err != nil {
-			return nil, fmt.Errorf("storage: %v", err)
+			return nil, fmt.Errorf("opening storage: %v", err)
 		}
 		return st, nil
 	}

@@ -212,30 +212,28 @@ func stringArg(d *caddyfile.Dispenser) (string, error) {
 	return v, nil
 }
 
+// intArg reads exactly one integer argument.
 func intArg(d *caddyfile.Dispenser) (int, error) {
-	if !d.NextArg() {
-		return 0, d.ArgErr()
-	}
-	n, err := strconv.Atoi(d.Val())
+	v, err := stringArg(d)
 	if err != nil {
-		return 0, d.Errf("%s: %v", d.Val(), err)
+		return 0, err
 	}
-	if d.NextArg() {
-		return 0, d.ArgErr()
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, d.Errf("%s: %v", v, err)
 	}
 	return n, nil
 }
 
+// durationArg reads exactly one duration argument.
 func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
-	if !d.NextArg() {
-		return 0, d.ArgErr()
-	}
-	dur, err := caddy.ParseDuration(d.Val())
+	v, err := stringArg(d)
 	if err != nil {
-		return 0, d.Errf("duration %q: %v", d.Val(), err)
+		return 0, err
 	}
-	if d.NextArg() {
-		return 0, d.ArgErr()
+	dur, err := caddy.ParseDuration(v)
+	if err != nil {
+		return 0, d.Errf("duration %q: %v", v, err)
 	}
 	return caddy.Duration(dur), nil
 }
