@@ -7,6 +7,7 @@ package certstorage
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -58,15 +59,15 @@ func (Module) CaddyModule() caddy.ModuleInfo {
 // Provision loads the bucket and applies defaults.
 func (m *Module) Provision(ctx caddy.Context) error {
 	if m.BucketRaw == nil {
-		return fmt.Errorf("caddy.storage.lchat: bucket is required")
+		return errors.New("caddy.storage.lchat: bucket is required")
 	}
 	val, err := ctx.LoadModule(m, "BucketRaw")
 	if err != nil {
 		return fmt.Errorf("loading bucket: %v", err)
 	}
-	b, err := asBucket(val)
-	if err != nil {
-		return err
+	b, ok := val.(bucket.Bucket)
+	if !ok {
+		return fmt.Errorf("caddy.storage.lchat: module %T is not a bucket", val)
 	}
 	m.Prefix = caddy.NewReplacer().ReplaceAll(m.Prefix, "")
 	if m.Prefix == "" {
@@ -100,24 +101,13 @@ func (m *Module) Provision(ctx caddy.Context) error {
 // Validate checks that the lock timings can work.
 func (m *Module) Validate() error {
 	if m.LockTTL < 0 || m.LockRefresh < 0 || m.LockPoll < 0 {
-		return fmt.Errorf("caddy.storage.lchat: lock durations must not be negative")
+		return errors.New("caddy.storage.lchat: lock durations must not be negative")
 	}
 	if m.LockRefresh >= m.LockTTL {
 		return fmt.Errorf("caddy.storage.lchat: lock_refresh (%v) must be shorter than lock_ttl (%v)",
 			time.Duration(m.LockRefresh), time.Duration(m.LockTTL))
 	}
 	return nil
-}
-
-// asBucket accepts a guest module that is a bucket.Bucket or hands one out.
-func asBucket(val any) (bucket.Bucket, error) {
-	switch v := val.(type) {
-	case interface{ Bucket() bucket.Bucket }:
-		return v.Bucket(), nil
-	case bucket.Bucket:
-		return v, nil
-	}
-	return nil, fmt.Errorf("caddy.storage.lchat: module %T is not a bucket", val)
 }
 
 // CertMagicStorage returns the storage certmagic uses.
