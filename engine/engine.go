@@ -323,12 +323,7 @@ func (e *Engine) now() time.Time { return time.Now() }
 
 // Status reports every space this engine knows, sorted by host.
 func (e *Engine) Status() []SpaceStatus {
-	e.mu.Lock()
-	all := make([]*inst, 0, len(e.spaces))
-	for _, in := range e.spaces {
-		all = append(all, in)
-	}
-	e.mu.Unlock()
+	all := e.all()
 	out := make([]SpaceStatus, 0, len(all))
 	for _, in := range all {
 		in.mu.Lock()
@@ -433,9 +428,6 @@ func (e *Engine) kind(name string) (Kind, bool) {
 
 // Kinds returns the configured kinds, defaults applied. The map is shared: do not modify it.
 func (e *Engine) Kinds() map[string]Kind { return *e.kinds.Load() }
-
-// Kind returns the configured kind by name, defaults applied.
-func (e *Engine) Kind(name string) (Kind, bool) { return e.kind(name) }
 
 // CheckKinds reports whether SetKinds would accept kinds, changing nothing: a config
 // checks its kinds while it provisions and applies them only once it starts.

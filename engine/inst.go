@@ -478,7 +478,7 @@ func (e *Engine) sleep(ctx context.Context, in *inst, reason string, onlyIdle bo
 	in.mu.Unlock()
 
 	e.stopProcess(in, p, kind)
-	err := e.checkpointAndRelease(ctx, in, true)
+	err := e.checkpointAndRelease(ctx, in)
 
 	in.mu.Lock()
 	in.proc = nil
@@ -499,7 +499,7 @@ func (e *Engine) sleep(ctx context.Context, in *inst, reason string, onlyIdle bo
 // checkpointAndRelease runs after the process stopped: record the next scheduled wake,
 // checkpoint and release the lease. On a fenced box nothing is written; the space is held
 // until SetFenced(false) re-reads its lease.
-func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst, release bool) error {
+func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) error {
 	if e.fenced.Load() {
 		in.mu.Lock()
 		in.held = in.leaseETag != ""
@@ -537,9 +537,7 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst, release boo
 	case prev != nil && prev.NextWake != nil:
 		e.setWakeRecord(ctx, in.host, nil)
 	}
-	if release {
-		e.releaseLease(in)
-	}
+	e.releaseLease(in)
 	return nil
 }
 
@@ -645,7 +643,7 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 5*time.Minute)
 	defer cancel()
-	err := e.checkpointAndRelease(ctx, in, true)
+	err := e.checkpointAndRelease(ctx, in)
 
 	in.mu.Lock()
 	in.trans = nil

@@ -264,7 +264,7 @@ func (e *Engine) recheck(in *inst) {
 		return
 	}
 	if ours {
-		err = e.checkpointAndRelease(ctx, in, true)
+		err = e.checkpointAndRelease(ctx, in)
 	} else {
 		e.c.fenced.Add(1)
 		log.Warn("lease or manifest taken over while fenced; dropping local state")
@@ -295,5 +295,5 @@ func (e *Engine) flushDirty(ctx context.Context, in *inst) error {
 	in.mu.Lock()
 	in.dirty = false
 	in.mu.Unlock()
-	return e.checkpointAndRelease(ctx, in, true)
+	return e.checkpointAndRelease(ctx, in)
 }
