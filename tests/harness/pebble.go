@@ -77,7 +77,6 @@ func StartACME(t testing.TB, zones ...string) *ACME {
 
 	var err error
 	for range 3 {
-
 		mgmt, dnsAddr := freeAddr(), freeUDPTCPAddr(t)
 		a.ChallSrvURL, a.ChallSrvDNS = "http://"+mgmt, dnsAddr
 		var stop func()

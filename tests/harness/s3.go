@@ -1,16 +1,13 @@
 package harness
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -82,12 +79,7 @@ func StartS3(t testing.TB) *S3 {
 }
 
 func (s *S3) start(bin string) error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeAddr()
 	s.Endpoint = "http://" + addr
 	logf, err := os.OpenFile(s.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -112,13 +104,10 @@ func (s *S3) start(bin string) error {
 	}()
 	// Ready when a request signed with this server's random credentials succeeds: a
 	// bare HTTP answer could come from another test's server that took the port first.
-	cfg := s.Config("")
-	cfg.Bucket = "any"
-	b, err := s3bucket.New(context.Background(), cfg)
+	client, err := s.rawClient()
 	if err != nil {
 		return err
 	}
-	client := b.Client()
 	deadline := time.Now().Add(20 * time.Second)
 	var lastErr error
 	for time.Now().Before(deadline) {
@@ -189,13 +178,21 @@ func (s *S3) NewBucket(t testing.TB, prefix string) bucket.Bucket {
 // bucket interface.
 func (s *S3) Client(t testing.TB) *s3.Client {
 	t.Helper()
+	client, err := s.rawClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}
+
+func (s *S3) rawClient() (*s3.Client, error) {
 	cfg := s.Config("")
 	cfg.Bucket = "any" // the client is not bound to a bucket
 	b, err := s3bucket.New(context.Background(), cfg)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	return b.Client()
+	return b.Client(), nil
 }
 
 // Env is the environment an lchat-caddy process needs to use this bucket under prefix.
@@ -218,19 +215,9 @@ func randHex(n int) string {
 
 // tail returns the last n lines of a file.
 func tail(path string, n int) string {
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
 	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	return strings.Join(lines, "\n")
+	return lastLines(string(b), n)
 }
