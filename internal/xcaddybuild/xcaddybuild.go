@@ -3,6 +3,7 @@
 package xcaddybuild
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -39,7 +40,7 @@ func Load(path string) (*Manifest, error) {
 		return nil, fmt.Errorf("reading manifest: %v", err)
 	}
 	var m Manifest
-	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("parsing %s: %v", path, err)
