@@ -67,19 +67,6 @@ func WriteManifest(ctx context.Context, b bucket.Bucket, host string, m *Manifes
 	return info.ETag, nil
 }
 
-// sameFiles reports whether two file lists name the same contents.
-func sameFiles(a, b []File) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 func sameTime(a, b *time.Time) bool {
 	if a == nil || b == nil {
 		return a == nil && b == nil

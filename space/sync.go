@@ -15,6 +15,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -182,7 +183,7 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 		return st, err
 	}
 	st.Files = len(files)
-	if s.manifest != nil && sameFiles(s.manifest.Files, files) && sameTime(s.manifest.NextWake, nextWake) {
+	if s.manifest != nil && slices.Equal(s.manifest.Files, files) && sameTime(s.manifest.NextWake, nextWake) {
 		st.Duration = time.Since(start)
 		return st, nil
 	}
