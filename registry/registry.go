@@ -63,7 +63,7 @@ func Open(path string, opts Options) (*Registry, error) {
 		}
 		return nil, fmt.Errorf("opening registry %s: %v", path, err)
 	}
-	g := &Registry{db: db, now: opts.Now, routes: make(map[string]*Route)}
+	g := &Registry{db: db, now: opts.Now}
 	err = db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(routesBucket)
 		if err != nil {
@@ -176,9 +176,7 @@ func (g *Registry) PutMany(rts []Route) error {
 func (g *Registry) Update(host string, fn func(*Route) error) (Route, error) {
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
-	g.mu.RLock()
-	cur, ok := g.routes[host]
-	g.mu.RUnlock()
+	cur, ok := g.Lookup(host)
 	if !ok {
 		return Route{}, ErrNotFound
 	}

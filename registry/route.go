@@ -6,6 +6,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -78,12 +79,7 @@ func (rt *Route) Summary() Summary {
 // clone returns a deep copy, so a stored route never shares its env map with a caller.
 func (rt *Route) clone() *Route {
 	c := *rt
-	if rt.Env != nil {
-		c.Env = make(map[string]string, len(rt.Env))
-		for k, v := range rt.Env {
-			c.Env[k] = v
-		}
-	}
+	c.Env = maps.Clone(rt.Env)
 	return &c
 }
 
