@@ -139,11 +139,9 @@ func (p *Provider) GetRecords(ctx context.Context, zone string) ([]libdns.Record
 				recs = append(recs, rec)
 			}
 		}
-		if resp.Pagination == nil || resp.Pagination.CurrentPage >= resp.Pagination.TotalPages {
+		if !nextPage(resp.Pagination, opts) {
 			return recs, nil
 		}
-		page := resp.Pagination.CurrentPage + 1
-		opts.Page = &page
 	}
 }
 
@@ -240,14 +238,22 @@ func (p *Provider) DeleteRecords(ctx context.Context, zone string, recs []libdns
 				}
 				deleted = append(deleted, r)
 			}
-			if resp.Pagination == nil || resp.Pagination.CurrentPage >= resp.Pagination.TotalPages {
+			if !nextPage(resp.Pagination, opts) {
 				break
 			}
-			page := resp.Pagination.CurrentPage + 1
-			opts.Page = &page
 		}
 	}
 	return deleted, nil
+}
+
+// nextPage points opts at the page after p, and reports false when p was the last.
+func nextPage(p *dnsimpleapi.Pagination, opts *dnsimpleapi.ZoneRecordListOptions) bool {
+	if p == nil || p.CurrentPage >= p.TotalPages {
+		return false
+	}
+	page := p.CurrentPage + 1
+	opts.Page = &page
+	return true
 }
 
 // sameContent compares record contents, ignoring the quotes DNSimple may put
