@@ -54,7 +54,7 @@ type S3 struct {
 	SecretAccessKey string `json:"secret_access_key,omitempty"`
 	SessionToken    string `json:"session_token,omitempty"`
 
-	bkt bucket.Bucket // an s3bucket, or a filebucket when Bucket is file:///path
+	backend // an s3bucket, or a filebucket when Bucket is file:///path
 }
 
 // CaddyModule returns the Caddy module information.
@@ -90,7 +90,7 @@ func (s *S3) Provision(ctx caddy.Context) error {
 		if err := f.Provision(ctx); err != nil {
 			return err
 		}
-		s.bkt = f.bkt
+		s.backend = f.backend
 		return nil
 	}
 	if s.UsePathStyle && s.VirtualHost {
@@ -128,7 +128,7 @@ type File struct {
 	// Prefix is a subdirectory of Root the keys live under. Default: none.
 	Prefix string `json:"prefix,omitempty"`
 
-	bkt *filebucket.Bucket
+	backend
 }
 
 // CaddyModule returns the Caddy module information.
@@ -174,52 +174,58 @@ func (f *File) Validate() error {
 
 var errNotProvisioned = errors.New("bucket module used before Provision")
 
+// backend is the bucket a module built in Provision. Embedded in S3 and File, it gives
+// them the bucket.Bucket methods (String aside), each failing until Provision has run.
+type backend struct {
+	bkt bucket.Bucket
+}
+
 // Get streams an object, through the backend built in Provision.
-func (s *S3) Get(ctx context.Context, key string) (*bucket.Object, error) {
-	if s.bkt == nil {
+func (b backend) Get(ctx context.Context, key string) (*bucket.Object, error) {
+	if b.bkt == nil {
 		return nil, errNotProvisioned
 	}
-	return s.bkt.Get(ctx, key)
+	return b.bkt.Get(ctx, key)
 }
 
 // Head returns an object's metadata, through the backend built in Provision.
-func (s *S3) Head(ctx context.Context, key string) (bucket.Info, error) {
-	if s.bkt == nil {
+func (b backend) Head(ctx context.Context, key string) (bucket.Info, error) {
+	if b.bkt == nil {
 		return bucket.Info{}, errNotProvisioned
 	}
-	return s.bkt.Head(ctx, key)
+	return b.bkt.Head(ctx, key)
 }
 
 // Put stores body under key, streaming it, through the backend built in Provision.
-func (s *S3) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
-	if s.bkt == nil {
+func (b backend) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
+	if b.bkt == nil {
 		return bucket.Info{}, errNotProvisioned
 	}
-	return s.bkt.Put(ctx, key, body, size, cond)
+	return b.bkt.Put(ctx, key, body, size, cond)
 }
 
 // Delete removes key, through the backend built in Provision.
-func (s *S3) Delete(ctx context.Context, key string, cond bucket.Cond) error {
-	if s.bkt == nil {
+func (b backend) Delete(ctx context.Context, key string, cond bucket.Cond) error {
+	if b.bkt == nil {
 		return errNotProvisioned
 	}
-	return s.bkt.Delete(ctx, key, cond)
+	return b.bkt.Delete(ctx, key, cond)
 }
 
 // List returns one page of the keys under prefix, through the backend built in Provision.
-func (s *S3) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
-	if s.bkt == nil {
+func (b backend) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
+	if b.bkt == nil {
 		return bucket.ListPage{}, errNotProvisioned
 	}
-	return s.bkt.List(ctx, prefix, token)
+	return b.bkt.List(ctx, prefix, token)
 }
 
 // Copy copies src to dst within the bucket, through the backend built in Provision.
-func (s *S3) Copy(ctx context.Context, src, dst string) (bucket.Info, error) {
-	if s.bkt == nil {
+func (b backend) Copy(ctx context.Context, src, dst string) (bucket.Info, error) {
+	if b.bkt == nil {
 		return bucket.Info{}, errNotProvisioned
 	}
-	return s.bkt.Copy(ctx, src, dst)
+	return b.bkt.Copy(ctx, src, dst)
 }
 
 // String describes the bucket without credentials.
@@ -228,54 +234,6 @@ func (s *S3) String() string {
 		return "s3://" + s.Bucket
 	}
 	return s.bkt.String()
-}
-
-// Get streams an object, through the backend built in Provision.
-func (f *File) Get(ctx context.Context, key string) (*bucket.Object, error) {
-	if f.bkt == nil {
-		return nil, errNotProvisioned
-	}
-	return f.bkt.Get(ctx, key)
-}
-
-// Head returns an object's metadata, through the backend built in Provision.
-func (f *File) Head(ctx context.Context, key string) (bucket.Info, error) {
-	if f.bkt == nil {
-		return bucket.Info{}, errNotProvisioned
-	}
-	return f.bkt.Head(ctx, key)
-}
-
-// Put stores body under key, streaming it, through the backend built in Provision.
-func (f *File) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
-	if f.bkt == nil {
-		return bucket.Info{}, errNotProvisioned
-	}
-	return f.bkt.Put(ctx, key, body, size, cond)
-}
-
-// Delete removes key, through the backend built in Provision.
-func (f *File) Delete(ctx context.Context, key string, cond bucket.Cond) error {
-	if f.bkt == nil {
-		return errNotProvisioned
-	}
-	return f.bkt.Delete(ctx, key, cond)
-}
-
-// List returns one page of the keys under prefix, through the backend built in Provision.
-func (f *File) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
-	if f.bkt == nil {
-		return bucket.ListPage{}, errNotProvisioned
-	}
-	return f.bkt.List(ctx, prefix, token)
-}
-
-// Copy copies src to dst within the bucket, through the backend built in Provision.
-func (f *File) Copy(ctx context.Context, src, dst string) (bucket.Info, error) {
-	if f.bkt == nil {
-		return bucket.Info{}, errNotProvisioned
-	}
-	return f.bkt.Copy(ctx, src, dst)
 }
 
 // String describes the bucket as a file URL.
