@@ -196,7 +196,6 @@ func (s *Server) Close() error {
 		close(s.done)
 		ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 		defer cancel()
-		var errs []error
 		if s.srv != nil {
 			if err := s.srv.Shutdown(ctx); err != nil {
 				s.logger.Warn("requests still open at shutdown; closing them", zap.Error(err))
@@ -208,10 +207,7 @@ func (s *Server) Close() error {
 		if err := s.streams.closeAndWait(ctx); err != nil {
 			s.logger.Warn("websockets still open at shutdown", zap.Error(err))
 		}
-		if err := s.closeStore(); err != nil {
-			errs = append(errs, err)
-		}
-		s.closeErr = errors.Join(errs...)
+		s.closeErr = s.closeStore()
 		s.logger.Info("demo space stopped")
 	})
 	return s.closeErr

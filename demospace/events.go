@@ -71,12 +71,6 @@ func (h *hub) publish(msgs ...Message) {
 	}
 }
 
-func (h *hub) count() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.subs)
-}
-
 // resumeFrom reads where a reconnecting client left off: the SSE
 // Last-Event-ID header, else the ?after= query parameter. It returns -1 when
 // the client has no position (it only wants new messages).
@@ -95,6 +89,21 @@ func resumeFrom(r *http.Request) (int64, error) {
 	return n, nil
 }
 
+// backlog reads the messages after last that a reconnecting client missed (none
+// when last < 0), answering the client itself when it cannot.
+func (s *Server) backlog(w http.ResponseWriter, r *http.Request, last int64) ([]Message, bool) {
+	if last < 0 {
+		return nil, true
+	}
+	msgs, err := s.store.messages(r.Context(), last, backlogLimit)
+	if err != nil {
+		s.logger.Error("reading backlog", zap.Error(err))
+		writeError(w, http.StatusInternalServerError, "reading messages failed")
+		return nil, false
+	}
+	return msgs, true
+}
+
 // handleEvents streams messages as server-sent events. An open stream is what
 // keeps a space awake behind the proxy, so it lives until the client leaves or
 // the server shuts down, with a comment line every keepalive interval so
@@ -109,15 +118,9 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	// already sent are skipped below.
 	sub := s.hub.subscribe()
 	defer s.hub.unsubscribe(sub)
-
-	var backlog []Message
-	if last >= 0 {
-		backlog, err = s.store.messages(r.Context(), last, backlogLimit)
-		if err != nil {
-			s.logger.Error("reading backlog", zap.Error(err))
-			writeError(w, http.StatusInternalServerError, "reading messages failed")
-			return
-		}
+	backlog, ok := s.backlog(w, r, last)
+	if !ok {
+		return
 	}
 
 	rc := http.NewResponseController(w)
@@ -199,14 +202,9 @@ func (s *Server) handleWS(w http.ResponseWriter, r *http.Request) {
 
 	sub := s.hub.subscribe()
 	defer s.hub.unsubscribe(sub)
-	var backlog []Message
-	if last >= 0 {
-		backlog, err = s.store.messages(r.Context(), last, backlogLimit)
-		if err != nil {
-			s.logger.Error("reading backlog", zap.Error(err))
-			writeError(w, http.StatusInternalServerError, "reading messages failed")
-			return
-		}
+	backlog, ok := s.backlog(w, r, last)
+	if !ok {
+		return
 	}
 
 	tick := s.clock.NewTicker(s.keepalive)
