@@ -28,9 +28,6 @@ type Member struct {
 	Draining bool `json:"draining,omitempty"`
 }
 
-// Covers reports whether the member's domains put host in its scope.
-func (m Member) Covers(host string) bool { return InScope(host, m.Domains) }
-
 // FNV-1a 64-bit parameters.
 const (
 	fnvOffset64 = 14695981039346656037

@@ -154,7 +154,7 @@ func validToken(s string) bool {
 // InScopeFor reports whether a box with these domains and region should hold the row: the
 // host is under its domains, or the row's home_region is the box's region.
 func (r RouteRow) InScopeFor(domains []string, region string) bool {
-	return InScope(r.Host, domains) || r.HomeRegion != "" && r.HomeRegion == region
+	return RouteInScope(r.Host, r.HomeRegion, domains, region)
 }
 
 // Authorize reports whether r carries "Authorization: Bearer <token>". The comparison is
@@ -442,7 +442,7 @@ func Targets(host, homeRegion string, members []Member, self string) []Member {
 		if m.Self == self || m.Draining {
 			continue
 		}
-		if m.Covers(host) || homeRegion != "" && m.Region == homeRegion {
+		if RouteInScope(host, homeRegion, m.Domains, m.Region) {
 			out = append(out, m)
 		}
 	}

@@ -37,3 +37,10 @@ func InScope(host string, domains []string) bool {
 	}
 	return false
 }
+
+// RouteInScope reports whether a box with domains and region holds, and takes part in
+// placing, the route of host homed in homeRegion: the host is in scope of the domains
+// (InScope), or homeRegion is set and is the box's region.
+func RouteInScope(host, homeRegion string, domains []string, region string) bool {
+	return InScope(host, domains) || homeRegion != "" && homeRegion == region
+}

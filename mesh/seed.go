@@ -19,11 +19,6 @@ type PlanOptions struct {
 // misread registry must never mass-delete a peer.
 var ErrEmptySource = errors.New("refusing to prune: this registry has zero in-scope routes (a misread registry must never mass-delete a peer)")
 
-// inSeed reports whether a row falls under this seed's scope.
-func (o PlanOptions) inSeed(r RouteRow) bool {
-	return InScope(r.Host, o.Domains) || o.Region != "" && r.HomeRegion == o.Region
-}
-
 // Plan works out a mesh-seed pass: puts are the local rows in the seed's scope (every
 // one, since a PUT is idempotent and the peer's listing need not carry env values), sorted
 // by host; with Prune, tombstones are the hosts of peer rows in the seed's scope that the
@@ -36,7 +31,7 @@ func Plan(local, peer []RouteRow, opts PlanOptions) (puts []RouteRow, tombstones
 		h := NormalizeHost(r.Host)
 		have[h] = true
 		r.Host = h
-		if opts.inSeed(r) {
+		if r.InScopeFor(opts.Domains, opts.Region) {
 			byHost[h] = r
 		}
 	}
@@ -54,7 +49,7 @@ func Plan(local, peer []RouteRow, opts PlanOptions) (puts []RouteRow, tombstones
 	for _, r := range peer {
 		h := NormalizeHost(r.Host)
 		r.Host = h
-		if opts.inSeed(r) && !have[h] && !gone[h] {
+		if r.InScopeFor(opts.Domains, opts.Region) && !have[h] && !gone[h] {
 			gone[h] = true
 			tombstones = append(tombstones, h)
 		}
