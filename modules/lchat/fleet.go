@@ -242,28 +242,6 @@ func (a *meshAdmin) seed(w http.ResponseWriter, r *http.Request, ms *meshState) 
 	return nil
 }
 
-// allRows is every row of this box in replicated form, env values included (they go
-// to the peer only, never to the operator). A failed registry read is an error, never
-// a shorter list.
-func (a *App) allRows() ([]mesh.RouteRow, error) {
-	ms := a.shared.mesh
-	var out []mesh.RouteRow
-	after := ""
-	for {
-		rts, next, err := a.shared.reg.List(after, 1000)
-		if err != nil {
-			return nil, fmt.Errorf("listing routes: %v", err)
-		}
-		for i := range rts {
-			out = append(out, ms.rowFromRoute(&rts[i]))
-		}
-		if next == "" {
-			return out, nil
-		}
-		after = next
-	}
-}
-
 // relocateRequest is the POST /lchat/mesh/relocate/{host} body.
 type relocateRequest struct {
 	To      string `json:"to"`

@@ -206,7 +206,7 @@ func (h *Handler) meshServe(w http.ResponseWriter, r *http.Request, rt *registry
 		}
 		return h.forward(w, r, rt.LivesAt, next, false)
 	}
-	if !mesh.InScope(host, ms.cfg.Domains) && (rt.HomeRegion == "" || rt.HomeRegion != ms.cfg.Region) {
+	if !ms.inScope(host, rt.HomeRegion) {
 		return false, nil
 	}
 	// A space stays where it is awake, unless this box drains: then it goes to the

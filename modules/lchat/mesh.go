@@ -202,13 +202,19 @@ func (ms *meshState) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 	cfg.FenceStopGrace = mc.FenceMargin / 2
 	cfg.Owns = func(host string) bool {
 		rt, ok := reg.Lookup(host)
-		if !ok || !mesh.InScope(host, ms.cfg.Domains) && (rt.HomeRegion == "" || rt.HomeRegion != ms.cfg.Region) {
+		if !ok || !ms.inScope(host, rt.HomeRegion) {
 			// Outside the mesh: this box is the only one that serves it.
 			return ok
 		}
 		owner, ok := mesh.Owner(host, ms.m.Live(), rt.HomeRegion)
 		return ok && owner.Self == ms.cfg.Self
 	}
+}
+
+// inScope reports whether this box takes part in placing host, a route homed in
+// homeRegion: the host is under its mesh domains, or homeRegion is its region.
+func (ms *meshState) inScope(host, homeRegion string) bool {
+	return mesh.RouteInScope(host, homeRegion, ms.cfg.Domains, ms.cfg.Region)
 }
 
 // holderLive is the lease rule. The view says live: believe it (the holder fences
@@ -323,12 +329,8 @@ func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "public_address":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			o.PublicAddress = d.Val()
-			if d.NextArg() {
-				return d.ArgErr()
+			if err := oneArg(d, &o.PublicAddress); err != nil {
+				return err
 			}
 		case "relocate_dns":
 			if o.RelocateDNS != nil {

@@ -75,7 +75,7 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	switch {
 	case p == mesh.PathRoutes && r.Method == http.MethodGet:
-		rows, err := h.app.inScopeRows(false)
+		rows, err := h.app.inScopeRows()
 		if err != nil {
 			return caddyhttp.Error(http.StatusInternalServerError, err)
 		}
@@ -153,7 +153,6 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 	if !ok {
 		return caddyhttp.Error(http.StatusBadRequest, errors.New("no valid host in the path"))
 	}
-	host = mesh.NormalizeHost(host)
 	if err := registry.ValidateHost(host); err != nil {
 		return caddyhttp.Error(http.StatusBadRequest, err)
 	}
@@ -164,7 +163,11 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 	// Like a PUT, a tombstone outside this box's scope changes nothing: a host outside
 	// the mesh domains is this box's own business unless its stored row is homed in
 	// this box's region.
-	if !mesh.InScope(host, ms.cfg.Domains) && !(ok && ms.rowFromRoute(rt).InScopeFor(ms.cfg.Domains, ms.cfg.Region)) {
+	homeRegion := ""
+	if ok {
+		homeRegion = rt.HomeRegion
+	}
+	if !ms.inScope(host, homeRegion) {
 		ms.c.rowsRejected.Add(1)
 		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("route %s is outside this box's mesh domains and region", host))
 	}
@@ -233,10 +236,10 @@ func (ms *meshState) rowFromRoute(rt *registry.Route) mesh.RouteRow {
 	return row
 }
 
-// inScopeRows lists the rows of this box in its mesh scope (its domains, or its region
-// as home_region). Env values are included only when withEnv is set (mesh-seed). A
-// failed registry read is an error, never a shorter list: peers diff against it.
-func (a *App) inScopeRows(withEnv bool) ([]mesh.RouteRow, error) {
+// allRows is every row of this box in replicated form, env values included (they go
+// to the peer only, never to the operator). A failed registry read is an error, never
+// a shorter list: peers diff against it.
+func (a *App) allRows() ([]mesh.RouteRow, error) {
 	ms := a.shared.mesh
 	var out []mesh.RouteRow
 	after := ""
@@ -246,20 +249,31 @@ func (a *App) inScopeRows(withEnv bool) ([]mesh.RouteRow, error) {
 			return nil, fmt.Errorf("listing routes: %v", err)
 		}
 		for i := range rts {
-			row := ms.rowFromRoute(&rts[i])
-			if !row.InScopeFor(ms.cfg.Domains, ms.cfg.Region) {
-				continue
-			}
-			if !withEnv {
-				row.Env = nil
-			}
-			out = append(out, row)
+			out = append(out, ms.rowFromRoute(&rts[i]))
 		}
 		if next == "" {
 			return out, nil
 		}
 		after = next
 	}
+}
+
+// inScopeRows lists the rows of this box in its mesh scope (its domains, or its region
+// as home_region), without env values: GET /api/mesh/routes.
+func (a *App) inScopeRows() ([]mesh.RouteRow, error) {
+	ms := a.shared.mesh
+	rows, err := a.allRows()
+	if err != nil {
+		return nil, err
+	}
+	out := rows[:0]
+	for _, row := range rows {
+		if row.InScopeFor(ms.cfg.Domains, ms.cfg.Region) {
+			row.Env = nil
+			out = append(out, row)
+		}
+	}
+	return out, nil
 }
 
 // meshFanout replicates a created or changed row to every live peer that covers the
