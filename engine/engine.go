@@ -447,3 +447,9 @@ func (e *Engine) SetKinds(kinds map[string]Kind) error {
 	e.kinds.Store(&k)
 	return nil
 }
+
+// Interface guards
+var (
+	_ error = (*LeaseHeldError)(nil)
+	_ error = (*RetryError)(nil)
+)

@@ -160,3 +160,6 @@ func getJSON(ctx context.Context, b bucket.Bucket, key string, v any) (string, e
 	}
 	return obj.ETag, nil
 }
+
+// Interface guards
+var _ error = (*LeaseHeldError)(nil)
