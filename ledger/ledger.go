@@ -24,6 +24,12 @@ import (
 // DefaultBlock is how many ids one bucket write reserves.
 const DefaultBlock = 100
 
+// Compare-and-swap retry defaults, for an Allocator's Options and for Seed.
+const (
+	defaultMaxAttempts = 50
+	defaultRetryDelay  = 20 * time.Millisecond
+)
+
 // KeyPrefix is where counters live, relative to the bucket's prefix.
 const KeyPrefix = "ledger/"
 
@@ -84,10 +90,10 @@ func New(b bucket.Bucket, namespace string, opts Options) (*Allocator, error) {
 		opts.Block = DefaultBlock
 	}
 	if opts.MaxAttempts <= 0 {
-		opts.MaxAttempts = 50
+		opts.MaxAttempts = defaultMaxAttempts
 	}
 	if opts.RetryDelay <= 0 {
-		opts.RetryDelay = 20 * time.Millisecond
+		opts.RetryDelay = defaultRetryDelay
 	}
 	return &Allocator{b: b, ns: namespace, opts: opts}, nil
 }
@@ -135,24 +141,17 @@ func (a *Allocator) reserveLocked(ctx context.Context) (uint64, error) {
 		if cur.Next > ^uint64(0)-a.opts.Block {
 			return 0, fmt.Errorf("ledger %s: counter exhausted", a.ns)
 		}
-		cond := bucket.Cond{IfMatch: etag}
-		if etag == "" {
-			cond = bucket.Cond{IfNoneMatch: true}
-		}
-		err = write(ctx, a.b, key, state{Next: cur.Next + a.opts.Block}, cond)
+		err = write(ctx, a.b, key, state{Next: cur.Next + a.opts.Block}, etag)
 		if err == nil {
 			return cur.Next, nil
 		}
-		if !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) {
-			// The write may or may not have landed; either way retrying re-reads, so no
-			// block this allocator did not win is ever used.
-			lastErr = err
-			if ctx.Err() != nil {
-				break
-			}
-			continue
-		}
+		// A lost race retries. So does any other failure: the write may or may not have
+		// landed, and either way the retry re-reads, so no block this allocator did not
+		// win is ever used.
 		lastErr = err
+		if !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) && ctx.Err() != nil {
+			break
+		}
 	}
 	return 0, fmt.Errorf("ledger %s: reserving a block: gave up after %d attempts: %v", a.ns, a.opts.MaxAttempts, lastErr)
 }
@@ -201,10 +200,16 @@ func read(ctx context.Context, b bucket.Bucket, key string) (state, string, erro
 	return s, obj.ETag, nil
 }
 
-func write(ctx context.Context, b bucket.Bucket, key string, s state, cond bucket.Cond) error {
+// write stores s over the counter read with etag, or creates the counter when etag is
+// empty (read found none); a lost race is bucket.ErrPreconditionFailed.
+func write(ctx context.Context, b bucket.Bucket, key string, s state, etag string) error {
 	raw, err := json.Marshal(s)
 	if err != nil {
 		return err
+	}
+	cond := bucket.Cond{IfMatch: etag}
+	if etag == "" {
+		cond = bucket.Cond{IfNoneMatch: true}
 	}
 	_, err = b.Put(ctx, key, bytes.NewReader(raw), int64(len(raw)), cond)
 	return err
@@ -235,9 +240,9 @@ func Seed(ctx context.Context, b bucket.Bucket, namespace string, max uint64) er
 	}
 	key := Key(namespace)
 	want := max + 1
-	for attempt := 0; attempt < 50; attempt++ {
+	for attempt := 0; attempt < defaultMaxAttempts; attempt++ {
 		if attempt > 0 {
-			if err := sleep(ctx, jitter(20*time.Millisecond, attempt)); err != nil {
+			if err := sleep(ctx, jitter(defaultRetryDelay, attempt)); err != nil {
 				return fmt.Errorf("ledger %s: seeding: %v", namespace, err)
 			}
 		}
@@ -251,11 +256,7 @@ func Seed(ctx context.Context, b bucket.Bucket, namespace string, max uint64) er
 		if cur.Next > want {
 			return fmt.Errorf("%w: %s already reserved ids up to %d, above the seed %d", ErrWouldLower, namespace, cur.Next-1, max)
 		}
-		cond := bucket.Cond{IfMatch: etag}
-		if etag == "" {
-			cond = bucket.Cond{IfNoneMatch: true}
-		}
-		err = write(ctx, b, key, state{Next: want}, cond)
+		err = write(ctx, b, key, state{Next: want}, etag)
 		if err == nil {
 			return nil
 		}
