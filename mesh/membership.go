@@ -245,10 +245,22 @@ func NewMembership(b bucket.Bucket, cfg MembershipConfig) (*Membership, error) {
 	return m, nil
 }
 
+// heartbeat is this box's heartbeat body.
+func (m *Membership) heartbeat(draining bool) Heartbeat {
+	return Heartbeat{Region: m.cfg.Region, Domains: m.cfg.Domains, Incarnation: m.cfg.Incarnation,
+		Version: m.cfg.Version, Address: m.cfg.Address, Bucket: m.cfg.Bucket, Draining: draining}
+}
+
+// setMember copies what the heartbeat says about its box into mem.
+func (hb Heartbeat) setMember(mem *Member) {
+	mem.Region, mem.Domains, mem.Incarnation, mem.Version = hb.Region, hb.Domains, hb.Incarnation, hb.Version
+	mem.Address, mem.Bucket, mem.Draining = hb.Address, hb.Bucket, hb.Draining
+}
+
 func (m *Membership) encodeBody(draining bool) error {
-	domains := append([]string{}, m.cfg.Domains...)
-	body, err := json.Marshal(Heartbeat{Region: m.cfg.Region, Domains: domains, Incarnation: m.cfg.Incarnation,
-		Version: m.cfg.Version, Address: m.cfg.Address, Bucket: m.cfg.Bucket, Draining: draining})
+	hb := m.heartbeat(draining)
+	hb.Domains = append([]string{}, hb.Domains...) // "domains": [] rather than null
+	body, err := json.Marshal(hb)
 	if err != nil {
 		return fmt.Errorf("membership: encoding heartbeat: %v", err)
 	}
@@ -469,11 +481,9 @@ func (m *Membership) refresh(ctx context.Context) {
 				m.stats.duplicateSelf.Add(1)
 				m.logger.Error("another process writes this box's heartbeat: two boxes share one LCHAT_MESH_SELF", zap.String("self", self))
 			}
-			m.fillSelf(&mem)
+			m.heartbeat(m.draining.Load()).setMember(&mem)
 		} else if hb, ok := m.peerBody(ctx, o); ok {
-			mem.Region, mem.Domains, mem.Incarnation, mem.Version = hb.Region, hb.Domains, hb.Incarnation, hb.Version
-			mem.Draining = hb.Draining
-			mem.Address, mem.Bucket = hb.Address, hb.Bucket
+			hb.setMember(&mem)
 		}
 		view = append(view, mem)
 	}
@@ -486,12 +496,6 @@ func (m *Membership) refresh(ctx context.Context) {
 		}
 	}
 	m.mu.Unlock()
-}
-
-func (m *Membership) fillSelf(mem *Member) {
-	mem.Region, mem.Domains, mem.Incarnation, mem.Version = m.cfg.Region, m.cfg.Domains, m.cfg.Incarnation, m.cfg.Version
-	mem.Draining = m.draining.Load()
-	mem.Address, mem.Bucket = m.cfg.Address, m.cfg.Bucket
 }
 
 // list reads every page under prefix and the bucket's clock at the first page.
@@ -527,27 +531,40 @@ func (m *Membership) list(ctx context.Context, prefix string) ([]bucket.Info, ti
 // peerBody returns a peer's heartbeat body, from the cache when its ETag is unchanged.
 // On a failed read it returns the last body seen for that key, if any.
 func (m *Membership) peerBody(ctx context.Context, o bucket.Info) (Heartbeat, bool) {
+	gctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
+	defer cancel()
+	hb, err := m.cachedBody(gctx, o)
+	if err == nil {
+		return hb, true
+	}
+	if ctx.Err() == nil {
+		m.stats.getErrors.Add(1)
+		m.logger.Warn("reading a member's heartbeat", zap.String("key", o.Key), zap.Error(err))
+	}
+	m.mu.Lock()
+	c, ok := m.bodies[o.Key]
+	m.mu.Unlock()
+	return c.hb, ok
+}
+
+// cachedBody returns the heartbeat body of the listed object o: the cached one while its
+// ETag is unchanged, else read with one GET and cached.
+func (m *Membership) cachedBody(ctx context.Context, o bucket.Info) (Heartbeat, error) {
 	m.mu.Lock()
 	c, ok := m.bodies[o.Key]
 	m.mu.Unlock()
 	if ok && o.ETag != "" && c.etag == o.ETag {
-		return c.hb, true
+		return c.hb, nil
 	}
 	m.stats.gets.Add(1)
-	gctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
-	defer cancel()
-	hb, etag, err := m.readBody(gctx, o.Key)
+	hb, etag, err := m.readBody(ctx, o.Key)
 	if err != nil {
-		if ctx.Err() == nil {
-			m.stats.getErrors.Add(1)
-			m.logger.Warn("reading a member's heartbeat", zap.String("key", o.Key), zap.Error(err))
-		}
-		return c.hb, ok
+		return Heartbeat{}, err
 	}
 	m.mu.Lock()
 	m.bodies[o.Key] = cachedBody{etag: etag, hb: hb}
 	m.mu.Unlock()
-	return hb, true
+	return hb, nil
 }
 
 func (m *Membership) readBody(ctx context.Context, key string) (Heartbeat, string, error) {
@@ -586,7 +603,7 @@ func (m *Membership) Live() []Member {
 // heartbeat write was sent (by the local clock), LastModified is zero.
 func (m *Membership) Self() Member {
 	mem := Member{Self: m.cfg.Self}
-	m.fillSelf(&mem)
+	m.heartbeat(m.draining.Load()).setMember(&mem)
 	m.mu.Lock()
 	if !m.lastPutSent.IsZero() {
 		mem.Age = time.Since(m.lastPutSent)
@@ -627,14 +644,7 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 		if key == m.key {
 			return incarnation == m.cfg.Incarnation, nil
 		}
-		m.mu.Lock()
-		c, ok := m.bodies[key]
-		m.mu.Unlock()
-		if ok && o.ETag != "" && c.etag == o.ETag {
-			return c.hb.Incarnation == incarnation, nil
-		}
-		m.stats.gets.Add(1)
-		hb, etag, err := m.readBody(ctx, key)
+		hb, err := m.cachedBody(ctx, o)
 		if errors.Is(err, bucket.ErrNotFound) {
 			return false, nil
 		}
@@ -642,9 +652,6 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 			m.stats.getErrors.Add(1)
 			return false, fmt.Errorf("checking heartbeat: %v", err)
 		}
-		m.mu.Lock()
-		m.bodies[key] = cachedBody{etag: etag, hb: hb}
-		m.mu.Unlock()
 		return hb.Incarnation == incarnation, nil
 	}
 	return false, nil
