@@ -251,8 +251,8 @@ func (m *Membership) heartbeat(draining bool) Heartbeat {
 		Version: m.cfg.Version, Address: m.cfg.Address, Bucket: m.cfg.Bucket, Draining: draining}
 }
 
-// setMember copies what the heartbeat says about its box into mem.
-func (hb Heartbeat) setMember(mem *Member) {
+// ApplyTo copies what the heartbeat says about its box into mem.
+func (hb Heartbeat) ApplyTo(mem *Member) {
 	mem.Region, mem.Domains, mem.Incarnation, mem.Version = hb.Region, hb.Domains, hb.Incarnation, hb.Version
 	mem.Address, mem.Bucket, mem.Draining = hb.Address, hb.Bucket, hb.Draining
 }
@@ -481,9 +481,9 @@ func (m *Membership) refresh(ctx context.Context) {
 				m.stats.duplicateSelf.Add(1)
 				m.logger.Error("another process writes this box's heartbeat: two boxes share one LCHAT_MESH_SELF", zap.String("self", self))
 			}
-			m.heartbeat(m.draining.Load()).setMember(&mem)
+			m.heartbeat(m.draining.Load()).ApplyTo(&mem)
 		} else if hb, ok := m.peerBody(ctx, o); ok {
-			hb.setMember(&mem)
+			hb.ApplyTo(&mem)
 		}
 		view = append(view, mem)
 	}
@@ -603,7 +603,7 @@ func (m *Membership) Live() []Member {
 // heartbeat write was sent (by the local clock), LastModified is zero.
 func (m *Membership) Self() Member {
 	mem := Member{Self: m.cfg.Self}
-	m.heartbeat(m.draining.Load()).setMember(&mem)
+	m.heartbeat(m.draining.Load()).ApplyTo(&mem)
 	m.mu.Lock()
 	if !m.lastPutSent.IsZero() {
 		mem.Age = time.Since(m.lastPutSent)

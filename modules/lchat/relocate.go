@@ -127,9 +127,9 @@ func liveMembersIn(ctx context.Context, b bucket.Bucket, deadAfter time.Duration
 			if err != nil || json.Unmarshal(raw, &hb) != nil {
 				continue
 			}
-			out = append(out, mesh.Member{Self: self, Region: hb.Region, Domains: hb.Domains, Incarnation: hb.Incarnation,
-				Version: hb.Version, Address: hb.Address, Bucket: hb.Bucket, Draining: hb.Draining,
-				LastModified: o.LastModified, Age: max(now.Sub(o.LastModified), 0)})
+			mem := mesh.Member{Self: self, LastModified: o.LastModified, Age: max(now.Sub(o.LastModified), 0)}
+			hb.ApplyTo(&mem)
+			out = append(out, mem)
 		}
 		if page.NextToken == "" {
 			break
@@ -303,12 +303,8 @@ func (r *RelocateDNS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			r.ProviderRaw = caddyconfig.JSONModuleObject(unm, "name", name, nil)
 		case "zone":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			r.Zone = d.Val()
-			if d.NextArg() {
-				return d.ArgErr()
+			if err := oneArg(d, &r.Zone); err != nil {
+				return err
 			}
 		case "ttl":
 			if err := durationArg(d, &r.TTL); err != nil {
