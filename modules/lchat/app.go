@@ -378,10 +378,7 @@ func (a *App) Start() error {
 	a.prevKinds, s.kindsFrom = prev, a
 	s.kindsMu.Unlock()
 	s.eng.Start()
-	if err := a.manageWildcards(); err != nil {
-		return err
-	}
-	return nil
+	return a.manageWildcards()
 }
 
 // Stop keeps the spaces awake: a reload stops the old config too, and a reload must
@@ -417,10 +414,7 @@ func (a *App) Cleanup() error {
 	return err
 }
 
-// Registry is the route store.
-func (a *App) RegistryStore() *registry.Registry { return a.shared.reg }
-
-// Engine is the hibernation engine.
+// Engine returns the hibernation engine.
 func (a *App) Engine() *engine.Engine { return a.shared.eng }
 
 // checkRoute refuses a route this box cannot serve: a kind that is not configured, or

@@ -126,12 +126,9 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "kind":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			name := d.Val()
-			if d.NextArg() {
-				return d.ArgErr()
+			var name string
+			if err := oneArg(d, &name); err != nil {
+				return err
 			}
 			if a.Kinds == nil {
 				a.Kinds = make(map[string]*Kind)
