@@ -96,8 +96,8 @@ func (r *RouteRow) Validate() error {
 	if !validHostname(r.Host) || !strings.Contains(r.Host, ".") {
 		return &RowError{"host", "must be a DNS name"}
 	}
-	if !validToken(r.Kind) {
-		return &RowError{"kind", "must be 1-128 letters, digits, '.', '_' or '-'"}
+	if !registry.ValidKind(r.Kind) {
+		return &RowError{"kind", "must be 1-64 letters, digits, '.', '_' or '-'"}
 	}
 	if r.Version != "" && !validToken(r.Version) {
 		return &RowError{"version", "must be 1-128 letters, digits, '.', '_' or '-'"}

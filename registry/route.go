@@ -111,7 +111,7 @@ func (rt *Route) Validate() error {
 			}
 		}
 	}
-	if rt.Kind != "" && !validName(rt.Kind) {
+	if rt.Kind != "" && !ValidKind(rt.Kind) {
 		return fmt.Errorf("route %s: invalid kind name %q", rt.Host, rt.Kind)
 	}
 	for k := range rt.Env {
@@ -139,7 +139,9 @@ func validSelfURL(s string) error {
 	return nil
 }
 
-func validName(s string) bool {
+// ValidKind accepts a kind name: 1 to 64 letters, digits, '-', '_' and '.'. Replicated
+// rows are held to the same rule, so a row a peer accepts is one the registry stores.
+func ValidKind(s string) bool {
 	if s == "" || len(s) > 64 {
 		return false
 	}
