@@ -136,6 +136,8 @@ func TestDecodeRowRejects(t *testing.T) {
 		{"dot-dot host", "/api/mesh/route/..", `{"host":"..","kind":"chat","hibernate":true}`},
 		{"env name with =", "/api/mesh/route/a.example.com", `{"host":"a.example.com","kind":"chat","hibernate":true,"env":{"A=B":"c"}}`},
 		{"no kind", "/api/mesh/route/a.example.com", `{"host":"a.example.com","hibernate":true}`},
+		// The registry stores kinds of at most 64 characters; a longer one must not pass here.
+		{"kind too long", "/api/mesh/route/a.example.com", `{"host":"a.example.com","kind":"` + strings.Repeat("k", 65) + `","hibernate":true}`},
 		{"bad host", "/api/mesh/route/a..example.com", `{"host":"a..example.com","kind":"chat","hibernate":true}`},
 		{"PATH env", "/api/mesh/route/a.example.com", `{"host":"a.example.com","kind":"chat","hibernate":true,"env":{"PATH":"/tmp"}}`},
 		{"LD env", "/api/mesh/route/a.example.com", `{"host":"a.example.com","kind":"chat","hibernate":true,"env":{"LD_PRELOAD":"/x.so"}}`},
