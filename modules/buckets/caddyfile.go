@@ -5,6 +5,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 )
 
 // UnmarshalCaddyfile sets up an S3 bucket from Caddyfile tokens. Syntax:
@@ -60,7 +62,7 @@ func (s *S3) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized subdirective %s", d.Val())
 		}
-		if err := oneArg(d, field); err != nil {
+		if err := caddyfileutil.OneArg(d, field); err != nil {
 			return err
 		}
 	}
@@ -84,11 +86,11 @@ func (f *File) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "root":
-			if err := oneArg(d, &f.Root); err != nil {
+			if err := caddyfileutil.OneArg(d, &f.Root); err != nil {
 				return err
 			}
 		case "prefix":
-			if err := oneArg(d, &f.Prefix); err != nil {
+			if err := caddyfileutil.OneArg(d, &f.Prefix); err != nil {
 				return err
 			}
 		default:
@@ -112,18 +114,6 @@ func UnmarshalBucket(d *caddyfile.Dispenser) (json.RawMessage, error) {
 		return nil, err
 	}
 	return caddyconfig.JSONModuleObject(unm, "backend", name, nil), nil
-}
-
-// oneArg reads exactly one argument into dst.
-func oneArg(d *caddyfile.Dispenser, dst *string) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	*dst = d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	return nil
 }
 
 // Interface guards

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/modules/buckets"
 )
 
@@ -87,16 +88,16 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			a.BucketRaw = raw
 		case "state_dir":
-			if err := oneArg(d, &a.StateDir); err != nil {
+			if err := caddyfileutil.OneArg(d, &a.StateDir); err != nil {
 				return err
 			}
 		case "registry":
-			if err := oneArg(d, &a.Registry); err != nil {
+			if err := caddyfileutil.OneArg(d, &a.Registry); err != nil {
 				return err
 			}
 		case "max_awake":
 			var s string
-			if err := oneArg(d, &s); err != nil {
+			if err := caddyfileutil.OneArg(d, &s); err != nil {
 				return err
 			}
 			n, err := strconv.Atoi(s)
@@ -127,7 +128,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "kind":
 			var name string
-			if err := oneArg(d, &name); err != nil {
+			if err := caddyfileutil.OneArg(d, &name); err != nil {
 				return err
 			}
 			if a.Kinds == nil {
@@ -179,7 +180,7 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "stop_signal":
-			if err := oneArg(d, &k.StopSignal); err != nil {
+			if err := caddyfileutil.OneArg(d, &k.StopSignal); err != nil {
 				return err
 			}
 		case "stop_grace":
@@ -187,7 +188,7 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "ready_path":
-			if err := oneArg(d, &k.ReadyPath); err != nil {
+			if err := caddyfileutil.OneArg(d, &k.ReadyPath); err != nil {
 				return err
 			}
 		case "ready_timeout":
@@ -195,7 +196,7 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "wake_path":
-			if err := oneArg(d, &k.WakePath); err != nil {
+			if err := caddyfileutil.OneArg(d, &k.WakePath); err != nil {
 				return err
 			}
 		case "replication":
@@ -258,21 +259,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-func oneArg(d *caddyfile.Dispenser, dst *string) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	*dst = d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	return nil
-}
-
 func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	name := d.Val()
 	var s string
-	if err := oneArg(d, &s); err != nil {
+	if err := caddyfileutil.OneArg(d, &s); err != nil {
 		return err
 	}
 	if s == "-1" {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/modules/buckets"
 	"github.com/lchat/lchat-caddy/registry"
@@ -329,7 +330,7 @@ func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "public_address":
-			if err := oneArg(d, &o.PublicAddress); err != nil {
+			if err := caddyfileutil.OneArg(d, &o.PublicAddress); err != nil {
 				return err
 			}
 		case "relocate_dns":

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -388,7 +389,7 @@ func (h *MeshAPI) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		switch d.Val() {
 		case "max_row_bytes":
 			var s string
-			if err := oneArg(d, &s); err != nil {
+			if err := caddyfileutil.OneArg(d, &s); err != nil {
 				return err
 			}
 			var n int64

@@ -17,6 +17,7 @@ import (
 	"github.com/libdns/libdns"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/space"
 )
@@ -303,7 +304,7 @@ func (r *RelocateDNS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			r.ProviderRaw = caddyconfig.JSONModuleObject(unm, "name", name, nil)
 		case "zone":
-			if err := oneArg(d, &r.Zone); err != nil {
+			if err := caddyfileutil.OneArg(d, &r.Zone); err != nil {
 				return err
 			}
 		case "ttl":

@@ -5,6 +5,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 )
 
 // UnmarshalCaddyfile sets up the provider from Caddyfile tokens. The single
@@ -34,32 +36,32 @@ func (p *Provider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "hosted_zone_id":
-			if err := oneArg(d, &p.HostedZoneID); err != nil {
+			if err := caddyfileutil.OneArg(d, &p.HostedZoneID); err != nil {
 				return err
 			}
 		case "region":
-			if err := oneArg(d, &p.Region); err != nil {
+			if err := caddyfileutil.OneArg(d, &p.Region); err != nil {
 				return err
 			}
 		case "profile":
-			if err := oneArg(d, &p.Profile); err != nil {
+			if err := caddyfileutil.OneArg(d, &p.Profile); err != nil {
 				return err
 			}
 		case "access_key_id":
-			if err := oneArg(d, &p.AccessKeyID); err != nil {
+			if err := caddyfileutil.OneArg(d, &p.AccessKeyID); err != nil {
 				return err
 			}
 		case "secret_access_key":
-			if err := oneArg(d, &p.SecretAccessKey); err != nil {
+			if err := caddyfileutil.OneArg(d, &p.SecretAccessKey); err != nil {
 				return err
 			}
 		case "session_token":
-			if err := oneArg(d, &p.SessionToken); err != nil {
+			if err := caddyfileutil.OneArg(d, &p.SessionToken); err != nil {
 				return err
 			}
 		case "max_retries":
 			var s string
-			if err := oneArg(d, &s); err != nil {
+			if err := caddyfileutil.OneArg(d, &s); err != nil {
 				return err
 			}
 			n, err := strconv.Atoi(s)
@@ -74,7 +76,7 @@ func (p *Provider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.WaitForSync = true
 		case "max_wait":
 			var s string
-			if err := oneArg(d, &s); err != nil {
+			if err := caddyfileutil.OneArg(d, &s); err != nil {
 				return err
 			}
 			dur, err := caddy.ParseDuration(s)
@@ -85,18 +87,6 @@ func (p *Provider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized subdirective %s", d.Val())
 		}
-	}
-	return nil
-}
-
-// oneArg reads exactly one argument into dst.
-func oneArg(d *caddyfile.Dispenser, dst *string) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	*dst = d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
 	}
 	return nil
 }
