@@ -36,7 +36,7 @@ func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
 	}
 	defer reg.Close()
 	const host = "live.mesh.test"
-	if _, err := reg.Put(routeFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
+	if _, err := reg.Put(mesh.RouteFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
 		t.Fatal(err)
 	}
 	if rt, _ := reg.Lookup(host); rt.Upstream != "" {

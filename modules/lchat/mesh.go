@@ -60,6 +60,8 @@ type MeshOptions struct {
 type meshState struct {
 	cfg     mesh.Config
 	m       *mesh.Membership
+	box     *mesh.Box
+	repl    *mesh.Replicator
 	client  *mesh.Client
 	marker  mesh.Marker
 	roots   *x509.CertPool
@@ -90,11 +92,11 @@ type meshCounters struct {
 	rowsIn          atomic.Uint64 // rows replicated in from peers
 	rowsRejected    atomic.Uint64 // peer rows refused (malformed, out of scope, kind)
 	tombstonesIn    atomic.Uint64 // tombstones applied from peers
-	fanouts         atomic.Uint64 // rows (or tombstones) fanned out to peers, per target
-	fanoutErrors    atomic.Uint64 // failed fan-out targets
 }
 
-func (c *meshCounters) snapshot() map[string]uint64 {
+func (ms *meshState) counters() map[string]uint64 {
+	c := &ms.c
+	fanouts, fanoutErrors := ms.repl.Counts()
 	return map[string]uint64{
 		"forwards":         c.forwards.Load(),
 		"forward_errors":   c.forwardErrors.Load(),
@@ -107,8 +109,8 @@ func (c *meshCounters) snapshot() map[string]uint64 {
 		"rows_in":          c.rowsIn.Load(),
 		"rows_rejected":    c.rowsRejected.Load(),
 		"tombstones_in":    c.tombstonesIn.Load(),
-		"fanouts":          c.fanouts.Load(),
-		"fanout_errors":    c.fanoutErrors.Load(),
+		"fanouts":          fanouts,
+		"fanout_errors":    fanoutErrors,
 	}
 }
 
@@ -188,6 +190,8 @@ func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger 
 		ms.cancel()
 		return nil, err
 	}
+	ms.box = &mesh.Box{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, Draining: ms.m.Draining}
+	ms.repl = &mesh.Replicator{Box: ms.box, Client: ms.client, Ctx: ms.ctx}
 	return ms, nil
 }
 
@@ -198,43 +202,13 @@ func (ms *meshState) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 	mc := ms.m.Config()
 	cfg.Holder = ms.cfg.Self
 	cfg.Incarnation = mc.Incarnation
-	cfg.HolderLive = ms.holderLive
+	cfg.HolderLive = ms.m.HolderLive
 	// A fenced box's instances must be gone well before peers count it dead.
 	cfg.FenceStopGrace = mc.FenceMargin / 2
 	cfg.Owns = func(host string) bool {
 		rt, ok := reg.Lookup(host)
-		if !ok || !ms.inScope(host, rt.HomeRegion) {
-			// Outside the mesh: this box is the only one that serves it.
-			return ok
-		}
-		owner, ok := mesh.Owner(host, ms.m.Live(), rt.HomeRegion)
-		return ok && owner.Self == ms.cfg.Self
+		return ok && ms.box.Owns(host, rt.HomeRegion)
 	}
-}
-
-// inScope reports whether this box takes part in placing host, a route homed in
-// homeRegion: the host is under its mesh domains, or homeRegion is its region.
-func (ms *meshState) inScope(host, homeRegion string) bool {
-	return mesh.RouteInScope(host, homeRegion, ms.cfg.Domains, ms.cfg.Region)
-}
-
-// holderLive is the lease rule. The view says live: believe it (the holder fences
-// itself before its heartbeat can look dead). The view says dead: confirm with a fresh
-// read of the bucket before a takeover, so a one-beat-old view cannot steal a lease.
-func (ms *meshState) holderLive(holder, incarnation string) bool {
-	if ms.m.IsLive(holder, incarnation) {
-		return true
-	}
-	ctx, cancel := context.WithTimeout(ms.ctx, ms.m.Config().OpTimeout)
-	defer cancel()
-	live, err := ms.m.CheckLive(ctx, holder, incarnation)
-	if err != nil {
-		// Cannot tell: treat the holder as live. The request gets a forward or a 503,
-		// never a second writer.
-		ms.logger.Warn("checking lease holder's heartbeat", zap.String("holder", holder), zap.Error(err))
-		return true
-	}
-	return live
 }
 
 // start fences the engine until the first good heartbeat, then starts the loop. The

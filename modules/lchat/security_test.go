@@ -301,7 +301,7 @@ func TestForwardedMarkerFromOutside(t *testing.T) {
 	}
 	defer reg.Close()
 	const host = "fwd.mesh.test"
-	if _, err := reg.Put(routeFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
+	if _, err := reg.Put(mesh.RouteFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
 		t.Fatal(err)
 	}
 	cfg := mesh.Config{Self: "http://127.0.0.9:1", Domains: []string{"mesh.test"}, Token: "real-token"}
