@@ -15,14 +15,11 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/modules/buckets"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -262,87 +259,6 @@ func (ms *meshState) close() {
 
 // errMeshOff is returned by mesh endpoints on a box without LCHAT_MESH_SELF.
 var errMeshOff = errors.New("the mesh is off on this box (LCHAT_MESH_SELF is not set)")
-
-// unmarshalCaddyfile reads the `mesh` block of the lchat global option.
-//
-// Syntax:
-//
-//	mesh {
-//		beat <duration>
-//		dead_after <duration>
-//		fence_margin <duration>
-//		forward_timeout <duration>
-//		trusted_ca_files <pem...>
-//		public_address <ip>
-//		relocate_dns {
-//			provider <name> ...
-//			zone <zone>
-//			ttl <duration>
-//		}
-//		region_bucket <region> <backend> ...
-//	}
-func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "beat":
-			if err := durationArg(d, &o.Beat); err != nil {
-				return err
-			}
-		case "dead_after":
-			if err := durationArg(d, &o.DeadAfter); err != nil {
-				return err
-			}
-		case "fence_margin":
-			if err := durationArg(d, &o.FenceMargin); err != nil {
-				return err
-			}
-		case "forward_timeout":
-			if err := durationArg(d, &o.ForwardTimeout); err != nil {
-				return err
-			}
-		case "public_address":
-			if err := caddyfileutil.OneArg(d, &o.PublicAddress); err != nil {
-				return err
-			}
-		case "relocate_dns":
-			if o.RelocateDNS != nil {
-				return d.Err("relocate_dns given twice")
-			}
-			o.RelocateDNS = new(RelocateDNS)
-			if err := o.RelocateDNS.unmarshalCaddyfile(d); err != nil {
-				return err
-			}
-		case "region_bucket":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			region := d.Val()
-			if _, dup := o.RegionBucketsRaw[region]; dup {
-				return d.Errf("region_bucket %s given twice", region)
-			}
-			raw, err := buckets.UnmarshalBucket(d)
-			if err != nil {
-				return err
-			}
-			if o.RegionBucketsRaw == nil {
-				o.RegionBucketsRaw = make(map[string]json.RawMessage)
-			}
-			o.RegionBucketsRaw[region] = raw
-		case "trusted_ca_files":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return d.ArgErr()
-			}
-			o.TrustedCAFiles = append(o.TrustedCAFiles, args...)
-		default:
-			return d.Errf("unrecognized subdirective %s", d.Val())
-		}
-	}
-	return nil
-}
 
 // insecureSelf reports a SELF URL that sends peer traffic in the clear beyond this machine.
 func insecureSelf(self string) bool {

@@ -9,13 +9,10 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 
@@ -24,8 +21,6 @@ import (
 
 func init() {
 	caddy.RegisterModule(MeshAPI{})
-	httpcaddyfile.RegisterHandlerDirective("lchat_mesh_api", parseMeshAPI)
-	httpcaddyfile.RegisterDirectiveOrder("lchat_mesh_api", httpcaddyfile.Before, "redir")
 }
 
 // MeshAPI serves the peer endpoints of the mesh on this box's SELF site, each behind
@@ -234,47 +229,8 @@ func (a *App) meshStatus() MeshStatus {
 	return st
 }
 
-// parseMeshAPI sets up the handler from the `lchat_mesh_api` directive.
-//
-// Syntax:
-//
-//	lchat_mesh_api {
-//		max_row_bytes <n>
-//	}
-func parseMeshAPI(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	m := new(MeshAPI)
-	err := m.UnmarshalCaddyfile(h.Dispenser)
-	return m, err
-}
-
-// UnmarshalCaddyfile sets up the handler from Caddyfile tokens; see parseMeshAPI.
-func (h *MeshAPI) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next()
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	for d.NextBlock(0) {
-		switch d.Val() {
-		case "max_row_bytes":
-			var s string
-			if err := caddyfileutil.OneArg(d, &s); err != nil {
-				return err
-			}
-			var n int64
-			if _, err := fmt.Sscan(s, &n); err != nil || n <= 0 {
-				return d.Errf("max_row_bytes: want a positive number, got %q", s)
-			}
-			h.MaxRowBytes = n
-		default:
-			return d.Errf("unrecognized subdirective %s", d.Val())
-		}
-	}
-	return nil
-}
-
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*MeshAPI)(nil)
 	_ caddyhttp.MiddlewareHandler = (*MeshAPI)(nil)
-	_ caddyfile.Unmarshaler       = (*MeshAPI)(nil)
 )

@@ -10,13 +10,10 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/libdns/libdns"
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -141,42 +138,4 @@ func (d *RelocateDNS) SetAddress(ctx context.Context, host string, ip netip.Addr
 		typ = "AAAA"
 	}
 	return fmt.Sprintf("%s %s → %s (ttl %s) via %s", typ, host, ip, ttl, d.name), nil
-}
-
-// unmarshalCaddyfile reads a relocate_dns block.
-//
-//	relocate_dns {
-//		provider <name> ...
-//		zone <zone>
-//		ttl <duration>
-//	}
-func (r *RelocateDNS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "provider":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			name := d.Val()
-			unm, err := caddyfile.UnmarshalModule(d, "dns.providers."+name)
-			if err != nil {
-				return err
-			}
-			r.ProviderRaw = caddyconfig.JSONModuleObject(unm, "name", name, nil)
-		case "zone":
-			if err := caddyfileutil.OneArg(d, &r.Zone); err != nil {
-				return err
-			}
-		case "ttl":
-			if err := durationArg(d, &r.TTL); err != nil {
-				return err
-			}
-		default:
-			return d.Errf("unrecognized subdirective %s", d.Val())
-		}
-	}
-	return nil
 }
