@@ -139,7 +139,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		Env:     rt.Env,
 	})
 	if err != nil {
-		if done, ferr := h.meshAcquireError(w, r, err, next); done {
+		if done, ferr := h.meshAcquireError(w, r, rt, err, next); done {
 			return ferr
 		}
 		return h.acquireError(w, r, host, err)
@@ -147,6 +147,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// The reverse proxy returns only when the response, or the connection it
 	// upgraded to, is finished: that is when this request stops holding the space.
 	defer use.Release()
+	h.meshServed(w, r)
 	setUpstream(r, use.Dial())
 	return h.proxy.ServeHTTP(w, r, next)
 }
