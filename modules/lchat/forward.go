@@ -250,20 +250,44 @@ func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, rt *r
 	}
 	if d.Action != mesh.Forward {
 		ms.c.leaseBusy.Add(1)
+		if c := h.logger.Check(zapcore.InfoLevel, "space unavailable: no forward left"); c != nil {
+			c.Write(zap.String("host", rt.Host), zap.String("reason", d.Reason), zap.Int("hops", requestHops(r)))
+		}
 		return false, nil
 	}
 	ms.c.holderForwards.Add(1)
 	done, ferr := h.apply(w, r, d, next)
 	var de reverseproxy.DialError
 	if errors.As(ferr, &de) {
-		// The box is down or unreachable: a holder's lease frees once its heartbeat is
-		// dead, so this is temporary (503 and Retry-After), not a bad gateway.
-		setRetryAfter(w, time.Duration(h.RetryAfter))
-		return true, caddyhttp.Error(http.StatusServiceUnavailable,
-			fmt.Errorf("space %s is on %s, which cannot be reached now: %v", r.Host, d.Peer, de))
+		// Nothing was sent: the caller waits for the lease (meshAwaitLease).
+		return true, fmt.Errorf("%w: %s: %v", errHolderUnreachable, d.Peer, de)
 	}
 	return done, ferr
 }
+
+// errHolderUnreachable means the box holding a space's lease could not be dialed;
+// nothing was sent.
+var errHolderUnreachable = errors.New("the space's box cannot be reached")
+
+// meshLeaseWait sleeps before a request tries a space again whose lease holder could
+// not be dialed, and returns the total waited so far; 0 means give up (the request's
+// context ended, or it waited awaitLeaseMax).
+func (h *Handler) meshLeaseWait(r *http.Request, waited time.Duration) time.Duration {
+	step := min(max(waited/2, 100*time.Millisecond), 500*time.Millisecond)
+	if waited+step > awaitLeaseMax {
+		return 0
+	}
+	select {
+	case <-r.Context().Done():
+		return 0
+	case <-time.After(step):
+	}
+	return waited + step
+}
+
+// awaitLeaseMax bounds how long a request waits for a space whose lease holder takes no
+// connections (a drain that never ends, a box cut off from its peers only).
+const awaitLeaseMax = 15 * time.Second
 
 // apply carries out a placement decision.
 func (h *Handler) apply(w http.ResponseWriter, r *http.Request, d mesh.Decision, next caddyhttp.Handler) (bool, error) {
