@@ -17,6 +17,8 @@ type op struct {
 	cancel context.CancelFunc
 	done   chan error
 	start  time.Time
+	// proof is written by the prove goroutine before it sends on done.
+	proof proof
 }
 
 func (s *Switcher) setState(st string) {
@@ -72,10 +74,9 @@ func (s *Switcher) runExecutor(boot int) {
 			}
 			cur = s.startCommand(cmd)
 		case <-s.overrideCh:
-			// I2': an override aborts an in-flight switch only if it names another region.
 			if cur != nil {
-				if ov := int(s.override.Load()); ov != 0 && ov != cur.cmd.Target {
-					s.abortOp(cur, "override names another region (I2')", 0)
+				if why := s.overrideForbids(cur.cmd); why != "" {
+					s.abortOp(cur, why, 0)
 					cur = nil
 				}
 			}
@@ -181,14 +182,28 @@ func (s *Switcher) startCommand(cmd Command) *op {
 			}
 			o.done <- err
 		}()
-		err = s.proveAux(ctx, aux, prove)
+		err = s.proveAux(ctx, aux, prove, &o.proof)
 	}()
 	return o
 }
 
-// proveAux opens aux and proves it with ping/pong round trips. It runs on its own
-// goroutine and touches only aux's connection.
-func (s *Switcher) proveAux(ctx context.Context, aux *slot, p ProveConfig) error {
+// proof is what proved an aux connection: one unit per prove round.
+type proof struct {
+	pongs, echoes, rx int
+}
+
+func (p proof) total() int { return p.pongs + p.echoes + p.rx }
+
+func (p proof) fields() []zap.Field {
+	return []zap.Field{zap.Int("proof_pongs", p.pongs), zap.Int("proof_echoes", p.echoes), zap.Int("proof_rx", p.rx)}
+}
+
+// proveAux opens aux and proves it, as the design's "rx echo / PONG": prove.Count
+// rounds, each passed by a pong to our ping or by a packet relayed to us on aux
+// during the round (an echo request, or any other traffic: either shows the region
+// delivers to this node). It runs on its own goroutine and touches only aux's
+// connection; pr is read by the executor after done.
+func (s *Switcher) proveAux(ctx context.Context, aux *slot, p ProveConfig, pr *proof) error {
 	cctx, cancel := context.WithTimeout(ctx, p.ConnectTimeout)
 	err := aux.conn.Connect(cctx)
 	cancel()
@@ -198,19 +213,43 @@ func (s *Switcher) proveAux(ctx context.Context, aux *slot, p ProveConfig) error
 	aux.connected.Store(true)
 	aux.startRecv()
 	s.setState(StateProving)
-	for i := 0; i < p.Count; i++ {
-		if i > 0 {
+	for round := 1; pr.total() < p.Count; round++ {
+		if round > 1 {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-time.After(p.Interval):
 			}
 		}
+		rx0, echo0 := aux.rxPackets.Load(), aux.rxEchoes.Load()
 		pctx, cancel := context.WithTimeout(ctx, p.Timeout)
+		go func() {
+			// Traffic received during the round ends it early: it is proof enough.
+			for {
+				select {
+				case <-aux.rxCh:
+					if aux.rxPackets.Load() > rx0 {
+						cancel()
+						return
+					}
+				case <-pctx.Done():
+					return
+				}
+			}
+		}()
 		err := aux.conn.Ping(pctx)
 		cancel()
-		if err != nil {
-			return fmt.Errorf("proving aux (ping %d/%d): %w", i+1, p.Count, err)
+		switch {
+		case err == nil:
+			pr.pongs++
+		case aux.rxEchoes.Load() > echo0:
+			pr.echoes++
+		case aux.rxPackets.Load() > rx0:
+			pr.rx++
+		case ctx.Err() != nil:
+			return ctx.Err()
+		default:
+			return fmt.Errorf("proving aux (round %d, %d/%d proven): %w", round, pr.total(), p.Count, err)
 		}
 	}
 	return nil
@@ -235,13 +274,28 @@ func (s *Switcher) dropOp(o *op, why string, byGen uint64) {
 	s.report(outcomeAborted, o.cmd)
 }
 
+// overrideForbids says why the current override forbids committing cmd, or "". I2':
+// an override aborts a switch only if it names another region. And a switch the pin
+// started dies with the pin (edge case 4): checked here, on the executor, so that a
+// prove finishing before the negotiator's next pass cannot commit a cleared pin.
+func (s *Switcher) overrideForbids(cmd Command) string {
+	ov := int(s.override.Load())
+	switch {
+	case ov != 0 && ov != cmd.Target:
+		return "override names another region (I2')"
+	case ov == 0 && cmd.Source == "pin":
+		return "pin cleared"
+	}
+	return ""
+}
+
 // finishOp ends an op whose prove returned err: a rollback, or the commit that makes
 // the aux the home and drains the old one.
 func (s *Switcher) finishOp(o *op, err error) {
 	cfg := s.config()
 	o.cancel()
-	if ov := int(s.override.Load()); err == nil && ov != 0 && ov != o.cmd.Target {
-		s.dropOp(o, "override names another region (I2')", 0)
+	if why := s.overrideForbids(o.cmd); err == nil && why != "" {
+		s.dropOp(o, why, 0)
 		return
 	}
 	if err != nil {
@@ -261,6 +315,7 @@ func (s *Switcher) finishOp(o *op, err error) {
 		return
 	}
 	old := s.homePtr.Load()
+	oldUp := old != nil && old.connected.Load()
 	s.setHome(o.aux)
 	now := s.clock.Now()
 	fromRegion := 0
@@ -274,9 +329,10 @@ func (s *Switcher) finishOp(o *op, err error) {
 		s.ctr.pinMBBCommits.Add(1)
 	}
 	s.setState(StateIdle)
-	s.logger().Info("MBB COMMIT (no teardown)", zap.Int("from_region", fromRegion),
+	s.logger().Info("MBB COMMIT (no teardown)", append([]zap.Field{zap.Int("from_region", fromRegion),
 		zap.Int("target_region", o.cmd.Target), zap.Uint64("generation", o.cmd.Generation),
-		zap.String("source", o.cmd.Source), zap.Duration("took", time.Since(o.start)))
+		zap.String("source", o.cmd.Source), zap.Bool("old_home_connected", oldUp),
+		zap.Duration("took", time.Since(o.start))}, o.proof.fields()...)...)
 	if cfg.OnCommit != nil {
 		cfg.OnCommit(o.cmd.Target)
 	}

@@ -166,50 +166,50 @@ func (n *negotiator) evaluate() {
 	homeRegion, alive := s.liveHome()
 
 	if ov != 0 {
-		if h := s.homePtr.Load(); h != nil && h.region == ov && !n.retryAt.IsZero() {
-			// The home slot is on the pin already (a map reconcile rehomed it there):
-			// nothing is left to retry, and a stale deadline would spin the loop.
-			n.retryAt, n.retryN = time.Time{}, 0
-			s.setRetry(time.Time{}, 0)
-		}
-		if alive && homeRegion == ov {
+		if h := s.homePtr.Load(); h != nil && h.region == ov {
+			// The home slot is on the pin: serving, or reconnecting in place. Nothing is
+			// left to switch or retry, and a stale retry deadline would spin the loop.
+			if !n.retryAt.IsZero() {
+				n.retryAt, n.retryN = time.Time{}, 0
+				s.setRetry(time.Time{}, 0)
+			}
 			if !n.settled && n.cmd.Target != ov {
 				s.issue(n, CmdNone, 0, "pin")
 			}
 			return
 		}
-		if alive && cfg.Mode == ModeMBB {
-			if !n.settled && n.cmd.Kind == CmdMBB && n.cmd.Target == ov {
-				return // already in flight toward the pin: let it run
+		if cfg.Mode == ModeLegacy {
+			if !n.settled && n.cmd.Kind == CmdRehome && n.cmd.Target == ov {
+				return
 			}
-			if !n.retryAt.IsZero() {
-				if now.Before(n.retryAt) {
-					return
-				}
-				c := s.issue(n, CmdMBB, ov, "pin")
-				s.ctr.pinMBBRetries.Add(1)
-				s.logger().Info("pin MBB retry", zap.Int("from_region", homeRegion),
-					zap.Int("target_region", ov), zap.Uint64("generation", c.Generation),
-					zap.Int("attempt", n.retryN))
+			c := s.issue(n, CmdRehome, ov, "pin")
+			s.logger().Info("pin applied by direct rehome", zap.Int("target_region", ov),
+				zap.Bool("home_alive", alive), zap.String("mode", string(cfg.Mode)),
+				zap.Uint64("generation", c.Generation))
+			return
+		}
+		// Make-before-break whether the home is up or not. A lost home is reconnected
+		// in place by its receive loop (the flush path); only a proven region ever
+		// replaces it, so a blip while the pin is pending or proving never moves the
+		// home onto an unproven region (cases 6 and 7).
+		if !n.settled && n.cmd.Kind == CmdMBB && n.cmd.Target == ov {
+			return // already in flight toward the pin: let it run
+		}
+		if !n.retryAt.IsZero() {
+			if now.Before(n.retryAt) {
 				return
 			}
 			c := s.issue(n, CmdMBB, ov, "pin")
-			s.ctr.pinMBBRequests.Add(1)
-			s.logger().Info("PIN via MBB (gapless; old home drains)", zap.Int("from_region", homeRegion),
-				zap.Int("target_region", ov), zap.Uint64("generation", c.Generation))
+			s.ctr.pinMBBRetries.Add(1)
+			s.logger().Info("pin MBB retry", zap.Int("from_region", homeRegion),
+				zap.Int("target_region", ov), zap.Uint64("generation", c.Generation),
+				zap.Int("attempt", n.retryN), zap.Bool("home_alive", alive))
 			return
 		}
-		// No live home (nothing to protect) or legacy mode: rehome directly.
-		if h := s.homePtr.Load(); h != nil && h.region == ov {
-			return // the home slot already points at the pin and is (re)connecting
-		}
-		if !n.settled && n.cmd.Kind == CmdRehome && n.cmd.Target == ov {
-			return
-		}
-		c := s.issue(n, CmdRehome, ov, "pin")
-		s.logger().Info("pin applied by direct rehome", zap.Int("target_region", ov),
-			zap.Bool("home_alive", alive), zap.String("mode", string(cfg.Mode)),
-			zap.Uint64("generation", c.Generation))
+		c := s.issue(n, CmdMBB, ov, "pin")
+		s.ctr.pinMBBRequests.Add(1)
+		s.logger().Info("PIN via MBB (gapless; old home drains)", zap.Int("from_region", homeRegion),
+			zap.Int("target_region", ov), zap.Uint64("generation", c.Generation), zap.Bool("home_alive", alive))
 		return
 	}
 

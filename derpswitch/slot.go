@@ -32,6 +32,20 @@ type slot struct {
 	connected atomic.Bool // written by the slot's recv loop (and the op that connects it)
 	closed    atomic.Bool
 	recvOnce  sync.Once
+
+	// rxPackets and rxEchoes count packets relayed to us on this connection (echo
+	// requests among them); rxCh signals each one. Written by the recv loop, read by
+	// the prove step: traffic received on an aux proves the region relays to us.
+	rxPackets, rxEchoes atomic.Uint64
+	rxCh                chan struct{}
+}
+
+func (sl *slot) noteRx(echo bool) {
+	sl.rxPackets.Add(1)
+	if echo {
+		sl.rxEchoes.Add(1)
+	}
+	poke(sl.rxCh)
 }
 
 func (s *slot) getRole() string { r, _ := s.role.Load().(string); return r }
@@ -39,7 +53,7 @@ func (s *slot) getRole() string { r, _ := s.role.Load().(string); return r }
 func (s *Switcher) newSlot(region int, role string) *slot {
 	s.stMu.Lock()
 	defer s.stMu.Unlock()
-	sl := &slot{sw: s, region: region, conn: s.dial(s.regionFunc(region))}
+	sl := &slot{sw: s, region: region, conn: s.dial(s.regionFunc(region)), rxCh: make(chan struct{}, 1)}
 	sl.role.Store(role)
 	s.slots = append(s.slots, sl)
 	return sl
@@ -86,7 +100,10 @@ func (sl *slot) startRecv() {
 func (sl *slot) recvLoop() {
 	s := sl.sw
 	lastGen := 0
-	backoff := 100 * time.Millisecond
+	// The first reconnect after a loss is immediate: a flushed home should be back
+	// as fast as the handshake allows. Refused attempts then back off.
+	var backoff time.Duration
+	var lostAt time.Time
 	for {
 		if sl.closed.Load() || s.ctx.Err() != nil {
 			return
@@ -97,24 +114,33 @@ func (sl *slot) recvLoop() {
 				return
 			}
 			wasUp := sl.connected.Swap(false)
-			if wasUp && s.homePtr.Load() == sl {
-				s.logger().Warn("home DERP connection lost", zap.Int("region", sl.region), zap.Error(err))
-				poke(s.pokeCh)
+			if wasUp {
+				lostAt = time.Now()
+				if s.homePtr.Load() == sl {
+					// The flush path: the home is reconnected in place (derphttp's next
+					// Recv dials the same region); it is never moved to an unproven region.
+					s.logger().Warn("DERP reconnect requested (home connection lost; reconnecting in place)",
+						zap.Int("region", sl.region), zap.Int("override", s.Override()), zap.Error(err))
+					poke(s.pokeCh)
+				}
 			}
 			select {
 			case <-s.ctx.Done():
 				return
 			case <-time.After(backoff):
 			}
-			backoff = min(backoff*2, 5*time.Second)
+			backoff = min(max(2*backoff, 50*time.Millisecond), 5*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		backoff = 0
 		if gen != lastGen {
 			if lastGen != 0 && s.homePtr.Load() == sl {
 				s.ctr.derpReconnects.Add(1)
-				s.logger().Info("home DERP connection re-established", zap.Int("region", sl.region),
-					zap.Int("conn_gen", gen))
+				fields := []zap.Field{zap.Int("region", sl.region), zap.Int("conn_gen", gen)}
+				if !lostAt.IsZero() {
+					fields = append(fields, zap.Duration("down_for", time.Since(lostAt)))
+				}
+				s.logger().Info("home DERP connection re-established", fields...)
 			}
 			lastGen = gen
 			if !sl.connected.Swap(true) && s.homePtr.Load() == sl {
@@ -123,11 +149,20 @@ func (sl *slot) recvLoop() {
 		}
 		switch m := m.(type) {
 		case derp.ReceivedPacket:
+			sl.noteRx(s.isEcho(m.Data))
 			s.handlePacket(m.Source, m.Data)
 		case derp.PingMessage:
 			sl.conn.SendPong(m)
 		}
 	}
+}
+
+// isEcho reports whether data is an echo request.
+func (s *Switcher) isEcho(data []byte) bool {
+	s.cfgMu.Lock()
+	prefix := s.cfg.EchoPrefix
+	s.cfgMu.Unlock()
+	return len(prefix) > 0 && bytes.HasPrefix(data, prefix)
 }
 
 // handlePacket answers echo requests through the home connection, whichever slot
