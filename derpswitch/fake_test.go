@@ -14,9 +14,9 @@ import (
 
 // fakeNet is an in-memory set of DERP regions for unit tests of the state machine.
 type fakeNet struct {
-	mu    sync.Mutex
-	down  map[int]bool          // connect refused
-	hold  map[int]chan struct{} // connect blocks until closed
+	mu   sync.Mutex
+	down map[int]bool          // connect refused
+	hold map[int]chan struct{} // connect blocks until closed
 	// pingHold blocks pings until closed; noPong makes pings time out (the region
 	// relays packets but does not answer pings).
 	pingHold map[int]chan struct{}
