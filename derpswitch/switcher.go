@@ -199,6 +199,12 @@ func (s *Switcher) Reconfigure(cfg Config) error {
 	s.cfgMu.Unlock()
 	s.logp.Store(cfg.Logger)
 	old := s.derpMap.Swap(cfg.DERPMap)
+	if ov := s.override.Load(); ov != 0 && cfg.DERPMap.Regions[int(ov)] == nil && s.override.CompareAndSwap(ov, 0) {
+		// Cleared here, before the executor reconciles the map, so that no switch
+		// toward the region can commit in between (the executor checks the pin).
+		s.logger().Warn("pinned region no longer in DERP map; clearing pin", zap.Int64("region", ov))
+		poke(s.overrideCh)
+	}
 	if !derpMapEqual(old, cfg.DERPMap) {
 		select {
 		case <-s.mapCh:

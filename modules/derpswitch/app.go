@@ -280,6 +280,7 @@ func (a *App) Start() error {
 		h.sw.Start()
 		setCurrent(h.sw)
 		markRunning(a)
+		a.clearStalePin()
 		a.logger.Info("DERP switch started", zap.Int("home_region", a.HomeRegion),
 			zap.Int("pin", a.cfg.Override), zap.String("mode", a.Mode), zap.String("node", a.poolKey))
 		return nil
@@ -289,6 +290,7 @@ func (a *App) Start() error {
 	}
 	setCurrent(h.sw)
 	markRunning(a)
+	a.clearStalePin()
 	a.logger.Info("DERP switch reconfigured; connections kept", zap.String("node", a.poolKey))
 	return nil
 }
@@ -352,6 +354,27 @@ func (a *App) SetPin(ctx context.Context, region int) error {
 	}
 	a.logger.Info("pin routed via negotiator (MBB when live)", zap.Int("derp_region", region))
 	return nil
+}
+
+// clearStalePin clears the stored pin when it names a region the running DERP map no
+// longer has: the switcher cleared it (a reload dropped the region), so a restart must
+// not bring it back.
+func (a *App) clearStalePin() {
+	a.handle.pinMu.Lock()
+	defer a.handle.pinMu.Unlock()
+	pin, err := a.loadPin(a.ctx)
+	if err != nil {
+		a.logger.Error("checking the stored DERP pin", zap.Error(err))
+		return
+	}
+	if pin == 0 || a.sw.HasRegion(pin) {
+		return
+	}
+	if err := a.storePin(a.ctx, 0); err != nil {
+		a.logger.Error("clearing the stored DERP pin", zap.Error(err))
+		return
+	}
+	a.logger.Warn("stored pin names a region not in the DERP map; cleared", zap.Int("region", pin))
 }
 
 func (a *App) loadDERPMap() (*tailcfg.DERPMap, error) {
