@@ -68,7 +68,8 @@ func (s *Switcher) issue(n *negotiator, kind CmdKind, target int, source string)
 	s.cmdMu.Lock()
 	s.cmd = n.cmd
 	s.cmdMu.Unlock()
-	poke(s.cmdCh)
+	// The executor is poked after the pass (runNegotiator), so the pass's log line
+	// ("PIN via MBB", ...) always precedes the executor's lines for the command.
 	return n.cmd
 }
 
@@ -109,7 +110,11 @@ func (s *Switcher) runNegotiator() {
 				more = false
 			}
 		}
+		gen := n.cmd.Generation
 		n.evaluate()
+		if n.cmd.Generation != gen {
+			poke(s.cmdCh)
+		}
 	}
 }
 
