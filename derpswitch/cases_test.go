@@ -345,3 +345,31 @@ func TestProveFailsWithoutPongOrTraffic(t *testing.T) {
 		t.Fatalf("home %d (up %v); want 1", reg, ok)
 	}
 }
+
+// TestDERPLatencyIsPingNotConnect: the default latency source times DERP ping/pong, on
+// the home connection for the home region and on a probe connection for the others,
+// and not the connect: a region slow to connect but quick to answer measures fast, a
+// region quick to connect but slow to answer measures slow.
+func TestDERPLatencyIsPingNotConnect(t *testing.T) {
+	net := newFakeNet()
+	net.connectDelay[3] = 200 * time.Millisecond
+	net.pingDelay[2] = 40 * time.Millisecond
+	net.pingDelay[1] = 20 * time.Millisecond
+	r := newRigOn(t, net, nil)
+	r.waitHome(1)
+	homeConns := len(net.conns)
+	lat := r.sw.measureDERPLatency(t.Context(), testMap(1, 2, 3))
+	if lat[3] >= 10*time.Millisecond || lat[2] < 40*time.Millisecond || lat[1] < 20*time.Millisecond || lat[1] >= 40*time.Millisecond {
+		t.Fatalf("latencies %v; want 3 fast (slow connect untimed), 1 ~20ms, 2 ~40ms", lat)
+	}
+	net.mu.Lock()
+	defer net.mu.Unlock()
+	for _, c := range net.conns[homeConns:] {
+		if c.region == 1 {
+			t.Fatal("a probe connection was opened to the home region; the home answers its pings")
+		}
+		if !c.closed {
+			t.Fatalf("probe to region %d left open", c.region)
+		}
+	}
+}

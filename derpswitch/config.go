@@ -57,9 +57,14 @@ type Config struct {
 	TickInterval time.Duration
 	// Autoneg is latency-based autonegotiation (off by default).
 	Autoneg AutonegConfig
-	// Latency measures each region's latency for autonegotiation. Required when
-	// Autoneg.Enabled.
+	// Latency measures each region's latency for autonegotiation. Default: DERP
+	// ping/pong round trips on the live connections and on short-lived probe
+	// connections (see measureDERPLatency).
 	Latency func(ctx context.Context, m *tailcfg.DERPMap) map[int]time.Duration
+	// ProbeDial opens the probe connections of the default latency source. Default
+	// Dial; the app passes a dialer with a throwaway node key, so a probe is never a
+	// second connection of this node on a region's server.
+	ProbeDial DialFunc
 	// EchoPrefix: a packet received on any slot that starts with it is answered
 	// through the home connection with EchoReplyPrefix in its place. Empty disables echo.
 	EchoPrefix []byte
@@ -102,6 +107,9 @@ func (c *Config) setDefaults() {
 	if len(c.EchoReplyPrefix) == 0 {
 		c.EchoReplyPrefix = []byte("lchat-echo-reply:")
 	}
+	if c.ProbeDial == nil {
+		c.ProbeDial = c.Dial
+	}
 	if c.Clock == nil {
 		c.Clock = SystemClock{}
 	}
@@ -126,9 +134,6 @@ func (c *Config) Validate() error {
 		if d <= 0 {
 			return fmt.Errorf("retry backoff %v: every entry must be positive", d)
 		}
-	}
-	if c.Autoneg.Enabled && c.Latency == nil {
-		return errors.New("autonegotiation needs a latency source")
 	}
 	if c.Dial == nil {
 		return errors.New("no dialer")

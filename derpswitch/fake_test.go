@@ -21,13 +21,16 @@ type fakeNet struct {
 	// relays packets but does not answer pings).
 	pingHold map[int]chan struct{}
 	noPong   map[int]bool
+	// pingDelay and connectDelay slow a region's pings and connects.
+	pingDelay, connectDelay map[int]time.Duration
 	// pongHook runs inside a ping that is about to succeed.
 	pongHook func(region int)
 	conns    []*fakeConn
 }
 
 func newFakeNet() *fakeNet {
-	return &fakeNet{down: map[int]bool{}, hold: map[int]chan struct{}{}, pingHold: map[int]chan struct{}{}, noPong: map[int]bool{}}
+	return &fakeNet{down: map[int]bool{}, hold: map[int]chan struct{}{}, pingHold: map[int]chan struct{}{}, noPong: map[int]bool{},
+		pingDelay: map[int]time.Duration{}, connectDelay: map[int]time.Duration{}}
 }
 
 // holdPings blocks every ping to region until release.
@@ -148,8 +151,14 @@ type fakeConn struct {
 
 func (c *fakeConn) Connect(ctx context.Context) error {
 	c.net.mu.Lock()
-	down, hold := c.net.down[c.region], c.net.hold[c.region]
+	down, hold, delay := c.net.down[c.region], c.net.hold[c.region], c.net.connectDelay[c.region]
 	c.net.mu.Unlock()
+	c.mu.Lock()
+	already := c.connected
+	c.mu.Unlock()
+	if !already {
+		time.Sleep(delay)
+	}
 	if hold != nil {
 		select {
 		case <-hold:
@@ -177,8 +186,9 @@ func (c *fakeConn) Connect(ctx context.Context) error {
 
 func (c *fakeConn) Ping(ctx context.Context) error {
 	c.net.mu.Lock()
-	hold, noPong := c.net.pingHold[c.region], c.net.noPong[c.region]
+	hold, noPong, delay := c.net.pingHold[c.region], c.net.noPong[c.region], c.net.pingDelay[c.region]
 	c.net.mu.Unlock()
+	time.Sleep(delay)
 	if hold != nil {
 		select {
 		case <-hold:

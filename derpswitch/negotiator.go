@@ -249,9 +249,14 @@ func (n *negotiator) evaluate() {
 func (s *Switcher) runLatency() {
 	for {
 		cfg := s.config()
-		if cfg.Autoneg.Enabled && cfg.Latency != nil {
-			ctx, cancel := context.WithTimeout(s.ctx, cfg.Autoneg.Interval)
-			lat := cfg.Latency(ctx, s.derpMap.Load())
+		if cfg.Autoneg.Enabled {
+			measure := cfg.Latency
+			if measure == nil {
+				measure = s.measureDERPLatency
+			}
+			// A slow region's probe needs its handshake: give the round at least 5 s.
+			ctx, cancel := context.WithTimeout(s.ctx, max(cfg.Autoneg.Interval, 5*time.Second))
+			lat := measure(ctx, s.derpMap.Load())
 			cancel()
 			s.stMu.Lock()
 			s.latencies = lat

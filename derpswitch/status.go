@@ -74,6 +74,8 @@ type Status struct {
 	Switch        SwitchStatus `json:"switch"`
 	Slots         []SlotStatus `json:"slots"`
 	Autoneg       string       `json:"autoneg,omitempty"`
+	// Latencies is autonegotiation's last measurement per region.
+	Latencies map[int]string `json:"latencies,omitempty"`
 	Counters
 }
 
@@ -99,6 +101,12 @@ func (s *Switcher) Status() Status {
 		st.Autoneg = s.autonegNote
 		if st.Autoneg == "" {
 			st.Autoneg = "enabled"
+		}
+		for r, d := range s.latencies {
+			if st.Latencies == nil {
+				st.Latencies = map[int]string{}
+			}
+			st.Latencies[r] = d.Round(10 * time.Microsecond).String()
 		}
 	}
 	for _, sl := range s.slots {

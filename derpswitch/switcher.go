@@ -184,6 +184,9 @@ func (s *Switcher) HasRegion(region int) bool {
 func (s *Switcher) Reconfigure(cfg Config) error {
 	cur := s.config()
 	cfg.Dial, cfg.Clock = cur.Dial, cur.Clock
+	if cfg.ProbeDial == nil {
+		cfg.ProbeDial = cur.ProbeDial
+	}
 	if cfg.Latency == nil {
 		cfg.Latency = cur.Latency
 	}

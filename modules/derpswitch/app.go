@@ -12,11 +12,9 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -141,6 +139,8 @@ type AutonegConfig struct {
 	MaxSwitchesPerHour int `json:"max_switches_per_hour,omitempty"`
 	// Ban is how long a region whose autonegotiated switch rolled back is skipped. Default 10m.
 	Ban caddy.Duration `json:"ban,omitempty"`
+	// History is how far back a region's best DERP latency counts. Default 5m.
+	History caddy.Duration `json:"history,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -227,8 +227,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if an := a.Autonegotiate; an != nil {
 		cfg.Autoneg = derpswitch.AutonegConfig{Enabled: true, Interval: time.Duration(an.Interval),
 			StabilityWindow: time.Duration(an.StabilityWindow), Dwell: time.Duration(an.Dwell),
-			MaxSwitchesPerHour: an.MaxSwitchesPerHour, BanDuration: time.Duration(an.Ban)}
-		cfg.Latency = tcpLatency
+			MaxSwitchesPerHour: an.MaxSwitchesPerHour, BanDuration: time.Duration(an.Ban),
+			History: time.Duration(an.History)}
+		// Latency is measured by DERP ping/pong (the switcher's default). Probes to
+		// regions with no live connection use a throwaway key, so they are never a
+		// second connection of this node on a region's server.
+		cfg.ProbeDial = derpswitch.DERPHTTPDialer(key.NewNode(), derpLogf(a.logger.Named("derphttp.probe")))
 	}
 	a.cfg = cfg
 
@@ -487,45 +491,6 @@ func (a *App) storePin(ctx context.Context, region int) error {
 		return fmt.Errorf("persisting DERP pin: %v", err)
 	}
 	return nil
-}
-
-// tcpLatency measures each region by the TCP connect time to its first node (the same
-// yardstick for every region; the DERP handshake itself is not repeated per probe).
-func tcpLatency(ctx context.Context, m *tailcfg.DERPMap) map[int]time.Duration {
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	out := map[int]time.Duration{}
-	for id, r := range m.Regions {
-		if len(r.Nodes) == 0 {
-			continue
-		}
-		n := r.Nodes[0]
-		host := n.IPv4
-		if host == "" {
-			host = n.HostName
-		}
-		port := 443
-		if n.DERPPort != 0 {
-			port = n.DERPPort
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var d net.Dialer
-			start := time.Now()
-			c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-			if err != nil {
-				return
-			}
-			el := time.Since(start)
-			c.Close()
-			mu.Lock()
-			out[id] = el
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	return out
 }
 
 func derpLogf(l *zap.Logger) func(string, ...any) {
