@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -126,95 +125,6 @@ func TestPreemptionWhileProving(t *testing.T) {
 		if sl.Region == 2 {
 			t.Fatalf("connection to preempted region 2 still open: %+v", b.sw.Status().Slots)
 		}
-	}
-}
-
-type soakResult struct {
-	mode      derpswitch.Mode
-	switches  int
-	commits   uint64
-	reconn    uint64
-	replies   int
-	maxGap    time.Duration
-	over500   int
-	over1s    int
-	over2s    int
-	pinCommit []time.Duration
-}
-
-// runSoak pins through the regions n times with every new connection delayed by delay,
-// measuring echo gaps throughout.
-func runSoak(t testing.TB, mode derpswitch.Mode, n int, delay time.Duration) soakResult {
-	regions, m := startRegions(t, 4)
-	b := startBox(t, m, func(c *derpswitch.Config) { c.Mode = mode })
-	b.waitHome(t, 1, 10*time.Second)
-	peer := startEchoPeer(t, m, b.key.Public(), 100*time.Millisecond)
-	waitEcho(t, peer)
-	for _, r := range regions {
-		r.proxy.SetDelay(delay)
-	}
-	start := peer.mark()
-	before := b.sw.Counters()
-	res := soakResult{mode: mode, switches: n}
-	cur := 1
-	for i := 0; i < n; i++ {
-		target := cur%4 + 1
-		at := b.pin(t, target)
-		b.waitHome(t, target, 15*time.Second)
-		res.pinCommit = append(res.pinCommit, time.Since(at))
-		cur = target
-		waitEcho(t, peer)
-	}
-	after := b.sw.Counters()
-	g := peer.gaps(start)
-	res.commits = after.PinMBBCommits - before.PinMBBCommits
-	res.reconn = after.DERPReconnects - before.DERPReconnects
-	res.replies = len(g)
-	res.maxGap = maxGap(g)
-	res.over500, res.over1s, res.over2s = countOver(g, 500*time.Millisecond), countOver(g, time.Second), countOver(g, 2*time.Second)
-	return res
-}
-
-func soakTable(rs ...soakResult) string {
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "%-7s %8s %11s %15s %8s %8s %9s %8s %8s %14s %14s\n",
-		"mode", "switches", "pin_commits", "derp_reconnects", "replies", "max_gap", "gaps>0.5s", "gaps>1s", "gaps>2s", "pin→home p50", "pin→home p99")
-	for _, r := range rs {
-		fmt.Fprintf(&sb, "%-7s %8d %11d %15d %8d %8s %9d %8d %8d %14s %14s\n",
-			r.mode, r.switches, r.commits, r.reconn, r.replies, r.maxGap.Round(time.Millisecond),
-			r.over500, r.over1s, r.over2s,
-			percentile(r.pinCommit, 0.5).Round(time.Millisecond), percentile(r.pinCommit, 0.99).Round(time.Millisecond))
-	}
-	return sb.String()
-}
-
-// TestSoak makes 25 forced switches with a 1.5 s connection delay on every region:
-// make-before-break has no echo gap over 2 s and one pin commit per switch. The same
-// run in legacy (teardown) mode is printed beside it.
-func TestSoak(t *testing.T) {
-	if testing.Short() {
-		t.Skip("soak")
-	}
-	const n = 25
-	const delay = 1500 * time.Millisecond
-	mbb := runSoak(t, derpswitch.ModeMBB, n, delay)
-	legacy := runSoak(t, derpswitch.ModeLegacy, n, delay)
-	table := soakTable(mbb, legacy)
-	t.Logf("soak, %d switches, %v connection delay:\n%s", n, delay, table)
-	if os.Getenv("LCHAT_DERP_BENCH") != "" {
-		fmt.Printf("\nsoak, %d switches, %v connection delay:\n%s", n, delay, table)
-	}
-	if mbb.over2s != 0 {
-		t.Errorf("mbb: %d echo gaps over 2s (max %v)", mbb.over2s, mbb.maxGap)
-	}
-	if mbb.commits != n {
-		t.Errorf("mbb: pin_mbb_commits = %d; want %d", mbb.commits, n)
-	}
-	if mbb.reconn != 0 {
-		t.Errorf("mbb: derp_reconnects moved by %d", mbb.reconn)
-	}
-	if legacy.reconn != n {
-		t.Errorf("legacy: derp_reconnects = %d; want one per switch (%d)", legacy.reconn, n)
 	}
 }
 
