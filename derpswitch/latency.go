@@ -38,9 +38,10 @@ func (s *Switcher) measureDERPLatency(ctx context.Context, m *tailcfg.DERPMap) m
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer s.recoverPanic("latency probe")
 			c := live[id]
 			if c == nil {
-				probe, stop, err := openProbe(ctx, probeDial, s.regionFunc(id))
+				probe, stop, err := s.openProbe(ctx, probeDial, s.regionFunc(id))
 				if err != nil {
 					return
 				}
@@ -60,7 +61,7 @@ func (s *Switcher) measureDERPLatency(ctx context.Context, m *tailcfg.DERPMap) m
 
 // openProbe connects a probe connection and runs its receive loop (pongs arrive
 // through it) until stop.
-func openProbe(ctx context.Context, dial DialFunc, region func() *tailcfg.DERPRegion) (Conn, func(), error) {
+func (s *Switcher) openProbe(ctx context.Context, dial DialFunc, region func() *tailcfg.DERPRegion) (Conn, func(), error) {
 	c := dial(region)
 	if err := c.Connect(ctx); err != nil {
 		c.Close()
@@ -70,6 +71,7 @@ func openProbe(ctx context.Context, dial DialFunc, region func() *tailcfg.DERPRe
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer s.recoverPanic("probe recv loop")
 		for pctx.Err() == nil {
 			if _, _, err := c.RecvDetail(); err != nil {
 				return

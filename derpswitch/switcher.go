@@ -138,14 +138,17 @@ func (s *Switcher) goSafe(name string, f func()) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		defer func() {
-			if r := recover(); r != nil {
-				s.logger().Error("panic", zap.String("goroutine", name), zap.Any("error", r),
-					zap.ByteString("stack", debug.Stack()))
-			}
-		}()
+		defer s.recoverPanic(name)
 		f()
 	}()
+}
+
+// recoverPanic, deferred at the top of a goroutine, logs a panic with its stack.
+func (s *Switcher) recoverPanic(goroutine string) {
+	if r := recover(); r != nil {
+		s.logger().Error("panic", zap.String("goroutine", goroutine), zap.Any("error", r),
+			zap.ByteString("stack", debug.Stack()))
+	}
 }
 
 func poke(ch chan struct{}) {
