@@ -216,8 +216,8 @@ func TestValidation85RealFlushOverlay(t *testing.T) {
 	})
 	waitEcho(t, peer)
 
-	// Flush 2, while the switch to 3 is opening (region 3 is slow to open).
-	regions[2].proxy.SetDelay(time.Second)
+	// Flush 2, while the switch to 3 is opening (region 3 takes 2 s to open).
+	regions[2].proxy.SetDelay(2 * time.Second)
 	b.pin(t, 3)
 	waitFor(t, 5*time.Second, "aux to 3 opening", func() bool {
 		return b.sw.Status().Switch.State == derpswitch.StateAuxOpening
@@ -225,7 +225,7 @@ func TestValidation85RealFlushOverlay(t *testing.T) {
 	acc = regions[1].proxy.accepted.Load()
 	regions[1].proxy.Flush()
 	waitFor(t, 10*time.Second, "home reconnected in place", func() bool {
-		return regions[1].proxy.accepted.Load() > acc
+		return regions[1].proxy.accepted.Load() > acc && b.logCount("home DERP connection re-established") == 2
 	})
 	b.waitHome(t, 3, 10*time.Second)
 	waitEcho(t, peer)
@@ -258,11 +258,11 @@ func TestEdgeCase6HomeFlushedMidMBB(t *testing.T) {
 		t.Run(phase, func(t *testing.T) {
 			regions, m := startRegions(t, 3)
 			b := startBox(t, m, func(c *derpswitch.Config) {
-				// A long prove (15 pings, 100 ms apart) makes the prove window easy to hit.
-				c.Prove = derpswitch.ProveConfig{Count: 15, Interval: 100 * time.Millisecond, Timeout: time.Second}
+				// A long prove (20 pings, 100 ms apart) makes the prove window easy to hit.
+				c.Prove = derpswitch.ProveConfig{Count: 20, Interval: 100 * time.Millisecond, Timeout: time.Second}
 			})
 			b.waitHome(t, 1, 10*time.Second)
-			regions[1].proxy.SetDelay(time.Second)
+			regions[1].proxy.SetDelay(2 * time.Second)
 			b.pin(t, 2)
 			waitFor(t, 5*time.Second, phase, func() bool { return b.sw.Status().Switch.State == phase })
 			b.blipHome(t, regions[0], 1, 50*time.Millisecond)
@@ -346,7 +346,7 @@ func TestHomeBlipEveryPhase(t *testing.T) {
 		{name: "pending", setup: func(rs []*region) { rs[1].proxy.SetRefuse(true, true) },
 			reach: func(st derpswitch.Status) bool { return st.Rollbacks >= 1 && st.PinRetries >= 1 },
 			after: func(rs []*region) { rs[1].proxy.SetRefuse(false, false) }, blipOn: 1},
-		{name: "aux_opening", setup: func(rs []*region) { rs[1].proxy.SetDelay(time.Second) },
+		{name: "aux_opening", setup: func(rs []*region) { rs[1].proxy.SetDelay(2 * time.Second) },
 			reach: func(st derpswitch.Status) bool { return st.Switch.State == derpswitch.StateAuxOpening }, blipOn: 1},
 		{name: "proving", setup: func(rs []*region) {},
 			reach: func(st derpswitch.Status) bool { return st.Switch.State == derpswitch.StateProving }, blipOn: 1},
@@ -358,7 +358,7 @@ func TestHomeBlipEveryPhase(t *testing.T) {
 		t.Run(p.name, func(t *testing.T) {
 			regions, m := startRegions(t, 3)
 			b := startBox(t, m, func(c *derpswitch.Config) {
-				c.Prove = derpswitch.ProveConfig{Count: 15, Interval: 100 * time.Millisecond, Timeout: time.Second}
+				c.Prove = derpswitch.ProveConfig{Count: 20, Interval: 100 * time.Millisecond, Timeout: time.Second}
 				c.RetryBackoff = []time.Duration{time.Second}
 				c.Drain = 3 * time.Second
 			})
