@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -205,5 +206,24 @@ func TestRowsRoundTrip(t *testing.T) {
 	rt := RouteFromRow(row)
 	if rt.Upstream != "" || rt.LivesAt != b.Self {
 		t.Errorf("a peer stores %+v: it must forward, never dial", rt)
+	}
+}
+
+func TestNextLeaseWait(t *testing.T) {
+	var waited time.Duration
+	steps := 0
+	for {
+		step := NextLeaseWait(waited)
+		if step == 0 {
+			break
+		}
+		if step < 100*time.Millisecond || step > 500*time.Millisecond {
+			t.Fatalf("step %v after %v", step, waited)
+		}
+		waited += step
+		steps++
+	}
+	if waited > MaxLeaseWait || waited < MaxLeaseWait-time.Second {
+		t.Errorf("gave up after %v (%d tries), want about %v", waited, steps, MaxLeaseWait)
 	}
 }

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -121,4 +122,21 @@ func (b *Box) Draining(host, homeRegion string, hops int) Decision {
 		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s: this box is shutting down", host)}
 	}
 	return Decision{Action: Forward, Peer: owner.Self}
+}
+
+// MaxLeaseWait bounds how long a request waits for a space whose lease holder takes no
+// connections (a drain that never ends, a box cut off from its peers only).
+const MaxLeaseWait = 15 * time.Second
+
+// NextLeaseWait is how long a request waits, having waited waited already, before it
+// tries again a space whose lease holder could not be dialed: a live box takes no
+// connections while it restarts or shuts down (and frees each lease as its drain sleeps
+// the space), and a dead one's lease frees with its heartbeat. The steps grow from 100ms
+// to 500ms; 0 means give up (MaxLeaseWait reached).
+func NextLeaseWait(waited time.Duration) time.Duration {
+	step := min(max(waited/2, 100*time.Millisecond), 500*time.Millisecond)
+	if waited+step > MaxLeaseWait {
+		return 0
+	}
+	return step
 }

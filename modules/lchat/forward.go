@@ -270,11 +270,11 @@ func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, rt *r
 var errHolderUnreachable = errors.New("the space's box cannot be reached")
 
 // meshLeaseWait sleeps before a request tries a space again whose lease holder could
-// not be dialed, and returns the total waited so far; 0 means give up (the request's
-// context ended, or it waited awaitLeaseMax).
+// not be dialed (mesh.NextLeaseWait), and returns the total waited so far; 0 means give
+// up.
 func (h *Handler) meshLeaseWait(r *http.Request, waited time.Duration) time.Duration {
-	step := min(max(waited/2, 100*time.Millisecond), 500*time.Millisecond)
-	if waited+step > awaitLeaseMax {
+	step := mesh.NextLeaseWait(waited)
+	if step == 0 {
 		return 0
 	}
 	select {
@@ -284,10 +284,6 @@ func (h *Handler) meshLeaseWait(r *http.Request, waited time.Duration) time.Dura
 	}
 	return waited + step
 }
-
-// awaitLeaseMax bounds how long a request waits for a space whose lease holder takes no
-// connections (a drain that never ends, a box cut off from its peers only).
-const awaitLeaseMax = 15 * time.Second
 
 // apply carries out a placement decision.
 func (h *Handler) apply(w http.ResponseWriter, r *http.Request, d mesh.Decision, next caddyhttp.Handler) (bool, error) {
