@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +22,8 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/space"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // Replication classes.
@@ -284,7 +285,7 @@ func (k Kind) withDefaults(name string) (Kind, error) {
 // from each wake). Idempotent.
 func (e *Engine) Start() {
 	e.start.Do(func() {
-		e.goSafe("scheduled wakes", e.scanLoop)
+		safego.Go(&e.wg, e.log, "scheduled wakes", e.scanLoop)
 	})
 }
 
@@ -301,22 +302,6 @@ func (e *Engine) Close() {
 		e.mu.Unlock()
 	})
 	e.wg.Wait()
-}
-
-// goSafe runs f on its own goroutine, counted in e.wg, recovering a panic with a logged stack.
-func (e *Engine) goSafe(what string, f func()) {
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		defer e.recoverPanic(what)
-		f()
-	}()
-}
-
-func (e *Engine) recoverPanic(what string) {
-	if r := recover(); r != nil {
-		e.log.Error("panic", zap.String("in", what), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-	}
 }
 
 func (e *Engine) now() time.Time { return time.Now() }

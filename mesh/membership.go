@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -20,6 +19,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // MembersPrefix is where heartbeats live, relative to the bucket's prefix.
@@ -300,11 +301,10 @@ func (m *Membership) Start(ctx context.Context) error {
 // loop is the single writer of the fence state after Start.
 func (m *Membership) loop(ctx context.Context, fenceTimer *time.Timer) {
 	defer close(m.done)
-	defer func() {
-		if r := recover(); r != nil {
-			m.logger.Error("membership loop panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-		}
-	}()
+	safego.Run(m.logger, "membership loop", func() { m.runLoop(ctx, fenceTimer) })
+}
+
+func (m *Membership) runLoop(ctx context.Context, fenceTimer *time.Timer) {
 	defer fenceTimer.Stop()
 	ticker := time.NewTicker(m.cfg.Beat)
 	defer ticker.Stop()
@@ -380,15 +380,12 @@ type beatEvent struct {
 }
 
 func (m *Membership) beat(ctx context.Context, events chan<- beatEvent) {
-	defer func() {
-		if r := recover(); r != nil {
-			m.logger.Error("membership beat panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-		}
-		events <- beatEvent{done: true}
-	}()
-	sent, ok := m.putHeartbeat(ctx)
-	events <- beatEvent{sent: sent, ok: ok}
-	m.refresh(ctx)
+	defer func() { events <- beatEvent{done: true} }()
+	safego.Run(m.logger, "membership beat", func() {
+		sent, ok := m.putHeartbeat(ctx)
+		events <- beatEvent{sent: sent, ok: ok}
+		m.refresh(ctx)
+	})
 }
 
 // notePut arms the fence timer from the send time of a successful write and lifts a fence.

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -561,18 +560,6 @@ func validKindName(s string) bool {
 		}
 	}
 	return true
-}
-
-// goSafe runs f on a goroutine that logs a panic with its stack instead of crashing.
-func goSafe(logger *zap.Logger, name string, f func()) {
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				logger.Error("panic", zap.String("goroutine", name), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-			}
-		}()
-		f()
-	}()
 }
 
 // Interface guards

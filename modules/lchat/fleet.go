@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -19,6 +18,8 @@ import (
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 func init() {
@@ -108,16 +109,8 @@ func (a *meshAdmin) fleet(w http.ResponseWriter, r *http.Request) error {
 			fm.Fenced, fm.Awake, fm.Counters = st.Fenced, st.Awake, st.Counters
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() {
-				if rec := recover(); rec != nil {
-					fm.Error = "reading status: internal error"
-					a.logger.Error("fleet status read panicked", zap.String("peer", m.Self),
-						zap.Any("panic", rec), zap.ByteString("stack", debug.Stack()))
-				}
-			}()
+		safego.Go(&wg, a.logger.With(zap.String("peer", m.Self)), "fleet status read", func() {
+			fm.Error = "reading status: internal error" // until it is read
 			raw, err := ms.client.Status(ctx, m.Self)
 			if err != nil {
 				fm.Error = err.Error()
@@ -128,8 +121,8 @@ func (a *meshAdmin) fleet(w http.ResponseWriter, r *http.Request) error {
 				fm.Error = fmt.Sprintf("decoding status: %v", err)
 				return
 			}
-			fm.Fenced, fm.Awake, fm.Counters = st.Fenced, st.Awake, st.Counters
-		}()
+			fm.Fenced, fm.Awake, fm.Counters, fm.Error = st.Fenced, st.Awake, st.Counters, ""
+		})
 	}
 	wg.Wait()
 	return writeJSON(w, http.StatusOK, out)

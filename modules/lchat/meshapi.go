@@ -18,6 +18,8 @@ import (
 	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 func init() {
@@ -134,7 +136,7 @@ func (h *MeshAPI) putRoute(w http.ResponseWriter, r *http.Request) error {
 		// Pinned to another box now: a copy awake here must go to sleep (checkpoint and
 		// release) so that box can take it.
 		eng := h.app.shared.eng
-		goSafe(h.logger, "sleep pinned space", func() {
+		safego.Go(nil, h.logger, "sleep pinned space", func() {
 			ctx, cancel := context.WithTimeout(ms.ctx, time.Minute)
 			defer cancel()
 			if err := eng.Sleep(ctx, stored.Host); err != nil {

@@ -16,9 +16,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -392,7 +392,7 @@ func TestPeerClientsDialDirectly(t *testing.T) {
 // box of this mesh. Any other lives_at (a metadata service, an internal address) would
 // make every box forward the host's requests there, so it is 409 and stores nothing.
 func TestPeerRowLivesAtMustBeAMember(t *testing.T) {
-	bkt := meshtest.NewMemBucket()
+	bkt := membucket.New()
 	join := func(self string) *mesh.Membership {
 		m, err := mesh.NewMembership(bkt, mesh.MembershipConfig{Self: self, Domains: []string{"mesh.test"}})
 		if err != nil {
