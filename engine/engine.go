@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/space"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
@@ -231,54 +230,6 @@ func New(cfg Config) (*Engine, error) {
 	e.kinds.Store(&kinds)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
-}
-
-func (k Kind) withDefaults(name string) (Kind, error) {
-	if k.Name == "" {
-		k.Name = name
-	}
-	if k.Command == "" {
-		return k, errors.New("no command")
-	}
-	if k.IdleTimeout <= 0 {
-		k.IdleTimeout = 10 * time.Minute
-	}
-	if k.StopSignal == 0 {
-		k.StopSignal = syscall.SIGTERM
-	}
-	if k.StopGrace <= 0 {
-		k.StopGrace = 10 * time.Second
-	}
-	if k.ReadyTimeout <= 0 {
-		k.ReadyTimeout = 30 * time.Second
-	}
-	switch k.Replication.Class {
-	case "":
-		k.Replication.Class = ReplicatePeriodic
-	case ReplicateSleep, ReplicatePeriodic, ReplicateContinuous:
-	default:
-		return k, fmt.Errorf("unknown replication class %q", k.Replication.Class)
-	}
-	if k.Replication.Interval <= 0 {
-		k.Replication.Interval = 60 * time.Second
-	}
-	if k.WakePath == "" {
-		k.WakePath = "/"
-	}
-	if k.ReadyPath != "" && !strings.HasPrefix(k.ReadyPath, "/") {
-		return k, fmt.Errorf("ready path %q must start with /", k.ReadyPath)
-	}
-	for _, n := range k.AllowedEnv {
-		if registry.ForbiddenEnv(n) {
-			return k, fmt.Errorf("allowed env %q is a loader, shell or reserved variable", n)
-		}
-	}
-	for n := range k.Env {
-		if registry.ValidateEnvName(n) != nil {
-			return k, fmt.Errorf("env name %q is not valid", n)
-		}
-	}
-	return k, nil
 }
 
 // Start launches the background loops (scheduled wakes; per-space sync and idle timers run

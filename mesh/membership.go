@@ -457,6 +457,20 @@ func (m *Membership) refresh(ctx context.Context) {
 		return
 	}
 	localAt := time.Now()
+	view, seen := m.viewOf(ctx, objs, now)
+	m.mu.Lock()
+	m.view, m.viewAt = view, localAt
+	for k := range m.bodies {
+		if !seen[k] {
+			delete(m.bodies, k)
+		}
+	}
+	m.mu.Unlock()
+}
+
+// viewOf turns one listing of MembersPrefix, judged at the store's time now, into the
+// live members sorted by Self, and says which heartbeat keys it saw.
+func (m *Membership) viewOf(ctx context.Context, objs []bucket.Info, now time.Time) ([]Member, map[string]bool) {
 	view := make([]Member, 0, len(objs))
 	seen := make(map[string]bool, len(objs))
 	for _, o := range objs {
@@ -485,14 +499,7 @@ func (m *Membership) refresh(ctx context.Context) {
 		view = append(view, mem)
 	}
 	sort.Slice(view, func(i, j int) bool { return view[i].Self < view[j].Self })
-	m.mu.Lock()
-	m.view, m.viewAt = view, localAt
-	for k := range m.bodies {
-		if !seen[k] {
-			delete(m.bodies, k)
-		}
-	}
-	m.mu.Unlock()
+	return view, seen
 }
 
 // list reads every page under prefix and the bucket's clock at the first page.
@@ -615,8 +622,7 @@ func (m *Membership) Self() Member {
 func (m *Membership) IsLive(self, incarnation string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	i := sort.Search(len(m.view), func(i int) bool { return m.view[i].Self >= self })
-	return i < len(m.view) && m.view[i].Self == self && m.view[i].Incarnation == incarnation && incarnation != ""
+	return liveIn(m.view, self, incarnation)
 }
 
 // CheckLive applies the lease rule with a fresh read of the holder's heartbeat (one LIST,
@@ -649,7 +655,7 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 			m.stats.getErrors.Add(1)
 			return false, fmt.Errorf("checking heartbeat: %v", err)
 		}
-		return hb.Incarnation == incarnation, nil
+		return liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation), nil
 	}
 	return false, nil
 }

@@ -3,6 +3,7 @@ package membucket
 import (
 	"context"
 	"io"
+	"maps"
 	"sync"
 	"sync/atomic"
 
@@ -82,11 +83,7 @@ func (c *Counting) done(ctx context.Context, op Op, key string, err error) error
 func (c *Counting) Counts() map[Op]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[Op]int64, len(c.counts))
-	for k, v := range c.counts {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(c.counts)
 }
 
 // Total is the number of requests so far.

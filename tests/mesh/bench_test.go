@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/mesh"
 )
 
 func members(n int) []mesh.Member {

@@ -5,8 +5,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/lchat/lchat-caddy/ledger"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/ledger"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 

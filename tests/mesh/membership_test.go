@@ -10,8 +10,8 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
-	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
