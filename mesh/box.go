@@ -23,6 +23,17 @@ type Box struct {
 	Live func() []Member
 	// Draining reports whether this box is shutting down. Nil means never.
 	Draining func() bool
+	// Placement, when set, answers Owner over the same view as Live, cached per host
+	// until the view changes (Membership.Placement). Nil: Owner over Live on each call.
+	Placement *Placement
+}
+
+// owner is the HRW owner of host, homed in homeRegion, over the live view.
+func (b *Box) owner(host, homeRegion string) (Member, bool) {
+	if b.Placement != nil {
+		return b.Placement.Owner(host, homeRegion)
+	}
+	return Owner(host, b.Live(), homeRegion)
 }
 
 func (b *Box) draining() bool { return b.Draining != nil && b.Draining() }
@@ -50,7 +61,7 @@ func (b *Box) Owns(host, homeRegion string) bool {
 	if !b.InScope(host, homeRegion) {
 		return true
 	}
-	owner, ok := Owner(host, b.Live(), homeRegion)
+	owner, ok := b.owner(host, homeRegion)
 	return ok && owner.Self == b.Self
 }
 

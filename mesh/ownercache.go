@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -14,8 +15,8 @@ const maxCachedOwners = 1 << 20
 // (host, home region) until the view changes, so a request costs a map lookup instead of
 // one hash per live member (HRW is linear in the fleet: about 50 µs at 1,000 members).
 //
-// Only what placement reads counts as a change: the set of members, their regions and
-// their draining flags. A beat that finds the same fleet (ages and LastModified move on
+// Only what placement reads counts as a change: the set of members, their regions,
+// domains and draining flags. A beat that finds the same fleet (ages and LastModified move on
 // every beat) keeps the view, its generation and its cache; a join, a leave, a death, a
 // drain or a region change starts a new generation with an empty cache. Each cached
 // answer belongs to the view it was computed from, so an answer never outlives its view.
@@ -61,13 +62,15 @@ func (p *Placement) SetView(members []Member) (changed bool) {
 }
 
 // samePlacement reports whether a and b place every host alike because they hold the
-// same members, in the same order, with the same regions and draining flags.
+// same members, in the same order, with the same regions and draining flags (and the
+// same domains, which decide whether the owner holds a route; see Box.Place).
 func samePlacement(a, b []Member) bool {
 	if len(a) != len(b) {
 		return false
 	}
 	for i := range a {
-		if a[i].Self != b[i].Self || a[i].Region != b[i].Region || a[i].Draining != b[i].Draining {
+		if a[i].Self != b[i].Self || a[i].Region != b[i].Region || a[i].Draining != b[i].Draining ||
+			!slices.Equal(a[i].Domains, b[i].Domains) {
 			return false
 		}
 	}
@@ -91,12 +94,14 @@ func (p *Placement) Len() int {
 	return 0
 }
 
-// Owner is the package's Owner over the current view, returning the owner's SELF: the
-// first call for a host in a view hashes, later calls in the same view read the cache.
-func (p *Placement) Owner(host, homeRegion string) (self string, ok bool) {
+// Owner is the package's Owner over the current view: the first call for a host in a
+// view hashes, later calls in the same view read the cache. The member is as the view
+// had it when its generation began: Self, Region, Domains and Draining hold for the whole
+// generation, Age and LastModified are as of that listing.
+func (p *Placement) Owner(host, homeRegion string) (owner Member, ok bool) {
 	v := p.cur.Load()
 	if v == nil {
-		return "", false
+		return Member{}, false
 	}
 	k := ownerKey{host, homeRegion}
 	v.mu.RLock()
@@ -114,9 +119,9 @@ func (p *Placement) Owner(host, homeRegion string) (self string, ok bool) {
 		v.mu.Unlock()
 	}
 	if i < 0 {
-		return "", false
+		return Member{}, false
 	}
-	return v.members[i].Self, true
+	return v.members[i], true
 }
 
 // ownerIndex is Owner returning the owner's index in members.

@@ -1,11 +1,17 @@
 package mesh
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 )
 
 func fleet(n int, regions ...string) []Member {
@@ -41,8 +47,8 @@ func TestPlacementAgreesWithOwner(t *testing.T) {
 			region := []string{"", "fi", "ie", "us"}[rng.IntN(4)]
 			want, wantOK := Owner(host, view, region)
 			got, ok := p.Owner(host, region)
-			if ok != wantOK || got != want.Self {
-				t.Fatalf("round %d: Owner(%s, %q) = %q %v, want %q %v", round, host, region, got, ok, want.Self, wantOK)
+			if ok != wantOK || got.Self != want.Self || got.Region != want.Region {
+				t.Fatalf("round %d: Owner(%s, %q) = %q %v, want %q %v", round, host, region, got.Self, ok, want.Self, wantOK)
 			}
 		}
 	}
@@ -67,7 +73,8 @@ func TestPlacementGeneration(t *testing.T) {
 		t.Fatalf("first view: gen %d", p.Gen())
 	}
 	host := "x.example.com"
-	first, _ := p.Owner(host, "fi")
+	o, _ := p.Owner(host, "fi")
+	first := o.Self
 
 	// The next beat: same members, older heartbeats, new slices.
 	again := fleet(5, "fi", "ie")
@@ -90,14 +97,17 @@ func TestPlacementGeneration(t *testing.T) {
 	}
 	moved, ok := p.Owner(host, "fi")
 	want, _ := Owner(host, drained, "fi")
-	if !ok || moved == first || moved != want.Self {
-		t.Fatalf("after the owner drained: %q, want %q (not %q)", moved, want.Self, first)
+	if !ok || moved.Self == first || moved.Self != want.Self {
+		t.Fatalf("after the owner drained: %q, want %q (not %q)", moved.Self, want.Self, first)
 	}
 
-	// A region change is a change; a join is a change; a leave is a change.
+	// A region change is a change; so is a change of domains, a join and a leave.
 	regions := fleet(5, "fi", "ie")
 	regions[0].Region = "us"
-	for _, v := range [][]Member{regions, fleet(6, "fi", "ie"), fleet(4, "fi", "ie")} {
+	domains := fleet(5, "fi", "ie")
+	domains[0].Region = "us"
+	domains[1].Domains = []string{"example.net"}
+	for _, v := range [][]Member{regions, domains, fleet(6, "fi", "ie"), fleet(4, "fi", "ie")} {
 		before := p.Gen()
 		if !p.SetView(v) || p.Gen() != before+1 {
 			t.Fatalf("view of %d members kept generation %d", len(v), p.Gen())
@@ -115,8 +125,8 @@ func TestPlacementCopiesView(t *testing.T) {
 	for i := range view {
 		view[i].Self = "https://mutated.example.net"
 	}
-	if again, _ := p.Owner("h.example.com", ""); again != got {
-		t.Fatalf("owner changed from %q to %q when the caller's slice changed", got, again)
+	if again, _ := p.Owner("h.example.com", ""); again.Self != got.Self {
+		t.Fatalf("owner changed from %q to %q when the caller's slice changed", got.Self, again.Self)
 	}
 }
 
@@ -137,8 +147,8 @@ func TestPlacementConcurrent(t *testing.T) {
 					return
 				default:
 				}
-				self, ok := p.Owner(fmt.Sprintf("s%d.example.com", i%50), "")
-				if !ok || len(self) == 0 {
+				o, ok := p.Owner(fmt.Sprintf("s%d.example.com", i%50), "")
+				if !ok || len(o.Self) == 0 {
 					t.Errorf("no owner")
 					return
 				}
@@ -202,6 +212,99 @@ func BenchmarkPlacement(b *testing.B) {
 					p.Owner(hosts[i&4095], "")
 				}
 			})
+		})
+	}
+}
+
+// startedMembership is a Membership of n members (itself and n-1 heartbeats already in
+// an in-memory bucket) after its first beat, with a beat long enough that no other beat
+// runs during a benchmark.
+func startedMembership(tb testing.TB, n int) *Membership {
+	tb.Helper()
+	store := membucket.New()
+	ctx := context.Background()
+	for i := 1; i < n; i++ {
+		body, _ := json.Marshal(Heartbeat{Region: []string{"fi", "ie", "us"}[i%3], Domains: []string{"example.com"}, Incarnation: fmt.Sprint(i)})
+		if _, err := store.Put(ctx, HeartbeatKey(fmt.Sprintf("https://box-%04d.example.net", i)), bytes.NewReader(body), int64(len(body)), bucket.Cond{}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	m, err := NewMembership(store, MembershipConfig{Self: "https://box-0000.example.net", Domains: []string{"example.com"},
+		Beat: time.Hour, DeadAfter: 3 * time.Hour})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := m.Start(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(m.Close)
+	if got := len(m.Live()); got != n {
+		tb.Fatalf("view of %d members, want %d", got, n)
+	}
+	return m
+}
+
+// TestMembershipPlacement: the membership's placement is its view's: it agrees with
+// Owner over Live, keeps its generation while beats find the same fleet, and changes
+// when this box drains.
+func TestMembershipPlacement(t *testing.T) {
+	m := startedMembership(t, 20)
+	p := m.Placement()
+	gen := p.Gen()
+	check := func() {
+		t.Helper()
+		live := m.Live()
+		for i := 0; i < 200; i++ {
+			h := fmt.Sprintf("s%d.example.com", i)
+			want, _ := Owner(h, live, "ie")
+			if got, _ := p.Owner(h, "ie"); got.Self != want.Self {
+				t.Fatalf("placement says %s for %s, Owner over Live says %s", got.Self, h, want.Self)
+			}
+		}
+	}
+	check()
+	m.refresh(context.Background())
+	if p.Gen() != gen {
+		t.Fatalf("a beat that found the same fleet moved the generation from %d to %d", gen, p.Gen())
+	}
+	m.MarkDraining(context.Background())
+	if p.Gen() == gen {
+		t.Fatal("draining kept the placement generation")
+	}
+	check()
+	if o, _ := p.Owner("s1.example.com", ""); o.Self == m.Config().Self {
+		t.Fatal("a draining box still owns a host")
+	}
+}
+
+// BenchmarkRequestPlacement is the placement cost of one request on a box of a fleet of
+// 10, 100 and 1,000 members, through a real Membership: live_hrw is what the request
+// path paid before the cache (a copy of the live view, then HRW over it), cached is
+// Membership.Placement after warm-up.
+//
+//	go test ./mesh -run '^$' -bench RequestPlacement -benchmem
+func BenchmarkRequestPlacement(b *testing.B) {
+	hosts := make([]string, 4096)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("s%d.example.com", i)
+	}
+	for _, n := range []int{10, 100, 1000} {
+		m := startedMembership(b, n)
+		b.Run(fmt.Sprintf("members=%d/live_hrw", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				Owner(hosts[i&4095], m.Live(), "")
+			}
+		})
+		p := m.Placement()
+		for _, h := range hosts {
+			p.Owner(h, "")
+		}
+		b.Run(fmt.Sprintf("members=%d/cached", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				m.Placement().Owner(hosts[i&4095], "")
+			}
 		})
 	}
 }

@@ -68,7 +68,7 @@ func (b *Box) Place(req Request) Decision {
 	if req.Forwarded || req.AwakeHere && !b.draining() {
 		return Decision{Action: Serve}
 	}
-	owner, ok := Owner(rt.Host, b.Live(), rt.HomeRegion)
+	owner, ok := b.owner(rt.Host, rt.HomeRegion)
 	if !ok || owner.Self == b.Self {
 		return Decision{Action: Serve}
 	}
