@@ -17,10 +17,10 @@ import (
 // simMember is one box of the simulated fleet: a real Membership on its own counting
 // view of the shared in-memory bucket.
 type simMember struct {
-	m    *mesh.Membership
-	c    *membucket.Counting
-	self string
-	inc  string
+	m       *mesh.Membership
+	c       *membucket.Counting
+	self    string
+	inc     string
 	stopped bool
 }
 
