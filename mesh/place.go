@@ -50,6 +50,11 @@ type Request struct {
 // (a space stays where it is awake, unless this box drains: then it goes to the owner the
 // peers now agree on, which waits for, or forwards to, this box's lease) or the request
 // was already forwarded. A forward to the owner may fall back to serving here.
+//
+// A route outside this box's scope (its host outside the mesh domains, homed in another
+// region) is served here, as a single box would, unless it has a home region and its
+// owner holds the row (homeOwner): then a row created on this box for another region still
+// wakes in that region.
 func (b *Box) Place(req Request) Decision {
 	rt := req.Route
 	if !rt.Hibernate {
@@ -62,10 +67,14 @@ func (b *Box) Place(req Request) Decision {
 		}
 		return Decision{Action: Forward, Peer: rt.LivesAt}
 	}
-	if !b.InScope(rt.Host, rt.HomeRegion) {
+	if req.Forwarded || req.AwakeHere && !b.draining() {
 		return Decision{Action: Serve}
 	}
-	if req.Forwarded || req.AwakeHere && !b.draining() {
+	if !b.InScope(rt.Host, rt.HomeRegion) {
+		// This box holds the row (it was created here) but takes no part in placing it.
+		if peer, ok := b.homeOwner(rt.Host, rt.HomeRegion); ok {
+			return Decision{Action: Forward, Peer: peer, Fallback: true}
+		}
 		return Decision{Action: Serve}
 	}
 	owner, ok := b.owner(rt.Host, rt.HomeRegion)
