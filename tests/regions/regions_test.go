@@ -55,42 +55,19 @@ func newFleet(t *testing.T) *fleet {
 }
 
 // config is one box's JSON config: the lchat app on the shared bucket with short mesh
-// intervals, the peer API on the SELF address and the lchat handler for the rest.
+// intervals and the demo kind, the peer API on the SELF address and the lchat handler
+// for the rest.
 func (f *fleet) config(n *node) string {
-	cfg := map[string]any{
-		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},
-		"storage": map[string]any{"module": "file_system", "root": "{$LCHAT_TEST_DIR}/caddy"},
-		"apps": map[string]any{
-			"lchat": map[string]any{
-				"bucket": map[string]any{
-					"backend": "s3", "bucket": "{env.LCHAT_HIBERNATE_BUCKET}",
-					"prefix": "{env.LCHAT_HIBERNATE_PREFIX}", "use_path_style": true,
-				},
-				"state_dir": "{$LCHAT_TEST_DIR}/state",
-				"registry":  "{$LCHAT_TEST_DIR}/registry.db",
-				"mesh":      map[string]any{"beat": beat.String(), "dead_after": deadAfter.String()},
-				"kinds": map[string]any{"demo": map[string]any{
-					"command": "{self}", "args": []string{"demo-space"},
-					"idle_timeout": idle.String(), "ready_path": "/healthz", "stop_grace": "5s",
-					"replication": map[string]any{"class": "sleep"},
-				}},
-			},
-			"http": map[string]any{"servers": map[string]any{"main": map[string]any{
-				"listen":          []string{n.addr},
-				"automatic_https": map[string]any{"disable": true},
-				"routes": []any{
-					map[string]any{
-						"match":    []any{map[string]any{"host": []string{n.ip}}},
-						"handle":   []any{map[string]any{"handler": "lchat_mesh_api"}},
-						"terminal": true,
-					},
-					map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}},
-				},
-			}}},
+	return harness.Config{
+		Listen:      n.addr,
+		MeshAPIHost: n.ip,
+		Lchat: map[string]any{
+			"mesh": map[string]any{"beat": beat.String(), "dead_after": deadAfter.String()},
+			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
+				"idle_timeout": idle.String(), "replication": map[string]any{"class": "sleep"},
+			})},
 		},
-	}
-	raw, _ := json.Marshal(cfg)
-	return string(raw)
+	}.JSON()
 }
 
 // start starts a box of region on the next loopback address.
