@@ -56,6 +56,11 @@ type Request struct {
 // forwards once more to the holder (LeaseHeld). A request forwarded twice is served
 // where it lands. A forward to the holder or the owner may fall back to serving here when
 // that box cannot be dialed.
+//
+// A route outside this box's scope (its host outside the mesh domains, homed in another
+// region) is served here, as a single box would, unless it has a home region and its
+// owner holds the row (homeOwner): then a row created on this box for another region still
+// wakes in that region.
 func (b *Box) Place(req Request) Decision {
 	rt := req.Route
 	if !rt.Hibernate {
@@ -68,7 +73,16 @@ func (b *Box) Place(req Request) Decision {
 		}
 		return Decision{Action: Forward, Peer: rt.LivesAt}
 	}
-	if !b.InScope(rt.Host, rt.HomeRegion) || req.AwakeHere || req.Hops >= 2 {
+	if req.AwakeHere || req.Hops >= 2 {
+		return Decision{Action: Serve}
+	}
+	if !b.InScope(rt.Host, rt.HomeRegion) {
+		// This box holds the row (it was created here) but takes no part in placing it.
+		if req.Hops == 0 {
+			if peer, ok := b.homeOwner(rt.Host, rt.HomeRegion); ok {
+				return Decision{Action: Forward, Peer: peer, Fallback: true}
+			}
+		}
 		return Decision{Action: Serve}
 	}
 	if holder := b.holder(rt.Host); holder != "" {
@@ -77,7 +91,7 @@ func (b *Box) Place(req Request) Decision {
 	if req.Hops == 1 && !b.draining() {
 		return Decision{Action: Serve}
 	}
-	owner, ok := Owner(rt.Host, b.Live(), rt.HomeRegion)
+	owner, ok := b.owner(rt.Host, rt.HomeRegion)
 	if !ok || owner.Self == b.Self {
 		return Decision{Action: Serve}
 	}
@@ -117,7 +131,7 @@ func (b *Box) LeaseHeld(host, holder string, hops int) Decision {
 // is asleep here, or was just put to sleep by the drain): to the owner among the boxes
 // that are not draining, which wakes it once this box has released its lease.
 func (b *Box) Draining(host, homeRegion string, hops int) Decision {
-	owner, ok := Owner(host, b.Live(), homeRegion)
+	owner, ok := b.owner(host, homeRegion)
 	if !ok || owner.Self == b.Self || hops >= MaxHops || !b.InScope(host, homeRegion) {
 		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s: this box is shutting down", host)}
 	}
