@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -38,6 +39,10 @@ type dbState struct {
 	sum        uint64
 	wal        walPos
 	deltaPages [][]uint32 // parallel to img.Deltas
+	// v1 is the format-1 manifest entry of a database restored from a whole-file blob: the
+	// image is that blob as a single base chunk, and while nothing changes the entry stays
+	// as it was (no manifest write just to migrate).
+	v1 *File
 }
 
 // dbResult is one database's checkpoint: the manifest entry, the state to keep once the
@@ -112,8 +117,11 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 	res.pagesChanged = len(changed)
 	size := int64(v.pages) * int64(v.pageSize)
 	if usable && len(changed) == 0 && v.pages == prev.img.Pages {
-		ns.img, ns.deltaPages = prev.img, prev.deltaPages
+		ns.img, ns.deltaPages, ns.v1 = prev.img, prev.deltaPages, prev.v1
 		res.file = File{Size: size, Content: &Content{DB: prev.img}}
+		if prev.v1 != nil {
+			res.file = *prev.v1
+		}
 		return res, nil
 	}
 	img := &DBImage{PageSize: v.pageSize, Pages: v.pages, ChunkBytes: dbChunkBytes, Checksum: strconv.FormatUint(ns.sum, 16)}
@@ -188,6 +196,9 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 			return dbResult{}, err
 		}
 		img.Deltas, ns.deltaPages = nil, nil
+		if img.ChunkBytes != dbChunkBytes && dbChunkBytes%int64(v.pageSize) == 0 {
+			img.ChunkBytes, dirty = dbChunkBytes, nil // a migrated single-blob base: re-chunk
+		}
 		err := s.writeBase(ctx, v, img, prev.img.Base, dirty, gen, up)
 		return res, err
 	}
@@ -317,6 +328,47 @@ func applyDelta(out io.WriterAt, data []byte, img *DBImage) ([]uint32, error) {
 // verifyImage hashes every page of the restored database at p and checks the image's
 // checksum; the hashes become the state the next checkpoint compares against.
 func verifyImage(p string, img *DBImage) (*dbState, error) {
+	st, err := hashImage(p, img)
+	if err != nil {
+		return nil, err
+	}
+	if strconv.FormatUint(st.sum, 16) != img.Checksum {
+		return nil, fmt.Errorf("restored database fails its checksum: %x, manifest says %s", st.sum, img.Checksum)
+	}
+	return st, nil
+}
+
+// adoptV1 describes a database restored from a format-1 blob as a page image whose base is
+// that blob, so the first change to it uploads a delta, not the database.
+func adoptV1(p string, f File) *dbState {
+	in, err := os.Open(p)
+	if err != nil {
+		return nil
+	}
+	hdr := make([]byte, 100)
+	_, err = in.ReadAt(hdr, 0)
+	in.Close()
+	if err != nil || !bytes.HasPrefix(hdr, sqliteHeader) {
+		return nil
+	}
+	ps := int(binary.BigEndian.Uint16(hdr[16:18]))
+	if ps == 1 {
+		ps = 65536
+	}
+	if !validPageSize(ps) || f.Size == 0 || f.Size%int64(ps) != 0 {
+		return nil
+	}
+	img := &DBImage{PageSize: ps, Pages: uint32(f.Size / int64(ps)), ChunkBytes: f.Size, Base: f.refs()}
+	st, err := hashImage(p, img)
+	if err != nil {
+		return nil
+	}
+	img.Checksum = strconv.FormatUint(st.sum, 16)
+	st.v1 = &f
+	return st
+}
+
+func hashImage(p string, img *DBImage) (*dbState, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return nil, err
@@ -337,9 +389,6 @@ func verifyImage(p string, img *DBImage) (*dbState, error) {
 			st.sum ^= h
 		}
 		pg += n
-	}
-	if strconv.FormatUint(st.sum, 16) != img.Checksum {
-		return nil, fmt.Errorf("restored database fails its checksum: %x, manifest says %s", st.sum, img.Checksum)
 	}
 	return st, nil
 }

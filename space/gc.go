@@ -18,8 +18,10 @@ import (
 const (
 	gcInterval      = 64
 	keepGenerations = 16
-	gcGrace         = time.Hour
 )
+
+// gcGrace is a variable only for tests, which collect objects they just wrote.
+var gcGrace = time.Hour
 
 // GCStats describes one garbage collection.
 type GCStats struct {

@@ -152,6 +152,11 @@ func restoreFiles(ctx context.Context, s *Syncer, root string, files []File) (ma
 		dbs[d.f.Path] = st
 	}
 	for i, f := range files {
+		if f.Content == nil {
+			if st := adoptV1(outs[i].Name(), f); st != nil {
+				dbs[f.Path] = st
+			}
+		}
 		if err := outs[i].Close(); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,294 @@
+package space
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
+)
+
+// fillDB makes a chat-like database: messages with an index, n rows of about rowBytes.
+func fillDB(t *testing.T, db *sql.DB, n, rowBytes int) {
+	t.Helper()
+	for _, q := range []string{
+		"CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY, room INTEGER, created_at INTEGER, body BLOB)",
+		"CREATE INDEX IF NOT EXISTS by_room ON messages (room, created_at)",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, rowBytes)
+	for i := range n {
+		rand.Read(body)
+		if _, err := tx.Exec("INSERT INTO messages (room, created_at, body) VALUES (?, ?, ?)", i%17, time.Now().UnixNano(), body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rows(t *testing.T, p string) int {
+	t.Helper()
+	db := openDB(t, p)
+	defer db.Close()
+	var ok string
+	if err := db.QueryRow("PRAGMA integrity_check").Scan(&ok); err != nil || ok != "ok" {
+		t.Fatalf("integrity of %s = %q, %v", p, ok, err)
+	}
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM messages").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// restoreInto restores the bucket's current manifest of s.test into a fresh syncer.
+func restoreInto(t *testing.T, b bucket.Bucket) *Syncer {
+	t.Helper()
+	r := newSyncer(t, b, t.TempDir())
+	if err := r.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Restore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestCheckpointCostsWhatChanged: one row added to a multi-MiB database uploads one small
+// delta, and every state along a long chain of deltas (merges, rebases) restores exactly, in
+// WAL and in rollback-journal mode.
+func TestCheckpointCostsWhatChanged(t *testing.T) {
+	for _, mode := range []string{"WAL", "DELETE"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := context.Background()
+			b := backends["file"](t)
+			s := newSyncer(t, b, t.TempDir())
+			os.MkdirAll(s.DataDir, 0o700)
+			p := filepath.Join(s.DataDir, "app.db")
+			db, err := sql.Open("sqlite", "file:"+p+"?_pragma=journal_mode("+mode+")&_pragma=busy_timeout(10000)")
+			if err != nil {
+				t.Fatal(err)
+			}
+			db.SetMaxOpenConns(1)
+			defer db.Close()
+			fillDB(t, db, 4000, 1000) // ~5 MB
+			st, err := s.Checkpoint(ctx, nil, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			size := s.manifest.Files[0].Size
+			if st.BytesUploaded < size {
+				t.Fatalf("first checkpoint uploaded %d bytes, want the whole %d", st.BytesUploaded, size)
+			}
+			want := 4000
+			for i := range 80 {
+				fillDB(t, db, 1, 1000)
+				want++
+				st, err := s.Checkpoint(ctx, nil, time.Now())
+				if err != nil {
+					t.Fatal(err)
+				}
+				img := s.manifest.Files[0].Content.DB
+				if len(img.Deltas) > (deltaFanout-1)*(maxLevel+1) {
+					t.Fatalf("chain of %d deltas", len(img.Deltas))
+				}
+				if i == 0 && (st.BytesUploaded > 64<<10 || st.BlobsUploaded != 1) {
+					t.Fatalf("one row uploaded %d bytes in %d objects, want one delta of a few KiB", st.BytesUploaded, st.BlobsUploaded)
+				}
+				if mode == "WAL" && i > 0 && st.FullScans != 0 {
+					t.Fatalf("checkpoint %d read the whole database; the WAL tail was enough", i)
+				}
+				if i%9 == 0 || i == 79 {
+					r := restoreInto(t, b)
+					if got := rows(t, filepath.Join(r.DataDir, "app.db")); got != want {
+						t.Fatalf("after %d checkpoints restored %d rows, want %d", i+1, got, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestCheckpointAfterWakeContinuesTheChain: a box that restored a page image checkpoints on
+// top of it without uploading the database again.
+func TestCheckpointAfterWakeContinuesTheChain(t *testing.T) {
+	ctx := context.Background()
+	b := backends["file"](t)
+	s := newSyncer(t, b, t.TempDir())
+	os.MkdirAll(s.DataDir, 0o700)
+	db := openDB(t, filepath.Join(s.DataDir, "app.db"))
+	fillDB(t, db, 3000, 1000)
+	if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	r := restoreInto(t, b)
+	rdb := openDB(t, filepath.Join(r.DataDir, "app.db"))
+	fillDB(t, rdb, 1, 1000)
+	st, err := r.Checkpoint(ctx, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.BytesUploaded > 64<<10 {
+		t.Fatalf("first checkpoint after a wake uploaded %d bytes", st.BytesUploaded)
+	}
+	rdb.Close()
+	if got := rows(t, filepath.Join(restoreInto(t, b).DataDir, "app.db")); got != 3001 {
+		t.Fatalf("restored %d rows, want 3001", got)
+	}
+}
+
+// TestSmallChangeToLargeFileUploadsAFewChunks: content-defined chunks survive an insertion.
+func TestSmallChangeToLargeFileUploadsAFewChunks(t *testing.T) {
+	if !cdcPol.Irreducible() {
+		t.Fatal("chunker polynomial is reducible")
+	}
+	ctx := context.Background()
+	b := backends["file"](t)
+	s := newSyncer(t, b, t.TempDir())
+	os.MkdirAll(s.DataDir, 0o700)
+	data := make([]byte, 16<<20)
+	rand.Read(data)
+	p := filepath.Join(s.DataDir, "big.bin")
+	os.WriteFile(p, data, 0o600)
+	if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	edited := append(append(bytes.Clone(data[:5<<20]), []byte("a few inserted bytes")...), data[5<<20:]...)
+	os.WriteFile(p, edited, 0o600)
+	st, err := s.Checkpoint(ctx, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.BytesUploaded > 3*cdcMax {
+		t.Fatalf("an insertion into 16 MiB uploaded %d bytes in %d chunks", st.BytesUploaded, st.BlobsUploaded)
+	}
+	got, err := os.ReadFile(filepath.Join(restoreInto(t, b).DataDir, "big.bin"))
+	if err != nil || !bytes.Equal(got, edited) {
+		t.Fatalf("restored file differs (%v)", err)
+	}
+}
+
+// copyFixture copies the format-1 bucket written by main's Syncer into a temp dir.
+func copyFixture(t *testing.T) bucket.Bucket {
+	t.Helper()
+	dst := t.TempDir()
+	err := os.CopyFS(dst, os.DirFS("testdata/v1bucket"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := filebucket.New(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestFormat1BucketKeepsWorking: a bucket written by the full-file code restores, migrates
+// on the first checkpoint that changes something, and old blobs are collected only once no
+// retained manifest references them.
+func TestFormat1BucketKeepsWorking(t *testing.T) {
+	ctx := context.Background()
+	b := copyFixture(t)
+	s := &Syncer{Bucket: b, Host: "old.test", DataDir: filepath.Join(t.TempDir(), "data"), WorkDir: filepath.Join(t.TempDir(), "work"), WrittenBy: "box"}
+	if err := s.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.manifest.Format != 0 || s.manifest.Generation != 2 {
+		t.Fatalf("fixture manifest = format %d gen %d", s.manifest.Format, s.manifest.Generation)
+	}
+	p := filepath.Join(s.DataDir, "app.db")
+	db := openDB(t, p)
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM msgs").Scan(&n); err != nil || n != 201 {
+		t.Fatalf("fixture db has %d rows (%v), want 201", n, err)
+	}
+	if note, _ := os.ReadFile(filepath.Join(s.DataDir, "sub", "notes.txt")); string(note) != "written by the v1 code\n" {
+		t.Fatalf("notes.txt = %q", note)
+	}
+	// Nothing changed: nothing written, the bucket stays format 1.
+	st, err := s.Checkpoint(ctx, nil, time.Now())
+	if err != nil || st.ManifestWritten {
+		t.Fatalf("unchanged checkpoint = %+v, %v", st, err)
+	}
+	if _, err := db.Exec("INSERT INTO msgs(body) VALUES('the first v2 message')"); err != nil {
+		t.Fatal(err)
+	}
+	st, err = s.Checkpoint(ctx, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old blob becomes the base of a page image: one small delta goes up, not the db.
+	if st.BlobsUploaded != 1 || st.BytesUploaded > 8<<10 {
+		t.Fatalf("migrating checkpoint uploaded %d objects, %d bytes; want one small delta", st.BlobsUploaded, st.BytesUploaded)
+	}
+	m, _, err := ReadManifest(ctx, b, "old.test")
+	if err != nil || m.Format != Format || m.Generation != 3 {
+		t.Fatalf("migrated manifest = %+v, %v", m, err)
+	}
+	if m.Files[1].Content != nil || !strings.HasPrefix(m.Refs()[len(m.Refs())-1].Key, "blobs/") {
+		t.Fatalf("unchanged notes.txt should keep its format-1 blob: %+v", m.Files[1])
+	}
+	db.Close()
+	r := &Syncer{Bucket: b, Host: "old.test", DataDir: filepath.Join(t.TempDir(), "data"), WorkDir: filepath.Join(t.TempDir(), "work")}
+	r.Load(ctx)
+	if err := r.Restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rdb := openDB(t, filepath.Join(r.DataDir, "app.db"))
+	if err := rdb.QueryRow("SELECT count(*) FROM msgs").Scan(&n); err != nil || n != 202 {
+		t.Fatalf("migrated db has %d rows (%v), want 202", n, err)
+	}
+	// GC (with no grace: the fixture's blobs are old) deletes generation 1's database blob,
+	// which no format-2 manifest references, and keeps the base and notes.txt's.
+	gs, err := collectNow(ctx, b, "old.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gs.Deleted != 1 || gs.Objects != 3 {
+		t.Fatalf("GC deleted %d objects and kept %d, want 1 and 3 (base, delta, notes): %+v", gs.Deleted, gs.Objects, gs)
+	}
+	if _, err := b.Head(ctx, RefKey("old.test", m.Files[1].refs()[0])); err != nil {
+		t.Fatalf("GC deleted a referenced format-1 blob: %v", err)
+	}
+}
+
+// collectNow runs Collect with gcGrace set to zero.
+func collectNow(ctx context.Context, b bucket.Bucket, host string) (GCStats, error) {
+	defer func(g time.Duration) { gcGrace = g }(gcGrace)
+	gcGrace = -time.Hour
+	return Collect(ctx, b, host, time.Hour, nil)
+}
+
+func listKeys(t *testing.T, b bucket.Bucket, prefix string) map[string]bool {
+	t.Helper()
+	objs, err := listAll(context.Background(), b, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[string]bool)
+	for _, o := range objs {
+		out[o.Key] = true
+	}
+	return out
+}
+
