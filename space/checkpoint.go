@@ -70,7 +70,7 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 		if s.histCache == nil {
 			s.histCache = make(map[string][]Ref)
 		}
-		if gs, err := Collect(ctx, s.Bucket, s.Host, s.retention(), s.histCache); err == nil {
+		if gs, err := Collect(ctx, s.Bucket, s.Host, s.retention(), DefaultGCGrace, s.histCache); err == nil {
 			st.GC = &gs
 		}
 	}

@@ -13,15 +13,16 @@ import (
 )
 
 // GC tuning. A checkpoint collects every gcInterval generations. The newest keepGenerations
-// checkpoints are kept whatever their age; anything younger than gcGrace (by the bucket's
-// clock) is never deleted, so an upload or restore in flight cannot lose an object under it.
+// checkpoints are kept whatever their age; anything younger than the grace
+// period (by the bucket's clock) is never deleted.
 const (
 	gcInterval      = 64
 	keepGenerations = 16
 )
 
-// gcGrace is a variable only for tests, which collect objects they just wrote.
-var gcGrace = time.Hour
+// DefaultGCGrace is how young (by the bucket's clock) an object or history entry must be to
+// be kept whatever else holds: uploads and restores in flight finish well within it.
+const DefaultGCGrace = time.Hour
 
 // GCStats describes one garbage collection.
 type GCStats struct {
@@ -36,15 +37,16 @@ type GCStats struct {
 // Collect deletes a space's objects that no retained manifest references, and history entries
 // past retention. It runs under the space's lease (a checkpoint calls it), and is safe beside
 // writers that are not: the roots are the current manifest (read afresh) and every history
-// entry younger than retention plus gcGrace or among the newest keepGenerations; an object is
+// entry younger than retention plus grace or among the newest keepGenerations; an object is
 // deleted only if no root references it, it belongs to a generation no newer than the current
 // one (so uploads for the next generation survive, even a fenced-out writer's), and it is older
-// than gcGrace. Writers reference only objects of the manifest they build on or new ones of
+// than grace. Writers reference only objects of the manifest they build on or new ones of
 // their own generation (see uploader), so an object found unreferenced here is never
 // referenced again. A format-1 blob is only collected once the manifest is format 2.
 //
 // cache (may be nil) keeps the references of history entries across calls.
-func Collect(ctx context.Context, b bucket.Bucket, host string, retention time.Duration, cache map[string][]Ref) (GCStats, error) {
+// grace is normally DefaultGCGrace; tests and benchmarks pass 0.
+func Collect(ctx context.Context, b bucket.Bucket, host string, retention, grace time.Duration, cache map[string][]Ref) (GCStats, error) {
 	var st GCStats
 	if retention <= 0 {
 		retention = DefaultRetention
@@ -63,7 +65,7 @@ func Collect(ctx context.Context, b bucket.Bucket, host string, retention time.D
 	}
 	var roots, expired []Checkpoint
 	for _, cp := range hist {
-		if cp.Generation > cur.Generation-keepGenerations || cp.Stored.After(now.Add(-retention-gcGrace)) {
+		if cp.Generation > cur.Generation-keepGenerations || cp.Stored.After(now.Add(-retention-grace)) {
 			roots = append(roots, cp)
 		} else {
 			expired = append(expired, cp)
@@ -86,7 +88,7 @@ func Collect(ctx context.Context, b bucket.Bucket, host string, retention time.D
 		}
 		for _, o := range objs {
 			rel := strings.TrimPrefix(o.Key, base)
-			if keep[rel] || !collectable(rel) || o.LastModified.After(now.Add(-gcGrace)) {
+			if keep[rel] || !collectable(rel) || o.LastModified.After(now.Add(-grace)) {
 				st.Objects++
 				st.Bytes += o.Size
 				continue

@@ -100,14 +100,12 @@ func TestHistoryAndPointInTimeRestore(t *testing.T) {
 // every retained checkpoint still restores, expired ones are gone with their objects, and the
 // bucket holds about one image plus retained deltas.
 func TestGCKeepsEveryRetainedCheckpoint(t *testing.T) {
-	defer func(g time.Duration) { gcGrace = g }(gcGrace)
-	gcGrace = -time.Hour
 	ctx := context.Background()
 	b := backends["file"](t)
 	s, write := newChat(t, b, 2000)
 	s.Retention = time.Nanosecond // only the newest keepGenerations are retained
 	write(140)                    // collections at 64 and 128
-	gs, err := Collect(ctx, b, "s.test", time.Nanosecond, nil)
+	gs, err := Collect(ctx, b, "s.test", time.Nanosecond, -time.Hour, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +133,6 @@ func TestGCKeepsEveryRetainedCheckpoint(t *testing.T) {
 // generation's objects are in flight, while a relocate copies the space and while two boxes
 // wake it, delete nothing any of them needs.
 func TestGCBesideOtherWriters(t *testing.T) {
-	defer func(g time.Duration) { gcGrace = g }(gcGrace)
-	gcGrace = -time.Hour
 	ctx := context.Background()
 	b := backends["file"](t)
 	a, write := newChat(t, b, 1500)
@@ -147,7 +143,7 @@ func TestGCBesideOtherWriters(t *testing.T) {
 	bdb := openDB(t, filepath.Join(bsync.DataDir, "app.db"))
 	write(20)
 	fillDB(t, bdb, 50, 1000)
-	if _, err := Collect(ctx, b, "s.test", time.Nanosecond, nil); err != nil {
+	if _, err := Collect(ctx, b, "s.test", time.Nanosecond, -time.Hour, nil); err != nil {
 		t.Fatal(err)
 	}
 	before := listKeys(t, b, "spaces/s.test/objs/")
@@ -167,7 +163,7 @@ func TestGCBesideOtherWriters(t *testing.T) {
 	cur, _ := a.Manifest()
 	next := ObjectKey("s.test", cur.Generation+1, strings.Repeat("ab", 32))
 	b.Put(ctx, next, strings.NewReader("in flight"), 9, bucket.Cond{})
-	if _, err := Collect(ctx, b, "s.test", time.Nanosecond, nil); err != nil {
+	if _, err := Collect(ctx, b, "s.test", time.Nanosecond, -time.Hour, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Head(ctx, next); err != nil {
@@ -186,7 +182,7 @@ func TestGCBesideOtherWriters(t *testing.T) {
 		defer wg.Done()
 		for range 3 {
 			write(1)
-			if _, err := Collect(ctx, b, "s.test", time.Nanosecond, nil); err != nil {
+			if _, err := Collect(ctx, b, "s.test", time.Nanosecond, -time.Hour, nil); err != nil {
 				t.Error(err)
 			}
 		}
@@ -215,7 +211,7 @@ func TestGCBesideOtherWriters(t *testing.T) {
 			case <-stop:
 				return
 			default:
-				Collect(ctx, b, "s.test", time.Nanosecond, nil)
+				Collect(ctx, b, "s.test", time.Nanosecond, -time.Hour, nil)
 			}
 		}
 	}()

@@ -272,11 +272,9 @@ func TestFormat1BucketKeepsWorking(t *testing.T) {
 	}
 }
 
-// collectNow runs Collect with gcGrace set to zero.
+// collectNow collects with no grace period.
 func collectNow(ctx context.Context, b bucket.Bucket, host string) (GCStats, error) {
-	defer func(g time.Duration) { gcGrace = g }(gcGrace)
-	gcGrace = -time.Hour
-	return Collect(ctx, b, host, time.Hour, nil)
+	return Collect(ctx, b, host, time.Hour, -time.Hour, nil)
 }
 
 func listKeys(t *testing.T, b bucket.Bucket, prefix string) map[string]bool {
