@@ -291,8 +291,9 @@ func encodeDelta(v *dbView, pages []uint32, minGen, maxGen int64, now time.Time)
 	return buf.Bytes(), nil
 }
 
-// applyDelta writes an LTX file's pages into out and returns their numbers.
-func applyDelta(out io.WriterAt, data []byte, img *DBImage) ([]uint32, error) {
+// applyDelta writes an LTX file's pages into out, records their hashes and returns their
+// numbers.
+func applyDelta(out io.WriterAt, data []byte, img *DBImage, hashes []uint64) ([]uint32, error) {
 	dec := ltx.NewDecoder(bytes.NewReader(data))
 	if err := dec.DecodeHeader(); err != nil {
 		return nil, fmt.Errorf("decoding delta: %w", err)
@@ -317,25 +318,13 @@ func applyDelta(out io.WriterAt, data []byte, img *DBImage) ([]uint32, error) {
 		if _, err := out.WriteAt(page, int64(hdr.Pgno-1)*int64(img.PageSize)); err != nil {
 			return nil, err
 		}
+		hashes[hdr.Pgno-1] = pageHash(hdr.Pgno, page)
 		pages = append(pages, hdr.Pgno)
 	}
 	if err := dec.Close(); err != nil {
 		return nil, fmt.Errorf("decoding delta: %w", err)
 	}
 	return pages, nil
-}
-
-// verifyImage hashes every page of the restored database at p and checks the image's
-// checksum; the hashes become the state the next checkpoint compares against.
-func verifyImage(p string, img *DBImage) (*dbState, error) {
-	st, err := hashImage(p, img)
-	if err != nil {
-		return nil, err
-	}
-	if strconv.FormatUint(st.sum, 16) != img.Checksum {
-		return nil, fmt.Errorf("restored database fails its checksum: %x, manifest says %s", st.sum, img.Checksum)
-	}
-	return st, nil
 }
 
 // adoptV1 describes a database restored from a format-1 blob as a page image whose base is

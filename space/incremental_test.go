@@ -289,4 +289,3 @@ func listKeys(t *testing.T, b bucket.Bucket, prefix string) map[string]bool {
 	}
 	return out
 }
-

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 )
 
@@ -74,6 +75,34 @@ type fetch struct {
 	out *os.File // written at off; nil: kept in mem
 	off int64
 	mem []byte
+	// pages, for a database's base chunk, receives the hash of every page written.
+	pages *pageHasher
+}
+
+// pageHasher hashes the pages of a base chunk as they stream past, into hashes (shared by
+// the chunks of one database; each chunk owns its own range of it).
+type pageHasher struct {
+	hashes   []uint64
+	pageSize int
+	next     uint32 // pgno of the page being filled
+	buf      []byte
+}
+
+func (h *pageHasher) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		take := min(len(p), h.pageSize-len(h.buf))
+		h.buf = append(h.buf, p[:take]...)
+		p = p[take:]
+		if len(h.buf) == h.pageSize {
+			if int(h.next) <= len(h.hashes) {
+				h.hashes[h.next-1] = pageHash(h.next, h.buf)
+			}
+			h.next++
+			h.buf = h.buf[:0]
+		}
+	}
+	return n, nil
 }
 
 // restoreFiles writes files under root and returns the states of their databases.
@@ -83,6 +112,7 @@ func restoreFiles(ctx context.Context, s *Syncer, root string, files []File) (ma
 		f      File
 		out    *os.File
 		deltas []*fetch
+		hashes []uint64
 	}
 	var outs []*os.File
 	defer func() {
@@ -109,9 +139,11 @@ func restoreFiles(ctx context.Context, s *Syncer, root string, files []File) (ma
 		}
 		if f.Content != nil && f.Content.DB != nil {
 			img := f.Content.DB
-			d := dbFile{f: f, out: out}
+			d := dbFile{f: f, out: out, hashes: make([]uint64, img.Pages)}
+			per := uint32(img.ChunkBytes / int64(img.PageSize))
 			for i, r := range img.Base {
-				jobs = append(jobs, &fetch{ref: r, out: out, off: int64(i) * img.ChunkBytes})
+				ph := &pageHasher{hashes: d.hashes, pageSize: img.PageSize, next: uint32(i)*per + 1, buf: make([]byte, 0, img.PageSize)}
+				jobs = append(jobs, &fetch{ref: r, out: out, off: int64(i) * img.ChunkBytes, pages: ph})
 			}
 			for _, dr := range img.Deltas {
 				j := &fetch{ref: dr.Ref}
@@ -135,7 +167,7 @@ func restoreFiles(ctx context.Context, s *Syncer, root string, files []File) (ma
 		img := d.f.Content.DB
 		var pages [][]uint32
 		for _, j := range d.deltas {
-			ps, err := applyDelta(d.out, j.mem, img)
+			ps, err := applyDelta(d.out, j.mem, img, d.hashes)
 			if err != nil {
 				return nil, fmt.Errorf("restoring %s: %w", d.f.Path, err)
 			}
@@ -144,15 +176,17 @@ func restoreFiles(ctx context.Context, s *Syncer, root string, files []File) (ma
 		if err := d.out.Truncate(d.f.Size); err != nil {
 			return nil, err
 		}
-		st, err := verifyImage(d.out.Name(), img)
-		if err != nil {
-			return nil, fmt.Errorf("restoring %s: %w", d.f.Path, err)
+		st := &dbState{img: img, hashes: d.hashes, deltaPages: pages}
+		for _, h := range d.hashes {
+			st.sum ^= h
 		}
-		st.deltaPages = pages
+		if strconv.FormatUint(st.sum, 16) != img.Checksum {
+			return nil, fmt.Errorf("restoring %s: database fails its checksum: %x, manifest says %s", d.f.Path, st.sum, img.Checksum)
+		}
 		dbs[d.f.Path] = st
 	}
 	for i, f := range files {
-		if f.Content == nil {
+		if f.Content == nil && !s.FullFile {
 			if st := adoptV1(outs[i].Name(), f); st != nil {
 				dbs[f.Path] = st
 			}
@@ -221,13 +255,16 @@ func (s *Syncer) fetchOne(ctx context.Context, j *fetch) error {
 	var buf *bytes.Buffer
 	if j.out != nil {
 		w = io.NewOffsetWriter(j.out, j.off)
+		if j.pages != nil {
+			w = io.MultiWriter(w, j.pages)
+		}
 	} else {
 		buf = bytes.NewBuffer(make([]byte, 0, j.ref.Size))
 		w = buf
 	}
 	// One byte past the expected size is enough to know the object is wrong; a bad object
 	// never fills the disk.
-	n, err := io.Copy(io.MultiWriter(w, h), io.LimitReader(obj.Body, j.ref.Size+1))
+	n, err := io.CopyBuffer(io.MultiWriter(w, h), io.LimitReader(obj.Body, j.ref.Size+1), make([]byte, 256<<10))
 	if err != nil {
 		return fmt.Errorf("downloading %s: %w", j.ref.Key, err)
 	}
