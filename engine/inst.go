@@ -347,6 +347,7 @@ func (e *Engine) wake(in *inst) (err error) {
 		in.syncer = &space.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
 			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
 	}
+	in.syncer.Retention = kind.Retention
 	_, lastETag := in.syncer.Manifest()
 	if err := in.syncer.Load(ctx); err != nil {
 		log.Error("loading manifest", zap.Error(err))
