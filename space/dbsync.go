@@ -20,13 +20,16 @@ import (
 // deltaFanout deltas of one level end the chain they are merged into one of the next level
 // (read from the live database, which holds exactly their newest pages), so a wake reads at
 // most (deltaFanout-1)*(maxLevel+1) deltas. The base is rewritten, chunk by chunk and only
-// where pages changed, when the top level fills up or the deltas outgrow 1/rebaseFraction of
-// the image.
+// where pages changed, when the top level fills up or when the chain costs a wake more than
+// 1/rebaseFraction of the image: its bytes plus objectCost for each object (a GET costs
+// about as much time as that many bytes), so a small database is rebased after a few
+// checkpoints and a large one keeps its base for hundreds.
 const (
 	dbChunkBytes   = 2 << 20
 	deltaFanout    = 8
 	maxLevel       = 2
 	rebaseFraction = 4
+	objectCost     = 128 << 10
 )
 
 // dbState is what this box knows of one database's last checkpointed image: per-page hashes
@@ -183,6 +186,7 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		for i := range fresh {
 			total += int64(len(ns.deltaPages[i])) * int64(v.pageSize) / 2
 		}
+		total += int64(len(img.Deltas)) * objectCost
 		rebase = total > size/rebaseFraction
 	}
 	if rebase {

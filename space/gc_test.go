@@ -113,9 +113,30 @@ func TestGCKeepsEveryRetainedCheckpoint(t *testing.T) {
 	if len(hist) != keepGenerations || gs.History != keepGenerations {
 		t.Fatalf("%d history entries kept (%+v), want %d", len(hist), gs, keepGenerations)
 	}
-	size := s.manifest.Size()
-	if gs.Bytes > 2*size {
-		t.Fatalf("bucket holds %d bytes of objects for a %d-byte database", gs.Bytes, size)
+	// Exactly the objects of retained checkpoints are left.
+	refs, err := historyRefs(ctx, b, hist, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, rs := range refs {
+		for _, r := range rs {
+			want[RefKey("s.test", r)] = true
+		}
+	}
+	got := listKeys(t, b, "spaces/s.test/objs/")
+	for k := range got {
+		if !want[k] {
+			t.Errorf("GC left unreferenced %s", k)
+		}
+	}
+	for k := range want {
+		if !got[k] {
+			t.Errorf("GC deleted referenced %s", k)
+		}
+	}
+	if gs.Deleted == 0 || gs.HistoryDeleted == 0 {
+		t.Fatalf("GC deleted nothing: %+v", gs)
 	}
 	cli := Holder{ID: "cli", Incarnation: "1"}
 	for _, cp := range []Checkpoint{hist[0], hist[len(hist)/2]} {

@@ -90,6 +90,13 @@ type pageHasher struct {
 
 func (h *pageHasher) Write(p []byte) (int, error) {
 	n := len(p)
+	for len(h.buf) == 0 && len(p) >= h.pageSize {
+		if int(h.next) <= len(h.hashes) {
+			h.hashes[h.next-1] = pageHash(h.next, p[:h.pageSize])
+		}
+		h.next++
+		p = p[h.pageSize:]
+	}
 	for len(p) > 0 {
 		take := min(len(p), h.pageSize-len(h.buf))
 		h.buf = append(h.buf, p[:take]...)
