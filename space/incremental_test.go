@@ -237,9 +237,8 @@ func TestFormat1BucketKeepsWorking(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The old blob becomes the base of a page image: one small delta goes up, not the db.
-	if st.BlobsUploaded != 1 || st.BytesUploaded > 8<<10 {
-		t.Fatalf("migrating checkpoint uploaded %d objects, %d bytes; want one small delta", st.BlobsUploaded, st.BytesUploaded)
+	if st.BlobsUploaded != 1 {
+		t.Fatalf("migrating checkpoint uploaded %d objects, want one", st.BlobsUploaded)
 	}
 	m, _, err := ReadManifest(ctx, b, "old.test")
 	if err != nil || m.Format != Format || m.Generation != 3 {
@@ -258,17 +257,49 @@ func TestFormat1BucketKeepsWorking(t *testing.T) {
 	if err := rdb.QueryRow("SELECT count(*) FROM msgs").Scan(&n); err != nil || n != 202 {
 		t.Fatalf("migrated db has %d rows (%v), want 202", n, err)
 	}
-	// GC (with no grace: the fixture's blobs are old) deletes generation 1's database blob,
-	// which no format-2 manifest references, and keeps the base and notes.txt's.
+	// GC (with no grace: the fixture's blobs are old) deletes the format-1 database blobs,
+	// which no format-2 manifest references (so small a database is rebased at once), and
+	// keeps the new image and notes.txt's blob.
 	gs, err := collectNow(ctx, b, "old.test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gs.Deleted != 1 || gs.Objects != 3 {
-		t.Fatalf("GC deleted %d objects and kept %d, want 1 and 3 (base, delta, notes): %+v", gs.Deleted, gs.Objects, gs)
+	if gs.Deleted != 2 || gs.Objects != 2 {
+		t.Fatalf("GC deleted %d objects and kept %d, want 2 and 2 (image, notes): %+v", gs.Deleted, gs.Objects, gs)
 	}
+	restoreInto(t, b)
 	if _, err := b.Head(ctx, RefKey("old.test", m.Files[1].refs()[0])); err != nil {
 		t.Fatalf("GC deleted a referenced format-1 blob: %v", err)
+	}
+}
+
+// TestFormat1DatabaseMigratesWithADelta: a large database written whole by the full-file
+// mode becomes the base of a page image, so the first change after the upgrade uploads a
+// delta, not the database.
+func TestFormat1DatabaseMigratesWithADelta(t *testing.T) {
+	ctx := context.Background()
+	b := backends["file"](t)
+	old := newSyncer(t, b, t.TempDir())
+	old.FullFile = true
+	os.MkdirAll(old.DataDir, 0o700)
+	db := openDB(t, filepath.Join(old.DataDir, "app.db"))
+	fillDB(t, db, 4000, 1000)
+	if _, err := old.Checkpoint(ctx, nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s := restoreInto(t, b)
+	sdb := openDB(t, filepath.Join(s.DataDir, "app.db"))
+	fillDB(t, sdb, 1, 1000)
+	st, err := s.Checkpoint(ctx, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.BlobsUploaded != 1 || st.BytesUploaded > 64<<10 {
+		t.Fatalf("first checkpoint after the upgrade uploaded %d bytes in %d objects, want one small delta", st.BytesUploaded, st.BlobsUploaded)
+	}
+	if got := rows(t, filepath.Join(restoreInto(t, b).DataDir, "app.db")); got != 4001 {
+		t.Fatalf("restored %d rows, want 4001", got)
 	}
 }
 
