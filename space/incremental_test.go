@@ -267,7 +267,11 @@ func TestFormat1BucketKeepsWorking(t *testing.T) {
 	if gs.Deleted != 2 || gs.Objects != 2 {
 		t.Fatalf("GC deleted %d objects and kept %d, want 2 and 2 (image, notes): %+v", gs.Deleted, gs.Objects, gs)
 	}
-	restoreInto(t, b)
+	after := &Syncer{Bucket: b, Host: "old.test", DataDir: filepath.Join(t.TempDir(), "data"), WorkDir: filepath.Join(t.TempDir(), "work")}
+	after.Load(ctx)
+	if err := after.Restore(ctx); err != nil {
+		t.Fatalf("restore after GC: %v", err)
+	}
 	if _, err := b.Head(ctx, RefKey("old.test", m.Files[1].refs()[0])); err != nil {
 		t.Fatalf("GC deleted a referenced format-1 blob: %v", err)
 	}
