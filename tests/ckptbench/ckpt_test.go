@@ -4,7 +4,8 @@
 //
 //   - a large SQLite database with one 1 KiB row added: bytes uploaded and time per checkpoint;
 //   - one row per checkpoint for N checkpoints: bucket bytes and objects after GC;
-//   - restore ("wake" minus process start) p50/p99 for 1 MB and a large database;
+//   - restore ("wake" minus process start) p50/p99 for 1 MB and a large database, straight
+//     to versitygw and through an S3-like link (per-connection bandwidth, first-byte latency);
 //   - a point-in-time restore N checkpoints back: time and bytes read.
 //
 // Short form (CI): 8 MB database, 100 checkpoints. Full figures:
@@ -29,6 +30,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/s3bucket"
 	"github.com/lchat/lchat-caddy/space"
 	"github.com/lchat/lchat-caddy/tests/harness"
 	_ "modernc.org/sqlite"
@@ -298,6 +300,27 @@ func TestCheckpointFigures(t *testing.T) {
 			float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
 	}
 	_ = m2
+
+	// 3b. The same restores through an S3-like link: 80 MB/s per connection, 15 ms to first byte.
+	link := startLink(t, strings.TrimPrefix(s3.Endpoint, "http://"), 80e6, 15*time.Millisecond)
+	cfg := s3.Config("bench/")
+	cfg.Endpoint = "http://" + link.ln.Addr().String()
+	slow, err := s3bucket.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logf("   through an S3-like link (80 MB/s per connection, 15 ms to first byte), %d wakes:", wakes)
+	for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
+		var l1, l2 []time.Duration
+		for range wakes {
+			l1 = append(l1, restoreOnce(t, slow, pair[0]))
+			l2 = append(l2, restoreOnce(t, slow, pair[1]))
+		}
+		mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
+		logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s | ratio p50 %.2f p99 %.2f",
+			mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)),
+			float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
+	}
 }
 
 // deltaBytes sums the delta objects referenced by a space's retained history.
