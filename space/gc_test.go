@@ -264,3 +264,28 @@ func TestGCBesideOtherWriters(t *testing.T) {
 		}
 	}
 }
+
+// TestCopySpaceCarriesFormat2Objects: a relocation copy of a space with a page image (base
+// and deltas) and chunked files restores in the destination bucket.
+func TestCopySpaceCarriesFormat2Objects(t *testing.T) {
+	ctx := context.Background()
+	src, dst := backends["file"](t), backends["file"](t)
+	s, write := newChat(t, src, 2000)
+	os.WriteFile(filepath.Join(s.DataDir, "notes.txt"), []byte("plain file"), 0o600)
+	write(12)
+	m, _ := s.Manifest()
+	if len(m.Files[0].Content.DB.Deltas) == 0 {
+		t.Fatal("no deltas to copy")
+	}
+	res, err := CopySpace(ctx, src, dst, "s.test", nil, nil)
+	if err != nil || res.Generation != m.Generation || res.Blobs != len(m.Refs()) {
+		t.Fatalf("copy = %+v, %v; want generation %d, %d objects", res, err, m.Generation, len(m.Refs()))
+	}
+	r := restoreInto(t, dst)
+	if got := rows(t, filepath.Join(r.DataDir, "app.db")); got != 2012 {
+		t.Fatalf("copy restored %d rows, want 2012", got)
+	}
+	if data, _ := os.ReadFile(filepath.Join(r.DataDir, "notes.txt")); string(data) != "plain file" {
+		t.Fatalf("copy restored notes.txt = %q", data)
+	}
+}
