@@ -224,6 +224,29 @@ func TestGCBesideOtherWriters(t *testing.T) {
 	if got := rows(t, filepath.Join(restoreInto(t, dst).DataDir, "app.db")); got != 1523 {
 		t.Fatalf("relocated copy restored %d rows, want 1523", got)
 	}
+	// CopySpace (relocate) of the asleep space while collectors run.
+	stopGC := make(chan struct{})
+	gcDone := make(chan struct{})
+	go func() {
+		defer close(gcDone)
+		for {
+			select {
+			case <-stopGC:
+				return
+			default:
+				Collect(ctx, b, "s.test", time.Nanosecond, -time.Hour, nil)
+			}
+		}
+	}()
+	dst2 := backends["file"](t)
+	if _, err := CopySpace(ctx, b, dst2, "s.test", nil, nil); err != nil {
+		t.Fatalf("relocate copy beside GC: %v", err)
+	}
+	close(stopGC)
+	<-gcDone
+	if got := rows(t, filepath.Join(restoreInto(t, dst2).DataDir, "app.db")); got != 1526 {
+		t.Fatalf("relocated copy restored %d rows, want 1526", got)
+	}
 	// Two boxes wake the space while a collector runs.
 	stop := make(chan struct{})
 	go func() {
