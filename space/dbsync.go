@@ -25,7 +25,8 @@ import (
 // about as much time as that many bytes), so a small database is rebased after a few
 // checkpoints and a large one keeps its base for hundreds.
 const (
-	dbChunkBytes   = 2 << 20
+	minChunkBytes  = 2 << 20
+	maxChunkBytes  = 16 << 20
 	deltaFanout    = 8
 	maxLevel       = 2
 	rebaseFraction = 4
@@ -127,10 +128,7 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		}
 		return res, nil
 	}
-	img := &DBImage{PageSize: v.pageSize, Pages: v.pages, ChunkBytes: dbChunkBytes, Checksum: strconv.FormatUint(ns.sum, 16)}
-	if img.ChunkBytes%int64(v.pageSize) != 0 {
-		img.ChunkBytes = int64(v.pageSize)
-	}
+	img := &DBImage{PageSize: v.pageSize, Pages: v.pages, ChunkBytes: chunkBytesFor(size, v.pageSize), Checksum: strconv.FormatUint(ns.sum, 16)}
 	ns.img = img
 	res.file = File{Size: size, Content: &Content{DB: img}}
 	if !usable {
@@ -200,8 +198,10 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 			return dbResult{}, err
 		}
 		img.Deltas, ns.deltaPages = nil, nil
-		if img.ChunkBytes != dbChunkBytes && dbChunkBytes%int64(v.pageSize) == 0 {
-			img.ChunkBytes, dirty = dbChunkBytes, nil // a migrated single-blob base: re-chunk
+		if want := chunkBytesFor(size, v.pageSize); img.ChunkBytes != want {
+			// The database outgrew its chunk size (or is a migrated single-blob base):
+			// re-chunk the whole image.
+			img.ChunkBytes, dirty = want, nil
 		}
 		err := s.writeBase(ctx, v, img, prev.img.Base, dirty, gen, up)
 		return res, err
@@ -223,6 +223,17 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		img.Deltas[i].Ref = ref
 	}
 	return res, nil
+}
+
+// chunkBytesFor sizes a database's base chunks: about an eighth of the image (one round of
+// parallel fetches at a wake), a power of two between minChunkBytes and maxChunkBytes, so
+// the size changes only when the database doubles.
+func chunkBytesFor(size int64, pageSize int) int64 {
+	c := int64(minChunkBytes)
+	for c*fetchConcurrency < size && c < maxChunkBytes {
+		c *= 2
+	}
+	return max(c, int64(pageSize))
 }
 
 // writeBase sets img.Base to raw page ranges of the view. A chunk whose pages are not in
