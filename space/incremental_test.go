@@ -324,3 +324,63 @@ func listKeys(t *testing.T, b bucket.Bucket, prefix string) map[string]bool {
 	}
 	return out
 }
+
+// TestCheckpointFollowsWALResetsAndRewrites: the instance checkpointing its WAL (passive:
+// backfilled, same WAL; truncate: a new WAL), vacuuming (the file shrinks) or replacing the
+// database file between checkpoints never hides a change.
+func TestCheckpointFollowsWALResetsAndRewrites(t *testing.T) {
+	ctx := context.Background()
+	b := backends["file"](t)
+	s := newSyncer(t, b, t.TempDir())
+	os.MkdirAll(s.DataDir, 0o700)
+	p := filepath.Join(s.DataDir, "app.db")
+	db := openDB(t, p)
+	fillDB(t, db, 2000, 1000)
+	step := func(what string, change func()) {
+		t.Helper()
+		change()
+		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		var n int
+		db.QueryRow("SELECT count(*) FROM messages").Scan(&n)
+		if got := rows(t, filepath.Join(restoreInto(t, b).DataDir, "app.db")); got != n {
+			t.Fatalf("%s: restored %d rows, the database has %d", what, got, n)
+		}
+	}
+	step("first", func() {})
+	step("append", func() { fillDB(t, db, 3, 1000) })
+	step("passive checkpoint, then writes", func() {
+		db.Exec("PRAGMA wal_checkpoint(PASSIVE)")
+		fillDB(t, db, 3, 1000)
+	})
+	step("truncate checkpoint, then writes", func() {
+		db.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
+		fillDB(t, db, 3, 1000)
+	})
+	step("truncate checkpoint only", func() { db.Exec("PRAGMA wal_checkpoint(TRUNCATE)") })
+	step("restart checkpoint, then a delete", func() {
+		db.Exec("PRAGMA wal_checkpoint(RESTART)")
+		db.Exec("DELETE FROM messages WHERE id % 3 = 0")
+	})
+	step("vacuum", func() {
+		if _, err := db.Exec("VACUUM"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("writes after vacuum", func() { fillDB(t, db, 5, 1000) })
+	step("file replaced", func() {
+		db.Close()
+		tmp := filepath.Join(s.DataDir, "new.db")
+		ndb := openDB(t, tmp)
+		fillDB(t, ndb, 10, 1000)
+		ndb.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
+		ndb.Close()
+		os.Remove(p + "-wal")
+		os.Remove(p + "-shm")
+		if err := os.Rename(tmp, p); err != nil {
+			t.Fatal(err)
+		}
+		db = openDB(t, p)
+	})
+}
