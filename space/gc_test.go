@@ -90,6 +90,17 @@ func TestHistoryAndPointInTimeRestore(t *testing.T) {
 			t.Fatalf("restore to %v = %v, want ErrNoCheckpoint", tgt, err)
 		}
 	}
+	// A checkpoint whose objects are gone (collected by a box with a shorter retention) is
+	// refused, nothing written.
+	m3, _ := readHistory(ctx, b, hist[2])
+	b.Delete(ctx, RefKey("s.test", m3.Refs()[0]), bucket.Cond{})
+	_, before, _ = ReadManifest(ctx, b, "s.test")
+	if _, err := RestoreTo(ctx, b, "s.test", cli, Target{Generation: 3}, time.Hour, time.Now()); err == nil || !strings.Contains(err.Error(), "no longer complete") {
+		t.Fatalf("restore of an incomplete checkpoint = %v", err)
+	}
+	if _, after, _ := ReadManifest(ctx, b, "s.test"); after != before {
+		t.Fatal("a refused restore wrote the manifest")
+	}
 	if _, err := ParseTarget("yesterday"); err == nil {
 		t.Fatal("ParseTarget accepted garbage")
 	}

@@ -187,6 +187,12 @@ func RestoreTo(ctx context.Context, b bucket.Bucket, host string, h Holder, t Ta
 		return RestoreResult{}, err
 	}
 	defer ReleaseLease(context.WithoutCancel(ctx), b, host, leaseETag, h, now)
+	// Every object must still be there: a box configured with a shorter retention may have
+	// collected this checkpoint's objects already. Better refuse than install a state no
+	// wake can restore.
+	if err := checkRefs(ctx, b, host, old.Refs()); err != nil {
+		return RestoreResult{}, fmt.Errorf("checkpoint %d is no longer complete in the bucket: %w", cp.Generation, err)
+	}
 	cur, etag, err := ReadManifest(ctx, b, host)
 	if err != nil {
 		return RestoreResult{}, err
@@ -202,4 +208,28 @@ func RestoreTo(ctx context.Context, b bucket.Bucket, host string, h Holder, t Ta
 		return RestoreResult{}, err
 	}
 	return RestoreResult{From: cp, Generation: m.Generation}, nil
+}
+
+// checkRefs HEADs every object, several at a time.
+func checkRefs(ctx context.Context, b bucket.Bucket, host string, refs []Ref) error {
+	sem := make(chan struct{}, fetchConcurrency)
+	errs := make(chan error, len(refs))
+	for _, r := range refs {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			info, err := b.Head(ctx, RefKey(host, r))
+			if err == nil && info.Size != r.Size {
+				err = fmt.Errorf("%s is %d bytes, want %d", r.Key, info.Size, r.Size)
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range refs {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
