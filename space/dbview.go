@@ -57,12 +57,13 @@ type dbView struct {
 // of the last view: if the WAL is the same file with the same salts, only the frames after it
 // are read and view.tail is set.
 func openView(ctx context.Context, p string, since *walPos) (v *dbView, err error) {
-	v = &dbView{frames: make(map[uint32]int64)}
+	view := &dbView{frames: make(map[uint32]int64)}
 	defer func() {
 		if err != nil {
-			v.close()
+			view.close() // v is nil by then
 		}
 	}()
+	v = view
 	if v.db, err = sql.Open("sqlite", sqliteURI(p)); err != nil {
 		return nil, err
 	}
@@ -100,6 +101,10 @@ func openView(ctx context.Context, p string, since *walPos) (v *dbView, err erro
 	}
 	if err = v.readWAL(p+"-wal", since); err != nil {
 		return nil, err
+	}
+	// The instance writes these files: a size no data backs is refused, never allocated for.
+	if int64(v.pages)*int64(v.pageSize) > fi.Size()+v.walSize+int64(v.pageSize) {
+		return nil, fmt.Errorf("database claims %d pages of %d bytes, more than its files hold", v.pages, v.pageSize)
 	}
 	return v, nil
 }
