@@ -577,7 +577,9 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 	if st.ManifestWritten {
 		e.c.syncs.Add(1)
 	}
-	if gc := st.GC; gc != nil {
+	if st.GCErr != nil {
+		in.logger().Warn("collecting garbage", zap.Error(st.GCErr))
+	} else if gc := st.GC; gc != nil {
 		in.logger().Info("collected garbage", zap.Int("deleted", gc.Deleted), zap.Int64("bytes_deleted", gc.BytesDeleted),
 			zap.Int("history_expired", gc.HistoryDeleted), zap.Int("objects", gc.Objects), zap.Int64("bytes", gc.Bytes))
 	}

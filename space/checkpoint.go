@@ -70,9 +70,8 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 		if s.histCache == nil {
 			s.histCache = make(map[string][]Ref)
 		}
-		if gs, err := Collect(ctx, s.Bucket, s.Host, s.retention(), DefaultGCGrace, s.histCache); err == nil {
-			st.GC = &gs
-		}
+		gs, err := Collect(ctx, s.Bucket, s.Host, s.retention(), DefaultGCGrace, s.histCache)
+		st.GC, st.GCErr = &gs, err
 	}
 	st.Duration = time.Since(start)
 	return st, nil

@@ -40,8 +40,10 @@ type Stats struct {
 	// to be read whole to find them (no usable WAL position).
 	PagesChanged int
 	FullScans    int
-	// GC is set when this checkpoint also collected garbage.
-	GC *GCStats
+	// GC is set when this checkpoint also collected garbage (GCErr when that failed; the
+	// checkpoint itself stands).
+	GC    *GCStats
+	GCErr error
 }
 
 // Syncer moves one space's data directory to and from the bucket. It remembers the manifest
