@@ -577,6 +577,9 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 	if st.ManifestWritten {
 		e.c.syncs.Add(1)
 	}
+	if st.HistoryErr != nil {
+		in.logger().Warn("recording checkpoint history", zap.Error(st.HistoryErr))
+	}
 	if st.GCErr != nil {
 		in.logger().Warn("collecting garbage", zap.Error(st.GCErr))
 	} else if gc := st.GC; gc != nil {

@@ -62,6 +62,7 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 	// take the generation's name from the real one. A lost entry only narrows what can be
 	// restored; the checkpoint itself stands.
 	if err := WriteHistory(ctx, s.Bucket, s.Host, m); err != nil {
+		st.HistoryErr = err
 		st.Duration = time.Since(start)
 		return st, nil
 	}

@@ -44,6 +44,9 @@ type Stats struct {
 	// checkpoint itself stands).
 	GC    *GCStats
 	GCErr error
+	// HistoryErr is set when the manifest was written but its history entry was not: that
+	// checkpoint cannot be restored to later.
+	HistoryErr error
 }
 
 // Syncer moves one space's data directory to and from the bucket. It remembers the manifest
