@@ -154,6 +154,8 @@ type SpaceStatus struct {
 	PID           int       `json:"pid,omitempty"`
 	LastSync      time.Time `json:"last_sync,omitzero"`
 	LastSyncError string    `json:"last_sync_error,omitempty"`
+	// Size is the bytes of the space's files as of its last wake or checkpoint here.
+	Size int64 `json:"size,omitempty"`
 }
 
 // Counters are totals since the engine was created.
@@ -183,6 +185,7 @@ type Engine struct {
 	start  sync.Once
 	close  sync.Once
 	c      counters
+	obs    observers
 
 	kinds    atomic.Pointer[map[string]Kind] // written by New and SetKinds only
 	fenced   atomic.Bool                     // written by SetFenced only
@@ -269,7 +272,7 @@ func (e *Engine) Status() []SpaceStatus {
 	out := make([]SpaceStatus, 0, len(all))
 	for _, in := range all {
 		in.mu.Lock()
-		st := SpaceStatus{Host: in.host, Kind: in.sp.Kind, State: in.state, Since: in.since, LastSync: in.lastSync, LastSyncError: in.lastSyncErr}
+		st := SpaceStatus{Host: in.host, Kind: in.sp.Kind, State: in.state, Since: in.since, LastSync: in.lastSync, LastSyncError: in.lastSyncErr, Size: in.size}
 		if in.proc != nil {
 			st.PID = in.proc.pid
 		}
