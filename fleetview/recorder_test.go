@@ -28,7 +28,7 @@ func (s *stubSource) Stats() Stats {
 	return s.stats
 }
 func (s *stubSource) Subscribe(func(Event)) func() { return func() {} }
-func (s *stubSource) DERP() (DERP, bool)         { return s.derp, true }
+func (s *stubSource) DERP() (DERP, bool)           { return s.derp, true }
 
 func types(evs []Event) []string {
 	var out []string
@@ -97,7 +97,7 @@ func TestRecorderWakesHistogramAndSubscribers(t *testing.T) {
 	}
 	r.Record(Event{Type: EventWake, Host: "h.test", Phases: &Phases{Lease: time.Second}, Err: "lease held"})
 	cancel()
-	cancel() // idempotent
+	cancel()                                          // idempotent
 	r.Record(Event{Type: EventSleep, Host: "h.test"}) // no subscriber left: must not block or panic
 
 	ws := r.Wakes("h.test")
