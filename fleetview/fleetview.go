@@ -180,7 +180,8 @@ type DERPSource interface {
 // Actions are the console's write actions, offered only when the operator switches them
 // on. Each returns an error a person can read.
 type Actions interface {
-	Hibernate(ctx context.Context, host string, on bool) error
+	// Hibernate puts an awake space to sleep now (checkpoint, release its lease).
+	Hibernate(ctx context.Context, host string) error
 	Relocate(ctx context.Context, host, region string, moveDNS bool) error
 	Remove(ctx context.Context, host string) error
 }
