@@ -162,7 +162,7 @@ func (b *browser) wait(what, predicate string, timeout time.Duration) {
 	var last error
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
-		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("(() => { try { return !!(" + predicate + ") } catch (e) { return false } })()"))
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("(() => { try { return !!("+predicate+") } catch (e) { return false } })()"))
 		cancel()
 		if err == nil && ok {
 			return
