@@ -72,7 +72,10 @@ func (h *Handler) serveAction(w http.ResponseWriter, r *http.Request, name strin
 	if name == "remove" {
 		next = "../?q=" + url.QueryEscape(host)
 	}
-	http.Redirect(w, r, next, http.StatusSeeOther)
+	// A relative Location, resolved by the browser against the URL it posted to, so the
+	// console keeps working when a site mounts it under a path (handle_path /console/*).
+	w.Header().Set("Location", next)
+	w.WriteHeader(http.StatusSeeOther)
 	return nil
 }
 

@@ -53,8 +53,10 @@ func buildCharts(c fleetview.Charts, now time.Time) chartsView {
 			req.pts = append(req.pts, point{s.At, s.RequestsPerMin})
 			bkt.pts = append(bkt.pts, point{s.At, s.BucketPerMin})
 		}
-		awake.pts = append(awake.pts, point{s.At, float64(s.Awake)})
 		home.pts = append(home.pts, point{s.At, float64(s.DERPHome)})
+	}
+	for _, p := range c.Awake {
+		awake.pts = append(awake.pts, point{p.At, p.Value})
 	}
 	out.Requests = lineChart("chart-requests", "Requests and bucket requests per minute", now, nil, req, bkt)
 	out.Awake = lineChart("chart-awake", "Awake spaces over time", now, nil, awake)
@@ -106,7 +108,8 @@ func histogram(id, title string, buckets []fleetview.LatencyBucket) template.HTM
 		if bk.Count > 0 {
 			fmt.Fprintf(&b, `<text class="val" x="%.1f" y="%.1f">%d</text>`, x+bw/2, padT+plotH-h-2, bk.Count)
 		}
-		fmt.Fprintf(&b, `<text class="xl" x="%.1f" y="%.1f">%s</text>`, x+bw/2, chartH-padB+12, html.EscapeString(strings.TrimPrefix(bk.Label, "≤")))
+		// Every other label one line lower, so neighbours never overlap.
+		fmt.Fprintf(&b, `<text class="xl" x="%.1f" y="%.1f">%s</text>`, x+bw/2, chartH-padB+11+float64(i%2)*10, html.EscapeString(strings.TrimPrefix(bk.Label, "≤")))
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String())

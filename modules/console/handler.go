@@ -167,6 +167,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'")
 	switch {
 	case path == "":
+		if dir, ok := mountedWithoutSlash(r); ok {
+			// Relative links need the console's root to end in a slash.
+			w.Header().Set("Location", dir+"/")
+			w.WriteHeader(http.StatusMovedPermanently)
+			return nil
+		}
 		return h.serveIndex(w, r)
 	case strings.HasPrefix(path, "space/"):
 		return h.serveSpace(w, r, strings.TrimPrefix(path, "space/"))
@@ -182,6 +188,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		return serveStatic(w, r, strings.TrimPrefix(path, "static/"))
 	}
 	return caddyhttp.Error(http.StatusNotFound, fmt.Errorf("no console page %q", r.URL.Path))
+}
+
+// mountedWithoutSlash reports whether the site mounted the console under a path and the
+// request named that path without its trailing slash (/console rather than /console/),
+// and returns the path's last element for a relative redirect.
+func mountedWithoutSlash(r *http.Request) (string, bool) {
+	orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request)
+	if !ok || orig.URL == nil {
+		return "", false
+	}
+	p := orig.URL.Path
+	if p == "" || p == "/" || strings.HasSuffix(p, "/") {
+		return "", false
+	}
+	return p[strings.LastIndex(p, "/")+1:], true
 }
 
 // derpHolder is the recorder's DERPSource: the newest config's derp_switch app, or none.

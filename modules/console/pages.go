@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -112,6 +113,7 @@ func (h *Handler) serveSpace(w http.ResponseWriter, r *http.Request, host string
 		return render(w, http.StatusNotFound, "space.html", p)
 	}
 	p.Wakes = h.rec.Wakes(host)
+	slices.Reverse(p.Wakes) // newest first
 	return render(w, http.StatusOK, "space.html", p)
 }
 
