@@ -14,6 +14,7 @@ import (
 const (
 	maxEvents     = 500
 	maxSamples    = 240 // 2h at the default 30s interval
+	maxAwakePts   = 1000
 	wakesPerHost  = 5
 	maxWakeHosts  = 2000
 	subscriberBuf = 64
@@ -43,6 +44,12 @@ type Sample struct {
 	DERPHome       int     `json:"derp_home,omitempty"`
 }
 
+// Point is one value at one time.
+type Point struct {
+	At    time.Time `json:"at"`
+	Value float64   `json:"value"`
+}
+
 // LatencyBucket is one bar of the wake-latency histogram.
 type LatencyBucket struct {
 	Le    time.Duration `json:"le"` // 0: slower than every bound
@@ -52,10 +59,13 @@ type LatencyBucket struct {
 
 // Charts is everything the console's charts draw.
 type Charts struct {
-	WakeLatency  []LatencyBucket `json:"wake_latency"`
-	Samples      []Sample        `json:"samples"`
-	DERPSwitches []Event         `json:"derp_switches"`
-	DERP         bool            `json:"derp"` // the DERP app is configured
+	WakeLatency []LatencyBucket `json:"wake_latency"`
+	Samples     []Sample        `json:"samples"`
+	// Awake is the number of awake spaces at every sample and after every wake or sleep,
+	// so a space that was awake between two samples still shows.
+	Awake        []Point `json:"awake"`
+	DERPSwitches []Event `json:"derp_switches"`
+	DERP         bool    `json:"derp"` // the DERP app is configured
 }
 
 // Recorder keeps the recent events, each space's last wakes, the wake-latency histogram
@@ -74,6 +84,8 @@ type Recorder struct {
 	wakeLRU  []string // hosts in wakes, oldest first
 	latency  []uint64 // len(LatencyBounds)+1
 	samples  []Sample
+	awake    []Point
+	poke     chan struct{} // a wake or sleep happened: take an awake point
 	switches []Event
 	prev     *sampled // the previous Sample's readings; nil before the first
 	subs     map[chan Event]struct{}
@@ -97,6 +109,7 @@ func NewRecorder(src Source, derp DERPSource) *Recorder {
 		wakes:   map[string][]Wake{},
 		latency: make([]uint64, len(LatencyBounds)+1),
 		subs:    map[chan Event]struct{}{},
+		poke:    make(chan struct{}, 1),
 	}
 }
 
@@ -113,6 +126,8 @@ func (r *Recorder) Run(ctx context.Context, interval time.Duration) {
 			return
 		case now := <-t.C:
 			r.Sample(ctx, now)
+		case <-r.poke:
+			r.addAwake(time.Now(), r.src.Stats().Awake)
 		}
 	}
 }
@@ -134,6 +149,13 @@ func (r *Recorder) Record(ev Event) {
 	}
 	if ev.Type == EventWake && ev.Host != "" && ev.Phases != nil {
 		r.recordWakeLocked(ev)
+	}
+	switch ev.Type {
+	case EventWake, EventSleep, EventCrash, EventFence:
+		select {
+		case r.poke <- struct{}{}:
+		default:
+		}
 	}
 	if ev.Type == EventDERPSwitch {
 		r.switches = append(r.switches, ev)
@@ -229,7 +251,7 @@ func (r *Recorder) Wakes(host string) []Wake {
 func (r *Recorder) Charts() Charts {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := Charts{Samples: slices.Clone(r.samples), DERPSwitches: slices.Clone(r.switches), DERP: r.prev != nil && r.prev.derp != (DERP{}) || len(r.switches) > 0}
+	c := Charts{Samples: slices.Clone(r.samples), Awake: slices.Clone(r.awake), DERPSwitches: slices.Clone(r.switches), DERP: r.prev != nil && r.prev.derp != (DERP{}) || len(r.switches) > 0}
 	for i, n := range r.latency {
 		b := LatencyBucket{Count: n}
 		if i < len(LatencyBounds) {
@@ -277,6 +299,7 @@ func (r *Recorder) Sample(ctx context.Context, now time.Time) {
 		r.samples = slices.Delete(r.samples, 0, len(r.samples)-maxSamples)
 	}
 	r.prev = cur
+	r.addAwakeLocked(now, cur.stats.Awake)
 	r.mu.Unlock()
 
 	if prev == nil {
@@ -286,6 +309,22 @@ func (r *Recorder) Sample(ctx context.Context, now time.Time) {
 		ev.At = now
 		r.Record(ev)
 	}
+}
+
+func (r *Recorder) addAwake(at time.Time, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.addAwakeLocked(at, n)
+}
+
+// addAwakeLocked appends an awake point, dropping points older than the oldest sample.
+func (r *Recorder) addAwakeLocked(at time.Time, n int) {
+	r.awake = append(r.awake, Point{At: at, Value: float64(n)})
+	drop := 0
+	for drop < len(r.awake)-1 && (len(r.awake)-drop > maxAwakePts || len(r.samples) > 0 && r.awake[drop].At.Before(r.samples[0].At)) {
+		drop++
+	}
+	r.awake = slices.Delete(r.awake, 0, drop)
 }
 
 func rate(prev, cur uint64, minutes float64) float64 {
@@ -310,6 +349,20 @@ func diff(prev, cur *sampled) []Event {
 		if b.This && was {
 			if d := replicationDetail(p.Counters, b.Counters); d != "" {
 				out = append(out, Event{Type: EventReplication, Box: self, Detail: d})
+			}
+		}
+		if !b.This && was && b.Error == "" && p.Error == "" {
+			// Another box's wakes and sleeps, as its status shows them (this box's own
+			// come from its engine, with their timings).
+			for _, h := range b.Awake {
+				if !slices.Contains(p.Awake, h) {
+					out = append(out, Event{Type: EventWake, Host: h, Box: self, Detail: "seen awake"})
+				}
+			}
+			for _, h := range p.Awake {
+				if !slices.Contains(b.Awake, h) {
+					out = append(out, Event{Type: EventSleep, Host: h, Box: self, Detail: "no longer awake"})
+				}
 			}
 		}
 	}

@@ -57,7 +57,7 @@ func TestRecorderDerivesFleetEventsAndRates(t *testing.T) {
 
 	src.fleet = Fleet{Mesh: true, Boxes: []Box{
 		{Self: "http://a", Region: "fi", This: true, Counters: map[string]uint64{"fanouts": 4}},
-		{Self: "http://c", Region: "de", Draining: true},
+		{Self: "http://c", Region: "de", Draining: true, Awake: []string{"y.test"}},
 		{Self: "http://d", Region: "de"},
 	}}
 	src.stats = Stats{Requests: 160, BucketRequests: 40, Awake: 2}
@@ -65,7 +65,7 @@ func TestRecorderDerivesFleetEventsAndRates(t *testing.T) {
 	r.Sample(context.Background(), t0.Add(30*time.Second))
 
 	got := types(r.Events(0, 0))
-	want := []string{"replication:http://a", "draining:http://c", "box_joined:http://d", "failover:http://b", "derp_switch:"}
+	want := []string{"replication:http://a", "draining:http://c", "wake:http://c", "box_joined:http://d", "failover:http://b", "derp_switch:"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("events = %v, want %v", got, want)
 	}
@@ -73,7 +73,7 @@ func TestRecorderDerivesFleetEventsAndRates(t *testing.T) {
 	// A drained box that leaves is not a failover.
 	src.fleet.Boxes = src.fleet.Boxes[:1]
 	r.Sample(context.Background(), t0.Add(60*time.Second))
-	if got := types(r.Events(5, 0)); !slices.Equal(got, []string{"failover:http://d"}) {
+	if got := types(r.Events(6, 0)); !slices.Equal(got, []string{"failover:http://d"}) {
 		t.Fatalf("after c drained and d vanished: %v", got)
 	}
 

@@ -13,8 +13,9 @@ import (
 
 // Browser starts Debian's headless Chromium (scripts/test installs it) under chromedp and
 // returns a tab's context, closed when the test ends. A missing browser fails the test:
-// the console's tests are what prove it works in a browser.
-func Browser(t testing.TB) context.Context {
+// the console's tests are what prove it works in a browser. extra adds options, e.g.
+// chromedp.Flag("host-resolver-rules", "MAP console.test 127.0.0.1").
+func Browser(t testing.TB, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	path := os.Getenv("LCHAT_CHROMIUM")
 	if path == "" {
@@ -36,6 +37,7 @@ func Browser(t testing.TB) context.Context {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.Flag("no-proxy-server", true),
 	)
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelTab := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
 	t.Cleanup(func() {
