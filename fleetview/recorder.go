@@ -89,6 +89,25 @@ type Recorder struct {
 	switches []Event
 	prev     *sampled // the previous Sample's readings; nil before the first
 	subs     map[chan Event]struct{}
+
+	fleetMu  sync.Mutex // serializes fleet reads through Fleet, so a burst shares one
+	fleet    Fleet
+	fleetAt  time.Time
+	fleetErr error
+}
+
+// Fleet reads the source's fleet, or returns the last read when it is younger than
+// maxAge: pages and the fragments a burst of events refreshes share one read of every
+// peer's status instead of one each.
+func (r *Recorder) Fleet(ctx context.Context, maxAge time.Duration) (Fleet, error) {
+	r.fleetMu.Lock()
+	defer r.fleetMu.Unlock()
+	if !r.fleetAt.IsZero() && time.Since(r.fleetAt) < maxAge {
+		return r.fleet, r.fleetErr
+	}
+	r.fleet, r.fleetErr = r.src.Fleet(ctx)
+	r.fleetAt = time.Now()
+	return r.fleet, r.fleetErr
 }
 
 // sampled is what one Sample read, kept to diff against the next.

@@ -18,7 +18,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request, name string) 
 	var v any
 	switch name {
 	case "fleet":
-		f, err := h.src.Fleet(ctx)
+		f, err := h.rec.Fleet(ctx, fleetMaxAge)
 		if err != nil {
 			return caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("reading the fleet: %v", err))
 		}
@@ -28,7 +28,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request, name string) 
 		if err != nil {
 			return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("listing spaces: %v", err))
 		}
-		if f, err := h.src.Fleet(ctx); err == nil {
+		if f, err := h.rec.Fleet(ctx, fleetMaxAge); err == nil {
 			fleetview.Join(sp, f)
 		}
 		v = sp

@@ -23,6 +23,9 @@ var assets embed.FS
 // eventsShown is how many recent events a page lists before live ones arrive.
 const eventsShown = 50
 
+// fleetMaxAge is how long pages reuse one read of the fleet (every peer's status).
+const fleetMaxAge = 2 * time.Second
+
 var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 	"age":      age,
 	"ago":      ago,
@@ -68,7 +71,7 @@ func (h *Handler) load(ctx context.Context, p *page, query string) {
 	defer cancel()
 	p.Now = time.Now()
 	p.Actions = h.actions != nil
-	f, err := h.src.Fleet(ctx)
+	f, err := h.rec.Fleet(ctx, fleetMaxAge)
 	if err != nil {
 		p.FleetErr = err.Error()
 	}
