@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -94,6 +95,8 @@ type Recorder struct {
 	fleet    Fleet
 	fleetAt  time.Time
 	fleetErr error
+	// fleetStale is set by a local wake or sleep, so the next page shows it at once.
+	fleetStale atomic.Bool
 }
 
 // Fleet reads the source's fleet, or returns the last read when it is younger than
@@ -102,7 +105,7 @@ type Recorder struct {
 func (r *Recorder) Fleet(ctx context.Context, maxAge time.Duration) (Fleet, error) {
 	r.fleetMu.Lock()
 	defer r.fleetMu.Unlock()
-	if !r.fleetAt.IsZero() && time.Since(r.fleetAt) < maxAge {
+	if !r.fleetStale.Swap(false) && !r.fleetAt.IsZero() && time.Since(r.fleetAt) < maxAge {
 		return r.fleet, r.fleetErr
 	}
 	r.fleet, r.fleetErr = r.src.Fleet(ctx)
@@ -171,6 +174,9 @@ func (r *Recorder) Record(ev Event) {
 	}
 	switch ev.Type {
 	case EventWake, EventSleep, EventCrash, EventFence:
+		if ev.Box == "" { // this box's own engine
+			r.fleetStale.Store(true)
+		}
 		select {
 		case r.poke <- struct{}{}:
 		default:
@@ -292,6 +298,10 @@ func (r *Recorder) Sample(ctx context.Context, now time.Time) {
 	f, err := r.src.Fleet(fleetCtx)
 	cancel()
 	if err == nil {
+		// The events derived below make pages refresh: they must see this read.
+		r.fleetMu.Lock()
+		r.fleet, r.fleetErr, r.fleetAt = f, nil, now
+		r.fleetMu.Unlock()
 		cur.fleet = f.Mesh
 		for _, b := range f.Boxes {
 			cur.boxes[b.Self] = b
