@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/space"
 )
 
@@ -96,9 +97,8 @@ func (e *Engine) emit(ev Event) {
 	if ev.At.IsZero() {
 		ev.At = e.now()
 	}
-	defer e.recoverPanic("observer")
 	for _, o := range *cur {
-		(*o)(ev)
+		safego.Run(e.log, "engine observer", func() { (*o)(ev) })
 	}
 }
 

@@ -229,24 +229,37 @@ func (a *adminAPI) getRoute(w http.ResponseWriter, host string) error {
 }
 
 func (a *adminAPI) deleteRoute(w http.ResponseWriter, r *http.Request, host string) error {
-	rt, err := a.app.shared.reg.Get(host)
+	err := a.app.removeRoute(r.Context(), host)
 	if errors.Is(err, registry.ErrNotFound) {
 		return apiErr(http.StatusNotFound, "no route for host %s", host)
+	}
+	if err != nil {
+		return apiErr(http.StatusInternalServerError, "%v", err)
+	}
+	a.logger.Info("route removed", zap.String("host", host))
+	return writeJSON(w, http.StatusOK, map[string]string{"removed": host})
+}
+
+// removeRoute deletes host's route (registry.ErrNotFound when it has none), stops its
+// space here and tombstones the row on the peers. The admin API and the console share it.
+func (a *App) removeRoute(ctx context.Context, host string) error {
+	rt, err := a.shared.reg.Get(host)
+	if err != nil {
+		return err
 	}
 	// Remove the row first so no new request wakes the space, then stop it, delete its
 	// scheduled wake record and drop its local state. Its other bucket data stays. A
 	// live route may have been a space before (hibernation turned off): Forget it too.
-	if err := a.app.shared.reg.Delete(host); err != nil {
-		return apiErr(http.StatusInternalServerError, "%v", err)
+	if err := a.shared.reg.Delete(host); err != nil {
+		return err
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := a.app.shared.eng.Forget(ctx, host); err != nil {
-		return apiErr(http.StatusInternalServerError, "route %s removed, but stopping its space failed: %v", host, err)
+	if err := a.shared.eng.Forget(ctx, host); err != nil {
+		return fmt.Errorf("route %s removed, but stopping its space failed: %v", host, err)
 	}
-	a.logger.Info("route removed", zap.String("host", host))
-	a.app.meshTombstone(host, rt.HomeRegion)
-	return writeJSON(w, http.StatusOK, map[string]string{"removed": host})
+	a.meshTombstone(host, rt.HomeRegion)
+	return nil
 }
 
 // hibernateRequest is the POST /lchat/routes/{host}/hibernate body.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -145,6 +146,10 @@ type shared struct {
 	mesh         *meshState // nil without LCHAT_MESH_SELF
 	drainTimeout time.Duration
 	ids          idAllocators // the id ledger's allocators (ids.go)
+	// counted is bucket, counting its requests; requests counts the lchat handler's
+	// requests. Both only grow; the console charts their rates.
+	counted  *bucket.Counted
+	requests atomic.Uint64
 
 	// kindsMu serializes applying kinds (App.Start) and unwinding them (App.Stop).
 	kindsMu sync.Mutex
@@ -284,6 +289,8 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		}
 		bkt = fb
 	}
+	counted := bucket.NewCounted(bkt)
+	bkt = counted
 	if err := os.MkdirAll(a.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating state_dir: %v", err)
 	}
@@ -347,7 +354,8 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 	a.logger.Info("lchat registry and engine ready",
 		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),
 		zap.String("bucket", bkt.String()), zap.String("state_dir", a.StateDir))
-	return &shared{reg: reg, eng: eng, bucket: bkt, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}, nil
+	eng.Observe(observeMetrics)
+	return &shared{reg: reg, eng: eng, bucket: bkt, counted: counted, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}, nil
 }
 
 // Validate checks the config across fields.

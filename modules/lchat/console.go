@@ -1,13 +1,10 @@
 package lchat
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"slices"
 	"sync"
@@ -17,6 +14,8 @@ import (
 
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/fleetview"
+	"github.com/lchat/lchat-caddy/internal/safego"
+	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -56,15 +55,13 @@ func (c consoleSource) Fleet(ctx context.Context) (fleetview.Fleet, error) {
 		b.Self, b.Region, b.Version, b.HeartbeatAge, b.Draining = m.Self, m.Region, m.Version, m.Age, m.Draining
 		if m.Self == ms.cfg.Self {
 			b.This, b.Fenced, b.Draining, b.Awake = true, ms.m.Fenced(), ms.m.Draining(), awake
-			b.Counters = ms.c.snapshot()
+			b.Counters = ms.counters()
 			for k, v := range engineCounters(c.s.eng) {
 				b.Counters[k] = v
 			}
 			continue
 		}
-		wg.Add(1)
-		goSafe(c.s.logger, "console fleet read", func() {
-			defer wg.Done()
+		safego.Go(&wg, c.s.logger, "console fleet read", func() {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			raw, err := ms.client.Status(rctx, m.Self)
@@ -119,7 +116,7 @@ func (c consoleSource) Spaces(ctx context.Context, search string, limit int) ([]
 
 // Stats reads this box's totals.
 func (c consoleSource) Stats() fleetview.Stats {
-	return fleetview.Stats{Awake: len(awakeHosts(c.s.eng))}
+	return fleetview.Stats{Awake: len(awakeHosts(c.s.eng)), Requests: c.s.requests.Load(), BucketRequests: c.s.counted.Requests()}
 }
 
 // Subscribe relays the engine's events.
@@ -156,7 +153,7 @@ func (c consoleSource) Hibernate(ctx context.Context, host string) error {
 	return c.s.eng.Sleep(ctx, host)
 }
 
-// Relocate runs the admin API's relocate, so the console follows the same rules.
+// Relocate moves a hibernating space to another region, as the admin API does.
 func (c consoleSource) Relocate(ctx context.Context, host, region string, moveDNS bool) error {
 	a, err := c.app()
 	if err != nil {
@@ -166,40 +163,23 @@ func (c consoleSource) Relocate(ctx context.Context, host, region string, moveDN
 	if ms == nil {
 		return errMeshOff
 	}
-	body, _ := json.Marshal(relocateRequest{To: region, MoveDNS: moveDNS})
-	return callAdmin(ctx, http.MethodPost, body, func(w http.ResponseWriter, r *http.Request) error {
-		return (&meshAdmin{app: a, logger: c.s.logger}).relocate(w, r, ms, host)
-	})
+	if _, err := a.relocator(ms).Relocate(ctx, mesh.RelocateRequest{Host: host, To: region, MoveDNS: moveDNS}); err != nil {
+		return errors.New(mesh.RelocateErrorMessage(err))
+	}
+	return nil
 }
 
-// Remove runs the admin API's route removal (the row, a tombstone to peers, local state).
+// Remove deletes the route, as the admin API does (the row, a tombstone to peers, the
+// space's local state; its bucket data stays).
 func (c consoleSource) Remove(ctx context.Context, host string) error {
 	a, err := c.app()
 	if err != nil {
 		return err
 	}
-	if err := registry.ValidateHost(host); err != nil {
+	if err := a.removeRoute(ctx, host); errors.Is(err, registry.ErrNotFound) {
+		return fmt.Errorf("no route for host %s", host)
+	} else if err != nil {
 		return err
-	}
-	return callAdmin(ctx, http.MethodDelete, nil, func(w http.ResponseWriter, r *http.Request) error {
-		return (&adminAPI{app: a, logger: c.s.logger}).deleteRoute(w, r, host)
-	})
-}
-
-// callAdmin runs an admin handler in process and returns its error as plain text.
-func callAdmin(ctx context.Context, method string, body []byte, h func(http.ResponseWriter, *http.Request) error) error {
-	r := httptest.NewRequestWithContext(ctx, method, "/", bytes.NewReader(body))
-	r.Header.Set("Content-Type", "application/json")
-	w := httptest.NewRecorder()
-	if err := h(w, r); err != nil {
-		var ae caddy.APIError
-		if errors.As(err, &ae) && ae.Err != nil {
-			return ae.Err
-		}
-		return err
-	}
-	if w.Code >= 300 {
-		return fmt.Errorf("%s", bytes.TrimSpace(w.Body.Bytes()))
 	}
 	return nil
 }

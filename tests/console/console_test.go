@@ -36,7 +36,7 @@ func freeAddr(t *testing.T) string {
 
 // dev is one `lchat-caddy dev` process.
 type dev struct {
-	listen, port string
+	listen, port, admin string
 	printed      []string
 }
 
@@ -45,10 +45,10 @@ type dev struct {
 func startDev(t *testing.T, idle time.Duration) *dev {
 	t.Helper()
 	dir, home := t.TempDir(), t.TempDir()
-	d := &dev{listen: freeAddr(t)}
+	d := &dev{listen: freeAddr(t), admin: freeAddr(t)}
 	_, d.port, _ = net.SplitHostPort(d.listen)
 	cmd := exec.Command(harness.Binary(t), "dev", "--dir", filepath.Join(dir, "state"), "--listen", d.listen,
-		"--admin", freeAddr(t), "--idle-timeout", idle.String())
+		"--admin", d.admin, "--idle-timeout", idle.String())
 	cmd.Dir = dir
 	env := []string{"HOME=" + home, "XDG_DATA_HOME=" + filepath.Join(home, "data"), "XDG_CONFIG_HOME=" + filepath.Join(home, "config")}
 	for _, kv := range os.Environ() {
@@ -323,6 +323,23 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.do("confirm", chromedp.SendKeys(chromedp.CSS("#confirm"), demo+"\r"))
 	b.wait("hibernated", `location.pathname.endsWith('/space/demo.localhost') && document.querySelector('.facts .st').textContent === 'asleep'`, 30*time.Second)
 	b.shot("hibernated")
+
+	// The same wakes and checkpoints are in the metrics, by phase.
+	resp, err := http.Get("http://" + d.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`lchat_wake_phase_seconds_count{phase="lease"} 2`, `lchat_wake_phase_seconds_count{phase="restore"} 2`,
+		`lchat_wake_phase_seconds_count{phase="start"} 2`, `lchat_wake_phase_seconds_count{phase="ready"} 2`,
+		`lchat_wake_seconds_count{result="ok"} 2`, `lchat_checkpoint_seconds_count{result="ok"}`, `lchat_checkpoint_bytes_count`,
+	} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
 }
 
 // stateOfSpacePageless is the state cell of a page without a spaces table: empty.
