@@ -37,7 +37,7 @@ func freeAddr(t *testing.T) string {
 // dev is one `lchat-caddy dev` process.
 type dev struct {
 	listen, port, admin string
-	printed      []string
+	printed             []string
 }
 
 // startDev runs `lchat-caddy dev` as the README says, with free ports and a short idle
