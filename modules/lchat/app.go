@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -245,6 +246,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.provisionRelocate(ctx); err != nil {
 		return err
 	}
+	if err := a.checkConsistency(); err != nil {
+		return err
+	}
 
 	var bkt bucket.Bucket
 	if a.BucketRaw != nil {
@@ -346,16 +350,32 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		}
 		a.logger.Info("mesh on", zap.Stringer("mesh", ms.cfg), zap.Duration("beat", ms.m.Config().Beat),
 			zap.Duration("dead_after", ms.m.Config().DeadAfter), zap.Bool("fenced", ms.m.Fenced()))
-		if insecureSelf(ms.cfg.Self) {
-			a.logger.Warn("LCHAT_MESH_SELF is plain http on a non-loopback address: the mesh token and replicated env values cross the network unencrypted; use https",
-				zap.String("self", ms.cfg.Self))
-		}
 	}
 	a.logger.Info("lchat registry and engine ready",
 		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),
 		zap.String("bucket", bkt.String()), zap.String("state_dir", a.StateDir))
 	eng.Observe(observeMetrics)
 	return &shared{reg: reg, eng: eng, bucket: bkt, counted: counted, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}, nil
+}
+
+// checkConsistency refuses a mesh config that contradicts itself and logs what only
+// looks wrong (mesh.CheckConfig holds the rules).
+func (a *App) checkConsistency() error {
+	if !a.meshCfg.Enabled() {
+		return nil
+	}
+	facts := mesh.ConfigFacts{Self: a.meshCfg.Self, Domains: a.meshCfg.Domains, Wildcards: a.WildcardDomains}
+	if a.reloc.dns != nil {
+		facts.RelocateZone = a.reloc.dns.Zone
+	}
+	p := mesh.CheckConfig(facts)
+	for _, w := range p.Warn {
+		a.logger.Warn(w, zap.String("self", a.meshCfg.Self))
+	}
+	if len(p.Refuse) > 0 {
+		return fmt.Errorf("contradictory config: %s", strings.Join(p.Refuse, "; "))
+	}
+	return nil
 }
 
 // Validate checks the config across fields.
