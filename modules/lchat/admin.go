@@ -152,6 +152,10 @@ type createRequest struct {
 	HomeRegion string            `json:"home_region,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
 	Upstream   string            `json:"upstream,omitempty"`
+	// Mint names the host from the next id instead: <base36(id)>.<first wildcard
+	// domain>, the id drawn from LCHAT_CLOUD_ID_LEDGER's ledger (a local counter
+	// without it). Host must then be empty.
+	Mint bool `json:"mint,omitempty"`
 }
 
 func decodeStrict(r *http.Request, v any) error {
@@ -199,13 +203,19 @@ func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
 	if rt.HomeRegion == "" {
 		rt.HomeRegion = a.cloudRegion
 	}
-	if err := a.app.checkRoute(&rt); err != nil {
-		return apiErr(http.StatusBadRequest, "%v", err)
-	}
 	if rt.HomeRegion != "" {
 		if err := registry.ValidateRegion(rt.HomeRegion); err != nil {
 			return apiErr(http.StatusBadRequest, "home_region: %v", err)
 		}
+	}
+	if req.Mint {
+		if req.Host != "" {
+			return apiErr(http.StatusBadRequest, `give "host" or "mint", not both`)
+		}
+		return a.mintRoute(w, r, rt)
+	}
+	if err := a.app.checkRoute(&rt); err != nil {
+		return apiErr(http.StatusBadRequest, "%v", err)
 	}
 	stored, err := a.app.shared.reg.Create(rt)
 	if errors.Is(err, registry.ErrExists) {
@@ -215,6 +225,24 @@ func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
 		return apiErr(http.StatusInternalServerError, "%v", err)
 	}
 	a.logger.Info("route created", zap.String("host", stored.Host), zap.String("kind", stored.Kind),
+		zap.Bool("hibernate", stored.Hibernate), zap.Strings("env_names", stored.Summary().EnvNames))
+	a.app.meshFanout(stored)
+	return writeJSON(w, http.StatusCreated, stored.Summary())
+}
+
+// mintRoute creates rt under a minted host (App.mintRoute) and answers like a create.
+func (a *adminAPI) mintRoute(w http.ResponseWriter, r *http.Request, rt registry.Route) error {
+	stored, err := a.app.mintRoute(r.Context(), rt)
+	var invalid *mintInvalidError
+	switch {
+	case errors.As(err, &invalid):
+		return apiErr(http.StatusBadRequest, "%v", err)
+	case errors.Is(err, errNoMintDomain):
+		return apiErr(http.StatusConflict, "%v", err)
+	case err != nil:
+		return apiErr(http.StatusServiceUnavailable, "minting a host: %v", err)
+	}
+	a.logger.Info("route created", zap.String("host", stored.Host), zap.Bool("minted", true), zap.String("kind", stored.Kind),
 		zap.Bool("hibernate", stored.Hibernate), zap.Strings("env_names", stored.Summary().EnvNames))
 	a.app.meshFanout(stored)
 	return writeJSON(w, http.StatusCreated, stored.Summary())
