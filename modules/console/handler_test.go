@@ -171,3 +171,35 @@ func TestEventStreamResumes(t *testing.T) {
 		t.Fatalf("event ids %v, want 2,3 replayed then 4 live", ids)
 	}
 }
+
+// fakeDERP is a DERP app whose home region the test moves.
+type fakeDERP struct{ home int }
+
+func (d *fakeDERP) DERP() (fleetview.DERP, bool) { return fleetview.DERP{Home: d.home}, true }
+
+// TestChartsDrawTheDERPHomeAndItsSwitches: with the derp_switch app, the charts show
+// the home region over time with a mark at each switch; without it, a note says so.
+func TestChartsDrawTheDERPHomeAndItsSwitches(t *testing.T) {
+	src := &fakeSource{}
+	h := newHandler(src, false)
+	if w := serve(h, httptest.NewRequest("GET", "/fragment/charts", nil)); !strings.Contains(w.Body.String(), "not configured") {
+		t.Fatalf("charts without the DERP app:\n%s", w.Body.String())
+	}
+	derp := &fakeDERP{home: 1}
+	h.rec = &recorder{Recorder: fleetview.NewRecorder(src, derp)}
+	t0 := time.Now().Add(-2 * time.Minute)
+	h.rec.Sample(context.Background(), t0)
+	derp.home = 12
+	h.rec.Sample(context.Background(), t0.Add(time.Minute))
+	h.rec.Record(fleetview.Event{Type: fleetview.EventWake, Host: "a.example.com", Phases: &fleetview.Phases{Ready: 300 * time.Millisecond}})
+	w := serve(h, httptest.NewRequest("GET", "/fragment/charts", nil))
+	body := w.Body.String()
+	for _, want := range []string{`id="chart-derp"`, `class="mark"`, "DERP home region now 12", `id="chart-latency"`, "1 wakes. ≤500ms: 1."} {
+		if !strings.Contains(body, want) {
+			t.Errorf("charts lack %q", want)
+		}
+	}
+	if w := serve(h, httptest.NewRequest("GET", "/api/events", nil)); !strings.Contains(w.Body.String(), `"type":"derp_switch"`) {
+		t.Errorf("events lack the switch: %s", w.Body.String())
+	}
+}
