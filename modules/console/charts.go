@@ -146,10 +146,14 @@ func lineChart(id, title string, now time.Time, marks []time.Time, ss ...series)
 			desc = append(desc, fmt.Sprintf("%s now %s", s.name, trim(s.pts[len(s.pts)-1].v)))
 		}
 	}
-	if len(desc) == 0 {
+	empty := len(desc) == 0
+	if empty {
 		desc = append(desc, "No samples yet")
 	}
 	svgOpen(&b, id, title, strings.Join(desc, "; ")+".")
+	if empty {
+		fmt.Fprintf(&b, `<text class="empty" x="%g" y="%g">collecting the first samples…</text>`, (padL+chartW-padR)/2, (padT+chartH-padB)/2)
+	}
 	if hi == 0 {
 		hi = 1
 	}

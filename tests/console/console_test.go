@@ -257,6 +257,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.wait("sleep event", `[...document.querySelectorAll('#event-list .ev-sleep')].some(li => li.textContent.includes('idle'))`, 20*time.Second)
 	b.wait("checkpoint event", `document.querySelector('#event-list .ev-checkpoint') !== null`, 20*time.Second)
 	b.wait("latency chart counts the wake", `document.querySelector('#chart-latency desc').textContent.startsWith('1 wakes')`, 60*time.Second)
+	b.wait("awake chart back at zero", `document.querySelector('#chart-awake desc').textContent.includes('awake spaces now 0')`, 45*time.Second)
 	b.shot("asleep")
 
 	// Keyboard: the first Tab reaches the skip link, Enter moves focus to the content, and

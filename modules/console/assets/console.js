@@ -97,7 +97,7 @@
     addEvent(ev);
     if (!index) return;
     var names = ["spaces", "fleet"];
-    if (ev.type === "wake" || ev.type === "derp_switch") names.push("charts");
+    if (["wake", "sleep", "crash", "fence", "derp_switch"].indexOf(ev.type) >= 0) names.push("charts");
     refresh(names);
   };
   if (index) setInterval(function () { refresh(["fleet", "charts"]); }, 30000);
