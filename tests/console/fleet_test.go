@@ -64,7 +64,7 @@ func startFleetBox(t *testing.T, ip, region string, s3 *harness.S3) *fleetBox {
 					},
 					map[string]any{
 						"match":    []any{map[string]any{"host": []string{"console.test"}}},
-						"handle":   []any{map[string]any{"handler": "lchat_console", "sample_interval": "1s"}},
+						"handle":   []any{map[string]any{"handler": "lchat_console", "sample_interval": "1s", "actions": true}},
 						"terminal": true,
 					},
 					map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}},
@@ -155,4 +155,32 @@ func TestConsoleFleet(t *testing.T) {
 		t.Fatal("the console shows the mesh token")
 	}
 	b.shot("failover")
+
+	// Relocate and remove from the console, each after its confirmation page.
+	const other = "notes." + fleetDomain
+	body = fmt.Sprintf(`{"host":%q,"kind":"demo","home_region":"de"}`, other)
+	if status, out, err := boxes[0].Admin(http.MethodPost, "/lchat/routes", json.RawMessage(body)); err != nil || status != http.StatusCreated {
+		t.Fatalf("creating %s: %d %s %v", other, status, out, err)
+	}
+	b.do("open "+other, chromedp.Navigate("http://console.test:"+port+"/space/"+other))
+	b.do("relocate form", chromedp.SendKeys(chromedp.CSS("#region"), "fi"), chromedp.Click(chromedp.CSS(`form[action$="actions/relocate"] button`)))
+	b.wait("relocate confirmation", `document.querySelector('h1').textContent.startsWith('Confirm: Relocate')`, 10*time.Second)
+	b.do("confirm relocate", chromedp.SendKeys(chromedp.CSS("#confirm"), other+"\r"))
+	b.wait("relocated", `location.pathname.endsWith('/space/`+other+`') && [...document.querySelectorAll('.facts dd')].some(dd => dd.textContent === 'fi')`, 30*time.Second)
+	var rt struct {
+		HomeRegion string `json:"home_region"`
+	}
+	boxes[0].AdminJSON(http.MethodGet, "/lchat/routes/"+other, nil, http.StatusOK, &rt)
+	if rt.HomeRegion != "fi" {
+		t.Fatalf("after the console's relocate, home_region = %q, want fi", rt.HomeRegion)
+	}
+	b.shot("relocated")
+	b.do("remove", chromedp.Click(chromedp.CSS(`form[action$="actions/remove"] button`)))
+	b.wait("remove confirmation", `document.querySelector('h1').textContent.startsWith('Confirm: Remove')`, 10*time.Second)
+	b.do("confirm remove", chromedp.SendKeys(chromedp.CSS("#confirm"), other+"\r"))
+	b.wait("removed", `location.search === '?q=`+other+`' && document.querySelector('#spaces-table tbody').textContent.includes('No space matches')`, 30*time.Second)
+	if status, _, _ := boxes[0].Admin(http.MethodGet, "/lchat/routes/"+other, nil); status != http.StatusNotFound {
+		t.Fatalf("after the console's remove, GET route: %d, want 404", status)
+	}
+	b.shot("removed")
 }
