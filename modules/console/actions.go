@@ -52,7 +52,6 @@ func (h *Handler) serveAction(w http.ResponseWriter, r *http.Request, name strin
 	p := &page{Base: "../", Title: title + " " + host}
 	h.load(r.Context(), p, host)
 	if r.PostForm.Get("confirm") != host {
-		p.Notice = name
 		return render(w, http.StatusOK, "confirm.html", &confirmPage{page: p, Action: name, ActionTitle: title, Host: host, Region: region, MoveDNS: moveDNS})
 	}
 	var err error
@@ -68,15 +67,22 @@ func (h *Handler) serveAction(w http.ResponseWriter, r *http.Request, name strin
 		return caddyhttp.Error(http.StatusConflict, fmt.Errorf("%s %s: %v", strings.ToLower(title), host, err))
 	}
 	h.logger.Info("console action", zap.String("action", name), zap.String("host", host), zap.String("region", region))
-	next := "../space/" + url.PathEscape(host)
+	next := "../space/" + url.PathEscape(host) + "?done=" + name
 	if name == "remove" {
-		next = "../?q=" + url.QueryEscape(host)
+		next = "../?q=" + url.QueryEscape(host) + "&done=" + name
 	}
 	// A relative Location, resolved by the browser against the URL it posted to, so the
 	// console keeps working when a site mounts it under a path (handle_path /console/*).
 	w.Header().Set("Location", next)
 	w.WriteHeader(http.StatusSeeOther)
 	return nil
+}
+
+// doneNotices are what a page says after an action it was redirected from.
+var doneNotices = map[string]string{
+	"hibernate": "Hibernated: checkpointed to the bucket, lease released.",
+	"relocate":  "Relocated.",
+	"remove":    "Removed (its data stays in the bucket).",
 }
 
 // confirmPage is the confirmation of one action.

@@ -124,7 +124,7 @@ func TestActionsAreOffConfirmedAndSameOrigin(t *testing.T) {
 		t.Fatalf("confirmed with another host: %d, hibernated %v", w.Code, src.hibernated)
 	}
 	w = postAction(on, "hibernate", url.Values{"host": {"a.example.com"}, "confirm": {"a.example.com"}}, "same-origin")
-	if w.Code != http.StatusSeeOther || len(src.hibernated) != 1 || w.Header().Get("Location") != "../space/a.example.com" {
+	if w.Code != http.StatusSeeOther || len(src.hibernated) != 1 || w.Header().Get("Location") != "../space/a.example.com?done=hibernate" {
 		t.Fatalf("confirmed: %d %q, hibernated %v", w.Code, w.Header().Get("Location"), src.hibernated)
 	}
 	if w := postAction(on, "relocate", url.Values{"host": {"a.example.com"}}, "same-origin"); w.Code != 400 {

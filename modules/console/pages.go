@@ -97,14 +97,14 @@ func (h *Handler) load(ctx context.Context, p *page, query string) {
 }
 
 func (h *Handler) serveIndex(w http.ResponseWriter, r *http.Request) error {
-	p := &page{Title: "lchat fleet", Base: "./"}
+	p := &page{Title: "lchat fleet", Base: "./", Notice: doneNotices[r.URL.Query().Get("done")]}
 	h.load(r.Context(), p, r.URL.Query().Get("q"))
 	return render(w, http.StatusOK, "index.html", p)
 }
 
 func (h *Handler) serveSpace(w http.ResponseWriter, r *http.Request, host string) error {
 	host = strings.ToLower(host)
-	p := &page{Base: "../", Title: host}
+	p := &page{Base: "../", Title: host, Notice: doneNotices[r.URL.Query().Get("done")]}
 	h.load(r.Context(), p, host)
 	for i := range p.Spaces {
 		if p.Spaces[i].Host == host {

@@ -322,7 +322,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	b.shot("confirm")
 	b.do("confirm", chromedp.SendKeys(chromedp.CSS("#confirm"), demo+"\r"))
-	b.wait("hibernated", `location.pathname.endsWith('/space/demo.localhost') && document.querySelector('.facts .st').textContent === 'asleep'`, 30*time.Second)
+	b.wait("hibernated", `location.pathname.endsWith('/space/demo.localhost') && document.querySelector('.notice').textContent.startsWith('Hibernated') && document.querySelector('.facts .st').textContent === 'asleep'`, 30*time.Second)
 	b.shot("hibernated")
 
 	// The same wakes and checkpoints are in the metrics, by phase.

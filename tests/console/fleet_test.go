@@ -178,7 +178,7 @@ func TestConsoleFleet(t *testing.T) {
 	b.do("remove", chromedp.Click(chromedp.CSS(`form[action$="actions/remove"] button`)))
 	b.wait("remove confirmation", `document.querySelector('h1').textContent.startsWith('Confirm: Remove')`, 10*time.Second)
 	b.do("confirm remove", chromedp.SendKeys(chromedp.CSS("#confirm"), other+"\r"))
-	b.wait("removed", `location.search === '?q=`+other+`' && document.querySelector('#spaces-table tbody').textContent.includes('No space matches')`, 30*time.Second)
+	b.wait("removed", `location.search === '?q=`+other+`&done=remove' && document.querySelector('.notice[role=status]').textContent.startsWith('Removed') && document.querySelector('#spaces-table tbody').textContent.includes('No space matches')`, 30*time.Second)
 	if status, _, _ := boxes[0].Admin(http.MethodGet, "/lchat/routes/"+other, nil); status != http.StatusNotFound {
 		t.Fatalf("after the console's remove, GET route: %d, want 404", status)
 	}
