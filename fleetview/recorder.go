@@ -165,10 +165,7 @@ func (r *Recorder) Record(ev Event) {
 	defer r.mu.Unlock()
 	r.seq++
 	ev.Seq = r.seq
-	r.events = append(r.events, ev)
-	if len(r.events) > maxEvents {
-		r.events = slices.Delete(r.events, 0, len(r.events)-maxEvents)
-	}
+	r.events = trimmed(append(r.events, ev), maxEvents)
 	if ev.Type == EventWake && ev.Host != "" && ev.Phases != nil {
 		r.recordWakeLocked(ev)
 	}
@@ -183,10 +180,7 @@ func (r *Recorder) Record(ev Event) {
 		}
 	}
 	if ev.Type == EventDERPSwitch {
-		r.switches = append(r.switches, ev)
-		if len(r.switches) > maxEvents {
-			r.switches = slices.Delete(r.switches, 0, len(r.switches)-maxEvents)
-		}
+		r.switches = trimmed(append(r.switches, ev), maxEvents)
 	}
 	for ch := range r.subs {
 		select {
@@ -194,6 +188,16 @@ func (r *Recorder) Record(ev Event) {
 		default:
 		}
 	}
+}
+
+// trimmed keeps at least the last n events of list: it lets list grow to 2n and then
+// drops the older half at once, so recording stays O(1) amortized instead of moving n
+// events on every append.
+func trimmed(list []Event, n int) []Event {
+	if len(list) <= 2*n {
+		return list
+	}
+	return slices.Clone(list[len(list)-n:])
 }
 
 func (r *Recorder) recordWakeLocked(ev Event) {
@@ -258,11 +262,14 @@ func (r *Recorder) Events(after uint64, limit int) []Event {
 		}
 		return 0
 	})
-	out := slices.Clone(r.events[i:])
-	if limit > 0 && len(out) > limit {
-		out = out[len(out)-limit:]
+	events := r.events[i:]
+	if len(r.events) > maxEvents {
+		events = r.events[max(i, len(r.events)-maxEvents):]
 	}
-	return out
+	if limit > 0 && len(events) > limit {
+		events = events[len(events)-limit:]
+	}
+	return slices.Clone(events)
 }
 
 // Wakes returns host's last wakes, oldest first.
@@ -276,7 +283,8 @@ func (r *Recorder) Wakes(host string) []Wake {
 func (r *Recorder) Charts() Charts {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := Charts{Samples: slices.Clone(r.samples), Awake: slices.Clone(r.awake), DERPSwitches: slices.Clone(r.switches), DERP: r.prev != nil && r.prev.derp != (DERP{}) || len(r.switches) > 0}
+	switches := r.switches[max(0, len(r.switches)-maxEvents):]
+	c := Charts{Samples: slices.Clone(r.samples), Awake: slices.Clone(r.awake), DERPSwitches: slices.Clone(switches), DERP: r.prev != nil && r.prev.derp != (DERP{}) || len(r.switches) > 0}
 	for i, n := range r.latency {
 		b := LatencyBucket{Count: n}
 		if i < len(LatencyBounds) {

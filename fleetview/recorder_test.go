@@ -2,6 +2,7 @@ package fleetview
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -139,5 +140,42 @@ func TestRegionsAndJoin(t *testing.T) {
 	}
 	if !Match("Chat.Example.com", " chat") || Match("a.b", "z") {
 		t.Fatal("Match")
+	}
+}
+
+// BenchmarkRecord is the cost an engine goroutine pays per event for the console: with
+// no SSE subscriber and with one that keeps up. Compare the two in one run.
+func BenchmarkRecord(b *testing.B) {
+	for _, subs := range []int{0, 1} {
+		b.Run(fmt.Sprintf("subscribers=%d", subs), func(b *testing.B) {
+			r := NewRecorder(&stubSource{}, nil)
+			if subs > 0 {
+				ch, cancel := r.Subscribe()
+				defer cancel()
+				go func() {
+					for range ch {
+					}
+				}()
+			}
+			ev := Event{Type: EventWake, Host: "h.test", Phases: &Phases{Lease: time.Millisecond, Ready: 100 * time.Millisecond}}
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Record(ev)
+			}
+		})
+	}
+}
+
+func TestRecorderKeepsTheLastEvents(t *testing.T) {
+	r := NewRecorder(&stubSource{}, nil)
+	for i := 0; i < 3*maxEvents+7; i++ {
+		r.Record(Event{Type: EventSleep})
+	}
+	evs := r.Events(0, 0)
+	if len(evs) != maxEvents || evs[len(evs)-1].Seq != 3*maxEvents+7 || evs[0].Seq != 2*maxEvents+8 {
+		t.Fatalf("kept %d events, seq %d..%d; want the last %d", len(evs), evs[0].Seq, evs[len(evs)-1].Seq, maxEvents)
+	}
+	if evs := r.Events(3*maxEvents, 0); len(evs) != 7 {
+		t.Fatalf("Events(after) = %d, want 7", len(evs))
 	}
 }
