@@ -10,10 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"runtime/debug"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -21,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/fleetview"
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 func init() {
@@ -115,12 +114,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		logger := h.logger
 		go func() {
 			defer close(r.done)
-			defer func() {
-				if rec := recover(); rec != nil {
-					logger.Error("panic", zap.String("goroutine", "console recorder"), zap.Any("panic", rec), zap.ByteString("stack", debug.Stack()))
-				}
-			}()
-			r.Run(rctx, interval)
+			safego.Run(logger, "console recorder", func() { r.Run(rctx, interval) })
 		}()
 		return r, nil
 	})
@@ -209,14 +203,12 @@ func mountedWithoutSlash(r *http.Request) (string, bool) {
 type derpHolder struct {
 	mu  sync.Mutex
 	src fleetview.DERPSource
-	on  atomic.Bool
 }
 
 func (d *derpHolder) set(src fleetview.DERPSource) {
 	d.mu.Lock()
 	d.src = src
 	d.mu.Unlock()
-	d.on.Store(src != nil)
 }
 
 // DERP reads the current derp_switch app.

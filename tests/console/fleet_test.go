@@ -23,7 +23,7 @@ const (
 // fleetBox is one box of a small mesh with the console on host console.test.
 type fleetBox struct {
 	*harness.Box
-	addr, self string
+	addr, self, config string
 }
 
 func startFleetBox(t *testing.T, ip, region string, s3 *harness.S3) *fleetBox {
@@ -73,6 +73,7 @@ func startFleetBox(t *testing.T, ip, region string, s3 *harness.S3) *fleetBox {
 		},
 	}
 	raw, _ := json.Marshal(cfg)
+	n.config = string(raw)
 	env := append(s3.Env("fleet/"), mesh.EnvSelf+"="+n.self, mesh.EnvDomains+"="+fleetDomain,
 		mesh.EnvToken+"="+fleetToken, mesh.EnvRegion+"="+region)
 	n.Box = harness.StartBox(t, harness.BoxOptions{JSON: string(raw), Env: env, IP: ip})
@@ -155,6 +156,17 @@ func TestConsoleFleet(t *testing.T) {
 		t.Fatal("the console shows the mesh token")
 	}
 	b.shot("failover")
+
+	// A config reload keeps the console's history: the same recorder serves the new config.
+	changed := strings.Replace(boxes[0].config, `"sample_interval":"1s"`, `"page_size":99,"sample_interval":"1s"`, 1)
+	if changed == boxes[0].config {
+		t.Fatal("the reload would not change the config")
+	}
+	if err := boxes[0].Reload(changed, true); err != nil {
+		t.Fatal(err)
+	}
+	b.do("reload page", chromedp.Navigate("http://console.test:"+port+"/"))
+	b.wait("history kept across the reload", fmt.Sprintf(`[...document.querySelectorAll('#event-list .ev-failover')].some(li => li.textContent.includes(%q))`, boxes[1].addr), 10*time.Second)
 
 	// Relocate and remove from the console, each after its confirmation page.
 	const other = "notes." + fleetDomain
