@@ -93,6 +93,17 @@ type Space struct {
 	AwakeOn []string `json:"awake_on,omitempty"`
 }
 
+// Stored is a space's state in the bucket, from its manifest: what any box would
+// restore on the next wake.
+type Stored struct {
+	Generation int64     `json:"generation"`
+	Files      int       `json:"files"`
+	Size       int64     `json:"size"`
+	WrittenBy  string    `json:"written_by,omitempty"`
+	WrittenAt  time.Time `json:"written_at,omitzero"`
+	NextWake   time.Time `json:"next_wake,omitzero"` // zero: none
+}
+
 // Join fills each space's AwakeOn from the fleet.
 func Join(spaces []Space, f Fleet) {
 	for i := range spaces {
@@ -165,6 +176,9 @@ type Source interface {
 	// Spaces lists up to limit routes whose host contains search (all when empty),
 	// sorted by host.
 	Spaces(ctx context.Context, search string, limit int) ([]Space, error)
+	// Stored reads host's manifest from the bucket; ok is false for a space never
+	// checkpointed. One bucket read: the console calls it for one space's page only.
+	Stored(ctx context.Context, host string) (st Stored, ok bool, err error)
 	// Stats reads this box's totals.
 	Stats() Stats
 	// Subscribe calls f for every event on this box until cancel is called. f must

@@ -23,6 +23,9 @@ func (s *stubSource) Fleet(context.Context) (Fleet, error) {
 	return s.fleet, nil
 }
 func (s *stubSource) Spaces(context.Context, string, int) ([]Space, error) { return nil, nil }
+func (s *stubSource) Stored(context.Context, string) (Stored, bool, error) {
+	return Stored{}, false, nil
+}
 func (s *stubSource) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()

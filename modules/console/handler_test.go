@@ -35,7 +35,10 @@ func (f *fakeSource) Spaces(_ context.Context, q string, limit int) ([]fleetview
 	}
 	return out, nil
 }
-func (f *fakeSource) Stats() fleetview.Stats                 { return fleetview.Stats{} }
+func (f *fakeSource) Stats() fleetview.Stats { return fleetview.Stats{} }
+func (f *fakeSource) Stored(context.Context, string) (fleetview.Stored, bool, error) {
+	return fleetview.Stored{Generation: 7, Files: 2, Size: 2048, WrittenBy: "http://box-2"}, true, nil
+}
 func (f *fakeSource) Subscribe(func(fleetview.Event)) func() { return func() {} }
 func (f *fakeSource) Hibernate(_ context.Context, host string) error {
 	f.hibernated = append(f.hibernated, host)
@@ -82,6 +85,9 @@ func TestIndexWorksWithoutScriptAndSearches(t *testing.T) {
 	}
 	if w := serve(h, httptest.NewRequest("GET", "/space/a.example.com", nil)); w.Code != 200 || strings.Contains(w.Body.String(), "actions/hibernate") {
 		t.Fatalf("space page with actions off: %d, offers actions: %v", w.Code, strings.Contains(w.Body.String(), "actions/hibernate"))
+	}
+	if w := serve(h, httptest.NewRequest("GET", "/space/a.example.com", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), "<dt>Generation</dt><dd>7</dd>") || !strings.Contains(w.Body.String(), "by box-2") {
+		t.Fatalf("space page without the bucket's state: %d\n%s", w.Code, w.Body.String())
 	}
 	if w := serve(h, httptest.NewRequest("GET", "/space/zzz.example.com", nil)); w.Code != 404 {
 		t.Fatalf("unknown space: %d", w.Code)

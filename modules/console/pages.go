@@ -61,9 +61,11 @@ type page struct {
 
 	Charts chartsView
 
-	Space  *fleetview.Space
-	Wakes  []fleetview.Wake
-	Notice string
+	Space     *fleetview.Space
+	Wakes     []fleetview.Wake
+	Stored    *fleetview.Stored
+	StoredErr string
+	Notice    string
 }
 
 func (h *Handler) load(ctx context.Context, p *page, query string) {
@@ -116,6 +118,11 @@ func (h *Handler) serveSpace(w http.ResponseWriter, r *http.Request, host string
 		return render(w, http.StatusNotFound, "space.html", p)
 	}
 	p.Wakes = h.rec.Wakes(host)
+	if st, ok, err := h.src.Stored(r.Context(), host); err != nil {
+		p.StoredErr = err.Error()
+	} else if ok {
+		p.Stored = &st
+	}
 	slices.Reverse(p.Wakes) // newest first
 	return render(w, http.StatusOK, "space.html", p)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/space"
 )
 
 // FleetView is what the console (http.handlers.lchat_console) reads. The value wraps the
@@ -112,6 +113,22 @@ func (c consoleSource) Spaces(ctx context.Context, search string, limit int) ([]
 		}
 		after = next
 	}
+}
+
+// Stored reads host's manifest from the bucket.
+func (c consoleSource) Stored(ctx context.Context, host string) (fleetview.Stored, bool, error) {
+	m, _, err := space.ReadManifest(ctx, c.s.bucket, host)
+	if err != nil || m == nil {
+		return fleetview.Stored{}, false, err
+	}
+	st := fleetview.Stored{Generation: m.Generation, Files: len(m.Files), WrittenBy: m.WrittenBy, WrittenAt: m.WrittenAt}
+	if m.NextWake != nil {
+		st.NextWake = *m.NextWake
+	}
+	for _, f := range m.Files {
+		st.Size += f.Size
+	}
+	return st, true, nil
 }
 
 // Stats reads this box's totals.

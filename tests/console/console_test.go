@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -310,6 +311,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	if got := eval[string](b, `document.querySelector('table.wakes tbody tr').textContent`); !strings.Contains(got, "ms") || !strings.Contains(got, "ok") {
 		t.Fatalf("wake row %q, want phase timings", got)
+	}
+	if got := eval[string](b, `document.querySelector('dl.stored').textContent`); !regexp.MustCompile(`Generation[1-9]`).MatchString(got) || !strings.Contains(got, "KiB") {
+		t.Errorf("space page's bucket state %q, want the checkpoint's generation and size", got)
 	}
 	b.shot("space-page")
 	b.do("ask to hibernate", chromedp.Click(chromedp.CSS(`form[action$="actions/hibernate"] button`)))
