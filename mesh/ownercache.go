@@ -6,9 +6,10 @@ import (
 	"sync/atomic"
 )
 
-// maxCachedOwners bounds the answers one view keeps. Past it, Owner still answers (by
-// hashing) but stops caching, so a flood of unknown hosts cannot grow the cache without
-// end; the next view starts empty.
+// maxCachedOwners bounds the answers one view keeps (about 100 bytes each). Only hosts
+// with a registry row reach placement, so this is a bound on a very large registry, not
+// on what clients send; past it Owner still answers, by hashing, and the next view starts
+// empty.
 const maxCachedOwners = 1 << 20
 
 // Placement answers Owner for one membership view at a time and caches each answer per
