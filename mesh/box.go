@@ -21,8 +21,11 @@ type Box struct {
 	Region string
 	// Live returns the live members, this box included, sorted by Self.
 	Live func() []Member
-	// Draining reports whether this box is shutting down. Nil means never.
-	Draining func() bool
+	// IsDraining reports whether this box is shutting down. Nil means never.
+	IsDraining func() bool
+	// Holders remembers where spaces were last seen awake. Nil: placement goes by the
+	// owner only.
+	Holders *Holders
 	// Placement, when set, answers Owner over the same view as Live, cached per host
 	// until the view changes (Membership.Placement). Nil: Owner over Live on each call.
 	Placement *Placement
@@ -36,7 +39,7 @@ func (b *Box) owner(host, homeRegion string) (Member, bool) {
 	return Owner(host, b.Live(), homeRegion)
 }
 
-func (b *Box) draining() bool { return b.Draining != nil && b.Draining() }
+func (b *Box) draining() bool { return b.IsDraining != nil && b.IsDraining() }
 
 // InScope reports whether this box takes part in placing host, a route homed in
 // homeRegion: the host is under its mesh domains, or homeRegion is its region.

@@ -46,7 +46,7 @@ func TestPlaceHomedOutsideScope(t *testing.T) {
 			owns    bool
 		}{
 			{"homed in fi, fi live", fiUp, Request{Route: row(fiHost, "fi")}, Decision{Action: Forward, Peer: f2.Self, Fallback: true}, false},
-			{"homed in fi, already forwarded", fiUp, Request{Route: row(fiHost, "fi"), Forwarded: true}, Decision{Action: Serve}, false},
+			{"homed in fi, already forwarded", fiUp, Request{Route: row(fiHost, "fi"), Hops: 1}, Decision{Action: Serve}, false},
 			{"homed in fi, awake here", fiUp, Request{Route: row(fiHost, "fi"), AwakeHere: true}, Decision{Action: Serve}, false},
 			{"homed in fi, fi draining", []Member{a, {Self: f1.Self, Region: "fi", Domains: f1.Domains, Draining: true}, i2}, Request{Route: row(fiHost, "fi")}, Decision{Action: Serve}, true},
 			{"homed in fi, no fi box, fallback owner lacks the row", fiDown, Request{Route: row(fiHost, "fi")}, Decision{Action: Serve}, true},
