@@ -119,6 +119,9 @@ func TestPlace(t *testing.T) {
 		{"awake here while draining", Request{Route: hib(theirs), AwakeHere: true}, true, "", Decision{Action: Serve}},
 		{"asleep here while draining, forwarded", Request{Route: hib(theirs), Hops: 1}, true, "", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
 		{"forwarded to the owner", Request{Route: hib(mine), Hops: 1}, false, "", Decision{Action: Serve}},
+		// The sender's holder entry is stale (the space slept here) or its view disagrees:
+		// not awake here and not the owner, so on to the owner, not a wake here.
+		{"forwarded here, asleep, owned by a peer", Request{Route: hib(theirs), Hops: 1}, false, "", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
 		{"forwarded twice", Request{Route: hib(theirs), Hops: 2}, false, "https://c.mesh.test", Decision{Action: Serve}},
 		{"awake on a non-owner", Request{Route: hib(theirs)}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Fallback: true}},
 		{"awake on a non-owner, owned here", Request{Route: hib(mine)}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Fallback: true}},

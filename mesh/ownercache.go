@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -43,9 +44,13 @@ type placementView struct {
 
 type ownerKey struct{ host, homeRegion string }
 
-// SetView installs members (the live view, as Membership.Live returns it) and reports
-// whether placement changed, which starts a new generation. members is copied.
+// SetView installs members (the live view, as Membership.Live returns it, sorted by Self)
+// and reports whether placement changed, which starts a new generation. members is copied
+// (and sorted by Self if it was not).
 func (p *Placement) SetView(members []Member) (changed bool) {
+	if !slices.IsSortedFunc(members, bySelf) {
+		members = slices.SortedFunc(slices.Values(members), bySelf)
+	}
 	p.setMu.Lock()
 	defer p.setMu.Unlock()
 	old := p.cur.Load()
@@ -76,6 +81,19 @@ func samePlacement(a, b []Member) bool {
 		}
 	}
 	return true
+}
+
+func bySelf(a, b Member) int { return strings.Compare(a.Self, b.Self) }
+
+// Has reports whether self is a member of the current view (draining or not), without
+// copying the view.
+func (p *Placement) Has(self string) bool {
+	v := p.cur.Load()
+	if v == nil {
+		return false
+	}
+	_, ok := slices.BinarySearchFunc(v.members, self, func(m Member, s string) int { return strings.Compare(m.Self, s) })
+	return ok
 }
 
 // Gen is the current view's generation: 0 before the first SetView, then one more for

@@ -53,8 +53,11 @@ type Request struct {
 // (even while this box drains: it serves the space until the drain puts it to sleep);
 // else on the box it was last seen awake on (Holders), directly; else on its HRW owner
 // among the live boxes that are not draining, which wakes it or, finding its lease held,
-// forwards once more to the holder (LeaseHeld). A request forwarded twice is served
-// where it lands. A forward to the holder or the owner may fall back to serving here when
+// forwards once more to the holder (LeaseHeld). A request forwarded once that lands on a
+// box that neither has the space awake nor owns it goes on to the owner: the sender's
+// holder entry went stale when the space slept here (waking it here would place it by
+// an old hint, in the wrong region even), or the two boxes' views disagree for a beat. A
+// request forwarded twice is served where it lands. A forward to the holder or the owner may fall back to serving here when
 // that box cannot be dialed.
 //
 // A route outside this box's scope (its host outside the mesh domains, homed in another
@@ -87,9 +90,6 @@ func (b *Box) Place(req Request) Decision {
 	}
 	if holder := b.holder(rt.Host); holder != "" {
 		return Decision{Action: Forward, Peer: holder, Fallback: true}
-	}
-	if req.Hops == 1 && !b.draining() {
-		return Decision{Action: Serve}
 	}
 	owner, ok := b.owner(rt.Host, rt.HomeRegion)
 	if !ok || owner.Self == b.Self {
