@@ -119,13 +119,12 @@ func TestPlace(t *testing.T) {
 		{"awake here while draining", Request{Route: hib(theirs), AwakeHere: true}, true, "", Decision{Action: Serve}},
 		{"asleep here while draining, forwarded", Request{Route: hib(theirs), Hops: 1}, true, "", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
 		{"forwarded to the owner", Request{Route: hib(mine), Hops: 1}, false, "", Decision{Action: Serve}},
-		// The sender's holder entry is stale (the space slept here) or its view disagrees:
-		// not awake here and not the owner, so on to the owner, not a wake here.
-		{"forwarded here, asleep, owned by a peer", Request{Route: hib(theirs), Hops: 1}, false, "", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
+		{"sent on a stale holder entry, asleep here", Request{Route: hib(theirs), Hops: 1, ViaHint: true}, false, "", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
+		{"sent on a holder entry to the owner, asleep here", Request{Route: hib(mine), Hops: 1, ViaHint: true}, false, "", Decision{Action: Serve}},
 		{"forwarded twice", Request{Route: hib(theirs), Hops: 2}, false, "https://c.mesh.test", Decision{Action: Serve}},
-		{"awake on a non-owner", Request{Route: hib(theirs)}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Fallback: true}},
-		{"awake on a non-owner, owned here", Request{Route: hib(mine)}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Fallback: true}},
-		{"forwarded to the owner, awake on a non-owner", Request{Route: hib(mine), Hops: 1}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Fallback: true}},
+		{"awake on a non-owner", Request{Route: hib(theirs)}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Hint: true, Fallback: true}},
+		{"awake on a non-owner, owned here", Request{Route: hib(mine)}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Hint: true, Fallback: true}},
+		{"forwarded to the owner, awake on a non-owner", Request{Route: hib(mine), Hops: 1}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Hint: true, Fallback: true}},
 		{"last seen awake on a box that left", Request{Route: hib(theirs)}, false, "https://gone.mesh.test", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
 		{"outside the mesh", Request{Route: hib("x.other.net")}, false, "", Decision{Action: Serve}},
 		{"live route here", Request{Route: &registry.Route{Host: "l.mesh.test", Upstream: "127.0.0.1:9"}}, false, "", Decision{Action: Serve}},

@@ -10,6 +10,13 @@ import (
 // holder from it (Holders) and removes it before the response leaves the mesh.
 const HolderHeader = "X-Lchat-Mesh-Holder"
 
+// HintHeader, on a forwarded request, says it was sent to the box its space was last
+// seen awake on (a Holders entry). The entry goes stale when the space sleeps there, so
+// the box that finds the space asleep sends it on to the owner (Place) instead of waking
+// it wherever the hint pointed. It counts only beside a valid marker; a forged one can
+// cost one more bounded hop, nothing else.
+const HintHeader = "X-Lchat-Mesh-Hint"
+
 // DefaultHolderTTL is how long a learned holder is used without being confirmed by a
 // response naming it.
 const DefaultHolderTTL = 30 * time.Second

@@ -25,6 +25,9 @@ type Decision struct {
 	Action Action
 	// Peer is the SELF the request is forwarded to.
 	Peer string
+	// Hint: Peer is where the space was last seen awake (Holders), which may be stale;
+	// the forward carries HintHeader.
+	Hint bool
 	// Fallback: when Peer cannot be dialed at all, nothing was sent, and the request
 	// may be served here instead (the lease decides who runs the space).
 	Fallback bool
@@ -41,6 +44,8 @@ type Request struct {
 	Hops int
 	// AwakeHere is set when the space is awake on this box.
 	AwakeHere bool
+	// ViaHint is set when the last forward followed a Holders entry (HintHeader).
+	ViaHint bool
 }
 
 // Place decides where a request goes once its route is known.
@@ -53,11 +58,10 @@ type Request struct {
 // (even while this box drains: it serves the space until the drain puts it to sleep);
 // else on the box it was last seen awake on (Holders), directly; else on its HRW owner
 // among the live boxes that are not draining, which wakes it or, finding its lease held,
-// forwards once more to the holder (LeaseHeld). A request forwarded once that lands on a
-// box that neither has the space awake nor owns it goes on to the owner: the sender's
-// holder entry went stale when the space slept here (waking it here would place it by
-// an old hint, in the wrong region even), or the two boxes' views disagree for a beat. A
-// request forwarded twice is served where it lands. A forward to the holder or the owner may fall back to serving here when
+// forwards once more to the holder (LeaseHeld). A request sent on a Holders entry that
+// finds the space asleep (the entry went stale when it slept) goes on to the owner, so
+// the space wakes there, not wherever the entry pointed. A request forwarded twice is served
+// where it lands. A forward to the holder or the owner may fall back to serving here when
 // that box cannot be dialed.
 //
 // A route outside this box's scope (its host outside the mesh domains, homed in another
@@ -89,7 +93,10 @@ func (b *Box) Place(req Request) Decision {
 		return Decision{Action: Serve}
 	}
 	if holder := b.holder(rt.Host); holder != "" {
-		return Decision{Action: Forward, Peer: holder, Fallback: true}
+		return Decision{Action: Forward, Peer: holder, Hint: true, Fallback: true}
+	}
+	if req.Hops == 1 && !req.ViaHint && !b.draining() {
+		return Decision{Action: Serve}
 	}
 	owner, ok := b.owner(rt.Host, rt.HomeRegion)
 	if !ok || owner.Self == b.Self {

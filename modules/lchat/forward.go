@@ -28,6 +28,7 @@ const (
 	peerAddrVar = "lchat_peer_addr" // host:port the forward dials
 	peerSelfVar = "lchat_peer_self" // the peer's SELF URL
 	hopsVar     = "lchat_mesh_hops" // int: forwards before this box, by the valid marker
+	hintVar     = "lchat_mesh_hint" // bool: in: the last forward followed a holder entry; out: this one does
 )
 
 // peerTransport carries forwarded requests to peers. It dials the peer's address
@@ -129,6 +130,11 @@ func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	host := mesh.NormalizeHost(req.Host)
 	hops := requestHops(req)
 	pt.marker.MarkHop(req.Header, host, hops+1)
+	if hint, _ := caddyhttp.GetVar(req.Context(), hintVar).(bool); hint {
+		req.Header.Set(mesh.HintHeader, "1")
+	} else {
+		req.Header.Del(mesh.HintHeader)
+	}
 	addr := peerDialAddr(u)
 	req.URL.Scheme = u.Scheme
 	if u.Scheme == "https" {
@@ -189,9 +195,12 @@ func (h *Handler) meshStrip(r *http.Request, host string) {
 		return
 	}
 	had := len(r.Header.Values(mesh.ForwardedHeader)) > 0
+	hint := r.Header.Get(mesh.HintHeader) != ""
+	r.Header.Del(mesh.HintHeader)
 	if hops := ms.marker.StripHops(r.Header, host); hops > 0 {
 		ms.c.forwardedIn.Add(1)
 		caddyhttp.SetVar(r.Context(), hopsVar, hops)
+		caddyhttp.SetVar(r.Context(), hintVar, hint)
 	} else if had {
 		ms.c.markersStripped.Add(1)
 	}
@@ -213,7 +222,8 @@ func (h *Handler) meshServe(w http.ResponseWriter, r *http.Request, rt *registry
 		return false, nil
 	}
 	awake := rt.Hibernate && h.app.shared.eng.Awake(rt.Host)
-	d := ms.box.Place(mesh.Request{Route: rt, Hops: requestHops(r), AwakeHere: awake})
+	viaHint, _ := caddyhttp.GetVar(r.Context(), hintVar).(bool)
+	d := ms.box.Place(mesh.Request{Route: rt, Hops: requestHops(r), AwakeHere: awake, ViaHint: viaHint})
 	if d.Action == mesh.Unavailable {
 		ms.c.livesAtLoops.Add(1)
 	}
@@ -289,6 +299,7 @@ func (h *Handler) meshLeaseWait(r *http.Request, waited time.Duration) time.Dura
 func (h *Handler) apply(w http.ResponseWriter, r *http.Request, d mesh.Decision, next caddyhttp.Handler) (bool, error) {
 	switch d.Action {
 	case mesh.Forward:
+		caddyhttp.SetVar(r.Context(), hintVar, d.Hint)
 		return h.forward(w, r, d.Peer, next, d.Fallback)
 	case mesh.Unavailable:
 		setRetryAfter(w, time.Duration(h.RetryAfter))

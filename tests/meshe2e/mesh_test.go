@@ -672,7 +672,10 @@ func TestMesh(t *testing.T) {
 		// wrote after the takeover fences the survivor out.
 		survivors := []*node{a, cc}
 		var owner *node
-		waitFor(t, 5*time.Second, "the space awake on one survivor", func() bool {
+		// The first answer may have come from the draining box itself (it serves its awake
+		// spaces until its drain puts them to sleep): requests wake it on a survivor.
+		waitFor(t, 10*time.Second, "the space awake on one survivor", func() bool {
+			c.do(a, "GET", host, "/api/messages", "", nil)
 			on := awakeOn(t, host, survivors...)
 			for _, n := range survivors {
 				if len(on) == 1 && on[0] == n.self {
