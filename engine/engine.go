@@ -67,6 +67,8 @@ type Kind struct {
 	Replication Replication
 	// WakePath is the POST target of scheduled wakes. Default "/".
 	WakePath string
+	// Retention is how long checkpoints stay restorable. Default space.DefaultRetention.
+	Retention time.Duration
 }
 
 // Space is one route the engine is asked to serve.

@@ -347,6 +347,7 @@ func (e *Engine) wake(in *inst) (err error) {
 		in.syncer = &space.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
 			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
 	}
+	in.syncer.Retention = kind.Retention
 	_, lastETag := in.syncer.Manifest()
 	if err := in.syncer.Load(ctx); err != nil {
 		log.Error("loading manifest", zap.Error(err))
@@ -575,6 +576,15 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 	e.c.bytesUploaded.Add(uint64(st.BytesUploaded))
 	if st.ManifestWritten {
 		e.c.syncs.Add(1)
+	}
+	if st.HistoryErr != nil {
+		in.logger().Warn("recording checkpoint history", zap.Error(st.HistoryErr))
+	}
+	if st.GCErr != nil {
+		in.logger().Warn("collecting garbage", zap.Error(st.GCErr))
+	} else if gc := st.GC; gc != nil {
+		in.logger().Info("collected garbage", zap.Int("deleted", gc.Deleted), zap.Int64("bytes_deleted", gc.BytesDeleted),
+			zap.Int("history_expired", gc.HistoryDeleted), zap.Int("objects", gc.Objects), zap.Int64("bytes", gc.Bytes))
 	}
 	return nil
 }

@@ -102,7 +102,11 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return a.deleteRoute(w, r, host)
 		case action == "hibernate" && r.Method == http.MethodPost:
 			return a.setHibernate(w, r, host)
-		case action != "" && action != "hibernate":
+		case action == "history" && r.Method == http.MethodGet:
+			return a.history(w, r, host)
+		case action == "restore" && r.Method == http.MethodPost:
+			return a.restore(w, r, host)
+		case action != "" && action != "hibernate" && action != "history" && action != "restore":
 			return apiErr(http.StatusNotFound, "resource not found: %s", r.URL.Path)
 		}
 	default:

@@ -115,6 +115,9 @@ type Kind struct {
 	Replication *Replication `json:"replication,omitempty"`
 	// WakePath is the POST target of scheduled wakes. Default "/".
 	WakePath string `json:"wake_path,omitempty"`
+	// Retention is how long this kind's checkpoints stay restorable (history, point-in-time
+	// restore). Default 7 days.
+	Retention caddy.Duration `json:"retention,omitempty"`
 }
 
 // Replication is a kind's replication class.
@@ -441,6 +444,7 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		ReadyTimeout: time.Duration(kc.ReadyTimeout),
 		WakePath:     kc.WakePath,
 		AllowedEnv:   kc.AllowedEnv,
+		Retention:    time.Duration(kc.Retention),
 	}
 	if k.Command == "{self}" {
 		exe, err := os.Executable()
