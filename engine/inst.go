@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/DeRuina/timberjack"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/space"
@@ -61,6 +62,8 @@ type inst struct {
 	retryWhy    string
 	lastSync    time.Time
 	lastSyncErr string
+	lastCrash   string
+	logw        *timberjack.Logger // instance.log, capped and rotated; created by the first start
 }
 
 // transition is one wake or sleep in flight; waiters block on done.
@@ -86,9 +89,10 @@ func newInst(e *Engine, host string) *inst {
 }
 
 // socketPath keeps socket paths short (sun_path is 108 bytes) whatever the host's length.
+// Each space has its own directory, which an isolated space's uid owns.
 func socketPath(stateDir, host string) string {
 	sum := sha256.Sum256([]byte(host))
-	return filepath.Join(stateDir, "run", hex.EncodeToString(sum[:8])+".sock")
+	return filepath.Join(stateDir, "run", hex.EncodeToString(sum[:8]), "s.sock")
 }
 
 func (in *inst) logger() *zap.Logger { return in.e.log.With(zap.String("host", in.host)) }
@@ -635,10 +639,18 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 	in.proc = nil
 	in.crashes++
 	n := in.crashes
+	why := fmt.Sprint(status)
+	if p.oomKills > 0 {
+		why = fmt.Sprintf("out of memory: killed by the kernel at the kind's memory limit (%d bytes)", in.kind.Limits.MemoryBytes)
+	}
+	in.lastCrash = why
 	in.mu.Unlock()
 	e.c.crashes.Add(1)
+	if p.oomKills > 0 {
+		e.c.oomKills.Add(1)
+	}
 	log := in.logger()
-	log.Error("instance exited unexpectedly", zap.Int("pid", p.pid), zap.String("status", fmt.Sprint(status)),
+	log.Error("instance exited unexpectedly", zap.Int("pid", p.pid), zap.String("status", why),
 		zap.Int("consecutive_crashes", n), zap.String("log", in.logPath))
 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 5*time.Minute)
@@ -692,7 +704,13 @@ func (e *Engine) Forget(ctx context.Context, host string) error {
 	in.proc = nil
 	in.setStateLocked(StateAsleep)
 	in.mu.Unlock()
-	os.Remove(in.socket)
+	os.RemoveAll(filepath.Dir(in.socket))
+	in.mu.Lock()
+	if in.logw != nil {
+		in.logw.Close()
+		in.logw = nil
+	}
+	in.mu.Unlock()
 	if err := os.RemoveAll(in.dir); err != nil {
 		return fmt.Errorf("removing local state: %v", err)
 	}
