@@ -204,8 +204,8 @@ func (g *Group) Start(cmd *exec.Cmd) (release func(), err error) {
 }
 
 func (g *Group) startLocked(cmd *exec.Cmd) error {
-	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-		return fmt.Errorf("dropping ambient capabilities: %v", err)
+	if err := dropInheritableCaps(); err != nil {
+		return err
 	}
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
@@ -246,6 +246,28 @@ func (g *Group) startLocked(cmd *exec.Cmd) error {
 		return lerr
 	}
 	return err
+}
+
+// dropInheritableCaps empties this thread's ambient and inheritable sets, keeping its
+// effective ones: the instance then holds no capability after the execve, whatever file
+// capabilities the binaries it runs carry.
+func dropInheritableCaps() error {
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("dropping ambient capabilities: %v", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("reading capabilities: %v", err)
+	}
+	if data[0].Inheritable == 0 && data[1].Inheritable == 0 {
+		return nil
+	}
+	data[0].Inheritable, data[1].Inheritable = 0, 0
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("dropping inheritable capabilities: %v", err)
+	}
+	return nil
 }
 
 // Pids lists the live processes in the group (zombies excluded: they are gone but for

@@ -50,6 +50,8 @@ func TestMain(m *testing.M) {
 	case "caps":
 		st, _ := os.ReadFile("/proc/self/status")
 		os.Stdout.Write(st)
+	case "ambient-box":
+		ambientBox()
 	}
 }
 
@@ -222,4 +224,69 @@ func TestMountinfoParsing(t *testing.T) {
 	if got := join(ms[2], "/kube/pod1"); got != "/sys/fs/cgroup/pids/pod1" {
 		t.Fatalf("join = %s", got)
 	}
+}
+
+// TestNonRootBoxWithAmbientCapsStartsInstanceWithout runs the production shape: a box
+// that is not root and holds its capabilities as ambient ones (systemd's
+// AmbientCapabilities). A uid switch between two non-zero uids keeps capabilities, so
+// only Group.Start's drop keeps them from the instance.
+func TestNonRootBoxWithAmbientCapsStartsInstanceWithout(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to set up the non-root box")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("no setpriv")
+	}
+	dir, err := os.MkdirTemp("", "ambient")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o711)
+	bin, _ := os.ReadFile(os.Args[0])
+	os.WriteFile(dir+"/box", bin, 0o755)
+	caps := "+setuid,+setgid,+chown,+dac_override,+kill"
+	cmd := exec.Command(setpriv, "--reuid=3999990", "--regid=3999990", "--clear-groups",
+		"--inh-caps="+caps, "--ambient-caps="+caps, dir+"/box")
+	cmd.Env = append(os.Environ(), "SANDBOX_TEST_MODE=ambient-box")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	s := string(out)
+	if !strings.Contains(s, "box CapAmb:\t00000000000000e1") && !strings.Contains(s, "box CapAmb:\t00000000000000e3") {
+		t.Fatalf("the box did not hold the ambient capabilities the test meant to give it:\n%s", s)
+	}
+	for _, f := range []string{"CapInh:", "CapPrm:", "CapEff:", "CapAmb:"} {
+		if !strings.Contains(s, "\n"+f+"\t0000000000000000") {
+			t.Errorf("instance has %s capabilities:\n%s", f, s)
+		}
+	}
+	if !strings.Contains(s, "Uid:\t3999991") {
+		t.Errorf("instance did not run as uid 3999991:\n%s", s)
+	}
+}
+
+// ambientBox is the non-root box of the test above: it starts the caps mode as another
+// uid through a Group of no hierarchy (the capability drop does not depend on one).
+func ambientBox() {
+	st, _ := os.ReadFile("/proc/self/status")
+	for line := range strings.SplitSeq(string(st), "\n") {
+		if strings.HasPrefix(line, "CapAmb:") {
+			fmt.Println("box " + line)
+		}
+	}
+	g := &Group{c: &Cgroups{v2ctrl: map[string]bool{}, v1: map[string]string{}}}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "SANDBOX_TEST_MODE=caps")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 3999991, Gid: 3999991, Groups: []uint32{}}}
+	cmd.Stdout = os.Stdout
+	release, err := g.Start(cmd)
+	if err != nil {
+		fmt.Println("start:", err)
+		os.Exit(1)
+	}
+	cmd.Wait()
+	release()
 }
