@@ -270,8 +270,9 @@ func dropInheritableCaps() error {
 	return nil
 }
 
-// Pids lists the live processes in the group (zombies excluded: they are gone but for
-// their parent's wait).
+// Pids lists the processes in the group. The kernel leaves a process that has exited
+// out of cgroup.procs even before its parent reaps it, and reading cgroup.procs needs no
+// /proc access (hidden by ProtectProc=invisible).
 func (g *Group) Pids() []int {
 	if g.members == "" {
 		return nil
@@ -283,7 +284,7 @@ func (g *Group) Pids() []int {
 	var out []int
 	for f := range strings.FieldsSeq(string(data)) {
 		pid, err := strconv.Atoi(f)
-		if err == nil && !zombie(pid) {
+		if err == nil {
 			out = append(out, pid)
 		}
 	}
@@ -387,15 +388,6 @@ func (g *Group) Remove() error {
 
 // Path is the group's membership directory, for logs.
 func (g *Group) Path() string { return g.members }
-
-func zombie(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true // gone
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
-}
 
 func processAlive(pid int) bool {
 	err := unix.Kill(pid, 0)
