@@ -107,6 +107,12 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("preparing the sandbox: %v", err)
 	}
+	started := false
+	defer func() {
+		if !started && plan.group != nil {
+			plan.group.Remove()
+		}
+	}()
 	if err := os.Remove(in.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale socket: %v", err)
 	}
@@ -137,11 +143,9 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	}
 	if err != nil {
 		r.Close()
-		if plan.group != nil {
-			plan.group.Remove()
-		}
 		return nil, err
 	}
+	started = true
 	p.pid = cmd.Process.Pid
 	go func() {
 		defer e.recoverPanic("instance log")
