@@ -329,6 +329,11 @@ func (e *Engine) Close() {
 		e.mu.Unlock()
 	})
 	e.wg.Wait()
+	if cgroupsOpened.Load() {
+		if cg, err := hostCgroups(); err == nil {
+			cg.Close() // only empty groups go: other engines of this process keep theirs
+		}
+	}
 }
 
 // goSafe runs f on its own goroutine, counted in e.wg, recovering a panic with a logged stack.

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -49,7 +50,13 @@ func (l Limits) sandbox() sandbox.Limits {
 
 // hostCgroups is this process's cgroup view, opened once: it creates this process's
 // parent group and sweeps the groups of dead boxes.
-var hostCgroups = sync.OnceValues(sandbox.OpenCgroups)
+var hostCgroups = sync.OnceValues(func() (*sandbox.Cgroups, error) {
+	cgroupsOpened.Store(true)
+	return sandbox.OpenCgroups()
+})
+
+// cgroupsOpened is set once hostCgroups ran, so Close tidies only what was made.
+var cgroupsOpened atomic.Bool
 
 // checkIsolation refuses a kind this host cannot run as configured.
 func checkIsolation(k Kind) error {

@@ -268,7 +268,8 @@ func orNone(s string) string {
 	return s
 }
 
-// Close removes this process's parent groups once they are empty (best effort).
+// Close removes this process's parent groups if they are empty (best effort); a later
+// Create makes them again.
 func (c *Cgroups) Close() {
 	for _, dir := range c.parents() {
 		os.Remove(dir)

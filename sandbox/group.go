@@ -47,6 +47,15 @@ func (c *Cgroups) Create(name string, l Limits) (*Group, error) {
 		}
 		return nil
 	}
+	// The parents may have been removed by Close (another engine of this process).
+	for _, dir := range c.parents() {
+		if err := mk(dir); err != nil {
+			return nil, err
+		}
+	}
+	if c.v2 != "" && len(c.v2ctrl) > 0 {
+		writeFile(filepath.Join(c.v2, c.name, "cgroup.subtree_control"), c.v2Enable())
+	}
 	if c.v2 != "" {
 		g.v2 = filepath.Join(c.v2, c.name, name)
 		if err := mk(g.v2); err != nil {
