@@ -16,6 +16,7 @@ import (
 	"github.com/DeRuina/timberjack"
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/sandbox"
 )
 
@@ -147,8 +148,7 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	}
 	started = true
 	p.pid = cmd.Process.Pid
-	go func() {
-		defer e.recoverPanic("instance log")
+	safego.Go(nil, e.log, "instance log", func() {
 		defer r.Close()
 		// Ends when every process holding the pipe is gone. A failed write drops that
 		// chunk but keeps draining, so a full disk never blocks the instance.
@@ -162,13 +162,12 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 				return
 			}
 		}
-	}()
+	})
 	// Not counted in e.wg: it ends when the process does, which Close does not force.
-	go func() {
-		defer e.recoverPanic("process wait")
+	safego.Go(nil, e.log, "process wait", func() {
 		err := p.reap()
 		e.onExit(in, p, err)
-	}()
+	})
 	return p, nil
 }
 
