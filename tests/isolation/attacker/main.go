@@ -144,4 +144,3 @@ func main() {
 	fmt.Println("attacker listening for", os.Getenv("LCHAT_HOST"))
 	http.Serve(ln, mux)
 }
-
