@@ -27,7 +27,8 @@ type inst struct {
 	dir     string // StateDir/spaces/<host>
 	dataDir string
 	socket  string
-	dial    string // "unix/" + socket: the reverse proxy's dial address
+	link    string // the box's link to the socket the instance bound (socket.go)
+	dial    string // "unix/" + link: the reverse proxy's dial address
 	logPath string
 
 	// op serializes the operations that touch the process and the bucket (wake, sleep,
@@ -83,7 +84,8 @@ func newInst(e *Engine, host string) *inst {
 		dir:     dir,
 		dataDir: filepath.Join(dir, "data"),
 		socket:  sock,
-		dial:    "unix/" + sock,
+		link:    proxyPath(e.cfg.StateDir, host),
+		dial:    "unix/" + proxyPath(e.cfg.StateDir, host),
 		logPath: filepath.Join(dir, "instance.log"),
 		state:   StateAsleep,
 		since:   e.now(),
@@ -114,7 +116,8 @@ type Use struct {
 	released atomic.Bool
 }
 
-// Socket is the Unix socket to proxy to.
+// Socket is the Unix socket to proxy to: the box's own link to the socket the
+// instance bound, never a path the instance controls.
 func (u *Use) Socket() string { return u.socket }
 
 // Dial is the socket as a Caddy network address ("unix/<path>"), for a reverse proxy.
@@ -160,7 +163,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 		case StateAwake:
 			in.uses++
 			in.lastUsed = e.now()
-			u := &Use{in: in, gen: in.gen, socket: in.socket}
+			u := &Use{in: in, gen: in.gen, socket: in.link}
 			in.mu.Unlock()
 			return u, nil
 		case StateWaking, StateSleeping:
@@ -707,6 +710,7 @@ func (e *Engine) Forget(ctx context.Context, host string) error {
 	in.setStateLocked(StateAsleep)
 	in.mu.Unlock()
 	os.RemoveAll(filepath.Dir(in.socket))
+	in.unpinSocket()
 	in.mu.Lock()
 	if in.logw != nil {
 		in.logw.Close()

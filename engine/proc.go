@@ -44,6 +44,8 @@ type proc struct {
 	exited   chan struct{} // closed when the process has been reaped
 	stopping atomic.Bool   // set before the engine stops it, so the exit is not a crash
 	group    *sandbox.Group
+	uid      int    // the owner the instance's socket must have
+	link     string // the proxy's link to the instance's socket, removed at the reap
 	release  func() // frees the thread that forked the instance (sandbox.Group.Start); nil without a group
 	oomKills int    // set by reap before exited is closed
 
@@ -90,6 +92,7 @@ func (p *proc) reap() error {
 		p.group.Remove()
 		p.release()
 	}
+	os.Remove(p.link) // before exited: the next wake pins its own
 	close(p.exited)
 	return err
 }
@@ -136,7 +139,11 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	cmd.SysProcAttr = sysProcAttr()
 	cmd.SysProcAttr.Credential = plan.cred
 	fmt.Fprintf(logw, "--- %s starting %s (version %q)\n", time.Now().UTC().Format(time.RFC3339), kind.Name, sp.Version)
-	p := &proc{cmd: cmd, exited: make(chan struct{}), group: plan.group}
+	p := &proc{cmd: cmd, exited: make(chan struct{}), group: plan.group, uid: os.Geteuid(), link: in.link}
+	if plan.cred != nil {
+		p.uid = int(plan.cred.Uid)
+	}
+	in.unpinSocket()
 	if plan.group != nil {
 		p.release, err = plan.group.Start(cmd)
 	} else {
@@ -180,7 +187,7 @@ func (e *Engine) awaitReady(ctx context.Context, in *inst, p *proc, kind Kind) e
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				var d net.Dialer
-				return d.DialContext(ctx, "unix", in.socket)
+				return d.DialContext(ctx, "unix", in.link)
 			},
 			DisableKeepAlives: true,
 		},
@@ -189,7 +196,11 @@ func (e *Engine) awaitReady(ctx context.Context, in *inst, p *proc, kind Kind) e
 	defer client.CloseIdleConnections()
 	delay := 2 * time.Millisecond
 	for {
-		if ready(ctx, client, in.socket, kind.ReadyPath) {
+		switch err := in.pinSocket(p.uid); {
+		case errors.Is(err, errSocketMissing):
+		case err != nil:
+			return err
+		case ready(ctx, client, in.link, kind.ReadyPath):
 			return nil
 		}
 		select {

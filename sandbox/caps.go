@@ -17,17 +17,19 @@ type Cap uint
 const (
 	CapChown       Cap = unix.CAP_CHOWN        // hand the restored data dir and the socket dir to the space's uid
 	CapDacOverride Cap = unix.CAP_DAC_OVERRIDE // checkpoint, restore and remove data dirs owned by the space's uid; dial its socket
+	CapFowner      Cap = unix.CAP_FOWNER       // hard-link the space's socket into the box's proxy directory (protected_hardlinks)
 	CapKill        Cap = unix.CAP_KILL         // send the stop signal to a process of another uid
 	CapSetGID      Cap = unix.CAP_SETGID       // start the instance with the space's gid and no supplementary groups
 	CapSetUID      Cap = unix.CAP_SETUID       // start the instance with the space's uid
 )
 
 // IsolationCaps are the capabilities a box needs to run isolated spaces.
-var IsolationCaps = []Cap{CapSetUID, CapSetGID, CapChown, CapDacOverride, CapKill}
+var IsolationCaps = []Cap{CapSetUID, CapSetGID, CapChown, CapDacOverride, CapFowner, CapKill}
 
 var capNames = map[Cap]string{
 	CapChown:       "CAP_CHOWN",
 	CapDacOverride: "CAP_DAC_OVERRIDE",
+	CapFowner:      "CAP_FOWNER",
 	CapKill:        "CAP_KILL",
 	CapSetGID:      "CAP_SETGID",
 	CapSetUID:      "CAP_SETUID",

@@ -146,6 +146,22 @@ func (b *box) space(method, host, path string) (int, []byte, error) {
 	return resp.StatusCode, data, err
 }
 
+// spaceClose is space on a fresh connection, so the box dials the instance anew.
+func (b *box) spaceClose(method, host, path string) (int, []byte, error) {
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, b.httpAddr)
+	}}, Timeout: time.Minute}
+	req, _ := http.NewRequest(method, "http://"+host+path, nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, data, err
+}
+
 type attempt struct {
 	OK  bool   `json:"ok"`
 	Err string `json:"err"`

@@ -171,15 +171,16 @@ func TestInstanceCannotReachOtherSpacesOrTheBox(t *testing.T) {
 	})
 
 	denied := map[string]string{
-		"B's data dir":          bData,
-		"B's secret":            filepath.Join(bData, "secret"),
-		"B's instance log":      filepath.Join(spaces, "b.localhost", "instance.log"),
-		"registry.db":           filepath.Join(b.dir, "state", "registry.db"),
-		"certificate storage":   filepath.Join(b.dir, "state", "caddy"),
-		"uid allocations":       filepath.Join(b.dir, "state", "spaces", "uids.json"),
-		"the spaces' directory": spaces,
-		"the box's environment": "/proc/" + strconv.Itoa(b.cmd.Process.Pid) + "/environ",
-		"the box's descriptors": "/proc/" + strconv.Itoa(b.cmd.Process.Pid) + "/fd",
+		"B's data dir":             bData,
+		"B's secret":               filepath.Join(bData, "secret"),
+		"B's instance log":         filepath.Join(spaces, "b.localhost", "instance.log"),
+		"registry.db":              filepath.Join(b.dir, "state", "registry.db"),
+		"certificate storage":      filepath.Join(b.dir, "state", "caddy"),
+		"uid allocations":          filepath.Join(b.dir, "state", "spaces", "uids.json"),
+		"the spaces' directory":    spaces,
+		"the proxy's socket links": filepath.Join(b.dir, "state", "spaces", "proxy"),
+		"the box's environment":    "/proc/" + strconv.Itoa(b.cmd.Process.Pid) + "/environ",
+		"the box's descriptors":    "/proc/" + strconv.Itoa(b.cmd.Process.Pid) + "/fd",
 	}
 	for _, k := range keys {
 		denied["key "+strings.TrimPrefix(k, b.dir)] = k
@@ -332,4 +333,26 @@ func alive(pid int) bool {
 	}
 	i := strings.LastIndexByte(string(data), ')')
 	return i < 0 || i+2 >= len(data) || (data[i+2] != 'Z' && data[i+2] != 'X')
+}
+
+// TestSocketSymlinkDoesNotRedirectTheProxy: an instance owns its socket directory, so it
+// can replace its socket with a symlink to the admin socket. The box must keep proxying
+// to the socket the instance bound, never follow the link with its own privileges
+// (which would put the admin API on the space's public hostname).
+func TestSocketSymlinkDoesNotRedirectTheProxy(t *testing.T) {
+	needRoot(t)
+	b := startIsoBox(t)
+	wake(t, b, "a.localhost")
+	if a := b.try("a.localhost", "hijack", url.Values{"target": {b.admin}}); !a.OK {
+		t.Fatalf("hijack: %+v", a)
+	}
+	for i := range 5 {
+		st, body, err := b.spaceClose("GET", "a.localhost", "/config/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st != 200 || !strings.HasPrefix(string(body), "attacker a.localhost") {
+			t.Fatalf("request %d after the socket became a symlink to the admin socket: %d %.200q, want the instance's own answer", i, st, body)
+		}
+	}
 }

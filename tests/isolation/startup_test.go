@@ -112,7 +112,7 @@ http:// {
 }
 `
 	out := refusedAtStart(t, drop, cf)
-	for _, c := range []string{"CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "isolation none"} {
+	for _, c := range []string{"CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "isolation none"} {
 		if !strings.Contains(out, c) {
 			t.Errorf("the refusal does not name %s:\n%s", c, out)
 		}

@@ -12,6 +12,7 @@
 //	POST /escape                    setsid + double fork a sleeper; answers its pid
 //	POST /hog                       allocate memory until killed
 //	POST /flood?mb=N                write N MiB to stdout (the instance log)
+//	POST /hijack?target=P           replace this instance's socket with a symlink to P
 package main
 
 import (
@@ -24,6 +25,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -140,6 +142,25 @@ func main() {
 			os.Stdout.Write(line)
 		}
 		answer(w, "", nil)
+	})
+	var hijacked atomic.Bool
+	mux.HandleFunc("/hijack", func(w http.ResponseWriter, r *http.Request) {
+		// The listener keeps its socket; the path the box dials now leads elsewhere.
+		// Every answer from now on closes its connection, so the box must dial again.
+		hijacked.Store(true)
+		w.Header().Set("Connection", "close")
+		tmp := sock + ".new"
+		err := os.Symlink(r.URL.Query().Get("target"), tmp)
+		if err == nil {
+			err = os.Rename(tmp, sock)
+		}
+		answer(w, "", err)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if hijacked.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		w.Write([]byte("attacker " + os.Getenv("LCHAT_HOST") + " " + r.URL.Path))
 	})
 	fmt.Println("attacker listening for", os.Getenv("LCHAT_HOST"))
 	http.Serve(ln, mux)
