@@ -555,6 +555,21 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 	if e.fenced.Load() {
 		return errFencedNoWrite
 	}
+	// The box reads the data dir with privileges the space lacks, and the space owns
+	// every name in it: a running instance could swap a file for a symlink to the
+	// registry between the walk and the read. An isolated instance is frozen while the
+	// box reads (a checkpoint at sleep runs after it is gone).
+	in.mu.Lock()
+	p := in.proc
+	in.mu.Unlock()
+	if p != nil && p.isolated && !p.done() {
+		if err := p.group.Freeze(); err == nil {
+			defer p.group.Thaw()
+		} else if !p.done() {
+			in.logger().Error("checkpoint: freezing the instance", zap.Error(err))
+			return err
+		}
+	}
 	st, err := in.syncer.Checkpoint(ctx, next, e.now())
 	in.mu.Lock()
 	if err == nil {

@@ -2,16 +2,19 @@ package engine
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 )
 
@@ -119,5 +122,111 @@ func TestKindIsolationRefusals(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "CAP_SETUID") {
 			t.Fatalf("isolation on without capabilities: %v, want CAP_SETUID named", err)
 		}
+	}
+}
+
+// frozenProbe is a bucket that notes, at each manifest write, whether the isolated
+// instance's cgroup is frozen: a checkpoint of a running instance must read the data dir
+// only while no instance code runs.
+type frozenProbe struct {
+	bucket.Bucket
+	e    *Engine
+	host string
+	mu   sync.Mutex
+	seen []bool // one per manifest write of a running instance
+}
+
+func (b *frozenProbe) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
+	if strings.HasSuffix(key, "/manifest") {
+		if in := b.e.lookup(b.host); in != nil {
+			in.mu.Lock()
+			p := in.proc
+			in.mu.Unlock()
+			if p != nil && !p.done() {
+				dir := p.group.Path()
+				ev, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+				if err != nil {
+					ev, _ = os.ReadFile(filepath.Join(dir, "freezer.state"))
+				}
+				b.mu.Lock()
+				b.seen = append(b.seen, strings.Contains(string(ev), "frozen 1") || strings.Contains(string(ev), "FROZEN"))
+				b.mu.Unlock()
+			}
+		}
+	}
+	return b.Bucket.Put(ctx, key, body, size, cond)
+}
+
+func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CI runs as root)")
+	}
+	dir, err := os.MkdirTemp("", "iso")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o711)
+	bin, _ := os.ReadFile(os.Args[0])
+	inst := filepath.Join(dir, "inst")
+	os.WriteFile(inst, bin, 0o755)
+	fb, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := &frozenProbe{Bucket: fb, host: "frz.example.com"}
+	e, err := New(Config{Bucket: probe, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
+		Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+			Replication: Replication{Class: ReplicatePeriodic, Interval: 50 * time.Millisecond}, StopGrace: 5 * time.Second,
+			Isolation: IsolationOn}}, UIDFirst: 3200200, UIDCount: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe.e = e
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e.Drain(ctx)
+		e.Close()
+	})
+	u, err := e.Acquire(context.Background(), Space{Host: probe.host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", u.Socket())
+	}}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		// Each note changes the data dir, so the next periodic sync writes a manifest.
+		resp, err := c.Post("http://x/note", "text/plain", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		probe.mu.Lock()
+		n := len(probe.seen)
+		probe.mu.Unlock()
+		if n >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d manifest writes of the running instance in 30s", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	u.Release()
+	probe.mu.Lock()
+	defer probe.mu.Unlock()
+	for i, frozen := range probe.seen {
+		if !frozen {
+			t.Errorf("manifest write %d of a running isolated instance happened while it ran", i)
+		}
+	}
+	// And it runs again afterwards.
+	if resp, err := c.Post("http://x/note", "text/plain", nil); err != nil {
+		t.Fatalf("instance after the checkpoints: %v", err)
+	} else {
+		resp.Body.Close()
 	}
 }

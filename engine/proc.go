@@ -44,6 +44,7 @@ type proc struct {
 	exited   chan struct{} // closed when the process has been reaped
 	stopping atomic.Bool   // set before the engine stops it, so the exit is not a crash
 	group    *sandbox.Group
+	isolated bool   // under the space's own uid (and so in group)
 	uid      int    // the owner the instance's socket must have
 	link     string // the proxy's link to the instance's socket, removed at the reap
 	release  func() // frees the thread that forked the instance (sandbox.Group.Start); nil without a group
@@ -97,6 +98,16 @@ func (p *proc) reap() error {
 	return err
 }
 
+// done reports whether the process has been reaped (its cgroup is gone then too).
+func (p *proc) done() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
 // kill ends the instance: its cgroup when it has one, else its process group.
 func (p *proc) kill() {
 	if p.group != nil {
@@ -142,6 +153,7 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	p := &proc{cmd: cmd, exited: make(chan struct{}), group: plan.group, uid: os.Geteuid(), link: in.link}
 	if plan.cred != nil {
 		p.uid = int(plan.cred.Uid)
+		p.isolated = plan.group != nil
 	}
 	in.unpinSocket()
 	if plan.group != nil {

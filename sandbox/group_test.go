@@ -300,3 +300,38 @@ func zombie(pid int) bool {
 	i := bytes.LastIndexByte(b, ')')
 	return i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }
+
+func TestFreezeStopsEveryProcessUntilThaw(t *testing.T) {
+	c := rootCgroups(t)
+	g, err := c.Create("freeze.test", Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Remove()
+	cmd := exec.Command("/bin/sh", "-c", "while :; do :; done")
+	release, err := g.Start(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { g.Kill(); cmd.Wait(); release() }()
+	if err := g.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	ticks := func() string {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/stat")
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+		return f[11] // utime
+	}
+	before := ticks()
+	time.Sleep(300 * time.Millisecond)
+	if after := ticks(); after != before {
+		t.Fatalf("a frozen busy loop used CPU: utime %s -> %s", before, after)
+	}
+	if err := g.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if after := ticks(); after == before {
+		t.Fatal("the busy loop did not run again after Thaw")
+	}
+}
