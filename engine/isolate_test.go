@@ -230,3 +230,55 @@ func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
 		resp.Body.Close()
 	}
 }
+
+// BenchmarkWakeSleepIsolation wakes and sleeps one space under each isolation mode, side
+// by side, and prints the ratio: go test ./engine -run X -bench WakeSleepIsolation (root).
+func BenchmarkWakeSleepIsolation(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	dir, err := os.MkdirTemp("", "isob")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o711)
+	bin, _ := os.ReadFile(os.Args[0])
+	inst := filepath.Join(dir, "inst")
+	os.WriteFile(inst, bin, 0o755)
+	per := map[string]time.Duration{}
+	for _, mode := range []string{IsolationNone, IsolationOn} {
+		b.Run("isolation="+mode, func(b *testing.B) {
+			fb, err := filebucket.New(b.TempDir())
+			if err != nil {
+				b.Fatal(err)
+			}
+			e, err := New(Config{Bucket: fb, StateDir: filepath.Join(dir, "state-"+mode), Holder: "box", Incarnation: "1",
+				Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+					Replication: Replication{Class: ReplicateSleep}, StopGrace: 5 * time.Second, Isolation: mode}},
+				UIDFirst: 3200400, UIDCount: 100})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			sp := Space{Host: "bench.example.com", Kind: "app"}
+			b.ResetTimer()
+			start := time.Now()
+			for b.Loop() {
+				u, err := e.Acquire(context.Background(), sp)
+				if err != nil {
+					b.Fatal(err)
+				}
+				u.Release()
+				if err := e.Sleep(context.Background(), sp.Host); err != nil {
+					b.Fatal(err)
+				}
+			}
+			per[mode] = time.Since(start) / time.Duration(b.N)
+		})
+	}
+	if per[IsolationNone] > 0 && per[IsolationOn] > 0 {
+		b.Logf("wake+sleep: none %v, on %v: isolation costs x%.2f", per[IsolationNone], per[IsolationOn],
+			float64(per[IsolationOn])/float64(per[IsolationNone]))
+	}
+}
