@@ -121,6 +121,10 @@ type Config struct {
 // errFencedNoWrite is why a fenced box writes nothing.
 var errFencedNoWrite = errors.New("box fenced: not writing")
 
+// ErrDraining means the box is shutting down: it serves the spaces still awake on it
+// and wakes none (the space is asleep here, or was just put to sleep by the drain).
+var ErrDraining = &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
+
 // ErrUnknownKind means the space's kind is not configured on this box.
 var ErrUnknownKind = errors.New("unknown kind")
 

@@ -152,7 +152,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 	}
 	in := e.get(sp.Host)
 	for {
-		if e.ctx.Err() != nil || e.draining.Load() {
+		if e.ctx.Err() != nil {
 			return nil, &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
 		}
 		if e.fenced.Load() {
@@ -179,6 +179,12 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 				return nil, t.err
 			}
 		default: // asleep, failed, fenced
+			if e.draining.Load() {
+				// A draining box serves its awake spaces until the drain puts them to
+				// sleep, and wakes none.
+				in.mu.Unlock()
+				return nil, ErrDraining
+			}
 			if in.held {
 				in.mu.Unlock()
 				if in.rechecking.CompareAndSwap(false, true) {

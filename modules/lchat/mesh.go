@@ -187,7 +187,8 @@ func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger 
 		ms.cancel()
 		return nil, err
 	}
-	ms.box = &mesh.Box{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, Draining: ms.m.Draining}
+	ms.box = &mesh.Box{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, IsDraining: ms.m.Draining,
+		Holders: new(mesh.Holders), Placement: ms.m.Placement()}
 	ms.repl = &mesh.Replicator{Box: ms.box, Client: ms.client, Ctx: ms.ctx}
 	return ms, nil
 }
