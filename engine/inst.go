@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/DeRuina/timberjack"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/space"
@@ -26,7 +27,8 @@ type inst struct {
 	dir     string // StateDir/spaces/<host>
 	dataDir string
 	socket  string
-	dial    string // "unix/" + socket: the reverse proxy's dial address
+	link    string // the box's link to the socket the instance bound (socket.go)
+	dial    string // "unix/" + link: the reverse proxy's dial address
 	logPath string
 
 	// op serializes the operations that touch the process and the bucket (wake, sleep,
@@ -64,6 +66,8 @@ type inst struct {
 	lastSync    time.Time
 	lastSyncErr string
 	size        int64 // bytes of the files in the manifest last read or written here
+	lastCrash   string
+	logw        *timberjack.Logger // instance.log, capped and rotated; created by the first start
 }
 
 // transition is one wake or sleep in flight; waiters block on done.
@@ -81,7 +85,8 @@ func newInst(e *Engine, host string) *inst {
 		dir:     dir,
 		dataDir: filepath.Join(dir, "data"),
 		socket:  sock,
-		dial:    "unix/" + sock,
+		link:    proxyPath(e.cfg.StateDir, host),
+		dial:    "unix/" + proxyPath(e.cfg.StateDir, host),
 		logPath: filepath.Join(dir, "instance.log"),
 		state:   StateAsleep,
 		since:   e.now(),
@@ -89,9 +94,10 @@ func newInst(e *Engine, host string) *inst {
 }
 
 // socketPath keeps socket paths short (sun_path is 108 bytes) whatever the host's length.
+// Each space has its own directory, which an isolated space's uid owns.
 func socketPath(stateDir, host string) string {
 	sum := sha256.Sum256([]byte(host))
-	return filepath.Join(stateDir, "run", hex.EncodeToString(sum[:8])+".sock")
+	return filepath.Join(stateDir, "run", hex.EncodeToString(sum[:8]), "s.sock")
 }
 
 func (in *inst) logger() *zap.Logger { return in.e.log.With(zap.String("host", in.host)) }
@@ -111,7 +117,8 @@ type Use struct {
 	released atomic.Bool
 }
 
-// Socket is the Unix socket to proxy to.
+// Socket is the Unix socket to proxy to: the box's own link to the socket the
+// instance bound, never a path the instance controls.
 func (u *Use) Socket() string { return u.socket }
 
 // Dial is the socket as a Caddy network address ("unix/<path>"), for a reverse proxy.
@@ -157,7 +164,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 		case StateAwake:
 			in.uses++
 			in.lastUsed = e.now()
-			u := &Use{in: in, gen: in.gen, socket: in.socket}
+			u := &Use{in: in, gen: in.gen, socket: in.link}
 			in.mu.Unlock()
 			return u, nil
 		case StateWaking, StateSleeping:
@@ -583,6 +590,21 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 		return errFencedNoWrite
 	}
 	began := e.now()
+	// The box reads the data dir with privileges the space lacks, and the space owns
+	// every name in it: a running instance could swap a file for a symlink to the
+	// registry between the walk and the read. An isolated instance is frozen while the
+	// box reads (a checkpoint at sleep runs after it is gone).
+	in.mu.Lock()
+	p := in.proc
+	in.mu.Unlock()
+	if p != nil && p.isolated && !p.done() {
+		if err := p.group.Freeze(); err == nil {
+			defer p.group.Thaw()
+		} else if !p.done() {
+			in.logger().Error("checkpoint: freezing the instance", zap.Error(err))
+			return err
+		}
+	}
 	st, err := in.syncer.Checkpoint(ctx, next, e.now())
 	ev := Event{Type: EventCheckpoint, Host: in.host, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}
 	in.mu.Lock()
@@ -688,11 +710,19 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 	in.proc = nil
 	in.crashes++
 	n := in.crashes
+	why := fmt.Sprint(status)
+	if p.oomKills > 0 {
+		why = fmt.Sprintf("out of memory: killed by the kernel at the kind's memory limit (%d bytes)", in.kind.Limits.MemoryBytes)
+	}
+	in.lastCrash = why
 	in.mu.Unlock()
 	e.c.crashes.Add(1)
 	e.emit(Event{Type: EventCrash, Host: in.host, Reason: fmt.Sprint(status)})
+	if p.oomKills > 0 {
+		e.c.oomKills.Add(1)
+	}
 	log := in.logger()
-	log.Error("instance exited unexpectedly", zap.Int("pid", p.pid), zap.String("status", fmt.Sprint(status)),
+	log.Error("instance exited unexpectedly", zap.Int("pid", p.pid), zap.String("status", why),
 		zap.Int("consecutive_crashes", n), zap.String("log", in.logPath))
 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 5*time.Minute)
@@ -746,7 +776,14 @@ func (e *Engine) Forget(ctx context.Context, host string) error {
 	in.proc = nil
 	in.setStateLocked(StateAsleep)
 	in.mu.Unlock()
-	os.Remove(in.socket)
+	os.RemoveAll(filepath.Dir(in.socket))
+	in.unpinSocket()
+	in.mu.Lock()
+	if in.logw != nil {
+		in.logw.Close()
+		in.logw = nil
+	}
+	in.mu.Unlock()
 	if err := os.RemoveAll(in.dir); err != nil {
 		return fmt.Errorf("removing local state: %v", err)
 	}

@@ -348,6 +348,7 @@ type spaceStatus struct {
 	PID           int        `json:"pid,omitempty"`
 	LastSync      *time.Time `json:"last_sync,omitempty"`
 	LastSyncError string     `json:"last_sync_error,omitempty"`
+	LastCrash     string     `json:"last_crash,omitempty"`
 }
 
 // statusResponse is GET /lchat/status.
@@ -369,6 +370,7 @@ func statusOf(eng *engine.Engine) []spaceStatus {
 			Since:         s.Since,
 			PID:           s.PID,
 			LastSyncError: s.LastSyncError,
+			LastCrash:     s.LastCrash,
 		}
 		if !s.LastSync.IsZero() {
 			t := s.LastSync

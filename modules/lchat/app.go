@@ -53,6 +53,15 @@ type App struct {
 	// Kinds maps a kind name to how this box runs spaces of that kind.
 	Kinds map[string]*Kind `json:"kinds,omitempty"`
 
+	// UIDRange is where isolated spaces get their uid (and the gid of the same number),
+	// one per host, kept across restarts. Default first 3000000, count 65536. Read
+	// when the process starts; a reload keeps the range in use.
+	UIDRange *UIDRange `json:"uid_range,omitempty"`
+
+	// InstanceLog caps and rotates each space's instance.log. Default 10 MiB, 2 old
+	// files kept. Read when the process starts.
+	InstanceLog *InstanceLog `json:"instance_log,omitempty"`
+
 	// MaxAwake caps the awake spaces on this box; the least recently used sleeps
 	// first. Default 0: unlimited.
 	MaxAwake int `json:"max_awake,omitempty"`
@@ -120,6 +129,42 @@ type Kind struct {
 	// Retention is how long this kind's checkpoints stay restorable (history, point-in-time
 	// restore). Default 7 days.
 	Retention caddy.Duration `json:"retention,omitempty"`
+	// Isolation is "on" (each space under its own uid and cgroup, or refuse to
+	// start, naming what is missing), "none" (the box's own user, a process group:
+	// the opt-out), or empty (default): on where this box can, else none.
+	Isolation string `json:"isolation,omitempty"`
+	// Limits bound each instance of this kind and every process it starts. Default
+	// none.
+	Limits *Limits `json:"limits,omitempty"`
+}
+
+// Limits bound an instance through its cgroup; a kind asking for one the host cannot
+// enforce is refused at start-up.
+type Limits struct {
+	// Memory is the memory limit in bytes (swap included where the host accounts it).
+	// The kernel kills the instance at the limit; that counts as a crash. Default 0:
+	// none.
+	Memory int64 `json:"memory,omitempty"`
+	// CPU is a share of one core (0.5 is half a core, 2 is two). Default 0: none.
+	CPU float64 `json:"cpu,omitempty"`
+	// Pids caps the processes and threads. Default 0: none.
+	Pids int64 `json:"pids,omitempty"`
+}
+
+// UIDRange is a range of uids.
+type UIDRange struct {
+	// First is the lowest uid. Default 3000000.
+	First uint32 `json:"first,omitempty"`
+	// Count is how many uids. Default 65536.
+	Count uint32 `json:"count,omitempty"`
+}
+
+// InstanceLog caps each space's instance.log.
+type InstanceLog struct {
+	// MaxSizeMB is the size in MiB at which the log rotates. Default 10.
+	MaxSizeMB int `json:"max_size_mb,omitempty"`
+	// Keep is how many rotated files each space keeps. Default 2.
+	Keep int `json:"keep,omitempty"`
 }
 
 // Replication is a kind's replication class.
@@ -325,6 +370,10 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		Kinds:            a.kinds,
 		MaxAwake:         a.MaxAwake,
 		WakeScanInterval: time.Duration(a.WakeScanInterval),
+		UIDFirst:         a.UIDRange.first(),
+		UIDCount:         a.UIDRange.count(),
+		LogMaxMB:         a.InstanceLog.maxSizeMB(),
+		LogBackups:       a.InstanceLog.keep(),
 		Resolve: func(host string) (engine.Space, bool) {
 			rt, ok := reg.Lookup(host)
 			if !ok || !rt.Hibernate {
@@ -380,6 +429,12 @@ func (a *App) checkConsistency() error {
 
 // Validate checks the config across fields.
 func (a *App) Validate() error {
+	if r := a.UIDRange; r != nil && (r.First == 0 && r.Count != 0 || uint64(r.First)+uint64(r.Count) >= 1<<32-1) {
+		return fmt.Errorf("uid_range: must start above 0 and end below 4294967295")
+	}
+	if l := a.InstanceLog; l != nil && (l.MaxSizeMB < 0 || l.Keep < 0) {
+		return fmt.Errorf("instance_log: size and keep must not be negative")
+	}
 	if a.MaxAwake < 0 {
 		return fmt.Errorf("max_awake: must not be negative, got %d", a.MaxAwake)
 	}
@@ -473,6 +528,10 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		WakePath:     kc.WakePath,
 		AllowedEnv:   kc.AllowedEnv,
 		Retention:    time.Duration(kc.Retention),
+		Isolation:    kc.Isolation,
+	}
+	if l := kc.Limits; l != nil {
+		k.Limits = engine.Limits{MemoryBytes: l.Memory, CPU: l.CPU, Pids: l.Pids}
 	}
 	if k.Command == "{self}" {
 		exe, err := os.Executable()
@@ -499,6 +558,34 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		k.Replication = engine.Replication{Class: r.Class, Interval: time.Duration(r.Interval)}
 	}
 	return k, nil
+}
+
+func (r *UIDRange) first() uint32 {
+	if r == nil {
+		return 0
+	}
+	return r.First
+}
+
+func (r *UIDRange) count() uint32 {
+	if r == nil {
+		return 0
+	}
+	return r.Count
+}
+
+func (l *InstanceLog) maxSizeMB() int {
+	if l == nil {
+		return 0
+	}
+	return l.MaxSizeMB
+}
+
+func (l *InstanceLog) keep() int {
+	if l == nil {
+		return 0
+	}
+	return l.Keep
 }
 
 // Interface guards

@@ -92,7 +92,7 @@ none); an awake space is put to sleep first.
 }
 
 func addAdminFlags(cmd *cobra.Command) {
-	cmd.Flags().String("address", "", "The address of the administration API endpoint (default localhost:2019)")
+	cmd.Flags().String("address", "", "The address of the administration API endpoint (default: $LCHAT_ADMIN_LISTEN, else unix//run/lchat-caddy/admin.sock when it exists, else localhost:2019)")
 	cmd.Flags().StringP("config", "c", "", "Configuration file to find the admin address in")
 	cmd.Flags().StringP("adapter", "a", "", "Name of config adapter to apply")
 }
@@ -100,7 +100,7 @@ func addAdminFlags(cmd *cobra.Command) {
 // adminCall sends one request to the admin API and decodes a JSON answer into out.
 // An error answer becomes an error carrying the server's message.
 func adminCall(fs caddycmd.Flags, method, uri string, body, out any) error {
-	addr, err := caddycmd.DetermineAdminAPIAddress(fs.String("address"), nil, fs.String("config"), fs.String("adapter"))
+	addr, err := adminAddress(fs)
 	if err != nil {
 		return fmt.Errorf("finding admin address: %v", err)
 	}

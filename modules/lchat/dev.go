@@ -52,6 +52,19 @@ func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	demo := map[string]any{
+		"command":      "{self}",
+		"args":         []string{"demo-space"},
+		"idle_timeout": idleTimeout,
+		"ready_path":   "/healthz",
+		"replication":  map[string]any{"class": "periodic", "interval": "10s"},
+		"wake_path":    "/",
+	}
+	if os.Geteuid() != 0 {
+		// A developer's own user cannot switch uids: the explicit opt-out, so the
+		// start-up log says so instead of looking for capabilities.
+		demo["isolation"] = "none"
+	}
 	cfg := map[string]any{
 		"admin": map[string]any{"listen": admin},
 		"storage": map[string]any{
@@ -60,19 +73,10 @@ func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
 		},
 		"apps": map[string]any{
 			"lchat": map[string]any{
-				"bucket":    map[string]any{"backend": "file", "root": filepath.Join(abs, "bucket")},
-				"state_dir": filepath.Join(abs, "state"),
-				"registry":  filepath.Join(abs, "registry.db"),
-				"kinds": map[string]any{
-					"demo": map[string]any{
-						"command":      "{self}",
-						"args":         []string{"demo-space"},
-						"idle_timeout": idleTimeout,
-						"ready_path":   "/healthz",
-						"replication":  map[string]any{"class": "periodic", "interval": "10s"},
-						"wake_path":    "/",
-					},
-				},
+				"bucket":             map[string]any{"backend": "file", "root": filepath.Join(abs, "bucket")},
+				"state_dir":          filepath.Join(abs, "state"),
+				"registry":           filepath.Join(abs, "registry.db"),
+				"kinds":              map[string]any{"demo": demo},
 				"wake_scan_interval": "10s",
 			},
 			"http": map[string]any{

@@ -26,7 +26,7 @@ import (
 
 const (
 	meshDomain = "mesh.test"
-	meshToken  = "regions-mesh-token-5c2e91"
+	meshToken  = "regions-mesh-token-5c2e91-7a3f0d9b1e4c"
 	beat       = time.Second
 	deadAfter  = 3 * time.Second
 	// idle is the demo kind's idle timeout: short, so the test can watch a space
