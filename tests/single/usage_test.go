@@ -13,7 +13,7 @@ import (
 func TestUsageLinesNameTheBinary(t *testing.T) {
 	bin := harness.Binary(t)
 	for _, sub := range []string{"dev", "add-instance", "remove", "routes", "hibernate", "fleet", "mesh-seed",
-		"relocate", "next-id", "seed-ids", "bucket-check", "demo-space", "run"} {
+		"relocate", "next-id", "seed-ids", "bucket-check", "demo-space", "history", "restore", "run"} {
 		out, err := exec.Command(bin, "help", sub).CombinedOutput()
 		if err != nil {
 			t.Errorf("help %s: %v\n%s", sub, err, out)
