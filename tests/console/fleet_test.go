@@ -17,7 +17,7 @@ import (
 
 const (
 	fleetDomain = "fleet.test"
-	fleetToken  = "console-fleet-token-5d1e"
+	fleetToken  = "console-fleet-token-5d1e-8a2c4f6b0e9d1a3c"
 )
 
 // fleetBox is one box of a small mesh with the console on host console.test.

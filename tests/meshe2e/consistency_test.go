@@ -21,7 +21,7 @@ import (
 // starts with a warning, and one on a private address without it.
 func TestContradictoryConfigRefused(t *testing.T) {
 	bin := harness.Binary(t)
-	const token = "consistency-token-never-printed"
+	const token = "consistency-token-never-printed-4b8e1d7f"
 	config := func(t *testing.T, meshOpts map[string]any) string {
 		dir := t.TempDir()
 		cfg := map[string]any{
