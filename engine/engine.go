@@ -160,10 +160,14 @@ type Counters struct {
 	Syncs          uint64 `json:"syncs"`
 	BlobsUploaded  uint64 `json:"blobs_uploaded"`
 	BytesUploaded  uint64 `json:"bytes_uploaded"`
+	// SkippedFiles counts files left out of checkpoints (and next-wake files not read)
+	// because they are not regular files: FIFOs, sockets, devices, symlinks.
+	SkippedFiles uint64 `json:"skipped_files"`
 }
 
 type counters struct {
 	wakes, sleeps, crashes, leaseConflicts, fenced, syncs, blobsUploaded, bytesUploaded atomic.Uint64
+	skippedFiles                                                                        atomic.Uint64
 }
 
 // Engine runs the spaces of one box. Its methods are safe for concurrent use.
@@ -359,6 +363,7 @@ func (e *Engine) Counters() Counters {
 		Syncs:          e.c.syncs.Load(),
 		BlobsUploaded:  e.c.blobsUploaded.Load(),
 		BytesUploaded:  e.c.bytesUploaded.Load(),
+		SkippedFiles:   e.c.skippedFiles.Load(),
 	}
 }
 

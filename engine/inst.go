@@ -513,6 +513,9 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) error {
 	log := in.logger()
 	next, err := space.ReadNextWake(in.dataDir)
 	if err != nil {
+		if errors.Is(err, space.ErrNotRegular) {
+			e.c.skippedFiles.Add(1)
+		}
 		log.Warn("ignoring next-wake", zap.Error(err))
 	}
 	if next != nil && !next.After(e.now()) {
@@ -547,6 +550,7 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 		return errFencedNoWrite
 	}
 	st, err := in.syncer.Checkpoint(ctx, next, e.now())
+	e.noteSkipped(in, st.Skipped)
 	in.mu.Lock()
 	if err == nil {
 		in.lastSync = e.now()

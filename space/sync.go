@@ -35,7 +35,9 @@ type Stats struct {
 	BytesUploaded int64
 	// ManifestWritten is false when nothing changed: no write at all.
 	ManifestWritten bool
-	Duration        time.Duration
+	// Skipped lists the files left out because they are not regular files (oddfiles.go).
+	Skipped  []SkippedFile
+	Duration time.Duration
 }
 
 // Syncer moves one space's data directory to and from the bucket. It remembers the manifest
@@ -178,7 +180,8 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 	}
 	defer os.RemoveAll(snap)
 
-	files, staged, err := s.snapshot(ctx, snap)
+	files, staged, skipped, err := s.snapshot(ctx, snap)
+	st.Skipped = skipped
 	if err != nil {
 		return st, err
 	}
@@ -245,12 +248,11 @@ func (s *Syncer) upload(ctx context.Context, f File, staged string) (int64, erro
 // snapshot walks DataDir and returns its files (sorted by path) and, for contents the bucket
 // may lack, a staged copy in dir keyed by hash. SQLite databases are copied with VACUUM INTO
 // (a consistent read transaction), never byte-copied live; their -wal, -shm and -journal
-// files are skipped. Symlinks are refused.
-func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]string, error) {
-	var files []File
-	staged := make(map[string]string)
+// files are skipped. Symlinks, FIFOs, sockets and devices are skipped and listed.
+func (s *Syncer) snapshot(ctx context.Context, dir string) (files []File, staged map[string]string, skipped []SkippedFile, err error) {
+	staged = make(map[string]string)
 	fresh := make(map[string]File)
-	err := filepath.WalkDir(s.DataDir, func(p string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(s.DataDir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if p != s.DataDir && errors.Is(err, fs.ErrNotExist) {
 				return nil // removed by the instance while we walked: not part of this snapshot
@@ -265,10 +267,11 @@ func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]s
 			return err
 		}
 		rel = filepath.ToSlash(rel)
-		if d.Type()&fs.ModeSymlink != 0 {
-			return fmt.Errorf("refusing symlink %s in data dir", rel)
+		if k := oddKind(d.Type()); k != "" {
+			skipped = append(skipped, SkippedFile{Path: rel, Kind: k})
+			return nil
 		}
-		if d.IsDir() || !d.Type().IsRegular() {
+		if d.IsDir() {
 			return nil
 		}
 		if isSQLiteSidecar(s.DataDir, rel) {
@@ -319,11 +322,11 @@ func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]s
 		}
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, skipped, err
 	}
 	s.hashes = fresh
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
-	return files, staged, nil
+	return files, staged, skipped, nil
 }
 
 // gone reports whether p no longer exists: the instance removed or renamed a file (a

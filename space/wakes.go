@@ -16,9 +16,14 @@ import (
 // NextWakeFile is where an instance leaves its next wanted wake time, relative to its data dir.
 const NextWakeFile = ".lchat/next-wake"
 
-// ReadNextWake reads $LCHAT_DATA_DIR/.lchat/next-wake: nil when absent or empty.
+// nextWakeMax bounds next-wake: an RFC 3339 time is short.
+const nextWakeMax = 256
+
+// ReadNextWake reads $LCHAT_DATA_DIR/.lchat/next-wake: nil when absent or empty. Anything
+// but a small regular file (a FIFO, socket, device, symlink or directory) is refused with
+// ErrNotRegular, without blocking and without following a link.
 func ReadNextWake(dataDir string) (*time.Time, error) {
-	f, err := os.Open(filepath.Join(dataDir, filepath.FromSlash(NextWakeFile)))
+	f, err := openSmallRegular(filepath.Join(dataDir, filepath.FromSlash(NextWakeFile)), nextWakeMax)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -27,7 +32,7 @@ func ReadNextWake(dataDir string) (*time.Time, error) {
 	}
 	defer f.Close()
 	// The instance writes this file; an RFC 3339 time is short, so never read more.
-	data, err := io.ReadAll(io.LimitReader(f, 256))
+	data, err := io.ReadAll(io.LimitReader(f, nextWakeMax))
 	if err != nil {
 		return nil, err
 	}
