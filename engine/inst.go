@@ -56,7 +56,9 @@ type inst struct {
 	idle        *time.Timer // one per awake period; re-arms itself while the space is used
 	idleGen     uint64
 	syncStop    context.CancelFunc
-	crashes     int // consecutive
+	crashes     int  // consecutive
+	wakeFails   int  // consecutive failed wakes (backoff.go)
+	admitted    bool // a waking space counted under MaxAwake (capacity.go)
 	retryAt     time.Time
 	retryWhy    string
 	lastSync    time.Time
@@ -142,6 +144,18 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 		return nil, fmt.Errorf("invalid host %q", sp.Host)
 	}
 	in := e.get(sp.Host)
+	// waiting is true while this caller still counts in in.waiters after a transition
+	// ended: it stops counting in the same critical section that takes the Use, so a
+	// space just woken for it is never idle (uses and waiters both 0) in between, where
+	// the awake cap could pick it as the space to sleep.
+	waiting := false
+	defer func() {
+		if waiting {
+			in.mu.Lock()
+			in.waiters--
+			in.mu.Unlock()
+		}
+	}()
 	for {
 		if e.ctx.Err() != nil || e.draining.Load() {
 			return nil, &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
@@ -150,6 +164,10 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			return nil, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
 		in.mu.Lock()
+		if waiting {
+			in.waiters--
+			waiting = false
+		}
 		switch in.state {
 		case StateAwake:
 			in.uses++
@@ -163,6 +181,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			in.waiters++
 			in.mu.Unlock()
 			err := in.wait(ctx, t)
+			waiting = err == nil
 			if err != nil {
 				return nil, err
 			}
@@ -183,7 +202,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			if wait := in.retryAt.Sub(e.now()); wait > 0 {
 				why := in.retryWhy
 				in.mu.Unlock()
-				return nil, &RetryError{After: wait.Round(time.Second) + time.Second, Reason: why}
+				return nil, &RetryError{After: ceilSecond(wait), Reason: why}
 			}
 			in.sp, in.kind = sp, kind
 			t := &transition{done: make(chan struct{})}
@@ -192,7 +211,9 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			in.waiters++
 			in.mu.Unlock()
 			e.goSafe("wake", func() { e.runWake(in, t) })
-			if err := in.wait(ctx, t); err != nil {
+			err := in.wait(ctx, t)
+			waiting = err == nil
+			if err != nil {
 				return nil, err
 			}
 			if t.err != nil {
@@ -202,18 +223,18 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 	}
 }
 
-// wait blocks until t is done or ctx ends; it drops this caller from the waiters.
+// wait blocks until t is done or ctx ends. When ctx ends it drops this caller from the
+// waiters; when t is done the caller still counts and drops itself (Acquire).
 func (in *inst) wait(ctx context.Context, t *transition) error {
-	var err error
 	select {
 	case <-t.done:
+		return nil
 	case <-ctx.Done():
-		err = ctx.Err()
+		in.mu.Lock()
+		in.waiters--
+		in.mu.Unlock()
+		return ctx.Err()
 	}
-	in.mu.Lock()
-	in.waiters--
-	in.mu.Unlock()
-	return err
 }
 
 // armIdleLocked starts the idle timer of an awake period. The timer re-arms itself for as
@@ -283,12 +304,14 @@ func (e *Engine) runWake(in *inst, t *transition) {
 	err := e.wake(in)
 	in.mu.Lock()
 	in.trans = nil
+	in.admitted = false
+	in.noteWakeResultLocked(err)
 	if err != nil {
 		t.err = err
 		if in.state == StateWaking {
 			in.setStateLocked(StateAsleep)
 			var re *RetryError
-			if errors.As(err, &re) {
+			if errors.As(err, &re) && !errors.Is(err, errAwakeCap) {
 				in.setStateLocked(StateFailed)
 			}
 		}
@@ -313,7 +336,12 @@ func (e *Engine) wake(in *inst) (err error) {
 	sp, kind := in.sp, in.kind
 	in.mu.Unlock()
 
-	e.makeRoom(in)
+	// A wake the awake cap would refuse costs nothing; room is made (another space put
+	// to sleep) only once the lease is ours and the state restored, right before the
+	// start, so a wake that fails on the bucket never evicts anyone.
+	if err := e.checkRoom(in); err != nil {
+		return err
+	}
 
 	etag, err := space.AcquireLease(ctx, e.cfg.Bucket, in.host, e.holder, e.now())
 	var held *space.LeaseHeldError
@@ -363,6 +391,9 @@ func (e *Engine) wake(in *inst) (err error) {
 	}
 	restored := e.now()
 
+	if err := e.makeRoom(in); err != nil {
+		return err
+	}
 	p, err := e.startProcess(in, kind, sp)
 	if err != nil {
 		log.Error("starting instance", zap.Error(err))
@@ -393,45 +424,6 @@ func (e *Engine) wake(in *inst) (err error) {
 	log.Info("awake", zap.Int("pid", p.pid), zap.Duration("restore", restored.Sub(start)),
 		zap.Duration("total", e.now().Sub(start)))
 	return nil
-}
-
-// makeRoom sleeps the least recently used idle space when MaxAwake is reached.
-func (e *Engine) makeRoom(self *inst) {
-	if e.cfg.MaxAwake <= 0 {
-		return
-	}
-	for {
-		var victim *inst
-		var victimUsed time.Time
-		awake := 0
-		for _, in := range e.all() {
-			if in == self {
-				continue
-			}
-			in.mu.Lock()
-			switch in.state {
-			case StateAwake:
-				awake++
-				if in.uses == 0 && in.waiters == 0 && (victim == nil || in.lastUsed.Before(victimUsed)) {
-					victim, victimUsed = in, in.lastUsed
-				}
-			case StateWaking:
-				awake++
-			}
-			in.mu.Unlock()
-		}
-		if awake < e.cfg.MaxAwake {
-			return
-		}
-		if victim == nil {
-			self.logger().Warn("awake cap reached and every awake space is in use; waking over the cap", zap.Int("max_awake", e.cfg.MaxAwake))
-			return
-		}
-		if err := e.sleep(e.ctx, victim, "lru", true); err != nil {
-			victim.logger().Error("lru sleep", zap.Error(err))
-			return
-		}
-	}
 }
 
 // Sleep stops the space now, checkpoints it and releases its lease.
