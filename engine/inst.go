@@ -656,10 +656,56 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 	in.mu.Unlock()
 }
 
-// Forget stops the space, releases its lease, deletes its scheduled wake record and drops
-// its local state; the rest of its bucket data stays. It is for a removed route, so it
+// Forget is the removal of a route: the space's latest state is saved first (stop,
+// checkpoint, release the lease: a sleep), then its scheduled wake record and its local
+// state are deleted; its bucket data stays, so a re-created route finds every write
+// acknowledged before the removal. When the checkpoint cannot be made (a bucket error,
+// a fenced box) the local state is kept and an error returned: a removal never loses
+// writes silently. Discard is the separate choice of dropping unsaved state. Forget
 // deletes the wake record even when this engine never ran the space.
 func (e *Engine) Forget(ctx context.Context, host string) error {
+	in := e.lookup(host)
+	if in == nil {
+		if validHost(host) {
+			e.setWakeRecord(ctx, host, nil)
+		}
+		return nil
+	}
+	in.mu.Lock()
+	t := in.trans
+	in.mu.Unlock()
+	if t != nil { // a wake or sleep in flight: let it finish, then save what it left
+		select {
+		case <-t.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := e.sleep(ctx, in, "removed", false); err != nil {
+		return fmt.Errorf("saving the space before removal (local state kept): %w", err)
+	}
+	if err := e.flushDirty(ctx, in); err != nil {
+		return fmt.Errorf("saving the space before removal (local state kept): %w", err)
+	}
+	in.op.Lock()
+	defer in.op.Unlock()
+	in.mu.Lock()
+	unsaved := in.held || in.dirty
+	running := in.state == StateAwake || in.state == StateWaking
+	in.mu.Unlock()
+	switch {
+	case unsaved:
+		return errors.New("saving the space before removal: box fenced or checkpoint failed; local state kept and saved once the bucket is reachable")
+	case running:
+		return errors.New("space woke again during its removal; local state kept")
+	}
+	return e.dropLocked(ctx, in)
+}
+
+// Discard is the explicit choice of dropping a space without saving it: it stops the
+// instance, releases its lease, deletes its scheduled wake record and its local state.
+// Writes since the last checkpoint are lost; the bucket data stays as it was.
+func (e *Engine) Discard(ctx context.Context, host string) error {
 	in := e.lookup(host)
 	if in == nil {
 		if validHost(host) {
@@ -677,12 +723,23 @@ func (e *Engine) Forget(ctx context.Context, host string) error {
 	if p != nil {
 		e.stopProcess(in, p, kind)
 	}
+	in.mu.Lock()
+	in.dirty, in.held = false, false
+	in.mu.Unlock()
+	return e.dropLocked(ctx, in)
+}
+
+// dropLocked (in.op held) releases the lease if still held, deletes the scheduled wake
+// record and forgets the space's local state.
+func (e *Engine) dropLocked(ctx context.Context, in *inst) error {
 	if !e.fenced.Load() {
 		e.releaseLease(in)
 	}
-	e.setWakeRecord(ctx, host, nil)
+	e.setWakeRecord(ctx, in.host, nil)
 	e.mu.Lock()
-	delete(e.spaces, host)
+	if e.spaces[in.host] == in {
+		delete(e.spaces, in.host)
+	}
 	e.mu.Unlock()
 	in.mu.Lock()
 	in.proc = nil
