@@ -43,6 +43,9 @@ func ReadManifest(ctx context.Context, b bucket.Bucket, host string) (*Manifest,
 	if err != nil {
 		return nil, "", fmt.Errorf("reading manifest: %w", err)
 	}
+	if err := m.Validate(); err != nil {
+		return nil, "", err
+	}
 	return &m, etag, nil
 }
 

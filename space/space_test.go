@@ -571,7 +571,8 @@ func TestRestoreRefusesUnsafePaths(t *testing.T) {
 		b.Put(ctx, BlobKey("u.test", sum), strings.NewReader(body), int64(len(body)), bucket.Cond{})
 		if _, err := WriteManifest(ctx, b, "u.test", &Manifest{Generation: 1, Files: []File{{Path: bad, Size: 7, SHA256: sum, Mode: 0o600}}}, ""); err != nil {
 			// Overwrite the previous iteration's manifest.
-			_, etag, _ := ReadManifest(ctx, b, "u.test")
+			info, _ := b.Head(ctx, ManifestKey("u.test"))
+			etag := info.ETag
 			if _, err := WriteManifest(ctx, b, "u.test", &Manifest{Generation: 1, Files: []File{{Path: bad, Size: 7, SHA256: sum, Mode: 0o600}}}, etag); err != nil {
 				t.Fatal(err)
 			}
@@ -579,10 +580,13 @@ func TestRestoreRefusesUnsafePaths(t *testing.T) {
 		r := &Syncer{Bucket: b, Host: "u.test", DataDir: filepath.Join(root, "space", "data"), WorkDir: filepath.Join(root, "space", "work")}
 		os.MkdirAll(r.DataDir, 0o700)
 		os.WriteFile(filepath.Join(r.DataDir, "keep"), []byte("old"), 0o600)
-		if err := r.Load(ctx); err != nil {
-			t.Fatal(err)
+		// The manifest is refused when it is read (Manifest.Validate); Restore keeps its
+		// own check for a manifest that reached it some other way.
+		err := r.Load(ctx)
+		if err == nil {
+			err = r.Restore(ctx)
 		}
-		if err := r.Restore(ctx); err == nil || !strings.Contains(err.Error(), "invalid path") {
+		if err == nil || !strings.Contains(err.Error(), "invalid path") {
 			t.Errorf("restore of a manifest naming %q = %v, want an invalid-path refusal", bad, err)
 		}
 		if data, err := os.ReadFile(filepath.Join(r.DataDir, "keep")); err != nil || string(data) != "old" {
