@@ -52,6 +52,9 @@ type Syncer struct {
 
 	manifest *Manifest
 	etag     string
+	// unsure is the body of this box's last manifest write whose outcome is unknown
+	// (an error other than a lost swap): it may have landed (ambiguous.go).
+	unsure []byte
 	// hashes maps a file's stat fingerprint to its snapshot's content, so unchanged files
 	// (and unchanged SQLite databases) are neither re-read nor re-uploaded.
 	hashes map[string]File
@@ -69,7 +72,7 @@ func (s *Syncer) Load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.manifest, s.etag = m, etag
+	s.manifest, s.etag, s.unsure = m, etag, nil
 	s.known = make(map[string]bool)
 	if m != nil {
 		for _, f := range m.Files {
@@ -209,7 +212,7 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 		m.Generation = s.manifest.Generation
 	}
 	m.Generation++
-	etag, err := WriteManifest(ctx, s.Bucket, s.Host, m, s.etag)
+	etag, err := s.writeManifest(ctx, m)
 	if err != nil {
 		return st, err
 	}
