@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // WakeReasonHeader carries why the proxy woke the space; "scheduled" means
@@ -92,11 +94,10 @@ func (s *Server) rescheduleLocked(ctx context.Context) error {
 
 // timerFired delivers reminders that fall due while the space is awake.
 func (s *Server) timerFired() {
-	defer func() {
-		if p := recover(); p != nil {
-			s.logger.Error("reminder timer panicked", zap.Any("panic", p), zap.Stack("stack"))
-		}
-	}()
+	safego.Run(s.logger, "reminder timer", s.fireDueNow)
+}
+
+func (s *Server) fireDueNow() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := s.fireDue(ctx); err != nil && !errors.Is(err, errClosed) {

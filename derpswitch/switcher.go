@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -22,6 +21,8 @@ import (
 	"tailscale.com/derp"
 	"tailscale.com/tailcfg"
 	"tailscale.com/types/key"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // Mode selects how a pin is applied.
@@ -347,9 +348,9 @@ func (s *Switcher) Start() {
 	if ov := int(s.override.Load()); ov != 0 {
 		boot = ov
 	}
-	s.goSafe("executor", func() { s.runExecutor(boot) })
-	s.goSafe("negotiator", s.runNegotiator)
-	s.goSafe("latency", s.runLatency)
+	safego.Go(&s.wg, s.logger(), "executor", func() { s.runExecutor(boot) })
+	safego.Go(&s.wg, s.logger(), "negotiator", s.runNegotiator)
+	safego.Go(&s.wg, s.logger(), "latency", s.runLatency)
 }
 
 // Close stops the goroutines and closes every connection. It is idempotent.
@@ -369,20 +370,6 @@ func (s *Switcher) Close() error {
 		s.recvWG.Wait()
 	})
 	return nil
-}
-
-func (s *Switcher) goSafe(name string, f func()) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer func() {
-			if r := recover(); r != nil {
-				s.logger().Error("panic", zap.String("goroutine", name), zap.Any("error", r),
-					zap.ByteString("stack", debug.Stack()))
-			}
-		}()
-		f()
-	}()
 }
 
 func poke(ch chan struct{}) {
@@ -867,13 +854,8 @@ func (s *Switcher) startCommand(cmd Command) *op {
 	prove := cfg.Prove
 	go func() {
 		err := errors.New("prove panicked")
-		defer func() {
-			if r := recover(); r != nil {
-				s.logger().Error("panic while proving aux", zap.Any("error", r), zap.ByteString("stack", debug.Stack()))
-			}
-			o.done <- err
-		}()
-		err = s.proveAux(ctx, aux, prove)
+		safego.Run(s.logger(), "prove aux", func() { err = s.proveAux(ctx, aux, prove) })
+		o.done <- err
 	}()
 	return o
 }
@@ -1053,17 +1035,7 @@ func (s *Switcher) reconcile(m *tailcfg.DERPMap, cur *op) (aborted bool) {
 // (derphttp) when the connection breaks, until the slot is closed.
 func (sl *slot) startRecv() {
 	sl.recvOnce.Do(func() {
-		sl.sw.recvWG.Add(1)
-		go func() {
-			defer sl.sw.recvWG.Done()
-			defer func() {
-				if r := recover(); r != nil {
-					sl.sw.logger().Error("panic in recv loop", zap.Any("error", r),
-						zap.ByteString("stack", debug.Stack()))
-				}
-			}()
-			sl.recvLoop()
-		}()
+		safego.Go(&sl.sw.recvWG, sl.sw.logger(), "recv loop", sl.recvLoop)
 	})
 }
 

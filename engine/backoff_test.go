@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/space"
 )
 
@@ -119,11 +119,11 @@ func TestFailedWakeBacksOff(t *testing.T) {
 	}
 	var blobGets, leaseOps atomic.Int64
 	var cut atomic.Bool
-	c.SetFail(func(ctx context.Context, op meshtest.Op, key string) error {
+	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
 		if !strings.HasPrefix(key, "spaces/"+host+"/") {
 			return nil
 		}
-		if op == meshtest.OpGet && strings.Contains(key, "/blobs/") {
+		if op == membucket.OpGet && strings.Contains(key, "/blobs/") {
 			blobGets.Add(1)
 		}
 		if strings.HasSuffix(key, "/lease") {

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -21,8 +20,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/space"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // Replication classes.
@@ -243,59 +243,11 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-func (k Kind) withDefaults(name string) (Kind, error) {
-	if k.Name == "" {
-		k.Name = name
-	}
-	if k.Command == "" {
-		return k, errors.New("no command")
-	}
-	if k.IdleTimeout <= 0 {
-		k.IdleTimeout = 10 * time.Minute
-	}
-	if k.StopSignal == 0 {
-		k.StopSignal = syscall.SIGTERM
-	}
-	if k.StopGrace <= 0 {
-		k.StopGrace = 10 * time.Second
-	}
-	if k.ReadyTimeout <= 0 {
-		k.ReadyTimeout = 30 * time.Second
-	}
-	switch k.Replication.Class {
-	case "":
-		k.Replication.Class = ReplicatePeriodic
-	case ReplicateSleep, ReplicatePeriodic, ReplicateContinuous:
-	default:
-		return k, fmt.Errorf("unknown replication class %q", k.Replication.Class)
-	}
-	if k.Replication.Interval <= 0 {
-		k.Replication.Interval = 60 * time.Second
-	}
-	if k.WakePath == "" {
-		k.WakePath = "/"
-	}
-	if k.ReadyPath != "" && !strings.HasPrefix(k.ReadyPath, "/") {
-		return k, fmt.Errorf("ready path %q must start with /", k.ReadyPath)
-	}
-	for _, n := range k.AllowedEnv {
-		if registry.ForbiddenEnv(n) {
-			return k, fmt.Errorf("allowed env %q is a loader, shell or reserved variable", n)
-		}
-	}
-	for n := range k.Env {
-		if registry.ValidateEnvName(n) != nil {
-			return k, fmt.Errorf("env name %q is not valid", n)
-		}
-	}
-	return k, nil
-}
-
 // Start launches the background loops (scheduled wakes; per-space sync and idle timers run
 // from each wake). Idempotent.
 func (e *Engine) Start() {
 	e.start.Do(func() {
-		e.goSafe("scheduled wakes", e.scanLoop)
+		safego.Go(&e.wg, e.log, "scheduled wakes", e.scanLoop)
 	})
 }
 
@@ -312,22 +264,6 @@ func (e *Engine) Close() {
 		e.mu.Unlock()
 	})
 	e.wg.Wait()
-}
-
-// goSafe runs f on its own goroutine, counted in e.wg, recovering a panic with a logged stack.
-func (e *Engine) goSafe(what string, f func()) {
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		defer e.recoverPanic(what)
-		f()
-	}()
-}
-
-func (e *Engine) recoverPanic(what string) {
-	if r := recover(); r != nil {
-		e.log.Error("panic", zap.String("in", what), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-	}
 }
 
 func (e *Engine) now() time.Time { return time.Now() }

@@ -88,6 +88,60 @@ func TestKindDefaultsAndValidation(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+	// Errors name the config field, so an operator finds it whichever way the kind was
+	// configured.
+	for _, tc := range []struct {
+		name string
+		kind Kind
+		want string
+	}{
+		{"demo", Kind{}, "command: required"},
+		{"Demo", Kind{Command: "x"}, "invalid kind name"},
+		{"de.mo", Kind{Command: "x"}, "invalid kind name"},
+		{"demo", Kind{Command: "x", AllowedEnv: []string{"PATH"}}, "allowed_env: PATH"},
+		{"demo", Kind{Command: "x", AllowedEnv: []string{"LD_PRELOAD"}}, "allowed_env: LD_PRELOAD"},
+		{"demo", Kind{Command: "x", Replication: Replication{Class: "hourly"}}, "replication.class"},
+		{"demo", Kind{Command: "x", Replication: Replication{Class: "sleep", Interval: time.Second}}, "replication.interval"},
+		{"demo", Kind{Command: "x", Replication: Replication{Interval: -time.Second}}, "replication.interval"},
+		{"demo", Kind{Command: "x", ReadyPath: "healthz"}, "ready_path"},
+		{"demo", Kind{Command: "x", WakePath: "wake"}, "wake_path"},
+		{"demo", Kind{Command: "x", IdleTimeout: -1}, "idle_timeout"},
+		{"demo", Kind{Command: "x", StopGrace: -1}, "stop_grace"},
+	} {
+		_, err := tc.kind.withDefaults(tc.name)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("withDefaults(%s, %+v) = %v, want %q", tc.name, tc.kind, err, tc.want)
+		}
+	}
+	if _, err := ParseSignal("SIGWHAT"); err == nil || !strings.Contains(err.Error(), "stop_signal") {
+		t.Errorf("ParseSignal(SIGWHAT) = %v", err)
+	}
+	for in, want := range map[string]syscall.Signal{"": 0, "int": syscall.SIGINT, "SIGHUP": syscall.SIGHUP, "usr1": syscall.SIGUSR1} {
+		if got, err := ParseSignal(in); err != nil || got != want {
+			t.Errorf("ParseSignal(%q) = %v, %v", in, got, err)
+		}
+	}
+}
+
+func TestCheckSpaceKind(t *testing.T) {
+	kinds := map[string]Kind{"demo": {Name: "demo", AllowedEnv: []string{"ADMIN_TOKEN"}}}
+	for _, tc := range []struct {
+		kind string
+		env  map[string]string
+		want string
+	}{
+		{"demo", map[string]string{"ADMIN_TOKEN": "x"}, ""},
+		{"chat", nil, `kind "chat" is not configured on this box (configured: demo)`},
+		{"demo", map[string]string{"PATH": "/evil"}, "env PATH is not allowed"},
+	} {
+		err := CheckSpaceKind(kinds, tc.kind, tc.env)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("CheckSpaceKind(%s, %v) = %v, want %q", tc.kind, tc.env, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "/evil") {
+			t.Errorf("error echoes an env value: %v", err)
+		}
+	}
 }
 
 func TestValidHost(t *testing.T) {

@@ -19,17 +19,17 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/space"
 )
 
-func newCountingEngine(t testing.TB, cfg Config) (*Engine, *meshtest.Counting) {
+func newCountingEngine(t testing.TB, cfg Config) (*Engine, *membucket.Counting) {
 	t.Helper()
 	fb, err := filebucket.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := meshtest.NewCounting(fb)
+	c := membucket.NewCounting(fb)
 	cfg.Bucket = c
 	if cfg.StateDir == "" {
 		cfg.StateDir = t.TempDir()
@@ -52,7 +52,7 @@ func TestHeldSpaceStartsOneRecheck(t *testing.T) {
 	defer e.Close()
 	const host = "held.example.com"
 	unblock := make(chan struct{})
-	c.SetFail(func(ctx context.Context, op meshtest.Op, key string) error {
+	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
 		if key == space.LeaseKey(host) {
 			select {
 			case <-unblock:
@@ -146,11 +146,11 @@ func TestScheduledWakeRecordSurvivesFailedWrite(t *testing.T) {
 	e.wakeRetryBase = 10 * time.Millisecond
 	// Writes of wake records fail while these count down.
 	var failPuts, failDeletes atomic.Int64
-	c.SetFail(func(ctx context.Context, op meshtest.Op, key string) error {
+	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
 		if !strings.HasPrefix(key, space.WakesPrefix) {
 			return nil
 		}
-		if op == meshtest.OpPut && failPuts.Add(-1) >= 0 || op == meshtest.OpDelete && failDeletes.Add(-1) >= 0 {
+		if op == membucket.OpPut && failPuts.Add(-1) >= 0 || op == membucket.OpDelete && failDeletes.Add(-1) >= 0 {
 			return errors.New("injected: bucket refused the wake record")
 		}
 		return nil
@@ -240,8 +240,8 @@ func TestScanDeletesWakeOfHostWithNoRoute(t *testing.T) {
 		_, ok := wakeRecord(t, c, "mine.example.com")
 		return !ok
 	})
-	lists := c.Counts()[meshtest.OpList]
-	waitFor(t, "two more scans", func() bool { return c.Counts()[meshtest.OpList] >= lists+2 })
+	lists := c.Counts()[membucket.OpList]
+	waitFor(t, "two more scans", func() bool { return c.Counts()[membucket.OpList] >= lists+2 })
 	if _, ok := wakeRecord(t, c, "theirs.example.com"); !ok {
 		t.Fatal("a box that does not own the host deleted its wake record")
 	}

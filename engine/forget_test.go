@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/space"
 )
 
@@ -60,7 +60,7 @@ func savedNotes(t *testing.T, b bucket.Bucket, host string) string {
 	return ""
 }
 
-func forgetTestEngine(t *testing.T) (*Engine, *meshtest.Counting) {
+func forgetTestEngine(t *testing.T) (*Engine, *membucket.Counting) {
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -119,8 +119,8 @@ func TestForgetSavesBeforeRemoving(t *testing.T) {
 	u.Release()
 	var refuse atomic.Bool
 	refuse.Store(true)
-	c.SetFail(func(ctx context.Context, op meshtest.Op, key string) error {
-		if refuse.Load() && op == meshtest.OpPut && strings.HasSuffix(key, "/manifest") {
+	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
+		if refuse.Load() && op == membucket.OpPut && strings.HasSuffix(key, "/manifest") {
 			return errors.New("injected: bucket refused the manifest")
 		}
 		return nil

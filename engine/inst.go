@@ -15,6 +15,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/space"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // inst is one space on this box.
@@ -192,7 +194,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			if in.held {
 				in.mu.Unlock()
 				if in.rechecking.CompareAndSwap(false, true) {
-					e.goSafe("recheck", func() {
+					safego.Go(&e.wg, e.log, "recheck", func() {
 						defer in.rechecking.Store(false)
 						e.recheck(in)
 					})
@@ -210,7 +212,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			in.setStateLocked(StateWaking)
 			in.waiters++
 			in.mu.Unlock()
-			e.goSafe("wake", func() { e.runWake(in, t) })
+			safego.Go(&e.wg, e.log, "wake", func() { e.runWake(in, t) })
 			err := in.wait(ctx, t)
 			waiting = err == nil
 			if err != nil {
@@ -275,7 +277,7 @@ func (in *inst) idleCheck(gen uint64) {
 		return
 	}
 	in.mu.Unlock()
-	e.goSafe("idle sleep", func() { e.idleFire(in, gen) })
+	safego.Go(&e.wg, e.log, "idle sleep", func() { e.idleFire(in, gen) })
 }
 
 func (in *inst) disarmIdleLocked() {

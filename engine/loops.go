@@ -11,6 +11,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/space"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // WakeReasonHeader tells the instance why it was woken.
@@ -41,7 +43,7 @@ func (e *Engine) scanLoop() {
 				if busy {
 					continue
 				}
-				e.goSafe("scheduled wake", func() {
+				safego.Go(&e.wg, e.log, "scheduled wake", func() {
 					defer func() { mu.Lock(); delete(inFlight, r.Host); mu.Unlock() }()
 					e.fireWake(e.ctx, r)
 				})
@@ -172,16 +174,17 @@ func (e *Engine) Drain(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			defer e.recoverPanic("drain")
-			err := e.sleep(ctx, in, "drain", false)
-			if err == nil {
-				err = e.flushDirty(ctx, in)
-			}
-			if err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
+			safego.Run(e.log, "drain", func() {
+				err := e.sleep(ctx, in, "drain", false)
+				if err == nil {
+					err = e.flushDirty(ctx, in)
+				}
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
 		}()
 	}
 	wg.Wait()
@@ -199,7 +202,7 @@ func (e *Engine) SetFenced(fenced bool) {
 	if fenced {
 		e.log.Warn("fenced: heartbeat writes failing; stopping every awake space without writing")
 		for _, in := range e.all() {
-			e.goSafe("fence stop", func() {
+			safego.Go(&e.wg, e.log, "fence stop", func() {
 				// A sync in flight holds the op lock while it waits on the bucket this
 				// box can no longer reach: cancel it first so the stop is not held up.
 				in.mu.Lock()
@@ -236,7 +239,7 @@ func (e *Engine) SetFenced(fenced bool) {
 	}
 	e.log.Info("unfenced: re-reading leases of held spaces")
 	for _, in := range e.all() {
-		e.goSafe("unfence", func() { e.recheck(in) })
+		safego.Go(&e.wg, e.log, "unfence", func() { e.recheck(in) })
 	}
 }
 

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // proc is one running instance process, in its own process group.
@@ -89,11 +91,10 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	}
 	p := &proc{cmd: cmd, pid: cmd.Process.Pid, exited: make(chan struct{})}
 	// Not counted in e.wg: it ends when the process does, which Close does not force.
-	go func() {
-		defer e.recoverPanic("process wait")
+	safego.Go(nil, e.log, "process wait", func() {
 		err := p.reap()
 		e.onExit(in, p, err)
-	}()
+	})
 	return p, nil
 }
 

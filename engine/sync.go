@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"path/filepath"
 	"time"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // continuousPoll is how often the continuous class looks at the data dir's mtimes, and
@@ -27,10 +29,10 @@ func (e *Engine) startSync(in *inst, kind Kind) {
 	in.syncStop = cancel
 	in.mu.Unlock()
 	if kind.Replication.Class == ReplicateContinuous {
-		e.goSafe("continuous sync", func() { e.continuousLoop(ctx, in) })
+		safego.Go(&e.wg, e.log, "continuous sync", func() { e.continuousLoop(ctx, in) })
 		return
 	}
-	e.goSafe("periodic sync", func() {
+	safego.Go(&e.wg, e.log, "periodic sync", func() {
 		t := time.NewTicker(kind.Replication.Interval)
 		defer t.Stop()
 		for {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 )
 
 // TestPeriodicSyncOfUnchangedSpaceCostsNothing counts the bucket requests of the periodic
@@ -31,7 +31,7 @@ func TestPeriodicSyncOfUnchangedSpaceCostsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counted := meshtest.NewCounting(fb)
+	counted := membucket.NewCounting(fb)
 	dir, err := os.MkdirTemp("", "eng")
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func TestPeriodicSyncOfUnchangedSpaceCostsNothing(t *testing.T) {
 	}
 	syncsSeen(2) // let any follow-up sync finish too
 	c := counted.Counts()
-	if c[meshtest.OpHead] != 1 || c[meshtest.OpPut] != 2 || counted.Total() != 3 {
+	if c[membucket.OpHead] != 1 || c[membucket.OpPut] != 2 || counted.Total() != 3 {
 		t.Fatalf("one changed file in one space: %v, want HEAD 1 + PUT 2 (blob, manifest)", c)
 	}
 	t.Logf("FIGURE one changed file: %v", c)

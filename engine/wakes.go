@@ -8,6 +8,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/space"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // Backoff of a scheduled-wake record write that failed.
@@ -60,7 +62,7 @@ func (e *Engine) setWakeRecord(ctx context.Context, host string, at *time.Time) 
 	}
 	e.log.Warn("writing scheduled wake record failed; retrying in the background", zap.String("host", host),
 		zap.Bool("delete", at == nil), zap.Error(err))
-	e.goSafe("scheduled wake record", func() { e.retryWakeRecord(s, host, gen, at) })
+	safego.Go(&e.wg, e.log, "scheduled wake record", func() { e.retryWakeRecord(s, host, gen, at) })
 }
 
 func (e *Engine) retryWakeRecord(s *wakeSlot, host string, gen uint64, at *time.Time) {

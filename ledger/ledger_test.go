@@ -9,7 +9,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 )
 
 // runConcurrent runs goroutines × perG Next calls spread over allocs allocators on b and
@@ -74,10 +74,10 @@ func runConcurrent(t testing.TB, b bucket.Bucket, ns string, allocs, goroutines,
 }
 
 func TestConcurrentAllocatorsMemory(t *testing.T) {
-	b := meshtest.NewCounting(meshtest.NewMemBucket())
+	b := membucket.NewCounting(membucket.New())
 	runConcurrent(t, b, "spaces", 3, 8, 1000, Options{})
 	// 8000 ids in blocks of 100: 80 reservations, plus the lost races' retries.
-	if puts := b.Counts()[meshtest.OpPut]; puts < 80 || puts > 400 {
+	if puts := b.Counts()[membucket.OpPut]; puts < 80 || puts > 400 {
 		t.Fatalf("%d writes for 8000 ids", puts)
 	}
 }
@@ -92,7 +92,7 @@ func TestConcurrentAllocatorsFileBucket(t *testing.T) {
 
 func TestCrashNeverReuses(t *testing.T) {
 	ctx := context.Background()
-	b := meshtest.NewMemBucket()
+	b := membucket.New()
 	seen := map[uint64]bool{}
 	take := func(a *Allocator, n int) {
 		for i := 0; i < n; i++ {
@@ -117,10 +117,10 @@ func TestCrashNeverReuses(t *testing.T) {
 		t.Fatalf("counter at %d, want 81 after 8 blocks of 10", cur)
 	}
 	// A write that fails in flight wastes a block at most, never reuses one.
-	c := meshtest.NewCounting(b)
+	c := membucket.NewCounting(b)
 	fails := 1
-	c.SetFail(func(ctx context.Context, op meshtest.Op, key string) error {
-		if op == meshtest.OpPut && fails > 0 {
+	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
+		if op == membucket.OpPut && fails > 0 {
 			fails--
 			return errors.New("connection reset")
 		}
@@ -132,7 +132,7 @@ func TestCrashNeverReuses(t *testing.T) {
 
 func TestSeed(t *testing.T) {
 	ctx := context.Background()
-	b := meshtest.NewMemBucket()
+	b := membucket.New()
 	if err := Seed(ctx, b, "spaces", 5000); err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestSeed(t *testing.T) {
 
 func TestCorruptCounterRefused(t *testing.T) {
 	ctx := context.Background()
-	b := meshtest.NewMemBucket()
+	b := membucket.New()
 	b.Put(ctx, Key("spaces"), strings.NewReader(`{"nxt": 5}`), -1, bucket.Cond{})
 	a, _ := New(b, "spaces", Options{})
 	if _, err := a.Next(ctx); err == nil || !strings.Contains(err.Error(), "corrupt") {

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -20,6 +19,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // MembersPrefix is where heartbeats live, relative to the bucket's prefix.
@@ -300,11 +301,10 @@ func (m *Membership) Start(ctx context.Context) error {
 // loop is the single writer of the fence state after Start.
 func (m *Membership) loop(ctx context.Context, fenceTimer *time.Timer) {
 	defer close(m.done)
-	defer func() {
-		if r := recover(); r != nil {
-			m.logger.Error("membership loop panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-		}
-	}()
+	safego.Run(m.logger, "membership loop", func() { m.runLoop(ctx, fenceTimer) })
+}
+
+func (m *Membership) runLoop(ctx context.Context, fenceTimer *time.Timer) {
 	defer fenceTimer.Stop()
 	ticker := time.NewTicker(m.cfg.Beat)
 	defer ticker.Stop()
@@ -380,15 +380,12 @@ type beatEvent struct {
 }
 
 func (m *Membership) beat(ctx context.Context, events chan<- beatEvent) {
-	defer func() {
-		if r := recover(); r != nil {
-			m.logger.Error("membership beat panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-		}
-		events <- beatEvent{done: true}
-	}()
-	sent, ok := m.putHeartbeat(ctx)
-	events <- beatEvent{sent: sent, ok: ok}
-	m.refresh(ctx)
+	defer func() { events <- beatEvent{done: true} }()
+	safego.Run(m.logger, "membership beat", func() {
+		sent, ok := m.putHeartbeat(ctx)
+		events <- beatEvent{sent: sent, ok: ok}
+		m.refresh(ctx)
+	})
 }
 
 // notePut arms the fence timer from the send time of a successful write and lifts a fence.
@@ -460,6 +457,20 @@ func (m *Membership) refresh(ctx context.Context) {
 		return
 	}
 	localAt := time.Now()
+	view, seen := m.viewOf(ctx, objs, now)
+	m.mu.Lock()
+	m.view, m.viewAt = view, localAt
+	for k := range m.bodies {
+		if !seen[k] {
+			delete(m.bodies, k)
+		}
+	}
+	m.mu.Unlock()
+}
+
+// viewOf turns one listing of MembersPrefix, judged at the store's time now, into the
+// live members sorted by Self, and says which heartbeat keys it saw.
+func (m *Membership) viewOf(ctx context.Context, objs []bucket.Info, now time.Time) ([]Member, map[string]bool) {
 	view := make([]Member, 0, len(objs))
 	seen := make(map[string]bool, len(objs))
 	for _, o := range objs {
@@ -488,14 +499,7 @@ func (m *Membership) refresh(ctx context.Context) {
 		view = append(view, mem)
 	}
 	sort.Slice(view, func(i, j int) bool { return view[i].Self < view[j].Self })
-	m.mu.Lock()
-	m.view, m.viewAt = view, localAt
-	for k := range m.bodies {
-		if !seen[k] {
-			delete(m.bodies, k)
-		}
-	}
-	m.mu.Unlock()
+	return view, seen
 }
 
 // list reads every page under prefix and the bucket's clock at the first page.
@@ -618,8 +622,7 @@ func (m *Membership) Self() Member {
 func (m *Membership) IsLive(self, incarnation string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	i := sort.Search(len(m.view), func(i int) bool { return m.view[i].Self >= self })
-	return i < len(m.view) && m.view[i].Self == self && m.view[i].Incarnation == incarnation && incarnation != ""
+	return liveIn(m.view, self, incarnation)
 }
 
 // CheckLive applies the lease rule with a fresh read of the holder's heartbeat (one LIST,
@@ -652,7 +655,7 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 			m.stats.getErrors.Add(1)
 			return false, fmt.Errorf("checking heartbeat: %v", err)
 		}
-		return hb.Incarnation == incarnation, nil
+		return liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation), nil
 	}
 	return false, nil
 }

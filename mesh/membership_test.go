@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 )
 
 func newTestMember(t *testing.T, b bucket.Bucket, self, region string, mod func(*MembershipConfig)) *Membership {
@@ -56,7 +56,7 @@ func sameStrings(a, b []string) bool {
 
 func TestMembershipConvergesWithinOneBeat(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := meshtest.NewMemBucket()
+		mem := membucket.New()
 		mem.Granularity = time.Second // S3 timestamps
 		ctx := t.Context()
 		urls := []string{"https://a.example.net", "https://b.example.net", "https://c.example.net"}
@@ -110,8 +110,8 @@ func TestMembershipConvergesWithinOneBeat(t *testing.T) {
 
 func TestMembershipSteadyStateCost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := meshtest.NewMemBucket()
-		counted := meshtest.NewCounting(mem)
+		mem := membucket.New()
+		counted := membucket.NewCounting(mem)
 		ctx := t.Context()
 		peer := newTestMember(t, mem, "https://peer.example.net", "", nil)
 		peer.Start(ctx)
@@ -126,7 +126,7 @@ func TestMembershipSteadyStateCost(t *testing.T) {
 		time.Sleep(beats * time.Second)
 		synctest.Wait()
 		c := counted.Counts()
-		if c[meshtest.OpPut] != beats || c[meshtest.OpList] != beats || c[meshtest.OpGet] != 0 || counted.Total() != 2*beats {
+		if c[membucket.OpPut] != beats || c[membucket.OpList] != beats || c[membucket.OpGet] != 0 || counted.Total() != 2*beats {
 			t.Fatalf("over %d beats: %v, want %d PUT + %d LIST and nothing else", beats, c, beats, beats)
 		}
 		// A restarted peer (new incarnation, new body, new ETag) is read exactly once.
@@ -137,7 +137,7 @@ func TestMembershipSteadyStateCost(t *testing.T) {
 		counted.Reset()
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
-		if got := counted.Counts()[meshtest.OpGet]; got != 1 {
+		if got := counted.Counts()[membucket.OpGet]; got != 1 {
 			t.Fatalf("restarted peer read %d times, want 1", got)
 		}
 		if !m.IsLive("https://peer.example.net", peer2.Config().Incarnation) || m.IsLive("https://peer.example.net", peer.Config().Incarnation) {
@@ -148,7 +148,7 @@ func TestMembershipSteadyStateCost(t *testing.T) {
 
 func TestMembershipDeathAndLeave(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := meshtest.NewMemBucket()
+		mem := membucket.New()
 		ctx := t.Context()
 		a := newTestMember(t, mem, "https://a.example.net", "", nil)
 		b := newTestMember(t, mem, "https://b.example.net", "", nil)
@@ -208,10 +208,10 @@ func TestMembershipFencesBeforePeersTakeOver(t *testing.T) {
 	for _, mode := range []string{"fail", "hang"} {
 		t.Run(mode, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				mem := meshtest.NewMemBucket()
+				mem := membucket.New()
 				mem.Granularity = time.Second
 				ctx := t.Context()
-				cut := meshtest.NewCounting(mem)
+				cut := membucket.NewCounting(mem)
 				var mu sync.Mutex
 				var events []bool
 				var fencedAt time.Time
@@ -241,7 +241,7 @@ func TestMembershipFencesBeforePeersTakeOver(t *testing.T) {
 
 				// Cut the bucket off. The last successful write was sent at the 1s beat.
 				lastOK := time.Now().Add(-500 * time.Millisecond)
-				cut.SetFail(func(ctx context.Context, op meshtest.Op, key string) error {
+				cut.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
 					if mode == "hang" {
 						<-ctx.Done() // only the op timeout ends the request
 						return ctx.Err()
@@ -297,7 +297,7 @@ func TestMembershipFencesBeforePeersTakeOver(t *testing.T) {
 }
 
 func TestMembershipConfigChecks(t *testing.T) {
-	mem := meshtest.NewMemBucket()
+	mem := membucket.New()
 	for _, tc := range []struct {
 		name string
 		cfg  MembershipConfig
@@ -340,9 +340,9 @@ func TestHeartbeatKey(t *testing.T) {
 // Leave then removes it.
 func TestMembershipDraining(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := meshtest.NewMemBucket()
+		mem := membucket.New()
 		mem.Granularity = time.Second
-		counted := meshtest.NewCounting(mem)
+		counted := membucket.NewCounting(mem)
 		ctx := t.Context()
 		a := newTestMember(t, counted, "https://a.example.net", "", nil)
 		b := newTestMember(t, mem, "https://b.example.net", "", nil)
@@ -382,7 +382,7 @@ func TestMembershipDraining(t *testing.T) {
 		// a's next listing (within one beat) reads the changed body once.
 		time.Sleep(time.Second - time.Since(marked))
 		synctest.Wait()
-		if got := counted.Counts()[meshtest.OpGet]; got != 1 {
+		if got := counted.Counts()[membucket.OpGet]; got != 1 {
 			t.Fatalf("a read %d heartbeat bodies after b started draining, want 1", got)
 		}
 		check := func(when string) {
@@ -419,7 +419,7 @@ func TestMembershipDraining(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		check("10s into the drain")
-		if got := counted.Counts()[meshtest.OpGet]; got != 0 {
+		if got := counted.Counts()[membucket.OpGet]; got != 0 {
 			t.Fatalf("a read %d bodies during a steady drain, want 0", got)
 		}
 		if b.Fenced() {
@@ -441,8 +441,8 @@ func TestMembershipDraining(t *testing.T) {
 // error from MarkDraining and still fences itself on schedule.
 func TestMembershipDrainingStillFences(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := meshtest.NewMemBucket()
-		cut := meshtest.NewCounting(mem)
+		mem := membucket.New()
+		cut := membucket.NewCounting(mem)
 		ctx := t.Context()
 		a := newTestMember(t, cut, "https://a.example.net", "", nil)
 		a.Start(ctx)
@@ -450,7 +450,7 @@ func TestMembershipDrainingStillFences(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 		synctest.Wait()
 		lastOK := time.Now().Add(-500 * time.Millisecond)
-		cut.SetFail(func(ctx context.Context, op meshtest.Op, key string) error { return errors.New("connection refused") })
+		cut.SetFail(func(ctx context.Context, op membucket.Op, key string) error { return errors.New("connection refused") })
 		if err := a.MarkDraining(ctx); err == nil {
 			t.Fatal("MarkDraining succeeded with the bucket down")
 		}
@@ -492,7 +492,7 @@ func TestMembershipLivenessByBucketClock(t *testing.T) {
 	for _, off := range []time.Duration{-time.Hour, time.Hour} {
 		t.Run(off.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				mem := meshtest.NewMemBucket()
+				mem := membucket.New()
 				mem.Granularity = time.Second
 				mem.Offset = off
 				ctx := t.Context()
@@ -538,7 +538,7 @@ func TestMembershipLivenessByBucketClock(t *testing.T) {
 // advertises none.
 func TestHeartbeatAdvertisesAddressAndBucket(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := meshtest.NewMemBucket()
+		mem := membucket.New()
 		ctx := t.Context()
 		a := newTestMember(t, mem, "https://a.example.net", "fi", func(c *MembershipConfig) {
 			c.Address, c.Bucket = "203.0.113.9", "s3://fi-spaces/fi"

@@ -11,7 +11,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"time"
@@ -20,6 +19,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/registry"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // Peer endpoint paths, mounted on each box's SELF URL.
@@ -394,27 +395,11 @@ func (c *Client) fanout(ctx context.Context, what, host string, targets []Member
 		go func(peer string) {
 			var err error
 			defer func() {
-				if r := recover(); r != nil {
-					logger.Error("mesh fan-out panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-					err = fmt.Errorf("%s %s on %s: panic", what, host, peer)
-				}
 				results <- FanoutResult{Peer: peer, Err: err}
 				done <- struct{}{}
 			}()
-			d := delay
-			for attempt := 0; ; attempt++ {
-				err = call(ctx, peer)
-				var se *StatusError
-				var re *RowError
-				retryable := err != nil && !errors.As(err, &re) && (!errors.As(err, &se) || se.Temporary())
-				if !retryable || attempt >= retries || ctx.Err() != nil {
-					break
-				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(d):
-				}
-				d *= 2
+			if safego.Run(logger, "mesh fan-out", func() { err = callRetrying(ctx, peer, call, retries, delay) }) != nil {
+				err = fmt.Errorf("%s %s on %s: panic", what, host, peer)
 			}
 			if err != nil {
 				logger.Warn("mesh fan-out failed; mesh-seed --prune or a later write reconciles it",
@@ -431,6 +416,25 @@ func (c *Client) fanout(ctx context.Context, what, host string, targets []Member
 		close(results)
 	}()
 	return results
+}
+
+// callRetrying calls call for peer, retrying a temporary failure up to retries times with
+// a doubling delay. A refused row (RowError) and a permanent status are final.
+func callRetrying(ctx context.Context, peer string, call func(ctx context.Context, peer string) error, retries int, delay time.Duration) error {
+	for attempt := 0; ; attempt++ {
+		err := call(ctx, peer)
+		var se *StatusError
+		var re *RowError
+		retryable := err != nil && !errors.As(err, &re) && (!errors.As(err, &se) || se.Temporary())
+		if !retryable || attempt >= retries || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+		delay *= 2
+	}
 }
 
 // Targets is the set of peers a row for host must reach: live members other than self

@@ -356,3 +356,14 @@ func TestValidateRegion(t *testing.T) {
 		}
 	}
 }
+
+func TestValidKind(t *testing.T) {
+	for s, want := range map[string]bool{
+		"demo": true, "demo-2": true, "a_b": true, "9": true, strings.Repeat("k", 64): true,
+		"": false, "Demo": false, "-demo": false, "_demo": false, "de.mo": false, "de mo": false, strings.Repeat("k", 65): false,
+	} {
+		if got := ValidKind(s); got != want {
+			t.Errorf("ValidKind(%q) = %v, want %v", s, got, want)
+		}
+	}
+}

@@ -139,14 +139,16 @@ func validSelfURL(s string) error {
 	return nil
 }
 
-// ValidKind accepts a kind name: 1 to 64 letters, digits, '-', '_' and '.'. Replicated
-// rows are held to the same rule, so a row a peer accepts is one the registry stores.
+// ValidKind is the one kind-name rule, for a kind in a box's config and a kind named by a
+// route, local or replicated: 1 to 64 of a-z, 0-9, '-' and '_', starting with a letter
+// or a digit. A route's kind must name a configured kind, so both follow this rule.
 func ValidKind(s string) bool {
 	if s == "" || len(s) > 64 {
 		return false
 	}
-	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '-' || c == '_')) {
 			return false
 		}
 	}

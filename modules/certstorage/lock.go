@@ -10,13 +10,14 @@ import (
 	"fmt"
 	"io"
 	"net/url"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // Lock defaults.
@@ -257,11 +258,10 @@ func (l *Locker) start(key, name, hold, etag string) {
 // It is the only writer of h.seq, h.confirmed, h.etag and h.lost until it returns.
 func (l *Locker) refresher(ctx context.Context, name string, h *heldLock) {
 	defer close(h.done)
-	defer func() {
-		if r := recover(); r != nil {
-			l.logger().Error("lock refresher panicked", zap.String("lock", name), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-		}
-	}()
+	safego.Run(l.logger().With(zap.String("lock", name)), "lock refresher", func() { l.refreshLoop(ctx, name, h) })
+}
+
+func (l *Locker) refreshLoop(ctx context.Context, name string, h *heldLock) {
 	t := time.NewTicker(l.refresh())
 	defer t.Stop()
 	for {

@@ -8,11 +8,13 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
 )
 
 const testTTL = 10 * time.Second
 
-func newLocker(b *memBucket, owner string) *Locker {
+func newLocker(b bucket.Bucket, owner string) *Locker {
 	return &Locker{Bucket: b, Prefix: "certs/locks/", Owner: owner, TTL: testTTL, Poll: time.Second}
 }
 
@@ -51,8 +53,8 @@ func TestLockWaitsForHolderBeyondTTL(t *testing.T) {
 		if err := c.Unlock(ctx, "issue_cert_*.mesh.test"); err != nil {
 			t.Fatal(err)
 		}
-		if len(b.objs) != 0 {
-			t.Errorf("lock objects left after release: %v", b.objs)
+		if page, err := b.List(ctx, "", ""); err != nil || len(page.Objects) != 0 {
+			t.Errorf("lock objects left after release: %v (%v)", page.Objects, err)
 		}
 	})
 }
@@ -99,9 +101,9 @@ func TestStalledHolderLearnsItLostTheLock(t *testing.T) {
 		if err := a.Lock(ctx, "n"); err != nil {
 			t.Fatal(err)
 		}
-		b.setStalled(true)
+		setStalled(b, true)
 		time.Sleep(testTTL + 2*clockSlack)
-		b.setStalled(false)
+		setStalled(b, false)
 		c := newLocker(b, "c")
 		ok, err := c.TryLock(ctx, "n")
 		if err != nil || !ok {
@@ -213,7 +215,7 @@ func TestRefreshWithLostReplyKeepsLock(t *testing.T) {
 		if err := a.Lock(ctx, "n"); err != nil {
 			t.Fatal(err)
 		}
-		b.set(func(m *memBucket) { m.lostReplies = 1 })
+		loseReplies(b, 1)
 		for range 4 {
 			time.Sleep(testTTL)
 			synctest.Wait()
@@ -240,7 +242,7 @@ func TestHungRefreshDoesNotStaleTheLock(t *testing.T) {
 		if err := a.Lock(ctx, "n"); err != nil {
 			t.Fatal(err)
 		}
-		b.set(func(m *memBucket) { m.hangs = 1 })
+		hangPuts(b, 1)
 		for range 3 {
 			time.Sleep(testTTL)
 			synctest.Wait()

@@ -12,11 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/debug"
-	"slices"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -426,48 +422,25 @@ func (a *App) checkRoute(rt *registry.Route) error {
 	if !rt.Hibernate && rt.Kind == "" {
 		return nil
 	}
-	k, ok := a.kinds[rt.Kind]
-	if !ok {
-		known := make([]string, 0, len(a.kinds))
-		for name := range a.kinds {
-			known = append(known, name)
-		}
-		slices.Sort(known)
-		return fmt.Errorf("kind %q is not configured on this box (configured: %s)", rt.Kind, strings.Join(known, ", "))
-	}
-	for name := range rt.Env {
-		if !slices.Contains(k.AllowedEnv, name) {
-			return fmt.Errorf("env %s is not allowed by kind %q (allowed_env: %s)", name, rt.Kind, strings.Join(k.AllowedEnv, ", "))
-		}
-	}
-	return nil
+	return engine.CheckSpaceKind(a.kinds, rt.Kind, rt.Env)
 }
 
-var signals = map[string]syscall.Signal{
-	"SIGTERM": syscall.SIGTERM, "SIGINT": syscall.SIGINT, "SIGQUIT": syscall.SIGQUIT,
-	"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2,
-}
-
+// engineKind converts a configured kind to the engine's: placeholders expanded, "{self}"
+// resolved to this binary, durations and the signal name converted. The engine's
+// CheckKinds applies the defaults and the rules.
 func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind, error) {
 	if kc == nil {
 		return engine.Kind{}, errors.New("empty kind")
-	}
-	if !validKindName(name) {
-		return engine.Kind{}, fmt.Errorf("invalid kind name %q: use a-z, 0-9, '-' and '_'", name)
 	}
 	k := engine.Kind{
 		Name:         name,
 		Command:      expand(kc.Command),
 		IdleTimeout:  time.Duration(kc.IdleTimeout),
-		StopSignal:   syscall.SIGTERM,
 		StopGrace:    time.Duration(kc.StopGrace),
 		ReadyPath:    kc.ReadyPath,
 		ReadyTimeout: time.Duration(kc.ReadyTimeout),
 		WakePath:     kc.WakePath,
-		Replication:  engine.Replication{Class: "periodic", Interval: 60 * time.Second},
-	}
-	if k.Command == "" {
-		return k, errors.New("command: required")
+		AllowedEnv:   kc.AllowedEnv,
 	}
 	if k.Command == "{self}" {
 		exe, err := os.Executable()
@@ -482,97 +455,18 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 	if len(kc.Env) > 0 {
 		k.Env = make(map[string]string, len(kc.Env))
 		for n, v := range kc.Env {
-			if err := registry.ValidateEnvName(n); err != nil {
-				return k, fmt.Errorf("env: %v", err)
-			}
 			k.Env[n] = expand(v)
 		}
 	}
-	for _, n := range kc.AllowedEnv {
-		if err := registry.ValidateEnvName(n); err != nil {
-			return k, fmt.Errorf("allowed_env: %v", err)
-		}
-		if registry.ForbiddenEnv(n) {
-			return k, fmt.Errorf("allowed_env: %s may never come from a route", n)
-		}
-		k.AllowedEnv = append(k.AllowedEnv, n)
+	sig, err := engine.ParseSignal(kc.StopSignal)
+	if err != nil {
+		return k, err
 	}
-	if k.IdleTimeout == 0 {
-		k.IdleTimeout = 10 * time.Minute
-	}
-	if k.IdleTimeout < 0 {
-		return k, errors.New("idle_timeout: must be positive")
-	}
-	if kc.StopSignal != "" {
-		s := strings.ToUpper(kc.StopSignal)
-		if !strings.HasPrefix(s, "SIG") {
-			s = "SIG" + s
-		}
-		sig, ok := signals[s]
-		if !ok {
-			return k, fmt.Errorf("stop_signal: unknown signal %q", kc.StopSignal)
-		}
-		k.StopSignal = sig
-	}
-	if k.StopGrace == 0 {
-		k.StopGrace = 10 * time.Second
-	}
-	if k.ReadyTimeout == 0 {
-		k.ReadyTimeout = 30 * time.Second
-	}
-	if k.ReadyPath != "" && !strings.HasPrefix(k.ReadyPath, "/") {
-		return k, fmt.Errorf("ready_path: must start with /: %q", k.ReadyPath)
-	}
-	if k.WakePath == "" {
-		k.WakePath = "/"
-	}
-	if !strings.HasPrefix(k.WakePath, "/") {
-		return k, fmt.Errorf("wake_path: must start with /: %q", k.WakePath)
-	}
+	k.StopSignal = sig
 	if r := kc.Replication; r != nil {
-		switch r.Class {
-		case "", "periodic":
-			if r.Interval < 0 {
-				return k, errors.New("replication.interval: must be positive")
-			}
-			if r.Interval > 0 {
-				k.Replication.Interval = time.Duration(r.Interval)
-			}
-		case "sleep", "continuous":
-			if r.Interval != 0 {
-				return k, fmt.Errorf("replication.interval: only the periodic class takes an interval, not %q", r.Class)
-			}
-			k.Replication = engine.Replication{Class: r.Class}
-		default:
-			return k, fmt.Errorf("replication.class: %q is not sleep, periodic or continuous", r.Class)
-		}
+		k.Replication = engine.Replication{Class: r.Class, Interval: time.Duration(r.Interval)}
 	}
 	return k, nil
-}
-
-func validKindName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '-' || c == '_')) {
-			return false
-		}
-	}
-	return true
-}
-
-// goSafe runs f on a goroutine that logs a panic with its stack instead of crashing.
-func goSafe(logger *zap.Logger, name string, f func()) {
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				logger.Error("panic", zap.String("goroutine", name), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
-			}
-		}()
-		f()
-	}()
 }
 
 // Interface guards

@@ -14,71 +14,34 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/registry"
 )
 
+// TestEngineKind: the module converts a kind (placeholders, {self}, durations, the
+// signal name); the defaults and the rules are the engine's (engine.TestKindDefaultsAndValidation).
 func TestEngineKind(t *testing.T) {
 	os.Setenv("LCHAT_TEST_KIND_TOKEN", "tok")
 	repl := caddy.NewReplacer()
 	expand := func(s string) string { return repl.ReplaceKnown(s, "") }
 	self, _ := os.Executable()
 
-	k, err := (&Kind{Command: "{self}", Args: []string{"demo-space"}, Env: map[string]string{"T": "{env.LCHAT_TEST_KIND_TOKEN}"}}).engineKind("demo", expand)
+	k, err := (&Kind{Command: "{self}", Args: []string{"demo-space", "{env.LCHAT_TEST_KIND_TOKEN}"}, Env: map[string]string{"T": "{env.LCHAT_TEST_KIND_TOKEN}"},
+		IdleTimeout: caddy.Duration(time.Minute), StopSignal: "int", Replication: &Replication{Class: "continuous"}}).engineKind("demo", expand)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k.Command != self || k.Env["T"] != "tok" || k.IdleTimeout != 10*time.Minute || k.StopSignal != syscall.SIGTERM ||
-		k.StopGrace != 10*time.Second || k.ReadyTimeout != 30*time.Second || k.WakePath != "/" ||
-		k.Replication != (engine.Replication{Class: "periodic", Interval: time.Minute}) {
-		t.Fatalf("defaults not applied: %+v", k)
+	if k.Name != "demo" || k.Command != self || k.Args[1] != "tok" || k.Env["T"] != "tok" || k.IdleTimeout != time.Minute ||
+		k.StopSignal != syscall.SIGINT || k.Replication.Class != "continuous" {
+		t.Fatalf("converted %+v", k)
 	}
-
-	k, err = (&Kind{Command: "/bin/x", StopSignal: "int", Replication: &Replication{Class: "continuous"}}).engineKind("x", expand)
-	if err != nil || k.StopSignal != syscall.SIGINT || k.Replication.Class != "continuous" {
-		t.Fatalf("got %+v, %v", k, err)
+	if err := engine.CheckKinds(map[string]engine.Kind{"demo": k}); err != nil {
+		t.Fatalf("a converted valid kind is refused: %v", err)
 	}
-
-	for _, tc := range []struct {
-		name string
-		kind Kind
-		want string
-	}{
-		{"demo", Kind{}, "command: required"},
-		{"Demo", Kind{Command: "x"}, "invalid kind name"},
-		{"demo", Kind{Command: "x", StopSignal: "SIGWHAT"}, "stop_signal"},
-		{"demo", Kind{Command: "x", AllowedEnv: []string{"PATH"}}, "allowed_env: PATH"},
-		{"demo", Kind{Command: "x", AllowedEnv: []string{"LD_PRELOAD"}}, "allowed_env: LD_PRELOAD"},
-		{"demo", Kind{Command: "x", Replication: &Replication{Class: "hourly"}}, "replication.class"},
-		{"demo", Kind{Command: "x", Replication: &Replication{Class: "sleep", Interval: caddy.Duration(time.Second)}}, "replication.interval"},
-		{"demo", Kind{Command: "x", ReadyPath: "healthz"}, "ready_path"},
-		{"demo", Kind{Command: "x", IdleTimeout: -1}, "idle_timeout"},
-	} {
-		_, err := tc.kind.engineKind(tc.name, expand)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("engineKind(%s, %+v) = %v, want %q", tc.name, tc.kind, err, tc.want)
-		}
+	if _, err := (&Kind{Command: "x", StopSignal: "SIGWHAT"}).engineKind("demo", expand); err == nil || !strings.Contains(err.Error(), "stop_signal") {
+		t.Errorf("unknown signal: %v", err)
 	}
-}
-
-func TestCheckRoute(t *testing.T) {
-	a := &App{kinds: map[string]engine.Kind{"demo": {Name: "demo", AllowedEnv: []string{"ADMIN_TOKEN"}}}}
-	for _, tc := range []struct {
-		rt   registry.Route
-		want string
-	}{
-		{registry.Route{Host: "a.example.com", Kind: "demo", Hibernate: true, Env: map[string]string{"ADMIN_TOKEN": "x"}}, ""},
-		{registry.Route{Host: "a.example.com", Upstream: "127.0.0.1:9"}, ""},
-		{registry.Route{Host: "a.example.com", Kind: "chat", Hibernate: true}, `kind "chat" is not configured on this box (configured: demo)`},
-		{registry.Route{Host: "a.example.com", Kind: "demo", Hibernate: true, Env: map[string]string{"PATH": "/evil"}}, "env PATH is not allowed"},
-		{registry.Route{Host: "A.example.com", Kind: "demo", Hibernate: true}, "lowercase"},
-	} {
-		err := a.checkRoute(&tc.rt)
-		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
-			t.Errorf("checkRoute(%s) = %v, want %q", tc.rt.Host, err, tc.want)
-		}
-		if err != nil && strings.Contains(err.Error(), "/evil") {
-			t.Errorf("error echoes an env value: %v", err)
-		}
+	bad, _ := (&Kind{Command: "x", IdleTimeout: -1}).engineKind("demo", expand)
+	if err := engine.CheckKinds(map[string]engine.Kind{"demo": bad}); err == nil || !strings.Contains(err.Error(), "idle_timeout") {
+		t.Errorf("negative idle_timeout: %v", err)
 	}
 }
 

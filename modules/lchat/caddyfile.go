@@ -2,6 +2,7 @@ package lchat
 
 import (
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -19,6 +20,8 @@ func init() {
 	httpcaddyfile.RegisterGlobalOption("lchat", parseGlobalOption)
 	httpcaddyfile.RegisterHandlerDirective("lchat", parseHandler)
 	httpcaddyfile.RegisterDirectiveOrder("lchat", httpcaddyfile.Before, "reverse_proxy")
+	httpcaddyfile.RegisterHandlerDirective("lchat_mesh_api", parseMeshAPI)
+	httpcaddyfile.RegisterDirectiveOrder("lchat_mesh_api", httpcaddyfile.Before, "redir")
 }
 
 // parseGlobalOption sets up the lchat app from the global option. Repeated blocks
@@ -277,8 +280,166 @@ func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	return nil
 }
 
+// unmarshalCaddyfile reads the `mesh` block of the lchat global option.
+//
+// Syntax:
+//
+//	mesh {
+//		beat <duration>
+//		dead_after <duration>
+//		fence_margin <duration>
+//		forward_timeout <duration>
+//		trusted_ca_files <pem...>
+//		public_address <ip>
+//		relocate_dns {
+//			provider <name> ...
+//			zone <zone>
+//			ttl <duration>
+//		}
+//		region_bucket <region> <backend> ...
+//	}
+func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "beat":
+			if err := durationArg(d, &o.Beat); err != nil {
+				return err
+			}
+		case "dead_after":
+			if err := durationArg(d, &o.DeadAfter); err != nil {
+				return err
+			}
+		case "fence_margin":
+			if err := durationArg(d, &o.FenceMargin); err != nil {
+				return err
+			}
+		case "forward_timeout":
+			if err := durationArg(d, &o.ForwardTimeout); err != nil {
+				return err
+			}
+		case "public_address":
+			if err := caddyfileutil.OneArg(d, &o.PublicAddress); err != nil {
+				return err
+			}
+		case "relocate_dns":
+			if o.RelocateDNS != nil {
+				return d.Err("relocate_dns given twice")
+			}
+			o.RelocateDNS = new(RelocateDNS)
+			if err := o.RelocateDNS.unmarshalCaddyfile(d); err != nil {
+				return err
+			}
+		case "region_bucket":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			region := d.Val()
+			if _, dup := o.RegionBucketsRaw[region]; dup {
+				return d.Errf("region_bucket %s given twice", region)
+			}
+			raw, err := buckets.UnmarshalBucket(d)
+			if err != nil {
+				return err
+			}
+			if o.RegionBucketsRaw == nil {
+				o.RegionBucketsRaw = make(map[string]json.RawMessage)
+			}
+			o.RegionBucketsRaw[region] = raw
+		case "trusted_ca_files":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			o.TrustedCAFiles = append(o.TrustedCAFiles, args...)
+		default:
+			return d.Errf("unrecognized subdirective %s", d.Val())
+		}
+	}
+	return nil
+}
+
+// unmarshalCaddyfile reads a relocate_dns block.
+//
+//	relocate_dns {
+//		provider <name> ...
+//		zone <zone>
+//		ttl <duration>
+//	}
+func (r *RelocateDNS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "provider":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			name := d.Val()
+			unm, err := caddyfile.UnmarshalModule(d, "dns.providers."+name)
+			if err != nil {
+				return err
+			}
+			r.ProviderRaw = caddyconfig.JSONModuleObject(unm, "name", name, nil)
+		case "zone":
+			if err := caddyfileutil.OneArg(d, &r.Zone); err != nil {
+				return err
+			}
+		case "ttl":
+			if err := durationArg(d, &r.TTL); err != nil {
+				return err
+			}
+		default:
+			return d.Errf("unrecognized subdirective %s", d.Val())
+		}
+	}
+	return nil
+}
+
+// parseMeshAPI sets up the handler from the `lchat_mesh_api` directive.
+//
+// Syntax:
+//
+//	lchat_mesh_api {
+//		max_row_bytes <n>
+//	}
+func parseMeshAPI(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(MeshAPI)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens; see parseMeshAPI.
+func (h *MeshAPI) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "max_row_bytes":
+			var s string
+			if err := caddyfileutil.OneArg(d, &s); err != nil {
+				return err
+			}
+			var n int64
+			if _, err := fmt.Sscan(s, &n); err != nil || n <= 0 {
+				return d.Errf("max_row_bytes: want a positive number, got %q", s)
+			}
+			h.MaxRowBytes = n
+		default:
+			return d.Errf("unrecognized subdirective %s", d.Val())
+		}
+	}
+	return nil
+}
+
 // Interface guards
 var (
 	_ caddyfile.Unmarshaler = (*App)(nil)
 	_ caddyfile.Unmarshaler = (*Handler)(nil)
+	_ caddyfile.Unmarshaler = (*MeshAPI)(nil)
 )

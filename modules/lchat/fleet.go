@@ -6,9 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/netip"
-	"runtime/debug"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -16,9 +13,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/registry"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 func init() {
@@ -108,16 +105,8 @@ func (a *meshAdmin) fleet(w http.ResponseWriter, r *http.Request) error {
 			fm.Fenced, fm.Awake, fm.Counters = st.Fenced, st.Awake, st.Counters
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() {
-				if rec := recover(); rec != nil {
-					fm.Error = "reading status: internal error"
-					a.logger.Error("fleet status read panicked", zap.String("peer", m.Self),
-						zap.Any("panic", rec), zap.ByteString("stack", debug.Stack()))
-				}
-			}()
+		safego.Go(&wg, a.logger.With(zap.String("peer", m.Self)), "fleet status read", func() {
+			fm.Error = "reading status: internal error" // until it is read
 			raw, err := ms.client.Status(ctx, m.Self)
 			if err != nil {
 				fm.Error = err.Error()
@@ -128,8 +117,8 @@ func (a *meshAdmin) fleet(w http.ResponseWriter, r *http.Request) error {
 				fm.Error = fmt.Sprintf("decoding status: %v", err)
 				return
 			}
-			fm.Fenced, fm.Awake, fm.Counters = st.Fenced, st.Awake, st.Counters
-		}()
+			fm.Fenced, fm.Awake, fm.Counters, fm.Error = st.Fenced, st.Awake, st.Counters, ""
+		})
 	}
 	wg.Wait()
 	return writeJSON(w, http.StatusOK, out)
@@ -191,7 +180,7 @@ func (a *meshAdmin) seed(w http.ResponseWriter, r *http.Request, ms *meshState) 
 		client.Token = mesh.Secret(req.Token)
 	}
 	ctx := r.Context()
-	local, err := a.app.allRows()
+	local, err := ms.box.Rows(a.app.shared.reg)
 	if err != nil {
 		// A partial registry must never reach the planner: --prune would tombstone
 		// every peer row the read missed.
@@ -249,180 +238,29 @@ type relocateRequest struct {
 }
 
 // RelocateResult is the answer of a relocation.
-type RelocateResult struct {
-	Host   string   `json:"host"`
-	From   string   `json:"from"`
-	To     string   `json:"to"`
-	Store  string   `json:"store"`
-	Fanout []string `json:"fanout"`
-	// Copy is set when the space was copied to the destination region's bucket.
-	Copy    *CopyResult `json:"copy,omitempty"`
-	DNS     string      `json:"dns,omitempty"`
-	Already bool        `json:"already,omitempty"`
-}
+type RelocateResult = mesh.RelocateResult
 
-// relocate moves a hibernating space to another region. Everything that can refuse
-// (validation, an awake space, a destination bucket that is unknown, --move-dns
-// without a provider or a live destination box) refuses before anything changes; then
-// the store copy (per-region buckets only), the home_region flip with its re-fan-out,
-// and the DNS record, in that order, so a re-run after a failure finishes the job.
+// relocate moves a hibernating space to another region (mesh.Relocator).
 func (a *meshAdmin) relocate(w http.ResponseWriter, r *http.Request, ms *meshState, host string) error {
-	if err := registry.ValidateHost(host); err != nil {
-		return apiErr(http.StatusBadRequest, "%v", err)
-	}
 	var req relocateRequest
 	if err := decodeStrict(r, &req); err != nil {
 		return err
 	}
-	if req.To == "" {
-		return apiErr(http.StatusBadRequest, `body must set "to": the destination region`)
-	}
-	if err := registry.ValidateRegion(req.To); err != nil {
-		return apiErr(http.StatusBadRequest, "to: %v", err)
-	}
-	cur, err := a.app.shared.reg.Get(host)
-	if errors.Is(err, registry.ErrNotFound) {
-		return apiErr(http.StatusNotFound, "no route for host %s", host)
-	}
-	if !cur.Hibernate {
-		return apiErr(http.StatusConflict, "%s is a live route pinned to its box; only hibernating spaces relocate (turn hibernation on first)", host)
-	}
-	for _, s := range a.app.shared.eng.Status() {
-		if s.Host == host && (s.State == engine.StateAwake || s.State == engine.StateWaking) {
-			return apiErr(http.StatusConflict, "%s is awake on this box; relocate it while it sleeps", host)
-		}
-	}
-	ctx := r.Context()
-	own := a.app.shared.bucket
-	live := ms.m.Live()
-
-	// The destination's store: this box's bucket, or mesh.region_buckets[to].
-	dst, perRegion := a.app.reloc.buckets[req.To]
-	if perRegion && sameBucket(dst.String(), own.String()) {
-		perRegion = false
-	}
-	// The destination region's live boxes: in this box's view when they share the
-	// bucket, else in the destination bucket's own heartbeats.
-	var destBoxes []mesh.Member
-	destLive := ms.holderLive
-	if perRegion {
-		others, err := liveMembersIn(ctx, dst, ms.m.Config().DeadAfter)
-		if err != nil {
-			return apiErr(http.StatusBadGateway, "destination bucket: %v; nothing was changed", err)
-		}
-		destLive = func(holder, inc string) bool {
-			for _, m := range others {
-				if m.Self == holder && m.Incarnation == inc {
-					return true
-				}
-			}
-			return false
-		}
-		live = others
-	}
-	for _, m := range live {
-		if m.Region == req.To && !m.Draining {
-			destBoxes = append(destBoxes, m)
-		}
-	}
-	if !perRegion {
-		for _, m := range destBoxes {
-			if m.Bucket != "" && !sameBucket(m.Bucket, own.String()) {
-				return apiErr(http.StatusConflict, "%s boxes keep spaces in bucket %s, not this box's %s: configure mesh.region_buckets for %s to copy the space there; nothing was changed",
-					req.To, m.Bucket, own.String(), req.To)
-			}
-		}
-	} else {
-		for _, m := range destBoxes {
-			if m.Bucket != "" && !sameBucket(m.Bucket, dst.String()) {
-				return apiErr(http.StatusConflict, "%s boxes keep spaces in bucket %s, but mesh.region_buckets names %s for %s; nothing was changed",
-					req.To, m.Bucket, dst.String(), req.To)
-			}
-		}
-	}
-
-	// --move-dns: the provider and the target address, known before any change.
-	var dnsIP netip.Addr
-	var dnsBox string
-	if req.MoveDNS {
-		if a.app.reloc.dns == nil {
-			return apiErr(http.StatusConflict, "--move-dns: no DNS provider is configured for relocation on this box (mesh.relocate_dns); nothing was changed")
-		}
-		candidates := destBoxes
-		if owner, ok := mesh.Owner(host, destBoxes, req.To); ok {
-			// The box the mesh will place the space on first, then the others.
-			candidates = append([]mesh.Member{owner}, destBoxes...)
-		}
-		for _, m := range candidates {
-			if ip, err := netip.ParseAddr(m.Address); err == nil {
-				dnsIP, dnsBox = ip, m.Self
-				break
-			}
-		}
-		if !dnsIP.IsValid() {
-			return apiErr(http.StatusConflict, "--move-dns: no live box of region %s advertises a public address (mesh.public_address); nothing was changed", req.To)
-		}
-	}
-
-	res := RelocateResult{Host: host, From: cur.HomeRegion, To: req.To,
-		Store: "no copy: source and destination share the bucket " + own.String()}
-	if perRegion {
-		cp, err := copySpace(ctx, own, dst, host, ms.holderLive, destLive)
-		if errors.Is(err, ErrSpaceAwake) {
-			return apiErr(http.StatusConflict, "%s: %v; home_region was not changed", host, err)
-		}
-		if err != nil {
-			return apiErr(http.StatusBadGateway, "copying %s to %s: %v; home_region was not changed", host, dst.String(), err)
-		}
-		res.Copy = &cp
+	res, err := a.app.relocator(ms).Relocate(r.Context(), mesh.RelocateRequest{Host: host, To: req.To, MoveDNS: req.MoveDNS})
+	if err != nil {
+		status := http.StatusInternalServerError
 		switch {
-		case cp.Skipped:
-			res.Store = fmt.Sprintf("no copy: %s already holds generation %d (source: %d or older)", dst.String(), cp.DestGeneration, cp.DestGeneration)
-		case cp.Generation == 0:
-			res.Store = "no copy: the space has no checkpoint in " + own.String()
-		default:
-			res.Store = fmt.Sprintf("copied generation %d from %s to %s: %d blobs, %d bytes (lease not copied)",
-				cp.Generation, own.String(), dst.String(), cp.Blobs, cp.Bytes)
+		case errors.Is(err, mesh.ErrRelocateInvalid):
+			status = http.StatusBadRequest
+		case errors.Is(err, mesh.ErrRelocateNotFound):
+			status = http.StatusNotFound
+		case errors.Is(err, mesh.ErrRelocateRefused):
+			status = http.StatusConflict
+		case errors.Is(err, mesh.ErrRelocateUpstream):
+			status = http.StatusBadGateway
+			a.logger.Error("relocate failed", zap.String("host", host), zap.Error(err))
 		}
-	}
-	stored := cur
-	if cur.HomeRegion == req.To {
-		res.Already = true
-	} else {
-		stored, err = a.app.shared.reg.Update(host, func(rt *registry.Route) error {
-			rt.HomeRegion = req.To
-			return nil
-		})
-		if err != nil {
-			return apiErr(http.StatusInternalServerError, "%v", err)
-		}
-	}
-	// Re-fan-out to the union of old and new targets: the old region's boxes learn the
-	// new placement, the new region's boxes get the row.
-	seen := map[string]bool{}
-	var targets []mesh.Member
-	meshLive := ms.m.Live()
-	if perRegion {
-		meshLive = append(meshLive, live...)
-	}
-	for _, t := range append(mesh.Targets(host, cur.HomeRegion, meshLive, ms.cfg.Self), mesh.Targets(host, req.To, meshLive, ms.cfg.Self)...) {
-		if !seen[t.Self] {
-			seen[t.Self] = true
-			targets = append(targets, t)
-			res.Fanout = append(res.Fanout, t.Self)
-		}
-	}
-	sort.Strings(res.Fanout)
-	if len(targets) > 0 {
-		ms.count(ms.client.Fanout(ms.ctx, ms.rowFromRoute(&stored), targets))
-	}
-	if req.MoveDNS {
-		done, err := a.app.reloc.dns.setARecord(ctx, host, dnsIP)
-		if err != nil {
-			a.logger.Error("relocate: DNS update failed", zap.String("host", host), zap.Error(err))
-			return apiErr(http.StatusBadGateway, "relocated %s to %s (store and home_region done), but the DNS record was not changed: %v; re-run with --move-dns", host, req.To, err)
-		}
-		res.DNS = done + " (" + dnsBox + ")"
+		return apiErr(status, "%s", mesh.RelocateErrorMessage(err))
 	}
 	a.logger.Info("space relocated", zap.String("host", host), zap.String("from", res.From), zap.String("to", res.To),
 		zap.String("store", res.Store), zap.String("dns", res.DNS))

@@ -183,61 +183,36 @@ func isForwarded(r *http.Request) bool {
 	return v
 }
 
-// meshServe applies placement after the registry lookup. It reports whether it
-// answered the request (by forwarding); false means serve here.
+// meshServe applies placement after the registry lookup (mesh.Box.Place). It reports
+// whether it answered the request (by forwarding, or a 503); false means serve here.
 func (h *Handler) meshServe(w http.ResponseWriter, r *http.Request, rt *registry.Route, next caddyhttp.Handler) (bool, error) {
 	ms := h.app.shared.mesh
 	if ms == nil {
 		return false, nil
 	}
-	host := rt.Host
-	if !rt.Hibernate {
-		// A live route pinned to another box: forward there, never to a local socket.
-		if rt.LivesAt == "" || rt.LivesAt == ms.cfg.Self {
-			return false, nil
-		}
-		if isForwarded(r) {
-			// The peer that sent this thinks it lives here; this box says it lives
-			// there. Their rows disagree until replication settles: say so, briefly.
-			ms.c.livesAtLoops.Add(1)
-			setRetryAfter(w, time.Duration(h.RetryAfter))
-			return true, caddyhttp.Error(http.StatusServiceUnavailable,
-				fmt.Errorf("live route %s lives on %s, and this request was already forwarded once; the boxes' routes disagree until replication settles", host, rt.LivesAt))
-		}
-		return h.forward(w, r, rt.LivesAt, next, false)
+	awake := rt.Hibernate && h.app.shared.eng.Awake(rt.Host)
+	d := ms.box.Place(mesh.Request{Route: rt, Forwarded: isForwarded(r), AwakeHere: awake})
+	if d.Action == mesh.Unavailable {
+		ms.c.livesAtLoops.Add(1)
 	}
-	if !ms.inScope(host, rt.HomeRegion) {
-		return false, nil
-	}
-	// A space stays where it is awake, unless this box drains: then it goes to the
-	// owner the peers now agree on, which waits for (or forwards to) this box's lease.
-	if isForwarded(r) || h.app.shared.eng.Awake(host) && !ms.m.Draining() {
-		return false, nil
-	}
-	owner, ok := mesh.Owner(host, ms.m.Live(), rt.HomeRegion)
-	if !ok || owner.Self == ms.cfg.Self {
-		return false, nil
-	}
-	return h.forward(w, r, owner.Self, next, true)
+	return h.apply(w, r, d, next)
 }
 
-// meshAcquireError handles a lease held by another live box: forward once to the
-// holder, or 503 with Retry-After when this request was already forwarded.
+// meshAcquireError handles a lease held by another live box (mesh.Box.LeaseHeld):
+// forward once to the holder, or 503 with Retry-After.
 func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, err error, next caddyhttp.Handler) (bool, error) {
 	ms := h.app.shared.mesh
 	var held *engine.LeaseHeldError
 	if ms == nil || !errors.As(err, &held) {
 		return false, nil
 	}
-	if isForwarded(r) || held.Holder == ms.cfg.Self {
+	d := ms.box.LeaseHeld(requestHost(r), held.Holder, isForwarded(r))
+	if d.Action != mesh.Forward {
 		ms.c.leaseBusy.Add(1)
 		return false, nil
 	}
-	if _, perr := mesh.ParseSelf(held.Holder); perr != nil {
-		return false, nil
-	}
 	ms.c.holderForwards.Add(1)
-	done, ferr := h.forward(w, r, held.Holder, next, false)
+	done, ferr := h.apply(w, r, d, next)
 	var de reverseproxy.DialError
 	if errors.As(ferr, &de) {
 		// The holder is down or unreachable: its lease frees once its heartbeat is
@@ -247,6 +222,18 @@ func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, err e
 			fmt.Errorf("space %s is held by %s, which cannot be reached now: %v", r.Host, held.Holder, de))
 	}
 	return done, ferr
+}
+
+// apply carries out a placement decision.
+func (h *Handler) apply(w http.ResponseWriter, r *http.Request, d mesh.Decision, next caddyhttp.Handler) (bool, error) {
+	switch d.Action {
+	case mesh.Forward:
+		return h.forward(w, r, d.Peer, next, d.Fallback)
+	case mesh.Unavailable:
+		setRetryAfter(w, time.Duration(h.RetryAfter))
+		return true, caddyhttp.Error(http.StatusServiceUnavailable, errors.New(d.Reason))
+	}
+	return false, nil
 }
 
 // forward proxies the request once to the peer at self. When the peer cannot be

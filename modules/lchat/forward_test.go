@@ -37,7 +37,7 @@ func TestPeerTransport(t *testing.T) {
 	// httptest's certificate is for example.com (and *.example.com).
 	roots := x509.NewCertPool()
 	roots.AddCert(srv.Certificate())
-	ms := &meshState{marker: marker, roots: roots, timeout: 5 * time.Second}
+	ms := withBox(&meshState{marker: marker, roots: roots, timeout: 5 * time.Second})
 	pt := newPeerTransport(ms)
 	self := srv.URL // https://127.0.0.1:port
 

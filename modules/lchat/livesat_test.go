@@ -36,7 +36,7 @@ func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
 	}
 	defer reg.Close()
 	const host = "live.mesh.test"
-	if _, err := reg.Put(routeFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
+	if _, err := reg.Put(mesh.RouteFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
 		t.Fatal(err)
 	}
 	if rt, _ := reg.Lookup(host); rt.Upstream != "" {
@@ -44,7 +44,7 @@ func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
 	}
 
 	cfg := mesh.Config{Self: "http://127.0.0.9:1", Domains: []string{"mesh.test"}, Token: "t0ken"}
-	ms := &meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, timeout: 5e9, logger: zap.NewNop()}
+	ms := withBox(&meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, timeout: 5e9, logger: zap.NewNop()})
 	// A running (empty) Caddy config gives the embedded proxy the context it provisions in.
 	if err := caddy.Load([]byte(`{"admin":{"disabled":true}}`), true); err != nil {
 		t.Fatal(err)

@@ -15,14 +15,11 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/modules/buckets"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -60,6 +57,8 @@ type MeshOptions struct {
 type meshState struct {
 	cfg     mesh.Config
 	m       *mesh.Membership
+	box     *mesh.Box
+	repl    *mesh.Replicator
 	client  *mesh.Client
 	marker  mesh.Marker
 	roots   *x509.CertPool
@@ -90,11 +89,11 @@ type meshCounters struct {
 	rowsIn          atomic.Uint64 // rows replicated in from peers
 	rowsRejected    atomic.Uint64 // peer rows refused (malformed, out of scope, kind)
 	tombstonesIn    atomic.Uint64 // tombstones applied from peers
-	fanouts         atomic.Uint64 // rows (or tombstones) fanned out to peers, per target
-	fanoutErrors    atomic.Uint64 // failed fan-out targets
 }
 
-func (c *meshCounters) snapshot() map[string]uint64 {
+func (ms *meshState) counters() map[string]uint64 {
+	c := &ms.c
+	fanouts, fanoutErrors := ms.repl.Counts()
 	return map[string]uint64{
 		"forwards":         c.forwards.Load(),
 		"forward_errors":   c.forwardErrors.Load(),
@@ -107,8 +106,8 @@ func (c *meshCounters) snapshot() map[string]uint64 {
 		"rows_in":          c.rowsIn.Load(),
 		"rows_rejected":    c.rowsRejected.Load(),
 		"tombstones_in":    c.tombstonesIn.Load(),
-		"fanouts":          c.fanouts.Load(),
-		"fanout_errors":    c.fanoutErrors.Load(),
+		"fanouts":          fanouts,
+		"fanout_errors":    fanoutErrors,
 	}
 }
 
@@ -188,6 +187,8 @@ func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger 
 		ms.cancel()
 		return nil, err
 	}
+	ms.box = &mesh.Box{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, Draining: ms.m.Draining}
+	ms.repl = &mesh.Replicator{Box: ms.box, Client: ms.client, Ctx: ms.ctx}
 	return ms, nil
 }
 
@@ -198,43 +199,13 @@ func (ms *meshState) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 	mc := ms.m.Config()
 	cfg.Holder = ms.cfg.Self
 	cfg.Incarnation = mc.Incarnation
-	cfg.HolderLive = ms.holderLive
+	cfg.HolderLive = ms.m.HolderLive
 	// A fenced box's instances must be gone well before peers count it dead.
 	cfg.FenceStopGrace = mc.FenceMargin / 2
 	cfg.Owns = func(host string) bool {
 		rt, ok := reg.Lookup(host)
-		if !ok || !ms.inScope(host, rt.HomeRegion) {
-			// Outside the mesh: this box is the only one that serves it.
-			return ok
-		}
-		owner, ok := mesh.Owner(host, ms.m.Live(), rt.HomeRegion)
-		return ok && owner.Self == ms.cfg.Self
+		return ok && ms.box.Owns(host, rt.HomeRegion)
 	}
-}
-
-// inScope reports whether this box takes part in placing host, a route homed in
-// homeRegion: the host is under its mesh domains, or homeRegion is its region.
-func (ms *meshState) inScope(host, homeRegion string) bool {
-	return mesh.RouteInScope(host, homeRegion, ms.cfg.Domains, ms.cfg.Region)
-}
-
-// holderLive is the lease rule. The view says live: believe it (the holder fences
-// itself before its heartbeat can look dead). The view says dead: confirm with a fresh
-// read of the bucket before a takeover, so a one-beat-old view cannot steal a lease.
-func (ms *meshState) holderLive(holder, incarnation string) bool {
-	if ms.m.IsLive(holder, incarnation) {
-		return true
-	}
-	ctx, cancel := context.WithTimeout(ms.ctx, ms.m.Config().OpTimeout)
-	defer cancel()
-	live, err := ms.m.CheckLive(ctx, holder, incarnation)
-	if err != nil {
-		// Cannot tell: treat the holder as live. The request gets a forward or a 503,
-		// never a second writer.
-		ms.logger.Warn("checking lease holder's heartbeat", zap.String("holder", holder), zap.Error(err))
-		return true
-	}
-	return live
 }
 
 // start fences the engine until the first good heartbeat, then starts the loop. The
@@ -288,87 +259,6 @@ func (ms *meshState) close() {
 
 // errMeshOff is returned by mesh endpoints on a box without LCHAT_MESH_SELF.
 var errMeshOff = errors.New("the mesh is off on this box (LCHAT_MESH_SELF is not set)")
-
-// unmarshalCaddyfile reads the `mesh` block of the lchat global option.
-//
-// Syntax:
-//
-//	mesh {
-//		beat <duration>
-//		dead_after <duration>
-//		fence_margin <duration>
-//		forward_timeout <duration>
-//		trusted_ca_files <pem...>
-//		public_address <ip>
-//		relocate_dns {
-//			provider <name> ...
-//			zone <zone>
-//			ttl <duration>
-//		}
-//		region_bucket <region> <backend> ...
-//	}
-func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "beat":
-			if err := durationArg(d, &o.Beat); err != nil {
-				return err
-			}
-		case "dead_after":
-			if err := durationArg(d, &o.DeadAfter); err != nil {
-				return err
-			}
-		case "fence_margin":
-			if err := durationArg(d, &o.FenceMargin); err != nil {
-				return err
-			}
-		case "forward_timeout":
-			if err := durationArg(d, &o.ForwardTimeout); err != nil {
-				return err
-			}
-		case "public_address":
-			if err := caddyfileutil.OneArg(d, &o.PublicAddress); err != nil {
-				return err
-			}
-		case "relocate_dns":
-			if o.RelocateDNS != nil {
-				return d.Err("relocate_dns given twice")
-			}
-			o.RelocateDNS = new(RelocateDNS)
-			if err := o.RelocateDNS.unmarshalCaddyfile(d); err != nil {
-				return err
-			}
-		case "region_bucket":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			region := d.Val()
-			if _, dup := o.RegionBucketsRaw[region]; dup {
-				return d.Errf("region_bucket %s given twice", region)
-			}
-			raw, err := buckets.UnmarshalBucket(d)
-			if err != nil {
-				return err
-			}
-			if o.RegionBucketsRaw == nil {
-				o.RegionBucketsRaw = make(map[string]json.RawMessage)
-			}
-			o.RegionBucketsRaw[region] = raw
-		case "trusted_ca_files":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return d.ArgErr()
-			}
-			o.TrustedCAFiles = append(o.TrustedCAFiles, args...)
-		default:
-			return d.Errf("unrecognized subdirective %s", d.Val())
-		}
-	}
-	return nil
-}
 
 // insecureSelf reports a SELF URL that sends peer traffic in the clear beyond this machine.
 func insecureSelf(self string) bool {

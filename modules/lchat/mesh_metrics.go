@@ -34,7 +34,7 @@ func (meshCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ms := a.shared.mesh
-	for name, v := range ms.c.snapshot() {
+	for name, v := range ms.counters() {
 		ch <- prometheus.MustNewConstMetric(descMesh, prometheus.CounterValue, float64(v), name)
 	}
 	ch <- prometheus.MustNewConstMetric(descMeshMembers, prometheus.GaugeValue, float64(len(ms.m.Live())))

@@ -9,21 +9,18 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 func init() {
 	caddy.RegisterModule(MeshAPI{})
-	httpcaddyfile.RegisterHandlerDirective("lchat_mesh_api", parseMeshAPI)
-	httpcaddyfile.RegisterDirectiveOrder("lchat_mesh_api", httpcaddyfile.Before, "redir")
 }
 
 // MeshAPI serves the peer endpoints of the mesh on this box's SELF site, each behind
@@ -76,7 +73,7 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	switch {
 	case p == mesh.PathRoutes && r.Method == http.MethodGet:
-		rows, err := h.app.inScopeRows()
+		rows, err := ms.box.InScopeRows(h.app.shared.reg)
 		if err != nil {
 			return caddyhttp.Error(http.StatusInternalServerError, err)
 		}
@@ -98,32 +95,14 @@ func (h *MeshAPI) putRoute(w http.ResponseWriter, r *http.Request) error {
 		ms.c.rowsRejected.Add(1)
 		return caddyhttp.Error(http.StatusBadRequest, err)
 	}
-	if !row.InScopeFor(ms.cfg.Domains, ms.cfg.Region) {
-		ms.c.rowsRejected.Add(1)
-		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("route %s is outside this box's mesh domains and region", row.Host))
-	}
-	if row.LivesAt == ms.cfg.Self {
-		// A live space pinned to this very box: its row here (with the real upstream)
-		// is the original; a peer's copy of it changes nothing.
+	prev, _ := h.app.shared.reg.Lookup(row.Host)
+	rt, err := ms.box.AcceptRow(row, prev, h.app.checkRoute)
+	if errors.Is(err, mesh.ErrKept) {
 		return writeJSON(w, http.StatusOK, map[string]string{"kept": row.Host})
 	}
-	if !row.Hibernate && !ms.isLiveMember(row.LivesAt) {
-		// Every request for the host would be forwarded there, with the Host kept and a
-		// marker made with the mesh token: only a box of this mesh may be named, never
-		// an arbitrary address (a metadata service, an internal host).
+	if err != nil {
 		ms.c.rowsRejected.Add(1)
-		return caddyhttp.Error(http.StatusConflict, fmt.Errorf("route %s: lives_at %s is not a live box of this mesh", row.Host, row.LivesAt))
-	}
-	rt := routeFromRow(row)
-	if err := h.app.checkRoute(&rt); err != nil {
-		ms.c.rowsRejected.Add(1)
-		return caddyhttp.Error(http.StatusBadRequest, err)
-	}
-	prev, hadPrev := h.app.shared.reg.Lookup(rt.Host)
-	if hadPrev && !prev.Hibernate && prev.LivesAt == "" {
-		// This box runs the host live from a local upstream; a peer cannot take that over.
-		ms.c.rowsRejected.Add(1)
-		return caddyhttp.Error(http.StatusConflict, fmt.Errorf("route %s is a live route served by this box", rt.Host))
+		return caddyhttp.Error(refusedStatus(err), err)
 	}
 	stored, err := h.app.shared.reg.Put(rt)
 	if err != nil {
@@ -134,7 +113,7 @@ func (h *MeshAPI) putRoute(w http.ResponseWriter, r *http.Request) error {
 		// Pinned to another box now: a copy awake here must go to sleep (checkpoint and
 		// release) so that box can take it.
 		eng := h.app.shared.eng
-		goSafe(h.logger, "sleep pinned space", func() {
+		safego.Go(nil, h.logger, "sleep pinned space", func() {
 			ctx, cancel := context.WithTimeout(ms.ctx, time.Minute)
 			defer cancel()
 			if err := eng.Sleep(ctx, stored.Host); err != nil {
@@ -154,23 +133,10 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 	if !ok {
 		return caddyhttp.Error(http.StatusBadRequest, errors.New("no valid host in the path"))
 	}
-	if err := registry.ValidateHost(host); err != nil {
-		return caddyhttp.Error(http.StatusBadRequest, err)
-	}
-	rt, ok := h.app.shared.reg.Lookup(host)
-	if ok && !rt.Hibernate && rt.LivesAt == "" {
-		return caddyhttp.Error(http.StatusConflict, fmt.Errorf("route %s is a live route served by this box", host))
-	}
-	// Like a PUT, a tombstone outside this box's scope changes nothing: a host outside
-	// the mesh domains is this box's own business unless its stored row is homed in
-	// this box's region.
-	homeRegion := ""
-	if ok {
-		homeRegion = rt.HomeRegion
-	}
-	if !ms.inScope(host, homeRegion) {
+	prev, _ := h.app.shared.reg.Lookup(host)
+	if err := ms.box.AcceptTombstone(host, prev); err != nil {
 		ms.c.rowsRejected.Add(1)
-		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("route %s is outside this box's mesh domains and region", host))
+		return caddyhttp.Error(refusedStatus(err), err)
 	}
 	err := h.app.shared.reg.Delete(host)
 	if err != nil && !errors.Is(err, registry.ErrNotFound) {
@@ -190,130 +156,27 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, map[string]any{"removed": host, "existed": existed})
 }
 
-// isLiveMember reports whether self is the SELF of a live box in this box's view.
-func (ms *meshState) isLiveMember(self string) bool {
-	if ms.m == nil {
-		return false
+// refusedStatus is the HTTP status of a refused row or tombstone.
+func refusedStatus(err error) int {
+	var re *mesh.RefusedError
+	if errors.As(err, &re) && re.Conflict {
+		return http.StatusConflict
 	}
-	for _, m := range ms.m.Live() {
-		if m.Self == self {
-			return true
-		}
-	}
-	return false
+	return http.StatusBadRequest
 }
 
-// routeFromRow is the registry form of a replicated row. A live space pinned to a
-// peer becomes a lives_at row with no upstream: the handler forwards it to LivesAt
-// and never dials anything for it locally.
-func routeFromRow(row mesh.RouteRow) registry.Route {
-	return registry.Route{
-		Host:       row.Host,
-		Kind:       row.Kind,
-		Version:    row.Version,
-		Hibernate:  row.Hibernate,
-		HomeRegion: row.HomeRegion,
-		Env:        row.Env,
-		LivesAt:    row.LivesAt,
-	}
-}
-
-// rowFromRoute is the replicated form of a registry row on this box.
-func (ms *meshState) rowFromRoute(rt *registry.Route) mesh.RouteRow {
-	row := mesh.RouteRow{
-		Host:       rt.Host,
-		Kind:       rt.Kind,
-		Version:    rt.Version,
-		Hibernate:  rt.Hibernate,
-		HomeRegion: rt.HomeRegion,
-		Env:        rt.Env,
-	}
-	if !rt.Hibernate {
-		row.LivesAt = rt.LivesAt
-		if row.LivesAt == "" {
-			row.LivesAt = ms.cfg.Self
-		}
-	}
-	return row
-}
-
-// allRows is every row of this box in replicated form, env values included (they go
-// to the peer only, never to the operator). A failed registry read is an error, never
-// a shorter list: peers diff against it.
-func (a *App) allRows() ([]mesh.RouteRow, error) {
-	ms := a.shared.mesh
-	var out []mesh.RouteRow
-	after := ""
-	for {
-		rts, next, err := a.shared.reg.List(after, 1000)
-		if err != nil {
-			return nil, fmt.Errorf("listing routes: %v", err)
-		}
-		for i := range rts {
-			out = append(out, ms.rowFromRoute(&rts[i]))
-		}
-		if next == "" {
-			return out, nil
-		}
-		after = next
-	}
-}
-
-// inScopeRows lists the rows of this box in its mesh scope (its domains, or its region
-// as home_region), without env values: GET /api/mesh/routes.
-func (a *App) inScopeRows() ([]mesh.RouteRow, error) {
-	ms := a.shared.mesh
-	rows, err := a.allRows()
-	if err != nil {
-		return nil, err
-	}
-	out := rows[:0]
-	for _, row := range rows {
-		if row.InScopeFor(ms.cfg.Domains, ms.cfg.Region) {
-			row.Env = nil
-			out = append(out, row)
-		}
-	}
-	return out, nil
-}
-
-// meshFanout replicates a created or changed row to every live peer that covers the
-// host or owns it by region, in the background: it never blocks the caller.
+// meshFanout replicates a created or changed row to the peers, in the background.
 func (a *App) meshFanout(rt registry.Route) {
-	ms := a.shared.mesh
-	if ms == nil {
-		return
+	if ms := a.shared.mesh; ms != nil {
+		ms.repl.Put(rt)
 	}
-	targets := mesh.Targets(rt.Host, rt.HomeRegion, ms.m.Live(), ms.cfg.Self)
-	if len(targets) == 0 {
-		return
-	}
-	ms.count(ms.client.Fanout(ms.ctx, ms.rowFromRoute(&rt), targets))
 }
 
 // meshTombstone fans a deletion out like meshFanout.
 func (a *App) meshTombstone(host, homeRegion string) {
-	ms := a.shared.mesh
-	if ms == nil {
-		return
+	if ms := a.shared.mesh; ms != nil {
+		ms.repl.Delete(host, homeRegion)
 	}
-	targets := mesh.Targets(host, homeRegion, ms.m.Live(), ms.cfg.Self)
-	if len(targets) == 0 {
-		return
-	}
-	ms.count(ms.client.FanoutDelete(ms.ctx, host, targets))
-}
-
-// count tallies fan-out results as they arrive (the client logs each one).
-func (ms *meshState) count(results <-chan mesh.FanoutResult) {
-	go func() {
-		for res := range results {
-			ms.c.fanouts.Add(1)
-			if res.Err != nil {
-				ms.c.fanoutErrors.Add(1)
-			}
-		}
-	}()
 }
 
 // MeshStatus is this box's status document (GET /api/mesh/status), aggregated by
@@ -348,7 +211,7 @@ func (a *App) meshStatus() MeshStatus {
 		Draining:     ms.m.Draining(),
 		Routes:       a.shared.reg.Len(),
 		Awake:        []string{},
-		Counters:     ms.c.snapshot(),
+		Counters:     ms.counters(),
 		Membership:   ms.m.Stats(),
 	}
 	for _, s := range a.shared.eng.Status() {
@@ -366,47 +229,8 @@ func (a *App) meshStatus() MeshStatus {
 	return st
 }
 
-// parseMeshAPI sets up the handler from the `lchat_mesh_api` directive.
-//
-// Syntax:
-//
-//	lchat_mesh_api {
-//		max_row_bytes <n>
-//	}
-func parseMeshAPI(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	m := new(MeshAPI)
-	err := m.UnmarshalCaddyfile(h.Dispenser)
-	return m, err
-}
-
-// UnmarshalCaddyfile sets up the handler from Caddyfile tokens; see parseMeshAPI.
-func (h *MeshAPI) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next()
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	for d.NextBlock(0) {
-		switch d.Val() {
-		case "max_row_bytes":
-			var s string
-			if err := caddyfileutil.OneArg(d, &s); err != nil {
-				return err
-			}
-			var n int64
-			if _, err := fmt.Sscan(s, &n); err != nil || n <= 0 {
-				return d.Errf("max_row_bytes: want a positive number, got %q", s)
-			}
-			h.MaxRowBytes = n
-		default:
-			return d.Errf("unrecognized subdirective %s", d.Val())
-		}
-	}
-	return nil
-}
-
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*MeshAPI)(nil)
 	_ caddyhttp.MiddlewareHandler = (*MeshAPI)(nil)
-	_ caddyfile.Unmarshaler       = (*MeshAPI)(nil)
 )

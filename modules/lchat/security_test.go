@@ -16,9 +16,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -192,7 +192,7 @@ func TestMeshAPIRefusesHostileRows(t *testing.T) {
 	app := newSecurityApp(t)
 	const token = "peer-token-never-shown"
 	cfg := mesh.Config{Self: "https://box-a.example.net", Domains: []string{"mesh.test"}, Token: token}
-	ms := &meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, logger: zap.NewNop(), ctx: t.Context()}
+	ms := withBox(&meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, logger: zap.NewNop(), ctx: t.Context()})
 	app.shared.mesh = ms
 	h := &MeshAPI{app: app, MaxRowBytes: 4096, logger: zap.NewNop()}
 	reg := app.shared.reg
@@ -301,11 +301,11 @@ func TestForwardedMarkerFromOutside(t *testing.T) {
 	}
 	defer reg.Close()
 	const host = "fwd.mesh.test"
-	if _, err := reg.Put(routeFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
+	if _, err := reg.Put(mesh.RouteFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
 		t.Fatal(err)
 	}
 	cfg := mesh.Config{Self: "http://127.0.0.9:1", Domains: []string{"mesh.test"}, Token: "real-token"}
-	ms := &meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, timeout: 5 * time.Second, logger: zap.NewNop()}
+	ms := withBox(&meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, timeout: 5 * time.Second, logger: zap.NewNop()})
 	if err := caddy.Load([]byte(`{"admin":{"disabled":true}}`), true); err != nil {
 		t.Fatal(err)
 	}
@@ -392,7 +392,7 @@ func TestPeerClientsDialDirectly(t *testing.T) {
 // box of this mesh. Any other lives_at (a metadata service, an internal address) would
 // make every box forward the host's requests there, so it is 409 and stores nothing.
 func TestPeerRowLivesAtMustBeAMember(t *testing.T) {
-	bkt := meshtest.NewMemBucket()
+	bkt := membucket.New()
 	join := func(self string) *mesh.Membership {
 		m, err := mesh.NewMembership(bkt, mesh.MembershipConfig{Self: self, Domains: []string{"mesh.test"}})
 		if err != nil {
@@ -408,7 +408,7 @@ func TestPeerRowLivesAtMustBeAMember(t *testing.T) {
 	app := newSecurityApp(t)
 	const token = "peer-token"
 	cfg := mesh.Config{Self: "https://box-a.example.net", Domains: []string{"mesh.test"}, Token: token}
-	ms := &meshState{cfg: cfg, m: join(cfg.Self), logger: zap.NewNop(), ctx: t.Context()}
+	ms := withBox(&meshState{cfg: cfg, m: join(cfg.Self), logger: zap.NewNop(), ctx: t.Context()})
 	app.shared.mesh = ms
 	h := &MeshAPI{app: app, MaxRowBytes: 4096, logger: zap.NewNop()}
 	live := func(host, at string) string {

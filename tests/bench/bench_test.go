@@ -9,7 +9,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -28,41 +27,24 @@ import (
 )
 
 func config(plainDial string, plainPort string) string {
-	servers := map[string]any{
-		"lchat": map[string]any{
-			"listen":          []string{"{$LCHAT_TEST_HTTP}"},
-			"automatic_https": map[string]any{"disable": true},
-			"routes":          []any{map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}}},
-		},
+	c := harness.Config{
+		Bucket:   map[string]any{"backend": "file", "root": "{$LCHAT_TEST_DIR}/bucket"},
+		LogLevel: "WARN",
+		Lchat: map[string]any{"kinds": map[string]any{"demo": map[string]any{
+			"command": "{self}", "args": []string{"demo-space"}, "ready_path": "/healthz",
+		}}},
 	}
 	if plainDial != "" {
-		servers["plain"] = map[string]any{
+		c.Servers = map[string]any{"plain": map[string]any{
 			"listen":          []string{"127.0.0.1:" + plainPort},
 			"automatic_https": map[string]any{"disable": true},
 			"routes": []any{map[string]any{"handle": []any{map[string]any{
 				"handler": "reverse_proxy", "flush_interval": -1,
 				"upstreams": []any{map[string]any{"dial": plainDial}},
 			}}}},
-		}
+		}}
 	}
-	cfg := map[string]any{
-		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},
-		"storage": map[string]any{"module": "file_system", "root": "{$LCHAT_TEST_DIR}/caddy"},
-		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "WARN"}}},
-		"apps": map[string]any{
-			"lchat": map[string]any{
-				"bucket":    map[string]any{"backend": "file", "root": "{$LCHAT_TEST_DIR}/bucket"},
-				"state_dir": "{$LCHAT_TEST_DIR}/state",
-				"registry":  "{$LCHAT_TEST_DIR}/registry.db",
-				"kinds": map[string]any{"demo": map[string]any{
-					"command": "{self}", "args": []string{"demo-space"}, "ready_path": "/healthz",
-				}},
-			},
-			"http": map[string]any{"servers": servers},
-		},
-	}
-	b, _ := json.Marshal(cfg)
-	return string(b)
+	return c.JSON()
 }
 
 type result struct {

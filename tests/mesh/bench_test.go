@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
 )
 
 func members(n int) []mesh.Member {
@@ -69,17 +69,17 @@ func BenchmarkOwner100(b *testing.B) { benchmarkOwner(b, 100) }
 func TestIdleRequestsPerHour(t *testing.T) {
 	for _, spaces := range []int{0, 1000} {
 		synctest.Test(t, func(t *testing.T) {
-			store := meshtest.NewMemBucket()
+			store := membucket.New()
 			store.Granularity = time.Second
 			ctx := context.Background()
 			for i := 0; i < spaces; i++ {
 				key := fmt.Sprintf("spaces/s%d.example.com/manifest", i)
 				store.Put(ctx, key, strings.NewReader("{}"), 2, bucket.Cond{})
 			}
-			var counters []*meshtest.Counting
+			var counters []*membucket.Counting
 			var ms []*mesh.Membership
 			for i := 0; i < 3; i++ {
-				c := meshtest.NewCounting(store)
+				c := membucket.NewCounting(store)
 				m, err := mesh.NewMembership(c, mesh.MembershipConfig{
 					Self: fmt.Sprintf("https://box-%d.example.net", i), Domains: []string{"example.com"},
 				})
@@ -99,7 +99,7 @@ func TestIdleRequestsPerHour(t *testing.T) {
 				t.Logf("idle hour, %d spaces, beat %s: box %d made %d requests %v", spaces, mesh.DefaultBeat, i, c.Total(), cnt)
 				// 240 beats (+1 at start): a PUT and a LIST each, and a GET per peer
 				// on first sight only.
-				if cnt[meshtest.OpPut] != 241 || cnt[meshtest.OpList] != 241 || cnt[meshtest.OpGet] > 2 {
+				if cnt[membucket.OpPut] != 241 || cnt[membucket.OpList] != 241 || cnt[membucket.OpGet] > 2 {
 					t.Fatalf("box %d: %v", i, cnt)
 				}
 			}

@@ -5,8 +5,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/ledger"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -14,7 +14,7 @@ import (
 // then a dropped allocator: every id unique, each allocator increasing, nothing reused.
 func TestLedgerVersityGW(t *testing.T) {
 	s3 := harness.StartS3(t)
-	store := meshtest.NewCounting(s3.NewBucket(t, "ledger-it"))
+	store := membucket.NewCounting(s3.NewBucket(t, "ledger-it"))
 	ctx := context.Background()
 	var as []*ledger.Allocator
 	for i := 0; i < 3; i++ {
@@ -60,7 +60,7 @@ func TestLedgerVersityGW(t *testing.T) {
 		t.Fatalf("%d ids", len(seen))
 	}
 	c := store.Counts()
-	t.Logf("8000 ids over 3 allocators: %d PUTs (blocks of %d), %d GETs", c[meshtest.OpPut], ledger.DefaultBlock, c[meshtest.OpGet])
+	t.Logf("8000 ids over 3 allocators: %d PUTs (blocks of %d), %d GETs", c[membucket.OpPut], ledger.DefaultBlock, c[membucket.OpGet])
 
 	// Drop an allocator mid-block (a crash); a new one never reuses its ids.
 	crashed, _ := ledger.New(store, "spaces", ledger.Options{})

@@ -10,8 +10,8 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/mesh/meshtest"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -59,7 +59,7 @@ func liveSet(m *mesh.Membership) string {
 // membershipSuite runs three members on one store: convergence within one beat, the
 // steady-state request cost, death of a killed member, and a drain.
 func membershipSuite(t *testing.T, store bucket.Bucket) {
-	counted := meshtest.NewCounting(store)
+	counted := membucket.NewCounting(store)
 	a := startMember(t, counted, "https://a.example.net", "ie", nil)
 	b := startMember(t, store, "https://b.example.net", "ie", nil)
 	c := startMember(t, store, "https://c.example.net", "fi", nil)
@@ -92,7 +92,7 @@ func membershipSuite(t *testing.T, store bucket.Bucket) {
 	beats := a.Stats().Beats - before
 	cnt := counted.Counts()
 	t.Logf("%s: %d beats cost %v", store, beats, cnt)
-	if cnt[meshtest.OpGet] != 0 || cnt[meshtest.OpPut] > beats+1 || cnt[meshtest.OpList] > beats+1 || cnt[meshtest.OpPut] < beats-1 {
+	if cnt[membucket.OpGet] != 0 || cnt[membucket.OpPut] > beats+1 || cnt[membucket.OpList] > beats+1 || cnt[membucket.OpPut] < beats-1 {
 		t.Fatalf("%d beats cost %v, want one PUT and one LIST each", beats, cnt)
 	}
 

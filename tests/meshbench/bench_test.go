@@ -7,7 +7,6 @@ package meshbench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -120,29 +119,15 @@ func startBoxKinds(t *testing.T, s3 *harness.S3, prefix string, i int, beat stri
 	b := &box{addr: net.JoinHostPort(ip, freePort(t, ip))}
 	b.self = "http://" + b.addr
 	b.s3 = newCountingS3(t, s3.Endpoint)
-	cfg := map[string]any{
-		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},
-		"storage": map[string]any{"module": "file_system", "root": "{$LCHAT_TEST_DIR}/caddy"},
-		"apps": map[string]any{
-			"lchat": map[string]any{
-				"bucket":             map[string]any{"backend": "s3", "bucket": "{env.LCHAT_HIBERNATE_BUCKET}", "prefix": "{env.LCHAT_HIBERNATE_PREFIX}", "use_path_style": true},
-				"state_dir":          "{$LCHAT_TEST_DIR}/state",
-				"registry":           "{$LCHAT_TEST_DIR}/registry.db",
-				"wake_scan_interval": beat,
-				"mesh":               map[string]any{"beat": beat, "dead_after": "3s"},
-				"kinds":              kinds,
-			},
-			"http": map[string]any{"servers": map[string]any{"main": map[string]any{
-				"listen":          []string{b.addr},
-				"automatic_https": map[string]any{"disable": true},
-				"routes": []any{
-					map[string]any{"match": []any{map[string]any{"host": []string{ip}}}, "handle": []any{map[string]any{"handler": "lchat_mesh_api"}}, "terminal": true},
-					map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}},
-				},
-			}}},
+	js := harness.Config{
+		Listen: b.addr,
+		Lchat: map[string]any{
+			"wake_scan_interval": beat,
+			"mesh":               map[string]any{"beat": beat, "dead_after": "3s"},
+			"kinds":              kinds,
 		},
-	}
-	js, _ := json.Marshal(cfg)
+		MeshAPIHost: ip,
+	}.JSON()
 	env := s3.Env(prefix)
 	for j, kv := range env {
 		if strings.HasPrefix(kv, "AWS_ENDPOINT_URL_S3=") {
@@ -150,7 +135,7 @@ func startBoxKinds(t *testing.T, s3 *harness.S3, prefix string, i int, beat stri
 		}
 	}
 	env = append(env, mesh.EnvSelf+"="+b.self, mesh.EnvDomains+"="+domain, mesh.EnvToken+"="+token)
-	b.Box = harness.StartBox(t, harness.BoxOptions{JSON: string(js), Env: env, IP: ip})
+	b.Box = harness.StartBox(t, harness.BoxOptions{JSON: js, Env: env, IP: ip})
 	return b
 }
 

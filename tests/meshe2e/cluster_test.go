@@ -156,51 +156,24 @@ func freePort(t *testing.T, ip string) string {
 // short mesh intervals, an HTTPS server with the shared wildcard certificate, the peer
 // API on the SELF host and the lchat handler for everything else.
 func (c *cluster) boxConfig(n *node) string {
-	cfg := map[string]any{
-		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},
-		"storage": map[string]any{"module": "file_system", "root": "{$LCHAT_TEST_DIR}/caddy"},
-		"apps": map[string]any{
-			"lchat": map[string]any{
-				"bucket": map[string]any{
-					"backend": "s3", "bucket": "{env.LCHAT_HIBERNATE_BUCKET}",
-					"prefix": "{env.LCHAT_HIBERNATE_PREFIX}", "use_path_style": true,
-				},
-				"state_dir":          "{$LCHAT_TEST_DIR}/state",
-				"registry":           "{$LCHAT_TEST_DIR}/registry.db",
-				"wake_scan_interval": "1s",
-				"mesh": map[string]any{
-					"beat": beat.String(), "dead_after": deadAfter.String(),
-					"trusted_ca_files": []string{c.ca.caFile},
-				},
-				"kinds": map[string]any{
-					"demo": map[string]any{
-						"command": "{self}", "args": []string{"demo-space"},
-						"idle_timeout": "10m", "ready_path": "/healthz", "stop_grace": "5s",
-						"replication": map[string]any{"class": "periodic", "interval": "1s"},
-						"allowed_env": []string{"DEMO_SECRET"},
-					},
-				},
+	return harness.Config{
+		Listen: n.addr,
+		Lchat: map[string]any{
+			"wake_scan_interval": "1s",
+			"mesh": map[string]any{
+				"beat": beat.String(), "dead_after": deadAfter.String(),
+				"trusted_ca_files": []string{c.ca.caFile},
 			},
-			"http": map[string]any{"servers": map[string]any{"main": map[string]any{
-				"listen":                  []string{n.addr},
-				"automatic_https":         map[string]any{"disable": true},
-				"tls_connection_policies": []any{map[string]any{}},
-				"routes": []any{
-					map[string]any{
-						"match":    []any{map[string]any{"host": []string{n.ip}}},
-						"handle":   []any{map[string]any{"handler": "lchat_mesh_api"}},
-						"terminal": true,
-					},
-					map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}},
-				},
-			}}},
-			"tls": map[string]any{"certificates": map[string]any{"load_files": []any{
-				map[string]any{"certificate": c.ca.certFile, "key": c.ca.keyFile},
-			}}},
+			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
+				"idle_timeout": "10m",
+				"replication":  map[string]any{"class": "periodic", "interval": "1s"},
+				"allowed_env":  []string{"DEMO_SECRET"},
+			})},
 		},
-	}
-	b, _ := json.MarshalIndent(cfg, "", "  ")
-	return string(b)
+		MeshAPIHost: n.ip,
+		CertFile:    c.ca.certFile,
+		KeyFile:     c.ca.keyFile,
+	}.JSON()
 }
 
 // start starts box number i (0-based) on 127.0.0.(i+1); withProxy routes its bucket

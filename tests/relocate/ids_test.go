@@ -18,29 +18,7 @@ import (
 )
 
 // boxConfig is a box with the lchat app on the S3 bucket of its environment.
-func boxConfig() string {
-	cfg := map[string]any{
-		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},
-		"storage": map[string]any{"module": "file_system", "root": "{$LCHAT_TEST_DIR}/caddy"},
-		"apps": map[string]any{
-			"lchat": map[string]any{
-				"bucket": map[string]any{
-					"backend": "s3", "bucket": "{env.LCHAT_HIBERNATE_BUCKET}",
-					"prefix": "{env.LCHAT_HIBERNATE_PREFIX}", "use_path_style": true,
-				},
-				"state_dir": "{$LCHAT_TEST_DIR}/state",
-				"registry":  "{$LCHAT_TEST_DIR}/registry.db",
-			},
-			"http": map[string]any{"servers": map[string]any{"main": map[string]any{
-				"listen":          []string{"{$LCHAT_TEST_HTTP}"},
-				"automatic_https": map[string]any{"disable": true},
-				"routes":          []any{map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}}},
-			}}},
-		},
-	}
-	b, _ := json.Marshal(cfg)
-	return string(b)
-}
+func boxConfig() string { return harness.Config{}.JSON() }
 
 // TestIDLedgerTwoBoxes: two real boxes on one bucket allocating at once never hand out
 // the same id; seeding refuses to lower and raises every later id; a box without

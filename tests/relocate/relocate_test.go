@@ -136,42 +136,19 @@ func meshBox(t *testing.T, ip, region string, s3 *harness.S3, prefix string, mes
 	l.Close()
 	n := &meshNode{addr: addr, self: "http://" + addr}
 	meshOpts["beat"], meshOpts["dead_after"] = "1s", "3s"
-	cfg := map[string]any{
-		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},
-		"storage": map[string]any{"module": "file_system", "root": "{$LCHAT_TEST_DIR}/caddy"},
-		"apps": map[string]any{
-			"lchat": map[string]any{
-				"bucket": map[string]any{
-					"backend": "s3", "bucket": "{env.LCHAT_HIBERNATE_BUCKET}",
-					"prefix": "{env.LCHAT_HIBERNATE_PREFIX}", "use_path_style": true,
-				},
-				"state_dir": "{$LCHAT_TEST_DIR}/state",
-				"registry":  "{$LCHAT_TEST_DIR}/registry.db",
-				"mesh":      meshOpts,
-				"kinds": map[string]any{"demo": map[string]any{
-					"command": "{self}", "args": []string{"demo-space"},
-					"idle_timeout": "1s", "ready_path": "/healthz", "stop_grace": "5s",
-					"replication": map[string]any{"class": "sleep"},
-				}},
-			},
-			"http": map[string]any{"servers": map[string]any{"main": map[string]any{
-				"listen":          []string{addr},
-				"automatic_https": map[string]any{"disable": true},
-				"routes": []any{
-					map[string]any{
-						"match":    []any{map[string]any{"host": []string{ip}}},
-						"handle":   []any{map[string]any{"handler": "lchat_mesh_api"}},
-						"terminal": true,
-					},
-					map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}},
-				},
-			}}},
+	raw := harness.Config{
+		Listen: addr,
+		Lchat: map[string]any{
+			"mesh": meshOpts,
+			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
+				"idle_timeout": "1s", "replication": map[string]any{"class": "sleep"},
+			})},
 		},
-	}
-	raw, _ := json.Marshal(cfg)
+		MeshAPIHost: ip,
+	}.JSON()
 	env := append(s3.Env(prefix), mesh.EnvSelf+"="+n.self, mesh.EnvDomains+"="+meshDomain,
 		mesh.EnvToken+"="+meshToken, "LCHAT_MESH_REGION="+region)
-	n.Box = harness.StartBox(t, harness.BoxOptions{JSON: string(raw), Env: env, IP: ip})
+	n.Box = harness.StartBox(t, harness.BoxOptions{JSON: raw, Env: env, IP: ip})
 	return n
 }
 

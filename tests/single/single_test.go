@@ -44,48 +44,24 @@ func boxConfig(o cfgOpts) string {
 	if o.WakeScan == "" {
 		o.WakeScan = "1s"
 	}
-	cfg := map[string]any{
-		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},
-		"storage": map[string]any{"module": "file_system", "root": "{$LCHAT_TEST_DIR}/caddy"},
-		"apps": map[string]any{
-			"lchat": map[string]any{
-				"bucket": map[string]any{
-					"backend": "s3", "bucket": "{env.LCHAT_HIBERNATE_BUCKET}",
-					"prefix": "{env.LCHAT_HIBERNATE_PREFIX}", "use_path_style": true,
-				},
-				"state_dir":          "{$LCHAT_TEST_DIR}/state",
-				"registry":           "{$LCHAT_TEST_DIR}/registry.db",
-				"wake_scan_interval": o.WakeScan,
-				"kinds": map[string]any{
-					"demo": map[string]any{
-						"command": "{self}", "args": []string{"demo-space"},
-						"idle_timeout": o.Idle, "ready_path": "/healthz", "stop_grace": "5s",
-						"replication": map[string]any{"class": "periodic", "interval": o.Replication},
-						"allowed_env": []string{"DEMO_SECRET"},
-					},
-					// The demo with a short idle timeout, for tests that need a space
-					// to fall asleep on its own while other kinds stay up.
-					"nap": map[string]any{
-						"command": "{self}", "args": []string{"demo-space"},
-						"idle_timeout": "1s", "ready_path": "/healthz", "stop_grace": "5s",
-						"replication": map[string]any{"class": "sleep"},
-					},
-					// A kind whose instance never becomes ready.
-					"stuck": map[string]any{
-						"command": "/bin/sleep", "args": []string{"600"},
-						"ready_timeout": "1s", "stop_grace": "1s",
-					},
-				},
+	return harness.Config{Lchat: map[string]any{
+		"wake_scan_interval": o.WakeScan,
+		"kinds": map[string]any{
+			"demo": harness.DemoKind(map[string]any{
+				"idle_timeout": o.Idle,
+				"replication":  map[string]any{"class": "periodic", "interval": o.Replication},
+				"allowed_env":  []string{"DEMO_SECRET"},
+			}),
+			// The demo with a short idle timeout, for tests that need a space
+			// to fall asleep on its own while other kinds stay up.
+			"nap": harness.DemoKind(map[string]any{"idle_timeout": "1s", "replication": map[string]any{"class": "sleep"}}),
+			// A kind whose instance never becomes ready.
+			"stuck": map[string]any{
+				"command": "/bin/sleep", "args": []string{"600"},
+				"ready_timeout": "1s", "stop_grace": "1s",
 			},
-			"http": map[string]any{"servers": map[string]any{"main": map[string]any{
-				"listen":          []string{"{$LCHAT_TEST_HTTP}"},
-				"automatic_https": map[string]any{"disable": true},
-				"routes":          []any{map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}}},
-			}}},
 		},
-	}
-	b, _ := json.MarshalIndent(cfg, "", "  ")
-	return string(b)
+	}}.JSON()
 }
 
 type env struct {

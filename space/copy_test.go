@@ -1,4 +1,4 @@
-package lchat
+package space_test
 
 import (
 	"bytes"
@@ -90,7 +90,7 @@ func TestCopySpaceAcrossBuckets(t *testing.T) {
 	nobody := liveSet()
 
 	t.Run("copies blobs and manifest, not the lease", func(t *testing.T) {
-		res, err := copySpace(ctx, src, dst, host, nobody, nobody)
+		res, err := space.CopySpace(ctx, src, dst, host, nobody, nobody)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +119,7 @@ func TestCopySpaceAcrossBuckets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := copySpace(ctx, src, dst, host, nobody, nobody)
+		res, err := space.CopySpace(ctx, src, dst, host, nobody, nobody)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,7 +135,7 @@ func TestCopySpaceAcrossBuckets(t *testing.T) {
 	t.Run("newer destination is left alone", func(t *testing.T) {
 		newer := checkpoint(t, dst, host, 5, map[string]string{"room.db": "written in fi"})
 		checkpoint(t, src, host, 4, map[string]string{"room.db": "older, written in ie"})
-		res, err := copySpace(ctx, src, dst, host, nobody, nobody)
+		res, err := space.CopySpace(ctx, src, dst, host, nobody, nobody)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -152,9 +152,13 @@ func TestCopySpaceAcrossBuckets(t *testing.T) {
 		const awake = "awake.example.com"
 		checkpoint(t, src, awake, 1, map[string]string{"room.db": "live"})
 		putLease(t, src, awake, space.Lease{Holder: "https://ie1.test", Incarnation: "i1"})
-		_, err := copySpace(ctx, src, dst, awake, liveSet("https://ie1.test"), nobody)
-		if !errors.Is(err, ErrSpaceAwake) {
+		_, err := space.CopySpace(ctx, src, dst, awake, liveSet("https://ie1.test"), nobody)
+		if !errors.Is(err, space.ErrSpaceAwake) {
 			t.Fatalf("copy of an awake space: err=%v, want ErrSpaceAwake", err)
+		}
+		var ae *space.AwakeError
+		if !errors.As(err, &ae) || ae.Holder != "https://ie1.test" || !strings.Contains(err.Error(), "https://ie1.test") {
+			t.Errorf("refusal %q does not say where the space is awake", err)
 		}
 		if m, _, _ := space.ReadManifest(ctx, dst, awake); m != nil {
 			t.Errorf("an awake space's manifest reached the destination")
@@ -162,12 +166,12 @@ func TestCopySpaceAcrossBuckets(t *testing.T) {
 		// Awake in the destination region (a box there holds its lease): refused too.
 		putLease(t, src, awake, space.Lease{Holder: "https://ie1.test", Incarnation: "i1", Released: true})
 		putLease(t, dst, awake, space.Lease{Holder: "https://fi1.test", Incarnation: "f1"})
-		if _, err := copySpace(ctx, src, dst, awake, nobody, liveSet("https://fi1.test")); !errors.Is(err, ErrSpaceAwake) {
+		if _, err := space.CopySpace(ctx, src, dst, awake, nobody, liveSet("https://fi1.test")); !errors.Is(err, space.ErrSpaceAwake) {
 			t.Fatalf("copy over a space awake in the destination: err=%v, want ErrSpaceAwake", err)
 		}
 		// A dead holder's lease is free: the copy goes ahead.
 		putLease(t, src, awake, space.Lease{Holder: "https://ie1.test", Incarnation: "i1"})
-		if res, err := copySpace(ctx, src, dst, awake, nobody, nobody); err != nil || res.Generation != 1 {
+		if res, err := space.CopySpace(ctx, src, dst, awake, nobody, nobody); err != nil || res.Generation != 1 {
 			t.Fatalf("copy with a dead holder's lease: %+v %v", res, err)
 		}
 	})

@@ -1,0 +1,175 @@
+package mesh
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/lchat/lchat-caddy/registry"
+)
+
+// Box is this box's place in the mesh: its identity and its live view, and the rules
+// that read them: which routes it takes part in placing, who owns a host, where a
+// request goes, which replicated rows and tombstones it accepts, and which peers a row
+// fans out to. It holds no state of its own; Live and Draining come from the
+// Membership.
+type Box struct {
+	// Self is this box's SELF URL.
+	Self string
+	// Domains are the mesh domains this box covers.
+	Domains []string
+	// Region is this box's region; empty means none.
+	Region string
+	// Live returns the live members, this box included, sorted by Self.
+	Live func() []Member
+	// Draining reports whether this box is shutting down. Nil means never.
+	Draining func() bool
+}
+
+func (b *Box) draining() bool { return b.Draining != nil && b.Draining() }
+
+// InScope reports whether this box takes part in placing host, a route homed in
+// homeRegion: the host is under its mesh domains, or homeRegion is its region.
+func (b *Box) InScope(host, homeRegion string) bool {
+	return RouteInScope(host, homeRegion, b.Domains, b.Region)
+}
+
+// IsLiveMember reports whether self is the SELF of a live box in this box's view.
+func (b *Box) IsLiveMember(self string) bool {
+	for _, m := range b.Live() {
+		if m.Self == self {
+			return true
+		}
+	}
+	return false
+}
+
+// Owns reports whether this box is where host, homed in homeRegion, is placed: its HRW
+// owner among the live boxes. A host outside this box's mesh scope is this box's own (it
+// is the only one that serves it). Scheduled wakes fire only on the owner.
+func (b *Box) Owns(host, homeRegion string) bool {
+	if !b.InScope(host, homeRegion) {
+		return true
+	}
+	owner, ok := Owner(host, b.Live(), homeRegion)
+	return ok && owner.Self == b.Self
+}
+
+// Targets is the set of peers a row for host, homed in homeRegion, fans out to (see
+// the package function Targets).
+func (b *Box) Targets(host, homeRegion string) []Member {
+	return Targets(host, homeRegion, b.Live(), b.Self)
+}
+
+// RowFromRoute is the replicated form of a registry row on this box: a live route served
+// here is pinned to this box's SELF.
+func (b *Box) RowFromRoute(rt *registry.Route) RouteRow {
+	row := RouteRow{
+		Host:       rt.Host,
+		Kind:       rt.Kind,
+		Version:    rt.Version,
+		Hibernate:  rt.Hibernate,
+		HomeRegion: rt.HomeRegion,
+		Env:        rt.Env,
+	}
+	if !rt.Hibernate {
+		row.LivesAt = rt.LivesAt
+		if row.LivesAt == "" {
+			row.LivesAt = b.Self
+		}
+	}
+	return row
+}
+
+// RouteFromRow is the registry form of a replicated row. A live space pinned to a peer
+// becomes a lives_at row with no upstream: requests for it are forwarded to LivesAt and
+// nothing is ever dialed for it locally.
+func RouteFromRow(row RouteRow) registry.Route {
+	return registry.Route{
+		Host:       row.Host,
+		Kind:       row.Kind,
+		Version:    row.Version,
+		Hibernate:  row.Hibernate,
+		HomeRegion: row.HomeRegion,
+		Env:        row.Env,
+		LivesAt:    row.LivesAt,
+	}
+}
+
+// RefusedError is a replicated row or tombstone this box does not take. Conflict marks
+// one that conflicts with this box's own state or view (409); the others are malformed
+// or outside this box's scope (400).
+type RefusedError struct {
+	Conflict bool
+	Err      error
+}
+
+func (e *RefusedError) Error() string { return e.Err.Error() }
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+func refused(conflict bool, format string, args ...any) error {
+	return &RefusedError{Conflict: conflict, Err: fmt.Errorf(format, args...)}
+}
+
+// ErrKept means a replicated row names this very box as where its live space lives:
+// the row here (with the real upstream) is the original, and the peer's copy changes
+// nothing. It is an answer, not a failure.
+var ErrKept = errors.New("kept: the route lives on this box")
+
+// AcceptRow decides whether this box stores a row a peer replicated to it, and in what
+// form. prev is this box's row for the host, if any; check is this box's own test of a
+// route it could serve (its kind configured, its env names allowed). The answer is the
+// route to store, ErrKept, or a *RefusedError.
+//
+// The rules: the row must be in this box's scope (domains or region); a live row must
+// name a live box of this mesh, since every request for the host would be forwarded
+// there with a marker made with the mesh token, so never an arbitrary address (a
+// metadata service, an internal host); a live route this box serves from a local
+// upstream is never taken over by a peer.
+func (b *Box) AcceptRow(row RouteRow, prev *registry.Route, check func(*registry.Route) error) (registry.Route, error) {
+	if !row.InScopeFor(b.Domains, b.Region) {
+		return registry.Route{}, refused(false, "route %s is outside this box's mesh domains and region", row.Host)
+	}
+	if row.LivesAt == b.Self {
+		return registry.Route{}, ErrKept
+	}
+	if !row.Hibernate && !b.IsLiveMember(row.LivesAt) {
+		return registry.Route{}, refused(true, "route %s: lives_at %s is not a live box of this mesh", row.Host, row.LivesAt)
+	}
+	rt := RouteFromRow(row)
+	if err := check(&rt); err != nil {
+		return registry.Route{}, &RefusedError{Err: err}
+	}
+	if servedHere(prev) {
+		return registry.Route{}, refused(true, "route %s is a live route served by this box", rt.Host)
+	}
+	return rt, nil
+}
+
+// AcceptTombstone decides whether this box deletes its row for host when a peer says
+// so. prev is this box's row, if any. Like a row, a tombstone outside this box's scope
+// changes nothing: a host outside the mesh domains is this box's own business unless
+// its stored row is homed in this box's region; and a live route served here stays.
+func (b *Box) AcceptTombstone(host string, prev *registry.Route) error {
+	if err := registry.ValidateHost(host); err != nil {
+		return &RefusedError{Err: err}
+	}
+	if servedHere(prev) {
+		return refused(true, "route %s is a live route served by this box", host)
+	}
+	homeRegion := ""
+	if prev != nil {
+		homeRegion = prev.HomeRegion
+	}
+	if !b.InScope(host, homeRegion) {
+		return refused(false, "route %s is outside this box's mesh domains and region", host)
+	}
+	return nil
+}
+
+// servedHere reports whether rt is a live route this box serves from a local upstream.
+func servedHere(rt *registry.Route) bool {
+	return rt != nil && !rt.Hibernate && rt.LivesAt == ""
+}
+
+// Interface guards
+var _ error = (*RefusedError)(nil)
