@@ -4,7 +4,6 @@
 package lchat
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -142,6 +141,7 @@ type shared struct {
 	mesh         *meshState // nil without LCHAT_MESH_SELF
 	drainTimeout time.Duration
 	ids          idAllocators // the id ledger's allocators (ids.go)
+	drain        drainState   // the drain, started at once on a process exit (shutdown.go)
 
 	// kindsMu serializes applying kinds (App.Start) and unwinding them (App.Stop).
 	kindsMu sync.Mutex
@@ -159,12 +159,10 @@ type shared struct {
 // frees it at once; the heartbeat is deleted last. See mesh.Membership.MarkDraining.
 func (s *shared) Destruct() error {
 	start := time.Now()
-	if s.mesh != nil {
-		s.mesh.markDraining()
+	if s.drain.stop != nil {
+		close(s.drain.stop)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.drainTimeout)
-	err := s.eng.Drain(ctx)
-	cancel()
+	err := s.drainSpaces() // already under way, or done, on a process exit
 	s.eng.Close()
 	if s.mesh != nil {
 		// Every drain write has returned by now: only then may peers count this box gone.
@@ -344,7 +342,9 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 	a.logger.Info("lchat registry and engine ready",
 		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),
 		zap.String("bucket", bkt.String()), zap.String("state_dir", a.StateDir))
-	return &shared{reg: reg, eng: eng, bucket: bkt, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}, nil
+	s := &shared{reg: reg, eng: eng, bucket: bkt, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}
+	s.watchExit()
+	return s, nil
 }
 
 // Validate checks the config across fields.
