@@ -154,4 +154,3 @@ func TestDevShutdownWithOpenStreams(t *testing.T) {
 	}
 	d.interrupt(t)
 }
-
