@@ -229,16 +229,22 @@ func (a *adminAPI) deleteRoute(w http.ResponseWriter, r *http.Request, host stri
 	if errors.Is(err, registry.ErrNotFound) {
 		return apiErr(http.StatusNotFound, "no route for host %s", host)
 	}
-	// Remove the row first so no new request wakes the space, then stop it, delete its
-	// scheduled wake record and drop its local state. Its other bucket data stays. A
-	// live route may have been a space before (hibernation turned off): Forget it too.
+	// Remove the row first so no new request wakes the space, then save and stop it
+	// (Forget checkpoints first; ?discard=true is the explicit choice not to), delete
+	// its scheduled wake record and drop its local state. Its other bucket data stays.
+	// A live route may have been a space before (hibernation turned off): Forget it too.
+	discard := r.URL.Query().Get("discard") == "true"
 	if err := a.app.shared.reg.Delete(host); err != nil {
 		return apiErr(http.StatusInternalServerError, "%v", err)
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 	defer cancel()
-	if err := a.app.shared.eng.Forget(ctx, host); err != nil {
-		return apiErr(http.StatusInternalServerError, "route %s removed, but stopping its space failed: %v", host, err)
+	forget := a.app.shared.eng.Forget
+	if discard {
+		forget = a.app.shared.eng.Discard
+	}
+	if err := forget(ctx, host); err != nil {
+		return apiErr(http.StatusInternalServerError, "route %s removed, but saving and stopping its space failed: %v", host, err)
 	}
 	a.logger.Info("route removed", zap.String("host", host))
 	a.app.meshTombstone(host, rt.HomeRegion)
