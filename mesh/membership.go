@@ -40,7 +40,8 @@ func HeartbeatKey(self string) string {
 
 // SelfFromKey decodes a heartbeat key (with or without MembersPrefix) back to its SELF.
 func SelfFromKey(key string) (string, bool) {
-	b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(key, MembersPrefix))
+	// Strict: one SELF has exactly one key (no second spelling with other padding bits).
+	b, err := base64.RawURLEncoding.Strict().DecodeString(strings.TrimPrefix(key, MembersPrefix))
 	if err != nil || len(b) == 0 {
 		return "", false
 	}
@@ -581,9 +582,9 @@ func (m *Membership) readBody(ctx context.Context, key string) (Heartbeat, strin
 	if err != nil {
 		return Heartbeat{}, "", err
 	}
-	var hb Heartbeat
-	if err := json.Unmarshal(raw, &hb); err != nil {
-		return Heartbeat{}, "", fmt.Errorf("decoding heartbeat: %v", err)
+	hb, err := DecodeHeartbeat(raw)
+	if err != nil {
+		return Heartbeat{}, "", err
 	}
 	return hb, obj.ETag, nil
 }

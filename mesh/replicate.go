@@ -94,7 +94,7 @@ func EnvNameAllowed(name string) bool {
 // Validate normalizes the host and checks every field. It returns a *RowError.
 func (r *RouteRow) Validate() error {
 	r.Host = NormalizeHost(r.Host)
-	if !validHostname(r.Host) || !strings.Contains(r.Host, ".") {
+	if registry.ValidateHost(r.Host) != nil || !strings.Contains(r.Host, ".") {
 		return &RowError{"host", "must be a DNS name"}
 	}
 	if !registry.ValidKind(r.Kind) {
@@ -184,7 +184,7 @@ func HostFromPath(p string) (string, bool) {
 		rest = h
 	}
 	h := NormalizeHost(rest)
-	return h, validHostname(h)
+	return h, registry.ValidateHost(h) == nil // the registry's rule: a row for it can be stored
 }
 
 // DecodeRow reads and validates a replicated row from a PUT request body of at most
