@@ -107,6 +107,9 @@ type MembershipConfig struct {
 	OnFence func(fenced bool)
 	// Logger receives membership logs. Default: a no-op logger.
 	Logger *zap.Logger
+	// WallClock is this box's wall clock. Default: time.Now. Tests set one that is off
+	// by minutes to show that nothing depends on the boxes' clocks agreeing (clock.go).
+	WallClock func() time.Time
 }
 
 // MembershipStats counts membership work; every field only grows.
@@ -177,6 +180,10 @@ type Membership struct {
 	view []Member
 	// viewAt is the local (monotonic) time the view's listing returned.
 	viewAt time.Time
+	// clock estimates the bucket's time (BucketNow); clockFellBack is set while the
+	// store reports no clock, so the last measured offset stays.
+	clock         bucketClock
+	clockFellBack bool
 	// bodies caches peers' heartbeat bodies by key.
 	bodies map[string]cachedBody
 	// lastPutSent is when the last successful heartbeat write was sent.
@@ -458,9 +465,13 @@ func (m *Membership) refresh(ctx context.Context) {
 		return
 	}
 	localAt := time.Now()
+	wallAt := m.wall()
 	view, seen := m.viewOf(ctx, objs, now)
 	m.mu.Lock()
 	m.view, m.viewAt = view, localAt
+	if !m.clockFellBack {
+		m.clock.offset = now.Sub(wallAt)
+	}
 	for k := range m.bodies {
 		if !seen[k] {
 			delete(m.bodies, k)
@@ -525,6 +536,9 @@ func (m *Membership) list(ctx context.Context, prefix string) ([]bucket.Info, ti
 		}
 		token = page.NextToken
 	}
+	m.mu.Lock()
+	m.clockFellBack = now.IsZero()
+	m.mu.Unlock()
 	if now.IsZero() {
 		// A store that does not report its clock: fall back to ours, and say so.
 		m.stats.clockFallbacks.Add(1)
@@ -762,4 +776,24 @@ func (m *Membership) Leave(ctx context.Context) error {
 	m.view = kept
 	m.mu.Unlock()
 	return nil
+}
+
+func (m *Membership) wall() time.Time {
+	if m.cfg.WallClock != nil {
+		return m.cfg.WallClock()
+	}
+	return time.Now()
+}
+
+// BucketNow estimates the bucket's current time: this box's wall clock plus the offset
+// measured at the last listing (zero before the first). Forwarded markers are signed and
+// checked with it, so boxes whose wall clocks disagree still agree on a marker's age.
+func (m *Membership) BucketNow() time.Time {
+	m.mu.Lock()
+	c := m.clock
+	m.mu.Unlock()
+	if c.wall == nil {
+		c.wall = m.wall
+	}
+	return c.now()
 }

@@ -86,7 +86,9 @@ func newPeerTransport(ms *meshState) *peerTransport {
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   32,
 		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 0, // a wake on the peer may take a while; its handler bounds it
+		// A wake on the peer may take a while (restore, readiness), but a peer that
+		// never answers must not hold the request, and its client, forever.
+		ResponseHeaderTimeout: peerResponseHeaderTimeout,
 		ExpectContinueTimeout: time.Second,
 	}
 	return pt
@@ -121,6 +123,7 @@ func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	host := mesh.NormalizeHost(req.Host)
 	pt.marker.Mark(req.Header, host)
+	mesh.CountHop(req.Header)
 	addr := peerDialAddr(u)
 	req.URL.Scheme = u.Scheme
 	if u.Scheme == "https" {
@@ -129,6 +132,16 @@ func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.URL.Host = poolKey(addr, "")
 	}
 	return pt.tr.RoundTrip(req)
+}
+
+// peerResponseHeaderTimeout bounds the wait for a forwarded request's response headers:
+// longer than a wake's default readiness timeout plus a restore, far shorter than forever.
+const peerResponseHeaderTimeout = 2 * time.Minute
+
+// forwardedOrLooping reports whether a request must not be forwarded again: a peer
+// validly marked it, or it has made mesh.MaxHops hops already (mesh/clock.go).
+func forwardedOrLooping(r *http.Request) bool {
+	return isForwarded(r) || mesh.HopsExhausted(r.Header)
 }
 
 // peerDialAddr is host:port of a SELF URL.
@@ -191,7 +204,7 @@ func (h *Handler) meshServe(w http.ResponseWriter, r *http.Request, rt *registry
 		return false, nil
 	}
 	awake := rt.Hibernate && h.app.shared.eng.Awake(rt.Host)
-	d := ms.box.Place(mesh.Request{Route: rt, Forwarded: isForwarded(r), AwakeHere: awake})
+	d := ms.box.Place(mesh.Request{Route: rt, Forwarded: forwardedOrLooping(r), AwakeHere: awake})
 	if d.Action == mesh.Unavailable {
 		ms.c.livesAtLoops.Add(1)
 	}
@@ -206,7 +219,7 @@ func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, err e
 	if ms == nil || !errors.As(err, &held) {
 		return false, nil
 	}
-	d := ms.box.LeaseHeld(requestHost(r), held.Holder, isForwarded(r))
+	d := ms.box.LeaseHeld(requestHost(r), held.Holder, forwardedOrLooping(r))
 	if d.Action != mesh.Forward {
 		ms.c.leaseBusy.Add(1)
 		return false, nil

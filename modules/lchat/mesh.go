@@ -187,6 +187,9 @@ func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger 
 		ms.cancel()
 		return nil, err
 	}
+	// Markers are signed and checked against the bucket's clock, not this box's wall
+	// clock: boxes whose clocks disagree still recognize each other's (mesh/clock.go).
+	ms.marker.Now = ms.m.BucketNow
 	ms.box = &mesh.Box{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, Draining: ms.m.Draining}
 	ms.repl = &mesh.Replicator{Box: ms.box, Client: ms.client, Ctx: ms.ctx}
 	return ms, nil
