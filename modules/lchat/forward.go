@@ -83,9 +83,9 @@ func newPeerTransport(ms *meshState) *peerTransport {
 		},
 		// Pools are per (peer, instance host): bound the total too, or a box that
 		// forwards for many hosts keeps a TLS connection open for each of them.
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   32,
-		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     90 * time.Second,
 		// A wake on the peer may take a while (restore, readiness), but a peer that
 		// never answers must not hold the request, and its client, forever.
 		ResponseHeaderTimeout: peerResponseHeaderTimeout,
