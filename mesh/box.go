@@ -70,6 +70,7 @@ func (b *Box) RowFromRoute(rt *registry.Route) RouteRow {
 		Hibernate:  rt.Hibernate,
 		HomeRegion: rt.HomeRegion,
 		Env:        rt.Env,
+		Rev:        rt.Rev,
 	}
 	if !rt.Hibernate {
 		row.LivesAt = rt.LivesAt
@@ -92,6 +93,7 @@ func RouteFromRow(row RouteRow) registry.Route {
 		HomeRegion: row.HomeRegion,
 		Env:        row.Env,
 		LivesAt:    row.LivesAt,
+		Rev:        row.Rev,
 	}
 }
 

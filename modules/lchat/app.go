@@ -62,6 +62,11 @@ type App struct {
 	// drained by then are left to their last sync. Default 60s.
 	DrainTimeout caddy.Duration `json:"drain_timeout,omitempty"`
 
+	// TombstoneTTL is how long a deleted host is remembered, so that a replicated row
+	// older than the delete, arriving late, cannot bring it back. Default 7 days
+	// (registry.DefaultTombstoneTTL).
+	TombstoneTTL caddy.Duration `json:"tombstone_ttl,omitempty"`
+
 	// Mesh tunes the mesh (intervals, trusted roots for peers). The mesh is on only
 	// when LCHAT_MESH_SELF is set; see MeshOptions.
 	Mesh *MeshOptions `json:"mesh,omitempty"`
@@ -282,7 +287,12 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 	if err := os.MkdirAll(a.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating state_dir: %v", err)
 	}
-	reg, err := registry.Open(a.Registry, registry.Options{})
+	// Revisions of this box's changes name it by its mesh SELF (registry/version.go).
+	origin := a.meshCfg.Self
+	if origin == "" {
+		origin = "local"
+	}
+	reg, err := registry.Open(a.Registry, registry.Options{Origin: origin, TombstoneTTL: time.Duration(a.TombstoneTTL)})
 	if err != nil {
 		return nil, err
 	}

@@ -89,6 +89,7 @@ type meshCounters struct {
 	rowsIn          atomic.Uint64 // rows replicated in from peers
 	rowsRejected    atomic.Uint64 // peer rows refused (malformed, out of scope, kind)
 	tombstonesIn    atomic.Uint64 // tombstones applied from peers
+	rowsStale       atomic.Uint64 // peer rows and tombstones older than what is held here
 }
 
 func (ms *meshState) counters() map[string]uint64 {
@@ -106,6 +107,7 @@ func (ms *meshState) counters() map[string]uint64 {
 		"rows_in":          c.rowsIn.Load(),
 		"rows_rejected":    c.rowsRejected.Load(),
 		"tombstones_in":    c.tombstonesIn.Load(),
+		"rows_stale":       c.rowsStale.Load(),
 		"fanouts":          fanouts,
 		"fanout_errors":    fanoutErrors,
 	}
