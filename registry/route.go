@@ -57,6 +57,7 @@ type Summary struct {
 	LivesAt    string    `json:"lives_at,omitempty"`
 	Created    time.Time `json:"created"`
 	Updated    time.Time `json:"updated"`
+	Rev        string    `json:"rev,omitempty"`
 }
 
 // Summary returns rt without env values.
@@ -71,6 +72,7 @@ func (rt *Route) Summary() Summary {
 		LivesAt:    rt.LivesAt,
 		Created:    rt.Created,
 		Updated:    rt.Updated,
+		Rev:        rt.Rev,
 	}
 	for k := range rt.Env {
 		s.EnvNames = append(s.EnvNames, k)
