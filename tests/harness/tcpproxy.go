@@ -19,8 +19,8 @@ type TCPProxy struct {
 	mu     sync.Mutex // guards the fields below
 	delay  time.Duration
 	jitter time.Duration // a random delay in [0, jitter) before each chunk sent to the target
-	down  bool
-	conns map[net.Conn]struct{}
+	down   bool
+	conns  map[net.Conn]struct{}
 }
 
 // StartTCPProxy listens on 127.0.0.1:0 and forwards to target until the test ends.
