@@ -230,3 +230,33 @@ func TestTombstoneRules(t *testing.T) {
 		t.Fatalf("revision %s after a restart with the clock at 1970 is not above %s", rt.Rev, rev)
 	}
 }
+
+// TestUnversionedChanges: a row or delete from a box without revisions applies as before
+// but claims no order: any versioned change for the host overrides it, and it does not
+// make a tombstone forget its revision.
+func TestUnversionedChanges(t *testing.T) {
+	src := openRev(t, "https://a", time.Now)
+	dst := openRev(t, "https://b", time.Now)
+	rt, _ := src.Put(Route{Host: "u.example.com", Kind: "demo", Hibernate: true})
+	if _, err := dst.ApplyRow(rt); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.DeleteUnversioned("u.example.com"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := dst.TombstoneRev("u.example.com"); ok {
+		t.Fatal("an unversioned delete left a tombstone that outranks versioned rows")
+	}
+	if _, err := dst.ApplyRow(rt); err != nil {
+		t.Fatalf("versioned row after an unversioned delete: %v", err)
+	}
+	legacy, err := dst.PutUnversioned(Route{Host: "u.example.com", Kind: "demo", Hibernate: false, Upstream: "127.0.0.1:9"})
+	if err != nil || legacy.Rev != "" {
+		t.Fatalf("unversioned put = %+v, %v; want stored without a revision", legacy, err)
+	}
+	src.Delete("u.example.com")
+	rev, _ := src.TombstoneRev("u.example.com")
+	if deleted, err := dst.ApplyTombstone("u.example.com", rev); err != nil || !deleted {
+		t.Fatalf("versioned tombstone over an unversioned row: %v %v", deleted, err)
+	}
+}

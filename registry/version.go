@@ -219,3 +219,65 @@ func (g *Registry) loadTombstones(tx *bolt.Tx) error {
 		return nil
 	})
 }
+
+// PutUnversioned stores a replicated row that carries no revision (sent by a box that
+// predates revisions) as such: unconditionally, with an empty revision, which any
+// versioned change for the host then overrides. It makes no claim to be newer than
+// anything, so it neither gets this box's revision nor clears a tombstone's memory.
+func (g *Registry) PutUnversioned(rt Route) (Route, error) {
+	rt.Rev = ""
+	if err := rt.Validate(); err != nil {
+		return Route{}, err
+	}
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	stored := g.stampTimesLocked(rt.clone())
+	g.mu.RLock()
+	t, hadTomb := g.tombs[rt.Host]
+	g.mu.RUnlock()
+	if err := g.writeLocked([]*Route{stored}); err != nil {
+		return Route{}, err
+	}
+	if hadTomb { // writeLocked forgot it; an unversioned row does not outrank it
+		if err := g.putTombLocked(rt.Host, t); err != nil {
+			return Route{}, err
+		}
+	}
+	return *stored.clone(), nil
+}
+
+// DeleteUnversioned removes host for a tombstone that carries no revision, without
+// remembering a tombstone of its own (it has no revision to remember). It reports
+// ErrNotFound when there was no row.
+func (g *Registry) DeleteUnversioned(host string) error {
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	if _, ok := g.Lookup(host); !ok {
+		return ErrNotFound
+	}
+	err := g.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(routesBucket).Delete([]byte(host))
+	})
+	if err != nil {
+		return fmt.Errorf("writing registry: %v", err)
+	}
+	g.mu.Lock()
+	delete(g.routes, host)
+	g.mu.Unlock()
+	return nil
+}
+
+// putTombLocked stores one tombstone as is. g.wmu must be held.
+func (g *Registry) putTombLocked(host string, t tombstone) error {
+	v, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	if err := g.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(tombstonesBucket).Put([]byte(host), v) }); err != nil {
+		return fmt.Errorf("writing registry: %v", err)
+	}
+	g.mu.Lock()
+	g.tombs[host] = t
+	g.mu.Unlock()
+	return nil
+}

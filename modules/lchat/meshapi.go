@@ -106,12 +106,12 @@ func (h *MeshAPI) putRoute(w http.ResponseWriter, r *http.Request) error {
 	}
 	// A row with a revision is stored only if it is newer than the row or tombstone
 	// held here (registry/version.go); one without comes from a box that predates
-	// revisions and is stored as before.
+	// revisions and is stored as before, with no revision (any versioned change wins).
 	var stored registry.Route
 	if rt.Rev != "" {
 		stored, err = h.app.shared.reg.ApplyRow(rt)
 	} else {
-		stored, err = h.app.shared.reg.Put(rt)
+		stored, err = h.app.shared.reg.PutUnversioned(rt)
 	}
 	if errors.Is(err, registry.ErrStale) {
 		ms.c.rowsStale.Add(1)
@@ -164,7 +164,7 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 			return writeJSON(w, http.StatusOK, map[string]any{"stale": host})
 		}
 	} else {
-		err = h.app.shared.reg.Delete(host)
+		err = h.app.shared.reg.DeleteUnversioned(host)
 		existed = err == nil
 		if errors.Is(err, registry.ErrNotFound) {
 			err = nil
