@@ -19,6 +19,7 @@ type TCPProxy struct {
 	mu     sync.Mutex // guards the fields below
 	delay  time.Duration
 	jitter time.Duration // a random delay in [0, jitter) before each chunk sent to the target
+	drop   int           // answers still to drop (DropResponses)
 	down   bool
 	conns  map[net.Conn]struct{}
 }
@@ -141,7 +142,7 @@ func (p *TCPProxy) handle(client net.Conn) {
 		done <- struct{}{}
 	}
 	go pipe(jittered{server, p}, client)
-	go pipe(client, server)
+	go pipe(dropping{client, p}, server)
 	<-done
 	<-done
 }
@@ -160,4 +161,33 @@ func (j jittered) Write(b []byte) (int, error) {
 		time.Sleep(rand.N(jitter))
 	}
 	return j.Conn.Write(b)
+}
+
+// DropResponses makes the proxy drop the next n answers from the target: the request has
+// reached the target (which acts on it), but its answer never reaches the client, whose
+// connection is cut instead -- a commit whose response was lost.
+func (p *TCPProxy) DropResponses(n int) {
+	p.mu.Lock()
+	p.drop = n
+	p.mu.Unlock()
+}
+
+// dropping writes the target's answers to the client unless the proxy is to drop one.
+type dropping struct {
+	net.Conn
+	p *TCPProxy
+}
+
+func (d dropping) Write(b []byte) (int, error) {
+	d.p.mu.Lock()
+	drop := d.p.drop > 0
+	if drop {
+		d.p.drop--
+	}
+	d.p.mu.Unlock()
+	if drop {
+		d.Conn.Close()
+		return 0, net.ErrClosed
+	}
+	return d.Conn.Write(b)
 }
