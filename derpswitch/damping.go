@@ -23,6 +23,9 @@ type AutonegConfig struct {
 	// BanDuration is how long a region whose autonegotiated switch rolled back is
 	// excluded. Default 10 min.
 	BanDuration time.Duration
+	// History is how far back a region's best latency counts (Tailscale's netcheck
+	// keeps 5 min of reports). Default 5 min.
+	History time.Duration
 }
 
 func (c *AutonegConfig) setDefaults() {
@@ -40,6 +43,9 @@ func (c *AutonegConfig) setDefaults() {
 	}
 	if c.BanDuration <= 0 {
 		c.BanDuration = 10 * time.Minute
+	}
+	if c.History <= 0 {
+		c.History = 5 * time.Minute
 	}
 }
 
@@ -60,8 +66,14 @@ type Damper struct {
 	lastChange     time.Time
 	switches       []time.Time
 	bans           map[int]time.Time
+	reports        []latencyReport
 	// Reason is why the last Decide returned 0 (for status and logs).
 	Reason string
+}
+
+type latencyReport struct {
+	at  time.Time
+	lat map[int]time.Duration
 }
 
 // NewDamper returns a Damper with cfg's defaults filled in.
@@ -72,6 +84,14 @@ func NewDamper(cfg AutonegConfig) *Damper {
 
 // Decide returns the region to switch to, or 0 to stay. home is the live home region
 // and lat the latest latency per region (missing = unreachable).
+//
+// The choice is Tailscale's preferred-DERP rule (net/netcheck,
+// addReportHistoryAndSetPreferredDERP): every region reachable now is scored by its
+// best latency over the last History, the best score is the candidate, and the home
+// is kept unless the candidate beats the home's current latency by at least 10 ms and
+// by a third (ClearlyBetter). Our damping comes on top: the candidate must also be
+// clearly better in every report for StabilityWindow, the home must have been kept for
+// Dwell, at most MaxSwitchesPerHour autonegotiated switches, and banned regions skipped.
 func (d *Damper) Decide(now time.Time, home int, lat map[int]time.Duration) int {
 	for r, until := range d.bans {
 		if !now.Before(until) {
@@ -82,24 +102,37 @@ func (d *Damper) Decide(now time.Time, home int, lat map[int]time.Duration) int 
 	for len(d.switches) > 0 && !d.switches[0].After(cutoff) {
 		d.switches = d.switches[1:]
 	}
+	d.reports = append(d.reports, latencyReport{now, lat})
+	for len(d.reports) > 0 && now.Sub(d.reports[0].at) > d.cfg.History {
+		d.reports = d.reports[1:]
+	}
+	bestRecent := map[int]time.Duration{}
+	for _, rep := range d.reports {
+		for r, l := range rep.lat {
+			if b, ok := bestRecent[r]; !ok || l < b {
+				bestRecent[r] = l
+			}
+		}
+	}
 	cur, ok := lat[home]
 	if !ok || home == 0 {
 		d.candidate, d.Reason = 0, "home latency unknown"
 		return 0
 	}
 	best, bestLat := 0, time.Duration(0)
-	for r, l := range lat {
+	for r := range lat { // reachable now
 		if r == home {
 			continue
 		}
 		if _, banned := d.bans[r]; banned {
 			continue
 		}
+		l := bestRecent[r]
 		if best == 0 || l < bestLat || (l == bestLat && r < best) {
 			best, bestLat = r, l
 		}
 	}
-	if best == 0 || !ClearlyBetter(cur, bestLat) {
+	if best == 0 || !ClearlyBetter(cur, bestLat) || !ClearlyBetter(cur, lat[best]) {
 		d.candidate, d.Reason = 0, "no clearly better region"
 		return 0
 	}

@@ -87,3 +87,27 @@ func TestDamper(t *testing.T) {
 		t.Fatalf("unknown home latency: %d", got)
 	}
 }
+
+// TestDamperScoresByBestRecentLatency: as Tailscale's netcheck, a region is scored by its
+// best latency over the history window, so a region that is momentarily slower keeps
+// its place as the candidate (the stability window is not restarted by noise), until
+// its good sample leaves the history.
+func TestDamperScoresByBestRecentLatency(t *testing.T) {
+	ms := time.Millisecond
+	t0 := time.Unix(1_700_000_000, 0)
+	d := NewDamper(AutonegConfig{StabilityWindow: 30 * time.Second, Dwell: time.Minute, History: 5 * time.Minute})
+	d.Decide(t0, 1, map[int]time.Duration{1: 100 * ms, 2: 40 * ms, 3: 45 * ms})
+	// Region 2 is noisy now (60 ms), still clearly better than the home; 3 is steady at 45.
+	noisy := map[int]time.Duration{1: 100 * ms, 2: 60 * ms, 3: 45 * ms}
+	d.Decide(t0.Add(10*time.Second), 1, noisy)
+	if got := d.Decide(t0.Add(30*time.Second), 1, noisy); got != 2 {
+		t.Fatalf("got %d (%s); want 2, scored by its best recent 40 ms", got, d.Reason)
+	}
+	d = NewDamper(AutonegConfig{StabilityWindow: 30 * time.Second, Dwell: time.Minute, History: 5 * time.Minute})
+	d.Decide(t0, 1, map[int]time.Duration{1: 100 * ms, 2: 40 * ms, 3: 45 * ms})
+	later := t0.Add(6 * time.Minute) // the 40 ms sample has left the history
+	d.Decide(later, 1, noisy)
+	if got := d.Decide(later.Add(30*time.Second), 1, noisy); got != 3 {
+		t.Fatalf("got %d (%s); want 3 once region 2's good sample expired", got, d.Reason)
+	}
+}

@@ -14,14 +14,73 @@ import (
 
 // fakeNet is an in-memory set of DERP regions for unit tests of the state machine.
 type fakeNet struct {
-	mu    sync.Mutex
-	down  map[int]bool          // connect refused
-	hold  map[int]chan struct{} // connect blocks until closed
-	conns []*fakeConn
+	mu   sync.Mutex
+	down map[int]bool          // connect refused
+	hold map[int]chan struct{} // connect blocks until closed
+	// pingHold blocks pings until closed; noPong makes pings time out (the region
+	// relays packets but does not answer pings).
+	pingHold map[int]chan struct{}
+	noPong   map[int]bool
+	// pingDelay and connectDelay slow a region's pings and connects.
+	pingDelay, connectDelay map[int]time.Duration
+	// pongHook runs inside a ping that is about to succeed.
+	pongHook func(region int)
+	conns    []*fakeConn
 }
 
 func newFakeNet() *fakeNet {
-	return &fakeNet{down: map[int]bool{}, hold: map[int]chan struct{}{}}
+	return &fakeNet{down: map[int]bool{}, hold: map[int]chan struct{}{}, pingHold: map[int]chan struct{}{}, noPong: map[int]bool{},
+		pingDelay: map[int]time.Duration{}, connectDelay: map[int]time.Duration{}}
+}
+
+// holdPings blocks every ping to region until release.
+func (n *fakeNet) holdPings(region int) (release func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ch := make(chan struct{})
+	n.pingHold[region] = ch
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			n.mu.Lock()
+			delete(n.pingHold, region)
+			n.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+func (n *fakeNet) setNoPong(region int, v bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.noPong[region] = v
+}
+
+// blip drops every open connection to region and refuses new ones until the
+// returned restore is called: a flush of the region's connections.
+func (n *fakeNet) blip(region int) (restore func()) {
+	n.setDown(region, true)
+	n.mu.Lock()
+	conns := append([]*fakeConn(nil), n.conns...)
+	n.mu.Unlock()
+	for _, c := range conns {
+		if c.region == region {
+			c.cut()
+		}
+	}
+	return func() { n.setDown(region, false) }
+}
+
+// conn returns the newest connection to region.
+func (n *fakeNet) conn(region int) *fakeConn {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for i := len(n.conns) - 1; i >= 0; i-- {
+		if n.conns[i].region == region {
+			return n.conns[i]
+		}
+	}
+	return nil
 }
 
 func (n *fakeNet) setDown(region int, down bool) {
@@ -46,7 +105,8 @@ func (n *fakeNet) holdConnect(region int) (release func()) {
 }
 
 func (n *fakeNet) dial(getRegion func() *tailcfg.DERPRegion) Conn {
-	c := &fakeConn{net: n, region: getRegion().RegionID, inbox: make(chan derp.ReceivedMessage, 16), closedCh: make(chan struct{})}
+	c := &fakeConn{net: n, region: getRegion().RegionID, inbox: make(chan derp.ReceivedMessage, 16),
+		closedCh: make(chan struct{}), cutCh: make(chan struct{}, 1)}
 	n.mu.Lock()
 	n.conns = append(n.conns, c)
 	n.mu.Unlock()
@@ -79,6 +139,7 @@ type fakeConn struct {
 	region   int
 	inbox    chan derp.ReceivedMessage
 	closedCh chan struct{}
+	cutCh    chan struct{}
 
 	mu        sync.Mutex
 	connected bool
@@ -90,8 +151,14 @@ type fakeConn struct {
 
 func (c *fakeConn) Connect(ctx context.Context) error {
 	c.net.mu.Lock()
-	down, hold := c.net.down[c.region], c.net.hold[c.region]
+	down, hold, delay := c.net.down[c.region], c.net.hold[c.region], c.net.connectDelay[c.region]
 	c.net.mu.Unlock()
+	c.mu.Lock()
+	already := c.connected
+	c.mu.Unlock()
+	if !already {
+		time.Sleep(delay)
+	}
 	if hold != nil {
 		select {
 		case <-hold:
@@ -118,6 +185,21 @@ func (c *fakeConn) Connect(ctx context.Context) error {
 }
 
 func (c *fakeConn) Ping(ctx context.Context) error {
+	c.net.mu.Lock()
+	hold, noPong, delay := c.net.pingHold[c.region], c.net.noPong[c.region], c.net.pingDelay[c.region]
+	c.net.mu.Unlock()
+	time.Sleep(delay)
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if noPong {
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	c.mu.Lock()
 	ok := c.connected && !c.closed
 	c.mu.Unlock()
@@ -126,6 +208,12 @@ func (c *fakeConn) Ping(ctx context.Context) error {
 	c.net.mu.Unlock()
 	if !ok || down {
 		return errors.New("not connected")
+	}
+	c.net.mu.Lock()
+	hook := c.net.pongHook
+	c.net.mu.Unlock()
+	if hook != nil {
+		hook(c.region)
 	}
 	return nil
 }
@@ -160,6 +248,20 @@ func (c *fakeConn) RecvDetail() (derp.ReceivedMessage, int, error) {
 		return m, c.gen, nil
 	case <-c.closedCh:
 		return nil, 0, errors.New("closed")
+	case <-c.cutCh:
+		return nil, 0, errors.New("connection reset by peer")
+	}
+}
+
+// cut breaks the connection as a flush would: the pending Recv fails and the next
+// one reconnects (when the region accepts).
+func (c *fakeConn) cut() {
+	c.mu.Lock()
+	c.connected = false
+	c.mu.Unlock()
+	select {
+	case c.cutCh <- struct{}{}:
+	default:
 	}
 }
 

@@ -21,6 +21,7 @@ type rig struct {
 	net   *fakeNet
 	clock *ManualClock
 	sw    *Switcher
+	logs  *observer.ObservedLogs
 }
 
 func newRig(t *testing.T, mutate func(*Config)) *rig {
@@ -30,8 +31,10 @@ func newRig(t *testing.T, mutate func(*Config)) *rig {
 
 func newRigOn(t *testing.T, net *fakeNet, mutate func(*Config)) *rig {
 	t.Helper()
-	r := &rig{t: t, net: net, clock: NewManualClock(time.Unix(1_700_000_000, 0))}
+	core, logs := observer.New(zap.InfoLevel)
+	r := &rig{t: t, net: net, clock: NewManualClock(time.Unix(1_700_000_000, 0)), logs: logs}
 	cfg := Config{
+		Logger:     zap.New(core),
 		DERPMap:    testMap(1, 2, 3, 4),
 		HomeRegion: 1,
 		Prove:      ProveConfig{Count: 2, Interval: time.Millisecond, Timeout: time.Second},
@@ -115,7 +118,9 @@ func TestPinUnknownRegionRefused(t *testing.T) {
 	}
 }
 
-func TestPinToCurrentHomeIsNoop(t *testing.T) {
+// TestEdgeCase3PinToCurrentHome is the design's edge case 3, "Pin to the current home
+// region: derp_home_region == target → no-op (advert refresh only)".
+func TestEdgeCase3PinToCurrentHome(t *testing.T) {
 	r := newRig(t, nil)
 	r.waitHome(1)
 	r.pin(1)
@@ -180,7 +185,10 @@ func TestPinBackRecoversImmediately(t *testing.T) {
 	}
 }
 
-func TestPreemptionSingleCommit(t *testing.T) {
+// TestEdgeCase5PinChangedMidMBB is the design's edge case 5, "Pin changed N→M mid-MBB:
+// Negotiator issues M, generation bump restarts executor toward M. Retry state resets."
+// (The retry reset is TestPinBackRecoversImmediately.)
+func TestEdgeCase5PinChangedMidMBB(t *testing.T) {
 	r := newRig(t, nil)
 	r.waitHome(1)
 	release := r.net.holdConnect(2)
@@ -225,7 +233,10 @@ func TestSamePinInFlightIsNotAborted(t *testing.T) {
 	}
 }
 
-func TestClearPinCancelsPinSwitch(t *testing.T) {
+// TestEdgeCase4PinClearedMidMBB is the design's edge case 4, "Pin cleared (override → 0)
+// mid-MBB: ... target-source was LOCK and override cleared → negotiator neg_cancel_mbb()
+// on its next pass; executor aborts on generation bump. Autoneg resumes ownership."
+func TestEdgeCase4PinClearedMidMBB(t *testing.T) {
 	r := newRig(t, nil)
 	r.waitHome(1)
 	release := r.net.holdConnect(2)
@@ -247,19 +258,25 @@ func TestClearPinCancelsPinSwitch(t *testing.T) {
 	}
 }
 
-func TestColdPathWithoutLiveHome(t *testing.T) {
+// TestNoLiveHomePinCommitsOnlyWhenProven: with no live home (the boot home never came
+// up) a pin still goes through the prove step: the home moves to the pin's region once
+// that region is proven, never by a teardown to an unproven one.
+func TestNoLiveHomePinCommitsOnlyWhenProven(t *testing.T) {
 	net := newFakeNet()
 	net.setDown(1, true) // the boot home never comes up
 	r := newRigOn(t, net, nil)
 	r.pin(2)
 	r.waitHome(2)
 	c := r.sw.Counters()
-	if c.RehomeApplied != 1 || c.PinMBBRequests != 0 {
-		t.Fatalf("counters = %+v; want a direct rehome, no MBB", c)
+	if c.RehomeApplied != 0 || c.PinMBBRequests != 1 || c.PinMBBCommits != 1 {
+		t.Fatalf("counters = %+v; want one proven MBB commit, no teardown rehome", c)
 	}
 }
 
-func TestBootConnectsToPersistedPin(t *testing.T) {
+// TestEdgeCase8RebootWithPin is the design's edge case 8, "Reboot with pin set (NVS):
+// Boot path connects directly to override region (... no live home to protect;
+// unchanged)".
+func TestEdgeCase8RebootWithPin(t *testing.T) {
 	r := newRig(t, func(c *Config) { c.Override = 3 })
 	r.waitHome(3)
 	if r.net.connectsTo(1) != 0 {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -199,4 +200,33 @@ func BenchmarkAwake(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestDrainingServesAwakeSpaces: while the box drains, a space still awake on it is
+// served (until the drain puts it to sleep), and none is woken: ErrDraining says so, so
+// the mesh sends the request to the box that takes the space over.
+func TestDrainingServesAwakeSpaces(t *testing.T) {
+	e := newAwakeTestEngine(t, 0)
+	ctx := context.Background()
+	u, err := e.Acquire(ctx, Space{Host: "awake.example.com", Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Release()
+	e.draining.Store(true) // as Drain does first
+	u, err = e.Acquire(ctx, Space{Host: "awake.example.com", Kind: "app"})
+	if err != nil {
+		t.Fatalf("an awake space while draining: %v, want it served", err)
+	}
+	u.Release()
+	if _, err := e.Acquire(ctx, Space{Host: "asleep.example.com", Kind: "app"}); !errors.Is(err, ErrDraining) {
+		t.Fatalf("an asleep space while draining: %v, want ErrDraining", err)
+	}
+	var re *RetryError
+	if _, err := e.Acquire(ctx, Space{Host: "asleep.example.com", Kind: "app"}); !errors.As(err, &re) || re.After <= 0 {
+		t.Fatalf("ErrDraining is not a RetryError with a Retry-After: %v", err)
+	}
+	if e.Awake("asleep.example.com") {
+		t.Fatal("a draining box woke a space")
+	}
 }

@@ -67,6 +67,8 @@ type Kind struct {
 	Replication Replication
 	// WakePath is the POST target of scheduled wakes. Default "/".
 	WakePath string
+	// Retention is how long checkpoints stay restorable. Default space.DefaultRetention.
+	Retention time.Duration
 }
 
 // Space is one route the engine is asked to serve.
@@ -110,6 +112,10 @@ type Config struct {
 // errFencedNoWrite is why a fenced box writes nothing.
 var errFencedNoWrite = errors.New("box fenced: not writing")
 
+// ErrDraining means the box is shutting down: it serves the spaces still awake on it
+// and wakes none (the space is asleep here, or was just put to sleep by the drain).
+var ErrDraining = &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
+
 // ErrUnknownKind means the space's kind is not configured on this box.
 var ErrUnknownKind = errors.New("unknown kind")
 
@@ -149,6 +155,8 @@ type SpaceStatus struct {
 	PID           int       `json:"pid,omitempty"`
 	LastSync      time.Time `json:"last_sync,omitzero"`
 	LastSyncError string    `json:"last_sync_error,omitempty"`
+	// Size is the bytes of the space's files as of its last wake or checkpoint here.
+	Size int64 `json:"size,omitempty"`
 }
 
 // Counters are totals since the engine was created.
@@ -186,6 +194,7 @@ type Engine struct {
 	start  sync.Once
 	close  sync.Once
 	c      counters
+	obs    observers
 
 	kinds    atomic.Pointer[map[string]Kind] // written by New and SetKinds only
 	fenced   atomic.Bool                     // written by SetFenced only
@@ -274,7 +283,7 @@ func (e *Engine) Status() []SpaceStatus {
 	out := make([]SpaceStatus, 0, len(all))
 	for _, in := range all {
 		in.mu.Lock()
-		st := SpaceStatus{Host: in.host, Kind: in.sp.Kind, State: in.state, Since: in.since, LastSync: in.lastSync, LastSyncError: in.lastSyncErr}
+		st := SpaceStatus{Host: in.host, Kind: in.sp.Kind, State: in.state, Since: in.since, LastSync: in.lastSync, LastSyncError: in.lastSyncErr, Size: in.size}
 		if in.proc != nil {
 			st.PID = in.proc.pid
 		}

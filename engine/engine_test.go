@@ -106,6 +106,7 @@ func TestKindDefaultsAndValidation(t *testing.T) {
 		{"demo", Kind{Command: "x", ReadyPath: "healthz"}, "ready_path"},
 		{"demo", Kind{Command: "x", WakePath: "wake"}, "wake_path"},
 		{"demo", Kind{Command: "x", IdleTimeout: -1}, "idle_timeout"},
+		{"demo", Kind{Command: "x", Retention: -1}, "retention"},
 		{"demo", Kind{Command: "x", StopGrace: -1}, "stop_grace"},
 	} {
 		_, err := tc.kind.withDefaults(tc.name)

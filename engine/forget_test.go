@@ -3,10 +3,10 @@ package engine
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -35,29 +35,21 @@ func post(t *testing.T, u *Use, path string) {
 	}
 }
 
-// savedNotes reads notes.txt from the space's current manifest in the bucket.
+// savedNotes reads notes.txt from the space's current checkpoint in the bucket, by
+// restoring it into a scratch directory (any manifest format).
 func savedNotes(t *testing.T, b bucket.Bucket, host string) string {
 	t.Helper()
+	dir := t.TempDir()
+	s := &space.Syncer{Bucket: b, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work")}
 	ctx := context.Background()
-	m, _, err := space.ReadManifest(ctx, b, host)
-	if err != nil {
+	if err := s.Load(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if m == nil {
-		return ""
+	if err := s.Restore(ctx); err != nil {
+		t.Fatal(err)
 	}
-	for _, f := range m.Files {
-		if f.Path == "notes.txt" {
-			obj, err := b.Get(ctx, space.BlobKey(host, f.SHA256))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer obj.Body.Close()
-			data, _ := io.ReadAll(obj.Body)
-			return string(data)
-		}
-	}
-	return ""
+	data, _ := os.ReadFile(filepath.Join(s.DataDir, "notes.txt"))
+	return string(data)
 }
 
 func forgetTestEngine(t *testing.T) (*Engine, *membucket.Counting) {

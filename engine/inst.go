@@ -65,6 +65,7 @@ type inst struct {
 	retryWhy    string
 	lastSync    time.Time
 	lastSyncErr string
+	size        int64 // bytes of the files in the manifest last read or written here
 }
 
 // transition is one wake or sleep in flight; waiters block on done.
@@ -159,7 +160,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 		}
 	}()
 	for {
-		if e.ctx.Err() != nil || e.draining.Load() {
+		if e.ctx.Err() != nil {
 			return nil, &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
 		}
 		if e.fenced.Load() {
@@ -191,6 +192,12 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 				return nil, t.err
 			}
 		default: // asleep, failed, fenced
+			if e.draining.Load() {
+				// A draining box serves its awake spaces until the drain puts them to
+				// sleep, and wakes none.
+				in.mu.Unlock()
+				return nil, ErrDraining
+			}
 			if in.held {
 				in.mu.Unlock()
 				if in.rechecking.CompareAndSwap(false, true) {
@@ -345,7 +352,26 @@ func (e *Engine) wake(in *inst) (err error) {
 		return err
 	}
 
+	// Observers hear each phase's duration, for "why was that wake slow".
+	var ph WakePhases
+	mark := e.now()
+	phase := func(d *time.Duration) {
+		now := e.now()
+		*d, mark = now.Sub(mark), now
+	}
+	defer func() {
+		ev := Event{Type: EventWake, Host: in.host, Phases: ph}
+		in.mu.Lock()
+		ev.Size = in.size
+		in.mu.Unlock()
+		if err != nil {
+			ev.Err = err.Error()
+		}
+		e.emit(ev)
+	}()
+
 	etag, err := space.AcquireLease(ctx, e.cfg.Bucket, in.host, e.holder, e.now())
+	phase(&ph.Lease)
 	var held *space.LeaseHeldError
 	if errors.As(err, &held) {
 		e.c.leaseConflicts.Add(1)
@@ -369,6 +395,7 @@ func (e *Engine) wake(in *inst) (err error) {
 		in.syncer = &space.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
 			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
 	}
+	in.syncer.Retention = kind.Retention
 	_, lastETag := in.syncer.Manifest()
 	if err := in.syncer.Load(ctx); err != nil {
 		log.Error("loading manifest", zap.Error(err))
@@ -385,9 +412,12 @@ func (e *Engine) wake(in *inst) (err error) {
 		log.Error("restoring data dir", zap.Error(err))
 		return &RetryError{After: 5 * time.Second, Reason: "restore failed"}
 	}
+	m, _ := in.syncer.Manifest()
 	in.mu.Lock()
 	in.dirty = false
+	in.size = manifestSize(m)
 	in.mu.Unlock()
+	phase(&ph.Restore)
 	if e.fenced.Load() {
 		return &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 	}
@@ -404,7 +434,10 @@ func (e *Engine) wake(in *inst) (err error) {
 	in.mu.Lock()
 	in.proc = p
 	in.mu.Unlock()
-	if err := e.awaitReady(ctx, in, p, kind); err != nil {
+	phase(&ph.Start)
+	err = e.awaitReady(ctx, in, p, kind)
+	phase(&ph.Ready)
+	if err != nil {
 		p.stopping.Store(true)
 		p.kill()
 		<-p.exited
@@ -487,6 +520,7 @@ func (e *Engine) sleep(ctx context.Context, in *inst, reason string, onlyIdle bo
 	in.mu.Unlock()
 	e.c.sleeps.Add(1)
 	in.logger().Info("asleep", zap.String("reason", reason), zap.Error(err))
+	e.emit(Event{Type: EventSleep, Host: in.host, Reason: reason})
 	return err
 }
 
@@ -543,16 +577,23 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 	if e.fenced.Load() {
 		return errFencedNoWrite
 	}
+	began := e.now()
 	st, err := in.syncer.Checkpoint(ctx, next, e.now())
+	ev := Event{Type: EventCheckpoint, Host: in.host, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}
 	e.noteSkipped(in, st.Skipped)
 	in.mu.Lock()
 	if err == nil {
 		in.lastSync = e.now()
 		in.lastSyncErr = ""
+		m, _ := in.syncer.Manifest()
+		in.size = manifestSize(m)
 	} else {
 		in.lastSyncErr = err.Error()
+		ev.Err = err.Error()
 	}
+	ev.Size = in.size
 	in.mu.Unlock()
+	e.emit(ev)
 	if errors.Is(err, space.ErrFenced) {
 		e.fenceOut(in)
 		return err
@@ -565,6 +606,15 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 	e.c.bytesUploaded.Add(uint64(st.BytesUploaded))
 	if st.ManifestWritten {
 		e.c.syncs.Add(1)
+	}
+	if st.HistoryErr != nil {
+		in.logger().Warn("recording checkpoint history", zap.Error(st.HistoryErr))
+	}
+	if st.GCErr != nil {
+		in.logger().Warn("collecting garbage", zap.Error(st.GCErr))
+	} else if gc := st.GC; gc != nil {
+		in.logger().Info("collected garbage", zap.Int("deleted", gc.Deleted), zap.Int64("bytes_deleted", gc.BytesDeleted),
+			zap.Int("history_expired", gc.HistoryDeleted), zap.Int("objects", gc.Objects), zap.Int64("bytes", gc.Bytes))
 	}
 	return nil
 }
@@ -594,6 +644,7 @@ func (e *Engine) fenceOut(in *inst) {
 	in.mu.Unlock()
 	e.c.fenced.Add(1)
 	in.logger().Error("manifest changed behind this box: instance killed, space fenced out")
+	e.emit(Event{Type: EventFence, Host: in.host, Reason: "fenced out by another writer"})
 }
 
 func (e *Engine) releaseLease(in *inst) {
@@ -635,6 +686,7 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 	n := in.crashes
 	in.mu.Unlock()
 	e.c.crashes.Add(1)
+	e.emit(Event{Type: EventCrash, Host: in.host, Reason: fmt.Sprint(status)})
 	log := in.logger()
 	log.Error("instance exited unexpectedly", zap.Int("pid", p.pid), zap.String("status", fmt.Sprint(status)),
 		zap.Int("consecutive_crashes", n), zap.String("log", in.logPath))

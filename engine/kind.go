@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/space"
 )
 
 // Kind defaults.
@@ -73,6 +74,9 @@ func (k Kind) withDefaults(name string) (Kind, error) {
 		return k, err
 	}
 	if k.StopGrace, err = positive("stop_grace", k.StopGrace, DefaultStopGrace); err != nil {
+		return k, err
+	}
+	if k.Retention, err = positive("retention", k.Retention, space.DefaultRetention); err != nil {
 		return k, err
 	}
 	if k.ReadyTimeout, err = positive("ready_timeout", k.ReadyTimeout, DefaultReadyTimeout); err != nil {

@@ -21,11 +21,25 @@ type Box struct {
 	Region string
 	// Live returns the live members, this box included, sorted by Self.
 	Live func() []Member
-	// Draining reports whether this box is shutting down. Nil means never.
-	Draining func() bool
+	// IsDraining reports whether this box is shutting down. Nil means never.
+	IsDraining func() bool
+	// Holders remembers where spaces were last seen awake. Nil: placement goes by the
+	// owner only.
+	Holders *Holders
+	// Placement, when set, answers Owner over the same view as Live, cached per host
+	// until the view changes (Membership.Placement). Nil: Owner over Live on each call.
+	Placement *Placement
 }
 
-func (b *Box) draining() bool { return b.Draining != nil && b.Draining() }
+// owner is the HRW owner of host, homed in homeRegion, over the live view.
+func (b *Box) owner(host, homeRegion string) (Member, bool) {
+	if b.Placement != nil {
+		return b.Placement.Owner(host, homeRegion)
+	}
+	return Owner(host, b.Live(), homeRegion)
+}
+
+func (b *Box) draining() bool { return b.IsDraining != nil && b.IsDraining() }
 
 // InScope reports whether this box takes part in placing host, a route homed in
 // homeRegion: the host is under its mesh domains, or homeRegion is its region.
@@ -33,8 +47,13 @@ func (b *Box) InScope(host, homeRegion string) bool {
 	return RouteInScope(host, homeRegion, b.Domains, b.Region)
 }
 
-// IsLiveMember reports whether self is the SELF of a live box in this box's view.
+// IsLiveMember reports whether self is the SELF of a live box in this box's view. With a
+// Placement it is a binary search of the same view, not a copy of it (it runs on the
+// request path, for a space's last holder).
 func (b *Box) IsLiveMember(self string) bool {
+	if b.Placement != nil {
+		return b.Placement.Has(self)
+	}
 	for _, m := range b.Live() {
 		if m.Self == self {
 			return true
@@ -45,13 +64,31 @@ func (b *Box) IsLiveMember(self string) bool {
 
 // Owns reports whether this box is where host, homed in homeRegion, is placed: its HRW
 // owner among the live boxes. A host outside this box's mesh scope is this box's own (it
-// is the only one that serves it). Scheduled wakes fire only on the owner.
+// is the only one that serves it), unless it is homed in a region whose owner holds its
+// row (homeOwner). Scheduled wakes fire only on the owner.
 func (b *Box) Owns(host, homeRegion string) bool {
 	if !b.InScope(host, homeRegion) {
-		return true
+		_, elsewhere := b.homeOwner(host, homeRegion)
+		return !elsewhere
 	}
-	owner, ok := Owner(host, b.Live(), homeRegion)
+	owner, ok := b.owner(host, homeRegion)
 	return ok && owner.Self == b.Self
+}
+
+// homeOwner is where a route outside this box's scope goes instead of being served
+// here: the route has a home region, and its owner is another box that takes part in
+// placing it (a live box of that region; or, with none live, a fallback owner whose
+// domains cover the host). A box outside the scope holds such a row only when it was
+// created there; its peers that place it got it by fan-out.
+func (b *Box) homeOwner(host, homeRegion string) (string, bool) {
+	if homeRegion == "" {
+		return "", false
+	}
+	owner, ok := b.owner(host, homeRegion)
+	if !ok || owner.Self == b.Self || !RouteInScope(host, homeRegion, owner.Domains, owner.Region) {
+		return "", false
+	}
+	return owner.Self, true
 }
 
 // Targets is the set of peers a row for host, homed in homeRegion, fans out to (see

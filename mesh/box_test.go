@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -100,7 +101,8 @@ func TestPlace(t *testing.T) {
 	members := []Member{{Self: "https://a.mesh.test"}, {Self: "https://b.mesh.test"}, {Self: "https://c.mesh.test"}}
 	b := testBox(members...)
 	draining := false
-	b.Draining = func() bool { return draining }
+	b.IsDraining = func() bool { return draining }
+	b.Holders = new(Holders)
 	mine := hostOwnedBy(t, members, "https://a.mesh.test")
 	theirs := hostOwnedBy(t, members, "https://b.mesh.test")
 	hib := func(h string) *registry.Route { return &registry.Route{Host: h, Kind: "demo", Hibernate: true} }
@@ -108,43 +110,80 @@ func TestPlace(t *testing.T) {
 		name     string
 		req      Request
 		draining bool
+		holder   string // where the space was last seen awake
 		want     Decision
 	}{
-		{"owned here", Request{Route: hib(mine)}, false, Decision{Action: Serve}},
-		{"owned by a peer", Request{Route: hib(theirs)}, false, Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
-		{"owned by a peer, awake here", Request{Route: hib(theirs), AwakeHere: true}, false, Decision{Action: Serve}},
-		{"awake here while draining", Request{Route: hib(theirs), AwakeHere: true}, true, Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
-		{"already forwarded", Request{Route: hib(theirs), Forwarded: true}, false, Decision{Action: Serve}},
-		{"outside the mesh", Request{Route: hib("x.other.net")}, false, Decision{Action: Serve}},
-		{"live route here", Request{Route: &registry.Route{Host: "l.mesh.test", Upstream: "127.0.0.1:9"}}, false, Decision{Action: Serve}},
-		{"live route pinned to a peer", Request{Route: &registry.Route{Host: "l.mesh.test", LivesAt: "https://c.mesh.test"}}, false, Decision{Action: Forward, Peer: "https://c.mesh.test"}},
-		{"live route pinned to this box", Request{Route: &registry.Route{Host: "l.mesh.test", LivesAt: "https://a.mesh.test"}}, false, Decision{Action: Serve}},
+		{"owned here", Request{Route: hib(mine)}, false, "", Decision{Action: Serve}},
+		{"owned by a peer", Request{Route: hib(theirs)}, false, "", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
+		{"owned by a peer, awake here", Request{Route: hib(theirs), AwakeHere: true}, false, "", Decision{Action: Serve}},
+		{"awake here while draining", Request{Route: hib(theirs), AwakeHere: true}, true, "", Decision{Action: Serve}},
+		{"asleep here while draining, forwarded", Request{Route: hib(theirs), Hops: 1}, true, "", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
+		{"forwarded to the owner", Request{Route: hib(mine), Hops: 1}, false, "", Decision{Action: Serve}},
+		{"sent on a stale holder entry, asleep here", Request{Route: hib(theirs), Hops: 1, ViaHint: true}, false, "", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
+		{"sent on a holder entry to the owner, asleep here", Request{Route: hib(mine), Hops: 1, ViaHint: true}, false, "", Decision{Action: Serve}},
+		{"forwarded twice", Request{Route: hib(theirs), Hops: 2}, false, "https://c.mesh.test", Decision{Action: Serve}},
+		{"awake on a non-owner", Request{Route: hib(theirs)}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Hint: true, Fallback: true}},
+		{"awake on a non-owner, owned here", Request{Route: hib(mine)}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Hint: true, Fallback: true}},
+		{"forwarded to the owner, awake on a non-owner", Request{Route: hib(mine), Hops: 1}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Hint: true, Fallback: true}},
+		{"last seen awake on a box that left", Request{Route: hib(theirs)}, false, "https://gone.mesh.test", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
+		{"outside the mesh", Request{Route: hib("x.other.net")}, false, "", Decision{Action: Serve}},
+		{"live route here", Request{Route: &registry.Route{Host: "l.mesh.test", Upstream: "127.0.0.1:9"}}, false, "", Decision{Action: Serve}},
+		{"live route pinned to a peer", Request{Route: &registry.Route{Host: "l.mesh.test", LivesAt: "https://c.mesh.test"}}, false, "", Decision{Action: Forward, Peer: "https://c.mesh.test"}},
+		{"live route pinned to this box", Request{Route: &registry.Route{Host: "l.mesh.test", LivesAt: "https://a.mesh.test"}}, false, "", Decision{Action: Serve}},
 	} {
 		draining = tc.draining
+		b.Holders.Forget(tc.req.Route.Host)
+		if tc.holder != "" {
+			b.Holders.Put(tc.req.Route.Host, tc.holder)
+		}
 		if got := b.Place(tc.req); got != tc.want {
 			t.Errorf("%s: Place = %+v, want %+v", tc.name, got, tc.want)
 		}
 	}
 	draining = false
-	loop := b.Place(Request{Route: &registry.Route{Host: "l.mesh.test", LivesAt: "https://c.mesh.test"}, Forwarded: true})
+	loop := b.Place(Request{Route: &registry.Route{Host: "l.mesh.test", LivesAt: "https://c.mesh.test"}, Hops: 1})
 	if loop.Action != Unavailable || !strings.Contains(loop.Reason, "already forwarded") {
 		t.Errorf("a forwarded request for a route pinned elsewhere: %+v, want unavailable", loop)
 	}
 }
 
+// The owner of a space awake elsewhere forwards to the holder named by the lease, and
+// remembers it: the next request goes there without a wake attempt (no bucket request).
 func TestLeaseHeld(t *testing.T) {
-	b := testBox()
-	if d := b.LeaseHeld("x.mesh.test", "https://b.mesh.test", false); d != (Decision{Action: Forward, Peer: "https://b.mesh.test"}) {
-		t.Errorf("held by a peer: %+v, want a forward to it", d)
+	members := []Member{{Self: "https://a.mesh.test"}, {Self: "https://b.mesh.test"}}
+	b := testBox(members...)
+	b.Holders = new(Holders)
+	mine := hostOwnedBy(t, members, "https://a.mesh.test")
+	if d := b.LeaseHeld(mine, "https://b.mesh.test", 1); d != (Decision{Action: Forward, Peer: "https://b.mesh.test"}) {
+		t.Errorf("held by a peer, forwarded once: %+v, want a forward to it", d)
+	}
+	route := &registry.Route{Host: mine, Kind: "demo", Hibernate: true}
+	if d := b.Place(Request{Route: route, Hops: 1}); d.Action != Forward || d.Peer != "https://b.mesh.test" {
+		t.Errorf("the next request: %+v, want it sent to the holder directly", d)
 	}
 	for name, d := range map[string]Decision{
-		"already forwarded": b.LeaseHeld("x.mesh.test", "https://b.mesh.test", true),
-		"held by this box":  b.LeaseHeld("x.mesh.test", "https://a.mesh.test", false),
-		"not a mesh box":    b.LeaseHeld("x.mesh.test", "box:1234", false),
+		"forwarded as often as allowed": b.LeaseHeld(mine, "https://b.mesh.test", MaxHops),
+		"held by this box":              b.LeaseHeld(mine, "https://a.mesh.test", 0),
+		"not a mesh box":                b.LeaseHeld(mine, "box:1234", 0),
 	} {
 		if d.Action != Unavailable {
 			t.Errorf("%s: %+v, want unavailable", name, d)
 		}
+	}
+}
+
+func TestDrainingForwardsToTheOwner(t *testing.T) {
+	members := []Member{{Self: "https://a.mesh.test", Draining: true}, {Self: "https://b.mesh.test"}}
+	b := testBox(members...)
+	host := "x.mesh.test"
+	if d := b.Draining(host, "", 2); d != (Decision{Action: Forward, Peer: "https://b.mesh.test"}) {
+		t.Errorf("Draining = %+v, want the live owner", d)
+	}
+	if d := b.Draining(host, "", MaxHops); d.Action != Unavailable {
+		t.Errorf("after the last forward: %+v, want unavailable", d)
+	}
+	if d := testBox(Member{Self: "https://a.mesh.test", Draining: true}).Draining(host, "", 0); d.Action != Unavailable {
+		t.Errorf("no other box: %+v, want unavailable", d)
 	}
 }
 
@@ -169,5 +208,24 @@ func TestRowsRoundTrip(t *testing.T) {
 	rt := RouteFromRow(row)
 	if rt.Upstream != "" || rt.LivesAt != b.Self {
 		t.Errorf("a peer stores %+v: it must forward, never dial", rt)
+	}
+}
+
+func TestNextLeaseWait(t *testing.T) {
+	var waited time.Duration
+	steps := 0
+	for {
+		step := NextLeaseWait(waited)
+		if step == 0 {
+			break
+		}
+		if step < 100*time.Millisecond || step > 500*time.Millisecond {
+			t.Fatalf("step %v after %v", step, waited)
+		}
+		waited += step
+		steps++
+	}
+	if waited > MaxLeaseWait || waited < MaxLeaseWait-time.Second {
+		t.Errorf("gave up after %v (%d tries), want about %v", waited, steps, MaxLeaseWait)
 	}
 }

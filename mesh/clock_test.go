@@ -49,23 +49,3 @@ func TestMarkersAcrossSkewedClocks(t *testing.T) {
 		t.Fatal("the wall-clock check accepted a marker 5m off; the test shows nothing")
 	}
 }
-
-// TestHopLimit: a request is forwarded at most MaxHops times whatever the boxes think,
-// and a hop header a box did not write stops forwarding instead of restarting it.
-func TestHopLimit(t *testing.T) {
-	h := http.Header{}
-	for i := 0; i < MaxHops; i++ {
-		if HopsExhausted(h) {
-			t.Fatalf("exhausted after %d hops, want %d allowed", i, MaxHops)
-		}
-		CountHop(h)
-	}
-	if !HopsExhausted(h) {
-		t.Fatalf("not exhausted after %d hops", MaxHops)
-	}
-	for _, bad := range [][]string{{"x"}, {"-1"}, {"1", "0"}, {"99999999999999999999"}} {
-		if !HopsExhausted(http.Header{HopsHeader: bad}) {
-			t.Errorf("hop header %q lets the request be forwarded", bad)
-		}
-	}
-}

@@ -48,17 +48,39 @@ func (m Marker) window() time.Duration {
 	return DefaultMarkerWindow
 }
 
-// Sign returns the marker value for host at time t.
+// MaxHops is the most forwards a request makes between boxes: one to the host's
+// owner, one more to the box its space is awake on, and a last one from a draining box
+// to the box that takes its space over.
+const MaxHops = 3
+
+// Sign returns the marker value for host at time t, for a request's first forward.
 func (m Marker) Sign(host string, t time.Time) string {
-	ts := strconv.FormatInt(t.Unix(), 10)
-	return ts + "." + hex.EncodeToString(m.mac(NormalizeHost(host), ts))
+	return m.SignHop(host, t, 1)
 }
 
-func (m Marker) mac(host, ts string) []byte {
+// SignHop returns the marker value for host at time t for the hop-th forward of a
+// request (1 to MaxHops). A first forward's value is "<unix-seconds>.<mac>"; a later
+// one's is "<hop>:<unix-seconds>.<mac>" with the hop under the MAC, so a box cannot be
+// made to forward a request more often than MaxHops.
+func (m Marker) SignHop(host string, t time.Time, hop int) string {
+	hop = min(max(hop, 1), MaxHops)
+	ts := strconv.FormatInt(t.Unix(), 10)
+	mac := hex.EncodeToString(m.mac(NormalizeHost(host), ts, hop))
+	if hop == 1 {
+		return ts + "." + mac
+	}
+	return strconv.Itoa(hop) + ":" + ts + "." + mac
+}
+
+func (m Marker) mac(host, ts string, hop int) []byte {
 	h := hmac.New(sha256.New, []byte(m.Token))
 	h.Write([]byte(host))
 	h.Write([]byte{'|'})
 	h.Write([]byte(ts))
+	if hop > 1 {
+		h.Write([]byte{'|'})
+		h.Write([]byte(strconv.Itoa(hop)))
+	}
 	return h.Sum(nil)
 }
 
@@ -72,48 +94,88 @@ var (
 // Verify checks one marker value for host: well formed, within the window, and with a
 // MAC that matches in constant time.
 func (m Marker) Verify(value, host string) error {
+	_, err := m.verify(value, host)
+	return err
+}
+
+// verify checks value and returns which forward of the request it marks (1 to MaxHops).
+func (m Marker) verify(value, host string) (int, error) {
 	if m.Token == "" {
-		return ErrMarkerBadMAC
+		return 0, ErrMarkerBadMAC
 	}
-	ts, sig, ok := strings.Cut(strings.TrimSpace(value), ".")
+	value = strings.TrimSpace(value)
+	hop := 1
+	if h, rest, ok := strings.Cut(value, ":"); ok {
+		n, err := strconv.Atoi(h)
+		if err != nil || n < 2 || n > MaxHops || strconv.Itoa(n) != h {
+			return 0, ErrMarkerMalformed
+		}
+		hop, value = n, rest
+	}
+	ts, sig, ok := strings.Cut(value, ".")
 	if !ok || len(ts) == 0 || len(ts) > 19 || len(sig) != 2*sha256.Size {
-		return ErrMarkerMalformed
+		return 0, ErrMarkerMalformed
 	}
 	sec, err := strconv.ParseInt(ts, 10, 64)
 	if err != nil || sec < 0 || strconv.FormatInt(sec, 10) != ts {
-		return ErrMarkerMalformed
+		return 0, ErrMarkerMalformed
 	}
 	got, err := hex.DecodeString(sig)
 	if err != nil {
-		return ErrMarkerMalformed
+		return 0, ErrMarkerMalformed
 	}
 	if d := m.now().Sub(time.Unix(sec, 0)); d > m.window() || d < -m.window() {
-		return ErrMarkerStale
+		return 0, ErrMarkerStale
 	}
-	if !hmac.Equal(got, m.mac(NormalizeHost(host), ts)) {
-		return ErrMarkerBadMAC
+	if !hmac.Equal(got, m.mac(NormalizeHost(host), ts, hop)) {
+		return 0, ErrMarkerBadMAC
 	}
-	return nil
+	return hop, nil
 }
 
-// Mark sets the forwarded marker for host on h, replacing any other value.
+// Mark sets the forwarded marker for host on h, replacing any other value: a first
+// forward.
 func (m Marker) Mark(h http.Header, host string) {
-	h.Set(ForwardedHeader, m.Sign(host, m.now()))
+	m.MarkHop(h, host, 1)
+}
+
+// MarkHop sets the marker of the hop-th forward for host on h.
+func (m Marker) MarkHop(h http.Header, host string, hop int) {
+	h.Set(ForwardedHeader, m.SignHop(host, m.now(), hop))
 }
 
 // Valid reports whether h carries exactly one forwarded marker and it is valid for host.
 func (m Marker) Valid(h http.Header, host string) bool {
+	return m.Hops(h, host) > 0
+}
+
+// Hops is how many times the request with header h was forwarded, by its valid marker
+// for host: 0 when it has none (or more than one, or an invalid one).
+func (m Marker) Hops(h http.Header, host string) int {
 	vals := h.Values(ForwardedHeader)
-	return len(vals) == 1 && m.Verify(vals[0], host) == nil
+	if len(vals) != 1 {
+		return 0
+	}
+	hop, err := m.verify(vals[0], host)
+	if err != nil {
+		return 0
+	}
+	return hop
 }
 
 // Strip removes every forwarded marker from h unless it carries a valid one, and reports
 // whether the request was validly forwarded. The lchat handler calls it first on every
 // request so outside traffic can neither spoof nor suppress forwarding.
 func (m Marker) Strip(h http.Header, host string) (forwarded bool) {
-	if m.Valid(h, host) {
-		return true
+	return m.StripHops(h, host) > 0
+}
+
+// StripHops is Strip, returning how many times the request was forwarded (0: not
+// validly forwarded; the marker is removed).
+func (m Marker) StripHops(h http.Header, host string) int {
+	hop := m.Hops(h, host)
+	if hop == 0 {
+		h.Del(ForwardedHeader)
 	}
-	h.Del(ForwardedHeader)
-	return false
+	return hop
 }

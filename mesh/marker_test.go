@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -61,6 +62,31 @@ func TestMarkerHeaders(t *testing.T) {
 		h := http.Header{ForwardedHeader: vals}
 		if m.Strip(h, "a.example.com") || len(h.Values(ForwardedHeader)) != 0 {
 			t.Fatalf("%q: not stripped", vals)
+		}
+	}
+}
+
+// A later forward's hop is under the MAC: it cannot be lowered (to buy more forwards)
+// or raised, and a first forward's marker keeps the format older boxes verify.
+func TestMarkerHops(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	m := Marker{Token: "tok", Now: func() time.Time { return now }}
+	for hop := 1; hop <= MaxHops; hop++ {
+		h := http.Header{}
+		m.MarkHop(h, "a.example.com", hop)
+		if got := m.Hops(h, "a.example.com"); got != hop {
+			t.Errorf("hop %d read back as %d (%s)", hop, got, h.Get(ForwardedHeader))
+		}
+	}
+	if v := m.SignHop("a.example.com", now, 1); v != m.Sign("a.example.com", now) || strings.Contains(v, ":") {
+		t.Errorf("first-forward marker %q changed format", v)
+	}
+	v := m.SignHop("a.example.com", now, 2)
+	_, rest, _ := strings.Cut(v, ":")
+	for _, forged := range []string{rest, "3:" + rest, "0:" + rest, "02:" + rest, fmt.Sprintf("%d:%s", MaxHops+1, rest)} {
+		h := http.Header{ForwardedHeader: {forged}}
+		if got := m.StripHops(h, "a.example.com"); got != 0 || h.Get(ForwardedHeader) != "" {
+			t.Errorf("forged hop %q accepted as hop %d", forged, got)
 		}
 	}
 }

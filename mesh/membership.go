@@ -184,6 +184,9 @@ type Membership struct {
 	// store reports no clock, so the last measured offset stays.
 	clock         bucketClock
 	clockFellBack bool
+	// placement follows view: every writer of view sets it under mu, so its generation
+	// moves exactly when placement changes (see Placement).
+	placement Placement
 	// bodies caches peers' heartbeat bodies by key.
 	bodies map[string]cachedBody
 	// lastPutSent is when the last successful heartbeat write was sent.
@@ -472,6 +475,7 @@ func (m *Membership) refresh(ctx context.Context) {
 	if !m.clockFellBack {
 		m.clock.offset = now.Sub(wallAt)
 	}
+	m.placement.SetView(view)
 	for k := range m.bodies {
 		if !seen[k] {
 			delete(m.bodies, k)
@@ -603,6 +607,11 @@ func (m *Membership) readBody(ctx context.Context, key string) (Heartbeat, strin
 	return hb, obj.ETag, nil
 }
 
+// Placement is the owner cache over this membership's view: Owner at the cost of a map
+// lookup, invalidated whenever a listing changes the members, their regions, domains or
+// draining flags.
+func (m *Membership) Placement() *Placement { return &m.placement }
+
 // Live returns the live members (this box included when its heartbeat is fresh), sorted
 // by Self, as of the last successful listing, with Age advanced by the local time since.
 // The Domains slices are shared: treat them as read-only.
@@ -730,6 +739,7 @@ func (m *Membership) MarkDraining(ctx context.Context) error {
 				m.view[i].Draining = true
 			}
 		}
+		m.placement.SetView(m.view)
 		m.mu.Unlock()
 	}
 	if !started {
@@ -774,6 +784,7 @@ func (m *Membership) Leave(ctx context.Context) error {
 		}
 	}
 	m.view = kept
+	m.placement.SetView(kept)
 	m.mu.Unlock()
 	return nil
 }

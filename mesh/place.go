@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -24,6 +25,9 @@ type Decision struct {
 	Action Action
 	// Peer is the SELF the request is forwarded to.
 	Peer string
+	// Hint: Peer is where the space was last seen awake (Holders), which may be stale;
+	// the forward carries HintHeader.
+	Hint bool
 	// Fallback: when Peer cannot be dialed at all, nothing was sent, and the request
 	// may be served here instead (the lease decides who runs the space).
 	Fallback bool
@@ -35,57 +39,125 @@ type Decision struct {
 type Request struct {
 	// Route is the host's registry row.
 	Route *registry.Route
-	// Forwarded is set when a peer validly marked the request: it was forwarded once.
-	Forwarded bool
+	// Hops is how many times the request was forwarded between boxes already (its
+	// valid marker's hop; 0 from a client).
+	Hops int
 	// AwakeHere is set when the space is awake on this box.
 	AwakeHere bool
+	// ViaHint is set when the last forward followed a Holders entry (HintHeader).
+	ViaHint bool
 }
 
 // Place decides where a request goes once its route is known.
 //
 // A live route pinned to another box is forwarded there, once: a request already
 // forwarded that lands on a box that says the route lives elsewhere means the boxes'
-// rows disagree until replication settles, and is unavailable for that moment. A
-// hibernating space in this box's scope goes to its HRW owner, unless it is awake here
-// (a space stays where it is awake, unless this box drains: then it goes to the owner the
-// peers now agree on, which waits for, or forwards to, this box's lease) or the request
-// was already forwarded. A forward to the owner may fall back to serving here.
+// rows disagree until replication settles, and is unavailable for that moment.
+//
+// A hibernating space in this box's scope is served where it is awake: here when it is
+// (even while this box drains: it serves the space until the drain puts it to sleep);
+// else on the box it was last seen awake on (Holders), directly; else on its HRW owner
+// among the live boxes that are not draining, which wakes it or, finding its lease held,
+// forwards once more to the holder (LeaseHeld). A request sent on a Holders entry that
+// finds the space asleep (the entry went stale when it slept) goes on to the owner, so
+// the space wakes there, not wherever the entry pointed. A request forwarded twice is served
+// where it lands. A forward to the holder or the owner may fall back to serving here when
+// that box cannot be dialed.
+//
+// A route outside this box's scope (its host outside the mesh domains, homed in another
+// region) is served here, as a single box would, unless it has a home region and its
+// owner holds the row (homeOwner): then a row created on this box for another region still
+// wakes in that region.
 func (b *Box) Place(req Request) Decision {
 	rt := req.Route
 	if !rt.Hibernate {
 		if rt.LivesAt == "" || rt.LivesAt == b.Self {
 			return Decision{Action: Serve}
 		}
-		if req.Forwarded {
+		if req.Hops > 0 {
 			return Decision{Action: Unavailable, Reason: fmt.Sprintf(
 				"live route %s lives on %s, and this request was already forwarded once; the boxes' routes disagree until replication settles", rt.Host, rt.LivesAt)}
 		}
 		return Decision{Action: Forward, Peer: rt.LivesAt}
 	}
+	if req.AwakeHere || req.Hops >= 2 {
+		return Decision{Action: Serve}
+	}
 	if !b.InScope(rt.Host, rt.HomeRegion) {
+		// This box holds the row (it was created here) but takes no part in placing it.
+		if req.Hops == 0 {
+			if peer, ok := b.homeOwner(rt.Host, rt.HomeRegion); ok {
+				return Decision{Action: Forward, Peer: peer, Fallback: true}
+			}
+		}
 		return Decision{Action: Serve}
 	}
-	if req.Forwarded || req.AwakeHere && !b.draining() {
+	if holder := b.holder(rt.Host); holder != "" {
+		return Decision{Action: Forward, Peer: holder, Hint: true, Fallback: true}
+	}
+	if req.Hops == 1 && !req.ViaHint && !b.draining() {
 		return Decision{Action: Serve}
 	}
-	owner, ok := Owner(rt.Host, b.Live(), rt.HomeRegion)
+	owner, ok := b.owner(rt.Host, rt.HomeRegion)
 	if !ok || owner.Self == b.Self {
 		return Decision{Action: Serve}
 	}
 	return Decision{Action: Forward, Peer: owner.Self, Fallback: true}
 }
 
+// holder is the live box other than this one that host's space was last seen awake on.
+func (b *Box) holder(host string) string {
+	if b.Holders == nil {
+		return ""
+	}
+	self, ok := b.Holders.Get(host)
+	if !ok || self == b.Self || !b.IsLiveMember(self) {
+		return ""
+	}
+	return self
+}
+
 // LeaseHeld decides where a request goes when this box could not wake its space because
-// holder holds the lease: forward once to the holder, or unavailable when the request
-// was already forwarded, the holder is this box (a wake racing a sleep), or the holder
-// is not a mesh SELF (a single box's id).
-func (b *Box) LeaseHeld(host, holder string, forwarded bool) Decision {
-	switch {
-	case forwarded || holder == b.Self:
+// holder holds the lease: forward to the holder (and remember it), unless the request
+// has made its last forward, the holder is this box (a wake racing a sleep), or the
+// holder is not a mesh SELF (a single box's id).
+func (b *Box) LeaseHeld(host, holder string, hops int) Decision {
+	if holder == b.Self || hops >= MaxHops {
 		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s is held by %s", host, holder)}
 	}
 	if _, err := ParseSelf(holder); err != nil {
 		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s is held by another box", host)}
 	}
+	if b.Holders != nil {
+		b.Holders.Put(host, holder)
+	}
 	return Decision{Action: Forward, Peer: holder}
+}
+
+// Draining decides where a request goes that this draining box cannot serve (its space
+// is asleep here, or was just put to sleep by the drain): to the owner among the boxes
+// that are not draining, which wakes it once this box has released its lease.
+func (b *Box) Draining(host, homeRegion string, hops int) Decision {
+	owner, ok := b.owner(host, homeRegion)
+	if !ok || owner.Self == b.Self || hops >= MaxHops || !b.InScope(host, homeRegion) {
+		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s: this box is shutting down", host)}
+	}
+	return Decision{Action: Forward, Peer: owner.Self}
+}
+
+// MaxLeaseWait bounds how long a request waits for a space whose lease holder takes no
+// connections (a drain that never ends, a box cut off from its peers only).
+const MaxLeaseWait = 15 * time.Second
+
+// NextLeaseWait is how long a request waits, having waited waited already, before it
+// tries again a space whose lease holder could not be dialed: a live box takes no
+// connections while it restarts or shuts down (and frees each lease as its drain sleeps
+// the space), and a dead one's lease frees with its heartbeat. The steps grow from 100ms
+// to 500ms; 0 means give up (MaxLeaseWait reached).
+func NextLeaseWait(waited time.Duration) time.Duration {
+	step := min(max(waited/2, 100*time.Millisecond), 500*time.Millisecond)
+	if waited+step > MaxLeaseWait {
+		return 0
+	}
+	return step
 }

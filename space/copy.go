@@ -24,7 +24,7 @@ type CopyResult struct {
 	DestGeneration int64 `json:"dest_generation,omitempty"`
 }
 
-// CopySpace copies spaces/<host>/ (blobs, then the manifest; never the lease) from src
+// CopySpace copies spaces/<host>/ (objects, then the manifest; never the lease) from src
 // to dst. It refuses while the lease in src or dst is held by a live box (srcLive and
 // dstLive judge the holders), leaves a destination with an equal or newer manifest
 // generation alone, streams every blob through this box (the buckets differ, so a
@@ -57,13 +57,11 @@ func CopySpace(ctx context.Context, src, dst bucket.Bucket, host string, srcLive
 		res.Skipped, res.Generation, res.DestGeneration = true, dm.Generation, dm.Generation
 		return res, nil
 	}
-	done := map[string]bool{}
-	for _, f := range sm.Files {
-		if done[f.SHA256] {
-			continue
-		}
-		done[f.SHA256] = true
-		n, copied, err := copyBlob(ctx, src, dst, BlobKey(host, f.SHA256), f.Size)
+	// Every object the manifest references, whatever its kind: format-1 blobs, format-2
+	// chunks, page-image bases and deltas. History is not copied: the destination's
+	// point-in-time history starts with the copy.
+	for _, r := range sm.Refs() {
+		n, copied, err := copyBlob(ctx, src, dst, RefKey(host, r), r.Size)
 		if err != nil {
 			return res, err
 		}

@@ -21,11 +21,14 @@ func DecodeManifest(data []byte) (*Manifest, error) {
 	return &m, nil
 }
 
-// Validate checks what a restore relies on: every path is a clean relative path inside
-// the data dir (fs.ValidPath, not "."), named once, and never both a file and a parent
-// directory of another file; every hash is 64 lowercase hex digits (it is part of a
-// bucket key); sizes and the generation are not negative.
+// Validate checks what a restore relies on: the objects and sizes check() accepts; every
+// path is a clean relative path inside the data dir (fs.ValidPath, not "."), named once,
+// and never both a file and a parent directory of another file; a format-1 file's hash is
+// 64 lowercase hex digits (it names its blob's key); the generation is not negative.
 func (m *Manifest) Validate() error {
+	if err := m.check(); err != nil {
+		return err
+	}
 	if m.Generation < 0 {
 		return fmt.Errorf("manifest: negative generation %d", m.Generation)
 	}
@@ -41,7 +44,7 @@ func (m *Manifest) Validate() error {
 		if f.Size < 0 {
 			return fmt.Errorf("manifest: %q has a negative size", f.Path)
 		}
-		if !validSHA256(f.SHA256) {
+		if f.Content == nil && !validSHA256(f.SHA256) || f.SHA256 != "" && !validSHA256(f.SHA256) {
 			return fmt.Errorf("manifest: %q has an invalid sha256 %q", f.Path, f.SHA256)
 		}
 	}

@@ -337,8 +337,8 @@ func TestRestoreVerifiesBlobs(t *testing.T) {
 			t.Fatal(err)
 		}
 		m, _ := s.Manifest()
-		// Tamper with the blob.
-		if _, err := b.Put(ctx, BlobKey("s.test", m.Files[0].SHA256), strings.NewReader("forged!"), 7, bucket.Cond{}); err != nil {
+		// Tamper with the object.
+		if _, err := b.Put(ctx, RefKey("s.test", m.Refs()[0]), strings.NewReader("forged!"), 7, bucket.Cond{}); err != nil {
 			t.Fatal(err)
 		}
 		r := newSyncer(t, b, t.TempDir())

@@ -35,9 +35,20 @@ type Stats struct {
 	BytesUploaded int64
 	// ManifestWritten is false when nothing changed: no write at all.
 	ManifestWritten bool
+	Duration        time.Duration
+	// PagesChanged counts the SQLite pages found changed; FullScans the databases that had
+	// to be read whole to find them (no usable WAL position).
+	PagesChanged int
+	FullScans    int
+	// GC is set when this checkpoint also collected garbage (GCErr when that failed; the
+	// checkpoint itself stands).
+	GC    *GCStats
+	GCErr error
+	// HistoryErr is set when the manifest was written but its history entry was not: that
+	// checkpoint cannot be restored to later.
+	HistoryErr error
 	// Skipped lists the files left out because they are not regular files (oddfiles.go).
-	Skipped  []SkippedFile
-	Duration time.Duration
+	Skipped []SkippedFile
 }
 
 // Syncer moves one space's data directory to and from the bucket. It remembers the manifest
@@ -49,6 +60,12 @@ type Syncer struct {
 	DataDir   string // the live data directory
 	WorkDir   string // scratch space on the same filesystem as DataDir
 	WrittenBy string // recorded in manifests
+	// FullFile writes format 1: every changed file uploaded whole, SQLite databases through
+	// VACUUM INTO. It is how main wrote before format 2, kept for side-by-side benchmarks.
+	FullFile bool
+	// Retention is how long checkpoints stay restorable (history and the objects it
+	// references); default DefaultRetention.
+	Retention time.Duration
 
 	manifest *Manifest
 	etag     string
@@ -60,6 +77,12 @@ type Syncer struct {
 	hashes map[string]File
 	// known holds blob hashes known to exist in the bucket.
 	known map[string]bool
+	// dbs holds, by path, what this box knows of each database's last checkpointed image.
+	dbs map[string]*dbState
+	// gcAt is the generation of the last garbage collection this box ran.
+	gcAt int64
+	// histCache holds the references of history entries read by GC (they never change).
+	histCache map[string][]Ref
 }
 
 // Manifest returns the manifest this box last read or wrote (nil before Load or for a new
@@ -82,90 +105,9 @@ func (s *Syncer) Load(ctx context.Context) error {
 	return nil
 }
 
-// Restore downloads every file of the loaded manifest, verifies its hash, writes it into a
-// fresh directory and swaps that in as DataDir. With no manifest, DataDir becomes empty.
-func (s *Syncer) Restore(ctx context.Context) error {
-	if err := os.MkdirAll(s.WorkDir, 0o700); err != nil {
-		return err
-	}
-	fresh, err := os.MkdirTemp(s.WorkDir, "restore-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(fresh)
-	s.hashes = make(map[string]File)
-	restored := map[string]File{}
-	if s.manifest != nil {
-		for _, f := range s.manifest.Files {
-			if err := s.download(ctx, fresh, f); err != nil {
-				return err
-			}
-			restored[f.Path] = f
-		}
-	}
-	if err := os.Chmod(fresh, 0o700); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(s.DataDir), 0o700); err != nil {
-		return err
-	}
-	if _, err := os.Lstat(s.DataDir); err == nil {
-		old := filepath.Join(s.WorkDir, "old-"+randHex(6))
-		if err := os.Rename(s.DataDir, old); err != nil {
-			return fmt.Errorf("moving old data dir aside: %v", err)
-		}
-		defer os.RemoveAll(old)
-	}
-	if err := os.Rename(fresh, s.DataDir); err != nil {
-		return fmt.Errorf("swapping in restored data dir: %v", err)
-	}
-	// Seed the fingerprint cache: the restored files are exactly their blobs.
-	for p, f := range restored {
-		if fp, err := fingerprint(s.DataDir, p); err == nil {
-			s.hashes[fp] = f
-		}
-	}
-	return nil
-}
-
-func (s *Syncer) download(ctx context.Context, root string, f File) error {
-	rel := filepath.FromSlash(f.Path)
-	if !fs.ValidPath(f.Path) || f.Path == "." {
-		return fmt.Errorf("manifest names an invalid path %q", f.Path)
-	}
-	dst := filepath.Join(root, rel)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-		return err
-	}
-	obj, err := s.Bucket.Get(ctx, BlobKey(s.Host, f.SHA256))
-	if err != nil {
-		return fmt.Errorf("downloading %s: %w", f.Path, err)
-	}
-	defer obj.Body.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, fs.FileMode(f.Mode&0o777)|0o600)
-	if err != nil {
-		return err
-	}
-	h := sha256.New()
-	// One byte past the manifest's size is enough to know the blob is wrong; a bad blob
-	// never fills the disk.
-	n, err := io.Copy(io.MultiWriter(out, h), io.LimitReader(obj.Body, f.Size+1))
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("downloading %s: %w", f.Path, err)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 || n != f.Size {
-		return fmt.Errorf("blob of %s is corrupt: sha256 %s size %d, manifest says %s size %d", f.Path, got, n, f.SHA256, f.Size)
-	}
-	return os.Chmod(dst, fs.FileMode(f.Mode&0o777))
-}
-
-// Checkpoint snapshots DataDir, uploads the blobs the bucket lacks and writes a new manifest
-// conditioned on the last ETag this box saw. Nothing is written when neither the files nor
-// nextWake changed. ErrFenced means another writer owns the space: do not retry.
-func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.Time) (Stats, error) {
+// checkpointV1 is the format-1 (full-file) checkpoint: every changed file, SQLite databases
+// included, is copied (VACUUM INTO) and uploaded whole as one blob.
+func (s *Syncer) checkpointV1(ctx context.Context, nextWake *time.Time, now time.Time) (Stats, error) {
 	start := time.Now()
 	var st Stats
 	if s.hashes == nil {

@@ -12,11 +12,9 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -141,6 +139,8 @@ type AutonegConfig struct {
 	MaxSwitchesPerHour int `json:"max_switches_per_hour,omitempty"`
 	// Ban is how long a region whose autonegotiated switch rolled back is skipped. Default 10m.
 	Ban caddy.Duration `json:"ban,omitempty"`
+	// History is how far back a region's best DERP latency counts. Default 5m.
+	History caddy.Duration `json:"history,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -227,8 +227,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if an := a.Autonegotiate; an != nil {
 		cfg.Autoneg = derpswitch.AutonegConfig{Enabled: true, Interval: time.Duration(an.Interval),
 			StabilityWindow: time.Duration(an.StabilityWindow), Dwell: time.Duration(an.Dwell),
-			MaxSwitchesPerHour: an.MaxSwitchesPerHour, BanDuration: time.Duration(an.Ban)}
-		cfg.Latency = tcpLatency
+			MaxSwitchesPerHour: an.MaxSwitchesPerHour, BanDuration: time.Duration(an.Ban),
+			History: time.Duration(an.History)}
+		// Latency is measured by DERP ping/pong (the switcher's default). Probes to
+		// regions with no live connection use a throwaway key, so they are never a
+		// second connection of this node on a region's server.
+		cfg.ProbeDial = derpswitch.DERPHTTPDialer(key.NewNode(), derpLogf(a.logger.Named("derphttp.probe")))
 	}
 	a.cfg = cfg
 
@@ -280,6 +284,7 @@ func (a *App) Start() error {
 		h.sw.Start()
 		setCurrent(h.sw)
 		markRunning(a)
+		a.clearStalePin()
 		a.logger.Info("DERP switch started", zap.Int("home_region", a.HomeRegion),
 			zap.Int("pin", a.cfg.Override), zap.String("mode", a.Mode), zap.String("node", a.poolKey))
 		return nil
@@ -289,6 +294,7 @@ func (a *App) Start() error {
 	}
 	setCurrent(h.sw)
 	markRunning(a)
+	a.clearStalePin()
 	a.logger.Info("DERP switch reconfigured; connections kept", zap.String("node", a.poolKey))
 	return nil
 }
@@ -352,6 +358,27 @@ func (a *App) SetPin(ctx context.Context, region int) error {
 	}
 	a.logger.Info("pin routed via negotiator (MBB when live)", zap.Int("derp_region", region))
 	return nil
+}
+
+// clearStalePin clears the stored pin when it names a region the running DERP map no
+// longer has: the switcher cleared it (a reload dropped the region), so a restart must
+// not bring it back.
+func (a *App) clearStalePin() {
+	a.handle.pinMu.Lock()
+	defer a.handle.pinMu.Unlock()
+	pin, err := a.loadPin(a.ctx)
+	if err != nil {
+		a.logger.Error("checking the stored DERP pin", zap.Error(err))
+		return
+	}
+	if pin == 0 || a.sw.HasRegion(pin) {
+		return
+	}
+	if err := a.storePin(a.ctx, 0); err != nil {
+		a.logger.Error("clearing the stored DERP pin", zap.Error(err))
+		return
+	}
+	a.logger.Warn("stored pin names a region not in the DERP map; cleared", zap.Int("region", pin))
 }
 
 func (a *App) loadDERPMap() (*tailcfg.DERPMap, error) {
@@ -464,45 +491,6 @@ func (a *App) storePin(ctx context.Context, region int) error {
 		return fmt.Errorf("persisting DERP pin: %v", err)
 	}
 	return nil
-}
-
-// tcpLatency measures each region by the TCP connect time to its first node (the same
-// yardstick for every region; the DERP handshake itself is not repeated per probe).
-func tcpLatency(ctx context.Context, m *tailcfg.DERPMap) map[int]time.Duration {
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	out := map[int]time.Duration{}
-	for id, r := range m.Regions {
-		if len(r.Nodes) == 0 {
-			continue
-		}
-		n := r.Nodes[0]
-		host := n.IPv4
-		if host == "" {
-			host = n.HostName
-		}
-		port := 443
-		if n.DERPPort != 0 {
-			port = n.DERPPort
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var d net.Dialer
-			start := time.Now()
-			c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-			if err != nil {
-				return
-			}
-			el := time.Since(start)
-			c.Close()
-			mu.Lock()
-			out[id] = el
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	return out
 }
 
 func derpLogf(l *zap.Logger) func(string, ...any) {

@@ -54,6 +54,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existingVal any) (any, error) {
 //			dwell <duration>
 //			max_switches_per_hour <n>
 //			ban <duration>
+//			history <duration>
 //		}
 //		echo_prefix <prefix>|off
 //		echo_reply_prefix <prefix>
@@ -161,6 +162,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					an.MaxSwitchesPerHour, err = intArg(d)
 				case "ban":
 					an.Ban, err = durationArg(d)
+				case "history":
+					an.History, err = durationArg(d)
 				default:
 					return d.Errf("unrecognized autonegotiate subdirective %s", d.Val())
 				}

@@ -29,6 +29,7 @@ func TestCaddyfileAdapt(t *testing.T) {
 		autonegotiate {
 			stability_window 2m
 			max_switches_per_hour 3
+			history 10m
 		}
 		echo_prefix ping:
 		storage file_system /var/lib/lchat-caddy/derp
@@ -49,7 +50,7 @@ func TestCaddyfileAdapt(t *testing.T) {
 	if err := json.Unmarshal(out, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	want := `{"derp_map_file":"/etc/lchat/derp.json","home_region":2,"mode":"legacy","prove":{"count":5,"timeout":1000000000,"interval":50000000},"retry_backoff":[5000000000,15000000000,60000000000],"drain":10000000000,"autonegotiate":{"stability_window":120000000000,"max_switches_per_hour":3},"echo_prefix":"ping:","storage":{"module":"file_system","root":"/var/lib/lchat-caddy/derp"}}`
+	want := `{"derp_map_file":"/etc/lchat/derp.json","home_region":2,"mode":"legacy","prove":{"count":5,"timeout":1000000000,"interval":50000000},"retry_backoff":[5000000000,15000000000,60000000000],"drain":10000000000,"autonegotiate":{"stability_window":120000000000,"max_switches_per_hour":3,"history":600000000000},"echo_prefix":"ping:","storage":{"module":"file_system","root":"/var/lib/lchat-caddy/derp"}}`
 	if got := string(cfg.Apps["derp_switch"]); got != want {
 		t.Fatalf("adapted:\n got %s\nwant %s", got, want)
 	}

@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -119,6 +121,9 @@ type Kind struct {
 	Replication *Replication `json:"replication,omitempty"`
 	// WakePath is the POST target of scheduled wakes. Default "/".
 	WakePath string `json:"wake_path,omitempty"`
+	// Retention is how long this kind's checkpoints stay restorable (history, point-in-time
+	// restore). Default 7 days.
+	Retention caddy.Duration `json:"retention,omitempty"`
 }
 
 // Replication is a kind's replication class.
@@ -146,7 +151,11 @@ type shared struct {
 	mesh         *meshState // nil without LCHAT_MESH_SELF
 	drainTimeout time.Duration
 	ids          idAllocators // the id ledger's allocators (ids.go)
-	drain        drainState   // the drain, started at once on a process exit (shutdown.go)
+	// counted is bucket, counting its requests; requests counts the lchat handler's
+	// requests. Both only grow; the console charts their rates.
+	counted  *bucket.Counted
+	requests atomic.Uint64
+	drain    drainState // the drain, started at once on a process exit (shutdown.go)
 
 	// kindsMu serializes applying kinds (App.Start) and unwinding them (App.Stop).
 	kindsMu sync.Mutex
@@ -240,6 +249,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.provisionRelocate(ctx); err != nil {
 		return err
 	}
+	if err := a.checkConsistency(); err != nil {
+		return err
+	}
 
 	var bkt bucket.Bucket
 	if a.BucketRaw != nil {
@@ -284,6 +296,8 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		}
 		bkt = fb
 	}
+	counted := bucket.NewCounted(bkt)
+	bkt = counted
 	if err := os.MkdirAll(a.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating state_dir: %v", err)
 	}
@@ -344,17 +358,34 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		}
 		a.logger.Info("mesh on", zap.Stringer("mesh", ms.cfg), zap.Duration("beat", ms.m.Config().Beat),
 			zap.Duration("dead_after", ms.m.Config().DeadAfter), zap.Bool("fenced", ms.m.Fenced()))
-		if insecureSelf(ms.cfg.Self) {
-			a.logger.Warn("LCHAT_MESH_SELF is plain http on a non-loopback address: the mesh token and replicated env values cross the network unencrypted; use https",
-				zap.String("self", ms.cfg.Self))
-		}
 	}
 	a.logger.Info("lchat registry and engine ready",
 		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),
 		zap.String("bucket", bkt.String()), zap.String("state_dir", a.StateDir))
-	s := &shared{reg: reg, eng: eng, bucket: bkt, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}
+	eng.Observe(observeMetrics)
+	s := &shared{reg: reg, eng: eng, bucket: bkt, counted: counted, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}
 	s.watchExit()
 	return s, nil
+}
+
+// checkConsistency refuses a mesh config that contradicts itself and logs what only
+// looks wrong (mesh.CheckConfig holds the rules).
+func (a *App) checkConsistency() error {
+	if !a.meshCfg.Enabled() {
+		return nil
+	}
+	facts := mesh.ConfigFacts{Self: a.meshCfg.Self, Domains: a.meshCfg.Domains, Wildcards: a.WildcardDomains}
+	if a.reloc.dns != nil {
+		facts.RelocateZone = a.reloc.dns.Zone
+	}
+	p := mesh.CheckConfig(facts)
+	for _, w := range p.Warn {
+		a.logger.Warn(w, zap.String("self", a.meshCfg.Self))
+	}
+	if len(p.Refuse) > 0 {
+		return fmt.Errorf("contradictory config: %s", strings.Join(p.Refuse, "; "))
+	}
+	return nil
 }
 
 // Validate checks the config across fields.
@@ -451,6 +482,7 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		ReadyTimeout: time.Duration(kc.ReadyTimeout),
 		WakePath:     kc.WakePath,
 		AllowedEnv:   kc.AllowedEnv,
+		Retention:    time.Duration(kc.Retention),
 	}
 	if k.Command == "{self}" {
 		exe, err := os.Executable()

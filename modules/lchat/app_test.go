@@ -62,6 +62,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			ready_timeout 20s
 			replication periodic 15s
 			wake_path /wake
+			retention 72h
 		}
 	}`)
 	var a App
@@ -74,7 +75,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		k.Command != "{self}" || strings.Join(k.Args, " ") != "demo-space --flag" || k.Env["GREETING"] != "hello" ||
 		len(k.AllowedEnv) != 2 || k.IdleTimeout != caddy.Duration(2*time.Minute) || k.StopSignal != "SIGINT" ||
 		k.ReadyPath != "/healthz" || k.Replication.Class != "periodic" || k.Replication.Interval != caddy.Duration(15*time.Second) ||
-		k.WakePath != "/wake" {
+		k.WakePath != "/wake" || k.Retention != caddy.Duration(72*time.Hour) {
 		t.Fatalf("parsed %+v kind %+v", a, k)
 	}
 
@@ -86,8 +87,9 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		"lchat {\n max_awake many\n}":                   "max_awake",
 		"lchat {\n drain_timeout\n}":                    "wrong argument count",
 		"lchat {\n kind demo {\n idle_timeout x\n }\n}": "idle_timeout",
+		"lchat {\n kind demo {\n retention\n }\n}":      "wrong argument count",
 		"lchat {\n kind demo {\n env ONLY\n }\n}":       "wrong argument count",
-		"lchat extra":                                   "wrong argument count",
+		"lchat extra": "wrong argument count",
 	} {
 		var a App
 		err := a.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))

@@ -56,6 +56,7 @@ func init() {
 //			ready_timeout <duration>
 //			replication sleep|continuous|periodic [<interval>]
 //			wake_path <path>
+//			retention <duration>
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -204,6 +205,10 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "wake_path":
 			if err := caddyfileutil.OneArg(d, &k.WakePath); err != nil {
+				return err
+			}
+		case "retention":
+			if err := durationArg(d, &k.Retention); err != nil {
 				return err
 			}
 		case "replication":

@@ -25,9 +25,10 @@ import (
 
 // Request variables of a forward.
 const (
-	peerAddrVar  = "lchat_peer_addr"      // host:port the forward dials
-	peerSelfVar  = "lchat_peer_self"      // the peer's SELF URL
-	forwardedVar = "lchat_mesh_forwarded" // true when a peer validly marked this request
+	peerAddrVar = "lchat_peer_addr" // host:port the forward dials
+	peerSelfVar = "lchat_peer_self" // the peer's SELF URL
+	hopsVar     = "lchat_mesh_hops" // int: forwards before this box, by the valid marker
+	hintVar     = "lchat_mesh_hint" // bool: in: the last forward followed a holder entry; out: this one does
 )
 
 // peerTransport carries forwarded requests to peers. It dials the peer's address
@@ -37,12 +38,16 @@ const (
 // are pooled per (peer, instance host), so a connection verified for one host is never
 // reused for another. There is no way to skip verification.
 type peerTransport struct {
-	tr     *http.Transport
-	marker mesh.Marker
+	tr      *http.Transport
+	marker  mesh.Marker
+	holders *mesh.Holders
 }
 
 func newPeerTransport(ms *meshState) *peerTransport {
 	pt := &peerTransport{marker: ms.marker}
+	if ms.box != nil {
+		pt.holders = ms.box.Holders
+	}
 	dialer := &net.Dialer{Timeout: ms.timeout, KeepAlive: 30 * time.Second}
 	pt.tr = &http.Transport{
 		// Never through an environment proxy: the peer's address is the point.
@@ -113,8 +118,11 @@ func decodePoolKey(addr string) (peer, serverName string, err error) {
 	return peer, serverName, nil
 }
 
-// RoundTrip marks the request as forwarded (MAC over the instance host) and sends it
-// to the peer chosen by the handler.
+// RoundTrip marks the request as forwarded one hop further (MAC over the instance host
+// and the hop) and sends it to the peer chosen by the handler. The peer's answer names
+// the box that served it from its awake instance (mesh.HolderHeader): that is
+// remembered as where the space is awake, and the header goes no further than the box
+// the client reached.
 func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	self, _ := caddyhttp.GetVar(req.Context(), peerSelfVar).(string)
 	u, err := url.Parse(self)
@@ -122,8 +130,13 @@ func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, errors.New("forward: no peer chosen")
 	}
 	host := mesh.NormalizeHost(req.Host)
-	pt.marker.Mark(req.Header, host)
-	mesh.CountHop(req.Header)
+	hops := requestHops(req)
+	pt.marker.MarkHop(req.Header, host, hops+1)
+	if hint, _ := caddyhttp.GetVar(req.Context(), hintVar).(bool); hint {
+		req.Header.Set(mesh.HintHeader, "1")
+	} else {
+		req.Header.Del(mesh.HintHeader)
+	}
 	addr := peerDialAddr(u)
 	req.URL.Scheme = u.Scheme
 	if u.Scheme == "https" {
@@ -131,18 +144,24 @@ func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	} else {
 		req.URL.Host = poolKey(addr, "")
 	}
-	return pt.tr.RoundTrip(req)
+	resp, err := pt.tr.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	if held := resp.Header.Values(mesh.HolderHeader); len(held) == 1 && pt.holders != nil {
+		if holder, perr := mesh.ParseSelf(held[0]); perr == nil {
+			pt.holders.Put(host, holder)
+		}
+	}
+	if hops == 0 {
+		resp.Header.Del(mesh.HolderHeader)
+	}
+	return resp, nil
 }
 
 // peerResponseHeaderTimeout bounds the wait for a forwarded request's response headers:
 // longer than a wake's default readiness timeout plus a restore, far shorter than forever.
 const peerResponseHeaderTimeout = 2 * time.Minute
-
-// forwardedOrLooping reports whether a request must not be forwarded again: a peer
-// validly marked it, or it has made mesh.MaxHops hops already (mesh/clock.go).
-func forwardedOrLooping(r *http.Request) bool {
-	return isForwarded(r) || mesh.HopsExhausted(r.Header)
-}
 
 // peerDialAddr is host:port of a SELF URL.
 func peerDialAddr(u *url.URL) string {
@@ -182,17 +201,22 @@ func (h *Handler) meshStrip(r *http.Request, host string) {
 		return
 	}
 	had := len(r.Header.Values(mesh.ForwardedHeader)) > 0
-	if ms.marker.Strip(r.Header, host) {
+	hint := r.Header.Get(mesh.HintHeader) != ""
+	r.Header.Del(mesh.HintHeader)
+	if hops := ms.marker.StripHops(r.Header, host); hops > 0 {
 		ms.c.forwardedIn.Add(1)
-		caddyhttp.SetVar(r.Context(), forwardedVar, true)
+		caddyhttp.SetVar(r.Context(), hopsVar, hops)
+		caddyhttp.SetVar(r.Context(), hintVar, hint)
 	} else if had {
 		ms.c.markersStripped.Add(1)
 	}
 	r.Header.Del(mesh.ForwardedHeader)
 }
 
-func isForwarded(r *http.Request) bool {
-	v, _ := caddyhttp.GetVar(r.Context(), forwardedVar).(bool)
+// requestHops is how many times the request was forwarded before it reached this box
+// (0: from a client).
+func requestHops(r *http.Request) int {
+	v, _ := caddyhttp.GetVar(r.Context(), hopsVar).(int)
 	return v
 }
 
@@ -204,43 +228,84 @@ func (h *Handler) meshServe(w http.ResponseWriter, r *http.Request, rt *registry
 		return false, nil
 	}
 	awake := rt.Hibernate && h.app.shared.eng.Awake(rt.Host)
-	d := ms.box.Place(mesh.Request{Route: rt, Forwarded: forwardedOrLooping(r), AwakeHere: awake})
+	viaHint, _ := caddyhttp.GetVar(r.Context(), hintVar).(bool)
+	d := ms.box.Place(mesh.Request{Route: rt, Hops: requestHops(r), AwakeHere: awake, ViaHint: viaHint})
 	if d.Action == mesh.Unavailable {
 		ms.c.livesAtLoops.Add(1)
 	}
 	return h.apply(w, r, d, next)
 }
 
-// meshAcquireError handles a lease held by another live box (mesh.Box.LeaseHeld):
-// forward once to the holder, or 503 with Retry-After.
-func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, err error, next caddyhttp.Handler) (bool, error) {
+// meshServed notes, on the response to a forwarded request this box serves from its own
+// awake instance, that the space is awake here, so the boxes that forwarded it send the
+// next requests here directly.
+func (h *Handler) meshServed(w http.ResponseWriter, r *http.Request) {
+	if ms := h.app.shared.mesh; ms != nil && requestHops(r) > 0 {
+		w.Header().Set(mesh.HolderHeader, ms.cfg.Self)
+	}
+}
+
+// meshAcquireError handles a space this box cannot wake: its lease held by another
+// live box (mesh.Box.LeaseHeld: forward to the holder), or this box draining
+// (mesh.Box.Draining: forward to the owner that takes the space over). It reports
+// whether it answered the request.
+func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, rt *registry.Route, err error, next caddyhttp.Handler) (bool, error) {
 	ms := h.app.shared.mesh
-	var held *engine.LeaseHeldError
-	if ms == nil || !errors.As(err, &held) {
+	if ms == nil {
 		return false, nil
 	}
-	d := ms.box.LeaseHeld(requestHost(r), held.Holder, forwardedOrLooping(r))
+	var held *engine.LeaseHeldError
+	var d mesh.Decision
+	switch {
+	case errors.As(err, &held):
+		d = ms.box.LeaseHeld(rt.Host, held.Holder, requestHops(r))
+	case errors.Is(err, engine.ErrDraining):
+		d = ms.box.Draining(rt.Host, rt.HomeRegion, requestHops(r))
+	default:
+		return false, nil
+	}
 	if d.Action != mesh.Forward {
 		ms.c.leaseBusy.Add(1)
+		if c := h.logger.Check(zapcore.InfoLevel, "space unavailable: no forward left"); c != nil {
+			c.Write(zap.String("host", rt.Host), zap.String("reason", d.Reason), zap.Int("hops", requestHops(r)))
+		}
 		return false, nil
 	}
 	ms.c.holderForwards.Add(1)
 	done, ferr := h.apply(w, r, d, next)
 	var de reverseproxy.DialError
 	if errors.As(ferr, &de) {
-		// The holder is down or unreachable: its lease frees once its heartbeat is
-		// dead, so this is temporary (503 and Retry-After), not a bad gateway.
-		setRetryAfter(w, time.Duration(h.RetryAfter))
-		return true, caddyhttp.Error(http.StatusServiceUnavailable,
-			fmt.Errorf("space %s is held by %s, which cannot be reached now: %v", r.Host, held.Holder, de))
+		// Nothing was sent: the caller waits for the lease (meshAwaitLease).
+		return true, fmt.Errorf("%w: %s: %v", errHolderUnreachable, d.Peer, de)
 	}
 	return done, ferr
+}
+
+// errHolderUnreachable means the box holding a space's lease could not be dialed;
+// nothing was sent.
+var errHolderUnreachable = errors.New("the space's box cannot be reached")
+
+// meshLeaseWait sleeps before a request tries a space again whose lease holder could
+// not be dialed (mesh.NextLeaseWait), and returns the total waited so far; 0 means give
+// up.
+func (h *Handler) meshLeaseWait(r *http.Request, waited time.Duration) time.Duration {
+	step := mesh.NextLeaseWait(waited)
+	if step == 0 {
+		return 0
+	}
+	select {
+	case <-r.Context().Done():
+		return 0
+	case <-time.After(step):
+	}
+	return waited + step
 }
 
 // apply carries out a placement decision.
 func (h *Handler) apply(w http.ResponseWriter, r *http.Request, d mesh.Decision, next caddyhttp.Handler) (bool, error) {
 	switch d.Action {
 	case mesh.Forward:
+		caddyhttp.SetVar(r.Context(), hintVar, d.Hint)
 		return h.forward(w, r, d.Peer, next, d.Fallback)
 	case mesh.Unavailable:
 		setRetryAfter(w, time.Duration(h.RetryAfter))
@@ -267,6 +332,10 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, self string, n
 	}
 	ms.c.forwardErrors.Add(1)
 	var de reverseproxy.DialError
+	if errors.As(err, &de) {
+		// Whatever this box knew of where the space is awake is stale.
+		ms.box.Holders.Forget(mesh.NormalizeHost(r.Host))
+	}
 	if fallback && errors.As(err, &de) {
 		ms.c.forwardFallback.Add(1)
 		if c := h.logger.Check(zapcore.WarnLevel, "peer unreachable; serving here"); c != nil {

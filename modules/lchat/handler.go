@@ -108,6 +108,7 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	h.app.shared.requests.Add(1)
 	host := requestHost(r)
 	h.meshStrip(r, host)
 	rt, ok := h.app.shared.reg.Lookup(host)
@@ -132,21 +133,31 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.proxy.ServeHTTP(w, r, next)
 	}
 
-	use, err := h.app.shared.eng.Acquire(r.Context(), engine.Space{
-		Host:    rt.Host,
-		Kind:    rt.Kind,
-		Version: rt.Version,
-		Env:     rt.Env,
-	})
-	if err != nil {
-		if done, ferr := h.meshAcquireError(w, r, err, next); done {
+	sp := engine.Space{Host: rt.Host, Kind: rt.Kind, Version: rt.Version, Env: rt.Env}
+	var use *engine.Use
+	for wait := time.Duration(0); ; {
+		var err error
+		if use, err = h.app.shared.eng.Acquire(r.Context(), sp); err == nil {
+			break
+		}
+		done, ferr := h.meshAcquireError(w, r, rt, err, next)
+		if !done {
+			return h.acquireError(w, r, host, err)
+		}
+		if !errors.Is(ferr, errHolderUnreachable) {
 			return ferr
 		}
-		return h.acquireError(w, r, host, err)
+		// The box holding the lease is live but takes no connections: it is shutting
+		// down (and frees each lease as its drain puts the space to sleep), or
+		// restarting, or dead (its lease frees with its heartbeat). Try again shortly.
+		if wait = h.meshLeaseWait(r, wait); wait == 0 {
+			return h.acquireError(w, r, host, err)
+		}
 	}
 	// The reverse proxy returns only when the response, or the connection it
 	// upgraded to, is finished: that is when this request stops holding the space.
 	defer use.Release()
+	h.meshServed(w, r)
 	setUpstream(r, use.Dial())
 	return h.proxy.ServeHTTP(w, r, next)
 }

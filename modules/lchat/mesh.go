@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"sync/atomic"
 	"time"
@@ -192,7 +191,8 @@ func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger 
 	// Markers are signed and checked against the bucket's clock, not this box's wall
 	// clock: boxes whose clocks disagree still recognize each other's (mesh/clock.go).
 	ms.marker.Now = ms.m.BucketNow
-	ms.box = &mesh.Box{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, Draining: ms.m.Draining}
+	ms.box = &mesh.Box{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, IsDraining: ms.m.Draining,
+		Holders: new(mesh.Holders), Placement: ms.m.Placement()}
 	ms.repl = &mesh.Replicator{Box: ms.box, Client: ms.client, Ctx: ms.ctx}
 	return ms, nil
 }
@@ -264,17 +264,3 @@ func (ms *meshState) close() {
 
 // errMeshOff is returned by mesh endpoints on a box without LCHAT_MESH_SELF.
 var errMeshOff = errors.New("the mesh is off on this box (LCHAT_MESH_SELF is not set)")
-
-// insecureSelf reports a SELF URL that sends peer traffic in the clear beyond this machine.
-func insecureSelf(self string) bool {
-	u, err := url.Parse(self)
-	if err != nil || u.Scheme != "http" {
-		return false
-	}
-	host := u.Hostname()
-	if host == "localhost" {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip == nil || !ip.IsLoopback()
-}

@@ -10,7 +10,7 @@ func withBox(ms *meshState) *meshState {
 	if ms.m != nil {
 		live, draining = ms.m.Live, ms.m.Draining
 	}
-	ms.box = &mesh.Box{Self: ms.cfg.Self, Domains: ms.cfg.Domains, Region: ms.cfg.Region, Live: live, Draining: draining}
+	ms.box = &mesh.Box{Self: ms.cfg.Self, Domains: ms.cfg.Domains, Region: ms.cfg.Region, Live: live, IsDraining: draining, Holders: new(mesh.Holders)}
 	ms.repl = &mesh.Replicator{Box: ms.box, Client: ms.client, Ctx: ms.ctx}
 	return ms
 }

@@ -355,3 +355,56 @@ func TestNodeKeyStaysOnTheBox(t *testing.T) {
 		t.Fatalf("explicit storage not used for the node key: %v", err)
 	}
 }
+
+// TestCaddyReloadDroppingPinnedRegion: a reload whose DERP map no longer has the pinned
+// region clears the pin in memory and in storage, and the pin's switch in flight never
+// commits; a later reload that brings the region back, and a restart, leave the home
+// where it is instead of reviving the old pin.
+func TestCaddyReloadDroppingPinnedRegion(t *testing.T) {
+	regions, m := startRegions(t, 4)
+	c := &caddyBox{t: t, admin: freeAddr(t), storage: t.TempDir()}
+	cfg := c.config(m, "1s")
+	c.load(cfg)
+	t.Cleanup(func() { caddy.Stop() })
+	c.waitHome(1)
+
+	regions[3].proxy.SetDelay(1500 * time.Millisecond) // the switch to 4 is still opening at the reload
+	if code, body := c.pin(4); code != http.StatusOK {
+		t.Fatalf("pin 4: %d %s", code, body)
+	}
+	waitFor(t, 5*time.Second, "switch to 4 opening", func() bool {
+		st := c.status()
+		return st.Switch.Target == 4 && st.Switch.State == derpswitch.StateAuxOpening
+	})
+	m2 := &tailcfg.DERPMap{Regions: map[int]*tailcfg.DERPRegion{}}
+	for id, r := range m.Regions {
+		if id != 4 {
+			m2.Regions[id] = r
+		}
+	}
+	c.load(c.config(m2, "1s"))
+	time.Sleep(2500 * time.Millisecond) // past region 4's delayed open
+	st := c.status()
+	if st.Override != 0 || st.HomeRegion != 1 || !st.HomeConnected || st.MBBCommits != 0 {
+		t.Fatalf("after the reload dropped the pinned region: %+v", st)
+	}
+	stored, err := os.ReadFile(filepath.Join(c.storage, "derp_switch", "pin.json"))
+	if err != nil || !bytes.Contains(stored, []byte(`"derp_region":0`)) {
+		t.Fatalf("stored pin %s (err %v); want it cleared", stored, err)
+	}
+
+	// The region comes back in a later reload: the cleared pin stays cleared.
+	regions[3].proxy.SetDelay(0)
+	c.load(cfg)
+	time.Sleep(300 * time.Millisecond)
+	if st := c.status(); st.Override != 0 || st.HomeRegion != 1 {
+		t.Fatalf("after the region came back: %+v", st)
+	}
+	caddy.Stop()
+	accepted4 := regions[3].proxy.accepted.Load()
+	c.load(cfg)
+	c.waitHome(1)
+	if st := c.status(); st.Override != 0 || regions[3].proxy.accepted.Load() != accepted4 {
+		t.Fatalf("restart revived the cleared pin: %+v", st)
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"io"
 	"net"
 	"net/http/httptest"
 	"net/url"
@@ -39,9 +38,19 @@ type region struct {
 // nodes point at the proxies.
 func startRegions(t testing.TB, n int) ([]*region, *tailcfg.DERPMap) {
 	t.Helper()
+	var ids []int
+	for id := 1; id <= n; id++ {
+		ids = append(ids, id)
+	}
+	return startRegionIDs(t, ids...)
+}
+
+// startRegionIDs starts one DERP region per id, in order.
+func startRegionIDs(t testing.TB, ids ...int) ([]*region, *tailcfg.DERPMap) {
+	t.Helper()
 	m := &tailcfg.DERPMap{Regions: map[int]*tailcfg.DERPRegion{}}
 	var regions []*region
-	for id := 1; id <= n; id++ {
+	for _, id := range ids {
 		s := derpserver.New(key.NewNode(), logger.Discard)
 		hs := httptest.NewUnstartedServer(derpserver.Handler(s))
 		hs.StartTLS()
@@ -75,6 +84,7 @@ type tcpProxy struct {
 	ln       net.Listener
 	upstream string
 	delay    atomic.Int64 // nanoseconds
+	latency  atomic.Int64 // nanoseconds added to every chunk, each way, on open connections
 	refuse   atomic.Bool
 	accepted atomic.Int64 // connections that reached the server
 
@@ -97,6 +107,20 @@ func (p *tcpProxy) port() int { return p.ln.Addr().(*net.TCPAddr).Port }
 
 // SetDelay delays every new connection by d before it reaches the server.
 func (p *tcpProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
+
+// SetLatency delays every chunk of data by d in each direction on every connection:
+// the TCP connect stays fast, the DERP protocol (and its ping/pong) becomes slow.
+func (p *tcpProxy) SetLatency(d time.Duration) { p.latency.Store(int64(d)) }
+
+// Flush drops every open connection and keeps accepting new ones (an edge flush).
+func (p *tcpProxy) Flush() { p.SetRefuse(false, true) }
+
+// Blip drops every open connection and refuses new ones for d.
+func (p *tcpProxy) Blip(d time.Duration) {
+	p.SetRefuse(true, true)
+	time.Sleep(d)
+	p.SetRefuse(false, false)
+}
 
 // SetRefuse makes the proxy close new connections at once; with cut, it also drops
 // the open ones (the region's server is down).
@@ -154,9 +178,42 @@ func (p *tcpProxy) handle(c net.Conn) {
 	defer p.track(up, false)
 	defer up.Close()
 	done := make(chan struct{}, 2)
-	go func() { io.Copy(up, c); done <- struct{}{} }()
-	go func() { io.Copy(c, up); done <- struct{}{} }()
+	go func() { p.pipe(up, c); done <- struct{}{} }()
+	go func() { p.pipe(c, up); done <- struct{}{} }()
 	<-done
+}
+
+// pipe copies src to dst, holding each chunk back by the proxy's latency (in order).
+func (p *tcpProxy) pipe(dst, src net.Conn) {
+	type chunk struct {
+		b   []byte
+		due time.Time
+	}
+	q := make(chan chunk, 1024)
+	go func() {
+		defer dst.Close()
+		for ch := range q {
+			if d := time.Until(ch.due); d > 0 {
+				time.Sleep(d)
+			}
+			if _, err := dst.Write(ch.b); err != nil {
+				for range q {
+				}
+				return
+			}
+		}
+	}()
+	defer close(q)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			q <- chunk{append([]byte(nil), buf[:n]...), time.Now().Add(time.Duration(p.latency.Load()))}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 func (p *tcpProxy) close() {
@@ -176,6 +233,8 @@ type echoPeer struct {
 	mu      sync.Mutex
 	seen    map[uint64]bool
 	replies []time.Time
+	sentAt  map[uint64]time.Time
+	rtts    []rttSample
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 }
@@ -183,7 +242,8 @@ type echoPeer struct {
 func startEchoPeer(t testing.TB, m *tailcfg.DERPMap, box key.NodePublic, interval time.Duration) *echoPeer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	e := &echoPeer{key: key.NewNode(), box: box, prefix: "lchat-echo:", seen: map[uint64]bool{}, cancel: cancel}
+	e := &echoPeer{key: key.NewNode(), box: box, prefix: "lchat-echo:", seen: map[uint64]bool{},
+		sentAt: map[uint64]time.Time{}, cancel: cancel}
 	for _, id := range sortedIDs(m) {
 		reg := m.Regions[id]
 		c := derphttp.NewRegionClient(e.key, logger.Discard, netmon.NewStatic(), func() *tailcfg.DERPRegion { return reg })
@@ -217,6 +277,9 @@ func (e *echoPeer) send(ctx context.Context, interval time.Duration) {
 	for {
 		seq++
 		msg := binary.BigEndian.AppendUint64([]byte(e.prefix), seq)
+		e.mu.Lock()
+		e.sentAt[seq] = time.Now()
+		e.mu.Unlock()
 		for _, c := range e.clients {
 			c.Send(e.box, msg)
 		}
@@ -250,6 +313,10 @@ func (e *echoPeer) recv(c *derphttp.Client) {
 		if !e.seen[seq] {
 			e.seen[seq] = true
 			e.replies = append(e.replies, now)
+			if at, ok := e.sentAt[seq]; ok {
+				e.rtts = append(e.rtts, rttSample{at: now, rtt: now.Sub(at)})
+				delete(e.sentAt, seq)
+			}
 		}
 		e.mu.Unlock()
 	}
@@ -261,6 +328,26 @@ func (e *echoPeer) stop() {
 		c.Close()
 	}
 	e.wg.Wait()
+}
+
+// rttSample is one echo round trip (peer → a region → the box → its home → peer),
+// taken when the reply arrived.
+type rttSample struct {
+	at  time.Time
+	rtt time.Duration
+}
+
+// rttsBetween returns the round trips of replies that arrived in [from, to).
+func (e *echoPeer) rttsBetween(from, to time.Time) []time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []time.Duration
+	for _, r := range e.rtts {
+		if !r.at.Before(from) && r.at.Before(to) {
+			out = append(out, r.rtt)
+		}
+	}
+	return out
 }
 
 // mark returns the reply count, to measure gaps from this point on.

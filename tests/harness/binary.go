@@ -94,6 +94,18 @@ func Binary(t testing.TB) string {
 	return p
 }
 
+// CertsBinary returns the path of lchat-caddy built with the test-only DNS provider
+// dns.providers.lchat_challtestsrv (tests/certs/cmd), for configs that obtain
+// certificates from pebble by DNS-01 (LCHAT_DNS_PROVIDER=lchat_challtestsrv).
+func CertsBinary(t testing.TB) string {
+	t.Helper()
+	p, err := build("lchat-caddy-certs", "./tests/certs/cmd", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // Tool returns the path of a test server built from tools/go.mod: "versitygw",
 // "pebble", "pebble-challtestsrv" or "xcaddy".
 func Tool(t testing.TB, name string) string {

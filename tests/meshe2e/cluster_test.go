@@ -66,7 +66,7 @@ func newTestCA(t *testing.T, dir string) *testCA {
 		SerialNumber: big.NewInt(2),
 		Subject:      pkix.Name{CommonName: "*." + meshDomain},
 		DNSNames:     []string{"*." + meshDomain, meshDomain},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("127.0.0.2"), net.ParseIP("127.0.0.3")},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("127.0.0.2"), net.ParseIP("127.0.0.3"), net.ParseIP("127.0.0.4"), net.ParseIP("127.0.0.5")},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,

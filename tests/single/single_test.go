@@ -24,6 +24,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	lspace "github.com/lchat/lchat-caddy/space"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -200,45 +201,40 @@ func instanceLog(b *harness.Box, host string) string {
 // bucket: the database blob the manifest names, opened on its own.
 func bucketMessages(t *testing.T, bkt bucket.Bucket, host string) []string {
 	t.Helper()
-	data, _ := readObject(t, bkt, "spaces/"+host+"/manifest")
-	var m struct {
-		Files []struct {
-			Path   string `json:"path"`
-			SHA256 string `json:"sha256"`
-		} `json:"files"`
-	}
-	if err := json.Unmarshal(data, &m); err != nil {
+	// Restore the checkpoint the way a wake does, whatever the manifest's format.
+	dir := t.TempDir()
+	s := &lspace.Syncer{Bucket: bkt, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work")}
+	if err := s.Load(context.Background()); err != nil {
 		t.Fatalf("manifest of %s: %v", host, err)
 	}
-	for _, f := range m.Files {
-		if f.Path != "chat.db" {
-			continue
-		}
-		blob, _ := readObject(t, bkt, "spaces/"+host+"/blobs/"+f.SHA256)
-		p := filepath.Join(t.TempDir(), "chat.db")
-		if err := os.WriteFile(p, blob, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		db, err := sql.Open("sqlite", p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		rows, err := db.Query("SELECT text FROM messages ORDER BY id")
-		if err != nil {
-			t.Fatalf("checkpointed chat.db of %s: %v", host, err)
-		}
-		defer rows.Close()
-		var out []string
-		for rows.Next() {
-			var s string
-			rows.Scan(&s)
-			out = append(out, s)
-		}
-		return out
+	if m, _ := s.Manifest(); m == nil {
+		t.Fatalf("no manifest for %s", host)
 	}
-	t.Fatalf("manifest of %s names no chat.db: %s", host, data)
-	return nil
+	if err := s.Restore(context.Background()); err != nil {
+		t.Fatalf("restoring %s: %v", host, err)
+	}
+	p := filepath.Join(s.DataDir, "chat.db")
+	if _, err := os.Stat(p); err != nil {
+		m, _ := s.Manifest()
+		t.Fatalf("manifest of %s names no chat.db: %+v", host, m.Files)
+	}
+	db, err := sql.Open("sqlite", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query("SELECT text FROM messages ORDER BY id")
+	if err != nil {
+		t.Fatalf("checkpointed chat.db of %s: %v", host, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		rows.Scan(&s)
+		out = append(out, s)
+	}
+	return out
 }
 
 func TestLifecycle(t *testing.T) {
@@ -266,9 +262,9 @@ func TestLifecycle(t *testing.T) {
 	if err := json.Unmarshal(manifest, &m); err != nil || len(m.Files) == 0 {
 		t.Fatalf("manifest in the bucket: %s (%v)", manifest, err)
 	}
-	page, err := e.bkt.List(context.Background(), "spaces/"+host+"/blobs/", "")
+	page, err := e.bkt.List(context.Background(), "spaces/"+host+"/objs/", "")
 	if err != nil || len(page.Objects) == 0 {
-		t.Fatalf("no blobs in the bucket: %+v %v", page, err)
+		t.Fatalf("no objects in the bucket: %+v %v", page, err)
 	}
 	if got := bucketMessages(t, e.bkt, host); !slices.Contains(got, "hello from the lifecycle test") {
 		t.Fatalf("the checkpoint in the bucket lacks the message: %q", got)

@@ -1,0 +1,57 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/lchat/lchat-caddy/space"
+)
+
+// ErrAwake means a point-in-time restore was refused because the space is awake (on this box,
+// or, as a *LeaseHeldError, on another).
+var ErrAwake = errors.New("space is awake: put it to sleep before restoring")
+
+// History lists host's checkpoints, oldest first.
+func (e *Engine) History(ctx context.Context, host string) ([]space.Checkpoint, error) {
+	if !validHost(host) {
+		return nil, fmt.Errorf("invalid host %q", host)
+	}
+	cps, _, err := space.History(ctx, e.cfg.Bucket, host)
+	return cps, err
+}
+
+// RestoreTo makes checkpoint t of the asleep space host its current state, as a new
+// generation, within the retention of kind (DefaultRetention when the kind sets none). It
+// holds the space's operation lock, so this box cannot wake it meanwhile; a space awake here
+// is refused with ErrAwake, one awake on another box with a *LeaseHeldError. Nothing is
+// written when refused.
+func (e *Engine) RestoreTo(ctx context.Context, host, kind string, t space.Target) (space.RestoreResult, error) {
+	if !validHost(host) {
+		return space.RestoreResult{}, fmt.Errorf("invalid host %q", host)
+	}
+	if e.fenced.Load() {
+		return space.RestoreResult{}, errFencedNoWrite
+	}
+	k, _ := e.kind(kind)
+	in := e.get(host)
+	in.op.Lock()
+	defer in.op.Unlock()
+	in.mu.Lock()
+	state, holding := in.state, in.leaseETag != "" || in.held
+	in.mu.Unlock()
+	if holding || (state != StateAsleep && state != StateFailed && state != StateFenced) {
+		return space.RestoreResult{}, ErrAwake
+	}
+	res, err := space.RestoreTo(ctx, e.cfg.Bucket, host, e.holder, t, k.Retention, e.now())
+	var held *space.LeaseHeldError
+	if errors.As(err, &held) {
+		return res, &LeaseHeldError{Holder: held.Holder}
+	}
+	if err == nil {
+		in.mu.Lock()
+		in.dirty = false // the bucket's state is the one asked for: restore it at the next wake
+		in.mu.Unlock()
+	}
+	return res, err
+}

@@ -1,0 +1,194 @@
+package space
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+)
+
+// Checkpoint snapshots DataDir, uploads what changed and writes a new manifest conditioned on
+// the last ETag this box saw. Nothing is written when neither the files nor nextWake changed.
+// ErrFenced means another writer owns the space: do not retry.
+//
+// In format 2 a SQLite database costs what changed in it: its changed pages go up as one LTX
+// delta (see checkpointDB); a plain file is split into content-defined chunks and only new
+// chunks go up. Once the manifest is written its copy goes to history/, and every
+// gcInterval generations unreferenced objects are collected.
+func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.Time) (Stats, error) {
+	if s.FullFile {
+		return s.checkpointV1(ctx, nextWake, now)
+	}
+	start := time.Now()
+	var st Stats
+	if s.hashes == nil {
+		s.hashes = make(map[string]File)
+	}
+	if s.dbs == nil {
+		s.dbs = make(map[string]*dbState)
+	}
+	gen := int64(1)
+	if s.manifest != nil {
+		gen = s.manifest.Generation + 1
+	}
+	up := newUploader(s.Bucket, s.Host, s.manifest)
+	files, fresh, dbs, err := s.walk(ctx, gen, now, up, &st)
+	if werr := up.wait(); err == nil {
+		err = werr
+	}
+	st.BlobsUploaded, st.BytesUploaded = up.objects, up.bytes
+	if err != nil {
+		return st, err
+	}
+	st.Files = len(files)
+	if s.manifest != nil && sameFiles(s.manifest.Files, files) && sameTime(s.manifest.NextWake, nextWake) {
+		s.hashes, s.dbs = fresh, dbs // same content; newer WAL positions and fingerprints
+		st.Duration = time.Since(start)
+		return st, nil
+	}
+	m := &Manifest{Format: Format, Generation: gen, Files: files, WrittenBy: s.WrittenBy, WrittenAt: now.UTC(), NextWake: nextWake}
+	etag, err := s.writeManifest(ctx, m)
+	if err != nil {
+		return st, err
+	}
+	s.manifest, s.etag, s.hashes, s.dbs = m, etag, fresh, dbs
+	st.ManifestWritten = true
+	// History follows the swap, never precedes it: a fenced writer's entry would otherwise
+	// take the generation's name from the real one. A lost entry only narrows what can be
+	// restored; the checkpoint itself stands.
+	if err := WriteHistory(ctx, s.Bucket, s.Host, m); err != nil {
+		st.HistoryErr = err
+		st.Duration = time.Since(start)
+		return st, nil
+	}
+	if gen-s.gcAt >= gcInterval && gen%gcInterval == 0 {
+		s.gcAt = gen
+		if s.histCache == nil {
+			s.histCache = make(map[string][]Ref)
+		}
+		gs, err := Collect(ctx, s.Bucket, s.Host, s.retention(), DefaultGCGrace, s.histCache)
+		st.GC, st.GCErr = &gs, err
+	}
+	st.Duration = time.Since(start)
+	return st, nil
+}
+
+func (s *Syncer) retention() time.Duration {
+	if s.Retention > 0 {
+		return s.Retention
+	}
+	return DefaultRetention
+}
+
+// walk visits DataDir and returns its files (sorted by path), the fingerprint cache and the
+// database states to keep if the manifest is written. Unchanged files (same fingerprint) are
+// not read. SQLite -wal, -shm and -journal files are part of their database, never files of
+// their own. Symlinks, FIFOs, sockets and devices are skipped and listed in st.Skipped.
+func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploader, st *Stats) ([]File, map[string]File, map[string]*dbState, error) {
+	var files []File
+	fresh := make(map[string]File)
+	dbs := make(map[string]*dbState)
+	err := filepath.WalkDir(s.DataDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p != s.DataDir && errors.Is(err, fs.ErrNotExist) {
+				return nil // removed by the instance while we walked: not part of this snapshot
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(s.DataDir, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if k := oddKind(d.Type()); k != "" {
+			st.Skipped = append(st.Skipped, SkippedFile{Path: rel, Kind: k})
+			return nil
+		}
+		if d.IsDir() || isSQLiteSidecar(s.DataDir, rel) {
+			return nil
+		}
+		info, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		fp, err := fingerprint(s.DataDir, rel)
+		if err != nil {
+			if gone(p) {
+				return nil
+			}
+			return err
+		}
+		mode := uint32(info.Mode().Perm())
+		if f, ok := s.hashes[fp]; ok {
+			f.Path, f.Mode = rel, mode
+			files = append(files, f)
+			fresh[fp] = f
+			if db := s.dbs[rel]; db != nil {
+				dbs[rel] = db
+			}
+			return nil
+		}
+		isDB, err := isSQLite(p)
+		if err != nil {
+			if gone(p) {
+				return nil
+			}
+			return err
+		}
+		var f File
+		if isDB {
+			res, err := s.checkpointDB(ctx, p, gen, s.dbs[rel], now, up)
+			if err != nil {
+				if ctx.Err() == nil && gone(p) {
+					return nil
+				}
+				return fmt.Errorf("checkpointing %s: %w", rel, err)
+			}
+			f = res.file
+			dbs[rel] = res.state
+			st.PagesChanged += res.pagesChanged
+			if res.fullScan {
+				st.FullScans++
+			}
+		} else {
+			if f, err = s.chunkFile(ctx, p, gen, up); err != nil {
+				if ctx.Err() == nil && gone(p) {
+					return nil
+				}
+				return fmt.Errorf("checkpointing %s: %w", rel, err)
+			}
+		}
+		f.Path, f.Mode = rel, mode
+		files = append(files, f)
+		fresh[fp] = f
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) && len(files) == 0 {
+		if _, serr := os.Stat(s.DataDir); errors.Is(serr, fs.ErrNotExist) {
+			err = nil
+		}
+	}
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	return files, fresh, dbs, nil
+}
+
+// sameFiles reports whether two file lists describe the same content.
+func sameFiles(a, b []File) bool {
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && string(ja) == string(jb)
+}

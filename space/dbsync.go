@@ -1,0 +1,403 @@
+package space
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/superfly/ltx"
+)
+
+// Page-image tuning. A checkpoint uploads one level-0 delta of the pages it changed; when
+// deltaFanout deltas of one level end the chain they are merged into one of the next level
+// (read from the live database, which holds exactly their newest pages), so a wake reads at
+// most (deltaFanout-1)*(maxLevel+1) deltas. The base is rewritten, chunk by chunk and only
+// where pages changed, when the top level fills up or when the chain costs a wake more than
+// 1/rebaseFraction of the image: its bytes plus objectCost for each object (a GET costs
+// about as much time as that many bytes), so a small database is rebased after a few
+// checkpoints and a large one keeps its base for hundreds.
+const (
+	minChunkBytes  = 2 << 20
+	maxChunkBytes  = 16 << 20
+	deltaFanout    = 8
+	maxLevel       = 2
+	rebaseFraction = 4
+	objectCost     = 128 << 10
+)
+
+// dbState is what this box knows of one database's last checkpointed image: per-page hashes
+// to find changed pages, the WAL position read so far, and the pages each delta holds (to
+// merge and rebase without downloading anything).
+type dbState struct {
+	dev, ino   uint64
+	img        *DBImage
+	hashes     []uint64 // by pgno-1
+	sum        uint64
+	wal        walPos
+	deltaPages [][]uint32 // parallel to img.Deltas
+	// v1 is the format-1 manifest entry of a database restored from a whole-file blob: the
+	// image is that blob as a single base chunk, and while nothing changes the entry stays
+	// as it was (no manifest write just to migrate).
+	v1 *File
+}
+
+// dbResult is one database's checkpoint: the manifest entry, the state to keep once the
+// manifest is written, and what it cost.
+type dbResult struct {
+	file         File
+	state        *dbState
+	pagesChanged int
+	fullScan     bool
+}
+
+// checkpointDB checkpoints the database at abs for generation gen. With a prior state for the
+// same file, only pages changed since it are read (from the WAL tail when the WAL kept its
+// identity, else by one scan that hashes every page) and uploaded as a level-0 delta.
+func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *dbState, now time.Time, up *uploader) (dbResult, error) {
+	var since *walPos
+	if prev != nil && prev.wal.Frames > 0 {
+		since = &prev.wal
+	}
+	v, err := openView(ctx, abs, since)
+	if err != nil {
+		return dbResult{}, err
+	}
+	defer v.close()
+	usable := prev != nil && prev.dev == v.dev && prev.ino == v.ino && prev.img.PageSize == v.pageSize
+	if !usable && v.tail {
+		if err := v.indexAll(); err != nil {
+			return dbResult{}, err
+		}
+	}
+	ns := &dbState{dev: v.dev, ino: v.ino, wal: v.pos}
+	res := dbResult{state: ns}
+	var changed []uint32
+	page := make([]byte, v.pageSize)
+	if usable && v.tail {
+		ns.hashes = slices.Clone(prev.hashes)
+		ns.sum = prev.sum
+		for i := int(v.pages); i < len(ns.hashes); i++ {
+			ns.sum ^= ns.hashes[i]
+		}
+		if int(v.pages) < len(ns.hashes) {
+			ns.hashes = ns.hashes[:v.pages]
+		} else {
+			ns.hashes = append(ns.hashes, make([]uint64, int(v.pages)-len(ns.hashes))...)
+		}
+		for _, pg := range v.changedSinceTail() {
+			if err := v.readPage(pg, page); err != nil {
+				return dbResult{}, err
+			}
+			if h := pageHash(pg, page); h != ns.hashes[pg-1] {
+				ns.sum ^= ns.hashes[pg-1] ^ h
+				ns.hashes[pg-1] = h
+				changed = append(changed, pg)
+			}
+		}
+	} else {
+		res.fullScan = true
+		ns.hashes = make([]uint64, v.pages)
+		err := v.scan(func(pg uint32, data []byte) error {
+			h := pageHash(pg, data)
+			ns.hashes[pg-1] = h
+			ns.sum ^= h
+			if !usable || int(pg) > len(prev.hashes) || prev.hashes[pg-1] != h {
+				changed = append(changed, pg)
+			}
+			return nil
+		})
+		if err != nil {
+			return dbResult{}, fmt.Errorf("reading pages: %w", err)
+		}
+	}
+	res.pagesChanged = len(changed)
+	size := int64(v.pages) * int64(v.pageSize)
+	if usable && len(changed) == 0 && v.pages == prev.img.Pages {
+		ns.img, ns.deltaPages, ns.v1 = prev.img, prev.deltaPages, prev.v1
+		res.file = File{Size: size, Content: &Content{DB: prev.img}}
+		if prev.v1 != nil {
+			res.file = *prev.v1
+		}
+		return res, nil
+	}
+	img := &DBImage{PageSize: v.pageSize, Pages: v.pages, ChunkBytes: chunkBytesFor(size, v.pageSize), Checksum: strconv.FormatUint(ns.sum, 16)}
+	ns.img = img
+	res.file = File{Size: size, Content: &Content{DB: img}}
+	if !usable {
+		if err := v.indexAll(); err != nil {
+			return dbResult{}, err
+		}
+		err := s.writeBase(ctx, v, img, nil, nil, gen, up)
+		return res, err
+	}
+	img.ChunkBytes, img.Base = prev.img.ChunkBytes, prev.img.Base
+	img.Deltas = slices.Clone(prev.img.Deltas)
+	ns.deltaPages = slices.Clone(prev.deltaPages)
+	img.Deltas = append(img.Deltas, Delta{Level: 0, MinGen: gen, MaxGen: gen})
+	ns.deltaPages = append(ns.deltaPages, changed)
+	fresh := map[int]bool{len(img.Deltas) - 1: true}
+	rebase := false
+	for level := 0; ; level++ {
+		n := 0
+		for i := len(img.Deltas) - 1; i >= 0 && img.Deltas[i].Level == level; i-- {
+			n++
+		}
+		if n < deltaFanout {
+			break
+		}
+		if level == maxLevel {
+			rebase = true
+			break
+		}
+		first := len(img.Deltas) - n
+		merged := Delta{Level: level + 1, MinGen: img.Deltas[first].MinGen, MaxGen: gen}
+		var pages []uint32
+		for _, p := range ns.deltaPages[first:] {
+			pages = append(pages, p...)
+		}
+		slices.Sort(pages)
+		img.Deltas = append(img.Deltas[:first], merged)
+		ns.deltaPages = append(ns.deltaPages[:first], slices.Compact(pages))
+		for i := range fresh {
+			if i >= first {
+				delete(fresh, i)
+			}
+		}
+		fresh[first] = true
+	}
+	if !rebase {
+		var total int64
+		for i, d := range img.Deltas {
+			if !fresh[i] {
+				total += d.Size
+			}
+		}
+		// Page counts stand in for the new deltas' compressed sizes: an upper bound.
+		for i := range fresh {
+			total += int64(len(ns.deltaPages[i])) * int64(v.pageSize) / 2
+		}
+		total += int64(len(img.Deltas)) * objectCost
+		rebase = total > size/rebaseFraction
+	}
+	if rebase {
+		dirty := make(map[uint32]bool)
+		for _, ps := range ns.deltaPages {
+			for _, pg := range ps {
+				dirty[pg] = true
+			}
+		}
+		if err := v.indexAll(); err != nil {
+			return dbResult{}, err
+		}
+		img.Deltas, ns.deltaPages = nil, nil
+		if want := chunkBytesFor(size, v.pageSize); img.ChunkBytes != want {
+			// The database outgrew its chunk size (or is a migrated single-blob base):
+			// re-chunk the whole image.
+			img.ChunkBytes, dirty = want, nil
+		}
+		err := s.writeBase(ctx, v, img, prev.img.Base, dirty, gen, up)
+		return res, err
+	}
+	for i := range fresh {
+		if len(ns.deltaPages[i]) > 0 && img.Deltas[i].Level > 0 {
+			if err := v.indexAll(); err != nil {
+				return dbResult{}, err
+			}
+		}
+		data, err := encodeDelta(v, ns.deltaPages[i], img.Deltas[i].MinGen, gen, now)
+		if err != nil {
+			return dbResult{}, err
+		}
+		ref, err := up.put(ctx, gen, data)
+		if err != nil {
+			return dbResult{}, err
+		}
+		img.Deltas[i].Ref = ref
+	}
+	return res, nil
+}
+
+// chunkBytesFor sizes a database's base chunks: about an eighth of the image (one round of
+// parallel fetches at a wake), a power of two between minChunkBytes and maxChunkBytes, so
+// the size changes only when the database doubles.
+func chunkBytesFor(size int64, pageSize int) int64 {
+	c := int64(minChunkBytes)
+	for c*fetchConcurrency < size && c < maxChunkBytes {
+		c *= 2
+	}
+	return max(c, int64(pageSize))
+}
+
+// writeBase sets img.Base to raw page ranges of the view. A chunk whose pages are not in
+// dirty and whose extent is unchanged keeps its old object (old[i]); nil dirty rewrites all.
+func (s *Syncer) writeBase(ctx context.Context, v *dbView, img *DBImage, old []Ref, dirty map[uint32]bool, gen int64, up *uploader) error {
+	size := int64(img.Pages) * int64(img.PageSize)
+	per := uint32(img.ChunkBytes / int64(img.PageSize))
+	img.Base = nil
+	for i := int64(0); i*img.ChunkBytes < size; i++ {
+		first := uint32(i)*per + 1
+		n := min(per, img.Pages-first+1)
+		keep := dirty != nil && int(i) < len(old) && old[i].Size == int64(n)*int64(img.PageSize)
+		for pg := first; keep && pg < first+n; pg++ {
+			keep = !dirty[pg]
+		}
+		if keep {
+			img.Base = append(img.Base, old[i])
+			continue
+		}
+		buf := make([]byte, int(n)*img.PageSize)
+		for j := uint32(0); j < n; j++ {
+			if err := v.readPage(first+j, buf[int(j)*img.PageSize:int(j+1)*img.PageSize]); err != nil {
+				return fmt.Errorf("reading pages: %w", err)
+			}
+		}
+		if int(i) < len(old) && old[i].SHA256 == sha256Hex(buf) {
+			img.Base = append(img.Base, old[i])
+			continue
+		}
+		ref, err := up.put(ctx, gen, buf)
+		if err != nil {
+			return err
+		}
+		img.Base = append(img.Base, ref)
+	}
+	return nil
+}
+
+// encodeDelta writes pages of the view as one LTX file. Page checksums are off (the object's
+// SHA-256 and the image checksum guard the content); LTX's own file checksum stays.
+func encodeDelta(v *dbView, pages []uint32, minGen, maxGen int64, now time.Time) ([]byte, error) {
+	var buf bytes.Buffer
+	enc, err := ltx.NewEncoder(&buf)
+	if err != nil {
+		return nil, err
+	}
+	err = enc.EncodeHeader(ltx.Header{
+		Version: ltx.Version, Flags: ltx.HeaderFlagNoChecksum, PageSize: uint32(v.pageSize),
+		Commit: v.pages, MinTXID: ltx.TXID(minGen), MaxTXID: ltx.TXID(maxGen), Timestamp: now.UnixMilli(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encoding delta: %w", err)
+	}
+	page := make([]byte, v.pageSize)
+	lock := lockPgno(v.pageSize)
+	for _, pg := range pages {
+		if pg > v.pages || pg == lock {
+			continue
+		}
+		if err := v.readPage(pg, page); err != nil {
+			return nil, fmt.Errorf("reading pages: %w", err)
+		}
+		if err := enc.EncodePage(ltx.PageHeader{Pgno: pg}, page); err != nil {
+			return nil, fmt.Errorf("encoding delta: %w", err)
+		}
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("encoding delta: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// applyDelta writes an LTX file's pages into out, records their hashes and returns their
+// numbers.
+func applyDelta(out io.WriterAt, data []byte, img *DBImage, hashes []uint64) ([]uint32, error) {
+	dec := ltx.NewDecoder(bytes.NewReader(data))
+	if err := dec.DecodeHeader(); err != nil {
+		return nil, fmt.Errorf("decoding delta: %w", err)
+	}
+	if int(dec.Header().PageSize) != img.PageSize {
+		return nil, fmt.Errorf("delta has page size %d, image %d", dec.Header().PageSize, img.PageSize)
+	}
+	page := make([]byte, img.PageSize)
+	var pages []uint32
+	for {
+		var hdr ltx.PageHeader
+		err := dec.DecodePage(&hdr, page)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("decoding delta: %w", err)
+		}
+		if hdr.Pgno > img.Pages {
+			continue // beyond the final size: truncated away later
+		}
+		if _, err := out.WriteAt(page, int64(hdr.Pgno-1)*int64(img.PageSize)); err != nil {
+			return nil, err
+		}
+		hashes[hdr.Pgno-1] = pageHash(hdr.Pgno, page)
+		pages = append(pages, hdr.Pgno)
+	}
+	if err := dec.Close(); err != nil {
+		return nil, fmt.Errorf("decoding delta: %w", err)
+	}
+	return pages, nil
+}
+
+// adoptV1 describes a database restored from a format-1 blob as a page image whose base is
+// that blob, so the first change to it uploads a delta, not the database.
+func adoptV1(p string, f File) *dbState {
+	in, err := os.Open(p)
+	if err != nil {
+		return nil
+	}
+	hdr := make([]byte, 100)
+	_, err = in.ReadAt(hdr, 0)
+	in.Close()
+	if err != nil || !bytes.HasPrefix(hdr, sqliteHeader) {
+		return nil
+	}
+	ps := int(binary.BigEndian.Uint16(hdr[16:18]))
+	if ps == 1 {
+		ps = 65536
+	}
+	if !validPageSize(ps) || f.Size == 0 || f.Size%int64(ps) != 0 {
+		return nil
+	}
+	img := &DBImage{PageSize: ps, Pages: uint32(f.Size / int64(ps)), ChunkBytes: f.Size, Base: f.refs()}
+	st, err := hashImage(p, img)
+	if err != nil {
+		return nil
+	}
+	img.Checksum = strconv.FormatUint(st.sum, 16)
+	st.v1 = &f
+	return st
+}
+
+func hashImage(p string, img *DBImage) (*dbState, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st := &dbState{img: img, hashes: make([]uint64, img.Pages)}
+	buf := make([]byte, max(img.PageSize, 1<<20/img.PageSize*img.PageSize))
+	var pg uint32
+	for pg < img.Pages {
+		n := min(uint32(len(buf)/img.PageSize), img.Pages-pg)
+		b := buf[:int(n)*img.PageSize]
+		if _, err := io.ReadFull(f, b); err != nil {
+			return nil, err
+		}
+		for j := uint32(0); j < n; j++ {
+			h := pageHash(pg+j+1, b[int(j)*img.PageSize:int(j+1)*img.PageSize])
+			st.hashes[pg+j] = h
+			st.sum ^= h
+		}
+		pg += n
+	}
+	return st, nil
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

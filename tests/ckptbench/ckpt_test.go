@@ -1,0 +1,360 @@
+// Package ckptbench prints the checkpoint figures of issue 11 against versitygw, format 1
+// (full-file: VACUUM INTO + whole-file upload, main's mode before page deltas) side by side
+// with format 2 (page deltas, chunks, history, GC) in one run:
+//
+//   - a large SQLite database with one 1 KiB row added: bytes uploaded and time per checkpoint;
+//   - one row per checkpoint for N checkpoints: bucket bytes and objects after GC;
+//   - restore ("wake" minus process start) p50/p99 for 1 MB and a large database, straight
+//     to versitygw and through an S3-like link (per-connection bandwidth, first-byte latency);
+//   - a point-in-time restore N checkpoints back: time and bytes read.
+//
+// Short form (CI): 8 MB database, 100 checkpoints. Full figures:
+//
+//	LCHAT_CKPT_BENCH=full go test ./tests/ckptbench -run TestCheckpointFigures -v -timeout 30m
+package ckptbench
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/s3bucket"
+	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/tests/harness"
+	_ "modernc.org/sqlite"
+)
+
+// counting counts the bytes a syncer moves through a bucket.
+type counting struct {
+	bucket.Bucket
+	read, written, gets, puts atomic.Int64
+}
+
+type countReader struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (r countReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	r.n.Add(int64(n))
+	return n, err
+}
+
+func (c *counting) Get(ctx context.Context, key string) (*bucket.Object, error) {
+	c.gets.Add(1)
+	o, err := c.Bucket.Get(ctx, key)
+	if err == nil {
+		o.Body = countReader{o.Body, &c.read}
+	}
+	return o, err
+}
+
+func (c *counting) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
+	c.puts.Add(1)
+	c.written.Add(size)
+	return c.Bucket.Put(ctx, key, body, size, cond)
+}
+
+func (c *counting) reset() { c.read.Store(0); c.written.Store(0); c.gets.Store(0); c.puts.Store(0) }
+
+// makeDB writes a chat-like database of about size bytes: messages with an index on
+// (room, created_at), ~450-byte text bodies.
+func makeDB(t *testing.T, p string, size int) {
+	db, err := sql.Open("sqlite", "file:"+p+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.Exec("CREATE TABLE messages (id INTEGER PRIMARY KEY, room INTEGER, created_at INTEGER, body TEXT)")
+	db.Exec("CREATE INDEX by_room ON messages (room, created_at)")
+	tx, _ := db.Begin()
+	raw := make([]byte, 330)
+	for i := range size / 480 {
+		rand.Read(raw)
+		tx.Exec("INSERT INTO messages (room, created_at, body) VALUES (?, ?, ?)", i%50, i, base64.StdEncoding.EncodeToString(raw))
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func copyFile(t *testing.T, src, dst string) {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Dir(dst), 0o700)
+	if err := os.WriteFile(dst, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// box is one space written in one format, with its instance's connection held open.
+type box struct {
+	name string
+	s    *space.Syncer
+	db   *sql.DB
+	row  int
+}
+
+func newBox(t *testing.T, b bucket.Bucket, name, host, src string, full bool) *box {
+	dir := t.TempDir()
+	s := &space.Syncer{Bucket: b, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work"), WrittenBy: "bench", FullFile: full}
+	copyFile(t, src, filepath.Join(s.DataDir, "app.db"))
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(s.DataDir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return &box{name: name, s: s, db: db}
+}
+
+// addRow inserts one 1 KiB row.
+func (x *box) addRow(t *testing.T) {
+	raw := make([]byte, 768)
+	rand.Read(raw)
+	x.row++
+	if _, err := x.db.Exec("INSERT INTO messages (room, created_at, body) VALUES (?, ?, ?)", x.row%50, time.Now().UnixNano(), base64.StdEncoding.EncodeToString(raw)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (x *box) checkpoint(t *testing.T, now time.Time) space.Stats {
+	st, err := x.s.Checkpoint(context.Background(), nil, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func median[T int64 | time.Duration](v []T) T {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+func pct(v []time.Duration, p float64) time.Duration {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[int(float64(len(v)-1)*p+0.5)]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+
+func mib(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20)) }
+
+// restoreOnce loads and restores host into a fresh directory: what a wake does before
+// starting the instance.
+// A full-file space is restored as main did (FullFile skips format 2's adoption of a
+// database blob as a page image), so its figures are today's.
+func restoreOnce(t *testing.T, b bucket.Bucket, host string) time.Duration {
+	dir := t.TempDir()
+	s := &space.Syncer{Bucket: b, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work"), FullFile: strings.HasPrefix(host, "v1.")}
+	start := time.Now()
+	if err := s.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d := time.Since(start)
+	os.RemoveAll(dir)
+	return d
+}
+
+func TestCheckpointFigures(t *testing.T) {
+	full := os.Getenv("LCHAT_CKPT_BENCH") == "full"
+	bigSize, series, wakes := 8<<20, 100, 10
+	if full {
+		bigSize, series, wakes = 50<<20, 1000, 30
+	}
+	if testing.Short() && !full {
+		series, wakes = 30, 5
+	}
+	s3 := harness.StartS3(t)
+	cb := &counting{Bucket: s3.NewBucket(t, "bench/")}
+	dir := t.TempDir()
+	var out strings.Builder
+	logf := func(format string, args ...any) { fmt.Fprintf(&out, format+"\n", args...) }
+	defer func() { t.Log("\n" + out.String()) }()
+
+	big := filepath.Join(dir, "big.db")
+	makeDB(t, big, bigSize)
+	fi, _ := os.Stat(big)
+	logf("checkpoint figures against versitygw; database %s (%d pages of 4 KiB), 1 KiB rows", mib(fi.Size()), fi.Size()/4096)
+
+	// 1. One row added, per checkpoint, side by side.
+	v1 := newBox(t, cb, "full-file", "v1.bench", big, true)
+	v2 := newBox(t, cb, "page-delta", "v2.bench", big, false)
+	now := time.Now()
+	for _, x := range []*box{v1, v2} {
+		cb.reset()
+		st := x.checkpoint(t, now)
+		logf("%-10s first checkpoint: %s uploaded in %d objects, %s", x.name, mib(cb.written.Load()), st.BlobsUploaded, ms(st.Duration))
+	}
+	type sample struct {
+		bytes []int64
+		dur   []time.Duration
+	}
+	res := map[string]*sample{"full-file": {}, "page-delta": {}}
+	for i := range 7 {
+		for _, x := range []*box{v1, v2} {
+			x.addRow(t)
+			cb.reset()
+			st := x.checkpoint(t, now.Add(time.Duration(i+1)*time.Second))
+			if i == 0 {
+				continue // format 2's first checkpoint after the copy reads the whole WAL-less file once
+			}
+			res[x.name].bytes = append(res[x.name].bytes, cb.written.Load())
+			res[x.name].dur = append(res[x.name].dur, st.Duration)
+		}
+	}
+	a, b := res["full-file"], res["page-delta"]
+	logf("\n1. one 1 KiB row added, median of 6 checkpoints (bytes written incl. manifest and history):")
+	logf("   full-file : %10d B  %s", median(a.bytes), ms(median(a.dur)))
+	logf("   page-delta: %10d B  %s", median(b.bytes), ms(median(b.dur)))
+	logf("   ratio     : bytes %.4f (target <= 256 KiB: %v), time %.3f (target <= 0.10)",
+		float64(median(b.bytes))/float64(median(a.bytes)), median(b.bytes) <= 256<<10,
+		float64(median(b.dur))/float64(median(a.dur)))
+
+	// 2. One row per checkpoint for `series` checkpoints (one a second of bucket time).
+	startGen := func() int64 { m, _ := v2.s.Manifest(); return m.Generation }()
+	var total time.Duration
+	var ckptBytes int64
+	cb.reset()
+	for i := range series {
+		v2.addRow(t)
+		st := v2.checkpoint(t, now.Add(time.Duration(10+i)*time.Second))
+		total += st.Duration
+		_ = st
+	}
+	ckptBytes = cb.written.Load()
+	m, _ := v2.s.Manifest()
+	dbSize := m.Size()
+	gs, err := space.Collect(context.Background(), cb, "v2.bench", space.DefaultRetention, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retainedDeltas := deltaBytes(t, cb, "v2.bench")
+	logf("\n2. %d checkpoints of one row each (page-delta): %s written in all, mean checkpoint %s", series, mib(ckptBytes), ms(total/time.Duration(series)))
+	logf("   after GC, retention 7 days (all %d retained): %d objects, %s + %d history entries", series, gs.Objects, mib(gs.Bytes), gs.History)
+	logf("   database %s; deltas referenced by retained checkpoints %s; target <= 2 x db + deltas = %s: %v",
+		mib(dbSize), mib(retainedDeltas), mib(2*dbSize+retainedDeltas), gs.Bytes <= 2*dbSize+retainedDeltas)
+	logf("   full-file would have written about %s for the same series (%d x its per-checkpoint bytes)", mib(int64(series)*median(a.bytes)), series)
+
+	// 4 (before 3, which does not change the bucket). Point-in-time restore to the state before the series.
+	cb.reset()
+	start := time.Now()
+	rr, err := space.RestoreTo(context.Background(), cb, "v2.bench", space.Holder{ID: "bench-cli", Incarnation: "1"}, space.Target{Generation: startGen}, space.DefaultRetention, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pitr := time.Since(start)
+	pitrRead := cb.read.Load()
+	cb.reset()
+	wake := restoreOnce(t, cb, "v2.bench")
+	logf("\n4. point-in-time restore %d checkpoints back (generation %d -> new generation %d):", series, startGen, rr.Generation)
+	logf("   restore command: %s, %d B read; next wake's restore: %s, %s read (%d GETs)", ms(pitr), pitrRead, ms(wake), mib(cb.read.Load()), cb.gets.Load())
+	// Undo it, so the wake figures below read the state after the series.
+	if _, err := space.RestoreTo(context.Background(), cb, "v2.bench", space.Holder{ID: "bench-cli", Incarnation: "1"}, space.Target{Generation: rr.Generation - 1}, space.DefaultRetention, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+
+	// 3. Restore latency, alternating formats; 1 MB spaces get the same row-per-checkpoint history.
+	small := filepath.Join(dir, "small.db")
+	makeDB(t, small, 1<<20)
+	s1 := newBox(t, cb, "full-file", "v1.small", small, true)
+	s2 := newBox(t, cb, "page-delta", "v2.small", small, false)
+	for i := range 20 {
+		for _, x := range []*box{s1, s2} {
+			x.addRow(t)
+			x.checkpoint(t, now.Add(time.Duration(i)*time.Second))
+		}
+	}
+	m2, _ := s2.s.Manifest()
+	logf("\n3. restore latency (Load + Restore: manifest, download, verify, write) over %d wakes, alternating:", wakes)
+	for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
+		var l1, l2 []time.Duration
+		for range wakes {
+			l1 = append(l1, restoreOnce(t, cb, pair[0]))
+			l2 = append(l2, restoreOnce(t, cb, pair[1]))
+		}
+		mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
+		img := mm.Files[0].Content.DB
+		logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s (%d base chunks + %d deltas) | ratio p50 %.2f p99 %.2f",
+			mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)), len(img.Base), len(img.Deltas),
+			float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
+	}
+	_ = m2
+
+	// 3b. The same restores through an S3-like link: 80 MB/s per connection, 15 ms to first byte.
+	link := startLink(t, strings.TrimPrefix(s3.Endpoint, "http://"), 80e6, 15*time.Millisecond)
+	cfg := s3.Config("bench/")
+	cfg.Endpoint = "http://" + link.ln.Addr().String()
+	slow, err := s3bucket.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logf("   through an S3-like link (80 MB/s per connection, 15 ms to first byte), %d wakes:", wakes)
+	for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
+		var l1, l2 []time.Duration
+		for range wakes {
+			l1 = append(l1, restoreOnce(t, slow, pair[0]))
+			l2 = append(l2, restoreOnce(t, slow, pair[1]))
+		}
+		mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
+		logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s | ratio p50 %.2f p99 %.2f",
+			mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)),
+			float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
+	}
+}
+
+// deltaBytes sums the delta objects referenced by a space's retained history.
+func deltaBytes(t *testing.T, b bucket.Bucket, host string) int64 {
+	hist, _, err := space.History(context.Background(), b, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	var n int64
+	for _, cp := range hist {
+		obj, err := b.Get(context.Background(), cp.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(obj.Body)
+		obj.Body.Close()
+		var m space.Manifest
+		if err := jsonUnmarshal(data, &m); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range m.Files {
+			if f.Content == nil || f.Content.DB == nil {
+				continue
+			}
+			for _, d := range f.Content.DB.Deltas {
+				if !seen[d.Key] {
+					seen[d.Key] = true
+					n += d.Size
+				}
+			}
+		}
+	}
+	return n
+}
+
+var jsonUnmarshal = json.Unmarshal
