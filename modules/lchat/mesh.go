@@ -183,6 +183,7 @@ func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger 
 		FenceMargin: time.Duration(opts.FenceMargin),
 		OnFence:     ms.onFence,
 		Logger:      logger.Named("membership"),
+		WallClock:   testWallClock(logger),
 	})
 	if err != nil {
 		ms.cancel()
