@@ -93,7 +93,8 @@ type Config struct {
 	// Incarnation is new each process start.
 	Incarnation string
 	Kinds       map[string]Kind
-	// MaxAwake caps awake spaces; the least recently used sleeps first. 0 = unlimited.
+	// MaxAwake caps awake spaces; the least recently used idle one sleeps first, and a
+	// wake is refused (503) when every awake space is in use (capacity.go). 0 = unlimited.
 	MaxAwake int
 	// HolderLive reports whether a lease holder is alive; nil = single box: only this box's
 	// own current incarnation counts as live.
@@ -183,10 +184,18 @@ type Counters struct {
 	BlobsUploaded  uint64 `json:"blobs_uploaded"`
 	BytesUploaded  uint64 `json:"bytes_uploaded"`
 	OOMKills       uint64 `json:"oom_kills"`
+	// WakeFailures counts failed wakes, each of which starts or extends its space's
+	// backoff; CapRefusals counts wakes refused because every awake space was in use.
+	WakeFailures uint64 `json:"wake_failures"`
+	CapRefusals  uint64 `json:"cap_refusals"`
+	// SkippedFiles counts files left out of checkpoints (and next-wake files not read)
+	// because they are not regular files: FIFOs, sockets, devices, symlinks.
+	SkippedFiles uint64 `json:"skipped_files"`
 }
 
 type counters struct {
 	wakes, sleeps, crashes, leaseConflicts, fenced, syncs, blobsUploaded, bytesUploaded, oomKills atomic.Uint64
+	skippedFiles, wakeFailures, capRefusals                                                       atomic.Uint64
 }
 
 // Engine runs the spaces of one box. Its methods are safe for concurrent use.
@@ -208,6 +217,8 @@ type Engine struct {
 
 	mu     sync.Mutex
 	spaces map[string]*inst
+
+	capMu sync.Mutex // serializes admissions under MaxAwake (capacity.go)
 
 	wakeMu        sync.Mutex
 	wakeSlots     map[string]*wakeSlot // by host; see setWakeRecord
@@ -339,6 +350,9 @@ func (e *Engine) Counters() Counters {
 		BlobsUploaded:  e.c.blobsUploaded.Load(),
 		BytesUploaded:  e.c.bytesUploaded.Load(),
 		OOMKills:       e.c.oomKills.Load(),
+		SkippedFiles:   e.c.skippedFiles.Load(),
+		WakeFailures:   e.c.wakeFailures.Load(),
+		CapRefusals:    e.c.capRefusals.Load(),
 	}
 }
 

@@ -60,7 +60,9 @@ type inst struct {
 	idle        *time.Timer // one per awake period; re-arms itself while the space is used
 	idleGen     uint64
 	syncStop    context.CancelFunc
-	crashes     int // consecutive
+	crashes     int  // consecutive
+	wakeFails   int  // consecutive failed wakes (backoff.go)
+	admitted    bool // a waking space counted under MaxAwake (capacity.go)
 	retryAt     time.Time
 	retryWhy    string
 	lastSync    time.Time
@@ -152,6 +154,18 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 		return nil, fmt.Errorf("invalid host %q", sp.Host)
 	}
 	in := e.get(sp.Host)
+	// waiting is true while this caller still counts in in.waiters after a transition
+	// ended: it stops counting in the same critical section that takes the Use, so a
+	// space just woken for it is never idle (uses and waiters both 0) in between, where
+	// the awake cap could pick it as the space to sleep.
+	waiting := false
+	defer func() {
+		if waiting {
+			in.mu.Lock()
+			in.waiters--
+			in.mu.Unlock()
+		}
+	}()
 	for {
 		if e.ctx.Err() != nil {
 			return nil, &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
@@ -160,6 +174,10 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			return nil, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
 		in.mu.Lock()
+		if waiting {
+			in.waiters--
+			waiting = false
+		}
 		switch in.state {
 		case StateAwake:
 			in.uses++
@@ -173,6 +191,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			in.waiters++
 			in.mu.Unlock()
 			err := in.wait(ctx, t)
+			waiting = err == nil
 			if err != nil {
 				return nil, err
 			}
@@ -199,7 +218,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			if wait := in.retryAt.Sub(e.now()); wait > 0 {
 				why := in.retryWhy
 				in.mu.Unlock()
-				return nil, &RetryError{After: wait.Round(time.Second) + time.Second, Reason: why}
+				return nil, &RetryError{After: ceilSecond(wait), Reason: why}
 			}
 			in.sp, in.kind = sp, kind
 			t := &transition{done: make(chan struct{})}
@@ -208,7 +227,9 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			in.waiters++
 			in.mu.Unlock()
 			safego.Go(&e.wg, e.log, "wake", func() { e.runWake(in, t) })
-			if err := in.wait(ctx, t); err != nil {
+			err := in.wait(ctx, t)
+			waiting = err == nil
+			if err != nil {
 				return nil, err
 			}
 			if t.err != nil {
@@ -218,18 +239,18 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 	}
 }
 
-// wait blocks until t is done or ctx ends; it drops this caller from the waiters.
+// wait blocks until t is done or ctx ends. When ctx ends it drops this caller from the
+// waiters; when t is done the caller still counts and drops itself (Acquire).
 func (in *inst) wait(ctx context.Context, t *transition) error {
-	var err error
 	select {
 	case <-t.done:
+		return nil
 	case <-ctx.Done():
-		err = ctx.Err()
+		in.mu.Lock()
+		in.waiters--
+		in.mu.Unlock()
+		return ctx.Err()
 	}
-	in.mu.Lock()
-	in.waiters--
-	in.mu.Unlock()
-	return err
 }
 
 // armIdleLocked starts the idle timer of an awake period. The timer re-arms itself for as
@@ -299,12 +320,14 @@ func (e *Engine) runWake(in *inst, t *transition) {
 	err := e.wake(in)
 	in.mu.Lock()
 	in.trans = nil
+	in.admitted = false
+	in.noteWakeResultLocked(err)
 	if err != nil {
 		t.err = err
 		if in.state == StateWaking {
 			in.setStateLocked(StateAsleep)
 			var re *RetryError
-			if errors.As(err, &re) {
+			if errors.As(err, &re) && !errors.Is(err, errAwakeCap) {
 				in.setStateLocked(StateFailed)
 			}
 		}
@@ -329,7 +352,12 @@ func (e *Engine) wake(in *inst) (err error) {
 	sp, kind := in.sp, in.kind
 	in.mu.Unlock()
 
-	e.makeRoom(in)
+	// A wake the awake cap would refuse costs nothing; room is made (another space put
+	// to sleep) only once the lease is ours and the state restored, right before the
+	// start, so a wake that fails on the bucket never evicts anyone.
+	if err := e.checkRoom(in); err != nil {
+		return err
+	}
 
 	// Observers hear each phase's duration, for "why was that wake slow".
 	var ph WakePhases
@@ -402,6 +430,9 @@ func (e *Engine) wake(in *inst) (err error) {
 	}
 	restored := e.now()
 
+	if err := e.makeRoom(in); err != nil {
+		return err
+	}
 	p, err := e.startProcess(in, kind, sp)
 	if err != nil {
 		log.Error("starting instance", zap.Error(err))
@@ -435,45 +466,6 @@ func (e *Engine) wake(in *inst) (err error) {
 	log.Info("awake", zap.Int("pid", p.pid), zap.Duration("restore", restored.Sub(start)),
 		zap.Duration("total", e.now().Sub(start)))
 	return nil
-}
-
-// makeRoom sleeps the least recently used idle space when MaxAwake is reached.
-func (e *Engine) makeRoom(self *inst) {
-	if e.cfg.MaxAwake <= 0 {
-		return
-	}
-	for {
-		var victim *inst
-		var victimUsed time.Time
-		awake := 0
-		for _, in := range e.all() {
-			if in == self {
-				continue
-			}
-			in.mu.Lock()
-			switch in.state {
-			case StateAwake:
-				awake++
-				if in.uses == 0 && in.waiters == 0 && (victim == nil || in.lastUsed.Before(victimUsed)) {
-					victim, victimUsed = in, in.lastUsed
-				}
-			case StateWaking:
-				awake++
-			}
-			in.mu.Unlock()
-		}
-		if awake < e.cfg.MaxAwake {
-			return
-		}
-		if victim == nil {
-			self.logger().Warn("awake cap reached and every awake space is in use; waking over the cap", zap.Int("max_awake", e.cfg.MaxAwake))
-			return
-		}
-		if err := e.sleep(e.ctx, victim, "lru", true); err != nil {
-			victim.logger().Error("lru sleep", zap.Error(err))
-			return
-		}
-	}
 }
 
 // Sleep stops the space now, checkpoints it and releases its lease.
@@ -556,6 +548,9 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) error {
 	log := in.logger()
 	next, err := space.ReadNextWake(in.dataDir)
 	if err != nil {
+		if errors.Is(err, space.ErrNotRegular) {
+			e.c.skippedFiles.Add(1)
+		}
 		log.Warn("ignoring next-wake", zap.Error(err))
 	}
 	if next != nil && !next.After(e.now()) {
@@ -607,6 +602,7 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 	}
 	st, err := in.syncer.Checkpoint(ctx, next, e.now())
 	ev := Event{Type: EventCheckpoint, Host: in.host, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}
+	e.noteSkipped(in, st.Skipped)
 	in.mu.Lock()
 	if err == nil {
 		in.lastSync = e.now()
@@ -744,10 +740,56 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 	in.mu.Unlock()
 }
 
-// Forget stops the space, releases its lease, deletes its scheduled wake record and drops
-// its local state; the rest of its bucket data stays. It is for a removed route, so it
+// Forget is the removal of a route: the space's latest state is saved first (stop,
+// checkpoint, release the lease: a sleep), then its scheduled wake record and its local
+// state are deleted; its bucket data stays, so a re-created route finds every write
+// acknowledged before the removal. When the checkpoint cannot be made (a bucket error,
+// a fenced box) the local state is kept and an error returned: a removal never loses
+// writes silently. Discard is the separate choice of dropping unsaved state. Forget
 // deletes the wake record even when this engine never ran the space.
 func (e *Engine) Forget(ctx context.Context, host string) error {
+	in := e.lookup(host)
+	if in == nil {
+		if validHost(host) {
+			e.setWakeRecord(ctx, host, nil)
+		}
+		return nil
+	}
+	in.mu.Lock()
+	t := in.trans
+	in.mu.Unlock()
+	if t != nil { // a wake or sleep in flight: let it finish, then save what it left
+		select {
+		case <-t.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := e.sleep(ctx, in, "removed", false); err != nil {
+		return fmt.Errorf("saving the space before removal (local state kept): %w", err)
+	}
+	if err := e.flushDirty(ctx, in); err != nil {
+		return fmt.Errorf("saving the space before removal (local state kept): %w", err)
+	}
+	in.op.Lock()
+	defer in.op.Unlock()
+	in.mu.Lock()
+	unsaved := in.held || in.dirty
+	running := in.state == StateAwake || in.state == StateWaking
+	in.mu.Unlock()
+	switch {
+	case unsaved:
+		return errors.New("saving the space before removal: box fenced or checkpoint failed; local state kept and saved once the bucket is reachable")
+	case running:
+		return errors.New("space woke again during its removal; local state kept")
+	}
+	return e.dropLocked(ctx, in)
+}
+
+// Discard is the explicit choice of dropping a space without saving it: it stops the
+// instance, releases its lease, deletes its scheduled wake record and its local state.
+// Writes since the last checkpoint are lost; the bucket data stays as it was.
+func (e *Engine) Discard(ctx context.Context, host string) error {
 	in := e.lookup(host)
 	if in == nil {
 		if validHost(host) {
@@ -765,12 +807,23 @@ func (e *Engine) Forget(ctx context.Context, host string) error {
 	if p != nil {
 		e.stopProcess(in, p, kind)
 	}
+	in.mu.Lock()
+	in.dirty, in.held = false, false
+	in.mu.Unlock()
+	return e.dropLocked(ctx, in)
+}
+
+// dropLocked (in.op held) releases the lease if still held, deletes the scheduled wake
+// record and forgets the space's local state.
+func (e *Engine) dropLocked(ctx context.Context, in *inst) error {
 	if !e.fenced.Load() {
 		e.releaseLease(in)
 	}
-	e.setWakeRecord(ctx, host, nil)
+	e.setWakeRecord(ctx, in.host, nil)
 	e.mu.Lock()
-	delete(e.spaces, host)
+	if e.spaces[in.host] == in {
+		delete(e.spaces, in.host)
+	}
 	e.mu.Unlock()
 	in.mu.Lock()
 	in.proc = nil

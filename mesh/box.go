@@ -107,6 +107,7 @@ func (b *Box) RowFromRoute(rt *registry.Route) RouteRow {
 		Hibernate:  rt.Hibernate,
 		HomeRegion: rt.HomeRegion,
 		Env:        rt.Env,
+		Rev:        rt.Rev,
 	}
 	if !rt.Hibernate {
 		row.LivesAt = rt.LivesAt
@@ -129,6 +130,7 @@ func RouteFromRow(row RouteRow) registry.Route {
 		HomeRegion: row.HomeRegion,
 		Env:        row.Env,
 		LivesAt:    row.LivesAt,
+		Rev:        row.Rev,
 	}
 }
 

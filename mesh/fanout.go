@@ -34,13 +34,13 @@ func (r *Replicator) PutTo(rt registry.Route, targets []Member) {
 	r.count(r.Client.Fanout(r.Ctx, r.Box.RowFromRoute(&rt), targets))
 }
 
-// Delete fans a tombstone out like Put.
-func (r *Replicator) Delete(host, homeRegion string) {
+// Delete fans a tombstone of revision rev out like Put.
+func (r *Replicator) Delete(host, homeRegion, rev string) {
 	targets := r.Box.Targets(host, homeRegion)
 	if len(targets) == 0 {
 		return
 	}
-	r.count(r.Client.FanoutDelete(r.Ctx, host, targets))
+	r.count(r.Client.FanoutDelete(r.Ctx, host, rev, targets))
 }
 
 // Counts returns the fan-out targets tried and failed so far.

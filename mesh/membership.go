@@ -40,7 +40,8 @@ func HeartbeatKey(self string) string {
 
 // SelfFromKey decodes a heartbeat key (with or without MembersPrefix) back to its SELF.
 func SelfFromKey(key string) (string, bool) {
-	b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(key, MembersPrefix))
+	// Strict: one SELF has exactly one key (no second spelling with other padding bits).
+	b, err := base64.RawURLEncoding.Strict().DecodeString(strings.TrimPrefix(key, MembersPrefix))
 	if err != nil || len(b) == 0 {
 		return "", false
 	}
@@ -106,6 +107,9 @@ type MembershipConfig struct {
 	OnFence func(fenced bool)
 	// Logger receives membership logs. Default: a no-op logger.
 	Logger *zap.Logger
+	// WallClock is this box's wall clock. Default: time.Now. Tests set one that is off
+	// by minutes to show that nothing depends on the boxes' clocks agreeing (clock.go).
+	WallClock func() time.Time
 }
 
 // MembershipStats counts membership work; every field only grows.
@@ -176,6 +180,10 @@ type Membership struct {
 	view []Member
 	// viewAt is the local (monotonic) time the view's listing returned.
 	viewAt time.Time
+	// clock estimates the bucket's time (BucketNow); clockFellBack is set while the
+	// store reports no clock, so the last measured offset stays.
+	clock         bucketClock
+	clockFellBack bool
 	// placement follows view: every writer of view sets it under mu, so its generation
 	// moves exactly when placement changes (see Placement).
 	placement Placement
@@ -460,9 +468,13 @@ func (m *Membership) refresh(ctx context.Context) {
 		return
 	}
 	localAt := time.Now()
+	wallAt := m.wall()
 	view, seen := m.viewOf(ctx, objs, now)
 	m.mu.Lock()
 	m.view, m.viewAt = view, localAt
+	if !m.clockFellBack {
+		m.clock.offset = now.Sub(wallAt)
+	}
 	m.placement.SetView(view)
 	for k := range m.bodies {
 		if !seen[k] {
@@ -528,6 +540,9 @@ func (m *Membership) list(ctx context.Context, prefix string) ([]bucket.Info, ti
 		}
 		token = page.NextToken
 	}
+	m.mu.Lock()
+	m.clockFellBack = now.IsZero()
+	m.mu.Unlock()
 	if now.IsZero() {
 		// A store that does not report its clock: fall back to ours, and say so.
 		m.stats.clockFallbacks.Add(1)
@@ -585,9 +600,9 @@ func (m *Membership) readBody(ctx context.Context, key string) (Heartbeat, strin
 	if err != nil {
 		return Heartbeat{}, "", err
 	}
-	var hb Heartbeat
-	if err := json.Unmarshal(raw, &hb); err != nil {
-		return Heartbeat{}, "", fmt.Errorf("decoding heartbeat: %v", err)
+	hb, err := DecodeHeartbeat(raw)
+	if err != nil {
+		return Heartbeat{}, "", err
 	}
 	return hb, obj.ETag, nil
 }
@@ -772,4 +787,24 @@ func (m *Membership) Leave(ctx context.Context) error {
 	m.placement.SetView(kept)
 	m.mu.Unlock()
 	return nil
+}
+
+func (m *Membership) wall() time.Time {
+	if m.cfg.WallClock != nil {
+		return m.cfg.WallClock()
+	}
+	return time.Now()
+}
+
+// BucketNow estimates the bucket's current time: this box's wall clock plus the offset
+// measured at the last listing (zero before the first). Forwarded markers are signed and
+// checked with it, so boxes whose wall clocks disagree still agree on a marker's age.
+func (m *Membership) BucketNow() time.Time {
+	m.mu.Lock()
+	c := m.clock
+	m.mu.Unlock()
+	if c.wall == nil {
+		c.wall = m.wall
+	}
+	return c.now()
 }

@@ -49,6 +49,10 @@ type RouteRow struct {
 	// Env is the instance's own values (admin token, entitlement, seeded name). They are
 	// secrets: never log them.
 	Env map[string]string `json:"env,omitempty"`
+	// Rev is the revision of the change this row carries (registry/version.go): a peer
+	// stores the row only if it is newer than what it holds. Empty from a box that
+	// predates revisions.
+	Rev string `json:"rev,omitempty"`
 	// LivesAt is the SELF of the box a live (non-hibernating) space is pinned to: peers
 	// store it and forward there instead of looking for a local socket. Required when
 	// Hibernate is false, empty otherwise.
@@ -94,7 +98,7 @@ func EnvNameAllowed(name string) bool {
 // Validate normalizes the host and checks every field. It returns a *RowError.
 func (r *RouteRow) Validate() error {
 	r.Host = NormalizeHost(r.Host)
-	if !validHostname(r.Host) || !strings.Contains(r.Host, ".") {
+	if registry.ValidateHost(r.Host) != nil || !strings.Contains(r.Host, ".") {
 		return &RowError{"host", "must be a DNS name"}
 	}
 	if !registry.ValidKind(r.Kind) {
@@ -102,6 +106,9 @@ func (r *RouteRow) Validate() error {
 	}
 	if r.Version != "" && !validToken(r.Version) {
 		return &RowError{"version", "must be 1-128 letters, digits, '.', '_' or '-'"}
+	}
+	if r.Rev != "" && !registry.ValidRev(r.Rev) {
+		return &RowError{"rev", "must be <16 hex digits>-<origin>"}
 	}
 	if r.HomeRegion != "" {
 		if err := registry.ValidateRegion(r.HomeRegion); err != nil {
@@ -184,7 +191,7 @@ func HostFromPath(p string) (string, bool) {
 		rest = h
 	}
 	h := NormalizeHost(rest)
-	return h, validHostname(h)
+	return h, registry.ValidateHost(h) == nil // the registry's rule: a row for it can be stored
 }
 
 // DecodeRow reads and validates a replicated row from a PUT request body of at most
@@ -280,6 +287,11 @@ func (e *StatusError) Temporary() bool {
 }
 
 func (c *Client) do(ctx context.Context, method, base, path, op string, body []byte, out any) error {
+	return c.doHeader(ctx, method, base, path, op, body, out, nil)
+}
+
+// doHeader is do with extra request headers.
+func (c *Client) doHeader(ctx context.Context, method, base, path, op string, body []byte, out any, hdr http.Header) error {
 	base = strings.TrimSuffix(base, "/")
 	var rd io.Reader
 	if body != nil {
@@ -288,6 +300,9 @@ func (c *Client) do(ctx context.Context, method, base, path, op string, body []b
 	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
 	if err != nil {
 		return fmt.Errorf("%s on %s: %v", op, base, err)
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
 	}
 	req.Header.Set("Authorization", "Bearer "+string(c.Token))
 	if body != nil {
@@ -328,10 +343,19 @@ func (c *Client) PutRoute(ctx context.Context, base string, row RouteRow) error 
 	return c.do(ctx, http.MethodPut, base, PathRoute+url.PathEscape(row.Host), "replicating route "+row.Host, body, nil)
 }
 
-// DeleteRoute tombstones host on the peer at base; deleting a host the peer lacks succeeds.
-func (c *Client) DeleteRoute(ctx context.Context, base, host string) error {
+// RevHeader carries a tombstone's revision on DELETE PathRoute.
+const RevHeader = "X-Lchat-Rev"
+
+// DeleteRoute tombstones host on the peer at base with the tombstone's revision rev (empty:
+// an unconditional delete, as boxes without revisions send); deleting a host the peer
+// lacks succeeds.
+func (c *Client) DeleteRoute(ctx context.Context, base, host, rev string) error {
 	host = NormalizeHost(host)
-	return c.do(ctx, http.MethodDelete, base, PathRoute+url.PathEscape(host), "tombstoning route "+host, nil, nil)
+	var hdr http.Header
+	if rev != "" {
+		hdr = http.Header{RevHeader: {rev}}
+	}
+	return c.doHeader(ctx, http.MethodDelete, base, PathRoute+url.PathEscape(host), "tombstoning route "+host, nil, nil, hdr)
 }
 
 // ListRoutes returns the peer's in-scope routes.
@@ -369,10 +393,10 @@ func (c *Client) Fanout(ctx context.Context, row RouteRow, targets []Member) <-c
 	})
 }
 
-// FanoutDelete tombstones host on every target, like Fanout.
-func (c *Client) FanoutDelete(ctx context.Context, host string, targets []Member) <-chan FanoutResult {
+// FanoutDelete tombstones host (revision rev) on every target, like Fanout.
+func (c *Client) FanoutDelete(ctx context.Context, host, rev string, targets []Member) <-chan FanoutResult {
 	return c.fanout(ctx, "tombstone", host, targets, func(ctx context.Context, peer string) error {
-		return c.DeleteRoute(ctx, peer, host)
+		return c.DeleteRoute(ctx, peer, host, rev)
 	})
 }
 

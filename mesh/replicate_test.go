@@ -104,7 +104,7 @@ func TestClientAgainstPeer(t *testing.T) {
 		t.Fatalf("stored row %s lost fields", got)
 	}
 	for i := 0; i < 2; i++ { // a tombstone is idempotent
-		if err := c.DeleteRoute(ctx, url, "a.example.com"); err != nil {
+		if err := c.DeleteRoute(ctx, url, "a.example.com", ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -242,7 +242,7 @@ func TestFanout(t *testing.T) {
 			t.Fatal("row missing on a reachable peer")
 		}
 	}
-	for r := range c.FanoutDelete(context.Background(), "a.example.com", []Member{{Self: u1}, {Self: u3}}) {
+	for r := range c.FanoutDelete(context.Background(), "a.example.com", "", []Member{{Self: u1}, {Self: u3}}) {
 		if r.Err != nil {
 			t.Fatalf("tombstone on %s: %v", r.Peer, r.Err)
 		}

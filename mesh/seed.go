@@ -21,10 +21,10 @@ var ErrEmptySource = errors.New("refusing to prune: this registry has zero in-sc
 
 // Plan works out a mesh-seed pass: puts are the local rows in the seed's scope (every
 // one, since a PUT is idempotent and the peer's listing need not carry env values), sorted
-// by host; with Prune, tombstones are the hosts of peer rows in the seed's scope that the
-// local registry lacks. Peer rows outside the seed's scope are never touched. Prune with
+// by host (each with its revision: the peer keeps a newer row); with Prune, tombstones are
+// the peer rows in the seed's scope that the local registry lacks, at their listed revision. Peer rows outside the seed's scope are never touched. Prune with
 // zero in-scope local rows fails with ErrEmptySource and plans nothing.
-func Plan(local, peer []RouteRow, opts PlanOptions) (puts []RouteRow, tombstones []string, err error) {
+func Plan(local, peer []RouteRow, opts PlanOptions) (puts []RouteRow, tombstones []Tombstone, err error) {
 	have := make(map[string]bool, len(local))
 	byHost := make(map[string]RouteRow, len(local))
 	for _, r := range local {
@@ -51,9 +51,17 @@ func Plan(local, peer []RouteRow, opts PlanOptions) (puts []RouteRow, tombstones
 		r.Host = h
 		if r.InScopeFor(opts.Domains, opts.Region) && !have[h] && !gone[h] {
 			gone[h] = true
-			tombstones = append(tombstones, h)
+			tombstones = append(tombstones, Tombstone{Host: h, Rev: r.Rev})
 		}
 	}
-	sort.Strings(tombstones)
+	sort.Slice(tombstones, func(i, j int) bool { return tombstones[i].Host < tombstones[j].Host })
 	return puts, tombstones, nil
+}
+
+// Tombstone is one host mesh-seed --prune deletes on the peer, with the revision of the
+// peer's row as listed: the peer deletes exactly that row, and keeps a newer one written
+// meanwhile (registry.Registry.ApplyTombstone). Rev is empty for a peer that lists no
+// revisions: an unconditional delete, as before.
+type Tombstone struct {
+	Host, Rev string
 }

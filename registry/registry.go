@@ -33,6 +33,14 @@ type Registry struct {
 	// never modified after it is published, so readers may keep it.
 	mu     sync.RWMutex
 	routes map[string]*Route
+	tombs  map[string]tombstone // remembered deletes (version.go)
+
+	// hlc is the last revision clock issued or seen; origin names this box in the
+	// revisions it issues; tombTTL bounds how long a tombstone is remembered. hlc is
+	// written with wmu held.
+	hlc     uint64
+	origin  string
+	tombTTL time.Duration
 }
 
 // Options tune Open.
@@ -40,8 +48,14 @@ type Options struct {
 	// Timeout bounds the wait for the file lock (another process holding the
 	// registry). Default 2s.
 	Timeout time.Duration
-	// Now is the clock for Created/Updated. Default time.Now.
+	// Now is the clock for Created/Updated and for revisions. Default time.Now.
 	Now func() time.Time
+	// Origin names this box in the revisions of its changes (version.go): the mesh
+	// SELF. Default "local".
+	Origin string
+	// TombstoneTTL is how long a deleted host's tombstone is remembered, so a late
+	// replicated row cannot bring it back. Default DefaultTombstoneTTL.
+	TombstoneTTL time.Duration
 }
 
 // Open opens (creating if needed) the registry file at path and loads every route
@@ -53,6 +67,12 @@ func Open(path string, opts Options) (*Registry, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.Origin == "" {
+		opts.Origin = "local"
+	}
+	if opts.TombstoneTTL <= 0 {
+		opts.TombstoneTTL = DefaultTombstoneTTL
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("creating registry directory: %v", err)
 	}
@@ -63,14 +83,14 @@ func Open(path string, opts Options) (*Registry, error) {
 		}
 		return nil, fmt.Errorf("opening registry %s: %v", path, err)
 	}
-	g := &Registry{db: db, now: opts.Now}
+	g := &Registry{db: db, now: opts.Now, origin: opts.Origin, tombTTL: opts.TombstoneTTL}
 	err = db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(routesBucket)
 		if err != nil {
 			return err
 		}
 		g.routes = make(map[string]*Route, b.Stats().KeyN)
-		return b.ForEach(func(k, v []byte) error {
+		err = b.ForEach(func(k, v []byte) error {
 			rt := new(Route)
 			if err := json.Unmarshal(v, rt); err != nil {
 				return fmt.Errorf("decoding route %q: %v", k, err)
@@ -81,8 +101,13 @@ func Open(path string, opts Options) (*Registry, error) {
 				rt.Upstream = ""
 			}
 			g.routes[rt.Host] = rt
+			g.observeLocked(rt.Rev)
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		return g.loadTombstones(tx)
 	})
 	if err != nil {
 		db.Close()
@@ -195,8 +220,15 @@ func (g *Registry) Update(host string, fn func(*Route) error) (Route, error) {
 	return *stored.clone(), nil
 }
 
-// stampLocked sets the times of rt from the existing route. g.wmu must be held.
+// stampLocked gives rt, a change made on this box, a new revision and sets its times
+// from the existing route. g.wmu must be held.
 func (g *Registry) stampLocked(rt *Route) *Route {
+	rt.Rev = g.nextRevLocked()
+	return g.stampTimesLocked(rt)
+}
+
+// stampTimesLocked sets the times of rt from the existing route. g.wmu must be held.
+func (g *Registry) stampTimesLocked(rt *Route) *Route {
 	now := g.now().UTC()
 	g.mu.RLock()
 	cur, ok := g.routes[rt.Host]
@@ -214,12 +246,16 @@ func (g *Registry) stampLocked(rt *Route) *Route {
 func (g *Registry) writeLocked(rts []*Route) error {
 	err := g.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(routesBucket)
+		tb := tx.Bucket(tombstonesBucket)
 		for _, rt := range rts {
 			v, err := json.Marshal(rt)
 			if err != nil {
 				return err
 			}
 			if err := b.Put([]byte(rt.Host), v); err != nil {
+				return err
+			}
+			if err := tb.Delete([]byte(rt.Host)); err != nil {
 				return err
 			}
 		}
@@ -231,6 +267,7 @@ func (g *Registry) writeLocked(rts []*Route) error {
 	g.mu.Lock()
 	for _, rt := range rts {
 		g.routes[rt.Host] = rt
+		delete(g.tombs, rt.Host)
 	}
 	g.mu.Unlock()
 	return nil
@@ -243,16 +280,9 @@ func (g *Registry) Delete(host string) error {
 	if _, ok := g.Lookup(host); !ok {
 		return ErrNotFound
 	}
-	err := g.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(routesBucket).Delete([]byte(host))
-	})
-	if err != nil {
-		return fmt.Errorf("writing registry: %v", err)
-	}
-	g.mu.Lock()
-	delete(g.routes, host)
-	g.mu.Unlock()
-	return nil
+	// A delete made here is remembered with a new revision: its tombstone is what
+	// replicates (TombstoneRev), and an older row arriving late cannot undo it.
+	return g.deleteLocked(host, g.nextRevLocked())
 }
 
 // List returns up to limit routes in host order, starting after the host `after`

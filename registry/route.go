@@ -40,6 +40,9 @@ type Route struct {
 	// Created and Updated are set by the registry.
 	Created time.Time `json:"created"`
 	Updated time.Time `json:"updated"`
+	// Rev is the revision of the route's last change (version.go): set by the box that
+	// made the change, carried by replication, compared to resolve any delivery order.
+	Rev string `json:"rev,omitempty"`
 }
 
 // Summary is a Route as listings and status output show it: env names only.
@@ -54,6 +57,7 @@ type Summary struct {
 	LivesAt    string    `json:"lives_at,omitempty"`
 	Created    time.Time `json:"created"`
 	Updated    time.Time `json:"updated"`
+	Rev        string    `json:"rev,omitempty"`
 }
 
 // Summary returns rt without env values.
@@ -68,6 +72,7 @@ func (rt *Route) Summary() Summary {
 		LivesAt:    rt.LivesAt,
 		Created:    rt.Created,
 		Updated:    rt.Updated,
+		Rev:        rt.Rev,
 	}
 	for k := range rt.Env {
 		s.EnvNames = append(s.EnvNames, k)

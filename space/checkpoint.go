@@ -52,7 +52,7 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 		return st, nil
 	}
 	m := &Manifest{Format: Format, Generation: gen, Files: files, WrittenBy: s.WrittenBy, WrittenAt: now.UTC(), NextWake: nextWake}
-	etag, err := WriteManifest(ctx, s.Bucket, s.Host, m, s.etag)
+	etag, err := s.writeManifest(ctx, m)
 	if err != nil {
 		return st, err
 	}
@@ -88,7 +88,7 @@ func (s *Syncer) retention() time.Duration {
 // walk visits DataDir and returns its files (sorted by path), the fingerprint cache and the
 // database states to keep if the manifest is written. Unchanged files (same fingerprint) are
 // not read. SQLite -wal, -shm and -journal files are part of their database, never files of
-// their own. Symlinks are refused.
+// their own. Symlinks, FIFOs, sockets and devices are skipped and listed in st.Skipped.
 func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploader, st *Stats) ([]File, map[string]File, map[string]*dbState, error) {
 	var files []File
 	fresh := make(map[string]File)
@@ -108,10 +108,11 @@ func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploade
 			return err
 		}
 		rel = filepath.ToSlash(rel)
-		if d.Type()&fs.ModeSymlink != 0 {
-			return fmt.Errorf("refusing symlink %s in data dir", rel)
+		if k := oddKind(d.Type()); k != "" {
+			st.Skipped = append(st.Skipped, SkippedFile{Path: rel, Kind: k})
+			return nil
 		}
-		if d.IsDir() || !d.Type().IsRegular() || isSQLiteSidecar(s.DataDir, rel) {
+		if d.IsDir() || isSQLiteSidecar(s.DataDir, rel) {
 			return nil
 		}
 		info, err := d.Info()

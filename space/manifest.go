@@ -187,7 +187,7 @@ func ReadManifest(ctx context.Context, b bucket.Bucket, host string) (*Manifest,
 	if err != nil {
 		return nil, "", fmt.Errorf("reading manifest: %w", err)
 	}
-	if err := m.check(); err != nil {
+	if err := m.Validate(); err != nil {
 		return nil, "", fmt.Errorf("reading manifest: %w", err)
 	}
 	return &m, etag, nil
@@ -206,6 +206,11 @@ func WriteManifest(ctx context.Context, b bucket.Bucket, host string, m *Manifes
 	}
 	info, err := b.Put(ctx, ManifestKey(host), bytes.NewReader(body), int64(len(body)), cond)
 	if errors.Is(err, bucket.ErrPreconditionFailed) || errors.Is(err, bucket.ErrConflict) {
+		// The store may have applied this very write and lost its answer, and a retry
+		// (the SDK's or ours) then fails its own condition: that is not another writer.
+		if etag, ok := landed(ctx, b, ManifestKey(host), body); ok {
+			return etag, nil
+		}
 		return "", ErrFenced
 	}
 	if err != nil {

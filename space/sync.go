@@ -47,6 +47,8 @@ type Stats struct {
 	// HistoryErr is set when the manifest was written but its history entry was not: that
 	// checkpoint cannot be restored to later.
 	HistoryErr error
+	// Skipped lists the files left out because they are not regular files (oddfiles.go).
+	Skipped []SkippedFile
 }
 
 // Syncer moves one space's data directory to and from the bucket. It remembers the manifest
@@ -67,6 +69,9 @@ type Syncer struct {
 
 	manifest *Manifest
 	etag     string
+	// unsure is the body of this box's last manifest write whose outcome is unknown
+	// (an error other than a lost swap): it may have landed (ambiguous.go).
+	unsure []byte
 	// hashes maps a file's stat fingerprint to its snapshot's content, so unchanged files
 	// (and unchanged SQLite databases) are neither re-read nor re-uploaded.
 	hashes map[string]File
@@ -90,7 +95,7 @@ func (s *Syncer) Load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.manifest, s.etag = m, etag
+	s.manifest, s.etag, s.unsure = m, etag, nil
 	s.known = make(map[string]bool)
 	if m != nil {
 		for _, f := range m.Files {
@@ -120,7 +125,8 @@ func (s *Syncer) checkpointV1(ctx context.Context, nextWake *time.Time, now time
 	}
 	defer os.RemoveAll(snap)
 
-	files, staged, err := s.snapshot(ctx, snap)
+	files, staged, skipped, err := s.snapshot(ctx, snap)
+	st.Skipped = skipped
 	if err != nil {
 		return st, err
 	}
@@ -148,7 +154,7 @@ func (s *Syncer) checkpointV1(ctx context.Context, nextWake *time.Time, now time
 		m.Generation = s.manifest.Generation
 	}
 	m.Generation++
-	etag, err := WriteManifest(ctx, s.Bucket, s.Host, m, s.etag)
+	etag, err := s.writeManifest(ctx, m)
 	if err != nil {
 		return st, err
 	}
@@ -187,12 +193,11 @@ func (s *Syncer) upload(ctx context.Context, f File, staged string) (int64, erro
 // snapshot walks DataDir and returns its files (sorted by path) and, for contents the bucket
 // may lack, a staged copy in dir keyed by hash. SQLite databases are copied with VACUUM INTO
 // (a consistent read transaction), never byte-copied live; their -wal, -shm and -journal
-// files are skipped. Symlinks are refused.
-func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]string, error) {
-	var files []File
-	staged := make(map[string]string)
+// files are skipped. Symlinks, FIFOs, sockets and devices are skipped and listed.
+func (s *Syncer) snapshot(ctx context.Context, dir string) (files []File, staged map[string]string, skipped []SkippedFile, err error) {
+	staged = make(map[string]string)
 	fresh := make(map[string]File)
-	err := filepath.WalkDir(s.DataDir, func(p string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(s.DataDir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if p != s.DataDir && errors.Is(err, fs.ErrNotExist) {
 				return nil // removed by the instance while we walked: not part of this snapshot
@@ -207,10 +212,11 @@ func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]s
 			return err
 		}
 		rel = filepath.ToSlash(rel)
-		if d.Type()&fs.ModeSymlink != 0 {
-			return fmt.Errorf("refusing symlink %s in data dir", rel)
+		if k := oddKind(d.Type()); k != "" {
+			skipped = append(skipped, SkippedFile{Path: rel, Kind: k})
+			return nil
 		}
-		if d.IsDir() || !d.Type().IsRegular() {
+		if d.IsDir() {
 			return nil
 		}
 		if isSQLiteSidecar(s.DataDir, rel) {
@@ -261,11 +267,11 @@ func (s *Syncer) snapshot(ctx context.Context, dir string) ([]File, map[string]s
 		}
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, skipped, err
 	}
 	s.hashes = fresh
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
-	return files, staged, nil
+	return files, staged, skipped, nil
 }
 
 // gone reports whether p no longer exists: the instance removed or renamed a file (a

@@ -17,11 +17,15 @@ import (
 // NextWakeFile is where an instance leaves its next wanted wake time, relative to its data dir.
 const NextWakeFile = ".lchat/next-wake"
 
+// nextWakeMax bounds next-wake: an RFC 3339 time is short.
+const nextWakeMax = 256
+
 // ReadNextWake reads $LCHAT_DATA_DIR/.lchat/next-wake: nil when absent or empty. The box
 // reads it with privileges the instance lacks, and the instance controls every name under
 // its data dir: the file is opened beneath the data dir only (a symlink out of it is
-// refused), must be a regular file (a FIFO would block the sleep), and an error never
-// quotes what it read.
+// refused), anything but a small regular file (a FIFO, socket, device, symlink or
+// directory) is refused with ErrNotRegular without blocking, and an error never quotes
+// what it read.
 func ReadNextWake(dataDir string) (*time.Time, error) {
 	root, err := os.OpenRoot(dataDir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -31,19 +35,32 @@ func ReadNextWake(dataDir string) (*time.Time, error) {
 		return nil, err
 	}
 	defer root.Close()
-	f, err := root.OpenFile(filepath.FromSlash(NextWakeFile), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	name := filepath.FromSlash(NextWakeFile)
+	info, err := root.Lstat(name)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %v", NextWakeFile, err)
 	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", NextWakeFile)
+	if err := checkSmallRegular(NextWakeFile, info, nextWakeMax); err != nil {
+		return nil, err
 	}
-	// The instance writes this file; an RFC 3339 time is short, so never read more.
-	data, err := io.ReadAll(io.LimitReader(f, 256))
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENXIO) {
+			return nil, fmt.Errorf("%s: changed while opening: %w", NextWakeFile, ErrNotRegular)
+		}
+		return nil, fmt.Errorf("opening %s: %v", NextWakeFile, err)
+	}
+	defer f.Close()
+	if info, err = f.Stat(); err == nil {
+		err = checkSmallRegular(NextWakeFile, info, nextWakeMax)
+	}
+	if err != nil {
+		return nil, err
+	}
+	data, err := io.ReadAll(io.LimitReader(f, nextWakeMax))
 	if err != nil {
 		return nil, err
 	}

@@ -91,6 +91,9 @@ type Locker struct {
 	mu     sync.Mutex
 	held   map[string]*heldLock
 	closed bool
+	// unsure maps a lock key to the hold of this Locker's last create of it whose
+	// outcome is unknown (the store may have applied it and lost the answer).
+	unsure map[string]string
 }
 
 // heldLock is one lock this Locker holds. Its refresher is the only writer of
@@ -177,7 +180,26 @@ func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
 		return true, nil
 	case errors.Is(err, bucket.ErrPreconditionFailed), errors.Is(err, bucket.ErrConflict):
 	default:
+		l.mu.Lock()
+		if l.unsure == nil {
+			l.unsure = make(map[string]string)
+		}
+		l.unsure[key] = hold
+		l.mu.Unlock()
 		return false, fmt.Errorf("creating lock %s: %w", key, err)
+	}
+	// The lock exists. It may be this Locker's own earlier create whose answer was
+	// lost: then it is held already, not someone else's to wait out.
+	l.mu.Lock()
+	prevHold, ok := l.unsure[key]
+	delete(l.unsure, key)
+	l.mu.Unlock()
+	if ok {
+		if etag, mine := l.ownCreate(ctx, key, prevHold); mine {
+			l.logger().Info("lock create whose answer was lost had landed; holding it", zap.String("lock", name))
+			l.start(key, name, prevHold, etag)
+			return true, nil
+		}
 	}
 
 	etag, stale, err := l.stale(ctx, key)
@@ -317,6 +339,22 @@ func (l *Locker) landed(ctx context.Context, h *heldLock) (string, bool) {
 		return "", false
 	}
 	if b.Hold != h.hold || b.Seq <= h.confirmed || b.Seq > h.seq {
+		return "", false
+	}
+	return obj.ETag, true
+}
+
+// ownCreate reports whether the lock object at key is the unrefreshed create of hold, and
+// its ETag.
+func (l *Locker) ownCreate(ctx context.Context, key, hold string) (string, bool) {
+	obj, err := l.Bucket.Get(ctx, key)
+	if err != nil {
+		return "", false
+	}
+	raw, err := io.ReadAll(io.LimitReader(obj.Body, 64<<10))
+	obj.Body.Close()
+	var b lockBody
+	if err != nil || json.Unmarshal(raw, &b) != nil || b.Hold != hold || b.Seq != 0 {
 		return "", false
 	}
 	return obj.ETag, true

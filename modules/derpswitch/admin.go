@@ -66,20 +66,11 @@ func (a *adminAPI) handleSettings(w http.ResponseWriter, r *http.Request) error 
 	if app == nil {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("derp_switch app is not running")}
 	}
-	var req settingsRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("decoding request: %v", err)}
+	region, err := decodeSettings(r.Body)
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
-	if dec.More() {
-		// Two objects, or an object and junk: which one was meant is a guess.
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("decoding request: trailing data after the JSON object")}
-	}
-	if req.DERPRegion == nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(`missing "derp_region"`)}
-	}
-	if err := app.SetPin(r.Context(), *req.DERPRegion); err != nil {
+	if err := app.SetPin(r.Context(), region); err != nil {
 		status := http.StatusInternalServerError
 		if errors.Is(err, derpswitch.ErrUnknownRegion) {
 			status = http.StatusBadRequest
@@ -87,6 +78,25 @@ func (a *adminAPI) handleSettings(w http.ResponseWriter, r *http.Request) error 
 		return caddy.APIError{HTTPStatus: status, Err: err}
 	}
 	return writeJSON(w, app.Switcher().Status())
+}
+
+// decodeSettings decodes a POST /derp_switch/settings body: exactly one JSON object with
+// a "derp_region" and nothing else.
+func decodeSettings(body io.Reader) (int, error) {
+	var req settingsRequest
+	dec := json.NewDecoder(io.LimitReader(body, 1<<16))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return 0, fmt.Errorf("decoding request: %v", err)
+	}
+	if dec.More() {
+		// Two objects, or an object and junk: which one was meant is a guess.
+		return 0, errors.New("decoding request: trailing data after the JSON object")
+	}
+	if req.DERPRegion == nil {
+		return 0, errors.New(`missing "derp_region"`)
+	}
+	return *req.DERPRegion, nil
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {

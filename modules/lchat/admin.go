@@ -257,7 +257,7 @@ func (a *adminAPI) getRoute(w http.ResponseWriter, host string) error {
 }
 
 func (a *adminAPI) deleteRoute(w http.ResponseWriter, r *http.Request, host string) error {
-	err := a.app.removeRoute(r.Context(), host)
+	err := a.app.removeRoute(r.Context(), host, r.URL.Query().Get("discard") == "true")
 	if errors.Is(err, registry.ErrNotFound) {
 		return apiErr(http.StatusNotFound, "no route for host %s", host)
 	}
@@ -268,14 +268,16 @@ func (a *adminAPI) deleteRoute(w http.ResponseWriter, r *http.Request, host stri
 	return writeJSON(w, http.StatusOK, map[string]string{"removed": host})
 }
 
-// removeRoute deletes host's route (registry.ErrNotFound when it has none), stops its
-// space here and tombstones the row on the peers. The admin API and the console share it.
-func (a *App) removeRoute(ctx context.Context, host string) error {
+// removeRoute deletes host's route (registry.ErrNotFound when it has none), saves and
+// stops its space here (discard: stops it without saving) and tombstones the row on the
+// peers. The admin API and the console share it.
+func (a *App) removeRoute(ctx context.Context, host string, discard bool) error {
 	rt, err := a.shared.reg.Get(host)
 	if err != nil {
 		return err
 	}
-	// Remove the row first so no new request wakes the space, then stop it, delete its
+	// Remove the row first so no new request wakes the space, then save and stop it
+	// (Forget checkpoints first; Discard is the explicit choice not to), delete its
 	// scheduled wake record and drop its local state. Its other bucket data stays. A
 	// live route may have been a space before (hibernation turned off): Forget it too.
 	if err := a.shared.reg.Delete(host); err != nil {
@@ -283,10 +285,15 @@ func (a *App) removeRoute(ctx context.Context, host string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := a.shared.eng.Forget(ctx, host); err != nil {
-		return fmt.Errorf("route %s removed, but stopping its space failed: %v", host, err)
+	forget := a.shared.eng.Forget
+	if discard {
+		forget = a.shared.eng.Discard
 	}
-	a.meshTombstone(host, rt.HomeRegion)
+	err = forget(ctx, host)
+	a.meshTombstone(host, rt.HomeRegion) // the route is gone here whatever the space's state
+	if err != nil {
+		return fmt.Errorf("route %s removed, but saving and stopping its space failed: %v", host, err)
+	}
 	return nil
 }
 

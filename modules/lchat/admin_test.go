@@ -23,7 +23,7 @@ import (
 	"github.com/lchat/lchat-caddy/space"
 )
 
-func newTestAdmin(t *testing.T) *adminAPI {
+func newTestAdmin(t testing.TB) *adminAPI {
 	t.Helper()
 	reg, err := registry.Open(filepath.Join(t.TempDir(), "reg.db"), registry.Options{})
 	if err != nil {

@@ -4,7 +4,6 @@
 package lchat
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -73,6 +72,11 @@ type App struct {
 	// awake space), so a stuck bucket or instance cannot hold leases forever; spaces not
 	// drained by then are left to their last sync. Default 60s.
 	DrainTimeout caddy.Duration `json:"drain_timeout,omitempty"`
+
+	// TombstoneTTL is how long a deleted host is remembered, so that a replicated row
+	// older than the delete, arriving late, cannot bring it back. Default 7 days
+	// (registry.DefaultTombstoneTTL).
+	TombstoneTTL caddy.Duration `json:"tombstone_ttl,omitempty"`
 
 	// Mesh tunes the mesh (intervals, trusted roots for peers). The mesh is on only
 	// when LCHAT_MESH_SELF is set; see MeshOptions.
@@ -196,6 +200,7 @@ type shared struct {
 	// requests. Both only grow; the console charts their rates.
 	counted  *bucket.Counted
 	requests atomic.Uint64
+	drain    drainState // the drain, started at once on a process exit (shutdown.go)
 
 	// kindsMu serializes applying kinds (App.Start) and unwinding them (App.Stop).
 	kindsMu sync.Mutex
@@ -213,12 +218,10 @@ type shared struct {
 // frees it at once; the heartbeat is deleted last. See mesh.Membership.MarkDraining.
 func (s *shared) Destruct() error {
 	start := time.Now()
-	if s.mesh != nil {
-		s.mesh.markDraining()
+	if s.drain.stop != nil {
+		close(s.drain.stop)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.drainTimeout)
-	err := s.eng.Drain(ctx)
-	cancel()
+	err := s.drainSpaces() // already under way, or done, on a process exit
 	s.eng.Close()
 	if s.mesh != nil {
 		// Every drain write has returned by now: only then may peers count this box gone.
@@ -343,7 +346,12 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 	if err := os.MkdirAll(a.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating state_dir: %v", err)
 	}
-	reg, err := registry.Open(a.Registry, registry.Options{})
+	// Revisions of this box's changes name it by its mesh SELF (registry/version.go).
+	origin := a.meshCfg.Self
+	if origin == "" {
+		origin = "local"
+	}
+	reg, err := registry.Open(a.Registry, registry.Options{Origin: origin, TombstoneTTL: time.Duration(a.TombstoneTTL)})
 	if err != nil {
 		return nil, err
 	}
@@ -404,7 +412,9 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),
 		zap.String("bucket", bkt.String()), zap.String("state_dir", a.StateDir))
 	eng.Observe(observeMetrics)
-	return &shared{reg: reg, eng: eng, bucket: bkt, counted: counted, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}, nil
+	s := &shared{reg: reg, eng: eng, bucket: bkt, counted: counted, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}
+	s.watchExit()
+	return s, nil
 }
 
 // checkConsistency refuses a mesh config that contradicts itself and logs what only

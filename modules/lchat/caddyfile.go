@@ -130,6 +130,10 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := durationArg(d, &a.DrainTimeout); err != nil {
 				return err
 			}
+		case "tombstone_ttl":
+			if err := durationArg(d, &a.TombstoneTTL); err != nil {
+				return err
+			}
 		case "wildcard_domains":
 			args := d.RemainingArgs()
 			if len(args) == 0 {

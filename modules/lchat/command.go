@@ -52,10 +52,18 @@ minting at once never collide; otherwise from a counter of this box alone.
 	})
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "remove",
-		Usage: "<host> [--address <admin>]",
-		Short: "Removes a route and stops its space (bucket data is kept)",
+		Usage: "<host> [--discard] [--address <admin>]",
+		Short: "Removes a route, saving and stopping its space (bucket data is kept)",
+		Long: `
+Removes <host>'s route. An awake space is stopped and checkpointed first, so
+every write it acknowledged is in the bucket (a re-created route finds it); if
+the checkpoint fails the route is still removed, the local state is kept and
+the command fails. --discard stops the space without saving what it wrote
+since its last checkpoint.
+`,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Args = cobra.ExactArgs(1)
+			cmd.Flags().Bool("discard", false, "Drop the space's writes since its last checkpoint instead of saving them")
 			addAdminFlags(cmd)
 			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdRemove)
 		},
@@ -204,7 +212,11 @@ func cmdRemove(fs caddycmd.Flags) (int, error) {
 	if err := registry.ValidateHost(host); err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	if err := adminCall(fs, http.MethodDelete, "/lchat/routes/"+host, nil, nil); err != nil {
+	uri := "/lchat/routes/" + host
+	if fs.Bool("discard") {
+		uri += "?discard=true"
+	}
+	if err := adminCall(fs, http.MethodDelete, uri, nil, nil); err != nil {
 		return cliErr(err)
 	}
 	fmt.Printf("removed %s\n", host)

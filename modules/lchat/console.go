@@ -193,7 +193,7 @@ func (c consoleSource) Remove(ctx context.Context, host string) error {
 	if err != nil {
 		return err
 	}
-	if err := a.removeRoute(ctx, host); errors.Is(err, registry.ErrNotFound) {
+	if err := a.removeRoute(ctx, host, false); errors.Is(err, registry.ErrNotFound) {
 		return fmt.Errorf("no route for host %s", host)
 	} else if err != nil {
 		return err

@@ -80,6 +80,9 @@ func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
 				"wake_scan_interval": "10s",
 			},
 			"http": map[string]any{
+				// Bounded, like the shipped Caddyfiles: an open stream must not hold
+				// Ctrl-C forever (Caddy's default grace period is eternal).
+				"grace_period": "10s",
 				"servers": map[string]any{
 					"dev": map[string]any{
 						"listen":          []string{listen},

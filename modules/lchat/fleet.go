@@ -217,9 +217,9 @@ func (a *meshAdmin) seed(w http.ResponseWriter, r *http.Request, ms *meshState) 
 		}
 		emit(ev)
 	}
-	for i, host := range tombs {
-		ev := SeedEvent{Event: "tombstone", Host: host, N: i + 1, Of: len(tombs)}
-		if err := client.DeleteRoute(ctx, peer, host); err != nil {
+	for i, tomb := range tombs {
+		ev := SeedEvent{Event: "tombstone", Host: tomb.Host, N: i + 1, Of: len(tombs)}
+		if err := client.DeleteRoute(ctx, peer, tomb.Host, tomb.Rev); err != nil {
 			fails++
 			ev.Event, ev.Error = "error", err.Error()
 		}

@@ -88,10 +88,12 @@ func newPeerTransport(ms *meshState) *peerTransport {
 		},
 		// Pools are per (peer, instance host): bound the total too, or a box that
 		// forwards for many hosts keeps a TLS connection open for each of them.
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   32,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 0, // a wake on the peer may take a while; its handler bounds it
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     90 * time.Second,
+		// A wake on the peer may take a while (restore, readiness), but a peer that
+		// never answers must not hold the request, and its client, forever.
+		ResponseHeaderTimeout: peerResponseHeaderTimeout,
 		ExpectContinueTimeout: time.Second,
 	}
 	return pt
@@ -156,6 +158,10 @@ func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return resp, nil
 }
+
+// peerResponseHeaderTimeout bounds the wait for a forwarded request's response headers:
+// longer than a wake's default readiness timeout plus a restore, far shorter than forever.
+const peerResponseHeaderTimeout = 2 * time.Minute
 
 // peerDialAddr is host:port of a SELF URL.
 func peerDialAddr(u *url.URL) string {

@@ -88,6 +88,7 @@ type meshCounters struct {
 	rowsIn          atomic.Uint64 // rows replicated in from peers
 	rowsRejected    atomic.Uint64 // peer rows refused (malformed, out of scope, kind)
 	tombstonesIn    atomic.Uint64 // tombstones applied from peers
+	rowsStale       atomic.Uint64 // peer rows and tombstones older than what is held here
 }
 
 func (ms *meshState) counters() map[string]uint64 {
@@ -105,6 +106,7 @@ func (ms *meshState) counters() map[string]uint64 {
 		"rows_in":          c.rowsIn.Load(),
 		"rows_rejected":    c.rowsRejected.Load(),
 		"tombstones_in":    c.tombstonesIn.Load(),
+		"rows_stale":       c.rowsStale.Load(),
 		"fanouts":          fanouts,
 		"fanout_errors":    fanoutErrors,
 	}
@@ -181,11 +183,15 @@ func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger 
 		FenceMargin: time.Duration(opts.FenceMargin),
 		OnFence:     ms.onFence,
 		Logger:      logger.Named("membership"),
+		WallClock:   testWallClock(logger),
 	})
 	if err != nil {
 		ms.cancel()
 		return nil, err
 	}
+	// Markers are signed and checked against the bucket's clock, not this box's wall
+	// clock: boxes whose clocks disagree still recognize each other's (mesh/clock.go).
+	ms.marker.Now = ms.m.BucketNow
 	ms.box = &mesh.Box{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, IsDraining: ms.m.Draining,
 		Holders: new(mesh.Holders), Placement: ms.m.Placement()}
 	ms.repl = &mesh.Replicator{Box: ms.box, Client: ms.client, Ctx: ms.ctx}

@@ -104,7 +104,19 @@ func (h *MeshAPI) putRoute(w http.ResponseWriter, r *http.Request) error {
 		ms.c.rowsRejected.Add(1)
 		return caddyhttp.Error(refusedStatus(err), err)
 	}
-	stored, err := h.app.shared.reg.Put(rt)
+	// A row with a revision is stored only if it is newer than the row or tombstone
+	// held here (registry/version.go); one without comes from a box that predates
+	// revisions and is stored as before, with no revision (any versioned change wins).
+	var stored registry.Route
+	if rt.Rev != "" {
+		stored, err = h.app.shared.reg.ApplyRow(rt)
+	} else {
+		stored, err = h.app.shared.reg.PutUnversioned(rt)
+	}
+	if errors.Is(err, registry.ErrStale) {
+		ms.c.rowsStale.Add(1)
+		return writeJSON(w, http.StatusOK, map[string]string{"stale": row.Host})
+	}
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
@@ -138,11 +150,29 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 		ms.c.rowsRejected.Add(1)
 		return caddyhttp.Error(refusedStatus(err), err)
 	}
-	err := h.app.shared.reg.Delete(host)
-	if err != nil && !errors.Is(err, registry.ErrNotFound) {
+	var existed bool
+	var err error
+	if rev := r.Header.Get(mesh.RevHeader); rev != "" {
+		if !registry.ValidRev(rev) {
+			ms.c.rowsRejected.Add(1)
+			return caddyhttp.Error(http.StatusBadRequest, errors.New("invalid tombstone revision"))
+		}
+		existed, err = h.app.shared.reg.ApplyTombstone(host, rev)
+		if errors.Is(err, registry.ErrStale) {
+			// The row here is newer than this tombstone (a re-create): it stays.
+			ms.c.rowsStale.Add(1)
+			return writeJSON(w, http.StatusOK, map[string]any{"stale": host})
+		}
+	} else {
+		err = h.app.shared.reg.DeleteUnversioned(host)
+		existed = err == nil
+		if errors.Is(err, registry.ErrNotFound) {
+			err = nil
+		}
+	}
+	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
-	existed := err == nil
 	// Stop the space if it runs here and drop its local state; its data in the bucket stays.
 	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 	defer cancel()
@@ -172,10 +202,11 @@ func (a *App) meshFanout(rt registry.Route) {
 	}
 }
 
-// meshTombstone fans a deletion out like meshFanout.
+// meshTombstone fans a deletion out like meshFanout, with the tombstone's revision.
 func (a *App) meshTombstone(host, homeRegion string) {
 	if ms := a.shared.mesh; ms != nil {
-		ms.repl.Delete(host, homeRegion)
+		rev, _ := a.shared.reg.TombstoneRev(host)
+		ms.repl.Delete(host, homeRegion, rev)
 	}
 }
 

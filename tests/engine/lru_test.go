@@ -2,6 +2,9 @@ package engine_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,15 +30,68 @@ func TestMaxAwakeSleepsLeastRecentlyUsed(t *testing.T) {
 			t.Fatalf("%s is %s, want awake", h, st)
 		}
 	}
-	// A space in use is never the victim: hold a and c, wake b over the cap.
+	// A space in use (a request or an open stream holding its Use) is never the victim,
+	// and the cap holds: with a and c held, the wake of b is refused with a Retry-After,
+	// without touching the bucket; once c is released and idle, b wakes in its place.
 	ua, uc := acquire(t, e, a), acquire(t, e, c)
 	defer ua.Release()
-	defer uc.Release()
-	acquire(t, e, b).Release()
-	for _, h := range []string{"a.test", "b.test", "c.test"} {
-		if st := status(e, h).State; st != engine.StateAwake {
-			t.Fatalf("%s is %s while in use, want awake", h, st)
+	_, err := e.Acquire(context.Background(), b)
+	var re *engine.RetryError
+	if !errors.As(err, &re) || re.After <= 0 {
+		t.Fatalf("wake over the cap with every awake space in use = %v, want a RetryError with Retry-After", err)
+	}
+	for h, want := range map[string]string{"a.test": engine.StateAwake, "b.test": engine.StateAsleep, "c.test": engine.StateAwake} {
+		if st := status(e, h).State; st != want {
+			t.Fatalf("%s is %s after a refused wake over the cap, want %s", h, st, want)
 		}
+	}
+	if n := e.Counters().CapRefusals; n != 1 {
+		t.Fatalf("cap_refusals = %d, want 1", n)
+	}
+	uc.Release()
+	acquire(t, e, b).Release()
+	for h, want := range map[string]string{"a.test": engine.StateAwake, "b.test": engine.StateAwake, "c.test": engine.StateAsleep} {
+		if st := status(e, h).State; st != want {
+			t.Fatalf("%s is %s after c went idle, want %s", h, st, want)
+		}
+	}
+}
+
+// TestMaxAwakeHoldsUnderConcurrentWakes: many spaces woken at once never put more than
+// MaxAwake of them awake, whatever the interleaving.
+func TestMaxAwakeHoldsUnderConcurrentWakes(t *testing.T) {
+	f := newFixture(t)
+	e := f.engine("1", func(c *engine.Config) { c.MaxAwake = 2 })
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var held []*engine.Use
+	for i := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			u, err := e.Acquire(context.Background(), engine.Space{Host: fmt.Sprintf("s%d.test", i), Kind: "app"})
+			if err == nil {
+				mu.Lock()
+				held = append(held, u) // held like an open stream: never released here
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	awake := 0
+	for _, st := range e.Status() {
+		if st.State == engine.StateAwake || st.State == engine.StateWaking {
+			awake++
+		}
+	}
+	if awake > 2 || len(held) > 2 {
+		t.Fatalf("%d spaces awake, %d uses granted under max_awake 2", awake, len(held))
+	}
+	if len(held) == 0 {
+		t.Fatal("no wake succeeded")
+	}
+	for _, u := range held {
+		u.Release()
 	}
 }
 

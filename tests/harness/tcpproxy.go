@@ -2,6 +2,7 @@ package harness
 
 import (
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"testing"
@@ -15,16 +16,24 @@ type TCPProxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex // guards the fields below
-	delay time.Duration
-	down  bool
-	conns map[net.Conn]struct{}
+	mu     sync.Mutex // guards the fields below
+	delay  time.Duration
+	jitter time.Duration // a random delay in [0, jitter) before each chunk sent to the target
+	drop   int           // answers still to drop (DropResponses)
+	down   bool
+	conns  map[net.Conn]struct{}
 }
 
 // StartTCPProxy listens on 127.0.0.1:0 and forwards to target until the test ends.
 func StartTCPProxy(t testing.TB, target string) *TCPProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return StartTCPProxyOn(t, "127.0.0.1", target)
+}
+
+// StartTCPProxyOn is StartTCPProxy listening on ip (a free port).
+func StartTCPProxyOn(t testing.TB, ip, target string) *TCPProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,6 +50,15 @@ func (p *TCPProxy) Addr() string { return p.ln.Addr().String() }
 func (p *TCPProxy) SetDelay(d time.Duration) {
 	p.mu.Lock()
 	p.delay = d
+	p.mu.Unlock()
+}
+
+// SetJitter delays each chunk sent from a client to the target by a random time in
+// [0, max): requests sent on different connections then arrive in another order than
+// they were sent, as over a congested or lossy link.
+func (p *TCPProxy) SetJitter(max time.Duration) {
+	p.mu.Lock()
+	p.jitter = max
 	p.mu.Unlock()
 }
 
@@ -117,14 +135,59 @@ func (p *TCPProxy) handle(client net.Conn) {
 	defer p.untrack(client)
 	defer p.untrack(server)
 	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
+	pipe := func(dst io.WriteCloser, src net.Conn) {
 		io.Copy(dst, src)
 		dst.Close()
 		src.Close()
 		done <- struct{}{}
 	}
-	go pipe(server, client)
-	go pipe(client, server)
+	go pipe(jittered{server, p}, client)
+	go pipe(dropping{client, p}, server)
 	<-done
 	<-done
+}
+
+// jittered writes to its connection after the proxy's current jitter.
+type jittered struct {
+	net.Conn
+	p *TCPProxy
+}
+
+func (j jittered) Write(b []byte) (int, error) {
+	j.p.mu.Lock()
+	jitter := j.p.jitter
+	j.p.mu.Unlock()
+	if jitter > 0 {
+		time.Sleep(rand.N(jitter))
+	}
+	return j.Conn.Write(b)
+}
+
+// DropResponses makes the proxy drop the next n answers from the target: the request has
+// reached the target (which acts on it), but its answer never reaches the client, whose
+// connection is cut instead -- a commit whose response was lost.
+func (p *TCPProxy) DropResponses(n int) {
+	p.mu.Lock()
+	p.drop = n
+	p.mu.Unlock()
+}
+
+// dropping writes the target's answers to the client unless the proxy is to drop one.
+type dropping struct {
+	net.Conn
+	p *TCPProxy
+}
+
+func (d dropping) Write(b []byte) (int, error) {
+	d.p.mu.Lock()
+	drop := d.p.drop > 0
+	if drop {
+		d.p.drop--
+	}
+	d.p.mu.Unlock()
+	if drop {
+		d.Conn.Close()
+		return 0, net.ErrClosed
+	}
+	return d.Conn.Write(b)
 }

@@ -1,0 +1,185 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/space"
+)
+
+func TestWakeBackoff(t *testing.T) {
+	for n, want := range map[int]time.Duration{0: 0, 1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second,
+		7: 64 * time.Second, 8: wakeBackoffMax, 64: wakeBackoffMax} {
+		if got := wakeBackoff(n); got != want {
+			t.Errorf("wakeBackoff(%d) = %v, want %v", n, got, want)
+		}
+	}
+}
+
+// flood sends requests for sp from 16 goroutines for d and returns the errors seen.
+func flood(e *Engine, sp Space, d time.Duration) []error {
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				u, err := e.Acquire(context.Background(), sp)
+				if u != nil {
+					u.Release()
+				}
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// checkRefusals asserts every failed request was a 503-style RetryError whose Retry-After
+// is the remaining backoff: positive and no longer than the longest backoff reached.
+func checkRefusals(t *testing.T, errs []error, longest time.Duration) {
+	t.Helper()
+	for _, err := range errs {
+		var re *RetryError
+		if !errors.As(err, &re) {
+			t.Fatalf("request during a failing wake = %v, want a RetryError", err)
+		}
+		if re.After <= 0 || re.After > longest {
+			t.Fatalf("Retry-After %v, want within (0, %v]", re.After, longest)
+		}
+	}
+}
+
+// TestFailedWakeBacksOff: a flood of requests to a space whose wake fails (a corrupt blob,
+// then a bucket that refuses everything) makes one wake attempt per backoff step, not one
+// per request, and never puts the healthy awake space to sleep to make room. Once the
+// cause is gone the next wake succeeds and the backoff starts over.
+func TestFailedWakeBacksOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a real instance")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "eng")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	e, c := newCountingEngine(t, Config{StateDir: dir, MaxAwake: 1, Kinds: map[string]Kind{"app": {
+		Command:     self,
+		Env:         map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+		Replication: Replication{Class: ReplicateSleep},
+		StopGrace:   5 * time.Second,
+	}}})
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e.Drain(ctx)
+		e.Close()
+	}()
+	ctx := context.Background()
+
+	// A healthy space holds the only awake slot, idle: a wake elsewhere may sleep it.
+	healthy := Space{Host: "healthy.example.com", Kind: "app"}
+	u, err := e.Acquire(ctx, healthy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Release()
+
+	// The broken space's manifest names a blob whose bytes do not match their hash.
+	const host = "broken.example.com"
+	sum := sha256.Sum256([]byte("the real bytes"))
+	hexSum := hex.EncodeToString(sum[:])
+	if _, err := c.Bucket.Put(ctx, space.BlobKey(host, hexSum), strings.NewReader("corrupted!"), 10, bucket.Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := space.WriteManifest(ctx, c.Bucket, host, &space.Manifest{Generation: 1,
+		Files: []space.File{{Path: "notes.txt", Size: 14, SHA256: hexSum, Mode: 0o600}}}, ""); err != nil {
+		t.Fatal(err)
+	}
+	var blobGets, leaseOps atomic.Int64
+	var cut atomic.Bool
+	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
+		if !strings.HasPrefix(key, "spaces/"+host+"/") {
+			return nil
+		}
+		if op == membucket.OpGet && strings.Contains(key, "/blobs/") {
+			blobGets.Add(1)
+		}
+		if strings.HasSuffix(key, "/lease") {
+			leaseOps.Add(1)
+		}
+		if cut.Load() {
+			return errors.New("injected: bucket unreachable")
+		}
+		return nil
+	})
+	broken := Space{Host: host, Kind: "app"}
+
+	// 2.5 s of flood: attempts at 0 s, 1 s (backoff 1 s) and 3 s (2 s) at most: two.
+	errs := flood(e, broken, 2500*time.Millisecond)
+	checkRefusals(t, errs, 2*time.Second)
+	if n := blobGets.Load(); n < 1 || n > 2 {
+		t.Fatalf("corrupt blob: %d restore attempts under %d requests in 2.5 s, want 1 or 2", n, len(errs))
+	}
+	if st := stateOf(e.lookup(healthy.Host)); st != StateAwake {
+		t.Fatalf("healthy space is %s after failed wakes of another, want awake (never slept to make room)", st)
+	}
+
+	// The bucket cut: each attempt is one lease request (which fails), once per backoff step. The
+	// backoff went on growing (4 s next), so wait it out once, then flood.
+	in := e.lookup(host)
+	in.mu.Lock()
+	in.retryAt = time.Now() // skip the rest of the corrupt-blob backoff
+	in.mu.Unlock()
+	cut.Store(true)
+	leaseOps.Store(0)
+	errs = flood(e, broken, 2*time.Second)
+	checkRefusals(t, errs, 8*time.Second)
+	if n := leaseOps.Load(); n != 1 {
+		t.Fatalf("bucket cut: %d wake attempts under %d requests in 2 s with a %v backoff, want 1", n, len(errs), wakeBackoff(4))
+	}
+	if got := e.Counters().WakeFailures; got < 3 {
+		t.Fatalf("wake_failures = %d, want at least 3", got)
+	}
+
+	// Healed: fix the blob, let the backoff pass; the wake succeeds and resets it.
+	cut.Store(false)
+	if _, err := c.Bucket.Put(ctx, space.BlobKey(host, hexSum), strings.NewReader("the real bytes"), 14, bucket.Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	in.mu.Lock()
+	in.retryAt = time.Now()
+	in.mu.Unlock()
+	u, err = e.Acquire(ctx, broken)
+	if err != nil {
+		t.Fatalf("wake after the fault healed: %v", err)
+	}
+	u.Release()
+	in.mu.Lock()
+	fails := in.wakeFails
+	in.mu.Unlock()
+	if fails != 0 {
+		t.Fatalf("consecutive failures after a successful wake = %d, want 0", fails)
+	}
+}

@@ -1,0 +1,162 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/space"
+)
+
+// post sends an acknowledged write to the test instance (it appends the path to notes.txt).
+func post(t *testing.T, u *Use, path string) {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", u.Socket())
+	}}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post("http://instance"+path, "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST %s: %s", path, resp.Status)
+	}
+}
+
+// savedNotes reads notes.txt from the space's current checkpoint in the bucket, by
+// restoring it into a scratch directory (any manifest format).
+func savedNotes(t *testing.T, b bucket.Bucket, host string) string {
+	t.Helper()
+	dir := t.TempDir()
+	s := &space.Syncer{Bucket: b, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work")}
+	ctx := context.Background()
+	if err := s.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(filepath.Join(s.DataDir, "notes.txt"))
+	return string(data)
+}
+
+func forgetTestEngine(t *testing.T) (*Engine, *membucket.Counting) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "eng")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	e, c := newCountingEngine(t, Config{StateDir: dir, Kinds: map[string]Kind{"app": {
+		Command:     self,
+		Env:         map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+		Replication: Replication{Class: ReplicateSleep},
+		StopGrace:   5 * time.Second,
+	}}})
+	t.Cleanup(e.Close)
+	return e, c
+}
+
+// TestForgetSavesBeforeRemoving: removing (or tombstoning) an awake space saves the
+// writes it acknowledged since its last checkpoint; a re-created route finds them. The
+// old Forget stopped the instance and dropped its data dir without a checkpoint.
+func TestForgetSavesBeforeRemoving(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	e, c := forgetTestEngine(t)
+	ctx := context.Background()
+	sp := Space{Host: "removed.example.com", Kind: "app"}
+	u, err := e.Acquire(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post(t, u, "/acknowledged-1")
+	post(t, u, "/acknowledged-2")
+	u.Release()
+	if err := e.Forget(ctx, sp.Host); err != nil {
+		t.Fatal(err)
+	}
+	if got := savedNotes(t, c.Bucket, sp.Host); got != "/acknowledged-1\n/acknowledged-2\n" {
+		t.Fatalf("bucket after removing an awake space holds %q, want both acknowledged writes", got)
+	}
+	if l, _, _ := space.ReadLease(ctx, c.Bucket, sp.Host); !l.Released {
+		t.Fatalf("lease after removal = %+v, want released", l)
+	}
+	if e.lookup(sp.Host) != nil {
+		t.Fatal("removed space still known")
+	}
+
+	// When the checkpoint fails the local state is kept and the removal reports it.
+	u, err = e.Acquire(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post(t, u, "/acknowledged-3")
+	u.Release()
+	var refuse atomic.Bool
+	refuse.Store(true)
+	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
+		if refuse.Load() && op == membucket.OpPut && strings.HasSuffix(key, "/manifest") {
+			return errors.New("injected: bucket refused the manifest")
+		}
+		return nil
+	})
+	if err := e.Forget(ctx, sp.Host); err == nil {
+		t.Fatal("removal with a failing checkpoint reported success")
+	}
+	if e.lookup(sp.Host) == nil {
+		t.Fatal("local state dropped although the checkpoint failed")
+	}
+	refuse.Store(false)
+	if err := e.Forget(ctx, sp.Host); err != nil {
+		t.Fatalf("removal once the bucket takes writes again: %v", err)
+	}
+	if got := savedNotes(t, c.Bucket, sp.Host); !strings.HasSuffix(got, "/acknowledged-3\n") {
+		t.Fatalf("bucket after the retried removal holds %q, want the third write", got)
+	}
+}
+
+// TestDiscardDropsUnsavedState: Discard is the named choice of not saving.
+func TestDiscardDropsUnsavedState(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	e, c := forgetTestEngine(t)
+	ctx := context.Background()
+	sp := Space{Host: "discarded.example.com", Kind: "app"}
+	u, err := e.Acquire(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post(t, u, "/unsaved")
+	pid := e.Status()[0].PID
+	u.Release()
+	if err := e.Discard(ctx, sp.Host); err != nil {
+		t.Fatal(err)
+	}
+	if got := savedNotes(t, c.Bucket, sp.Host); got != "" {
+		t.Fatalf("bucket after Discard holds %q, want nothing saved", got)
+	}
+	if !procGone(pid) {
+		t.Fatal("instance running after Discard")
+	}
+	if l, _, _ := space.ReadLease(ctx, c.Bucket, sp.Host); !l.Released {
+		t.Fatalf("lease after Discard = %+v, want released", l)
+	}
+}
