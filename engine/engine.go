@@ -69,6 +69,9 @@ type Kind struct {
 	WakePath string
 	// Retention is how long checkpoints stay restorable. Default space.DefaultRetention.
 	Retention time.Duration
+	// GCGrace is how young an unreferenced object must be to survive a collection (an
+	// upload, restore or relocate copy in flight). Default space.DefaultGCGrace.
+	GCGrace time.Duration
 }
 
 // Space is one route the engine is asked to serve.
