@@ -135,3 +135,23 @@ func TestRestoreDetectsCorruptDatabaseObjects(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointGCHonoursGrace: the collection a checkpoint runs keeps unreferenced objects
+// younger than the syncer's GCGrace (default an hour) and deletes them once older.
+func TestCheckpointGCHonoursGrace(t *testing.T) {
+	for _, tc := range []struct {
+		grace      time.Duration
+		wantDelete bool
+	}{{0, false}, {time.Nanosecond, true}} {
+		b := backends["file"](t)
+		s, write := newChat(t, b, 500)
+		s.Retention, s.GCGrace = time.Nanosecond, tc.grace // only the newest generations are retained
+		write(gcInterval - 1)
+		before := len(listKeys(t, b, "spaces/s.test/objs/"))
+		write(1) // generation gcInterval: collects
+		after := len(listKeys(t, b, "spaces/s.test/objs/"))
+		if deleted := after < before; deleted != tc.wantDelete {
+			t.Fatalf("grace %v: %d objects before the collection, %d after; want deleted %v", tc.grace, before, after, tc.wantDelete)
+		}
+	}
+}

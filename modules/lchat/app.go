@@ -118,6 +118,9 @@ type Kind struct {
 	// Retention is how long this kind's checkpoints stay restorable (history, point-in-time
 	// restore). Default 7 days.
 	Retention caddy.Duration `json:"retention,omitempty"`
+	// GCGrace is how young an unreferenced object must be to survive garbage collection
+	// (covers uploads, restores and relocate copies in flight). Default 1h.
+	GCGrace caddy.Duration `json:"gc_grace,omitempty"`
 }
 
 // Replication is a kind's replication class.
@@ -445,6 +448,7 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		WakePath:     kc.WakePath,
 		AllowedEnv:   kc.AllowedEnv,
 		Retention:    time.Duration(kc.Retention),
+		GCGrace:      time.Duration(kc.GCGrace),
 	}
 	if k.Command == "{self}" {
 		exe, err := os.Executable()
