@@ -120,9 +120,10 @@ func TestAdaptSingle(t *testing.T) {
 	if got := dig(cfg, "apps", "lchat", "bucket", "backend"); got != "s3" {
 		t.Errorf("bucket backend = %v", got)
 	}
-	// The admin API (routes with their env, pins, config) stays on loopback by default.
-	if got := dig(cfg, "admin", "listen"); got != "localhost:2019" {
-		t.Errorf("admin listen = %v, want localhost:2019", got)
+	// The admin API (routes with their env, pins, config) is a Unix socket only the
+	// box's user may open: spaces run under other uids on the same machine.
+	if got := dig(cfg, "admin", "listen"); got != "unix//run/lchat-caddy/admin.sock|0600" {
+		t.Errorf("admin listen = %v, want unix//run/lchat-caddy/admin.sock|0600", got)
 	}
 	if got := dig(cfg, "apps", "lchat", "kinds", "demo", "idle_timeout"); got == nil {
 		t.Errorf("demo kind missing: %s", raw)
@@ -219,8 +220,8 @@ func TestAdaptMesh(t *testing.T) {
 	if got := dig(cfg, "storage", "module"); got != "lchat" {
 		t.Errorf("LCHAT_CERT_CACHE=s3: storage module = %v, want lchat", got)
 	}
-	if got := dig(cfg, "admin", "listen"); got != "localhost:2019" {
-		t.Errorf("admin listen = %v, want localhost:2019", got)
+	if got := dig(cfg, "admin", "listen"); got != "unix//run/lchat-caddy/admin.sock|0600" {
+		t.Errorf("admin listen = %v, want unix//run/lchat-caddy/admin.sock|0600", got)
 	}
 	var selfPolicy bool
 	for _, p := range policies(t, cfg) {

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/sandbox"
 	"github.com/lchat/lchat-caddy/space"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
@@ -72,6 +73,10 @@ type Kind struct {
 	// GCGrace is how young an unreferenced object must be to survive a collection (an
 	// upload, restore or relocate copy in flight). Default space.DefaultGCGrace.
 	GCGrace time.Duration
+	// Isolation is IsolationAuto (default), IsolationOn or IsolationNone (isolate.go).
+	Isolation string
+	// Limits bound each instance of this kind; zero fields are unlimited.
+	Limits Limits
 }
 
 // Space is one route the engine is asked to serve.
@@ -108,7 +113,14 @@ type Config struct {
 	// instances: they must be gone before peers count this box dead and take over.
 	// Zero: each kind's StopGrace.
 	FenceStopGrace time.Duration
-	Logger         *zap.Logger
+	// UIDFirst and UIDCount are the range isolated spaces get their uid and gid from.
+	// Default sandbox.DefaultUIDFirst (3000000) and sandbox.DefaultUIDCount (65536).
+	UIDFirst, UIDCount uint32
+	// LogMaxMB caps each space's instance.log, in MiB, before it rotates. Default 10.
+	LogMaxMB int
+	// LogBackups is how many rotated instance logs each space keeps. Default 2.
+	LogBackups int
+	Logger     *zap.Logger
 }
 
 // errFencedNoWrite is why a fenced box writes nothing.
@@ -157,6 +169,10 @@ type SpaceStatus struct {
 	PID           int       `json:"pid,omitempty"`
 	LastSync      time.Time `json:"last_sync,omitzero"`
 	LastSyncError string    `json:"last_sync_error,omitempty"`
+	// Size is the bytes of the space's files as of its last wake or checkpoint here.
+	Size int64 `json:"size,omitempty"`
+	// LastCrash says why the instance last ended on its own ("out of memory ...").
+	LastCrash string `json:"last_crash,omitempty"`
 }
 
 // Counters are totals since the engine was created.
@@ -169,10 +185,11 @@ type Counters struct {
 	Syncs          uint64 `json:"syncs"`
 	BlobsUploaded  uint64 `json:"blobs_uploaded"`
 	BytesUploaded  uint64 `json:"bytes_uploaded"`
+	OOMKills       uint64 `json:"oom_kills"`
 }
 
 type counters struct {
-	wakes, sleeps, crashes, leaseConflicts, fenced, syncs, blobsUploaded, bytesUploaded atomic.Uint64
+	wakes, sleeps, crashes, leaseConflicts, fenced, syncs, blobsUploaded, bytesUploaded, oomKills atomic.Uint64
 }
 
 // Engine runs the spaces of one box. Its methods are safe for concurrent use.
@@ -186,6 +203,7 @@ type Engine struct {
 	start  sync.Once
 	close  sync.Once
 	c      counters
+	obs    observers
 
 	kinds    atomic.Pointer[map[string]Kind] // written by New and SetKinds only
 	fenced   atomic.Bool                     // written by SetFenced only
@@ -197,6 +215,9 @@ type Engine struct {
 	wakeMu        sync.Mutex
 	wakeSlots     map[string]*wakeSlot // by host; see setWakeRecord
 	wakeRetryBase time.Duration        // first backoff of a failed wake record write
+
+	uidMu sync.Mutex
+	uids  *sandbox.UIDs // opened by uidAlloc on the first isolated wake
 }
 
 // New validates cfg, applies defaults and returns an engine. Call Start for the background
@@ -219,6 +240,12 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.WakeScanInterval <= 0 {
 		cfg.WakeScanInterval = 30 * time.Second
 	}
+	if cfg.LogMaxMB <= 0 {
+		cfg.LogMaxMB = 10
+	}
+	if cfg.LogBackups <= 0 {
+		cfg.LogBackups = 2
+	}
 	kinds, err := kindsWithDefaults(cfg.Kinds)
 	if err != nil {
 		return nil, err
@@ -236,6 +263,10 @@ func New(cfg Config) (*Engine, error) {
 		wakeSlots:     make(map[string]*wakeSlot),
 		wakeRetryBase: wakeRetryBase,
 	}
+	if err := e.checkKindsHere(kinds); err != nil {
+		return nil, err
+	}
+	e.logIsolation(kinds)
 	e.kinds.Store(&kinds)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
@@ -262,6 +293,11 @@ func (e *Engine) Close() {
 		e.mu.Unlock()
 	})
 	e.wg.Wait()
+	if cgroupsOpened.Load() {
+		if cg, err := hostCgroups(); err == nil {
+			cg.Close() // only empty groups go: other engines of this process keep theirs
+		}
+	}
 }
 
 func (e *Engine) now() time.Time { return time.Now() }
@@ -272,7 +308,8 @@ func (e *Engine) Status() []SpaceStatus {
 	out := make([]SpaceStatus, 0, len(all))
 	for _, in := range all {
 		in.mu.Lock()
-		st := SpaceStatus{Host: in.host, Kind: in.sp.Kind, State: in.state, Since: in.since, LastSync: in.lastSync, LastSyncError: in.lastSyncErr}
+		st := SpaceStatus{Host: in.host, Kind: in.sp.Kind, State: in.state, Since: in.since, LastSync: in.lastSync, LastSyncError: in.lastSyncErr,
+			Size: in.size, LastCrash: in.lastCrash}
 		if in.proc != nil {
 			st.PID = in.proc.pid
 		}
@@ -304,6 +341,7 @@ func (e *Engine) Counters() Counters {
 		Syncs:          e.c.syncs.Load(),
 		BlobsUploaded:  e.c.blobsUploaded.Load(),
 		BytesUploaded:  e.c.bytesUploaded.Load(),
+		OOMKills:       e.c.oomKills.Load(),
 	}
 }
 
@@ -360,6 +398,9 @@ func kindsWithDefaults(in map[string]Kind) (map[string]Kind, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engine: kind %s: %v", name, err)
 		}
+		if err := checkIsolation(k); err != nil {
+			return nil, fmt.Errorf("engine: kind %s: %v", name, err)
+		}
 		kinds[name] = k
 	}
 	return kinds, nil
@@ -389,6 +430,10 @@ func (e *Engine) SetKinds(kinds map[string]Kind) error {
 	if err != nil {
 		return err
 	}
+	if err := e.checkKindsHere(k); err != nil {
+		return err
+	}
+	e.logIsolation(k)
 	e.kinds.Store(&k)
 	return nil
 }

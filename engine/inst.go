@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/DeRuina/timberjack"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/space"
@@ -26,7 +27,8 @@ type inst struct {
 	dir     string // StateDir/spaces/<host>
 	dataDir string
 	socket  string
-	dial    string // "unix/" + socket: the reverse proxy's dial address
+	link    string // the box's link to the socket the instance bound (socket.go)
+	dial    string // "unix/" + link: the reverse proxy's dial address
 	logPath string
 
 	// op serializes the operations that touch the process and the bucket (wake, sleep,
@@ -63,6 +65,9 @@ type inst struct {
 	retryWhy    string
 	lastSync    time.Time
 	lastSyncErr string
+	size        int64 // bytes of the files in the manifest last read or written here
+	lastCrash   string
+	logw        *timberjack.Logger // instance.log, capped and rotated; created by the first start
 }
 
 // transition is one wake or sleep in flight; waiters block on done.
@@ -80,7 +85,8 @@ func newInst(e *Engine, host string) *inst {
 		dir:     dir,
 		dataDir: filepath.Join(dir, "data"),
 		socket:  sock,
-		dial:    "unix/" + sock,
+		link:    proxyPath(e.cfg.StateDir, host),
+		dial:    "unix/" + proxyPath(e.cfg.StateDir, host),
 		logPath: filepath.Join(dir, "instance.log"),
 		state:   StateAsleep,
 		since:   e.now(),
@@ -88,9 +94,10 @@ func newInst(e *Engine, host string) *inst {
 }
 
 // socketPath keeps socket paths short (sun_path is 108 bytes) whatever the host's length.
+// Each space has its own directory, which an isolated space's uid owns.
 func socketPath(stateDir, host string) string {
 	sum := sha256.Sum256([]byte(host))
-	return filepath.Join(stateDir, "run", hex.EncodeToString(sum[:8])+".sock")
+	return filepath.Join(stateDir, "run", hex.EncodeToString(sum[:8]), "s.sock")
 }
 
 func (in *inst) logger() *zap.Logger { return in.e.log.With(zap.String("host", in.host)) }
@@ -110,7 +117,8 @@ type Use struct {
 	released atomic.Bool
 }
 
-// Socket is the Unix socket to proxy to.
+// Socket is the Unix socket to proxy to: the box's own link to the socket the
+// instance bound, never a path the instance controls.
 func (u *Use) Socket() string { return u.socket }
 
 // Dial is the socket as a Caddy network address ("unix/<path>"), for a reverse proxy.
@@ -156,7 +164,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 		case StateAwake:
 			in.uses++
 			in.lastUsed = e.now()
-			u := &Use{in: in, gen: in.gen, socket: in.socket}
+			u := &Use{in: in, gen: in.gen, socket: in.link}
 			in.mu.Unlock()
 			return u, nil
 		case StateWaking, StateSleeping:
@@ -323,7 +331,26 @@ func (e *Engine) wake(in *inst) (err error) {
 
 	e.makeRoom(in)
 
+	// Observers hear each phase's duration, for "why was that wake slow".
+	var ph WakePhases
+	mark := e.now()
+	phase := func(d *time.Duration) {
+		now := e.now()
+		*d, mark = now.Sub(mark), now
+	}
+	defer func() {
+		ev := Event{Type: EventWake, Host: in.host, Phases: ph}
+		in.mu.Lock()
+		ev.Size = in.size
+		in.mu.Unlock()
+		if err != nil {
+			ev.Err = err.Error()
+		}
+		e.emit(ev)
+	}()
+
 	etag, err := space.AcquireLease(ctx, e.cfg.Bucket, in.host, e.holder, e.now())
+	phase(&ph.Lease)
 	var held *space.LeaseHeldError
 	if errors.As(err, &held) {
 		e.c.leaseConflicts.Add(1)
@@ -364,9 +391,12 @@ func (e *Engine) wake(in *inst) (err error) {
 		log.Error("restoring data dir", zap.Error(err))
 		return &RetryError{After: 5 * time.Second, Reason: "restore failed"}
 	}
+	m, _ := in.syncer.Manifest()
 	in.mu.Lock()
 	in.dirty = false
+	in.size = manifestSize(m)
 	in.mu.Unlock()
+	phase(&ph.Restore)
 	if e.fenced.Load() {
 		return &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 	}
@@ -380,7 +410,10 @@ func (e *Engine) wake(in *inst) (err error) {
 	in.mu.Lock()
 	in.proc = p
 	in.mu.Unlock()
-	if err := e.awaitReady(ctx, in, p, kind); err != nil {
+	phase(&ph.Start)
+	err = e.awaitReady(ctx, in, p, kind)
+	phase(&ph.Ready)
+	if err != nil {
 		p.stopping.Store(true)
 		p.kill()
 		<-p.exited
@@ -502,6 +535,7 @@ func (e *Engine) sleep(ctx context.Context, in *inst, reason string, onlyIdle bo
 	in.mu.Unlock()
 	e.c.sleeps.Add(1)
 	in.logger().Info("asleep", zap.String("reason", reason), zap.Error(err))
+	e.emit(Event{Type: EventSleep, Host: in.host, Reason: reason})
 	return err
 }
 
@@ -558,15 +592,37 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 	if e.fenced.Load() {
 		return errFencedNoWrite
 	}
+	began := e.now()
+	// The box reads the data dir with privileges the space lacks, and the space owns
+	// every name in it: a running instance could swap a file for a symlink to the
+	// registry between the walk and the read. An isolated instance is frozen while the
+	// box reads (a checkpoint at sleep runs after it is gone).
+	in.mu.Lock()
+	p := in.proc
+	in.mu.Unlock()
+	if p != nil && p.isolated && !p.done() {
+		if err := p.group.Freeze(); err == nil {
+			defer p.group.Thaw()
+		} else if !p.done() {
+			in.logger().Error("checkpoint: freezing the instance", zap.Error(err))
+			return err
+		}
+	}
 	st, err := in.syncer.Checkpoint(ctx, next, e.now())
+	ev := Event{Type: EventCheckpoint, Host: in.host, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}
 	in.mu.Lock()
 	if err == nil {
 		in.lastSync = e.now()
 		in.lastSyncErr = ""
+		m, _ := in.syncer.Manifest()
+		in.size = manifestSize(m)
 	} else {
 		in.lastSyncErr = err.Error()
+		ev.Err = err.Error()
 	}
+	ev.Size = in.size
 	in.mu.Unlock()
+	e.emit(ev)
 	if errors.Is(err, space.ErrFenced) {
 		e.fenceOut(in)
 		return err
@@ -617,6 +673,7 @@ func (e *Engine) fenceOut(in *inst) {
 	in.mu.Unlock()
 	e.c.fenced.Add(1)
 	in.logger().Error("manifest changed behind this box: instance killed, space fenced out")
+	e.emit(Event{Type: EventFence, Host: in.host, Reason: "fenced out by another writer"})
 }
 
 func (e *Engine) releaseLease(in *inst) {
@@ -656,10 +713,19 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 	in.proc = nil
 	in.crashes++
 	n := in.crashes
+	why := fmt.Sprint(status)
+	if p.oomKills > 0 {
+		why = fmt.Sprintf("out of memory: killed by the kernel at the kind's memory limit (%d bytes)", in.kind.Limits.MemoryBytes)
+	}
+	in.lastCrash = why
 	in.mu.Unlock()
 	e.c.crashes.Add(1)
+	e.emit(Event{Type: EventCrash, Host: in.host, Reason: fmt.Sprint(status)})
+	if p.oomKills > 0 {
+		e.c.oomKills.Add(1)
+	}
 	log := in.logger()
-	log.Error("instance exited unexpectedly", zap.Int("pid", p.pid), zap.String("status", fmt.Sprint(status)),
+	log.Error("instance exited unexpectedly", zap.Int("pid", p.pid), zap.String("status", why),
 		zap.Int("consecutive_crashes", n), zap.String("log", in.logPath))
 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 5*time.Minute)
@@ -713,7 +779,14 @@ func (e *Engine) Forget(ctx context.Context, host string) error {
 	in.proc = nil
 	in.setStateLocked(StateAsleep)
 	in.mu.Unlock()
-	os.Remove(in.socket)
+	os.RemoveAll(filepath.Dir(in.socket))
+	in.unpinSocket()
+	in.mu.Lock()
+	if in.logw != nil {
+		in.logw.Close()
+		in.logw = nil
+	}
+	in.mu.Unlock()
 	if err := os.RemoveAll(in.dir); err != nil {
 		return fmt.Errorf("removing local state: %v", err)
 	}

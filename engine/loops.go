@@ -199,6 +199,11 @@ func (e *Engine) SetFenced(fenced bool) {
 	if e.fenced.Swap(fenced) == fenced {
 		return
 	}
+	reason := "unfenced"
+	if fenced {
+		reason = "fenced: heartbeat writes failing"
+	}
+	e.emit(Event{Type: EventFence, Reason: reason})
 	if fenced {
 		e.log.Warn("fenced: heartbeat writes failing; stopping every awake space without writing")
 		for _, in := range e.all() {

@@ -8,23 +8,47 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/DeRuina/timberjack"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
+	"github.com/lchat/lchat-caddy/sandbox"
 )
 
-// proc is one running instance process, in its own process group.
+// logWriter returns the space's instance log: capped at LogMaxMB and rotated, keeping
+// LogBackups old files beside it, all 0600 and the box's.
+func (in *inst) logWriter() *timberjack.Logger {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.logw == nil {
+		os.MkdirAll(in.dir, 0o700)
+		// Created here so the file is 0600 from the start (the rotation keeps the mode).
+		if f, err := os.OpenFile(in.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
+			f.Close()
+		}
+		in.logw = &timberjack.Logger{Filename: in.logPath, MaxSize: in.e.cfg.LogMaxMB, MaxBackups: in.e.cfg.LogBackups}
+	}
+	return in.logw
+}
+
+// proc is one running instance process, in its own process group, and in its own cgroup
+// when the kind is isolated or limited.
 type proc struct {
 	cmd      *exec.Cmd
 	pid      int
 	exited   chan struct{} // closed when the process has been reaped
 	stopping atomic.Bool   // set before the engine stops it, so the exit is not a crash
+	group    *sandbox.Group
+	isolated bool   // under the space's own uid (and so in group)
+	uid      int    // the owner the instance's socket must have
+	link     string // the proxy's link to the instance's socket, removed at the reap
+	release  func() // frees the thread that forked the instance (sandbox.Group.Start); nil without a group
+	oomKills int    // set by reap before exited is closed
 
 	// mu orders signals against the reap: once the leader is reaped, its pid (the
 	// group's id) may be reused by an unrelated process, so nothing is signalled after.
@@ -48,6 +72,9 @@ func (p *proc) signal(sig syscall.Signal) {
 // is still unreaped (its pid, the group's id, cannot be reused before the reap), then
 // reaps it. Children left in the group must not outlive the instance, whether it was
 // stopped or crashed, and a group kill after the reap could hit a recycled group.
+//
+// With a cgroup, every descendant is ended instead, wherever it went (setsid, double
+// fork), and the group is removed once the OOM kills it saw are read.
 func (p *proc) reap() error {
 	if waitUnreaped(p.pid) {
 		p.mu.Lock()
@@ -55,27 +82,63 @@ func (p *proc) reap() error {
 	} else {
 		p.mu.Lock()
 	}
+	if p.group != nil {
+		p.group.Kill()
+	}
 	err := p.cmd.Wait()
 	p.reaped = true
 	p.mu.Unlock()
+	if p.group != nil {
+		p.oomKills = p.group.OOMKills()
+		p.group.Remove()
+		p.release()
+	}
+	os.Remove(p.link) // before exited: the next wake pins its own
 	close(p.exited)
 	return err
 }
 
-func (p *proc) kill() { p.signal(syscall.SIGKILL) }
+// done reports whether the process has been reaped (its cgroup is gone then too).
+func (p *proc) done() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// kill ends the instance: its cgroup when it has one, else its process group.
+func (p *proc) kill() {
+	if p.group != nil {
+		p.group.Kill()
+		return
+	}
+	p.signal(syscall.SIGKILL)
+}
 
 func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
-	if err := os.MkdirAll(filepath.Dir(in.socket), 0o700); err != nil {
-		return nil, err
+	plan, err := e.prepareSandbox(in, kind)
+	if err != nil {
+		return nil, fmt.Errorf("preparing the sandbox: %v", err)
 	}
+	started := false
+	defer func() {
+		if !started && plan.group != nil {
+			plan.group.Remove()
+		}
+	}()
 	if err := os.Remove(in.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale socket: %v", err)
 	}
-	logf, err := os.OpenFile(in.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logw := in.logWriter()
+	// The instance writes into a pipe, never the file: the box rotates the file, and an
+	// isolated instance gets no descriptor of a file the box owns.
+	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close() // the child has its own descriptor
+	defer w.Close() // the child has its own descriptor
 	env, dropped := instanceEnv(kind, sp, in.socket, in.dataDir)
 	if len(dropped) > 0 {
 		in.logger().Warn("route env not allowed by kind; dropped", zap.Strings("names", dropped))
@@ -83,13 +146,42 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	cmd := exec.Command(kind.Command, kind.Args...)
 	cmd.Env = env
 	cmd.Dir = in.dataDir
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = sysProcAttr()
-	fmt.Fprintf(logf, "--- %s starting %s (version %q)\n", time.Now().UTC().Format(time.RFC3339), kind.Name, sp.Version)
-	if err := cmd.Start(); err != nil {
+	cmd.SysProcAttr.Credential = plan.cred
+	fmt.Fprintf(logw, "--- %s starting %s (version %q)\n", time.Now().UTC().Format(time.RFC3339), kind.Name, sp.Version)
+	p := &proc{cmd: cmd, exited: make(chan struct{}), group: plan.group, uid: os.Geteuid(), link: in.link}
+	if plan.cred != nil {
+		p.uid = int(plan.cred.Uid)
+		p.isolated = plan.group != nil
+	}
+	in.unpinSocket()
+	if plan.group != nil {
+		p.release, err = plan.group.Start(cmd)
+	} else {
+		err = cmd.Start()
+	}
+	if err != nil {
+		r.Close()
 		return nil, err
 	}
-	p := &proc{cmd: cmd, pid: cmd.Process.Pid, exited: make(chan struct{})}
+	started = true
+	p.pid = cmd.Process.Pid
+	safego.Go(nil, e.log, "instance log", func() {
+		defer r.Close()
+		// Ends when every process holding the pipe is gone. A failed write drops that
+		// chunk but keeps draining, so a full disk never blocks the instance.
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := r.Read(buf)
+			if n > 0 {
+				logw.Write(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
 	// Not counted in e.wg: it ends when the process does, which Close does not force.
 	safego.Go(nil, e.log, "process wait", func() {
 		err := p.reap()
@@ -107,7 +199,7 @@ func (e *Engine) awaitReady(ctx context.Context, in *inst, p *proc, kind Kind) e
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				var d net.Dialer
-				return d.DialContext(ctx, "unix", in.socket)
+				return d.DialContext(ctx, "unix", in.link)
 			},
 			DisableKeepAlives: true,
 		},
@@ -116,7 +208,11 @@ func (e *Engine) awaitReady(ctx context.Context, in *inst, p *proc, kind Kind) e
 	defer client.CloseIdleConnections()
 	delay := 2 * time.Millisecond
 	for {
-		if ready(ctx, client, in.socket, kind.ReadyPath) {
+		switch err := in.pinSocket(p.uid); {
+		case errors.Is(err, errSocketMissing):
+		case err != nil:
+			return err
+		case ready(ctx, client, in.link, kind.ReadyPath):
 			return nil
 		}
 		select {

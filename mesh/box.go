@@ -47,8 +47,13 @@ func (b *Box) InScope(host, homeRegion string) bool {
 	return RouteInScope(host, homeRegion, b.Domains, b.Region)
 }
 
-// IsLiveMember reports whether self is the SELF of a live box in this box's view.
+// IsLiveMember reports whether self is the SELF of a live box in this box's view. With a
+// Placement it is a binary search of the same view, not a copy of it (it runs on the
+// request path, for a space's last holder).
 func (b *Box) IsLiveMember(self string) bool {
+	if b.Placement != nil {
+		return b.Placement.Has(self)
+	}
 	for _, m := range b.Live() {
 		if m.Self == self {
 			return true

@@ -76,7 +76,8 @@ func (c Config) GoString() string { return c.String() }
 
 // ParseEnv reads the mesh configuration through getenv (os.Getenv, or a lookup into an
 // env file). LCHAT_MESH_SELF absent or blank means the mesh is off and the zero Config is
-// returned. With SELF set, LCHAT_MESH_DOMAINS and LCHAT_MESH_TOKEN are required. Errors
+// returned. With SELF set, LCHAT_MESH_DOMAINS and LCHAT_MESH_TOKEN (at least MinTokenLen
+// characters) are required. Errors
 // name the variable at fault and never contain the token.
 func ParseEnv(getenv func(string) string) (Config, error) {
 	self := strings.TrimSpace(getenv(EnvSelf))
@@ -98,6 +99,9 @@ func ParseEnv(getenv func(string) string) (Config, error) {
 	tok := strings.TrimSpace(getenv(EnvToken))
 	if tok == "" {
 		return Config{}, fmt.Errorf("%s is set but %s is missing: every box of the mesh needs the same shared token", EnvSelf, EnvToken)
+	}
+	if err := CheckToken(tok); err != nil {
+		return Config{}, err
 	}
 	cfg.Token = Secret(tok)
 	cfg.Region = strings.TrimSpace(getenv(EnvRegion))

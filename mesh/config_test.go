@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-const testToken = "s3cr3t-TOKEN-value-9f8e7d"
+const testToken = "s3cr3t-TOKEN-value-9f8e7d-0a1b2c3d4e"
 
 func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 

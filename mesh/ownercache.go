@@ -2,13 +2,15 @@ package mesh
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
 
-// maxCachedOwners bounds the answers one view keeps. Past it, Owner still answers (by
-// hashing) but stops caching, so a flood of unknown hosts cannot grow the cache without
-// end; the next view starts empty.
+// maxCachedOwners bounds the answers one view keeps (about 100 bytes each). Only hosts
+// with a registry row reach placement, so this is a bound on a very large registry, not
+// on what clients send; past it Owner still answers, by hashing, and the next view starts
+// empty.
 const maxCachedOwners = 1 << 20
 
 // Placement answers Owner for one membership view at a time and caches each answer per
@@ -42,9 +44,13 @@ type placementView struct {
 
 type ownerKey struct{ host, homeRegion string }
 
-// SetView installs members (the live view, as Membership.Live returns it) and reports
-// whether placement changed, which starts a new generation. members is copied.
+// SetView installs members (the live view, as Membership.Live returns it, sorted by Self)
+// and reports whether placement changed, which starts a new generation. members is copied
+// (and sorted by Self if it was not).
 func (p *Placement) SetView(members []Member) (changed bool) {
+	if !slices.IsSortedFunc(members, bySelf) {
+		members = slices.SortedFunc(slices.Values(members), bySelf)
+	}
 	p.setMu.Lock()
 	defer p.setMu.Unlock()
 	old := p.cur.Load()
@@ -75,6 +81,19 @@ func samePlacement(a, b []Member) bool {
 		}
 	}
 	return true
+}
+
+func bySelf(a, b Member) int { return strings.Compare(a.Self, b.Self) }
+
+// Has reports whether self is a member of the current view (draining or not), without
+// copying the view.
+func (p *Placement) Has(self string) bool {
+	v := p.cur.Load()
+	if v == nil {
+		return false
+	}
+	_, ok := slices.BinarySearchFunc(v.members, self, func(m Member, s string) int { return strings.Compare(m.Self, s) })
+	return ok
 }
 
 // Gen is the current view's generation: 0 before the first SetView, then one more for

@@ -115,6 +115,34 @@ func TestPlacementGeneration(t *testing.T) {
 	}
 }
 
+// TestPlacementHas: Has is membership of the view, whatever order the caller passed.
+func TestPlacementHas(t *testing.T) {
+	var p Placement
+	if p.Has("https://box-0000.example.net") {
+		t.Fatal("the zero Placement has a member")
+	}
+	view := fleet(7)
+	view[0], view[6] = view[6], view[0]
+	view[3].Draining = true
+	p.SetView(view)
+	for _, m := range view {
+		if !p.Has(m.Self) {
+			t.Errorf("view member %s missing", m.Self)
+		}
+	}
+	for _, self := range []string{"https://box-0007.example.net", "https://box-000.example.net", ""} {
+		if p.Has(self) {
+			t.Errorf("%q is no member", self)
+		}
+	}
+	// The order the caller passed does not make a new generation.
+	again := fleet(7)
+	again[3].Draining = true
+	if p.SetView(again) {
+		t.Error("the same fleet in another order started a generation")
+	}
+}
+
 // TestPlacementCopiesView: the caller may reuse its slice; the view does not change under
 // the cache.
 func TestPlacementCopiesView(t *testing.T) {
@@ -280,7 +308,8 @@ func TestMembershipPlacement(t *testing.T) {
 // BenchmarkRequestPlacement is the placement cost of one request on a box of a fleet of
 // 10, 100 and 1,000 members, through a real Membership: live_hrw is what the request
 // path paid before the cache (a copy of the live view, then HRW over it), cached is
-// Membership.Placement after warm-up.
+// Membership.Placement after warm-up; holder_* is the check that a space's last holder
+// is a live box (Box.IsLiveMember), by a copy of the view and by the placement's view.
 //
 //	go test ./mesh -run '^$' -bench RequestPlacement -benchmem
 func BenchmarkRequestPlacement(b *testing.B) {
@@ -300,6 +329,21 @@ func BenchmarkRequestPlacement(b *testing.B) {
 		for _, h := range hosts {
 			p.Owner(h, "")
 		}
+		box := &Box{Self: m.Config().Self, Live: m.Live}
+		peer := fmt.Sprintf("https://box-%04d.example.net", n/2)
+		b.Run(fmt.Sprintf("members=%d/holder_live_copy", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				box.IsLiveMember(peer)
+			}
+		})
+		cachedBox := &Box{Self: m.Config().Self, Live: m.Live, Placement: p}
+		b.Run(fmt.Sprintf("members=%d/holder_placement", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				cachedBox.IsLiveMember(peer)
+			}
+		})
 		b.Run(fmt.Sprintf("members=%d/cached", n), func(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {

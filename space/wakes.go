@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
@@ -16,16 +17,31 @@ import (
 // NextWakeFile is where an instance leaves its next wanted wake time, relative to its data dir.
 const NextWakeFile = ".lchat/next-wake"
 
-// ReadNextWake reads $LCHAT_DATA_DIR/.lchat/next-wake: nil when absent or empty.
+// ReadNextWake reads $LCHAT_DATA_DIR/.lchat/next-wake: nil when absent or empty. The box
+// reads it with privileges the instance lacks, and the instance controls every name under
+// its data dir: the file is opened beneath the data dir only (a symlink out of it is
+// refused), must be a regular file (a FIFO would block the sleep), and an error never
+// quotes what it read.
 func ReadNextWake(dataDir string) (*time.Time, error) {
-	f, err := os.Open(filepath.Join(dataDir, filepath.FromSlash(NextWakeFile)))
+	root, err := os.OpenRoot(dataDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
+	defer root.Close()
+	f, err := root.OpenFile(filepath.FromSlash(NextWakeFile), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %v", NextWakeFile, err)
+	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", NextWakeFile)
+	}
 	// The instance writes this file; an RFC 3339 time is short, so never read more.
 	data, err := io.ReadAll(io.LimitReader(f, 256))
 	if err != nil {
@@ -37,7 +53,7 @@ func ReadNextWake(dataDir string) (*time.Time, error) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
-		return nil, fmt.Errorf("parsing %s: %v", NextWakeFile, err)
+		return nil, fmt.Errorf("parsing %s: not an RFC 3339 time", NextWakeFile)
 	}
 	return &t, nil
 }

@@ -13,6 +13,7 @@
 #   /etc/lchat-caddy/dns-route53.caddy         LCHAT_DNS_PROVIDER=route53
 #   /etc/lchat-caddy/cert-cache-local.caddy    LCHAT_CERT_CACHE=local (default)
 #   /etc/lchat-caddy/cert-cache-s3.caddy       LCHAT_CERT_CACHE=s3
+#   /etc/lchat-caddy/relocate-dns-*.caddy      mesh.Caddyfile: relocate --move-dns, by LCHAT_DNS_PROVIDER
 #   /etc/systemd/system/lchat-caddy.service
 #
 # The settings and credentials go in /data/router.env (mode 0600, owned by root); this
@@ -44,7 +45,7 @@ esac
 install -D -m 0755 "$bin" "$dest/usr/local/bin/lchat-caddy"
 install -d -m 0755 "$dest/etc/lchat-caddy"
 install -m 0644 "$repo/caddyfiles/$flavor.Caddyfile" "$dest/etc/lchat-caddy/Caddyfile"
-for f in "$repo"/caddyfiles/dns-*.caddy "$repo"/caddyfiles/cert-cache-*.caddy; do
+for f in "$repo"/caddyfiles/dns-*.caddy "$repo"/caddyfiles/relocate-dns-*.caddy "$repo"/caddyfiles/cert-cache-*.caddy; do
 	install -m 0644 "$f" "$dest/etc/lchat-caddy/"
 done
 install -D -m 0644 "$repo/deploy/systemd/lchat-caddy.service" "$dest/etc/systemd/system/lchat-caddy.service"

@@ -152,6 +152,10 @@ type createRequest struct {
 	HomeRegion string            `json:"home_region,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
 	Upstream   string            `json:"upstream,omitempty"`
+	// Mint names the host from the next id instead: <base36(id)>.<first wildcard
+	// domain>, the id drawn from LCHAT_CLOUD_ID_LEDGER's ledger (a local counter
+	// without it). Host must then be empty.
+	Mint bool `json:"mint,omitempty"`
 }
 
 func decodeStrict(r *http.Request, v any) error {
@@ -199,13 +203,19 @@ func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
 	if rt.HomeRegion == "" {
 		rt.HomeRegion = a.cloudRegion
 	}
-	if err := a.app.checkRoute(&rt); err != nil {
-		return apiErr(http.StatusBadRequest, "%v", err)
-	}
 	if rt.HomeRegion != "" {
 		if err := registry.ValidateRegion(rt.HomeRegion); err != nil {
 			return apiErr(http.StatusBadRequest, "home_region: %v", err)
 		}
+	}
+	if req.Mint {
+		if req.Host != "" {
+			return apiErr(http.StatusBadRequest, `give "host" or "mint", not both`)
+		}
+		return a.mintRoute(w, r, rt)
+	}
+	if err := a.app.checkRoute(&rt); err != nil {
+		return apiErr(http.StatusBadRequest, "%v", err)
 	}
 	stored, err := a.app.shared.reg.Create(rt)
 	if errors.Is(err, registry.ErrExists) {
@@ -220,6 +230,24 @@ func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusCreated, stored.Summary())
 }
 
+// mintRoute creates rt under a minted host (App.mintRoute) and answers like a create.
+func (a *adminAPI) mintRoute(w http.ResponseWriter, r *http.Request, rt registry.Route) error {
+	stored, err := a.app.mintRoute(r.Context(), rt)
+	var invalid *mintInvalidError
+	switch {
+	case errors.As(err, &invalid):
+		return apiErr(http.StatusBadRequest, "%v", err)
+	case errors.Is(err, errNoMintDomain):
+		return apiErr(http.StatusConflict, "%v", err)
+	case err != nil:
+		return apiErr(http.StatusServiceUnavailable, "minting a host: %v", err)
+	}
+	a.logger.Info("route created", zap.String("host", stored.Host), zap.Bool("minted", true), zap.String("kind", stored.Kind),
+		zap.Bool("hibernate", stored.Hibernate), zap.Strings("env_names", stored.Summary().EnvNames))
+	a.app.meshFanout(stored)
+	return writeJSON(w, http.StatusCreated, stored.Summary())
+}
+
 func (a *adminAPI) getRoute(w http.ResponseWriter, host string) error {
 	rt, err := a.app.shared.reg.Get(host)
 	if errors.Is(err, registry.ErrNotFound) {
@@ -229,24 +257,37 @@ func (a *adminAPI) getRoute(w http.ResponseWriter, host string) error {
 }
 
 func (a *adminAPI) deleteRoute(w http.ResponseWriter, r *http.Request, host string) error {
-	rt, err := a.app.shared.reg.Get(host)
+	err := a.app.removeRoute(r.Context(), host)
 	if errors.Is(err, registry.ErrNotFound) {
 		return apiErr(http.StatusNotFound, "no route for host %s", host)
+	}
+	if err != nil {
+		return apiErr(http.StatusInternalServerError, "%v", err)
+	}
+	a.logger.Info("route removed", zap.String("host", host))
+	return writeJSON(w, http.StatusOK, map[string]string{"removed": host})
+}
+
+// removeRoute deletes host's route (registry.ErrNotFound when it has none), stops its
+// space here and tombstones the row on the peers. The admin API and the console share it.
+func (a *App) removeRoute(ctx context.Context, host string) error {
+	rt, err := a.shared.reg.Get(host)
+	if err != nil {
+		return err
 	}
 	// Remove the row first so no new request wakes the space, then stop it, delete its
 	// scheduled wake record and drop its local state. Its other bucket data stays. A
 	// live route may have been a space before (hibernation turned off): Forget it too.
-	if err := a.app.shared.reg.Delete(host); err != nil {
-		return apiErr(http.StatusInternalServerError, "%v", err)
+	if err := a.shared.reg.Delete(host); err != nil {
+		return err
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := a.app.shared.eng.Forget(ctx, host); err != nil {
-		return apiErr(http.StatusInternalServerError, "route %s removed, but stopping its space failed: %v", host, err)
+	if err := a.shared.eng.Forget(ctx, host); err != nil {
+		return fmt.Errorf("route %s removed, but stopping its space failed: %v", host, err)
 	}
-	a.logger.Info("route removed", zap.String("host", host))
-	a.app.meshTombstone(host, rt.HomeRegion)
-	return writeJSON(w, http.StatusOK, map[string]string{"removed": host})
+	a.meshTombstone(host, rt.HomeRegion)
+	return nil
 }
 
 // hibernateRequest is the POST /lchat/routes/{host}/hibernate body.
@@ -307,6 +348,7 @@ type spaceStatus struct {
 	PID           int        `json:"pid,omitempty"`
 	LastSync      *time.Time `json:"last_sync,omitempty"`
 	LastSyncError string     `json:"last_sync_error,omitempty"`
+	LastCrash     string     `json:"last_crash,omitempty"`
 }
 
 // statusResponse is GET /lchat/status.
@@ -328,6 +370,7 @@ func statusOf(eng *engine.Engine) []spaceStatus {
 			Since:         s.Since,
 			PID:           s.PID,
 			LastSyncError: s.LastSyncError,
+			LastCrash:     s.LastCrash,
 		}
 		if !s.LastSync.IsZero() {
 			t := s.LastSync

@@ -12,7 +12,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -50,6 +52,15 @@ type App struct {
 
 	// Kinds maps a kind name to how this box runs spaces of that kind.
 	Kinds map[string]*Kind `json:"kinds,omitempty"`
+
+	// UIDRange is where isolated spaces get their uid (and the gid of the same number),
+	// one per host, kept across restarts. Default first 3000000, count 65536. Read
+	// when the process starts; a reload keeps the range in use.
+	UIDRange *UIDRange `json:"uid_range,omitempty"`
+
+	// InstanceLog caps and rotates each space's instance.log. Default 10 MiB, 2 old
+	// files kept. Read when the process starts.
+	InstanceLog *InstanceLog `json:"instance_log,omitempty"`
 
 	// MaxAwake caps the awake spaces on this box; the least recently used sleeps
 	// first. Default 0: unlimited.
@@ -121,6 +132,42 @@ type Kind struct {
 	// GCGrace is how young an unreferenced object must be to survive garbage collection
 	// (covers uploads, restores and relocate copies in flight). Default 1h.
 	GCGrace caddy.Duration `json:"gc_grace,omitempty"`
+	// Isolation is "on" (each space under its own uid and cgroup, or refuse to
+	// start, naming what is missing), "none" (the box's own user, a process group:
+	// the opt-out), or empty (default): on where this box can, else none.
+	Isolation string `json:"isolation,omitempty"`
+	// Limits bound each instance of this kind and every process it starts. Default
+	// none.
+	Limits *Limits `json:"limits,omitempty"`
+}
+
+// Limits bound an instance through its cgroup; a kind asking for one the host cannot
+// enforce is refused at start-up.
+type Limits struct {
+	// Memory is the memory limit in bytes (swap included where the host accounts it).
+	// The kernel kills the instance at the limit; that counts as a crash. Default 0:
+	// none.
+	Memory int64 `json:"memory,omitempty"`
+	// CPU is a share of one core (0.5 is half a core, 2 is two). Default 0: none.
+	CPU float64 `json:"cpu,omitempty"`
+	// Pids caps the processes and threads. Default 0: none.
+	Pids int64 `json:"pids,omitempty"`
+}
+
+// UIDRange is a range of uids.
+type UIDRange struct {
+	// First is the lowest uid. Default 3000000.
+	First uint32 `json:"first,omitempty"`
+	// Count is how many uids. Default 65536.
+	Count uint32 `json:"count,omitempty"`
+}
+
+// InstanceLog caps each space's instance.log.
+type InstanceLog struct {
+	// MaxSizeMB is the size in MiB at which the log rotates. Default 10.
+	MaxSizeMB int `json:"max_size_mb,omitempty"`
+	// Keep is how many rotated files each space keeps. Default 2.
+	Keep int `json:"keep,omitempty"`
 }
 
 // Replication is a kind's replication class.
@@ -148,6 +195,10 @@ type shared struct {
 	mesh         *meshState // nil without LCHAT_MESH_SELF
 	drainTimeout time.Duration
 	ids          idAllocators // the id ledger's allocators (ids.go)
+	// counted is bucket, counting its requests; requests counts the lchat handler's
+	// requests. Both only grow; the console charts their rates.
+	counted  *bucket.Counted
+	requests atomic.Uint64
 
 	// kindsMu serializes applying kinds (App.Start) and unwinding them (App.Stop).
 	kindsMu sync.Mutex
@@ -243,6 +294,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.provisionRelocate(ctx); err != nil {
 		return err
 	}
+	if err := a.checkConsistency(); err != nil {
+		return err
+	}
 
 	var bkt bucket.Bucket
 	if a.BucketRaw != nil {
@@ -287,6 +341,8 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		}
 		bkt = fb
 	}
+	counted := bucket.NewCounted(bkt)
+	bkt = counted
 	if err := os.MkdirAll(a.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating state_dir: %v", err)
 	}
@@ -317,6 +373,10 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		Kinds:            a.kinds,
 		MaxAwake:         a.MaxAwake,
 		WakeScanInterval: time.Duration(a.WakeScanInterval),
+		UIDFirst:         a.UIDRange.first(),
+		UIDCount:         a.UIDRange.count(),
+		LogMaxMB:         a.InstanceLog.maxSizeMB(),
+		LogBackups:       a.InstanceLog.keep(),
 		Resolve: func(host string) (engine.Space, bool) {
 			rt, ok := reg.Lookup(host)
 			if !ok || !rt.Hibernate {
@@ -342,19 +402,42 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		}
 		a.logger.Info("mesh on", zap.Stringer("mesh", ms.cfg), zap.Duration("beat", ms.m.Config().Beat),
 			zap.Duration("dead_after", ms.m.Config().DeadAfter), zap.Bool("fenced", ms.m.Fenced()))
-		if insecureSelf(ms.cfg.Self) {
-			a.logger.Warn("LCHAT_MESH_SELF is plain http on a non-loopback address: the mesh token and replicated env values cross the network unencrypted; use https",
-				zap.String("self", ms.cfg.Self))
-		}
 	}
 	a.logger.Info("lchat registry and engine ready",
 		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),
 		zap.String("bucket", bkt.String()), zap.String("state_dir", a.StateDir))
-	return &shared{reg: reg, eng: eng, bucket: bkt, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}, nil
+	eng.Observe(observeMetrics)
+	return &shared{reg: reg, eng: eng, bucket: bkt, counted: counted, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}, nil
+}
+
+// checkConsistency refuses a mesh config that contradicts itself and logs what only
+// looks wrong (mesh.CheckConfig holds the rules).
+func (a *App) checkConsistency() error {
+	if !a.meshCfg.Enabled() {
+		return nil
+	}
+	facts := mesh.ConfigFacts{Self: a.meshCfg.Self, Domains: a.meshCfg.Domains, Wildcards: a.WildcardDomains}
+	if a.reloc.dns != nil {
+		facts.RelocateZone = a.reloc.dns.Zone
+	}
+	p := mesh.CheckConfig(facts)
+	for _, w := range p.Warn {
+		a.logger.Warn(w, zap.String("self", a.meshCfg.Self))
+	}
+	if len(p.Refuse) > 0 {
+		return fmt.Errorf("contradictory config: %s", strings.Join(p.Refuse, "; "))
+	}
+	return nil
 }
 
 // Validate checks the config across fields.
 func (a *App) Validate() error {
+	if r := a.UIDRange; r != nil && (r.First == 0 && r.Count != 0 || uint64(r.First)+uint64(r.Count) >= 1<<32-1) {
+		return fmt.Errorf("uid_range: must start above 0 and end below 4294967295")
+	}
+	if l := a.InstanceLog; l != nil && (l.MaxSizeMB < 0 || l.Keep < 0) {
+		return fmt.Errorf("instance_log: size and keep must not be negative")
+	}
 	if a.MaxAwake < 0 {
 		return fmt.Errorf("max_awake: must not be negative, got %d", a.MaxAwake)
 	}
@@ -449,6 +532,10 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		AllowedEnv:   kc.AllowedEnv,
 		Retention:    time.Duration(kc.Retention),
 		GCGrace:      time.Duration(kc.GCGrace),
+		Isolation:    kc.Isolation,
+	}
+	if l := kc.Limits; l != nil {
+		k.Limits = engine.Limits{MemoryBytes: l.Memory, CPU: l.CPU, Pids: l.Pids}
 	}
 	if k.Command == "{self}" {
 		exe, err := os.Executable()
@@ -475,6 +562,34 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		k.Replication = engine.Replication{Class: r.Class, Interval: time.Duration(r.Interval)}
 	}
 	return k, nil
+}
+
+func (r *UIDRange) first() uint32 {
+	if r == nil {
+		return 0
+	}
+	return r.First
+}
+
+func (r *UIDRange) count() uint32 {
+	if r == nil {
+		return 0
+	}
+	return r.Count
+}
+
+func (l *InstanceLog) maxSizeMB() int {
+	if l == nil {
+		return 0
+	}
+	return l.MaxSizeMB
+}
+
+func (l *InstanceLog) keep() int {
+	if l == nil {
+		return 0
+	}
+	return l.Keep
 }
 
 // Interface guards

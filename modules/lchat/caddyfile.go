@@ -2,6 +2,7 @@ package lchat
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
 
 	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/modules/buckets"
@@ -37,6 +39,11 @@ func init() {
 //		wake_scan_interval <duration>
 //		drain_timeout <duration>
 //		wildcard_domains <domain...>
+//		uid_range <first> <count>
+//		instance_log {
+//			max_size <size>
+//			keep <n>
+//		}
 //		mesh {
 //			beat <duration>
 //			dead_after <duration>
@@ -58,6 +65,12 @@ func init() {
 //			wake_path <path>
 //			retention <duration>
 //			gc_grace <duration>
+//			isolation on|none
+//			limits {
+//				memory <size>
+//				cpu <cores>
+//				pids <n>
+//			}
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -124,6 +137,47 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			a.WildcardDomains = append(a.WildcardDomains, args...)
+		case "uid_range":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.ArgErr()
+			}
+			first, err1 := strconv.ParseUint(args[0], 10, 32)
+			count, err2 := strconv.ParseUint(args[1], 10, 32)
+			if err := errors.Join(err1, err2); err != nil {
+				return d.Errf("uid_range: %v", err)
+			}
+			a.UIDRange = &UIDRange{First: uint32(first), Count: uint32(count)}
+		case "instance_log":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			if a.InstanceLog == nil {
+				a.InstanceLog = new(InstanceLog)
+			}
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				switch d.Val() {
+				case "max_size":
+					n, err := sizeArg(d)
+					if err != nil {
+						return err
+					}
+					// The rotation counts whole MiB: round up.
+					a.InstanceLog.MaxSizeMB = int((n + 1<<20 - 1) >> 20)
+				case "keep":
+					var v string
+					if err := caddyfileutil.OneArg(d, &v); err != nil {
+						return err
+					}
+					n, err := strconv.Atoi(v)
+					if err != nil {
+						return d.Errf("keep: %v", err)
+					}
+					a.InstanceLog.Keep = n
+				default:
+					return d.Errf("unrecognized subdirective %s", d.Val())
+				}
+			}
 		case "mesh":
 			if a.Mesh == nil {
 				a.Mesh = new(MeshOptions)
@@ -226,11 +280,68 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				r.Interval = caddy.Duration(dur)
 			}
 			k.Replication = r
+		case "isolation":
+			if err := caddyfileutil.OneArg(d, &k.Isolation); err != nil {
+				return err
+			}
+		case "limits":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			if k.Limits == nil {
+				k.Limits = new(Limits)
+			}
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				switch d.Val() {
+				case "memory":
+					n, err := sizeArg(d)
+					if err != nil {
+						return err
+					}
+					k.Limits.Memory = n
+				case "cpu":
+					var v string
+					if err := caddyfileutil.OneArg(d, &v); err != nil {
+						return err
+					}
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil || f <= 0 {
+						return d.Errf("cpu: want a positive share of one core (0.5, 2), got %q", v)
+					}
+					k.Limits.CPU = f
+				case "pids":
+					var v string
+					if err := caddyfileutil.OneArg(d, &v); err != nil {
+						return err
+					}
+					n, err := strconv.ParseInt(v, 10, 64)
+					if err != nil || n <= 0 {
+						return d.Errf("pids: want a positive number, got %q", v)
+					}
+					k.Limits.Pids = n
+				default:
+					return d.Errf("unrecognized subdirective %s", d.Val())
+				}
+			}
 		default:
 			return d.Errf("unrecognized subdirective %s", d.Val())
 		}
 	}
 	return nil
+}
+
+// sizeArg reads one size argument (64MiB, 1GB, 1048576) as bytes.
+func sizeArg(d *caddyfile.Dispenser) (int64, error) {
+	name := d.Val()
+	var v string
+	if err := caddyfileutil.OneArg(d, &v); err != nil {
+		return 0, err
+	}
+	n, err := humanize.ParseBytes(v)
+	if err != nil || n == 0 || n > 1<<62 {
+		return 0, d.Errf("%s: want a size such as 64MiB, got %q", name, v)
+	}
+	return int64(n), nil
 }
 
 // parseHandler sets up the handler from the `lchat` directive.

@@ -22,7 +22,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "add-instance",
-		Usage: "<host> --kind <kind> [--version <v>] [--env NAME=VALUE ...] [--home-region <r>] [--upstream <addr>] [--address <admin>]",
+		Usage: "<host>|--mint --kind <kind> [--version <v>] [--env NAME=VALUE ...] [--home-region <r>] [--upstream <addr>] [--address <admin>]",
 		Short: "Creates a route: a hibernating space of a configured kind, or a live route with --upstream",
 		Long: `
 Creates the route for <host> on the running server through its admin API
@@ -32,9 +32,15 @@ that address or Unix socket path.
 
 --env sets the instance's own environment (admin token, entitlement, ...); the
 kind must allow each name. Values are stored for the instance and never printed.
+
+--mint, instead of <host>, names the space from the next id: <base36(id)> under
+the first wildcard domain (7ps.example.com for id 10000). The id comes from the
+shared ledger of LCHAT_CLOUD_ID_LEDGER when the server has it set, so boxes
+minting at once never collide; otherwise from a counter of this box alone.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
+			cmd.Args = cobra.RangeArgs(0, 1)
+			cmd.Flags().Bool("mint", false, "Name the host from the next id (<base36(id)>.<first wildcard domain>)")
 			cmd.Flags().String("kind", "", "Kind of the space (configured in the lchat app)")
 			cmd.Flags().String("version", "", "Version of the instance")
 			cmd.Flags().StringArray("env", nil, "Instance env NAME=VALUE (repeatable)")
@@ -86,7 +92,7 @@ none); an awake space is put to sleep first.
 }
 
 func addAdminFlags(cmd *cobra.Command) {
-	cmd.Flags().String("address", "", "The address of the administration API endpoint (default localhost:2019)")
+	cmd.Flags().String("address", "", "The address of the administration API endpoint (default: $LCHAT_ADMIN_LISTEN, else unix//run/lchat-caddy/admin.sock when it exists, else localhost:2019)")
 	cmd.Flags().StringP("config", "c", "", "Configuration file to find the admin address in")
 	cmd.Flags().StringP("adapter", "a", "", "Name of config adapter to apply")
 }
@@ -94,7 +100,7 @@ func addAdminFlags(cmd *cobra.Command) {
 // adminCall sends one request to the admin API and decodes a JSON answer into out.
 // An error answer becomes an error carrying the server's message.
 func adminCall(fs caddycmd.Flags, method, uri string, body, out any) error {
-	addr, err := caddycmd.DetermineAdminAPIAddress(fs.String("address"), nil, fs.String("config"), fs.String("adapter"))
+	addr, err := adminAddress(fs)
 	if err != nil {
 		return fmt.Errorf("finding admin address: %v", err)
 	}
@@ -156,9 +162,14 @@ func parseEnvFlags(vals []string) (map[string]string, error) {
 }
 
 func cmdAddInstance(fs caddycmd.Flags) (int, error) {
-	host := fs.Arg(0)
-	if err := registry.ValidateHost(host); err != nil {
-		return caddy.ExitCodeFailedStartup, err
+	host, mint := fs.Arg(0), fs.Bool("mint")
+	switch {
+	case mint && host != "":
+		return caddy.ExitCodeFailedStartup, errors.New("give <host> or --mint, not both")
+	case !mint:
+		if err := registry.ValidateHost(host); err != nil {
+			return caddy.ExitCodeFailedStartup, err
+		}
 	}
 	envVals, err := fs.GetStringArray("env")
 	if err != nil {
@@ -169,6 +180,7 @@ func cmdAddInstance(fs caddycmd.Flags) (int, error) {
 		return caddy.ExitCodeFailedStartup, err
 	}
 	req := createRequest{
+		Mint:       mint,
 		Host:       host,
 		Kind:       fs.String("kind"),
 		Version:    fs.String("version"),

@@ -76,18 +76,3 @@ func TestPeerTransport(t *testing.T) {
 		}
 	}
 }
-
-func TestInsecureSelf(t *testing.T) {
-	for self, want := range map[string]bool{
-		"https://box-1.example.net": false,
-		"http://box-1.example.net":  true,
-		"http://10.0.0.5:8080":      true,
-		"http://127.0.0.2:8080":     false,
-		"http://localhost:8080":     false,
-		"http://[::1]:8080":         false,
-	} {
-		if got := insecureSelf(self); got != want {
-			t.Errorf("insecureSelf(%q) = %v, want %v", self, got, want)
-		}
-	}
-}

@@ -108,6 +108,7 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	h.app.shared.requests.Add(1)
 	host := requestHost(r)
 	h.meshStrip(r, host)
 	rt, ok := h.app.shared.reg.Lookup(host)

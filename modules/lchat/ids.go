@@ -193,6 +193,8 @@ func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 type idAllocators struct {
 	mu sync.Mutex
 	m  map[string]*ledger.Allocator
+	// local is the counter of minted ids without LCHAT_CLOUD_ID_LEDGER (mint.go).
+	local *ledger.Allocator
 }
 
 func (ia *idAllocators) get(s *shared, namespace string) (*ledger.Allocator, error) {

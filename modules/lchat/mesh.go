@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"sync/atomic"
 	"time"
@@ -260,17 +259,3 @@ func (ms *meshState) close() {
 
 // errMeshOff is returned by mesh endpoints on a box without LCHAT_MESH_SELF.
 var errMeshOff = errors.New("the mesh is off on this box (LCHAT_MESH_SELF is not set)")
-
-// insecureSelf reports a SELF URL that sends peer traffic in the clear beyond this machine.
-func insecureSelf(self string) bool {
-	u, err := url.Parse(self)
-	if err != nil || u.Scheme != "http" {
-		return false
-	}
-	host := u.Hostname()
-	if host == "localhost" {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip == nil || !ip.IsLoopback()
-}

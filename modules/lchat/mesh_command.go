@@ -106,7 +106,7 @@ func cmdMeshSeed(fs caddycmd.Flags) (int, error) {
 		}
 		req.Domains, req.Token = cfg.Domains, string(cfg.Token)
 	}
-	addr, err := caddycmd.DetermineAdminAPIAddress(fs.String("address"), nil, fs.String("config"), fs.String("adapter"))
+	addr, err := adminAddress(fs)
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("finding admin address: %v", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,17 +49,68 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// registerMetrics points the collector at a and registers it once per metrics registry.
+// Histograms of the engine's wakes and checkpoints, fed by observeMetrics. They answer
+// "why was that wake slow": which phase took the time.
+var (
+	wakePhaseSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "lchat_wake_phase_seconds",
+		Help:    "Duration of each phase of a wake: lease, restore, start, ready.",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"phase"})
+	wakeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "lchat_wake_seconds",
+		Help:    "Duration of a whole wake (the sum of its phases), by result (ok, error).",
+		Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"result"})
+	checkpointSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "lchat_checkpoint_seconds",
+		Help:    "Duration of a checkpoint (snapshot, upload, manifest write), by result (ok, error).",
+		Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"result"})
+	checkpointBytes = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "lchat_checkpoint_bytes",
+		Help:    "Bytes a successful checkpoint uploaded (new blobs only; unchanged files cost nothing).",
+		Buckets: prometheus.ExponentialBuckets(1024, 4, 11), // 1 KiB .. 1 GiB
+	})
+)
+
+// observeMetrics feeds the histograms from the engine's events.
+func observeMetrics(ev engine.Event) {
+	result := "ok"
+	if ev.Err != "" {
+		result = "error"
+	}
+	switch ev.Type {
+	case engine.EventWake:
+		for phase, d := range map[string]time.Duration{"lease": ev.Phases.Lease, "restore": ev.Phases.Restore,
+			"start": ev.Phases.Start, "ready": ev.Phases.Ready} {
+			if d > 0 {
+				wakePhaseSeconds.WithLabelValues(phase).Observe(d.Seconds())
+			}
+		}
+		wakeSeconds.WithLabelValues(result).Observe(ev.Phases.Total().Seconds())
+	case engine.EventCheckpoint:
+		checkpointSeconds.WithLabelValues(result).Observe(ev.Duration.Seconds())
+		if result == "ok" {
+			checkpointBytes.Observe(float64(ev.Bytes))
+		}
+	}
+}
+
+// registerMetrics points the collector at a and registers it and the histograms once
+// per metrics registry.
 func registerMetrics(ctx caddy.Context, a *App) {
 	current.Store(a)
 	reg := ctx.GetMetricsRegistry()
 	if reg == nil {
 		return
 	}
-	if err := reg.Register(collector{}); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			a.logger.Warn("registering metrics", zap.Error(err))
+	for _, c := range []prometheus.Collector{collector{}, wakePhaseSeconds, wakeSeconds, checkpointSeconds, checkpointBytes} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				a.logger.Warn("registering metrics", zap.Error(err))
+			}
 		}
 	}
 }

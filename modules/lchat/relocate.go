@@ -23,7 +23,8 @@ type RelocateDNS struct {
 	// ProviderRaw is a dns.providers module that can set records (libdns RecordSetter),
 	// e.g. {"name": "route53", ...} or {"name": "dnsimple", ...}.
 	ProviderRaw json.RawMessage `json:"provider,omitempty" caddy:"namespace=dns.providers inline_key=name"`
-	// Zone is the DNS zone the relocated hosts are in, e.g. "example.com". Required.
+	// Zone is the DNS zone the relocated hosts are in, e.g. "example.com"; placeholders
+	// are expanded. Default: the first wildcard domain.
 	Zone string `json:"zone,omitempty"`
 	// TTL of the A record written. Default 5m.
 	TTL caddy.Duration `json:"ttl,omitempty"`
@@ -72,6 +73,10 @@ func (a *App) provisionRelocate(ctx caddy.Context) error {
 	if a.Mesh == nil {
 		return nil
 	}
+	// The shipped mesh.Caddyfile sets these from the environment; an unset variable
+	// means none (no public address; the zone of the first wildcard domain).
+	repl := caddy.NewReplacer()
+	a.Mesh.PublicAddress = strings.TrimSpace(repl.ReplaceKnown(a.Mesh.PublicAddress, ""))
 	if ip := a.Mesh.PublicAddress; ip != "" {
 		if _, err := netip.ParseAddr(ip); err != nil {
 			return fmt.Errorf("mesh.public_address: %q is not an IP address", ip)
@@ -81,9 +86,12 @@ func (a *App) provisionRelocate(ctx caddy.Context) error {
 		if d.ProviderRaw == nil {
 			return errors.New("mesh.relocate_dns: a provider is required")
 		}
-		d.Zone = strings.TrimSuffix(strings.TrimSpace(d.Zone), ".")
+		d.Zone = strings.TrimSuffix(strings.TrimSpace(repl.ReplaceKnown(d.Zone, "")), ".")
+		if d.Zone == "" && len(a.WildcardDomains) > 0 {
+			d.Zone = a.WildcardDomains[0]
+		}
 		if d.Zone == "" {
-			return errors.New("mesh.relocate_dns: zone is required")
+			return errors.New("mesh.relocate_dns: zone is required (or a wildcard domain to default to)")
 		}
 		if d.TTL < 0 {
 			return errors.New("mesh.relocate_dns: ttl must not be negative")

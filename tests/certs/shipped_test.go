@@ -39,7 +39,35 @@ func installShipped(t *testing.T, dir string) string {
 	}
 	caddyfile := filepath.Join(dir, "Caddyfile")
 	copyFile(t, filepath.Join(src, "single.Caddyfile"), caddyfile)
+	if os.Geteuid() != 0 {
+		// The shipped file isolates spaces, which needs root or the unit's capabilities;
+		// a developer's run as themselves opts out as lchat-caddy dev does.
+		b, _ := os.ReadFile(caddyfile)
+		os.WriteFile(caddyfile, bytes.Replace(b, []byte("isolation on"), []byte("isolation none"), 1), 0o644)
+	}
 	return caddyfile
+}
+
+// isolatedLayout makes dir what the shipped unit makes /var/lib/lchat-caddy: a state
+// directory the spaces' uids may traverse (0711), and returns a copy of bin inside it,
+// so "{self}" (the isolated kind's command) is reachable whatever the checkout's path.
+func isolatedLayout(t *testing.T, dir, bin string) string {
+	t.Helper()
+	for _, d := range []string{dir, filepath.Join(dir, "state")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(d, 0o711)
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := filepath.Join(dir, filepath.Base(bin))
+	if err := os.WriteFile(self, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return self
 }
 
 func copyFile(t *testing.T, from, to string) {
@@ -69,6 +97,7 @@ func TestShippedCaddyfileWildcards(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	caddyfile := installShipped(t, dir)
+	bin = isolatedLayout(t, dir, bin)
 
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "space %s", r.Host)

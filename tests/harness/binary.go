@@ -94,6 +94,28 @@ func Binary(t testing.TB) string {
 	return p
 }
 
+// CertsBinary returns the path of lchat-caddy built with the test-only DNS provider
+// dns.providers.lchat_challtestsrv (tests/certs/cmd), for configs that obtain
+// certificates from pebble by DNS-01 (LCHAT_DNS_PROVIDER=lchat_challtestsrv).
+// scripts/test does not prebuild it, so it is always built (once per test process; the
+// Go build cache makes that cheap), never taken stale from an earlier run.
+func CertsBinary(t testing.TB) string {
+	t.Helper()
+	const name = "lchat-caddy-certs"
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	out := filepath.Join(binDir(), name)
+	err, ok := buildDone[name]
+	if !ok {
+		err = buildLocked(out, "./tests/certs/cmd", "")
+		buildDone[name] = err
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // Tool returns the path of a test server built from tools/go.mod: "versitygw",
 // "pebble", "pebble-challtestsrv" or "xcaddy".
 func Tool(t testing.TB, name string) string {

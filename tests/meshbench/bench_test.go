@@ -32,7 +32,7 @@ import (
 
 const (
 	domain = "bench.test"
-	token  = "bench-token-0b1c2d"
+	token  = "bench-token-0b1c2d-3e4f5a6b7c8d9e0f1a2b"
 )
 
 // countingS3 is a reverse proxy in front of versitygw that counts requests by kind.

@@ -32,7 +32,7 @@ import (
 
 const (
 	meshDomain = "mesh.test"
-	meshToken  = "test-mesh-token-3f9a1c"
+	meshToken  = "test-mesh-token-3f9a1c-5d7e9f0b2c4a6e8d"
 	beat       = time.Second
 	deadAfter  = 3 * time.Second
 )

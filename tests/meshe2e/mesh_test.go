@@ -32,7 +32,7 @@ func TestStartupRefusals(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	const secret = "do-not-print-this-token"
+	const secret = "do-not-print-this-token-9c8b7a6f5e4d"
 	cases := []struct {
 		name, want string
 		env        []string

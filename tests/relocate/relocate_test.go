@@ -23,7 +23,7 @@ import (
 
 const (
 	meshDomain = "mesh.test"
-	meshToken  = "relocate-mesh-token-77b1"
+	meshToken  = "relocate-mesh-token-77b1-2f4e6a8c0d1b3e5a"
 	dnsToken   = "dnsimple-token-never-logged"
 	dnsAccount = 4242
 	fiAddress  = "203.0.113.9"

@@ -1,0 +1,279 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/sandbox"
+)
+
+// Isolation modes of a kind.
+const (
+	// IsolationAuto (the default, "") isolates where this box can: it holds the
+	// capabilities, has a writable cgroup hierarchy, and its state dir is reachable by
+	// other uids. Otherwise the kind runs as the box's own user (logged at start).
+	IsolationAuto = ""
+	// IsolationOn isolates or refuses the kind, naming what is missing.
+	IsolationOn = "on"
+	// IsolationNone runs the instance as the box's own user, in a process group: the
+	// explicit opt-out (a development box that is not root).
+	IsolationNone = "none"
+)
+
+// Limits bound one space's instance and all its descendants; zero fields are unlimited.
+// Any limit needs a cgroup hierarchy that enforces it; a kind asking for one this host
+// cannot enforce is refused.
+type Limits struct {
+	// MemoryBytes caps resident memory (swap included where the host accounts it). The
+	// kernel OOM-kills the instance at the limit; the engine reports a crash.
+	MemoryBytes int64
+	// CPU is a share of one core: 0.5 is half a core, 2 is two cores.
+	CPU float64
+	// Pids caps the instance's processes and threads.
+	Pids int64
+}
+
+func (l Limits) any() bool { return l.MemoryBytes > 0 || l.CPU > 0 || l.Pids > 0 }
+
+func (l Limits) sandbox() sandbox.Limits {
+	return sandbox.Limits{MemoryBytes: l.MemoryBytes, CPU: l.CPU, Pids: l.Pids}
+}
+
+// hostCgroups is this process's cgroup view, opened once: it creates this process's
+// parent group and sweeps the groups of dead boxes.
+var hostCgroups = sync.OnceValues(func() (*sandbox.Cgroups, error) {
+	cgroupsOpened.Store(true)
+	return sandbox.OpenCgroups()
+})
+
+// cgroupsOpened is set once hostCgroups ran, so Close tidies only what was made.
+var cgroupsOpened atomic.Bool
+
+// checkIsolation refuses a kind this host cannot run as configured.
+func checkIsolation(k Kind) error {
+	switch k.Isolation {
+	case IsolationAuto, IsolationNone:
+	case IsolationOn:
+		if err := sandbox.CheckIsolationCaps(); err != nil {
+			return err
+		}
+		if _, err := hostCgroups(); err != nil {
+			return fmt.Errorf("isolation needs cgroups: %v", err)
+		}
+	default:
+		return fmt.Errorf("unknown isolation %q: on or none", k.Isolation)
+	}
+	if k.Limits.MemoryBytes < 0 || k.Limits.CPU < 0 || k.Limits.Pids < 0 {
+		return errors.New("limits must not be negative")
+	}
+	if k.Limits.any() {
+		cg, err := hostCgroups()
+		if err != nil {
+			return fmt.Errorf("limits need cgroups: %v", err)
+		}
+		if err := cg.Check(k.Limits.sandbox()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isolated reports whether spaces of k run under their own uid on this box.
+func (e *Engine) isolated(k Kind) bool {
+	switch k.Isolation {
+	case IsolationOn:
+		return true
+	case IsolationNone:
+		return false
+	}
+	if sandbox.CheckIsolationCaps() != nil {
+		return false
+	}
+	if _, err := hostCgroups(); err != nil {
+		return false
+	}
+	return e.stateDirReachable() == nil && commandReachable(k.Command) == nil
+}
+
+// commandReachable checks that a space's uid could execute command: the file and every
+// directory above it must be open to others (o+x).
+func commandReachable(command string) error {
+	p, err := exec.LookPath(command)
+	if err != nil {
+		return err
+	}
+	p, err = filepath.Abs(p)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&0o001 == 0 {
+		return fmt.Errorf("command %s is not executable by the spaces' uids (mode %v)", p, fi.Mode().Perm())
+	}
+	return searchableAbove(p)
+}
+
+// searchableAbove checks that every directory above path is searchable by others.
+func searchableAbove(path string) error {
+	for d := filepath.Dir(path); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s is not searchable by the spaces' uids (mode %v): isolation needs o+x on it", d, fi.Mode().Perm())
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
+}
+
+// stateDirReachable checks that a space's uid can reach its data dir and socket: every
+// directory above the state dir must be searchable by others (o+x). The state dir and
+// the directories the engine makes below it are 0711: searchable, not listable.
+func (e *Engine) stateDirReachable() error {
+	return searchableAbove(e.cfg.StateDir)
+}
+
+// checkKindsHere adds the checks that need this engine (its state dir) to checkIsolation.
+func (e *Engine) checkKindsHere(kinds map[string]Kind) error {
+	for name, k := range kinds {
+		if k.Isolation == IsolationOn {
+			if err := e.stateDirReachable(); err != nil {
+				return fmt.Errorf("engine: kind %s: %v", name, err)
+			}
+			if err := commandReachable(k.Command); err != nil {
+				return fmt.Errorf("engine: kind %s: %v", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// logIsolation says once per kind set how each kind runs, and where the cgroups are.
+func (e *Engine) logIsolation(kinds map[string]Kind) {
+	for name, k := range kinds {
+		iso := e.isolated(k)
+		f := []zap.Field{zap.String("kind", name), zap.Bool("isolated", iso)}
+		if !iso && k.Isolation == IsolationAuto {
+			why := sandbox.CheckIsolationCaps()
+			if why == nil {
+				if _, err := hostCgroups(); err != nil {
+					why = err
+				} else if why = e.stateDirReachable(); why == nil {
+					why = commandReachable(k.Command)
+				}
+			}
+			f = append(f, zap.NamedError("why_not", why))
+		}
+		if cg, err := hostCgroups(); err == nil && (iso || k.Limits.any()) {
+			f = append(f, zap.String("cgroups", cg.Describe()))
+		}
+		e.log.Info("kind isolation", f...)
+	}
+}
+
+// uidsFor returns the uid allocator, opened on first use.
+func (e *Engine) uidAlloc() (*sandbox.UIDs, error) {
+	e.uidMu.Lock()
+	defer e.uidMu.Unlock()
+	if e.uids != nil {
+		return e.uids, nil
+	}
+	first, count := e.cfg.UIDFirst, e.cfg.UIDCount
+	if first == 0 {
+		first = sandbox.DefaultUIDFirst
+	}
+	if count == 0 {
+		count = sandbox.DefaultUIDCount
+	}
+	u, err := sandbox.OpenUIDs(filepath.Join(e.cfg.StateDir, "uids.json"), first, count)
+	if err != nil {
+		return nil, err
+	}
+	e.uids = u
+	return u, nil
+}
+
+// sandboxPlan is how one start of an instance is confined.
+type sandboxPlan struct {
+	cred  *syscall.Credential // nil: the box's own user
+	group *sandbox.Group      // nil: a process group only
+}
+
+// prepareSandbox readies the directories and the cgroup of a start: with isolation the
+// data dir and the socket dir are handed to the space's uid (0700) while everything else
+// under the state dir stays the box's, searchable but not listable (0711) or private.
+func (e *Engine) prepareSandbox(in *inst, k Kind) (sandboxPlan, error) {
+	var plan sandboxPlan
+	iso := e.isolated(k)
+	sockDir := filepath.Dir(in.socket)
+	if err := os.MkdirAll(sockDir, 0o700); err != nil {
+		return plan, err
+	}
+	if iso {
+		alloc, err := e.uidAlloc()
+		if err != nil {
+			return plan, err
+		}
+		uid, err := alloc.For(in.host)
+		if err != nil {
+			return plan, err
+		}
+		for _, d := range []string{e.cfg.StateDir, filepath.Dir(in.dir), in.dir, filepath.Dir(sockDir)} {
+			if err := os.Chmod(d, 0o711); err != nil {
+				return plan, err
+			}
+		}
+		if err := os.MkdirAll(in.dataDir, 0o700); err != nil {
+			return plan, err
+		}
+		for _, d := range []string{in.dataDir, sockDir} {
+			if err := os.Chmod(d, 0o700); err != nil {
+				return plan, err
+			}
+		}
+		if err := chownTree(in.dataDir, int(uid)); err != nil {
+			return plan, fmt.Errorf("handing the data dir to uid %d: %v", uid, err)
+		}
+		if err := os.Lchown(sockDir, int(uid), int(uid)); err != nil {
+			return plan, fmt.Errorf("handing the socket dir to uid %d: %v", uid, err)
+		}
+		plan.cred = &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}
+	}
+	if iso || k.Limits.any() {
+		cg, err := hostCgroups()
+		if err != nil {
+			return plan, err
+		}
+		g, err := cg.Create(in.host, k.Limits.sandbox())
+		if err != nil {
+			return plan, err
+		}
+		plan.group = g
+	}
+	return plan, nil
+}
+
+// chownTree hands every file under root to uid (gid the same), never following a link.
+func chownTree(root string, uid int) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, uid)
+	})
+}

@@ -1,0 +1,284 @@
+package engine
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
+)
+
+// TestIsolatedSpaceOwnsItsDataAcrossSleeps runs a space under its own uid through a wake,
+// a write, a sleep (checkpoint as the box) and a second wake (restore, handed back to
+// the space's uid, which can write again).
+func TestIsolatedSpaceOwnsItsDataAcrossSleeps(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CI runs as root)")
+	}
+	dir, err := os.MkdirTemp("", "iso")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o711)
+	bin, _ := os.ReadFile(os.Args[0])
+	inst := filepath.Join(dir, "inst")
+	if err := os.WriteFile(inst, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kind := Kind{
+		Command:     inst,
+		Env:         map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+		Replication: Replication{Class: ReplicateSleep},
+		StopGrace:   5 * time.Second,
+		Isolation:   IsolationOn,
+		Limits:      Limits{Pids: 100},
+	}
+	e, err := New(Config{Bucket: b, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
+		Kinds: map[string]Kind{"app": kind}, UIDFirst: 3200000, UIDCount: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e.Drain(ctx)
+		e.Close()
+	})
+	const host = "iso.example.com"
+	sp := Space{Host: host, Kind: "app"}
+	post := func() {
+		t.Helper()
+		u, err := e.Acquire(context.Background(), sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer u.Release()
+		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", u.Socket())
+		}}}
+		resp, err := c.Post("http://x/note", "text/plain", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("instance answered %d writing its data dir", resp.StatusCode)
+		}
+	}
+	post()
+	var pid int
+	for _, s := range e.Status() {
+		pid = s.PID
+	}
+	status, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	var uid string
+	for l := range strings.SplitSeq(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+			uid = strings.Fields(v)[0]
+		}
+	}
+	if n, _ := strconv.Atoi(uid); n < 3200000 || n >= 3200100 {
+		t.Fatalf("instance runs as uid %q, want one from 3200000+100", uid)
+	}
+	if err := e.Sleep(context.Background(), host); err != nil {
+		t.Fatal(err)
+	}
+	post() // restored by the box, handed back to the space
+	data := filepath.Join(dir, "state", "spaces", host, "data")
+	notes, err := os.ReadFile(filepath.Join(data, "notes.txt"))
+	if err != nil || strings.Count(string(notes), "/note") != 2 {
+		t.Fatalf("notes after a sleep and a wake: %q %v", notes, err)
+	}
+	fi, _ := os.Stat(filepath.Join(data, "notes.txt"))
+	if got := strconv.Itoa(int(fi.Sys().(*syscall.Stat_t).Uid)); got != uid {
+		t.Fatalf("restored file owned by %s, want the space's uid %s", got, uid)
+	}
+}
+
+func TestKindIsolationRefusals(t *testing.T) {
+	if err := checkIsolation(Kind{Isolation: "maybe"}); err == nil || !strings.Contains(err.Error(), "unknown isolation") {
+		t.Fatalf("isolation maybe: %v", err)
+	}
+	if err := checkIsolation(Kind{Limits: Limits{Pids: -1}}); err == nil {
+		t.Fatal("a negative limit was accepted")
+	}
+	if os.Geteuid() != 0 {
+		err := checkIsolation(Kind{Isolation: IsolationOn})
+		if err == nil || !strings.Contains(err.Error(), "CAP_SETUID") {
+			t.Fatalf("isolation on without capabilities: %v, want CAP_SETUID named", err)
+		}
+	}
+}
+
+// frozenProbe is a bucket that notes, at each manifest write, whether the isolated
+// instance's cgroup is frozen: a checkpoint of a running instance must read the data dir
+// only while no instance code runs.
+type frozenProbe struct {
+	bucket.Bucket
+	e    *Engine
+	host string
+	mu   sync.Mutex
+	seen []bool // one per manifest write of a running instance
+}
+
+func (b *frozenProbe) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
+	if strings.HasSuffix(key, "/manifest") {
+		if in := b.e.lookup(b.host); in != nil {
+			in.mu.Lock()
+			p := in.proc
+			in.mu.Unlock()
+			if p != nil && !p.done() {
+				dir := p.group.Path()
+				ev, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+				if err != nil {
+					ev, _ = os.ReadFile(filepath.Join(dir, "freezer.state"))
+				}
+				b.mu.Lock()
+				b.seen = append(b.seen, strings.Contains(string(ev), "frozen 1") || strings.Contains(string(ev), "FROZEN"))
+				b.mu.Unlock()
+			}
+		}
+	}
+	return b.Bucket.Put(ctx, key, body, size, cond)
+}
+
+func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CI runs as root)")
+	}
+	dir, err := os.MkdirTemp("", "iso")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o711)
+	bin, _ := os.ReadFile(os.Args[0])
+	inst := filepath.Join(dir, "inst")
+	os.WriteFile(inst, bin, 0o755)
+	fb, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := &frozenProbe{Bucket: fb, host: "frz.example.com"}
+	e, err := New(Config{Bucket: probe, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
+		Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+			Replication: Replication{Class: ReplicatePeriodic, Interval: 50 * time.Millisecond}, StopGrace: 5 * time.Second,
+			Isolation: IsolationOn}}, UIDFirst: 3200200, UIDCount: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe.e = e
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e.Drain(ctx)
+		e.Close()
+	})
+	u, err := e.Acquire(context.Background(), Space{Host: probe.host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", u.Socket())
+	}}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		// Each note changes the data dir, so the next periodic sync writes a manifest.
+		resp, err := c.Post("http://x/note", "text/plain", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		probe.mu.Lock()
+		n := len(probe.seen)
+		probe.mu.Unlock()
+		if n >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d manifest writes of the running instance in 30s", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	u.Release()
+	probe.mu.Lock()
+	defer probe.mu.Unlock()
+	for i, frozen := range probe.seen {
+		if !frozen {
+			t.Errorf("manifest write %d of a running isolated instance happened while it ran", i)
+		}
+	}
+	// And it runs again afterwards.
+	if resp, err := c.Post("http://x/note", "text/plain", nil); err != nil {
+		t.Fatalf("instance after the checkpoints: %v", err)
+	} else {
+		resp.Body.Close()
+	}
+}
+
+// BenchmarkWakeSleepIsolation wakes and sleeps one space under each isolation mode, side
+// by side, and prints the ratio: go test ./engine -run X -bench WakeSleepIsolation (root).
+func BenchmarkWakeSleepIsolation(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	dir, err := os.MkdirTemp("", "isob")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o711)
+	bin, _ := os.ReadFile(os.Args[0])
+	inst := filepath.Join(dir, "inst")
+	os.WriteFile(inst, bin, 0o755)
+	per := map[string]time.Duration{}
+	for _, mode := range []string{IsolationNone, IsolationOn} {
+		b.Run("isolation="+mode, func(b *testing.B) {
+			fb, err := filebucket.New(b.TempDir())
+			if err != nil {
+				b.Fatal(err)
+			}
+			e, err := New(Config{Bucket: fb, StateDir: filepath.Join(dir, "state-"+mode), Holder: "box", Incarnation: "1",
+				Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+					Replication: Replication{Class: ReplicateSleep}, StopGrace: 5 * time.Second, Isolation: mode}},
+				UIDFirst: 3200400, UIDCount: 100})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			sp := Space{Host: "bench.example.com", Kind: "app"}
+			b.ResetTimer()
+			start := time.Now()
+			for b.Loop() {
+				u, err := e.Acquire(context.Background(), sp)
+				if err != nil {
+					b.Fatal(err)
+				}
+				u.Release()
+				if err := e.Sleep(context.Background(), sp.Host); err != nil {
+					b.Fatal(err)
+				}
+			}
+			per[mode] = time.Since(start) / time.Duration(b.N)
+		})
+	}
+	if per[IsolationNone] > 0 && per[IsolationOn] > 0 {
+		b.Logf("wake+sleep: none %v, on %v: isolation costs x%.2f", per[IsolationNone], per[IsolationOn],
+			float64(per[IsolationOn])/float64(per[IsolationNone]))
+	}
+}

@@ -1,0 +1,198 @@
+package console
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+const (
+	fleetDomain = "fleet.test"
+	fleetToken  = "console-fleet-token-5d1e-8a2c4f6b0e9d1a3c"
+)
+
+// fleetBox is one box of a small mesh with the console on host console.test.
+type fleetBox struct {
+	*harness.Box
+	addr, self, config string
+}
+
+func startFleetBox(t *testing.T, ip, region string, s3 *harness.S3) *fleetBox {
+	t.Helper()
+	l, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	n := &fleetBox{addr: addr, self: "http://" + addr}
+	cfg := map[string]any{
+		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},
+		"storage": map[string]any{"module": "file_system", "root": "{$LCHAT_TEST_DIR}/caddy"},
+		"apps": map[string]any{
+			"lchat": map[string]any{
+				"bucket": map[string]any{
+					"backend": "s3", "bucket": "{env.LCHAT_HIBERNATE_BUCKET}",
+					"prefix": "{env.LCHAT_HIBERNATE_PREFIX}", "use_path_style": true,
+				},
+				"state_dir": "{$LCHAT_TEST_DIR}/state",
+				"registry":  "{$LCHAT_TEST_DIR}/registry.db",
+				"mesh":      map[string]any{"beat": "500ms", "dead_after": "2s"},
+				"kinds": map[string]any{"demo": map[string]any{
+					"command": "{self}", "args": []string{"demo-space"},
+					"idle_timeout": "1m", "ready_path": "/healthz", "stop_grace": "5s",
+					"replication": map[string]any{"class": "sleep"},
+				}},
+			},
+			"http": map[string]any{"servers": map[string]any{"main": map[string]any{
+				"listen":          []string{addr},
+				"automatic_https": map[string]any{"disable": true},
+				"routes": []any{
+					map[string]any{
+						"match":    []any{map[string]any{"host": []string{ip}}},
+						"handle":   []any{map[string]any{"handler": "lchat_mesh_api"}},
+						"terminal": true,
+					},
+					map[string]any{
+						"match":    []any{map[string]any{"host": []string{"console.test"}}},
+						"handle":   []any{map[string]any{"handler": "lchat_console", "sample_interval": "1s", "actions": true}},
+						"terminal": true,
+					},
+					map[string]any{"handle": []any{map[string]any{"handler": "lchat"}}},
+				},
+			}}},
+		},
+	}
+	raw, _ := json.Marshal(cfg)
+	n.config = string(raw)
+	env := append(s3.Env("fleet/"), mesh.EnvSelf+"="+n.self, mesh.EnvDomains+"="+fleetDomain,
+		mesh.EnvToken+"="+fleetToken, mesh.EnvRegion+"="+region)
+	n.Box = harness.StartBox(t, harness.BoxOptions{JSON: string(raw), Env: env, IP: ip})
+	return n
+}
+
+// TestConsoleFleet: three boxes in two regions; the console on one of them shows the
+// regions and boxes, where a space is awake (woken through another box), and a failover
+// event when a box dies without draining.
+func TestConsoleFleet(t *testing.T) {
+	s3 := harness.StartS3(t)
+	boxes := []*fleetBox{
+		startFleetBox(t, "127.0.0.1", "fi", s3),
+		startFleetBox(t, "127.0.0.2", "fi", s3),
+		startFleetBox(t, "127.0.0.3", "de", s3),
+	}
+	// Create the route once box 0 sees every box, so its fan-out reaches them.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var f struct {
+			Members []any `json:"members"`
+		}
+		boxes[0].AdminJSON(http.MethodGet, "/lchat/fleet", nil, http.StatusOK, &f)
+		if len(f.Members) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("box 0 sees %d boxes, want 3", len(f.Members))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	const host = "chat." + fleetDomain
+	body := fmt.Sprintf(`{"host":%q,"kind":"demo","home_region":"de"}`, host)
+	if status, out, err := boxes[0].Admin(http.MethodPost, "/lchat/routes", json.RawMessage(body)); err != nil || status != http.StatusCreated {
+		t.Fatalf("creating %s: %d %s %v", host, status, out, err)
+	}
+
+	// The row replicates to the other boxes asynchronously (after their heartbeats
+	// are seen).
+	deadline = time.Now().Add(30 * time.Second)
+	for _, bx := range boxes[1:] {
+		for {
+			status, _, _ := bx.Admin(http.MethodGet, "/lchat/routes/"+host, nil)
+			if status == http.StatusOK {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never got the row of %s", bx.self, host)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	_, port, _ := net.SplitHostPort(boxes[0].addr)
+	// console.test reaches box 0 through a host-resolver rule, as a DNS name would.
+	ctx := harness.Browser(t, chromedp.Flag("host-resolver-rules", "MAP console.test 127.0.0.1"))
+	b := &browser{t: t, ctx: ctx, art: harness.ArtifactDir(t, "console")}
+	b.do("load", chromedp.Navigate("http://console.test:"+port+"/"))
+	b.wait("three boxes in two regions", `document.querySelectorAll('table.fleet').length === 2 && document.querySelectorAll('table.fleet tbody tr').length === 3`, 30*time.Second)
+	b.wait("live stream", `document.getElementById('live').textContent === 'live'`, 20*time.Second)
+
+	// Wake the space through box 1 (fi): it is homed in de, so it wakes on box 2.
+	req, _ := http.NewRequest("GET", "http://"+boxes[1].addr+"/", nil)
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET %s via box 1: %d", host, resp.StatusCode)
+	}
+	b.wait("awake on the de box", fmt.Sprintf(`(document.querySelector('#spaces-table tr[data-host="%s"] td.awake-on') || {}).textContent === %q`, host, boxes[2].addr), 30*time.Second)
+	b.shot("fleet")
+
+	boxes[1].Kill()
+	b.wait("failover event", fmt.Sprintf(`[...document.querySelectorAll('#event-list .ev-failover')].some(li => li.textContent.includes(%q))`, boxes[1].addr), 30*time.Second)
+	b.wait("two boxes left", `document.querySelectorAll('table.fleet tbody tr').length === 2`, 30*time.Second)
+	if strings.Contains(eval[string](b, `document.body.textContent`), fleetToken) {
+		t.Fatal("the console shows the mesh token")
+	}
+	b.shot("failover")
+
+	// A config reload keeps the console's history: the same recorder serves the new config.
+	changed := strings.Replace(boxes[0].config, `"sample_interval":"1s"`, `"page_size":99,"sample_interval":"1s"`, 1)
+	if changed == boxes[0].config {
+		t.Fatal("the reload would not change the config")
+	}
+	if err := boxes[0].Reload(changed, true); err != nil {
+		t.Fatal(err)
+	}
+	b.do("reload page", chromedp.Navigate("http://console.test:"+port+"/"))
+	b.wait("history kept across the reload", fmt.Sprintf(`[...document.querySelectorAll('#event-list .ev-failover')].some(li => li.textContent.includes(%q))`, boxes[1].addr), 10*time.Second)
+
+	// Relocate and remove from the console, each after its confirmation page.
+	const other = "notes." + fleetDomain
+	body = fmt.Sprintf(`{"host":%q,"kind":"demo","home_region":"de"}`, other)
+	if status, out, err := boxes[0].Admin(http.MethodPost, "/lchat/routes", json.RawMessage(body)); err != nil || status != http.StatusCreated {
+		t.Fatalf("creating %s: %d %s %v", other, status, out, err)
+	}
+	b.do("open "+other, chromedp.Navigate("http://console.test:"+port+"/space/"+other))
+	b.do("relocate form", chromedp.SendKeys(chromedp.CSS("#region"), "fi"), chromedp.Click(chromedp.CSS(`form[action$="actions/relocate"] button`)))
+	b.wait("relocate confirmation", `document.querySelector('h1').textContent.startsWith('Confirm: Relocate')`, 10*time.Second)
+	b.do("confirm relocate", chromedp.SendKeys(chromedp.CSS("#confirm"), other+"\r"))
+	b.wait("relocated", `location.pathname.endsWith('/space/`+other+`') && [...document.querySelectorAll('.facts dd')].some(dd => dd.textContent === 'fi')`, 30*time.Second)
+	var rt struct {
+		HomeRegion string `json:"home_region"`
+	}
+	boxes[0].AdminJSON(http.MethodGet, "/lchat/routes/"+other, nil, http.StatusOK, &rt)
+	if rt.HomeRegion != "fi" {
+		t.Fatalf("after the console's relocate, home_region = %q, want fi", rt.HomeRegion)
+	}
+	b.shot("relocated")
+	b.do("remove", chromedp.Click(chromedp.CSS(`form[action$="actions/remove"] button`)))
+	b.wait("remove confirmation", `document.querySelector('h1').textContent.startsWith('Confirm: Remove')`, 10*time.Second)
+	b.do("confirm remove", chromedp.SendKeys(chromedp.CSS("#confirm"), other+"\r"))
+	b.wait("removed", `location.search === '?q=`+other+`&done=remove' && document.querySelector('.notice[role=status]').textContent.startsWith('Removed') && document.querySelector('#spaces-table tbody').textContent.includes('No space matches')`, 30*time.Second)
+	if status, _, _ := boxes[0].Admin(http.MethodGet, "/lchat/routes/"+other, nil); status != http.StatusNotFound {
+		t.Fatalf("after the console's remove, GET route: %d, want 404", status)
+	}
+	b.shot("removed")
+}

@@ -1,0 +1,167 @@
+// Command attacker is the instance of the isolation tests: a space that tries to reach
+// what it must not. It serves HTTP on $LCHAT_SOCKET; each endpoint makes one attempt and
+// answers what happened as JSON ({"ok":bool,"err":"...","out":"..."}), so the test, not
+// this program, decides what counts as denied.
+//
+//	GET  /healthz                   200
+//	GET  /whoami                    uid, gid, groups, capability sets, pid
+//	POST /read?path=P               read a file (or list a directory)
+//	POST /write?path=P              create a file with a marker
+//	POST /dial?path=P               connect to a Unix socket
+//	POST /signal?pid=N&sig=S        send signal S (a number) to pid N
+//	POST /escape                    setsid + double fork a sleeper; answers its pid
+//	POST /hog                       allocate memory until killed
+//	POST /flood?mb=N                write N MiB to stdout (the instance log)
+//	POST /hijack?target=P           replace this instance's socket with a symlink to P
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+type result struct {
+	OK  bool   `json:"ok"`
+	Err string `json:"err,omitempty"`
+	Out string `json:"out,omitempty"`
+}
+
+func answer(w http.ResponseWriter, out string, err error) {
+	r := result{OK: err == nil, Out: out}
+	if err != nil {
+		r.Err = err.Error()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(r)
+}
+
+func main() {
+	switch os.Getenv("ATTACKER_MODE") {
+	case "mid":
+		// The middle of the double fork: start the sleeper in a new session and exit,
+		// so the sleeper is orphaned, outside the instance's process group and session.
+		c := exec.Command(os.Args[0])
+		c.Env = append(os.Environ(), "ATTACKER_MODE=leaf")
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := c.Start(); err != nil {
+			fmt.Println("error", err)
+			os.Exit(1)
+		}
+		fmt.Println(c.Process.Pid)
+		os.Exit(0)
+	case "leaf":
+		signal.Ignore(syscall.SIGTERM, syscall.SIGHUP, syscall.SIGINT)
+		for {
+			time.Sleep(time.Hour)
+		}
+	}
+	sock := os.Getenv("LCHAT_SOCKET")
+	os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "listen:", err)
+		os.Exit(1)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
+	mux.HandleFunc("/whoami", func(w http.ResponseWriter, r *http.Request) {
+		st, err := os.ReadFile("/proc/self/status")
+		var lines []string
+		for l := range strings.SplitSeq(string(st), "\n") {
+			if strings.HasPrefix(l, "Cap") || strings.HasPrefix(l, "Uid:") || strings.HasPrefix(l, "Gid:") ||
+				strings.HasPrefix(l, "Groups:") || strings.HasPrefix(l, "Pid:") || strings.HasPrefix(l, "NoNewPrivs:") {
+				lines = append(lines, l)
+			}
+		}
+		answer(w, strings.Join(lines, "\n"), err)
+	})
+	mux.HandleFunc("/read", func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Query().Get("path")
+		fi, err := os.Stat(p)
+		if err == nil && fi.IsDir() {
+			ents, err := os.ReadDir(p)
+			var names []string
+			for _, e := range ents {
+				names = append(names, e.Name())
+			}
+			answer(w, strings.Join(names, ","), err)
+			return
+		}
+		b, err := os.ReadFile(p)
+		answer(w, string(b), err)
+	})
+	mux.HandleFunc("/write", func(w http.ResponseWriter, r *http.Request) {
+		answer(w, "", os.WriteFile(r.URL.Query().Get("path"), []byte("written by "+os.Getenv("LCHAT_HOST")), 0o644))
+	})
+	mux.HandleFunc("/dial", func(w http.ResponseWriter, r *http.Request) {
+		c, err := net.Dial("unix", r.URL.Query().Get("path"))
+		if err == nil {
+			c.Close()
+		}
+		answer(w, "", err)
+	})
+	mux.HandleFunc("/signal", func(w http.ResponseWriter, r *http.Request) {
+		pid, _ := strconv.Atoi(r.URL.Query().Get("pid"))
+		sig, _ := strconv.Atoi(r.URL.Query().Get("sig"))
+		if pid <= 0 {
+			answer(w, "", fmt.Errorf("bad pid %d", pid))
+			return
+		}
+		answer(w, "", syscall.Kill(pid, syscall.Signal(sig)))
+	})
+	mux.HandleFunc("/escape", func(w http.ResponseWriter, r *http.Request) {
+		c := exec.Command(os.Args[0])
+		c.Env = append(os.Environ(), "ATTACKER_MODE=mid")
+		out, err := c.Output()
+		answer(w, strings.TrimSpace(string(out)), err)
+	})
+	mux.HandleFunc("/hog", func(w http.ResponseWriter, r *http.Request) {
+		var keep [][]byte
+		for {
+			b := make([]byte, 4<<20)
+			for i := range b {
+				b[i] = byte(i)
+			}
+			keep = append(keep, b)
+		}
+	})
+	mux.HandleFunc("/flood", func(w http.ResponseWriter, r *http.Request) {
+		mb, _ := strconv.Atoi(r.URL.Query().Get("mb"))
+		line := []byte(strings.Repeat("flood ", 170) + "\n") // 1 KiB
+		for range mb * 1024 {
+			os.Stdout.Write(line)
+		}
+		answer(w, "", nil)
+	})
+	var hijacked atomic.Bool
+	mux.HandleFunc("/hijack", func(w http.ResponseWriter, r *http.Request) {
+		// The listener keeps its socket; the path the box dials now leads elsewhere.
+		// Every answer from now on closes its connection, so the box must dial again.
+		hijacked.Store(true)
+		w.Header().Set("Connection", "close")
+		tmp := sock + ".new"
+		err := os.Symlink(r.URL.Query().Get("target"), tmp)
+		if err == nil {
+			err = os.Rename(tmp, sock)
+		}
+		answer(w, "", err)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if hijacked.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		w.Write([]byte("attacker " + os.Getenv("LCHAT_HOST") + " " + r.URL.Path))
+	})
+	fmt.Println("attacker listening for", os.Getenv("LCHAT_HOST"))
+	http.Serve(ln, mux)
+}
