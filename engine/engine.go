@@ -70,6 +70,9 @@ type Kind struct {
 	WakePath string
 	// Retention is how long checkpoints stay restorable. Default space.DefaultRetention.
 	Retention time.Duration
+	// GCGrace is how young an unreferenced object must be to survive a collection (an
+	// upload, restore or relocate copy in flight). Default space.DefaultGCGrace.
+	GCGrace time.Duration
 	// Isolation is IsolationAuto (default), IsolationOn or IsolationNone (isolate.go).
 	Isolation string
 	// Limits bound each instance of this kind; zero fields are unlimited.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/space"
 )
 
 func TestCrashBackoff(t *testing.T) {
@@ -107,12 +108,16 @@ func TestKindDefaultsAndValidation(t *testing.T) {
 		{"demo", Kind{Command: "x", WakePath: "wake"}, "wake_path"},
 		{"demo", Kind{Command: "x", IdleTimeout: -1}, "idle_timeout"},
 		{"demo", Kind{Command: "x", Retention: -1}, "retention"},
+		{"demo", Kind{Command: "x", GCGrace: -1}, "gc_grace"},
 		{"demo", Kind{Command: "x", StopGrace: -1}, "stop_grace"},
 	} {
 		_, err := tc.kind.withDefaults(tc.name)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("withDefaults(%s, %+v) = %v, want %q", tc.name, tc.kind, err, tc.want)
 		}
+	}
+	if k, err := (Kind{Command: "x"}).withDefaults("demo"); err != nil || k.GCGrace != space.DefaultGCGrace || k.Retention != space.DefaultRetention {
+		t.Errorf("defaults: gc_grace %v retention %v, %v", k.GCGrace, k.Retention, err)
 	}
 	if _, err := ParseSignal("SIGWHAT"); err == nil || !strings.Contains(err.Error(), "stop_signal") {
 		t.Errorf("ParseSignal(SIGWHAT) = %v", err)

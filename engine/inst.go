@@ -402,7 +402,7 @@ func (e *Engine) wake(in *inst) (err error) {
 		in.syncer = &space.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
 			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
 	}
-	in.syncer.Retention = kind.Retention
+	in.syncer.Retention, in.syncer.GCGrace = kind.Retention, kind.GCGrace
 	_, lastETag := in.syncer.Manifest()
 	if err := in.syncer.Load(ctx); err != nil {
 		log.Error("loading manifest", zap.Error(err))
@@ -557,7 +557,10 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) error {
 		next = nil
 	}
 	prev, _ := in.syncer.Manifest()
-	if err := e.checkpointLocked(ctx, in, next); err != nil {
+	in.syncer.Final = true // the instance has stopped: fold the delta chains for the next wake
+	err = e.checkpointLocked(ctx, in, next)
+	in.syncer.Final = false
+	if err != nil {
 		if errors.Is(err, space.ErrFenced) {
 			return err
 		}

@@ -79,6 +79,9 @@ func (k Kind) withDefaults(name string) (Kind, error) {
 	if k.Retention, err = positive("retention", k.Retention, space.DefaultRetention); err != nil {
 		return k, err
 	}
+	if k.GCGrace, err = positive("gc_grace", k.GCGrace, space.DefaultGCGrace); err != nil {
+		return k, err
+	}
 	if k.ReadyTimeout, err = positive("ready_timeout", k.ReadyTimeout, DefaultReadyTimeout); err != nil {
 		return k, err
 	}

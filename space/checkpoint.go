@@ -71,7 +71,7 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 		if s.histCache == nil {
 			s.histCache = make(map[string][]Ref)
 		}
-		gs, err := Collect(ctx, s.Bucket, s.Host, s.retention(), DefaultGCGrace, s.histCache)
+		gs, err := Collect(ctx, s.Bucket, s.Host, s.retention(), s.gcGrace(), s.histCache)
 		st.GC, st.GCErr = &gs, err
 	}
 	st.Duration = time.Since(start)
@@ -83,6 +83,13 @@ func (s *Syncer) retention() time.Duration {
 		return s.Retention
 	}
 	return DefaultRetention
+}
+
+func (s *Syncer) gcGrace() time.Duration {
+	if s.GCGrace > 0 {
+		return s.GCGrace
+	}
+	return DefaultGCGrace
 }
 
 // walk visits DataDir and returns its files (sorted by path), the fingerprint cache and the
@@ -130,7 +137,7 @@ func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploade
 			return err
 		}
 		mode := uint32(info.Mode().Perm())
-		if f, ok := s.hashes[fp]; ok {
+		if f, ok := s.hashes[fp]; ok && !(s.Final && s.dbs[rel].foldable()) {
 			f.Path, f.Mode = rel, mode
 			files = append(files, f)
 			fresh[fp] = f

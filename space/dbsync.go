@@ -31,7 +31,58 @@ const (
 	maxLevel       = 2
 	rebaseFraction = 4
 	objectCost     = 128 << 10
+	// foldBaseBytes: a final checkpoint (Syncer.Final) folds a chain into the base when
+	// the base chunks its pages touch total at most this (a small database: its wake then
+	// reads one object, as a whole-file blob did); else into one delta.
+	foldBaseBytes = minChunkBytes
 )
+
+// foldable reports whether a final checkpoint has a chain to fold.
+func (st *dbState) foldable() bool {
+	return st != nil && st.v1 == nil && foldPlan(st.img, st.deltaPages) != ""
+}
+
+// foldPlan says how a final checkpoint folds an image's chain: "base" (rewrite the base
+// chunks its pages touch, at most foldBaseBytes), "delta" (merge the chain into one delta),
+// or "" (nothing to gain: no deltas, or one that touches larger chunks).
+func foldPlan(img *DBImage, deltaPages [][]uint32) string {
+	if len(img.Deltas) == 0 {
+		return ""
+	}
+	size := int64(img.Pages) * int64(img.PageSize)
+	per := uint32(img.ChunkBytes / int64(img.PageSize))
+	if want := chunkBytesFor(size, img.PageSize); want != img.ChunkBytes {
+		per = 0 // a rebase re-chunks the whole image
+	}
+	chunks := make(map[uint32]bool)
+	var n int64
+	for _, ps := range deltaPages {
+		for _, pg := range ps {
+			if pg > img.Pages {
+				continue
+			}
+			c := uint32(0)
+			if per > 0 {
+				c = (pg - 1) / per
+			}
+			if !chunks[c] {
+				chunks[c] = true
+				if per == 0 {
+					n += size
+				} else {
+					n += min(img.ChunkBytes, size-int64(c)*img.ChunkBytes)
+				}
+			}
+		}
+	}
+	if n <= foldBaseBytes {
+		return "base"
+	}
+	if len(img.Deltas) > 1 {
+		return "delta"
+	}
+	return ""
+}
 
 // dbState is what this box knows of one database's last checkpointed image: per-page hashes
 // to find changed pages, the WAL position read so far, and the pages each delta holds (to
@@ -120,7 +171,7 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 	}
 	res.pagesChanged = len(changed)
 	size := int64(v.pages) * int64(v.pageSize)
-	if usable && len(changed) == 0 && v.pages == prev.img.Pages {
+	if usable && len(changed) == 0 && v.pages == prev.img.Pages && !(s.Final && prev.foldable()) {
 		ns.img, ns.deltaPages, ns.v1 = prev.img, prev.deltaPages, prev.v1
 		res.file = File{Size: size, Content: &Content{DB: prev.img}}
 		if prev.v1 != nil {
@@ -141,9 +192,12 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 	img.ChunkBytes, img.Base = prev.img.ChunkBytes, prev.img.Base
 	img.Deltas = slices.Clone(prev.img.Deltas)
 	ns.deltaPages = slices.Clone(prev.deltaPages)
-	img.Deltas = append(img.Deltas, Delta{Level: 0, MinGen: gen, MaxGen: gen})
-	ns.deltaPages = append(ns.deltaPages, changed)
-	fresh := map[int]bool{len(img.Deltas) - 1: true}
+	fresh := map[int]bool{}
+	if len(changed) > 0 || v.pages != prev.img.Pages { // else only here to fold the chain
+		img.Deltas = append(img.Deltas, Delta{Level: 0, MinGen: gen, MaxGen: gen})
+		ns.deltaPages = append(ns.deltaPages, changed)
+		fresh[len(img.Deltas)-1] = true
+	}
 	rebase := false
 	for level := 0; ; level++ {
 		n := 0
@@ -186,6 +240,21 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		}
 		total += int64(len(img.Deltas)) * objectCost
 		rebase = total > size/rebaseFraction
+	}
+	if s.Final && !rebase {
+		switch foldPlan(img, ns.deltaPages) {
+		case "base":
+			rebase = true
+		case "delta":
+			var pages []uint32
+			for _, p := range ns.deltaPages {
+				pages = append(pages, p...)
+			}
+			slices.Sort(pages)
+			img.Deltas = []Delta{{Level: maxLevel, MinGen: img.Deltas[0].MinGen, MaxGen: gen}}
+			ns.deltaPages = [][]uint32{slices.Compact(pages)}
+			fresh = map[int]bool{0: true}
+		}
 	}
 	if rebase {
 		dirty := make(map[uint32]bool)

@@ -133,6 +133,9 @@ type Kind struct {
 	// Retention is how long this kind's checkpoints stay restorable (history, point-in-time
 	// restore). Default 7 days.
 	Retention caddy.Duration `json:"retention,omitempty"`
+	// GCGrace is how young an unreferenced object must be to survive garbage collection
+	// (covers uploads, restores and relocate copies in flight). Default 1h.
+	GCGrace caddy.Duration `json:"gc_grace,omitempty"`
 	// Isolation is "on" (each space under its own uid and cgroup, or refuse to
 	// start, naming what is missing), "none" (the box's own user, a process group:
 	// the opt-out), or empty (default): on where this box can, else none.
@@ -538,6 +541,7 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		WakePath:     kc.WakePath,
 		AllowedEnv:   kc.AllowedEnv,
 		Retention:    time.Duration(kc.Retention),
+		GCGrace:      time.Duration(kc.GCGrace),
 		Isolation:    kc.Isolation,
 	}
 	if l := kc.Limits; l != nil {

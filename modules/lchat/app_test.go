@@ -63,6 +63,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			replication periodic 15s
 			wake_path /wake
 			retention 72h
+			gc_grace 30m
 		}
 	}`)
 	var a App
@@ -75,7 +76,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		k.Command != "{self}" || strings.Join(k.Args, " ") != "demo-space --flag" || k.Env["GREETING"] != "hello" ||
 		len(k.AllowedEnv) != 2 || k.IdleTimeout != caddy.Duration(2*time.Minute) || k.StopSignal != "SIGINT" ||
 		k.ReadyPath != "/healthz" || k.Replication.Class != "periodic" || k.Replication.Interval != caddy.Duration(15*time.Second) ||
-		k.WakePath != "/wake" || k.Retention != caddy.Duration(72*time.Hour) {
+		k.WakePath != "/wake" || k.Retention != caddy.Duration(72*time.Hour) ||
+		k.GCGrace != caddy.Duration(30*time.Minute) {
 		t.Fatalf("parsed %+v kind %+v", a, k)
 	}
 
@@ -88,6 +90,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		"lchat {\n drain_timeout\n}":                    "wrong argument count",
 		"lchat {\n kind demo {\n idle_timeout x\n }\n}": "idle_timeout",
 		"lchat {\n kind demo {\n retention\n }\n}":      "wrong argument count",
+		"lchat {\n kind demo {\n gc_grace soon\n }\n}":  "gc_grace",
 		"lchat {\n kind demo {\n env ONLY\n }\n}":       "wrong argument count",
 		"lchat extra": "wrong argument count",
 	} {

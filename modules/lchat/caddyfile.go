@@ -64,6 +64,7 @@ func init() {
 //			replication sleep|continuous|periodic [<interval>]
 //			wake_path <path>
 //			retention <duration>
+//			gc_grace <duration>
 //			isolation on|none
 //			limits {
 //				memory <size>
@@ -263,6 +264,10 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "retention":
 			if err := durationArg(d, &k.Retention); err != nil {
+				return err
+			}
+		case "gc_grace":
+			if err := durationArg(d, &k.GCGrace); err != nil {
 				return err
 			}
 		case "replication":

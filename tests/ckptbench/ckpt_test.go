@@ -5,7 +5,9 @@
 //   - a large SQLite database with one 1 KiB row added: bytes uploaded and time per checkpoint;
 //   - one row per checkpoint for N checkpoints: bucket bytes and objects after GC;
 //   - restore ("wake" minus process start) p50/p99 for 1 MB and a large database, straight
-//     to versitygw and through an S3-like link (per-connection bandwidth, first-byte latency);
+//     to versitygw (after a crash: the chain as periodic checkpoints left it; after a sleep:
+//     its final checkpoint folded the chain) and through an S3-like link (per-connection
+//     bandwidth, first-byte latency);
 //   - a point-in-time restore N checkpoints back: time and bytes read.
 //
 // Short form (CI): 8 MB database, 100 checkpoints. Full figures:
@@ -256,25 +258,10 @@ func TestCheckpointFigures(t *testing.T) {
 		mib(dbSize), mib(retainedDeltas), mib(2*dbSize+retainedDeltas), gs.Bytes <= 2*dbSize+retainedDeltas)
 	logf("   full-file would have written about %s for the same series (%d x its per-checkpoint bytes)", mib(int64(series)*median(a.bytes)), series)
 
-	// 4 (before 3, which does not change the bucket). Point-in-time restore to the state before the series.
-	cb.reset()
-	start := time.Now()
-	rr, err := space.RestoreTo(context.Background(), cb, "v2.bench", space.Holder{ID: "bench-cli", Incarnation: "1"}, space.Target{Generation: startGen}, space.DefaultRetention, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pitr := time.Since(start)
-	pitrRead := cb.read.Load()
-	cb.reset()
-	wake := restoreOnce(t, cb, "v2.bench")
-	logf("\n4. point-in-time restore %d checkpoints back (generation %d -> new generation %d):", series, startGen, rr.Generation)
-	logf("   restore command: %s, %d B read; next wake's restore: %s, %s read (%d GETs)", ms(pitr), pitrRead, ms(wake), mib(cb.read.Load()), cb.gets.Load())
-	// Undo it, so the wake figures below read the state after the series.
-	if _, err := space.RestoreTo(context.Background(), cb, "v2.bench", space.Holder{ID: "bench-cli", Incarnation: "1"}, space.Target{Generation: rr.Generation - 1}, space.DefaultRetention, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-
-	// 3. Restore latency, alternating formats; 1 MB spaces get the same row-per-checkpoint history.
+	// 3. Restore latency, alternating formats; 1 MB spaces get the same row-per-checkpoint
+	// history. First as the periodic checkpoints left the chain (a wake after a crash), then
+	// after the checkpoint a sleep takes once the instance stopped (Syncer.Final), which
+	// folds the chain: what a wake after a sleep reads.
 	small := filepath.Join(dir, "small.db")
 	makeDB(t, small, 1<<20)
 	s1 := newBox(t, cb, "full-file", "v1.small", small, true)
@@ -285,21 +272,30 @@ func TestCheckpointFigures(t *testing.T) {
 			x.checkpoint(t, now.Add(time.Duration(i)*time.Second))
 		}
 	}
-	m2, _ := s2.s.Manifest()
-	logf("\n3. restore latency (Load + Restore: manifest, download, verify, write) over %d wakes, alternating:", wakes)
-	for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
-		var l1, l2 []time.Duration
-		for range wakes {
-			l1 = append(l1, restoreOnce(t, cb, pair[0]))
-			l2 = append(l2, restoreOnce(t, cb, pair[1]))
+	wakeFigures := func(what string) {
+		logf("\n3. restore latency (Load + Restore: manifest, download, verify, write) over %d wakes, alternating, %s:", wakes, what)
+		for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
+			var l1, l2 []time.Duration
+			for range wakes {
+				l1 = append(l1, restoreOnce(t, cb, pair[0]))
+				l2 = append(l2, restoreOnce(t, cb, pair[1]))
+			}
+			mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
+			img := mm.Files[0].Content.DB
+			logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s (%d base chunks + %d deltas) | ratio p50 %.2f p99 %.2f",
+				mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)), len(img.Base), len(img.Deltas),
+				float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
 		}
-		mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
-		img := mm.Files[0].Content.DB
-		logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s (%d base chunks + %d deltas) | ratio p50 %.2f p99 %.2f",
-			mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)), len(img.Base), len(img.Deltas),
-			float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
 	}
-	_ = m2
+	wakeFigures("after a crash (the chain as periodic checkpoints left it)")
+	for _, x := range []*box{s2, v2} {
+		x.s.Final = true
+		cb.reset()
+		st := x.checkpoint(t, now.Add(time.Duration(10+series)*time.Second))
+		x.s.Final = false
+		logf("   %s: the checkpoint at sleep folds the chain: %s written in %d objects, %s", x.s.Host, mib(cb.written.Load()), st.BlobsUploaded, ms(st.Duration))
+	}
+	wakeFigures("after a sleep (its final checkpoint folded the chain; the issue's figure)")
 
 	// 3b. The same restores through an S3-like link: 80 MB/s per connection, 15 ms to first byte.
 	link := startLink(t, strings.TrimPrefix(s3.Endpoint, "http://"), 80e6, 15*time.Millisecond)
@@ -321,6 +317,20 @@ func TestCheckpointFigures(t *testing.T) {
 			mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)),
 			float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
 	}
+
+	// 4. Point-in-time restore to the state before the series.
+	cb.reset()
+	start := time.Now()
+	rr, err := space.RestoreTo(context.Background(), cb, "v2.bench", space.Holder{ID: "bench-cli", Incarnation: "1"}, space.Target{Generation: startGen}, space.DefaultRetention, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pitr := time.Since(start)
+	pitrRead := cb.read.Load()
+	cb.reset()
+	wake := restoreOnce(t, cb, "v2.bench")
+	logf("\n4. point-in-time restore %d checkpoints back (generation %d -> new generation %d):", series, startGen, rr.Generation)
+	logf("   restore command: %s, %d B read; next wake's restore: %s, %s read (%d GETs)", ms(pitr), pitrRead, ms(wake), mib(cb.read.Load()), cb.gets.Load())
 }
 
 // deltaBytes sums the delta objects referenced by a space's retained history.

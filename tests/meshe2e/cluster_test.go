@@ -113,6 +113,8 @@ type cluster struct {
 	nodes  []*node
 	// env is added to every box started from now on.
 	env []string
+	// kind overrides options of the demo kind of boxes started from now on.
+	kind map[string]any
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -164,16 +166,24 @@ func (c *cluster) boxConfig(n *node) string {
 				"beat": beat.String(), "dead_after": deadAfter.String(),
 				"trusted_ca_files": []string{c.ca.caFile},
 			},
-			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
-				"idle_timeout": "10m",
-				"replication":  map[string]any{"class": "periodic", "interval": "1s"},
-				"allowed_env":  []string{"DEMO_SECRET"},
-			})},
+			"kinds": map[string]any{"demo": harness.DemoKind(c.kindOpts())},
 		},
 		MeshAPIHost: n.ip,
 		CertFile:    c.ca.certFile,
 		KeyFile:     c.ca.keyFile,
 	}.JSON()
+}
+
+func (c *cluster) kindOpts() map[string]any {
+	k := map[string]any{
+		"idle_timeout": "10m",
+		"replication":  map[string]any{"class": "periodic", "interval": "1s"},
+		"allowed_env":  []string{"DEMO_SECRET"},
+	}
+	for key, v := range c.kind {
+		k[key] = v
+	}
+	return k
 }
 
 // start starts box number i (0-based) on 127.0.0.(i+1); withProxy routes its bucket
