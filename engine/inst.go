@@ -116,8 +116,14 @@ type Use struct {
 	in       *inst
 	gen      uint64
 	socket   string
+	pid      int       // the instance's process
+	since    time.Time // when it woke
 	released atomic.Bool
 }
+
+// Instance names the awake instance this Use holds: its process id and wake time. Two
+// answers with the same Instance came from one instance.
+func (u *Use) Instance() string { return fmt.Sprintf("%d@%d", u.pid, u.since.UnixNano()) }
 
 // Socket is the Unix socket to proxy to: the box's own link to the socket the
 // instance bound, never a path the instance controls.
@@ -182,7 +188,10 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 		case StateAwake:
 			in.uses++
 			in.lastUsed = e.now()
-			u := &Use{in: in, gen: in.gen, socket: in.link}
+			u := &Use{in: in, gen: in.gen, socket: in.link, since: in.since}
+			if in.proc != nil {
+				u.pid = in.proc.pid
+			}
 			in.mu.Unlock()
 			return u, nil
 		case StateWaking, StateSleeping:

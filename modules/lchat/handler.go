@@ -158,6 +158,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// upgraded to, is finished: that is when this request stops holding the space.
 	defer use.Release()
 	h.meshServed(w, r)
+	h.setInstanceHeader(w, use)
 	setUpstream(r, use.Dial())
 	return h.proxy.ServeHTTP(w, r, next)
 }

@@ -1,0 +1,621 @@
+// Package chaos is a seeded fault campaign: real lchat-caddy boxes on one versitygw, each
+// box's bucket traffic through its own TCP proxy, clients writing uniquely numbered
+// messages to demo spaces through random boxes while a nemesis, drawing from a seed,
+// kills, stops, drains, cuts and slows boxes. A history of every request and of the
+// boxes' checkpoints feeds a checker that asserts the contract stated in the README
+// ("Under faults"). The short form runs in the normal test run; LCHAT_CHAOS_MINUTES=30
+// runs the long form (5 boxes, 20 spaces); LCHAT_CHAOS_SEED=<n> replays a campaign.
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const instanceHeader = "X-Lchat-Instance"
+
+// record is one request of the history.
+type record struct {
+	box        int    // the box the client sent it to
+	space      string // host
+	op         string // "write" or "read"
+	status     int    // 0: no answer (connection error, timeout)
+	retryAfter string
+	instance   string // X-Lchat-Instance: "<self> <pid>@<wake ns>"
+	msg        string // the write's unique text
+	body       string // the start of a 5xx answer's body
+	start, end time.Time
+}
+
+// fault is one action of the nemesis, from start until healed.
+type fault struct {
+	kind        string
+	box         int
+	start, heal time.Time
+	// hard: the box's instances may have lost writes acknowledged since their last
+	// checkpoint (SIGKILL, SIGSTOP past dead_after, bucket cut).
+	hard bool
+}
+
+type history struct {
+	mu      sync.Mutex
+	reqs    []record
+	faults  []fault
+	syncs   map[string][]time.Time // "<box>|<host>" -> distinct last_sync values, ascending
+	healthy atomic.Bool            // no fault in progress (for the 503-while-live count)
+}
+
+func (h *history) add(r record) {
+	h.mu.Lock()
+	h.reqs = append(h.reqs, r)
+	h.mu.Unlock()
+}
+
+func (h *history) sync(box int, host string, at time.Time) {
+	k := strconv.Itoa(box) + "|" + host
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.syncs[k]
+	if len(s) == 0 || at.After(s[len(s)-1]) {
+		h.syncs[k] = append(s, at)
+	}
+}
+
+type params struct {
+	boxes, spaces, clients int
+	run                    time.Duration
+}
+
+func campaignParams(t *testing.T) params {
+	if m := os.Getenv("LCHAT_CHAOS_MINUTES"); m != "" {
+		n, err := strconv.Atoi(m)
+		if err != nil || n < 1 {
+			t.Fatalf("LCHAT_CHAOS_MINUTES=%q: want a number of minutes", m)
+		}
+		return params{boxes: 5, spaces: 20, clients: 8, run: time.Duration(n) * time.Minute}
+	}
+	if testing.Short() {
+		return params{boxes: 3, spaces: 4, clients: 3, run: 30 * time.Second}
+	}
+	return params{boxes: 3, spaces: 6, clients: 4, run: 70 * time.Second}
+}
+
+func TestChaosCampaign(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("LCHAT_CHAOS_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("LCHAT_CHAOS_SEED=%q: want a number", s)
+		}
+		seed = v
+	}
+	p := campaignParams(t)
+	fmt.Printf("chaos: seed %d (replay: LCHAT_CHAOS_SEED=%d), %d boxes, %d spaces, %d clients, %v of faults\n",
+		seed, seed, p.boxes, p.spaces, p.clients, p.run)
+	t.Logf("chaos seed %d (replay with LCHAT_CHAOS_SEED=%d)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+
+	c := newCluster(t, p.boxes)
+	// Replication goes to the members a box sees live (a new box is seeded with
+	// mesh-seed): create the spaces once every box sees every other.
+	waitUntil(t, 30*time.Second, "every box sees every box live", func() bool {
+		for _, n := range c.nodes {
+			var st struct {
+				Mesh struct {
+					Live []string `json:"live_members"`
+				} `json:"mesh"`
+			}
+			if n.adminGet("/lchat/status", &st) != nil || len(st.Mesh.Live) != len(c.nodes) {
+				return false
+			}
+		}
+		return true
+	})
+	var hosts []string
+	for i := range p.spaces {
+		h := fmt.Sprintf("s%d.%s", i, meshDomain)
+		hosts = append(hosts, h)
+		c.nodes[i%len(c.nodes)].AdminJSON("POST", "/lchat/routes", map[string]any{"host": h, "kind": "demo"}, http.StatusCreated, nil)
+	}
+	waitUntil(t, 30*time.Second, "every box has every route", func() bool {
+		for _, n := range c.nodes {
+			rs, err := n.routes()
+			if err != nil || len(rs) != len(hosts) {
+				return false
+			}
+		}
+		return true
+	})
+
+	h := &history{syncs: map[string][]time.Time{}}
+	h.healthy.Store(true)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+
+	// The status poller: every box's checkpoints (last_sync per space), the checker's
+	// knowledge of which acknowledged writes a hard fault may take.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			for _, n := range c.nodes {
+				n.mu.Lock()
+				stopped := n.stopped
+				n.mu.Unlock()
+				if stopped || n.Exited() {
+					continue
+				}
+				var st boxStatus
+				if n.adminGet("/lchat/status", &st) != nil {
+					continue
+				}
+				for _, s := range st.Spaces {
+					if s.LastSync != nil {
+						h.sync(n.i, s.Host, *s.LastSync)
+					}
+				}
+			}
+		}
+	}()
+
+	// Clients: uniquely numbered writes and reads, each through a random box.
+	var seq atomic.Int64
+	for ci := range p.clients {
+		wg.Add(1)
+		crng := rand.New(rand.NewPCG(seed+uint64(ci)+1, 7))
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n := c.nodes[crng.IntN(len(c.nodes))]
+				host := hosts[crng.IntN(len(hosts))]
+				r := record{box: n.i, space: host, op: "read"}
+				var req *http.Request
+				if crng.IntN(10) < 7 {
+					r.op = "write"
+					r.msg = fmt.Sprintf("m%d", seq.Add(1))
+					req, _ = http.NewRequest("POST", "https://"+host+"/api/messages",
+						strings.NewReader(fmt.Sprintf(`{"author":"chaos","text":%q}`, r.msg)))
+					req.Header.Set("Content-Type", "application/json")
+				} else {
+					req, _ = http.NewRequest("GET", "https://"+host+"/api/messages?limit=5", nil)
+				}
+				r.start = time.Now()
+				resp, err := n.http.Do(req)
+				if err == nil {
+					data, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					r.status = resp.StatusCode
+					if r.status >= 500 {
+						r.body = string(data[:min(len(data), 200)])
+					}
+					r.retryAfter = resp.Header.Get("Retry-After")
+					r.instance = resp.Header.Get(instanceHeader)
+				}
+				r.end = time.Now()
+				h.add(r)
+				if err != nil || r.status >= 500 {
+					time.Sleep(100 * time.Millisecond)
+				} else {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+		}()
+	}
+
+	// The nemesis: one fault at a time, drawn from the seed, each healed before the next.
+	kinds := []string{"sigkill", "sigstop", "sigterm", "cut", "latency", "droplost", "reload"}
+	counts := map[string]int{}
+	deadline := time.Now().Add(p.run)
+	time.Sleep(3 * time.Second) // some writes before the first fault
+	for time.Now().Before(deadline) {
+		kind := kinds[rng.IntN(len(kinds))]
+		n := c.nodes[rng.IntN(len(c.nodes))]
+		f := fault{kind: kind, box: n.i, start: time.Now()}
+		h.healthy.Store(false)
+		switch kind {
+		case "sigkill":
+			f.hard = true
+			n.Kill()
+			time.Sleep(time.Duration(1+rng.IntN(4)) * time.Second)
+			n.Start()
+		case "sigstop":
+			f.hard = true
+			n.mu.Lock()
+			n.stopped = true
+			n.mu.Unlock()
+			syscall.Kill(n.PID(), syscall.SIGSTOP)
+			time.Sleep(deadAfter + time.Duration(1+rng.IntN(3))*time.Second)
+			syscall.Kill(n.PID(), syscall.SIGCONT)
+			n.mu.Lock()
+			n.stopped = false
+			n.mu.Unlock()
+		case "sigterm":
+			if err := n.Stop(); err != nil {
+				t.Errorf("box %d: SIGTERM drain: %v", n.i, err)
+			}
+			time.Sleep(time.Duration(rng.IntN(3)) * time.Second)
+			n.Start()
+		case "cut":
+			f.hard = true
+			n.proxy.SetDown(true)
+			time.Sleep(deadAfter + time.Duration(1+rng.IntN(4))*time.Second)
+			n.proxy.SetDown(false)
+		case "latency":
+			n.proxy.SetDelay(2 * time.Second)
+			n.proxy.SetJitter(2 * time.Second)
+			time.Sleep(time.Duration(3+rng.IntN(4)) * time.Second)
+			n.proxy.SetDelay(0)
+			n.proxy.SetJitter(0)
+		case "droplost":
+			// The next answers from the store to this box are lost after the store
+			// acted on the request: a committed write whose response never arrives.
+			n.proxy.DropResponses(1 + rng.IntN(3))
+			time.Sleep(3 * time.Second)
+			n.proxy.DropResponses(0)
+		case "reload":
+			if err := n.Reload(c.boxConfig(n), true); err != nil {
+				t.Errorf("box %d: reload: %v", n.i, err)
+			}
+			time.Sleep(time.Second)
+		}
+		f.heal = time.Now()
+		counts[kind]++
+		h.mu.Lock()
+		h.faults = append(h.faults, f)
+		h.mu.Unlock()
+		h.healthy.Store(true)
+		time.Sleep(time.Duration(1+rng.IntN(3)) * time.Second)
+	}
+	lastHeal := time.Now()
+	if len(h.faults) > 0 {
+		lastHeal = h.faults[len(h.faults)-1].heal
+	}
+
+	// (4) After the last fault heals, every space answers within dead_after + 5 s.
+	recovery := map[string]time.Duration{}
+	for _, host := range hosts {
+		var ok bool
+		for time.Since(lastHeal) < deadAfter+5*time.Second && !ok {
+			for _, n := range c.nodes {
+				req, _ := http.NewRequest("GET", "https://"+host+"/api/messages?limit=1", nil)
+				if resp, err := n.http.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					ok = ok || resp.StatusCode == 200
+				}
+			}
+			if !ok {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		recovery[host] = time.Since(lastHeal)
+		if !ok {
+			t.Errorf("%s: not answering %v after the last fault healed (bound: dead_after %v + 5s)", host, time.Since(lastHeal).Round(time.Millisecond), deadAfter)
+		}
+	}
+	close(stop)
+	wg.Wait()
+
+	// ... and every box's registry agrees.
+	waitUntil(t, 10*time.Second, "every box's registry agrees", func() bool {
+		var first map[string]string
+		for _, n := range c.nodes {
+			rs, err := n.routes()
+			if err != nil {
+				return false
+			}
+			if first == nil {
+				first = rs
+			} else if fmt.Sprint(rs) != fmt.Sprint(first) {
+				return false
+			}
+		}
+		return len(first) == len(hosts)
+	})
+
+	// Read back every space, through box 0 (which forwards to the holder).
+	stored := map[string]map[string]bool{}
+	for _, host := range hosts {
+		stored[host] = readAll(t, c.nodes[0], host)
+	}
+	rep := check(h, stored, hosts)
+	rep.counts = counts
+	rep.print(os.Stdout)
+	for _, e := range rep.errors {
+		t.Error(e)
+	}
+	if t.Failed() {
+		t.Logf("replay with LCHAT_CHAOS_SEED=%d", seed)
+	}
+}
+
+// readAll returns the texts of every message of host, paging through /api/messages.
+func readAll(t *testing.T, n *node, host string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	after := int64(0)
+	for {
+		var msgs []struct {
+			ID   int64  `json:"id"`
+			Text string `json:"text"`
+		}
+		var err error
+		for range 20 {
+			req, _ := http.NewRequest("GET", fmt.Sprintf("https://%s/api/messages?after=%d&limit=1000", host, after), nil)
+			var resp *http.Response
+			if resp, err = n.http.Do(req); err == nil {
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					err = json.Unmarshal(data, &msgs)
+					if err == nil {
+						break
+					}
+				} else {
+					err = fmt.Errorf("%d %s", resp.StatusCode, data)
+				}
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("reading back %s: %v", host, err)
+		}
+		for _, m := range msgs {
+			out[m.Text] = true
+			after = max(after, m.ID)
+		}
+		if len(msgs) < 1000 {
+			return out
+		}
+	}
+}
+
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("timed out after %v waiting until %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// report is what the checker found.
+type report struct {
+	counts                  map[string]int
+	requests, acked         int
+	allowedLoss, forbidden  int
+	byCode                  map[int]int
+	noAnswer                int
+	live503                 int
+	overlaps                int
+	longest                 map[string]time.Duration
+	errors                  []string
+	faults                  []fault
+	allowedList, forbiddenL []string
+}
+
+// check asserts the contract on the history; stored is every space's messages at the end.
+func check(h *history, stored map[string]map[string]bool, hosts []string) *report {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	rep := &report{byCode: map[int]int{}, longest: map[string]time.Duration{}, faults: h.faults}
+	boxOf := func(r record) int {
+		// The instance header names the box that served the request (a forwarded
+		// request is served by the holder); the entry box otherwise.
+		if self, _, ok := strings.Cut(r.instance, " "); ok {
+			for i := range 16 {
+				if strings.Contains(self, fmt.Sprintf("//127.0.0.%d:", i+1)) {
+					return i
+				}
+			}
+		}
+		return r.box
+	}
+	type life struct{ firstEnd, lastStart time.Time }
+	lives := map[string]map[string]*life{} // space -> instance -> certain lifetime
+	for _, r := range h.reqs {
+		rep.requests++
+		if r.status == 0 {
+			rep.noAnswer++
+			continue
+		}
+		rep.byCode[r.status]++
+		// (2) never a 502; every 503 has Retry-After.
+		if r.status == http.StatusBadGateway {
+			rep.errors = append(rep.errors, fmt.Sprintf("502 for %s %s via box %d at %s..%s (body %q)", r.op, r.space, r.box, r.start.Format("15:04:05.000"), r.end.Format("15:04:05.000"), r.body))
+		}
+		if r.status == http.StatusServiceUnavailable {
+			if r.retryAfter == "" {
+				rep.errors = append(rep.errors, fmt.Sprintf("503 without Retry-After for %s %s via box %d at %s", r.op, r.space, r.box, r.start.Format("15:04:05.000")))
+			}
+			if calm(h.faults, r.start, r.end) {
+				rep.live503++
+			}
+		}
+		if r.status < 300 && r.instance != "" {
+			if lives[r.space] == nil {
+				lives[r.space] = map[string]*life{}
+			}
+			l := lives[r.space][r.instance]
+			if l == nil {
+				l = &life{firstEnd: r.end, lastStart: r.start}
+				lives[r.space][r.instance] = l
+			}
+			if r.end.Before(l.firstEnd) {
+				l.firstEnd = r.end
+			}
+			if r.start.After(l.lastStart) {
+				l.lastStart = r.start
+			}
+		}
+		if r.op != "write" || r.status != http.StatusCreated {
+			continue
+		}
+		// (1) no acknowledged write lost, except after a hard fault of the box whose
+		// instance acknowledged it, with no checkpoint of that space since.
+		rep.acked++
+		if stored[r.space][r.msg] {
+			continue
+		}
+		b := boxOf(r)
+		if hardFaultUncheckpointed(h, b, r) {
+			rep.allowedLoss++
+			rep.allowedList = append(rep.allowedList, fmt.Sprintf("%s %s acknowledged by box %d at %s", r.space, r.msg, b, r.end.Format("15:04:05.000")))
+			continue
+		}
+		rep.forbidden++
+		rep.forbiddenL = append(rep.forbiddenL, fmt.Sprintf("%s %s acknowledged by box %d (%s) at %s", r.space, r.msg, b, r.instance, r.end.Format("15:04:05.000")))
+	}
+	if rep.forbidden > 0 {
+		rep.errors = append(rep.errors, fmt.Sprintf("%d acknowledged writes lost without a hard fault to excuse them: %s", rep.forbidden, strings.Join(first(rep.forbiddenL, 20), "; ")))
+	}
+	// (3) at most one instance of a space answers at a moment: the certain lifetimes
+	// (from the end of its first answer to the start of its last) of two instances never
+	// overlap.
+	for space, ls := range lives {
+		var names []string
+		for k := range ls {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		for i, a := range names {
+			for _, b := range names[i+1:] {
+				la, lb := ls[a], ls[b]
+				if la.firstEnd.Before(lb.lastStart) && lb.firstEnd.Before(la.lastStart) {
+					rep.overlaps++
+					rep.errors = append(rep.errors, fmt.Sprintf("%s: instances %q (%s..%s) and %q (%s..%s) answered at the same time", space,
+						a, la.firstEnd.Format("15:04:05.000"), la.lastStart.Format("15:04:05.000"),
+						b, lb.firstEnd.Format("15:04:05.000"), lb.lastStart.Format("15:04:05.000")))
+				}
+			}
+		}
+	}
+	// Longest unavailability per space: the longest time between two successful answers.
+	for _, host := range hosts {
+		var ends []time.Time
+		for _, r := range h.reqs {
+			if r.space == host && r.status > 0 && r.status < 300 {
+				ends = append(ends, r.end)
+			}
+		}
+		slices.SortFunc(ends, func(a, b time.Time) int { return a.Compare(b) })
+		for i := 1; i < len(ends); i++ {
+			rep.longest[host] = max(rep.longest[host], ends[i].Sub(ends[i-1]))
+		}
+	}
+	return rep
+}
+
+// calm reports whether no fault was in progress (or healed under dead_after + 2 s ago)
+// anywhere between start and end: a 503 then is for a space whose holder is live.
+func calm(faults []fault, start, end time.Time) bool {
+	for _, f := range faults {
+		if f.start.Before(end) && f.heal.Add(deadAfter+2*time.Second).After(start) {
+			return false
+		}
+	}
+	return true
+}
+
+// hardFaultUncheckpointed reports whether box b suffered a hard fault after the write
+// started, with no checkpoint of the space by b known to have started after the write's
+// acknowledgment and finished before the fault. A sync's last_sync is when it ended; the
+// first one to end after the acknowledgment may have taken its snapshot before it, so
+// a covering checkpoint is the second distinct last_sync after it.
+func hardFaultUncheckpointed(h *history, b int, r record) bool {
+	syncs := h.syncs[strconv.Itoa(b)+"|"+r.space]
+	for _, f := range h.faults {
+		if f.box != b || !f.hard || f.heal.Before(r.start) {
+			continue
+		}
+		n := 0
+		for _, s := range syncs {
+			if s.After(r.end) && s.Before(f.start) {
+				n++
+			}
+		}
+		if n < 2 {
+			return true
+		}
+	}
+	return false
+}
+
+func first(s []string, n int) []string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+func (rep *report) print(w io.Writer) {
+	fmt.Fprintln(w, "chaos summary")
+	var kinds []string
+	total := 0
+	for k, v := range rep.counts {
+		kinds = append(kinds, k)
+		total += v
+	}
+	sort.Strings(kinds)
+	fmt.Fprintf(w, "  %-34s %d\n", "faults", total)
+	for _, k := range kinds {
+		fmt.Fprintf(w, "    %-32s %d\n", k, rep.counts[k])
+	}
+	fmt.Fprintf(w, "  %-34s %d\n", "requests", rep.requests)
+	fmt.Fprintf(w, "  %-34s %d\n", "acknowledged writes", rep.acked)
+	fmt.Fprintf(w, "  %-34s %d\n", "allowed losses (hard fault)", rep.allowedLoss)
+	fmt.Fprintf(w, "  %-34s %d\n", "forbidden losses", rep.forbidden)
+	fmt.Fprintf(w, "  %-34s %d\n", "no answer (conn error/timeout)", rep.noAnswer)
+	var codes []int
+	for c := range rep.byCode {
+		codes = append(codes, c)
+	}
+	sort.Ints(codes)
+	for _, c := range codes {
+		if c >= 500 {
+			fmt.Fprintf(w, "  %-34s %d\n", fmt.Sprintf("%d responses", c), rep.byCode[c])
+		}
+	}
+	fmt.Fprintf(w, "  %-34s %d\n", "503 with no fault near (holder live)", rep.live503)
+	fmt.Fprintf(w, "  %-34s %d\n", "overlapping instances", rep.overlaps)
+	var hosts []string
+	for h := range rep.longest {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	fmt.Fprintln(w, "  longest unavailability per space:")
+	for _, h := range hosts {
+		fmt.Fprintf(w, "    %-32s %v\n", h, rep.longest[h].Round(10*time.Millisecond))
+	}
+	for _, f := range rep.faults {
+		fmt.Fprintf(w, "  fault %-9s box %d  %s .. %s\n", f.kind, f.box, f.start.Format("15:04:05.000"), f.heal.Format("15:04:05.000"))
+	}
+	for _, a := range first(rep.allowedList, 10) {
+		fmt.Fprintf(w, "  allowed loss: %s\n", a)
+	}
+}

@@ -1,0 +1,266 @@
+package chaos
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+const (
+	meshDomain = "chaos.test"
+	meshToken  = "test-chaos-token-8b1d3f-2a4c6e8f0b1d3f5a7c9e"
+	beat       = time.Second
+	deadAfter  = 3 * time.Second
+)
+
+// testCA is a CA and a shared wildcard leaf for *.chaos.test and the loopback IPs the
+// boxes' SELF URLs use, written as PEM files.
+type testCA struct {
+	pool                      *x509.CertPool
+	caFile, certFile, keyFile string
+}
+
+func newTestCA(t *testing.T, dir string) *testCA {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "lchat mesh test CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "*." + meshDomain},
+		DNSNames:     []string{"*." + meshDomain, meshDomain},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("127.0.0.2"), net.ParseIP("127.0.0.3"), net.ParseIP("127.0.0.4"), net.ParseIP("127.0.0.5")},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, caCert, &leafKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(leafKey)
+	ca := &testCA{
+		pool:     x509.NewCertPool(),
+		caFile:   filepath.Join(dir, "ca.pem"),
+		certFile: filepath.Join(dir, "leaf.pem"),
+		keyFile:  filepath.Join(dir, "leaf-key.pem"),
+	}
+	ca.pool.AddCert(caCert)
+	write := func(p, typ string, der []byte) {
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(ca.caFile, "CERTIFICATE", caDER)
+	write(ca.certFile, "CERTIFICATE", leafDER)
+	write(ca.keyFile, "EC PRIVATE KEY", keyDER)
+	return ca
+}
+
+// node is one box of the campaign, its bucket traffic through its own TCP proxy.
+type node struct {
+	*harness.Box
+	i     int
+	ip    string
+	addr  string // ip:port of its HTTPS listener
+	self  string // its LCHAT_MESH_SELF
+	proxy *harness.TCPProxy
+	http  *http.Client // to its HTTPS listener
+	admin *http.Client // to its admin API, with a timeout (a stopped box never answers)
+
+	mu      sync.Mutex
+	stopped bool // SIGSTOPped: the admin poller leaves it alone
+}
+
+type cluster struct {
+	t      *testing.T
+	s3     *harness.S3
+	prefix string
+	ca     *testCA
+	nodes  []*node
+}
+
+func newCluster(t *testing.T, boxes int) *cluster {
+	t.Helper()
+	c := &cluster{
+		t:      t,
+		s3:     harness.StartS3(t),
+		prefix: fmt.Sprintf("c%d", time.Now().UnixNano()%1e9),
+		ca:     newTestCA(t, t.TempDir()),
+	}
+	for range boxes {
+		c.start()
+	}
+	t.Cleanup(func() {
+		// A box left SIGSTOPped would not die of SIGTERM; SIGKILL works on it anyway.
+		for _, n := range c.nodes {
+			if !n.Exited() {
+				syscall.Kill(n.PID(), syscall.SIGCONT)
+			}
+		}
+		for _, n := range c.nodes {
+			logs := n.Logs()
+			for name, secret := range map[string]string{"the mesh token": meshToken, "the S3 secret key": c.s3.SecretKey} {
+				if strings.Contains(logs, secret) {
+					t.Errorf("%s logged %s", n.self, name)
+				}
+			}
+		}
+	})
+	return c
+}
+
+func freePort(t *testing.T, ip string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatalf("listening on %s: %v", ip, err)
+	}
+	defer l.Close()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+func (c *cluster) boxConfig(n *node) string {
+	return harness.Config{
+		Listen: n.addr,
+		Lchat: map[string]any{
+			"wake_scan_interval": "1s",
+			"mesh": map[string]any{
+				"beat": beat.String(), "dead_after": deadAfter.String(),
+				"trusted_ca_files": []string{c.ca.caFile},
+			},
+			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
+				"idle_timeout": "20s",
+				"replication":  map[string]any{"class": "periodic", "interval": "1s"},
+			})},
+		},
+		MeshAPIHost: n.ip,
+		CertFile:    c.ca.certFile,
+		KeyFile:     c.ca.keyFile,
+		LogLevel:    "WARN",
+	}.JSON()
+}
+
+// start starts box number len(c.nodes) on 127.0.0.(i+1), its bucket behind a TCP proxy,
+// with the instance header on (responses name the instance that answered).
+func (c *cluster) start() *node {
+	t := c.t
+	t.Helper()
+	i := len(c.nodes)
+	ip := fmt.Sprintf("127.0.0.%d", i+1)
+	n := &node{i: i, ip: ip}
+	n.addr = net.JoinHostPort(ip, freePort(t, ip))
+	n.self = "https://" + n.addr
+	n.proxy = harness.StartTCPProxy(t, strings.TrimPrefix(c.s3.Endpoint, "http://"))
+	env := c.s3.Env(c.prefix)
+	for j, kv := range env {
+		if strings.HasPrefix(kv, "AWS_ENDPOINT_URL_S3=") {
+			env[j] = "AWS_ENDPOINT_URL_S3=http://" + n.proxy.Addr()
+		}
+	}
+	env = append(env,
+		mesh.EnvSelf+"="+n.self,
+		mesh.EnvDomains+"="+meshDomain,
+		mesh.EnvToken+"="+meshToken,
+		"LCHAT_TEST_INSTANCE_HEADER=1",
+	)
+	n.Box = harness.StartBox(t, harness.BoxOptions{JSON: c.boxConfig(n), Env: env, IP: ip})
+	d := &net.Dialer{Timeout: 3 * time.Second}
+	n.http = &http.Client{
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return d.DialContext(ctx, network, n.addr)
+			},
+			TLSClientConfig:     &tls.Config{RootCAs: c.ca.pool},
+			MaxIdleConnsPerHost: 16,
+		},
+		Timeout: 15 * time.Second,
+	}
+	n.admin = &http.Client{Timeout: 2 * time.Second}
+	c.nodes = append(c.nodes, n)
+	return n
+}
+
+// adminGet reads an admin endpoint with a timeout, decoding JSON into out.
+func (n *node) adminGet(path string, out any) error {
+	resp, err := n.admin.Get(n.AdminURL + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("GET %s: %d %s", path, resp.StatusCode, data)
+	}
+	return json.Unmarshal(data, out)
+}
+
+type boxStatus struct {
+	Spaces []struct {
+		Host     string     `json:"host"`
+		State    string     `json:"state"`
+		LastSync *time.Time `json:"last_sync"`
+	} `json:"spaces"`
+}
+
+// routes lists the box's registry as host -> kind/rev.
+func (n *node) routes() (map[string]string, error) {
+	out := map[string]string{}
+	after := ""
+	for {
+		var page struct {
+			Routes []struct {
+				Host string `json:"host"`
+				Kind string `json:"kind"`
+				Rev  string `json:"rev"`
+			} `json:"routes"`
+			Next string `json:"next"`
+		}
+		if err := n.adminGet("/lchat/routes?limit=1000&after="+after, &page); err != nil {
+			return nil, err
+		}
+		for _, r := range page.Routes {
+			out[r.Host] = r.Kind + " " + r.Rev
+		}
+		if page.Next == "" {
+			return out, nil
+		}
+		after = page.Next
+	}
+}
