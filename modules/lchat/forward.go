@@ -343,6 +343,16 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, self string, n
 		}
 		return false, nil
 	}
+	// The peer was reached (or chosen) but gave no answer: it died, was stopped or cut
+	// off while holding the request. That is the space being unavailable for a moment
+	// (its lease frees with the holder's heartbeat), never a 502: answer 503 with
+	// Retry-After. A write forwarded this way may or may not have been applied, as with
+	// any lost answer.
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && (he.StatusCode == http.StatusBadGateway || he.StatusCode == http.StatusGatewayTimeout) {
+		setRetryAfter(w, time.Duration(h.RetryAfter))
+		return true, caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("peer %s holding %s gave no answer: %v", self, r.Host, he.Err))
+	}
 	return true, err
 }
 

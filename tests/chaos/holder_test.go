@@ -1,0 +1,95 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A request forwarded to the box holding a space, which then dies without answering
+// (stopped, then killed: the campaign's 502s at a SIGKILL), gets 503 with Retry-After,
+// never 502: the space is unavailable until the holder's lease frees.
+func TestForwardedHolderDiesIs503(t *testing.T) {
+	c := newCluster(t, 2)
+	a, b := c.nodes[0], c.nodes[1]
+	waitUntil(t, 30*time.Second, "both boxes see each other live", func() bool {
+		for _, n := range c.nodes {
+			var st struct {
+				Mesh struct {
+					Live []string `json:"live_members"`
+				} `json:"mesh"`
+			}
+			if n.adminGet("/lchat/status", &st) != nil || len(st.Mesh.Live) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	host := "dies." + meshDomain
+	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}, http.StatusCreated, nil)
+	waitUntil(t, 10*time.Second, "a has the route", func() bool {
+		rs, err := a.routes()
+		return err == nil && rs[host] != ""
+	})
+	post := func(n *node, text string) (*http.Response, error) {
+		req, _ := http.NewRequest("POST", "https://"+host+"/api/messages", strings.NewReader(fmt.Sprintf(`{"author":"t","text":%q}`, text)))
+		req.Header.Set("Content-Type", "application/json")
+		return n.http.Do(req)
+	}
+	// Wake the space wherever placement puts it (b, say), then send through the other
+	// box (a) until a forwards to b: a now knows b as the holder.
+	var holder string
+	waitUntil(t, 30*time.Second, "the space answers", func() bool {
+		resp, err := post(a, "wake")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		holder = resp.Header.Get(instanceHeader)
+		return resp.StatusCode == http.StatusCreated && holder != ""
+	})
+	if strings.Contains(holder, a.self) {
+		a, b = b, a
+	}
+	waitUntil(t, 10*time.Second, "a forwards to b", func() bool {
+		resp, err := post(a, "via a")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusCreated && strings.Contains(resp.Header.Get(instanceHeader), b.self)
+	})
+
+	// b stops answering; a request reaches a, which forwards it to b (still live for
+	// dead_after); then b dies.
+	syscall.Kill(b.PID(), syscall.SIGSTOP)
+	type answer struct {
+		code  int
+		retry string
+		err   error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		resp, err := post(a, "lost")
+		if err != nil {
+			got <- answer{err: err}
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got <- answer{code: resp.StatusCode, retry: resp.Header.Get("Retry-After")}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	b.Kill()
+	ans := <-got
+	if ans.err != nil {
+		t.Fatalf("POST via a while its holder died: %v", ans.err)
+	}
+	if ans.code != http.StatusServiceUnavailable || ans.retry == "" {
+		t.Fatalf("POST via a while its holder died: %d (Retry-After %q), want 503 with Retry-After", ans.code, ans.retry)
+	}
+}
