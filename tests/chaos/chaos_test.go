@@ -416,6 +416,7 @@ type report struct {
 	longest                 map[string]time.Duration
 	errors                  []string
 	faults                  []fault
+	allowedBy               map[string]int // allowed losses by the fault that excuses them
 	allowedList, forbiddenL []string
 }
 
@@ -423,7 +424,7 @@ type report struct {
 func check(h *history, stored map[string]map[string]bool, hosts []string) *report {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	rep := &report{byCode: map[int]int{}, longest: map[string]time.Duration{}, faults: h.faults}
+	rep := &report{byCode: map[int]int{}, longest: map[string]time.Duration{}, faults: h.faults, allowedBy: map[string]int{}}
 	boxOf := func(r record) int {
 		// The instance header names the box that served the request (a forwarded
 		// request is served by the holder); the entry box otherwise.
@@ -483,8 +484,9 @@ func check(h *history, stored map[string]map[string]bool, hosts []string) *repor
 			continue
 		}
 		b := boxOf(r)
-		if hardFaultUncheckpointed(h, b, r) {
+		if f, ok := hardFaultUncheckpointed(h, b, r); ok {
 			rep.allowedLoss++
+			rep.allowedBy[f.kind]++
 			rep.allowedList = append(rep.allowedList, fmt.Sprintf("%s %s acknowledged by box %d at %s", r.space, r.msg, b, r.end.Format("15:04:05.000")))
 			continue
 		}
@@ -547,7 +549,7 @@ func calm(faults []fault, start, end time.Time) bool {
 // acknowledgment and finished before the fault. A sync's last_sync is when it ended; the
 // first one to end after the acknowledgment may have taken its snapshot before it, so
 // a covering checkpoint is the second distinct last_sync after it.
-func hardFaultUncheckpointed(h *history, b int, r record) bool {
+func hardFaultUncheckpointed(h *history, b int, r record) (fault, bool) {
 	syncs := h.syncs[strconv.Itoa(b)+"|"+r.space]
 	for _, f := range h.faults {
 		if f.box != b || !f.hard || f.heal.Before(r.start) {
@@ -560,10 +562,10 @@ func hardFaultUncheckpointed(h *history, b int, r record) bool {
 			}
 		}
 		if n < 2 {
-			return true
+			return f, true
 		}
 	}
-	return false
+	return fault{}, false
 }
 
 func first(s []string, n int) []string {
@@ -589,6 +591,11 @@ func (rep *report) print(w io.Writer) {
 	fmt.Fprintf(w, "  %-34s %d\n", "requests", rep.requests)
 	fmt.Fprintf(w, "  %-34s %d\n", "acknowledged writes", rep.acked)
 	fmt.Fprintf(w, "  %-34s %d\n", "allowed losses (hard fault)", rep.allowedLoss)
+	for _, k := range kinds {
+		if rep.allowedBy[k] > 0 {
+			fmt.Fprintf(w, "    %-32s %d\n", "after "+k, rep.allowedBy[k])
+		}
+	}
 	fmt.Fprintf(w, "  %-34s %d\n", "forbidden losses", rep.forbidden)
 	fmt.Fprintf(w, "  %-34s %d\n", "no answer (conn error/timeout)", rep.noAnswer)
 	var codes []int
