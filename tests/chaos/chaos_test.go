@@ -491,7 +491,8 @@ func check(h *history, stored map[string]map[string]bool, hosts []string) *repor
 			continue
 		}
 		rep.forbidden++
-		rep.forbiddenL = append(rep.forbiddenL, fmt.Sprintf("%s %s acknowledged by box %d (%s) at %s", r.space, r.msg, b, r.instance, r.end.Format("15:04:05.000")))
+		rep.forbiddenL = append(rep.forbiddenL, fmt.Sprintf("%s %s acknowledged by box %d (%s) at %s..%s; its checkpoints of the space near then: %s", r.space, r.msg, b, r.instance,
+			r.start.Format("15:04:05.000"), r.end.Format("15:04:05.000"), syncsAround(h, b, r.space, r.end)))
 	}
 	if rep.forbidden > 0 {
 		rep.errors = append(rep.errors, fmt.Sprintf("%d acknowledged writes lost without a hard fault to excuse them: %s", rep.forbidden, strings.Join(first(rep.forbiddenL, 20), "; ")))
@@ -544,16 +545,20 @@ func calm(faults []fault, start, end time.Time) bool {
 	return true
 }
 
-// hardFaultUncheckpointed reports whether box b suffered a hard fault after the write
-// started, with no checkpoint of the space by b known to have started after the write's
-// acknowledgment and finished before the fault. A sync's last_sync is when it ended; the
-// first one to end after the acknowledgment may have taken its snapshot before it, so
-// a covering checkpoint is the second distinct last_sync after it.
+// hardFaultUncheckpointed reports whether the instance on box b that acknowledged the
+// write ended in a hard fault (the first fault of b that ends instances, after the write
+// started, is a hard one) with no checkpoint of the space by b known to have started
+// after the acknowledgment and finished before the fault. A sync's last_sync is when it
+// ended; the first one to end after the acknowledgment may have taken its snapshot
+// before it, so a covering checkpoint is the second distinct last_sync after it.
 func hardFaultUncheckpointed(h *history, b int, r record) (fault, bool) {
 	syncs := h.syncs[strconv.Itoa(b)+"|"+r.space]
 	for _, f := range h.faults {
-		if f.box != b || !f.hard || f.heal.Before(r.start) {
+		if f.box != b || f.heal.Before(r.start) || !endsInstances[f.kind] {
 			continue
+		}
+		if !f.hard {
+			return fault{}, false
 		}
 		n := 0
 		for _, s := range syncs {
@@ -561,11 +566,23 @@ func hardFaultUncheckpointed(h *history, b int, r record) (fault, bool) {
 				n++
 			}
 		}
-		if n < 2 {
-			return f, true
-		}
+		return f, n < 2
 	}
 	return fault{}, false
+}
+
+// endsInstances are the faults after which a box's instances are gone (or fenced).
+var endsInstances = map[string]bool{"sigkill": true, "sigstop": true, "sigterm": true, "cut": true}
+
+// syncsAround lists b's checkpoints of space within 3 s of t, for a loss report.
+func syncsAround(h *history, b int, space string, t time.Time) string {
+	var out []string
+	for _, s := range h.syncs[strconv.Itoa(b)+"|"+space] {
+		if s.After(t.Add(-3*time.Second)) && s.Before(t.Add(3*time.Second)) {
+			out = append(out, s.Format("15:04:05.000"))
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 func first(s []string, n int) []string {
