@@ -4,7 +4,8 @@
 // kills, stops, drains, cuts and slows boxes. A history of every request and of the
 // boxes' checkpoints feeds a checker that asserts the contract stated in the README
 // ("Under faults"). The short form runs in the normal test run; LCHAT_CHAOS_MINUTES=30
-// runs the long form (5 boxes, 20 spaces); LCHAT_CHAOS_SEED=<n> replays a campaign.
+// runs the long form (5 boxes, 20 spaces); LCHAT_CHAOS_SEED=<n> replays a campaign;
+// LCHAT_CHAOS_FAULTS=recreate,sigkill draws only those faults.
 package chaos
 
 import (
@@ -226,7 +227,11 @@ func TestChaosCampaign(t *testing.T) {
 	}
 
 	// The nemesis: one fault at a time, drawn from the seed, each healed before the next.
-	kinds := []string{"sigkill", "sigstop", "sigterm", "cut", "latency", "droplost", "reload"}
+	kinds := []string{"sigkill", "sigstop", "sigterm", "cut", "latency", "droplost", "reload", "recreate"}
+	if only := os.Getenv("LCHAT_CHAOS_FAULTS"); only != "" {
+		// A subset, to focus a campaign: LCHAT_CHAOS_FAULTS=recreate,sigkill
+		kinds = strings.Split(only, ",")
+	}
 	counts := map[string]int{}
 	deadline := time.Now().Add(p.run)
 	time.Sleep(3 * time.Second) // some writes before the first fault
@@ -275,6 +280,21 @@ func TestChaosCampaign(t *testing.T) {
 			n.proxy.DropResponses(1 + rng.IntN(3))
 			time.Sleep(3 * time.Second)
 			n.proxy.DropResponses(0)
+		case "recreate":
+			// Remove a space (it saves first) while requests run, then create it
+			// again through another box: its bucket data is kept, so every write
+			// acknowledged before stays.
+			host := hosts[rng.IntN(len(hosts))]
+			other := c.nodes[rng.IntN(len(c.nodes))]
+			pause := time.Duration(rng.IntN(2000)) * time.Millisecond
+			if code, body, err := n.adminDo("DELETE", "/lchat/routes/"+host, nil); err != nil || code != http.StatusOK {
+				t.Errorf("box %d: remove %s: %d %s %v", n.i, host, code, body, err)
+				break
+			}
+			time.Sleep(pause)
+			if code, body, err := other.adminDo("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}); err != nil || code != http.StatusCreated {
+				t.Errorf("box %d: re-create %s: %d %s %v", other.i, host, code, body, err)
+			}
 		case "reload":
 			if err := n.Reload(c.boxConfig(n), true); err != nil {
 				t.Errorf("box %d: reload: %v", n.i, err)

@@ -231,6 +231,28 @@ func (n *node) adminGet(path string, out any) error {
 	return json.Unmarshal(data, out)
 }
 
+// adminDo sends a JSON request to the admin API with a timeout.
+func (n *node) adminDo(method, path string, body any) (int, string, error) {
+	var rd io.Reader
+	if body != nil {
+		data, _ := json.Marshal(body)
+		rd = strings.NewReader(string(data))
+	}
+	req, err := http.NewRequest(method, n.AdminURL+path, rd)
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	client := &http.Client{Timeout: time.Minute}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(data), nil
+}
+
 type boxStatus struct {
 	Spaces []struct {
 		Host     string     `json:"host"`
