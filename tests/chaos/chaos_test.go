@@ -426,17 +426,20 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 
 // report is what the checker found.
 type report struct {
-	counts                  map[string]int
-	requests, acked         int
-	allowedLoss, forbidden  int
-	byCode                  map[int]int
-	noAnswer                int
-	live503                 int
-	overlaps                int
-	longest                 map[string]time.Duration
-	errors                  []string
-	faults                  []fault
-	allowedBy               map[string]int // allowed losses by the fault that excuses them
+	counts                 map[string]int
+	requests, acked        int
+	allowedLoss, forbidden int
+	byCode                 map[int]int
+	noAnswer               int
+	live503                int
+	overlaps               int
+	longest                map[string]time.Duration
+	errors                 []string
+	faults                 []fault
+	allowedBy              map[string]int // allowed losses by the fault that excuses them
+	// ackedInto is, per fault kind, the latest acknowledgment of an allowed loss after
+	// its fault began: how long a faulty box went on acknowledging writes it then lost.
+	ackedInto               map[string]time.Duration
 	allowedList, forbiddenL []string
 }
 
@@ -444,7 +447,7 @@ type report struct {
 func check(h *history, stored map[string]map[string]bool, hosts []string) *report {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	rep := &report{byCode: map[int]int{}, longest: map[string]time.Duration{}, faults: h.faults, allowedBy: map[string]int{}}
+	rep := &report{byCode: map[int]int{}, longest: map[string]time.Duration{}, faults: h.faults, allowedBy: map[string]int{}, ackedInto: map[string]time.Duration{}}
 	boxOf := func(r record) int {
 		// The instance header names the box that served the request (a forwarded
 		// request is served by the holder); the entry box otherwise.
@@ -507,6 +510,7 @@ func check(h *history, stored map[string]map[string]bool, hosts []string) *repor
 		if f, ok := hardFaultUncheckpointed(h, b, r); ok {
 			rep.allowedLoss++
 			rep.allowedBy[f.kind]++
+			rep.ackedInto[f.kind] = max(rep.ackedInto[f.kind], r.end.Sub(f.start))
 			rep.allowedList = append(rep.allowedList, fmt.Sprintf("%s %s acknowledged by box %d at %s", r.space, r.msg, b, r.end.Format("15:04:05.000")))
 			continue
 		}
@@ -630,7 +634,7 @@ func (rep *report) print(w io.Writer) {
 	fmt.Fprintf(w, "  %-34s %d\n", "allowed losses (hard fault)", rep.allowedLoss)
 	for _, k := range kinds {
 		if rep.allowedBy[k] > 0 {
-			fmt.Fprintf(w, "    %-32s %d\n", "after "+k, rep.allowedBy[k])
+			fmt.Fprintf(w, "    %-32s %d (acknowledged up to %v into the fault)\n", "after "+k, rep.allowedBy[k], rep.ackedInto[k].Round(10*time.Millisecond))
 		}
 	}
 	fmt.Fprintf(w, "  %-34s %d\n", "forbidden losses", rep.forbidden)
