@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -36,7 +37,16 @@ func TestLostResponseOnS3(t *testing.T) {
 	if testing.Short() {
 		t.Skip("versitygw")
 	}
-	s3 := harness.StartS3(t)
+	t.Run("versitygw", func(t *testing.T) { lostResponse(t, harness.StartS3(t)) })
+	t.Run("seaweedfs", func(t *testing.T) {
+		if os.Getenv("LCHAT_S3_SECOND") == "" {
+			t.Skip("set LCHAT_S3_SECOND=1 to run against SeaweedFS")
+		}
+		lostResponse(t, harness.StartSeaweed(t))
+	})
+}
+
+func lostResponse(t *testing.T, s3 *harness.S3) {
 	proxy := harness.StartTCPProxy(t, strings.TrimPrefix(s3.Config("").Endpoint, "http://"))
 	cfg := s3.Config(fmt.Sprintf("ledger%d", time.Now().UnixNano()%1e6))
 	direct, err := s3bucket.New(context.Background(), cfg)
