@@ -23,6 +23,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/ledger"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -198,7 +199,7 @@ type shared struct {
 	logger       *zap.Logger
 	mesh         *meshState // nil without LCHAT_MESH_SELF
 	drainTimeout time.Duration
-	ids          idAllocators // the id ledger's allocators (ids.go)
+	ids          ledger.Allocators // the id ledger's allocators (ids.go, mint.go)
 	// counted is bucket, counting its requests; requests counts the lchat handler's
 	// requests. Both only grow; the console charts their rates.
 	counted  *bucket.Counted
