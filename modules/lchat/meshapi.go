@@ -107,12 +107,7 @@ func (h *MeshAPI) putRoute(w http.ResponseWriter, r *http.Request) error {
 	// A row with a revision is stored only if it is newer than the row or tombstone
 	// held here (registry/version.go); one without comes from a box that predates
 	// revisions and is stored as before, with no revision (any versioned change wins).
-	var stored registry.Route
-	if rt.Rev != "" {
-		stored, err = h.app.shared.reg.ApplyRow(rt)
-	} else {
-		stored, err = h.app.shared.reg.PutUnversioned(rt)
-	}
+	stored, err := h.app.shared.reg.ApplyReplicated(rt)
 	if errors.Is(err, registry.ErrStale) {
 		ms.c.rowsStale.Add(1)
 		return writeJSON(w, http.StatusOK, map[string]string{"stale": row.Host})
@@ -150,25 +145,15 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 		ms.c.rowsRejected.Add(1)
 		return caddyhttp.Error(refusedStatus(err), err)
 	}
-	var existed bool
-	var err error
-	if rev := r.Header.Get(mesh.RevHeader); rev != "" {
-		if !registry.ValidRev(rev) {
-			ms.c.rowsRejected.Add(1)
-			return caddyhttp.Error(http.StatusBadRequest, errors.New("invalid tombstone revision"))
-		}
-		existed, err = h.app.shared.reg.ApplyTombstone(host, rev)
-		if errors.Is(err, registry.ErrStale) {
-			// The row here is newer than this tombstone (a re-create): it stays.
-			ms.c.rowsStale.Add(1)
-			return writeJSON(w, http.StatusOK, map[string]any{"stale": host})
-		}
-	} else {
-		err = h.app.shared.reg.DeleteUnversioned(host)
-		existed = err == nil
-		if errors.Is(err, registry.ErrNotFound) {
-			err = nil
-		}
+	existed, err := h.app.shared.reg.RemoveReplicated(host, r.Header.Get(mesh.RevHeader))
+	if errors.Is(err, registry.ErrInvalidRev) {
+		ms.c.rowsRejected.Add(1)
+		return caddyhttp.Error(http.StatusBadRequest, err)
+	}
+	if errors.Is(err, registry.ErrStale) {
+		// The row here is newer than this tombstone (a re-create): it stays.
+		ms.c.rowsStale.Add(1)
+		return writeJSON(w, http.StatusOK, map[string]any{"stale": host})
 	}
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
