@@ -513,16 +513,9 @@ func (a *App) Cleanup() error {
 // Engine returns the hibernation engine.
 func (a *App) Engine() *engine.Engine { return a.shared.eng }
 
-// checkRoute refuses a route this box cannot serve: a kind that is not configured, or
-// env names the kind does not allow.
+// checkRoute refuses a route this box cannot serve (engine.CheckRoute).
 func (a *App) checkRoute(rt *registry.Route) error {
-	if err := rt.Validate(); err != nil {
-		return err
-	}
-	if !rt.Hibernate && rt.Kind == "" {
-		return nil
-	}
-	return engine.CheckSpaceKind(a.kinds, rt.Kind, rt.Env)
+	return engine.CheckRoute(a.kinds, rt)
 }
 
 // engineKind converts a configured kind to the engine's: placeholders expanded, "{self}"
