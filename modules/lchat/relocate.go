@@ -1,7 +1,6 @@
 package lchat
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,7 +62,8 @@ func (a *App) relocator(ms *meshState) *mesh.Relocator {
 		Replicator: ms.repl,
 	}
 	if a.reloc.dns != nil {
-		r.DNS = a.reloc.dns
+		d := a.reloc.dns
+		r.DNS = mesh.RecordSetter{Zone: d.Zone, TTL: time.Duration(d.TTL), Setter: d.setter, Name: d.name}
 	}
 	return r
 }
@@ -125,25 +125,4 @@ func (a *App) provisionRelocate(ctx caddy.Context) error {
 		}
 	}
 	return nil
-}
-
-// SetAddress points host's A (or AAAA) record at ip through the relocation provider.
-func (d *RelocateDNS) SetAddress(ctx context.Context, host string, ip netip.Addr) (string, error) {
-	zone := d.Zone + "."
-	name := libdns.RelativeName(host+".", zone)
-	if name == host+"." {
-		return "", fmt.Errorf("%s is not in the relocation zone %s", host, d.Zone)
-	}
-	ttl := time.Duration(d.TTL)
-	if ttl == 0 {
-		ttl = 5 * time.Minute
-	}
-	if _, err := d.setter.SetRecords(ctx, zone, []libdns.Record{libdns.Address{Name: name, TTL: ttl, IP: ip}}); err != nil {
-		return "", fmt.Errorf("setting the record of %s through %s: %v", host, d.name, err)
-	}
-	typ := "A"
-	if ip.Is6() {
-		typ = "AAAA"
-	}
-	return fmt.Sprintf("%s %s → %s (ttl %s) via %s", typ, host, ip, ttl, d.name), nil
 }
