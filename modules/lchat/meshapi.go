@@ -12,7 +12,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 
@@ -226,14 +225,9 @@ func (a *App) meshStatus() MeshStatus {
 		Fenced:       ms.m.Fenced(),
 		Draining:     ms.m.Draining(),
 		Routes:       a.shared.reg.Len(),
-		Awake:        []string{},
+		Awake:        awakeHosts(a.shared.eng),
 		Counters:     ms.counters(),
 		Membership:   ms.m.Stats(),
-	}
-	for _, s := range a.shared.eng.Status() {
-		if s.State == engine.StateAwake {
-			st.Awake = append(st.Awake, s.Host)
-		}
 	}
 	for _, m := range ms.m.Live() {
 		st.Live = append(st.Live, m.Self)

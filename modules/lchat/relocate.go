@@ -12,7 +12,6 @@ import (
 	"github.com/libdns/libdns"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -50,16 +49,9 @@ func (a *App) relocator(ms *meshState) *mesh.Relocator {
 		DeadAfter:     ms.m.Config().DeadAfter,
 		OpTimeout:     ms.m.Config().OpTimeout,
 		Routes:        a.shared.reg,
-		AwakeHere: func(host string) bool {
-			for _, s := range eng.Status() {
-				if s.Host == host && (s.State == engine.StateAwake || s.State == engine.StateWaking) {
-					return true
-				}
-			}
-			return false
-		},
-		HolderLive: ms.m.HolderLive,
-		Replicator: ms.repl,
+		AwakeHere:     eng.Awake, // awake or waking here
+		HolderLive:    ms.m.HolderLive,
+		Replicator:    ms.repl,
 	}
 	if a.reloc.dns != nil {
 		d := a.reloc.dns
