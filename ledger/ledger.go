@@ -79,6 +79,9 @@ type Allocator struct {
 	next, limit uint64
 	// writes counts successful reservations.
 	writes uint64
+	// recognized counts reservations won by a write whose answer was lost, recognized
+	// by reading the write's own bytes back.
+	recognized uint64
 }
 
 // New returns an Allocator for namespace. It touches the bucket only on the first Next.
@@ -122,32 +125,58 @@ func (a *Allocator) Reservations() uint64 {
 	return a.writes
 }
 
+// Recognized returns how many of this allocator's reservations were writes whose answer
+// was lost (or whose retry failed its condition because the first try had landed),
+// recognized as its own by their bytes instead of being skipped as another's win.
+func (a *Allocator) Recognized() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.recognized
+}
+
 // reserveLocked advances the counter by one block with compare-and-swap and returns the
 // block's first id. A lost race (412) or a store-reported conflict (409) re-reads and
 // retries after a jittered backoff.
 func (a *Allocator) reserveLocked(ctx context.Context) (uint64, error) {
 	key := Key(a.ns)
 	var lastErr error
+	// sent holds every write of this reservation that did not come back as a success,
+	// with the block it would reserve: one may still have landed (its answer lost, or
+	// the SDK's retry of it failing its condition because the first try landed).
+	var sent []sentWrite
 	for attempt := 0; attempt < a.opts.MaxAttempts; attempt++ {
 		if attempt > 0 {
 			if err := sleep(ctx, jitter(a.opts.RetryDelay, attempt)); err != nil {
 				return 0, fmt.Errorf("ledger %s: reserving a block: %v", a.ns, err)
 			}
 		}
-		cur, etag, err := read(ctx, a.b, key)
+		cur, etag, raw, err := readRaw(ctx, a.b, key)
 		if err != nil {
 			return 0, fmt.Errorf("ledger %s: reading counter: %v", a.ns, err)
+		}
+		for _, w := range sent {
+			if bytes.Equal(raw, w.body) {
+				// Our own write, byte for byte (its nonce is ours alone): it landed, so
+				// its block is ours, and nobody else's since its condition held.
+				a.recognized++
+				return w.start, nil
+			}
 		}
 		if cur.Next > ^uint64(0)-a.opts.Block {
 			return 0, fmt.Errorf("ledger %s: counter exhausted", a.ns)
 		}
-		err = write(ctx, a.b, key, state{Next: cur.Next + a.opts.Block}, etag)
+		body, err := encode(state{Next: cur.Next + a.opts.Block})
+		if err != nil {
+			return 0, err
+		}
+		err = put(ctx, a.b, key, body, etag)
 		if err == nil {
 			return cur.Next, nil
 		}
 		// A lost race retries. So does any other failure: the write may or may not have
 		// landed, and either way the retry re-reads, so no block this allocator did not
-		// win is ever used.
+		// win is ever used -- and a block it did win is recognized by its bytes.
+		sent = append(sent, sentWrite{body: body, start: cur.Next})
 		lastErr = err
 		if !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) && ctx.Err() != nil {
 			break
@@ -176,43 +205,88 @@ func sleep(ctx context.Context, d time.Duration) error {
 // read returns the counter and its ETag; a missing counter is Next=1 with an empty ETag.
 // A body that does not decode is an error, never a zero counter.
 func read(ctx context.Context, b bucket.Bucket, key string) (state, string, error) {
+	s, etag, _, err := readRaw(ctx, b, key)
+	return s, etag, err
+}
+
+// readRaw is read that also returns the object's bytes (nil for a missing counter).
+func readRaw(ctx context.Context, b bucket.Bucket, key string) (state, string, []byte, error) {
 	obj, err := b.Get(ctx, key)
 	if errors.Is(err, bucket.ErrNotFound) {
-		return state{Next: 1}, "", nil
+		return state{Next: 1}, "", nil, nil
 	}
 	if err != nil {
-		return state{}, "", err
+		return state{}, "", nil, err
 	}
 	defer obj.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(obj.Body, 4096))
 	if err != nil {
-		return state{}, "", err
+		return state{}, "", nil, err
 	}
 	var s state
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil || s.Next == 0 {
-		return state{}, "", fmt.Errorf("counter object %s is corrupt; refusing to guess its value", key)
+		return state{}, "", nil, fmt.Errorf("counter object %s is corrupt; refusing to guess its value", key)
 	}
 	if obj.ETag == "" {
-		return state{}, "", fmt.Errorf("counter object %s has no ETag; the store cannot do compare-and-swap", key)
+		return state{}, "", nil, fmt.Errorf("counter object %s has no ETag; the store cannot do compare-and-swap", key)
 	}
-	return s, obj.ETag, nil
+	return s, obj.ETag, raw, nil
 }
 
-// write stores s over the counter read with etag, or creates the counter when etag is
-// empty (read found none); a lost race is bucket.ErrPreconditionFailed.
-func write(ctx context.Context, b bucket.Bucket, key string, s state, etag string) error {
+// sentWrite is a counter write whose outcome the writer does not know: its exact bytes
+// and the first id of the block it reserves if it landed.
+type sentWrite struct {
+	body  []byte
+	start uint64
+}
+
+// nonceBits is how many random bits each counter write carries.
+const nonceBits = 64
+
+// encode returns the counter object's bytes for s: its JSON, then a newline and a nonce
+// of nonceBits random bits spelled in JSON whitespace (space for 0, tab for 1), then a
+// newline. Whitespace after a value is valid JSON, so every decoder -- including a box
+// that predates the nonce and refuses unknown fields -- reads the same counter; but no
+// two writes have the same bytes (or the same MD5 ETag), so a writer that lost a write's
+// answer recognizes its own write when it reads the counter back. A new field would have
+// done the same, but older boxes reject unknown fields and would stop minting ids.
+func encode(s state) ([]byte, error) {
 	raw, err := json.Marshal(s)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	n := rand.Uint64()
+	raw = append(raw, '\n')
+	for i := range nonceBits {
+		if n>>i&1 == 1 {
+			raw = append(raw, '\t')
+		} else {
+			raw = append(raw, ' ')
+		}
+	}
+	return append(raw, '\n'), nil
+}
+
+// put stores body over the counter read with etag, or creates the counter when etag is
+// empty (read found none); a lost race is bucket.ErrPreconditionFailed.
+func put(ctx context.Context, b bucket.Bucket, key string, body []byte, etag string) error {
 	cond := bucket.Cond{IfMatch: etag}
 	if etag == "" {
 		cond = bucket.Cond{IfNoneMatch: true}
 	}
-	_, err = b.Put(ctx, key, bytes.NewReader(raw), int64(len(raw)), cond)
+	_, err := b.Put(ctx, key, bytes.NewReader(body), int64(len(body)), cond)
 	return err
+}
+
+// write stores s over the counter read with etag (see put).
+func write(ctx context.Context, b bucket.Bucket, key string, s state, etag string) error {
+	body, err := encode(s)
+	if err != nil {
+		return err
+	}
+	return put(ctx, b, key, body, etag)
 }
 
 // Current returns the lowest id not yet reserved in namespace (1 for a fresh one).

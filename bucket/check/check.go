@@ -1,9 +1,11 @@
 // Package check proves that a bucket enforces conditional writes: it races many
-// If-None-Match creates of one key, many If-Match swaps from one ETag, and many If-Match
-// writes to a missing key, and reports how many writers won each race. A lease is only as
-// good as this: some S3-compatible stores accept the headers and ignore them, and then
-// every racer wins; others check If-Match only when the key exists, and then a lease
-// released meanwhile could be taken over and created at once.
+// If-None-Match creates of one key, many If-Match swaps from one ETag, many If-Match
+// writes to a missing key and many If-Match deletes with a stale ETag, and reports how
+// many writers won each race. A lease is only as good as this: some S3-compatible stores
+// accept the headers and ignore them, and then every racer wins; others check If-Match
+// only when the key exists, and then a lease released meanwhile could be taken over and
+// created at once; a store that ignores If-Match on DELETE lets a stale holder remove
+// another's certificate lock.
 // Both `lchat-caddy bucket-check` and the tests use it.
 package check
 
@@ -39,11 +41,12 @@ type Options struct {
 type Race struct {
 	// Name is "create #1", "swap #2", ...
 	Name string `json:"name"`
-	// Kind is "if-none-match", "if-match" or "if-match-missing".
+	// Kind is "if-none-match", "if-match", "if-match-missing" or "delete-if-match-stale".
 	Kind string `json:"kind"`
 	Key  string `json:"key"`
 	// Racers is how many writers took part; Winners how many writes succeeded, and
-	// Want how many must: 1, or 0 for If-Match writes to a missing key.
+	// Want how many must: 1, or 0 for If-Match writes to a missing key and deletes
+	// with a stale ETag.
 	Racers  int `json:"racers"`
 	Winners int `json:"winners"`
 	Want    int `json:"want_winners"`
@@ -72,6 +75,8 @@ func (r Race) String() string {
 	switch {
 	case r.Want == 1 && r.Winners == 1 && !r.Stored:
 		s += "; the stored object is not the winner's write"
+	case r.Want == 0 && r.Winners == 0 && !r.Stored && r.Kind == "delete-if-match-stale":
+		s += "; every delete was refused, yet the key no longer holds the current object"
 	case r.Want == 0 && r.Winners == 0 && !r.Stored:
 		s += "; every write was refused, yet the key exists"
 	}
@@ -106,7 +111,7 @@ func (r Report) OK() bool {
 // Verdict is a one-line summary.
 func (r Report) Verdict() string {
 	if r.OK() {
-		return fmt.Sprintf("OK: %s enforces conditional writes (%d races: exactly one winner per create and swap, none on a missing key)", r.Bucket, len(r.Races))
+		return fmt.Sprintf("OK: %s enforces conditional writes (%d races: exactly one winner per create and swap, none on a missing key or with a stale ETag)", r.Bucket, len(r.Races))
 	}
 	bad := 0
 	for _, race := range r.Races {
@@ -193,7 +198,73 @@ func Run(ctx context.Context, b bucket.Bucket, opts Options) (rep Report, err er
 			return rep, err
 		}
 	}
+	// A certificate lock or a scheduled wake is deleted with If-Match on the ETag its
+	// holder saw: once another writer replaced the object, that delete must be refused,
+	// or a stale holder removes the new holder's lock.
+	for round := 1; round <= opts.Rounds; round++ {
+		key := fmt.Sprintf("%sstale-delete-%d", scratch, round)
+		old, err := b.Put(ctx, key, strings.NewReader("old"), 3, bucket.Cond{})
+		if err != nil {
+			return rep, fmt.Errorf("writing the delete base object: %w", err)
+		}
+		if _, err := b.Put(ctx, key, strings.NewReader("current"), 7, bucket.Cond{}); err != nil {
+			return rep, fmt.Errorf("replacing the delete base object: %w", err)
+		}
+		r := raceDelete(ctx, b, opts.Racers, key, old.ETag, "current")
+		r.Name, r.Kind = fmt.Sprintf("delete #%d", round), "delete-if-match-stale"
+		rep.Races = append(rep.Races, r)
+		progress(r.String())
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+	}
 	return rep, nil
+}
+
+// raceDelete releases n deleters of key at once, each with If-Match on stale, an ETag
+// the key no longer has: none may win, and the key must still hold current.
+func raceDelete(ctx context.Context, b bucket.Bucket, n int, key, stale, current string) Race {
+	r := Race{Key: key, Racers: n, Want: 0}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		errSeen = map[string]bool{}
+	)
+	start := make(chan struct{})
+	begin := time.Now()
+	for range n {
+		wg.Go(func() {
+			<-start
+			err := b.Delete(ctx, key, bucket.Cond{IfMatch: stale})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				r.Winners++
+			case errors.Is(err, bucket.ErrPreconditionFailed):
+				r.Lost++
+			case errors.Is(err, bucket.ErrConflict):
+				r.Conflicts++
+				r.Lost++
+			default:
+				r.Errors = appendOnce(r.Errors, errSeen, err.Error())
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	r.Duration = time.Since(begin)
+	obj, err := b.Get(ctx, key)
+	switch {
+	case errors.Is(err, bucket.ErrNotFound):
+	case err != nil:
+		r.Errors = append(r.Errors, "reading the result: "+err.Error())
+	default:
+		data, err := io.ReadAll(io.LimitReader(obj.Body, 64))
+		obj.Body.Close()
+		r.Stored = err == nil && string(data) == current
+	}
+	return r
 }
 
 // absentETag is the If-Match value of writes to a missing key: a well-formed MD5 ETag

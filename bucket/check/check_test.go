@@ -21,6 +21,18 @@ func (b ignoresConditions) Put(ctx context.Context, key string, body io.Reader, 
 	return b.Bucket.Put(ctx, key, body, size, bucket.Cond{})
 }
 
+func (b ignoresConditions) Delete(ctx context.Context, key string, _ bucket.Cond) error {
+	return b.Bucket.Delete(ctx, key, bucket.Cond{})
+}
+
+// ignoresDeleteConditions enforces conditional puts but deletes whatever If-Match says,
+// as a store that implemented conditional writes and not conditional deletes might.
+type ignoresDeleteConditions struct{ bucket.Bucket }
+
+func (b ignoresDeleteConditions) Delete(ctx context.Context, key string, _ bucket.Cond) error {
+	return b.Bucket.Delete(ctx, key, bucket.Cond{})
+}
+
 // ifMatchOnlyWhenPresent checks If-Match only against an existing key and lets an
 // If-Match write to a missing key through, as a careless store might.
 type ifMatchOnlyWhenPresent struct{ bucket.Bucket }
@@ -34,10 +46,14 @@ func (b ifMatchOnlyWhenPresent) Put(ctx context.Context, key string, body io.Rea
 	return b.Bucket.Put(ctx, key, body, size, cond)
 }
 
-// failingDelete cannot delete, so the check cannot clean up.
+// failingDelete cannot delete unconditionally, so the check cannot clean up (its stale
+// conditional deletes are still refused as they should be).
 type failingDelete struct{ bucket.Bucket }
 
-func (failingDelete) Delete(context.Context, string, bucket.Cond) error {
+func (b failingDelete) Delete(ctx context.Context, key string, cond bucket.Cond) error {
+	if cond.IfMatch != "" {
+		return b.Bucket.Delete(ctx, key, cond)
+	}
 	return errors.New("access denied")
 }
 
@@ -76,21 +92,21 @@ func run(t *testing.T, b bucket.Bucket) check.Report {
 
 func TestFileBucketPasses(t *testing.T) {
 	rep := run(t, fileBucket(t))
-	if !rep.OK() || len(rep.Races) != 9 || !strings.HasPrefix(rep.Verdict(), "OK") {
+	if !rep.OK() || len(rep.Races) != 12 || !strings.HasPrefix(rep.Verdict(), "OK") {
 		t.Fatalf("verdict %q for a file bucket, %d races", rep.Verdict(), len(rep.Races))
 	}
 	kinds := map[string]int{}
 	for _, r := range rep.Races {
 		kinds[r.Kind]++
 		want := 1
-		if r.Kind == "if-match-missing" {
+		if r.Kind == "if-match-missing" || r.Kind == "delete-if-match-stale" {
 			want = 0
 		}
 		if r.Winners != want || r.Lost+r.Winners != r.Racers || !r.Stored {
 			t.Errorf("%s", r)
 		}
 	}
-	if kinds["if-none-match"] != 3 || kinds["if-match"] != 3 || kinds["if-match-missing"] != 3 {
+	if kinds["if-none-match"] != 3 || kinds["if-match"] != 3 || kinds["if-match-missing"] != 3 || kinds["delete-if-match-stale"] != 3 {
 		t.Errorf("races by kind: %v, want 3 of each", kinds)
 	}
 }
@@ -102,6 +118,20 @@ func TestIfMatchOnMissingKeyAcceptedFails(t *testing.T) {
 	}
 	for _, r := range rep.Races {
 		if ok := r.Kind != "if-match-missing"; r.OK() != ok {
+			t.Errorf("%s: OK=%v, want %v", r, r.OK(), ok)
+		}
+	}
+}
+
+// TestStaleDeleteAcceptedFails: a store that enforces conditional puts but ignores
+// If-Match on DELETE fails the check on the delete races alone.
+func TestStaleDeleteAcceptedFails(t *testing.T) {
+	rep := run(t, ignoresDeleteConditions{fileBucket(t)})
+	if rep.OK() || !strings.HasPrefix(rep.Verdict(), "FAIL") {
+		t.Fatalf("verdict %q for a store that ignores If-Match on DELETE", rep.Verdict())
+	}
+	for _, r := range rep.Races {
+		if ok := r.Kind != "delete-if-match-stale"; r.OK() != ok {
 			t.Errorf("%s: OK=%v, want %v", r, r.OK(), ok)
 		}
 	}

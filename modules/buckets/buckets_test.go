@@ -288,8 +288,8 @@ func TestRunCheck(t *testing.T) {
 			if rep.OK() != tc.ok || strings.HasPrefix(verdict, "OK") != tc.ok {
 				t.Fatalf("verdict %q, want ok=%v", verdict, tc.ok)
 			}
-			if races := strings.Count(out.String(), "racers:"); races != 6 {
-				t.Fatalf("%d race lines printed, want 6 (2 rounds of create, swap, missing)", races)
+			if races := strings.Count(out.String(), "racers:"); races != 8 {
+				t.Fatalf("%d race lines printed, want 8 (2 rounds of create, swap, missing, stale delete)", races)
 			}
 			if strings.Contains(out.String(), s3.SecretKey) {
 				t.Fatal("output shows the secret")

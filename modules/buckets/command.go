@@ -29,12 +29,13 @@ func init() {
 		Usage: "[--bucket <name>|file:///<dir>] [--prefix <p>] [--region <r>] [--endpoint <url>] [--path-style] | --config <file> [--adapter <name>]",
 		Short: "Proves that the bucket enforces conditional writes",
 		Long: `
-Races many If-None-Match creates of one key, many If-Match swaps from one ETag, and
-many If-Match writes to a missing key against the bucket, under a scratch prefix
-(bucket-check/<random>/) that is removed afterwards, and prints each race and a
-verdict. Leases and manifests are only safe on a store where exactly one writer wins
-each create and swap and none wins on a missing key; some S3-compatible stores accept
-the conditional headers and ignore them.
+Races many If-None-Match creates of one key, many If-Match swaps from one ETag, many
+If-Match writes to a missing key and many If-Match deletes with a stale ETag against
+the bucket, under a scratch prefix (bucket-check/<random>/) that is removed afterwards,
+and prints each race and a verdict. Leases, manifests and certificate locks are only
+safe on a store where exactly one writer wins each create and swap and none wins on a
+missing key or with a stale ETag; some S3-compatible stores accept the conditional
+headers and ignore them.
 
 The bucket comes from flags, with defaults from the environment
 (LCHAT_HIBERNATE_BUCKET, LCHAT_HIBERNATE_PREFIX, AWS_ENDPOINT_URL_S3, AWS_REGION;

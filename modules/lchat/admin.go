@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -124,13 +123,9 @@ type routesPage struct {
 
 func (a *adminAPI) listRoutes(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	limit := 100
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 1000 {
-			return apiErr(http.StatusBadRequest, "limit must be a number from 1 to 1000, got %q", s)
-		}
-		limit = n
+	limit, err := registry.ParsePageLimit(q.Get("limit"))
+	if err != nil {
+		return apiErr(http.StatusBadRequest, "%v", err)
 	}
 	rts, next, err := a.app.shared.reg.List(q.Get("after"), limit)
 	if err != nil {
@@ -188,30 +183,11 @@ func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeStrict(r, &req); err != nil {
 		return err
 	}
-	rt := registry.Route{
-		Host:       req.Host,
-		Kind:       req.Kind,
-		Version:    req.Version,
-		Hibernate:  req.Upstream == "",
-		HomeRegion: req.HomeRegion,
-		Env:        req.Env,
-		Upstream:   req.Upstream,
-	}
-	if req.Hibernate != nil {
-		rt.Hibernate = *req.Hibernate
-	}
-	if rt.HomeRegion == "" {
-		rt.HomeRegion = a.cloudRegion
-	}
-	if rt.HomeRegion != "" {
-		if err := registry.ValidateRegion(rt.HomeRegion); err != nil {
-			return apiErr(http.StatusBadRequest, "home_region: %v", err)
-		}
+	rt, err := registry.NewRoute(registry.Spec(req), a.cloudRegion)
+	if err != nil {
+		return apiErr(http.StatusBadRequest, "%v", err)
 	}
 	if req.Mint {
-		if req.Host != "" {
-			return apiErr(http.StatusBadRequest, `give "host" or "mint", not both`)
-		}
 		return a.mintRoute(w, r, rt)
 	}
 	if err := a.app.checkRoute(&rt); err != nil {
@@ -316,14 +292,7 @@ func (a *adminAPI) setHibernate(w http.ResponseWriter, r *http.Request, host str
 	if errors.Is(err, registry.ErrNotFound) {
 		return apiErr(http.StatusNotFound, "no route for host %s", host)
 	}
-	next := cur
-	next.Hibernate = *req.Hibernate
-	if next.Hibernate {
-		next.Upstream, next.LivesAt = "", ""
-	} else if req.Upstream != "" {
-		// A local upstream: the route lives on this box from now on.
-		next.Upstream, next.LivesAt = req.Upstream, ""
-	}
+	next := registry.SetHibernate(cur, *req.Hibernate, req.Upstream)
 	if err := a.app.checkRoute(&next); err != nil {
 		return apiErr(http.StatusBadRequest, "%v", err)
 	}
@@ -334,7 +303,7 @@ func (a *adminAPI) setHibernate(w http.ResponseWriter, r *http.Request, host str
 	if err != nil {
 		return apiErr(http.StatusInternalServerError, "%v", err)
 	}
-	if cur.Hibernate && !stored.Hibernate {
+	if registry.StopsHibernating(cur, stored) {
 		// The space is no longer this box's to run: checkpoint it and let go.
 		ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 		defer cancel()

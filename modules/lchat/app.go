@@ -23,6 +23,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/ledger"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -198,7 +199,7 @@ type shared struct {
 	logger       *zap.Logger
 	mesh         *meshState // nil without LCHAT_MESH_SELF
 	drainTimeout time.Duration
-	ids          idAllocators // the id ledger's allocators (ids.go)
+	ids          ledger.Allocators // the id ledger's allocators (ids.go, mint.go)
 	// counted is bucket, counting its requests; requests counts the lchat handler's
 	// requests. Both only grow; the console charts their rates.
 	counted  *bucket.Counted
@@ -512,16 +513,9 @@ func (a *App) Cleanup() error {
 // Engine returns the hibernation engine.
 func (a *App) Engine() *engine.Engine { return a.shared.eng }
 
-// checkRoute refuses a route this box cannot serve: a kind that is not configured, or
-// env names the kind does not allow.
+// checkRoute refuses a route this box cannot serve (engine.CheckRoute).
 func (a *App) checkRoute(rt *registry.Route) error {
-	if err := rt.Validate(); err != nil {
-		return err
-	}
-	if !rt.Hibernate && rt.Kind == "" {
-		return nil
-	}
-	return engine.CheckSpaceKind(a.kinds, rt.Kind, rt.Env)
+	return engine.CheckRoute(a.kinds, rt)
 }
 
 // engineKind converts a configured kind to the engine's: placeholders expanded, "{self}"

@@ -151,16 +151,7 @@ type seedRequest struct {
 }
 
 // SeedEvent is one line of mesh-seed progress.
-type SeedEvent struct {
-	Event string `json:"event"` // plan, put, tombstone, error, done
-	Host  string `json:"host,omitempty"`
-	Error string `json:"error,omitempty"`
-	N     int    `json:"n,omitempty"`
-	Of    int    `json:"of,omitempty"`
-	Puts  int    `json:"puts,omitempty"`
-	Tombs int    `json:"tombstones,omitempty"`
-	Fails int    `json:"failures,omitempty"`
-}
+type SeedEvent = mesh.SeedEvent
 
 func (a *meshAdmin) seed(w http.ResponseWriter, r *http.Request, ms *meshState) error {
 	var req seedRequest
@@ -207,25 +198,7 @@ func (a *meshAdmin) seed(w http.ResponseWriter, r *http.Request, ms *meshState) 
 			flusher.Flush()
 		}
 	}
-	emit(SeedEvent{Event: "plan", Puts: len(puts), Tombs: len(tombs), Of: len(remote)})
-	fails := 0
-	for i, row := range puts {
-		ev := SeedEvent{Event: "put", Host: row.Host, N: i + 1, Of: len(puts)}
-		if err := client.PutRoute(ctx, peer, row); err != nil {
-			fails++
-			ev.Event, ev.Error = "error", err.Error()
-		}
-		emit(ev)
-	}
-	for i, tomb := range tombs {
-		ev := SeedEvent{Event: "tombstone", Host: tomb.Host, N: i + 1, Of: len(tombs)}
-		if err := client.DeleteRoute(ctx, peer, tomb.Host, tomb.Rev); err != nil {
-			fails++
-			ev.Event, ev.Error = "error", err.Error()
-		}
-		emit(ev)
-	}
-	emit(SeedEvent{Event: "done", Puts: len(puts), Tombs: len(tombs), Fails: fails})
+	fails := mesh.RunSeed(ctx, &client, peer, puts, tombs, len(remote), emit)
 	a.logger.Info("mesh-seed done", zap.String("peer", peer), zap.Int("puts", len(puts)),
 		zap.Int("tombstones", len(tombs)), zap.Int("failures", fails))
 	return nil

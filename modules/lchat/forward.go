@@ -137,7 +137,7 @@ func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	} else {
 		req.Header.Del(mesh.HintHeader)
 	}
-	addr := peerDialAddr(u)
+	addr := mesh.DialAddr(u)
 	req.URL.Scheme = u.Scheme
 	if u.Scheme == "https" {
 		req.URL.Host = poolKey(addr, host)
@@ -148,13 +148,10 @@ func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if held := resp.Header.Values(mesh.HolderHeader); len(held) == 1 && pt.holders != nil {
-		if holder, perr := mesh.ParseSelf(held[0]); perr == nil {
-			pt.holders.Put(host, holder)
-		}
-	}
-	if hops == 0 {
-		resp.Header.Del(mesh.HolderHeader)
+	// The box that served it from its awake instance says so: remember it (and the
+	// header goes no further than the entry box).
+	if holder, ok := mesh.TakeHolder(resp.Header, hops); ok && pt.holders != nil {
+		pt.holders.Put(host, holder)
 	}
 	return resp, nil
 }
@@ -162,18 +159,6 @@ func (pt *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // peerResponseHeaderTimeout bounds the wait for a forwarded request's response headers:
 // longer than a wake's default readiness timeout plus a restore, far shorter than forever.
 const peerResponseHeaderTimeout = 2 * time.Minute
-
-// peerDialAddr is host:port of a SELF URL.
-func peerDialAddr(u *url.URL) string {
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-	}
-	return net.JoinHostPort(u.Hostname(), port)
-}
 
 // newForwardProxy is Caddy's reverse proxy with the peer transport: streaming,
 // WebSockets, trailers and flushing behave as for any reverse_proxy.
@@ -324,7 +309,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, self string, n
 		return true, caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("forward: bad peer URL"))
 	}
 	ms.c.forwards.Add(1)
-	caddyhttp.SetVar(r.Context(), peerAddrVar, peerDialAddr(u))
+	caddyhttp.SetVar(r.Context(), peerAddrVar, mesh.DialAddr(u))
 	caddyhttp.SetVar(r.Context(), peerSelfVar, self)
 	err = h.meshProxy.ServeHTTP(w, r, next)
 	if err == nil {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -149,7 +148,7 @@ func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch r.URL.Path {
 	case "/lchat/ids":
-		alloc, err := a.app.shared.ids.get(a.app.shared, a.namespace)
+		alloc, err := a.app.shared.ids.Get(a.app.shared.bucket, a.namespace)
 		if err != nil {
 			return apiErr(http.StatusInternalServerError, "%v", err)
 		}
@@ -163,62 +162,19 @@ func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 		if err := decodeStrict(r, &req); err != nil {
 			return err
 		}
-		if req.Min == 0 {
+		next, err := a.app.shared.ids.SeedAtLeast(r.Context(), a.app.shared.bucket, a.namespace, req.Min)
+		switch {
+		case errors.Is(err, ledger.ErrSeedZero):
 			return apiErr(http.StatusBadRequest, `body must set "min" (at least 1): the lowest id handed out from now on`)
-		}
-		b := a.app.shared.bucket
-		err := ledger.Seed(r.Context(), b, a.namespace, req.Min-1)
-		if errors.Is(err, ledger.ErrWouldLower) {
+		case errors.Is(err, ledger.ErrWouldLower):
 			return apiErr(http.StatusConflict, "%v; nothing was changed", err)
-		}
-		if err != nil {
-			return apiErr(http.StatusInternalServerError, "%v", err)
-		}
-		// This box's reserved block may lie below the seed: drop it. Blocks other boxes
-		// reserved before the seed are theirs until used up (at most one block each), so
-		// seed a namespace before its boxes draw ids.
-		a.app.shared.ids.drop(a.namespace)
-		next, err := ledger.Current(r.Context(), b, a.namespace)
-		if err != nil {
+		case err != nil:
 			return apiErr(http.StatusInternalServerError, "%v", err)
 		}
 		a.logger.Info("id ledger seeded", zap.String("namespace", a.namespace), zap.Uint64("next", next))
 		return writeJSON(w, http.StatusOK, SeedIDsResult{Namespace: a.namespace, Next: next})
 	}
 	return apiErr(http.StatusNotFound, "resource not found: %s %s", r.Method, r.URL.Path)
-}
-
-// idAllocators keeps one allocator per namespace for the life of the shared state, so
-// a config reload does not throw away the rest of a reserved block.
-type idAllocators struct {
-	mu sync.Mutex
-	m  map[string]*ledger.Allocator
-	// local is the counter of minted ids without LCHAT_CLOUD_ID_LEDGER (mint.go).
-	local *ledger.Allocator
-}
-
-func (ia *idAllocators) get(s *shared, namespace string) (*ledger.Allocator, error) {
-	ia.mu.Lock()
-	defer ia.mu.Unlock()
-	if a, ok := ia.m[namespace]; ok {
-		return a, nil
-	}
-	a, err := ledger.New(s.bucket, namespace, ledger.Options{})
-	if err != nil {
-		return nil, err
-	}
-	if ia.m == nil {
-		ia.m = make(map[string]*ledger.Allocator)
-	}
-	ia.m[namespace] = a
-	return a, nil
-}
-
-// drop forgets namespace's allocator and the rest of its block.
-func (ia *idAllocators) drop(namespace string) {
-	ia.mu.Lock()
-	defer ia.mu.Unlock()
-	delete(ia.m, namespace)
 }
 
 // Interface guards

@@ -208,10 +208,7 @@ func (ms *meshState) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 	cfg.HolderLive = ms.m.HolderLive
 	// A fenced box's instances must be gone well before peers count it dead.
 	cfg.FenceStopGrace = mc.FenceMargin / 2
-	cfg.Owns = func(host string) bool {
-		rt, ok := reg.Lookup(host)
-		return ok && ms.box.Owns(host, rt.HomeRegion)
-	}
+	cfg.Owns = func(host string) bool { return ms.box.OwnsRoute(reg.Lookup, host) }
 }
 
 // start fences the engine until the first good heartbeat, then starts the loop. The

@@ -12,7 +12,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 
@@ -107,12 +106,7 @@ func (h *MeshAPI) putRoute(w http.ResponseWriter, r *http.Request) error {
 	// A row with a revision is stored only if it is newer than the row or tombstone
 	// held here (registry/version.go); one without comes from a box that predates
 	// revisions and is stored as before, with no revision (any versioned change wins).
-	var stored registry.Route
-	if rt.Rev != "" {
-		stored, err = h.app.shared.reg.ApplyRow(rt)
-	} else {
-		stored, err = h.app.shared.reg.PutUnversioned(rt)
-	}
+	stored, err := h.app.shared.reg.ApplyReplicated(rt)
 	if errors.Is(err, registry.ErrStale) {
 		ms.c.rowsStale.Add(1)
 		return writeJSON(w, http.StatusOK, map[string]string{"stale": row.Host})
@@ -150,25 +144,15 @@ func (h *MeshAPI) deleteRoute(w http.ResponseWriter, r *http.Request) error {
 		ms.c.rowsRejected.Add(1)
 		return caddyhttp.Error(refusedStatus(err), err)
 	}
-	var existed bool
-	var err error
-	if rev := r.Header.Get(mesh.RevHeader); rev != "" {
-		if !registry.ValidRev(rev) {
-			ms.c.rowsRejected.Add(1)
-			return caddyhttp.Error(http.StatusBadRequest, errors.New("invalid tombstone revision"))
-		}
-		existed, err = h.app.shared.reg.ApplyTombstone(host, rev)
-		if errors.Is(err, registry.ErrStale) {
-			// The row here is newer than this tombstone (a re-create): it stays.
-			ms.c.rowsStale.Add(1)
-			return writeJSON(w, http.StatusOK, map[string]any{"stale": host})
-		}
-	} else {
-		err = h.app.shared.reg.DeleteUnversioned(host)
-		existed = err == nil
-		if errors.Is(err, registry.ErrNotFound) {
-			err = nil
-		}
+	existed, err := h.app.shared.reg.RemoveReplicated(host, r.Header.Get(mesh.RevHeader))
+	if errors.Is(err, registry.ErrInvalidRev) {
+		ms.c.rowsRejected.Add(1)
+		return caddyhttp.Error(http.StatusBadRequest, err)
+	}
+	if errors.Is(err, registry.ErrStale) {
+		// The row here is newer than this tombstone (a re-create): it stays.
+		ms.c.rowsStale.Add(1)
+		return writeJSON(w, http.StatusOK, map[string]any{"stale": host})
 	}
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
@@ -241,14 +225,9 @@ func (a *App) meshStatus() MeshStatus {
 		Fenced:       ms.m.Fenced(),
 		Draining:     ms.m.Draining(),
 		Routes:       a.shared.reg.Len(),
-		Awake:        []string{},
+		Awake:        awakeHosts(a.shared.eng),
 		Counters:     ms.counters(),
 		Membership:   ms.m.Stats(),
-	}
-	for _, s := range a.shared.eng.Status() {
-		if s.State == engine.StateAwake {
-			st.Awake = append(st.Awake, s.Host)
-		}
 	}
 	for _, m := range ms.m.Live() {
 		st.Live = append(st.Live, m.Self)

@@ -3,12 +3,10 @@ package lchat
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
-	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/ledger"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -16,33 +14,11 @@ import (
 // errNoMintDomain refuses a mint on a box that manages no wildcard domain.
 var errNoMintDomain = errors.New("minting names hosts under the first wildcard domain, and this box has none (set LCHAT_WILDCARD_DOMAINS or wildcard_domains)")
 
-// localIDNamespace is the counter of a box without LCHAT_CLOUD_ID_LEDGER.
-const localIDNamespace = "local"
-
-// mintSource is where minted ids come from: the shared ledger of LCHAT_CLOUD_ID_LEDGER
-// in the bucket (unique across every box on it), or else a counter of this box alone,
-// kept beside its registry with the same ledger code (one id per write, so local ids
-// run 1, 2, 3 ...).
+// mintSource is where minted ids come from (ledger.Allocators.Source): the shared
+// ledger of LCHAT_CLOUD_ID_LEDGER, or else a counter of this box beside its registry.
 func (a *App) mintSource() (ledger.IDSource, string, error) {
-	if ns := strings.TrimSpace(os.Getenv(envIDLedger)); ns != "" {
-		alloc, err := a.shared.ids.get(a.shared, ns)
-		return alloc, "ledger " + ns, err
-	}
-	a.shared.ids.mu.Lock()
-	defer a.shared.ids.mu.Unlock()
-	if a.shared.ids.local == nil {
-		dir := filepath.Join(filepath.Dir(a.Registry), "local-ids")
-		fb, err := filebucket.New(dir)
-		if err != nil {
-			return nil, "", fmt.Errorf("opening the local id counter %s: %v", dir, err)
-		}
-		alloc, err := ledger.New(fb, localIDNamespace, ledger.Options{Block: 1})
-		if err != nil {
-			return nil, "", err
-		}
-		a.shared.ids.local = alloc
-	}
-	return a.shared.ids.local, "local counter", nil
+	return a.shared.ids.Source(a.shared.bucket, strings.TrimSpace(os.Getenv(envIDLedger)),
+		filepath.Join(filepath.Dir(a.Registry), "local-ids"))
 }
 
 // mintRoute creates rt under a host minted from the next id: <base36(id)>.<first

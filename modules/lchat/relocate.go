@@ -1,7 +1,6 @@
 package lchat
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"github.com/libdns/libdns"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -51,19 +49,13 @@ func (a *App) relocator(ms *meshState) *mesh.Relocator {
 		DeadAfter:     ms.m.Config().DeadAfter,
 		OpTimeout:     ms.m.Config().OpTimeout,
 		Routes:        a.shared.reg,
-		AwakeHere: func(host string) bool {
-			for _, s := range eng.Status() {
-				if s.Host == host && (s.State == engine.StateAwake || s.State == engine.StateWaking) {
-					return true
-				}
-			}
-			return false
-		},
-		HolderLive: ms.m.HolderLive,
-		Replicator: ms.repl,
+		AwakeHere:     eng.Awake, // awake or waking here
+		HolderLive:    ms.m.HolderLive,
+		Replicator:    ms.repl,
 	}
 	if a.reloc.dns != nil {
-		r.DNS = a.reloc.dns
+		d := a.reloc.dns
+		r.DNS = mesh.RecordSetter{Zone: d.Zone, TTL: time.Duration(d.TTL), Setter: d.setter, Name: d.name}
 	}
 	return r
 }
@@ -125,25 +117,4 @@ func (a *App) provisionRelocate(ctx caddy.Context) error {
 		}
 	}
 	return nil
-}
-
-// SetAddress points host's A (or AAAA) record at ip through the relocation provider.
-func (d *RelocateDNS) SetAddress(ctx context.Context, host string, ip netip.Addr) (string, error) {
-	zone := d.Zone + "."
-	name := libdns.RelativeName(host+".", zone)
-	if name == host+"." {
-		return "", fmt.Errorf("%s is not in the relocation zone %s", host, d.Zone)
-	}
-	ttl := time.Duration(d.TTL)
-	if ttl == 0 {
-		ttl = 5 * time.Minute
-	}
-	if _, err := d.setter.SetRecords(ctx, zone, []libdns.Record{libdns.Address{Name: name, TTL: ttl, IP: ip}}); err != nil {
-		return "", fmt.Errorf("setting the record of %s through %s: %v", host, d.name, err)
-	}
-	typ := "A"
-	if ip.Is6() {
-		typ = "AAAA"
-	}
-	return fmt.Sprintf("%s %s → %s (ttl %s) via %s", typ, host, ip, ttl, d.name), nil
 }

@@ -75,7 +75,7 @@ func TestBucketCheckCommand(t *testing.T) {
 
 	t.Run("environment", func(t *testing.T) {
 		out, code := bucketCheck(t, s3.Env("from-env"), "--racers", "8", "--rounds", "1")
-		passes(t, out, code, 3)
+		passes(t, out, code, 4)
 		if !strings.Contains(out, "s3://"+s3.Bucket+"/from-env") {
 			t.Errorf("output does not name the bucket and prefix from the environment")
 		}
@@ -85,7 +85,7 @@ func TestBucketCheckCommand(t *testing.T) {
 	t.Run("flags", func(t *testing.T) {
 		env := append([]string{"AWS_REGION=" + s3.Region}, creds...)
 		out, code := bucketCheck(t, env, "--bucket", s3.Bucket, "--prefix", "from-flags", "--endpoint", s3.Endpoint, "--racers", "8", "--rounds", "2")
-		passes(t, out, code, 6)
+		passes(t, out, code, 8)
 		assertClean(t, s3.NewBucket(t, "from-flags"))
 	})
 
@@ -110,14 +110,14 @@ func TestBucketCheckCommand(t *testing.T) {
 		}
 		env := []string{"LCHAT_HIBERNATE_BUCKET=" + s3.Bucket, "TEST_ENDPOINT=" + s3.Endpoint, "TEST_KEY_ID=" + s3.AccessKey, "TEST_SECRET=" + s3.SecretKey}
 		out, code := bucketCheck(t, env, "--config", caddyfile, "--adapter", "caddyfile", "--racers", "8", "--rounds", "1")
-		passes(t, out, code, 3)
+		passes(t, out, code, 4)
 		assertClean(t, s3.NewBucket(t, "from-config"))
 	})
 
 	t.Run("file", func(t *testing.T) {
 		dir := t.TempDir()
 		out, code := bucketCheck(t, nil, "--bucket", "file://"+dir, "--racers", "8", "--rounds", "1")
-		passes(t, out, code, 3)
+		passes(t, out, code, 4)
 		entries, err := os.ReadDir(dir)
 		if err != nil {
 			t.Fatal(err)

@@ -1,0 +1,187 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// SeaweedPkg is SeaweedFS's command, built from its own module (tools/s3second/go.mod) so
+// neither the main module nor tools/go.mod carries its dependencies.
+const SeaweedPkg = "github.com/seaweedfs/seaweedfs/weed"
+
+// SeaweedBinary returns the path of SeaweedFS's `weed`, building it when needed (several
+// minutes cold on two cores: only opt-in tests use it).
+func SeaweedBinary(t testing.TB) string {
+	t.Helper()
+	p, err := build("weed", SeaweedPkg, "tools/s3second/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// StartSeaweed starts SeaweedFS (`weed mini`: master, volume server, filer and S3
+// gateway in one process) on free 127.0.0.1 ports with a temporary directory and one
+// identity with random credentials, creates a bucket, and stops it when the test ends.
+// The result is used like StartS3's.
+func StartSeaweed(t testing.TB) *S3 {
+	t.Helper()
+	bin := SeaweedBinary(t)
+	dir := t.TempDir()
+	s := &S3{
+		Region:    "us-east-1",
+		AccessKey: "lchat-" + randHex(6),
+		SecretKey: randHex(20),
+		Root:      filepath.Join(dir, "data"),
+		LogFile:   filepath.Join(dir, "weed.log"),
+	}
+	if err := os.Mkdir(s.Root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := map[string]any{"identities": []any{map[string]any{
+		"name":        "lchat",
+		"credentials": []any{map[string]string{"accessKey": s.AccessKey, "secretKey": s.SecretKey}},
+		"actions":     []string{"Admin", "Read", "Write", "List", "Tagging"},
+	}}}
+	raw, _ := json.Marshal(conf)
+	confPath := filepath.Join(dir, "s3.json")
+	if err := os.WriteFile(confPath, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.stop()
+		if t.Failed() {
+			t.Logf("weed log tail (%s):\n%s", s.LogFile, tail(s.LogFile, 60))
+		}
+	})
+	var lastErr error
+	for range 3 {
+		if lastErr = s.startSeaweed(bin, confPath); lastErr == nil {
+			break
+		}
+		s.stop()
+	}
+	if lastErr != nil {
+		t.Fatalf("starting weed mini: %v\n%s", lastErr, tail(s.LogFile, 60))
+	}
+	s.Bucket = s.CreateBucket(t)
+	s.waitWritable(t)
+	return s
+}
+
+// freePorts returns n distinct free 127.0.0.1 ports (held together while chosen).
+func freePorts(n int) ([]int, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func (s *S3) startSeaweed(bin, confPath string) error {
+	p, err := freePorts(12)
+	if err != nil {
+		return err
+	}
+	s.Endpoint = fmt.Sprintf("http://127.0.0.1:%d", p[0])
+	logf, err := os.OpenFile(s.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	port := func(i int) string { return strconv.Itoa(p[i]) }
+	args := []string{"mini",
+		"-dir=" + s.Root, "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+		"-s3.port=" + port(0), "-s3.port.grpc=" + port(1),
+		"-master.port=" + port(2), "-master.port.grpc=" + port(3),
+		"-volume.port=" + port(4), "-volume.port.grpc=" + port(5),
+		"-filer.port=" + port(6), "-filer.port.grpc=" + port(7),
+		"-webdav=false", "-webdav.port=" + port(8),
+		"-admin.ui=false", "-admin.port=" + port(9), "-admin.port.grpc=" + port(10), "-admin.port.legacy=0",
+		"-debug.port=" + port(11),
+		"-s3.port.iceberg=0", "-s3.port.lance=0",
+		"-s3.config=" + confPath,
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = filepath.Dir(s.Root)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	s.cmd = cmd
+	s.stopped.Store(false)
+	exited := make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		s.stopped.Store(true)
+		exited <- err
+	}()
+	client, err := s.rawClient()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("weed exited: %v", err)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, lastErr = client.ListBuckets(ctx, &s3.ListBucketsInput{})
+		cancel()
+		if lastErr == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("weed did not accept a signed request on %s within 90s: %v", s.Endpoint, lastErr)
+}
+
+// waitWritable waits until a put into the bucket succeeds: the volume server registers
+// with the master a moment after the gateway answers.
+func (s *S3) waitWritable(t testing.TB) {
+	t.Helper()
+	client := s.Client(t)
+	deadline := time.Now().Add(90 * time.Second)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, lastErr = client.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(s.Bucket), Key: aws.String("probe"), Body: bytes.NewReader([]byte("probe"))})
+		if lastErr == nil {
+			_, lastErr = client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(s.Bucket), Key: aws.String("probe")})
+		}
+		cancel()
+		if lastErr == nil {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("weed: bucket %s not writable within 90s: %v", s.Bucket, lastErr)
+}
