@@ -260,7 +260,9 @@ func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, rt *r
 	done, ferr := h.apply(w, r, d, next)
 	var de reverseproxy.DialError
 	if errors.As(ferr, &de) {
-		// Nothing was sent: the caller waits for the lease (meshAwaitLease).
+		// Nothing was sent: the caller waits for the lease (meshLeaseWait) instead of
+		// answering the 503 forward prepared.
+		w.Header().Del("Retry-After")
 		return true, fmt.Errorf("%w: %s: %v", errHolderUnreachable, d.Peer, de)
 	}
 	return done, ferr
@@ -336,7 +338,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, self string, n
 	var he caddyhttp.HandlerError
 	if errors.As(err, &he) && (he.StatusCode == http.StatusBadGateway || he.StatusCode == http.StatusGatewayTimeout) {
 		setRetryAfter(w, time.Duration(h.RetryAfter))
-		return true, caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("peer %s holding %s gave no answer: %v", self, r.Host, he.Err))
+		return true, caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("peer %s holding %s gave no answer: %w", self, r.Host, he.Err))
 	}
 	return true, err
 }

@@ -2,21 +2,12 @@ package chaos
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,64 +24,6 @@ const (
 	beat       = time.Second
 	deadAfter  = 3 * time.Second
 )
-
-// testCA is a CA and a shared wildcard leaf for *.chaos.test and the loopback IPs the
-// boxes' SELF URLs use, written as PEM files.
-type testCA struct {
-	pool                      *x509.CertPool
-	caFile, certFile, keyFile string
-}
-
-func newTestCA(t *testing.T, dir string) *testCA {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "lchat mesh test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "*." + meshDomain},
-		DNSNames:     []string{"*." + meshDomain, meshDomain},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("127.0.0.2"), net.ParseIP("127.0.0.3"), net.ParseIP("127.0.0.4"), net.ParseIP("127.0.0.5")},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, caCert, &leafKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(leafKey)
-	ca := &testCA{
-		pool:     x509.NewCertPool(),
-		caFile:   filepath.Join(dir, "ca.pem"),
-		certFile: filepath.Join(dir, "leaf.pem"),
-		keyFile:  filepath.Join(dir, "leaf-key.pem"),
-	}
-	ca.pool.AddCert(caCert)
-	write := func(p, typ string, der []byte) {
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(ca.caFile, "CERTIFICATE", caDER)
-	write(ca.certFile, "CERTIFICATE", leafDER)
-	write(ca.keyFile, "EC PRIVATE KEY", keyDER)
-	return ca
-}
 
 // node is one box of the campaign, its bucket traffic through its own TCP proxy.
 type node struct {
@@ -111,7 +44,7 @@ type cluster struct {
 	t      *testing.T
 	s3     *harness.S3
 	prefix string
-	ca     *testCA
+	ca     *harness.TestCA
 	nodes  []*node
 }
 
@@ -121,7 +54,7 @@ func newCluster(t *testing.T, boxes int) *cluster {
 		t:      t,
 		s3:     harness.StartS3(t),
 		prefix: fmt.Sprintf("c%d", time.Now().UnixNano()%1e9),
-		ca:     newTestCA(t, t.TempDir()),
+		ca:     harness.NewTestCA(t, t.TempDir(), meshDomain),
 	}
 	for range boxes {
 		c.start()
@@ -163,7 +96,7 @@ func (c *cluster) boxConfig(n *node) string {
 			"wake_scan_interval": "1s",
 			"mesh": map[string]any{
 				"beat": beat.String(), "dead_after": deadAfter.String(),
-				"trusted_ca_files": []string{c.ca.caFile},
+				"trusted_ca_files": []string{c.ca.CAFile},
 			},
 			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
 				"idle_timeout": "20s",
@@ -171,8 +104,8 @@ func (c *cluster) boxConfig(n *node) string {
 			})},
 		},
 		MeshAPIHost: n.ip,
-		CertFile:    c.ca.certFile,
-		KeyFile:     c.ca.keyFile,
+		CertFile:    c.ca.CertFile,
+		KeyFile:     c.ca.KeyFile,
 		LogLevel:    "WARN",
 	}.JSON()
 }
@@ -207,7 +140,7 @@ func (c *cluster) start() *node {
 			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 				return d.DialContext(ctx, network, n.addr)
 			},
-			TLSClientConfig:     &tls.Config{RootCAs: c.ca.pool},
+			TLSClientConfig:     &tls.Config{RootCAs: c.ca.Pool},
 			MaxIdleConnsPerHost: 16,
 		},
 		Timeout: 15 * time.Second,

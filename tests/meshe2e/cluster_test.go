@@ -6,21 +6,12 @@ package meshe2e
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -37,64 +28,6 @@ const (
 	deadAfter  = 3 * time.Second
 )
 
-// testCA is a CA and a shared wildcard leaf for *.mesh.test (plus the loopback IPs the
-// boxes' SELF URLs use), written as PEM files.
-type testCA struct {
-	pool                      *x509.CertPool
-	caFile, certFile, keyFile string
-}
-
-func newTestCA(t *testing.T, dir string) *testCA {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "lchat mesh test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "*." + meshDomain},
-		DNSNames:     []string{"*." + meshDomain, meshDomain},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("127.0.0.2"), net.ParseIP("127.0.0.3"), net.ParseIP("127.0.0.4"), net.ParseIP("127.0.0.5")},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, caCert, &leafKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(leafKey)
-	ca := &testCA{
-		pool:     x509.NewCertPool(),
-		caFile:   filepath.Join(dir, "ca.pem"),
-		certFile: filepath.Join(dir, "leaf.pem"),
-		keyFile:  filepath.Join(dir, "leaf-key.pem"),
-	}
-	ca.pool.AddCert(caCert)
-	write := func(p, typ string, der []byte) {
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(ca.caFile, "CERTIFICATE", caDER)
-	write(ca.certFile, "CERTIFICATE", leafDER)
-	write(ca.keyFile, "EC PRIVATE KEY", keyDER)
-	return ca
-}
-
 // node is one box of the cluster.
 type node struct {
 	*harness.Box
@@ -109,7 +42,7 @@ type cluster struct {
 	t      *testing.T
 	s3     *harness.S3
 	prefix string
-	ca     *testCA
+	ca     *harness.TestCA
 	nodes  []*node
 	// env is added to every box started from now on.
 	env []string
@@ -124,7 +57,7 @@ func newCluster(t *testing.T) *cluster {
 		t:      t,
 		s3:     harness.StartS3(t),
 		prefix: fmt.Sprintf("m%d", time.Now().UnixNano()%1e9),
-		ca:     newTestCA(t, dir),
+		ca:     harness.NewTestCA(t, dir, meshDomain),
 	}
 	// Whatever the test did (replication, seeds, failover, drains), no box logged a
 	// secret: the mesh token, the S3 secret key or a route's env value. Box cleanups
@@ -164,13 +97,13 @@ func (c *cluster) boxConfig(n *node) string {
 			"wake_scan_interval": "1s",
 			"mesh": map[string]any{
 				"beat": beat.String(), "dead_after": deadAfter.String(),
-				"trusted_ca_files": []string{c.ca.caFile},
+				"trusted_ca_files": []string{c.ca.CAFile},
 			},
 			"kinds": map[string]any{"demo": harness.DemoKind(c.kindOpts())},
 		},
 		MeshAPIHost: n.ip,
-		CertFile:    c.ca.certFile,
-		KeyFile:     c.ca.keyFile,
+		CertFile:    c.ca.CertFile,
+		KeyFile:     c.ca.KeyFile,
 	}.JSON()
 }
 
@@ -224,7 +157,7 @@ func (c *cluster) client(n *node) *http.Client {
 			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 				return d.DialContext(ctx, network, n.addr)
 			},
-			TLSClientConfig:     &tls.Config{RootCAs: c.ca.pool},
+			TLSClientConfig:     &tls.Config{RootCAs: c.ca.Pool},
 			MaxIdleConnsPerHost: 64,
 		},
 		Timeout: time.Minute,
