@@ -78,17 +78,6 @@ func newCluster(t *testing.T, boxes int) *cluster {
 	return c
 }
 
-func freePort(t *testing.T, ip string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatalf("listening on %s: %v", ip, err)
-	}
-	defer l.Close()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
-	return port
-}
-
 func (c *cluster) boxConfig(n *node) string {
 	return harness.Config{
 		Listen: n.addr,
@@ -118,7 +107,7 @@ func (c *cluster) start() *node {
 	i := len(c.nodes)
 	ip := fmt.Sprintf("127.0.0.%d", i+1)
 	n := &node{i: i, ip: ip}
-	n.addr = net.JoinHostPort(ip, freePort(t, ip))
+	n.addr = net.JoinHostPort(ip, harness.FreePort(t, ip))
 	n.self = "https://" + n.addr
 	n.proxy = harness.StartTCPProxy(t, strings.TrimPrefix(c.s3.Endpoint, "http://"))
 	env := c.s3.Env(c.prefix)

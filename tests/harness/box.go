@@ -91,8 +91,8 @@ func StartBox(t testing.TB, opts BoxOptions) *Box {
 		opts.Dir = d
 	}
 	b := &Box{Dir: opts.Dir, t: t, bin: Binary(t), opts: opts, logs: new(syncBuffer)}
-	b.AdminAddr = net.JoinHostPort(opts.AdminIP, freePort(t, opts.AdminIP))
-	b.HTTPAddr = net.JoinHostPort(opts.IP, freePort(t, opts.IP))
+	b.AdminAddr = net.JoinHostPort(opts.AdminIP, FreePort(t, opts.AdminIP))
+	b.HTTPAddr = net.JoinHostPort(opts.IP, FreePort(t, opts.IP))
 	b.AdminURL = "http://" + b.AdminAddr
 	b.HTTPURL = "http://" + b.HTTPAddr
 	for _, sub := range []string{"home", "data", "config"} {
@@ -396,7 +396,8 @@ func (b *Box) URL(host, path string) string {
 	return "http://" + host + ":" + port + path
 }
 
-func freePort(t testing.TB, ip string) string {
+// FreePort is a port free on ip at the time of the call (a test box or server listens on it next).
+func FreePort(t testing.TB, ip string) string {
 	t.Helper()
 	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {

@@ -94,16 +94,6 @@ type box struct {
 	s3         *countingS3
 }
 
-func freePort(t *testing.T, ip string) string {
-	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	_, p, _ := net.SplitHostPort(l.Addr().String())
-	return p
-}
-
 // startBox starts a plain-HTTP mesh box (SELF http://127.0.0.x:port) whose bucket
 // traffic goes through its own counting proxy, running the demo space.
 func startBox(t *testing.T, s3 *harness.S3, prefix string, i int, beat, replication string) *box {
@@ -116,7 +106,7 @@ func startBox(t *testing.T, s3 *harness.S3, prefix string, i int, beat, replicat
 // startBoxKinds is startBox with the given kinds.
 func startBoxKinds(t *testing.T, s3 *harness.S3, prefix string, i int, beat string, kinds map[string]any) *box {
 	ip := fmt.Sprintf("127.0.0.%d", i+1)
-	b := &box{addr: net.JoinHostPort(ip, freePort(t, ip))}
+	b := &box{addr: net.JoinHostPort(ip, harness.FreePort(t, ip))}
 	b.self = "http://" + b.addr
 	b.s3 = newCountingS3(t, s3.Endpoint)
 	js := harness.Config{

@@ -76,17 +76,6 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
-func freePort(t *testing.T, ip string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatalf("listening on %s: %v", ip, err)
-	}
-	defer l.Close()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
-	return port
-}
-
 // boxConfig is the JSON config of one mesh box: the lchat app on the shared bucket with
 // short mesh intervals, an HTTPS server with the shared wildcard certificate, the peer
 // API on the SELF host and the lchat handler for everything else.
@@ -126,7 +115,7 @@ func (c *cluster) start(withProxy bool) *node {
 	t.Helper()
 	ip := fmt.Sprintf("127.0.0.%d", len(c.nodes)+1)
 	n := &node{ip: ip}
-	n.addr = net.JoinHostPort(ip, freePort(t, ip))
+	n.addr = net.JoinHostPort(ip, harness.FreePort(t, ip))
 	n.self = "https://" + n.addr
 	env := c.s3.Env(c.prefix)
 	if withProxy {

@@ -22,7 +22,7 @@ func (c *cluster) startBehindProxy() (*node, *harness.TCPProxy) {
 	t.Helper()
 	ip := fmt.Sprintf("127.0.0.%d", len(c.nodes)+1)
 	n := &node{ip: ip}
-	n.addr = net.JoinHostPort(ip, freePort(t, ip))
+	n.addr = net.JoinHostPort(ip, harness.FreePort(t, ip))
 	p := harness.StartTCPProxyOn(t, ip, n.addr)
 	p.SetJitter(1500 * time.Millisecond)
 	n.self = "https://" + p.Addr()
