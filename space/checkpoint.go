@@ -3,11 +3,8 @@ package space
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"sort"
 	"time"
 )
@@ -100,42 +97,7 @@ func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploade
 	var files []File
 	fresh := make(map[string]File)
 	dbs := make(map[string]*dbState)
-	err := filepath.WalkDir(s.DataDir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if p != s.DataDir && errors.Is(err, fs.ErrNotExist) {
-				return nil // removed by the instance while we walked: not part of this snapshot
-			}
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(s.DataDir, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		if k := oddKind(d.Type()); k != "" {
-			st.Skipped = append(st.Skipped, SkippedFile{Path: rel, Kind: k})
-			return nil
-		}
-		if d.IsDir() || isSQLiteSidecar(s.DataDir, rel) {
-			return nil
-		}
-		info, err := d.Info()
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		fp, err := fingerprint(s.DataDir, rel)
-		if err != nil {
-			if gone(p) {
-				return nil
-			}
-			return err
-		}
+	err := walkFiles(ctx, s.DataDir, &st.Skipped, func(p, rel string, info fs.FileInfo, fp string) error {
 		mode := uint32(info.Mode().Perm())
 		if f, ok := s.hashes[fp]; ok && !(s.Final && s.dbs[rel].foldable()) {
 			f.Path, f.Mode = rel, mode
@@ -181,11 +143,6 @@ func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploade
 		fresh[fp] = f
 		return nil
 	})
-	if errors.Is(err, fs.ErrNotExist) && len(files) == 0 {
-		if _, serr := os.Stat(s.DataDir); errors.Is(serr, fs.ErrNotExist) {
-			err = nil
-		}
-	}
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -205,45 +205,7 @@ func (s *Syncer) upload(ctx context.Context, f File, staged string) (int64, erro
 func (s *Syncer) snapshot(ctx context.Context, dir string) (files []File, staged map[string]string, skipped []SkippedFile, err error) {
 	staged = make(map[string]string)
 	fresh := make(map[string]File)
-	err = filepath.WalkDir(s.DataDir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if p != s.DataDir && errors.Is(err, fs.ErrNotExist) {
-				return nil // removed by the instance while we walked: not part of this snapshot
-			}
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(s.DataDir, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		if k := oddKind(d.Type()); k != "" {
-			skipped = append(skipped, SkippedFile{Path: rel, Kind: k})
-			return nil
-		}
-		if d.IsDir() {
-			return nil
-		}
-		if isSQLiteSidecar(s.DataDir, rel) {
-			return nil
-		}
-		info, err := d.Info()
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil // removed (or renamed away) after the directory was read
-		}
-		if err != nil {
-			return err
-		}
-		fp, err := fingerprint(s.DataDir, rel)
-		if err != nil {
-			if gone(p) {
-				return nil
-			}
-			return err
-		}
+	err = walkFiles(ctx, s.DataDir, &skipped, func(p, rel string, info fs.FileInfo, fp string) error {
 		if f, ok := s.hashes[fp]; ok && s.known[f.SHA256] {
 			f.Path, f.Mode = rel, uint32(info.Mode().Perm())
 			files = append(files, f)
@@ -269,17 +231,66 @@ func (s *Syncer) snapshot(ctx context.Context, dir string) (files []File, staged
 		}
 		return nil
 	})
-	if errors.Is(err, fs.ErrNotExist) && len(files) == 0 {
-		if _, serr := os.Stat(s.DataDir); errors.Is(serr, fs.ErrNotExist) {
-			err = nil
-		}
-	}
 	if err != nil {
 		return nil, nil, skipped, err
 	}
 	s.hashes = fresh
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return files, staged, skipped, nil
+}
+
+// walkFiles calls visit for each regular file under dataDir, with its path, its path
+// relative to dataDir (slash-separated), its info and its fingerprint. Directories and
+// SQLite -wal, -shm and -journal files are passed over; symlinks, FIFOs, sockets and
+// devices are appended to skipped. A file the instance removes while the walk runs is
+// not part of it, and a data dir that does not exist is empty.
+func walkFiles(ctx context.Context, dataDir string, skipped *[]SkippedFile, visit func(p, rel string, info fs.FileInfo, fp string) error) error {
+	visited := false
+	err := filepath.WalkDir(dataDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p != dataDir && errors.Is(err, fs.ErrNotExist) {
+				return nil // removed by the instance while we walked: not part of this snapshot
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dataDir, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if k := oddKind(d.Type()); k != "" {
+			*skipped = append(*skipped, SkippedFile{Path: rel, Kind: k})
+			return nil
+		}
+		if d.IsDir() || isSQLiteSidecar(dataDir, rel) {
+			return nil
+		}
+		info, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // removed (or renamed away) after the directory was read
+		}
+		if err != nil {
+			return err
+		}
+		fp, err := fingerprint(dataDir, rel)
+		if err != nil {
+			if gone(p) {
+				return nil
+			}
+			return err
+		}
+		visited = true
+		return visit(p, rel, info, fp)
+	})
+	if errors.Is(err, fs.ErrNotExist) && !visited {
+		if _, serr := os.Stat(dataDir); errors.Is(serr, fs.ErrNotExist) {
+			err = nil
+		}
+	}
+	return err
 }
 
 // gone reports whether p no longer exists: the instance removed or renamed a file (a
