@@ -57,7 +57,7 @@ type Box struct {
 	bin  string
 	opts BoxOptions
 	env  []string
-	logs *syncBuffer
+	logs *SyncBuffer
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -90,7 +90,7 @@ func StartBox(t testing.TB, opts BoxOptions) *Box {
 		t.Cleanup(func() { os.RemoveAll(d) })
 		opts.Dir = d
 	}
-	b := &Box{Dir: opts.Dir, t: t, bin: Binary(t), opts: opts, logs: new(syncBuffer)}
+	b := &Box{Dir: opts.Dir, t: t, bin: Binary(t), opts: opts, logs: new(SyncBuffer)}
 	b.AdminAddr = net.JoinHostPort(opts.AdminIP, FreePort(t, opts.AdminIP))
 	b.HTTPAddr = net.JoinHostPort(opts.IP, FreePort(t, opts.IP))
 	b.AdminURL = "http://" + b.AdminAddr
@@ -416,19 +416,19 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// syncBuffer is a bytes.Buffer safe for the process's two output pipes and readers.
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer safe for a process's two output pipes and its readers.
+type SyncBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.buf.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.buf.String()

@@ -29,7 +29,7 @@ type box struct {
 	httpAddr string
 	cmd      *exec.Cmd
 	done     chan struct{}
-	logs     *syncBuffer
+	logs     *harness.SyncBuffer
 }
 
 // startBox runs lchat-caddy with caddyfile; {$DIR}, {$HTTP_PORT}, {$HTTPS_PORT} and the
@@ -50,8 +50,8 @@ func startBox(t *testing.T, caddyfile string, env ...string) *box {
 	for _, d := range []string{"home", "data", "config"} {
 		os.MkdirAll(filepath.Join(dir, d), 0o700)
 	}
-	b := &box{t: t, dir: dir, admin: filepath.Join(dir, "admin.sock"), done: make(chan struct{}), logs: new(syncBuffer)}
-	httpPort, httpsPort := freePort(t), freePort(t)
+	b := &box{t: t, dir: dir, admin: filepath.Join(dir, "admin.sock"), done: make(chan struct{}), logs: new(harness.SyncBuffer)}
+	httpPort, httpsPort := harness.FreePort(t, "127.0.0.1"), harness.FreePort(t, "127.0.0.1")
 	b.httpAddr = "127.0.0.1:" + httpPort
 	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(caddyfile), 0o600); err != nil {
 		t.Fatal(err)
@@ -204,16 +204,6 @@ func (b *box) status(host string) spaceStatus {
 	return spaceStatus{}
 }
 
-func freePort(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	_, p, _ := net.SplitHostPort(l.Addr().String())
-	return p
-}
-
 // attackerBinary builds the attacker into a directory every uid can reach.
 var attackerOnce struct {
 	sync.Once
@@ -242,23 +232,6 @@ func attackerBinary(t *testing.T) string {
 		t.Fatal(attackerOnce.err)
 	}
 	return attackerOnce.path
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {

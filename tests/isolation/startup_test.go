@@ -30,9 +30,9 @@ func refusedAtStart(t *testing.T, prefix []string, caddyfile string, env ...stri
 	args := append(append([]string{}, prefix...), harness.Binary(t), "run", "--config", cf, "--adapter", "caddyfile")
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "DIR="+dir, "HTTP_PORT="+freePort(t), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	cmd.Env = append(os.Environ(), "DIR="+dir, "HTTP_PORT="+harness.FreePort(t, "127.0.0.1"), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
 	cmd.Env = append(cmd.Env, env...)
-	var out syncBuffer
+	var out harness.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
