@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -259,13 +261,24 @@ func (h *Handler) meshAcquireError(w http.ResponseWriter, r *http.Request, rt *r
 	ms.c.holderForwards.Add(1)
 	done, ferr := h.apply(w, r, d, next)
 	var de reverseproxy.DialError
-	if errors.As(ferr, &de) {
-		// Nothing was sent: the caller waits for the lease (meshLeaseWait) instead of
+	if errors.As(ferr, &de) || closedBeforeAnswer(r, ferr) {
+		// Nothing was sent (or a bodiless GET/HEAD met a holder closing its connections
+		// as it shut down, before any answer): the caller waits for the lease (meshLeaseWait) instead of
 		// answering the 503 forward prepared.
 		w.Header().Del("Retry-After")
-		return true, fmt.Errorf("%w: %s: %v", errHolderUnreachable, d.Peer, de)
+		return true, fmt.Errorf("%w: %s: %v", errHolderUnreachable, d.Peer, ferr)
 	}
 	return done, ferr
+}
+
+// closedBeforeAnswer reports whether a bodiless GET or HEAD forwarded to a holder found
+// its connection closed before any answer (the holder is shutting down): trying it again
+// is safe.
+func closedBeforeAnswer(r *http.Request, err error) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead || r.ContentLength > 0 {
+		return false
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // errHolderUnreachable means the box holding a space's lease could not be dialed;
