@@ -331,15 +331,21 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, self string, n
 		return true, nil
 	}
 	ms.c.forwardErrors.Add(1)
+	// Nothing was sent when the peer could not be dialed; nothing was answered (and a
+	// retry is safe) when a bodiless GET or HEAD met a peer closing its connections as it
+	// shuts down. Caddy's proxy returns an error only before it writes a response.
 	var de reverseproxy.DialError
-	if errors.As(err, &de) {
+	unanswered := errors.As(err, &de) || closedBeforeAnswer(r, err)
+	if unanswered {
 		// Whatever this box knew of where the space is awake is stale.
 		ms.box.Holders.Forget(mesh.NormalizeHost(r.Host))
 	}
-	if fallback && errors.As(err, &de) {
+	if fallback && unanswered {
+		// Serve here: the lease decides who runs the space, and a box that still holds
+		// it while shutting down is waited for (meshAcquireError, meshLeaseWait).
 		ms.c.forwardFallback.Add(1)
 		if c := h.logger.Check(zapcore.WarnLevel, "peer unreachable; serving here"); c != nil {
-			c.Write(zap.String("host", r.Host), zap.String("peer", self), zap.Error(de))
+			c.Write(zap.String("host", r.Host), zap.String("peer", self), zap.Error(err))
 		}
 		return false, nil
 	}

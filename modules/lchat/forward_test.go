@@ -5,13 +5,16 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/mesh"
 )
@@ -74,5 +77,81 @@ func TestPeerTransport(t *testing.T) {
 		if !ok {
 			t.Errorf("request %d reached the peer without a valid marker", i)
 		}
+	}
+}
+
+// TestForwardToClosingPeer: a peer that takes the connection and closes it without an
+// answer (a box shutting down) is, for a bodiless GET or HEAD sent on a placement
+// decision, treated like a peer that cannot be dialed: the request is served here (where
+// the lease decides) and the stale holder entry is forgotten. A request with a body may
+// have been applied, so it gets a 503 with Retry-After, never a 502.
+func TestForwardToClosingPeer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				// Read the request head, then close without a byte of answer.
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				buf := make([]byte, 4096)
+				c.Read(buf)
+				c.Close()
+			}()
+		}
+	}()
+	const host = "closing.mesh.test"
+	peer := "http://" + ln.Addr().String()
+	cfg := mesh.Config{Self: "http://127.0.0.9:1", Domains: []string{"mesh.test"}, Token: "t0ken"}
+	ms := withBox(&meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, timeout: 5e9, logger: zap.NewNop()})
+	if err := caddy.Load([]byte(`{"admin":{"disabled":true}}`), true); err != nil {
+		t.Fatal(err)
+	}
+	defer caddy.Stop()
+	cctx, cancel := caddy.NewContext(caddy.ActiveContext())
+	defer cancel()
+	h := &Handler{RetryAfter: caddy.Duration(7e9), app: &App{shared: &shared{mesh: ms}}, logger: zap.NewNop()}
+	if h.meshProxy, err = newForwardProxy(cctx, ms, -1); err != nil {
+		t.Fatal(err)
+	}
+	forward := func(method string, body string, fallback bool) (*httptest.ResponseRecorder, bool, error) {
+		var rd io.Reader
+		if body != "" {
+			rd = strings.NewReader(body)
+		}
+		req := httptest.NewRequest(method, "http://"+host+"/api/messages", rd)
+		w := httptest.NewRecorder()
+		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
+		ms.box.Holders.Put(host, peer)
+		done, err := h.forward(w, req, peer, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }), fallback)
+		return w, done, err
+	}
+	for _, method := range []string{"GET", "HEAD"} {
+		w, done, err := forward(method, "", true)
+		if done || err != nil {
+			t.Fatalf("%s to a closing peer: done %v err %v, want it served here", method, done, err)
+		}
+		if w.Code != 200 || w.Body.Len() != 0 || len(w.Header()) != 0 {
+			t.Fatalf("%s to a closing peer wrote %d %v %q before serving here", method, w.Code, w.Header(), w.Body.String())
+		}
+		if _, ok := ms.box.Holders.Get(host); ok {
+			t.Fatalf("%s: the holder entry for the closing peer was kept", method)
+		}
+	}
+	w, done, err := forward("POST", `{"text":"hi"}`, true)
+	var he caddyhttp.HandlerError
+	if !done || !asHandlerError(err, &he) || he.StatusCode != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "7" {
+		t.Fatalf("POST to a closing peer: done %v err %v Retry-After %q, want a 503 with Retry-After", done, err, w.Header().Get("Retry-After"))
+	}
+	// Forwarded to a lease holder (no fallback), a GET is left to the caller's lease wait.
+	_, done, err = forward("GET", "", false)
+	if !done || !closedBeforeAnswer(httptest.NewRequest("GET", "/", nil), err) {
+		t.Fatalf("GET to a closing holder without fallback: done %v err %v, want the closed connection reported", done, err)
 	}
 }
