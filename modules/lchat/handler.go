@@ -160,7 +160,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.meshServed(w, r)
 	h.setInstanceHeader(w, use)
 	setUpstream(r, use.Dial())
-	return h.proxy.ServeHTTP(w, r, next)
+	return instanceGone(w, host, h.proxy.ServeHTTP(w, r, next), time.Duration(h.RetryAfter))
+}
+
+// instanceGone turns the proxy's 502 or 504 for a request the instance never answered
+// (it crashed, or was stopped or fenced while the request was in flight) into a 503 with
+// Retry-After: the space is unavailable for a moment, never a bad gateway. Caddy's proxy
+// returns an error only before it writes a response, so nothing was sent yet. A 502 the
+// instance itself answers is its own response and passes unchanged.
+func instanceGone(w http.ResponseWriter, host string, err error, retryAfter time.Duration) error {
+	var he caddyhttp.HandlerError
+	if err == nil || !errors.As(err, &he) || he.StatusCode != http.StatusBadGateway && he.StatusCode != http.StatusGatewayTimeout {
+		return err
+	}
+	w.Header().Del(InstanceHeader)
+	setRetryAfter(w, retryAfter)
+	return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s: its instance gave no answer: %w", host, he.Err))
 }
 
 // setUpstream tells the embedded reverse proxy where to dial for this request.

@@ -107,9 +107,27 @@ func StartBox(t testing.TB, opts BoxOptions) *Box {
 		if t.Failed() {
 			t.Logf("lchat-caddy %s log tail:\n%s", b.HTTPAddr, lastLines(b.Logs(), 80))
 		}
+		b.keepLogs()
 	})
 	b.Start()
 	return b
+}
+
+// keepLogs writes the box's whole log to $LCHAT_TEST_LOGDIR (when set), named after the
+// test and the box's address, for a failure whose cause lies before the printed tail.
+func (b *Box) keepLogs() {
+	dir := os.Getenv("LCHAT_TEST_LOGDIR")
+	if dir == "" {
+		return
+	}
+	name := strings.NewReplacer("/", "_", ":", "_").Replace(b.t.Name() + "-" + b.HTTPAddr)
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, name+".log"), []byte(b.Logs()), 0o644)
+	}
+	if err != nil {
+		b.t.Logf("keeping the log of %s: %v", b.HTTPAddr, err)
+	}
 }
 
 // checkNoSecretLogged fails the test when the box's log holds the value of a secret

@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -165,4 +167,63 @@ func TestFailedWakeBacksOffOnS3(t *testing.T) {
 		code, _ := do(t, b, "GET", cut, "/api/messages", "")
 		return code == 200
 	})
+}
+
+// TestInstanceDiesMidRequestIs503: a request already handed to the instance when the
+// instance dies (a crash here; a fence or a stop does the same) gets a 503 with
+// Retry-After, never a 502 (the fault campaign's contract), and the space wakes again.
+func TestInstanceDiesMidRequestIs503(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{})
+	const host = "midrequest.example.com"
+	createSpace(t, b, host)
+	postMessage(t, b, host, "before")
+	_, pid := space(t, b, host)
+	if pid == 0 {
+		t.Fatal("no PID for an awake space")
+	}
+	// A write whose body is still arriving when the instance dies.
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("POST", b.URL(host, "/api/messages"), pr)
+	req.Header.Set("Content-Type", "application/json")
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		resp, err := b.Client().Do(req)
+		got <- answer{resp, err}
+	}()
+	if _, err := pw.Write([]byte(`{"author":"t","text":"half`)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the proxy has sent the head to the instance
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// The rest of the body arrives after the death.
+	time.Sleep(200 * time.Millisecond)
+	pw.Write([]byte(`"}`))
+	pw.Close()
+	var a answer
+	select {
+	case a = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer 30s after the instance died")
+	}
+	if a.err != nil {
+		t.Fatalf("write to a dying instance: %v, want a 503", a.err)
+	}
+	a.resp.Body.Close()
+	if a.resp.StatusCode != http.StatusServiceUnavailable || a.resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("write to a dying instance: %d Retry-After %q, want 503 with Retry-After", a.resp.StatusCode, a.resp.Header.Get("Retry-After"))
+	}
+	waitFor(t, 30*time.Second, "the space answers again", func() bool {
+		code, _ := do(t, b, "GET", host, "/api/messages", "")
+		return code == 200
+	})
+	if got := messages(t, b, host); !strings.Contains(got, "before") {
+		t.Fatalf("message lost: %s", got)
+	}
 }
