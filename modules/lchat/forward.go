@@ -84,7 +84,15 @@ func newPeerTransport(ms *meshState) *peerTransport {
 			defer cancel()
 			if err := tc.HandshakeContext(hctx); err != nil {
 				conn.Close()
-				return nil, fmt.Errorf("TLS handshake with peer %s as %s: %w", peer, serverName, err)
+				err = fmt.Errorf("TLS handshake with peer %s as %s: %w", peer, serverName, err)
+				var bad *tls.CertificateVerificationError
+				if errors.As(err, &bad) {
+					return nil, err
+				}
+				// The connection closed or timed out before a request was sent (the
+				// peer is gone, behind a proxy or balancer that accepted for it): as
+				// good as a failed dial.
+				return nil, reverseproxy.NewDialError(err)
 			}
 			return tc, nil
 		},

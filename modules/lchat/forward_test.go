@@ -86,6 +86,17 @@ func TestPeerTransport(t *testing.T) {
 // the lease decides) and the stale holder entry is forgotten. A request with a body may
 // have been applied, so it gets a 503 with Retry-After, never a 502.
 func TestForwardToClosingPeer(t *testing.T) {
+	testForwardToClosingPeer(t, "http")
+}
+
+// TestForwardToPeerClosingInHandshake: an https peer whose connection closes during the
+// TLS handshake (a proxy or balancer accepted for a box that is gone) was sent nothing,
+// so any request, a write too, is served here as when the dial fails.
+func TestForwardToPeerClosingInHandshake(t *testing.T) {
+	testForwardToClosingPeer(t, "https")
+}
+
+func testForwardToClosingPeer(t *testing.T, scheme string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +118,7 @@ func TestForwardToClosingPeer(t *testing.T) {
 		}
 	}()
 	const host = "closing.mesh.test"
-	peer := "http://" + ln.Addr().String()
+	peer := scheme + "://" + ln.Addr().String()
 	cfg := mesh.Config{Self: "http://127.0.0.9:1", Domains: []string{"mesh.test"}, Token: "t0ken"}
 	ms := withBox(&meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, timeout: 5e9, logger: zap.NewNop()})
 	if err := caddy.Load([]byte(`{"admin":{"disabled":true}}`), true); err != nil {
@@ -143,6 +154,13 @@ func TestForwardToClosingPeer(t *testing.T) {
 		if _, ok := ms.box.Holders.Get(host); ok {
 			t.Fatalf("%s: the holder entry for the closing peer was kept", method)
 		}
+	}
+	if scheme == "https" {
+		w, done, err := forward("POST", `{"text":"hi"}`, true)
+		if done || err != nil || w.Code != 200 || w.Body.Len() != 0 {
+			t.Fatalf("POST to a peer closing in the TLS handshake: done %v err %v, want it served here", done, err)
+		}
+		return
 	}
 	w, done, err := forward("POST", `{"text":"hi"}`, true)
 	var he caddyhttp.HandlerError

@@ -21,7 +21,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -183,7 +182,9 @@ func TestChaosCampaign(t *testing.T) {
 		}
 	}()
 
-	// Clients: uniquely numbered writes and reads, each through a random box.
+	// Clients: uniquely numbered writes and reads, each through a random box, leaving
+	// alone the spaces the nemesis pauses (paused: host -> struct{}).
+	var paused sync.Map
 	var seq atomic.Int64
 	for ci := range p.clients {
 		wg.Add(1)
@@ -198,6 +199,10 @@ func TestChaosCampaign(t *testing.T) {
 				}
 				n := c.nodes[crng.IntN(len(c.nodes))]
 				host := hosts[crng.IntN(len(hosts))]
+				if _, quiet := paused.Load(host); quiet {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
 				r := record{box: n.i, space: host, op: "read"}
 				var req *http.Request
 				if crng.IntN(10) < 7 {
@@ -232,92 +237,47 @@ func TestChaosCampaign(t *testing.T) {
 		}()
 	}
 
-	// The nemesis: one fault at a time, drawn from the seed, each healed before the next.
-	kinds := []string{"sigkill", "sigstop", "sigterm", "cut", "latency", "droplost", "reload", "recreate"}
+	// The nemesis: faults drawn from the seed, each healed before the next; one draw in
+	// four runs two faults at once on two different boxes.
+	kinds := []string{"sigkill", "sigstop", "sigterm", "cut", "blackhole", "latency", "droplost", "reload", "recreate", "relocate", "repldelay"}
 	if only := os.Getenv("LCHAT_CHAOS_FAULTS"); only != "" {
 		// A subset, to focus a campaign: LCHAT_CHAOS_FAULTS=recreate,sigkill
 		kinds = strings.Split(only, ",")
 	}
-	counts := map[string]int{}
+	nem := &nemesis{t: t, c: c, h: h, hosts: hosts, paused: &paused, counts: map[string]int{}, outcomes: map[string]int{}}
 	deadline := time.Now().Add(p.run)
 	time.Sleep(3 * time.Second) // some writes before the first fault
 	for time.Now().Before(deadline) {
-		kind := kinds[rng.IntN(len(kinds))]
-		n := c.nodes[rng.IntN(len(c.nodes))]
-		f := fault{kind: kind, box: n.i, start: time.Now()}
 		h.healthy.Store(false)
-		switch kind {
-		case "sigkill":
-			f.hard = true
-			n.Kill()
-			time.Sleep(time.Duration(1+rng.IntN(4)) * time.Second)
-			n.Start()
-		case "sigstop":
-			f.hard = true
-			n.mu.Lock()
-			n.stopped = true
-			n.mu.Unlock()
-			syscall.Kill(n.PID(), syscall.SIGSTOP)
-			time.Sleep(deadAfter + time.Duration(1+rng.IntN(3))*time.Second)
-			syscall.Kill(n.PID(), syscall.SIGCONT)
-			n.mu.Lock()
-			n.stopped = false
-			n.mu.Unlock()
-		case "sigterm":
-			if err := n.Stop(); err != nil {
-				t.Errorf("box %d: SIGTERM drain: %v", n.i, err)
-			}
-			time.Sleep(time.Duration(rng.IntN(3)) * time.Second)
-			n.Start()
-		case "cut":
-			f.hard = true
-			n.proxy.SetDown(true)
-			time.Sleep(deadAfter + time.Duration(1+rng.IntN(4))*time.Second)
-			n.proxy.SetDown(false)
-		case "latency":
-			// 2 s more on every new connection to the store (the store's
-			// connections are reused, so most requests are not slowed).
-			n.proxy.SetDelay(2 * time.Second)
-			time.Sleep(time.Duration(3+rng.IntN(4)) * time.Second)
-			n.proxy.SetDelay(0)
-		case "droplost":
-			// The next answers from the store to this box are lost after the store
-			// acted on the request: a committed write whose response never arrives.
-			n.proxy.DropResponses(1 + rng.IntN(3))
-			time.Sleep(3 * time.Second)
-			n.proxy.DropResponses(0)
-		case "recreate":
-			// Remove a space (it saves first) while requests run, then create it
-			// again through another box: its bucket data is kept, so every write
-			// acknowledged before stays.
-			host := hosts[rng.IntN(len(hosts))]
-			other := c.nodes[rng.IntN(len(c.nodes))]
-			pause := time.Duration(rng.IntN(2000)) * time.Millisecond
-			if code, body, err := n.adminDo("DELETE", "/lchat/routes/"+host, nil); err != nil || code != http.StatusOK {
-				t.Errorf("box %d: remove %s: %d %s %v", n.i, host, code, body, err)
-				break
-			}
-			time.Sleep(pause)
-			if code, body, err := other.adminDo("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}); err != nil || code != http.StatusCreated {
-				t.Errorf("box %d: re-create %s: %d %s %v", other.i, host, code, body, err)
-			}
-		case "reload":
-			if err := n.Reload(c.boxConfig(n), true); err != nil {
-				t.Errorf("box %d: reload: %v", n.i, err)
-			}
-			time.Sleep(time.Second)
+		first := c.nodes[rng.IntN(len(c.nodes))]
+		if rng.IntN(4) == 0 && len(c.nodes) > 1 {
+			second := c.nodes[(first.i+1+rng.IntN(len(c.nodes)-1))%len(c.nodes)]
+			k1, k2 := kinds[rng.IntN(len(kinds))], kinds[rng.IntN(len(kinds))]
+			r1 := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
+			r2 := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
+			var fw sync.WaitGroup
+			fw.Add(2)
+			go func() { defer fw.Done(); nem.run(k1, first, r1, true) }()
+			time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond)
+			go func() { defer fw.Done(); nem.run(k2, second, r2, true) }()
+			fw.Wait()
+			nem.count("two faults at once")
+		} else {
+			nem.run(kinds[rng.IntN(len(kinds))], first, rng, false)
 		}
-		f.heal = time.Now()
-		counts[kind]++
-		h.mu.Lock()
-		h.faults = append(h.faults, f)
-		h.mu.Unlock()
 		h.healthy.Store(true)
 		time.Sleep(time.Duration(1+rng.IntN(3)) * time.Second)
 	}
+	counts, outcomes := nem.counts, nem.outcomes
+	// Overlapping faults may heal out of order: the last heal is the latest.
 	lastHeal := time.Now()
 	if len(h.faults) > 0 {
-		lastHeal = h.faults[len(h.faults)-1].heal
+		lastHeal = h.faults[0].heal
+		for _, f := range h.faults {
+			if f.heal.After(lastHeal) {
+				lastHeal = f.heal
+			}
+		}
 	}
 
 	// (4) After the last fault heals, every space answers within dead_after + 5 s.
@@ -346,21 +306,31 @@ func TestChaosCampaign(t *testing.T) {
 	wg.Wait()
 
 	// ... and every box's registry agrees.
-	waitUntil(t, 10*time.Second, "every box's registry agrees", func() bool {
-		var first map[string]string
+	var tables []map[string]string
+	agree := func() bool {
+		tables = tables[:0]
 		for _, n := range c.nodes {
 			rs, err := n.routes()
 			if err != nil {
 				return false
 			}
-			if first == nil {
-				first = rs
-			} else if fmt.Sprint(rs) != fmt.Sprint(first) {
+			tables = append(tables, rs)
+		}
+		for _, rs := range tables {
+			if fmt.Sprint(rs) != fmt.Sprint(tables[0]) || len(rs) != len(hosts) {
 				return false
 			}
 		}
-		return len(first) == len(hosts)
-	})
+		return true
+	}
+	for start := time.Now(); !agree(); time.Sleep(200 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			for i, rs := range tables {
+				t.Errorf("registries disagree 10s after the campaign: box %d has %v", i, rs)
+			}
+			break
+		}
+	}
 
 	// Read back every space, through box 0 (which forwards to the holder).
 	stored := map[string]map[string]bool{}
@@ -368,7 +338,7 @@ func TestChaosCampaign(t *testing.T) {
 		stored[host] = readAll(t, c.nodes[0], host)
 	}
 	rep := check(h, stored, hosts)
-	rep.counts = counts
+	rep.counts, rep.outcomes = counts, outcomes
 	rep.print(os.Stdout)
 	for _, e := range rep.errors {
 		t.Error(e)
@@ -432,13 +402,14 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 
 // report is what the checker found.
 type report struct {
-	counts                 map[string]int
+	counts, outcomes       map[string]int
 	requests, acked        int
 	allowedLoss, forbidden int
 	byCode                 map[int]int
 	noAnswer               int
 	live503                int
 	overlaps               int
+	afterTakeover          int // writes acknowledged by an instance after a newer one woke
 	longest                map[string]time.Duration
 	errors                 []string
 	faults                 []fault
@@ -527,6 +498,29 @@ func check(h *history, stored map[string]map[string]bool, hosts []string) *repor
 	if rep.forbidden > 0 {
 		rep.errors = append(rep.errors, fmt.Sprintf("%d acknowledged writes lost without a hard fault to excuse them: %s", rep.forbidden, strings.Join(first(rep.forbiddenL, 20), "; ")))
 	}
+	// (2) no write is acknowledged by an instance after another instance of the space
+	// took it over: a write acknowledged by instance A must have been sent before every
+	// instance that woke after A (instances name their wake time; one machine, one clock).
+	wakes := map[string][]time.Time{} // space -> wake times of the instances that answered
+	for _, r := range h.reqs {
+		if at, ok := instanceWake(r.instance); ok && r.status > 0 && r.status < 300 && !slices.ContainsFunc(wakes[r.space], at.Equal) {
+			wakes[r.space] = append(wakes[r.space], at)
+		}
+	}
+	for _, r := range h.reqs {
+		at, ok := instanceWake(r.instance)
+		if r.op != "write" || r.status != http.StatusCreated || !ok {
+			continue
+		}
+		for _, w := range wakes[r.space] {
+			if w.After(at) && r.start.After(w) {
+				rep.afterTakeover++
+				rep.errors = append(rep.errors, fmt.Sprintf("%s %s acknowledged by %q (sent %s) after a newer instance woke at %s",
+					r.space, r.msg, r.instance, r.start.Format("15:04:05.000"), w.Format("15:04:05.000")))
+				break
+			}
+		}
+	}
 	// (3) at most one instance of a space answers at a moment: the certain lifetimes
 	// (from the end of its first answer to the start of its last) of two instances never
 	// overlap.
@@ -562,6 +556,19 @@ func check(h *history, stored map[string]map[string]bool, hosts []string) *repor
 		}
 	}
 	return rep
+}
+
+// instanceWake is the wake time named by an X-Lchat-Instance value ("<self> <pid>@<ns>").
+func instanceWake(instance string) (time.Time, bool) {
+	_, ns, ok := strings.Cut(instance, "@")
+	if !ok {
+		return time.Time{}, false
+	}
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(0, n), true
 }
 
 // calm reports whether no fault was in progress (or healed under dead_after + 2 s ago)
@@ -602,7 +609,7 @@ func hardFaultUncheckpointed(h *history, b int, r record) (fault, bool) {
 }
 
 // endsInstances are the faults after which a box's instances are gone (or fenced).
-var endsInstances = map[string]bool{"sigkill": true, "sigstop": true, "sigterm": true, "cut": true}
+var endsInstances = map[string]bool{"sigkill": true, "sigstop": true, "sigterm": true, "cut": true, "blackhole": true}
 
 // syncsAround lists b's checkpoints of space within 3 s of t, for a loss report.
 func syncsAround(h *history, b int, space string, t time.Time) string {
@@ -635,6 +642,14 @@ func (rep *report) print(w io.Writer) {
 	for _, k := range kinds {
 		fmt.Fprintf(w, "    %-32s %d\n", k, rep.counts[k])
 	}
+	var outs []string
+	for k := range rep.outcomes {
+		outs = append(outs, k)
+	}
+	sort.Strings(outs)
+	for _, k := range outs {
+		fmt.Fprintf(w, "  %-34s %d\n", k, rep.outcomes[k])
+	}
 	fmt.Fprintf(w, "  %-34s %d\n", "requests", rep.requests)
 	fmt.Fprintf(w, "  %-34s %d\n", "acknowledged writes", rep.acked)
 	fmt.Fprintf(w, "  %-34s %d\n", "allowed losses (hard fault)", rep.allowedLoss)
@@ -657,6 +672,7 @@ func (rep *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  %-34s %d\n", "503 with no fault near (holder live)", rep.live503)
 	fmt.Fprintf(w, "  %-34s %d\n", "overlapping instances", rep.overlaps)
+	fmt.Fprintf(w, "  %-34s %d\n", "acknowledged after a takeover", rep.afterTakeover)
 	var hosts []string
 	for h := range rep.longest {
 		hosts = append(hosts, h)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,18 +24,29 @@ const (
 	meshToken  = "test-chaos-token-8b1d3f-2a4c6e8f0b1d3f5a7c9e"
 	beat       = time.Second
 	deadAfter  = 3 * time.Second
+	// idleTimeout is short so that a space its clients leave alone (the relocate fault)
+	// sleeps soon; spaces in use never idle that long.
+	idleTimeout = 4 * time.Second
 )
+
+// regions: the boxes alternate between two regions on the one bucket, so relocate can
+// move a space's home between them.
+var regions = []string{"r0", "r1"}
 
 // node is one box of the campaign, its bucket traffic through its own TCP proxy.
 type node struct {
 	*harness.Box
 	i     int
 	ip    string
-	addr  string // ip:port of its HTTPS listener
-	self  string // its LCHAT_MESH_SELF
-	proxy *harness.TCPProxy
-	http  *http.Client // to its HTTPS listener
-	admin *http.Client // to its admin API, with a timeout (a stopped box never answers)
+	addr  string            // ip:port of its HTTPS listener
+	self  string            // its LCHAT_MESH_SELF
+	proxy *harness.TCPProxy // between the box and its bucket
+	// peer is in front of the box's HTTPS listener and is its SELF: every forward and
+	// replication from the other boxes comes through it (and can be delayed, reordered).
+	peer   *harness.TCPProxy
+	region string
+	http   *http.Client // to its HTTPS listener
+	admin  *http.Client // to its admin API, with a timeout (a stopped box never answers)
 
 	mu      sync.Mutex
 	stopped bool // SIGSTOPped: the admin poller leaves it alone
@@ -88,14 +100,14 @@ func (c *cluster) boxConfig(n *node) string {
 				"trusted_ca_files": []string{c.ca.CAFile},
 			},
 			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
-				"idle_timeout": "20s",
+				"idle_timeout": idleTimeout.String(),
 				"replication":  map[string]any{"class": "periodic", "interval": "1s"},
 			})},
 		},
 		MeshAPIHost: n.ip,
 		CertFile:    c.ca.CertFile,
 		KeyFile:     c.ca.KeyFile,
-		LogLevel:    "WARN",
+		LogLevel:    logLevel(),
 	}.JSON()
 }
 
@@ -108,7 +120,9 @@ func (c *cluster) start() *node {
 	ip := fmt.Sprintf("127.0.0.%d", i+1)
 	n := &node{i: i, ip: ip}
 	n.addr = net.JoinHostPort(ip, harness.FreePort(t, ip))
-	n.self = "https://" + n.addr
+	n.peer = harness.StartTCPProxyOn(t, ip, n.addr)
+	n.self = "https://" + n.peer.Addr()
+	n.region = regions[i%len(regions)]
 	n.proxy = harness.StartTCPProxy(t, strings.TrimPrefix(c.s3.Endpoint, "http://"))
 	env := c.s3.Env(c.prefix)
 	for j, kv := range env {
@@ -120,6 +134,7 @@ func (c *cluster) start() *node {
 		mesh.EnvSelf+"="+n.self,
 		mesh.EnvDomains+"="+meshDomain,
 		mesh.EnvToken+"="+meshToken,
+		mesh.EnvRegion+"="+n.region,
 		"LCHAT_TEST_INSTANCE_HEADER=1",
 	)
 	n.Box = harness.StartBox(t, harness.BoxOptions{JSON: c.boxConfig(n), Env: env, IP: ip})
@@ -207,4 +222,13 @@ func (n *node) routes() (map[string]string, error) {
 		}
 		after = page.Next
 	}
+}
+
+// logLevel is the boxes' log level: WARN, or $LCHAT_CHAOS_LOGLEVEL (INFO to follow
+// replication and wakes in a failed campaign's logs, with LCHAT_TEST_LOGDIR).
+func logLevel() string {
+	if l := os.Getenv("LCHAT_CHAOS_LOGLEVEL"); l != "" {
+		return l
+	}
+	return "WARN"
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // TCPProxy forwards connections from a loopback port to a target address and can inject
-// faults: delay new connections, refuse them, or cut every open one. Tests put it between a
+// faults: delay new connections, refuse them, cut every open one, blackhole the link, lose
+// answers, or reorder what is sent. Tests put it between a
 // box and its bucket (or a DERP region) to stand in for a network that fails.
 type TCPProxy struct {
 	ln     net.Listener
@@ -21,6 +22,7 @@ type TCPProxy struct {
 	jitter time.Duration // a random delay in [0, jitter) before each chunk sent to the target
 	drop   int           // answers still to drop (DropResponses)
 	down   bool
+	hole   chan struct{} // non-nil while blackholed; closed when the blackhole lifts
 	conns  map[net.Conn]struct{}
 }
 
@@ -62,6 +64,32 @@ func (p *TCPProxy) SetJitter(max time.Duration) {
 	p.mu.Unlock()
 }
 
+// SetBlackhole makes the link swallow traffic without an answer or an error, as a
+// network that drops every packet: new connections are accepted but never reach the
+// target, and bytes already in flight, either way, are held. When it lifts, what was held
+// goes through late (as TCP retransmits it), unless the endpoints gave up meanwhile.
+func (p *TCPProxy) SetBlackhole(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case on && p.hole == nil:
+		p.hole = make(chan struct{})
+	case !on && p.hole != nil:
+		close(p.hole)
+		p.hole = nil
+	}
+}
+
+// through waits while the link is blackholed.
+func (p *TCPProxy) through() {
+	p.mu.Lock()
+	hole := p.hole
+	p.mu.Unlock()
+	if hole != nil {
+		<-hole
+	}
+}
+
 // SetDown makes the proxy refuse new connections (closed at once) and, when down, cuts every
 // open one. SetDown(false) lets traffic through again.
 func (p *TCPProxy) SetDown(down bool) {
@@ -83,6 +111,7 @@ func (p *TCPProxy) SetDown(down bool) {
 func (p *TCPProxy) Close() {
 	p.ln.Close()
 	p.SetDown(true)
+	p.SetBlackhole(false)
 }
 
 func (p *TCPProxy) serve() {
@@ -122,6 +151,7 @@ func (p *TCPProxy) handle(client net.Conn) {
 	if delay > 0 {
 		time.Sleep(delay)
 	}
+	p.through()
 	server, err := net.Dial("tcp", p.target)
 	if err != nil {
 		client.Close()
@@ -160,6 +190,7 @@ func (j jittered) Write(b []byte) (int, error) {
 	if jitter > 0 {
 		time.Sleep(rand.N(jitter))
 	}
+	j.p.through()
 	return j.Conn.Write(b)
 }
 
@@ -189,5 +220,6 @@ func (d dropping) Write(b []byte) (int, error) {
 		d.Conn.Close()
 		return 0, net.ErrClosed
 	}
+	d.p.through()
 	return d.Conn.Write(b)
 }
