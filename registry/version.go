@@ -100,6 +100,20 @@ func (g *Registry) TombstoneRev(host string) (string, bool) {
 	return t.Rev, ok
 }
 
+// Tombstones returns the remembered tombstones, host to revision (those without one
+// left out).
+func (g *Registry) Tombstones() map[string]string {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	out := make(map[string]string, len(g.tombs))
+	for h, t := range g.tombs {
+		if t.Rev != "" {
+			out[h] = t.Rev
+		}
+	}
+	return out
+}
+
 // ApplyRow stores a replicated row if its revision (required) is newer than the row and
 // tombstone held for its host; otherwise it changes nothing and reports ErrStale.
 func (g *Registry) ApplyRow(rt Route) (Route, error) {

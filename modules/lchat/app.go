@@ -404,7 +404,7 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		return nil, fmt.Errorf("starting engine: %v", err)
 	}
 	if ms != nil {
-		if err := ms.start(eng); err != nil {
+		if err := ms.start(eng, reg); err != nil {
 			eng.Close()
 			reg.Close()
 			return nil, fmt.Errorf("starting mesh membership: %v", err)

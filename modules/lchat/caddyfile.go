@@ -49,6 +49,7 @@ func init() {
 //			dead_after <duration>
 //			fence_margin <duration>
 //			forward_timeout <duration>
+//			resync_interval <duration>
 //			trusted_ca_files <pem...>
 //		}
 //		kind <name> {
@@ -414,6 +415,7 @@ func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 //		dead_after <duration>
 //		fence_margin <duration>
 //		forward_timeout <duration>
+//		resync_interval <duration>
 //		trusted_ca_files <pem...>
 //		public_address <ip>
 //		relocate_dns {
@@ -443,6 +445,10 @@ func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "forward_timeout":
 			if err := durationArg(d, &o.ForwardTimeout); err != nil {
+				return err
+			}
+		case "resync_interval":
+			if err := durationArg(d, &o.ResyncInterval); err != nil {
 				return err
 			}
 		case "public_address":

@@ -20,6 +20,8 @@ import (
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // MeshOptions tunes the mesh of the lchat app. The mesh itself is switched on and
@@ -38,6 +40,10 @@ type MeshOptions struct {
 	TrustedCAFiles []string `json:"trusted_ca_files,omitempty"`
 	// ForwardTimeout bounds dialing and the TLS handshake to a peer. Default 5s.
 	ForwardTimeout caddy.Duration `json:"forward_timeout,omitempty"`
+	// ResyncInterval is how often this box catches one live peer, in rotation, up on the
+	// route changes the peer lacks (mesh.CatchUp); a peer that comes up is caught up at
+	// once. Default 1m.
+	ResyncInterval caddy.Duration `json:"resync_interval,omitempty"`
 	// PublicAddress is this box's public IP, advertised in its heartbeat: the address
 	// `relocate --move-dns` points a space's A record at when it moves to this box's
 	// region. Default: none (the box is never a DNS target).
@@ -58,6 +64,7 @@ type meshState struct {
 	m       *mesh.Membership
 	box     *mesh.Box
 	repl    *mesh.Replicator
+	catchUp *mesh.CatchUp
 	client  *mesh.Client
 	marker  mesh.Marker
 	roots   *x509.CertPool
@@ -195,6 +202,8 @@ func newMeshState(cfg mesh.Config, opts *MeshOptions, bkt bucket.Bucket, logger 
 	ms.box = &mesh.Box{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, IsDraining: ms.m.Draining,
 		Holders: new(mesh.Holders), Placement: ms.m.Placement()}
 	ms.repl = &mesh.Replicator{Box: ms.box, Client: ms.client, Ctx: ms.ctx}
+	ms.catchUp = &mesh.CatchUp{Box: ms.box, Peer: ms.client, Resync: time.Duration(opts.ResyncInterval),
+		Logger: logger.Named("replication")}
 	return ms, nil
 }
 
@@ -213,10 +222,16 @@ func (ms *meshState) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 
 // start fences the engine until the first good heartbeat, then starts the loop. The
 // first beat runs before start returns, so a healthy box serves from its first request.
-func (ms *meshState) start(eng *engine.Engine) error {
+func (ms *meshState) start(eng *engine.Engine, reg *registry.Registry) error {
 	eng.SetFenced(true)
 	ms.eng.Store(eng)
-	return ms.m.Start(ms.ctx)
+	if err := ms.m.Start(ms.ctx); err != nil {
+		return err
+	}
+	ms.catchUp.Rows = func() ([]mesh.RouteRow, error) { return ms.box.Rows(reg) }
+	ms.catchUp.Tombs = reg.Tombstones
+	safego.Go(nil, ms.logger, "mesh catch-up", func() { ms.catchUp.Run(ms.ctx) })
+	return nil
 }
 
 // onFence relays the membership's fence decisions to the engine.

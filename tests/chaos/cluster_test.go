@@ -96,7 +96,7 @@ func (c *cluster) boxConfig(n *node) string {
 		Lchat: map[string]any{
 			"wake_scan_interval": "1s",
 			"mesh": map[string]any{
-				"beat": beat.String(), "dead_after": deadAfter.String(),
+				"beat": beat.String(), "dead_after": deadAfter.String(), "resync_interval": "5s",
 				"trusted_ca_files": []string{c.ca.CAFile},
 			},
 			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{

@@ -142,3 +142,36 @@ func TestReplicationConvergesThroughReorderingLinks(t *testing.T) {
 		}
 	}
 }
+
+// TestPeerCatchesUpAfterDowntime: changes made while a peer was down (a deploy's
+// restart) reach it when it comes back, without a later write or an operator's
+// mesh-seed: a delete, a create, a re-create and a hibernate flip made on a while b was
+// stopped are all on b, at a's revisions, a few seconds after b starts again.
+func TestPeerCatchesUpAfterDowntime(t *testing.T) {
+	c := newCluster(t)
+	a := c.start(false)
+	b := c.start(false)
+	both := func() bool { return len(status(t, a).Mesh.Live) == 2 && len(status(t, b).Mesh.Live) == 2 }
+	waitFor(t, 10*time.Second, "two live members everywhere", both)
+	h := func(s string) string { return s + "." + meshDomain }
+	for _, host := range []string{h("deleted"), h("recreated"), h("flipped")} {
+		a.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}, http.StatusCreated, nil)
+	}
+	waitFor(t, 10*time.Second, "b has a's rows", func() bool {
+		return fmt.Sprint(routeRevs(t, a)) == fmt.Sprint(routeRevs(t, b))
+	})
+	if err := b.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	a.AdminJSON("DELETE", "/lchat/routes/"+h("deleted"), nil, http.StatusOK, nil)
+	a.AdminJSON("DELETE", "/lchat/routes/"+h("recreated"), nil, http.StatusOK, nil)
+	a.AdminJSON("POST", "/lchat/routes", map[string]any{"host": h("recreated"), "kind": "demo"}, http.StatusCreated, nil)
+	a.AdminJSON("POST", "/lchat/routes", map[string]any{"host": h("created"), "kind": "demo"}, http.StatusCreated, nil)
+	a.AdminJSON("POST", "/lchat/routes/"+h("flipped")+"/hibernate", map[string]any{"hibernate": false, "upstream": "127.0.0.1:9"}, http.StatusOK, nil)
+	b.Start()
+	want := routeRevs(t, a)
+	d := waitFor(t, 20*time.Second, "b's registry equal to a's after its restart", func() bool {
+		return fmt.Sprint(routeRevs(t, b)) == fmt.Sprint(want)
+	}, func() string { return fmt.Sprintf("a %v, b %v", want, routeRevs(t, b)) })
+	t.Logf("FIGURE a peer restarted after 4 changes it missed: equal to the issuer %v after it started", d)
+}
