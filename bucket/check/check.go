@@ -369,3 +369,30 @@ func cleanup(ctx context.Context, b bucket.Bucket, prefix string) error {
 		}
 	}
 }
+
+// ErrIgnoresConditions is AtStart's refusal: the store let more (or fewer) writers win
+// a conditional race than it must, so a lease, a manifest swap or an id block on it
+// could be won twice.
+var ErrIgnoresConditions = errors.New("the bucket does not enforce conditional writes")
+
+// AtStart is the quick check a box runs before it serves: one round of each race with 4
+// racers, under "bucket-check/start/". It fails with ErrIgnoresConditions, naming the
+// races, only on proof: a race with the wrong number of winners. A check that could not
+// run (the store unreachable, no permission) or met errors is returned as the error
+// without that sentinel, for the caller to log: leases fail closed on such a store anyway.
+func AtStart(ctx context.Context, b bucket.Bucket) (Report, error) {
+	rep, err := Run(ctx, b, Options{Racers: 4, Rounds: 1, Scratch: "bucket-check/start/"})
+	var wrong []string
+	for _, r := range rep.Races {
+		if r.Winners != r.Want {
+			wrong = append(wrong, fmt.Sprintf("%s: %d of %d writers won, want %d", r.Kind, r.Winners, r.Racers, r.Want))
+		}
+	}
+	if len(wrong) > 0 {
+		return rep, fmt.Errorf("%w: %s (lchat-caddy bucket-check gives the details)", ErrIgnoresConditions, strings.Join(wrong, "; "))
+	}
+	if err == nil && !rep.OK() {
+		err = errors.New(rep.Verdict())
+	}
+	return rep, err
+}

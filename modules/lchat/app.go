@@ -4,6 +4,7 @@
 package lchat
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -21,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/check"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/ledger"
@@ -336,6 +338,26 @@ func (a *App) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// checkBucketAtStart races a few conditional writes on the bucket before the box serves
+// (bucket/check.AtStart) and refuses to start on a store that lets two writers win: every
+// lease, manifest swap and id block relies on those conditions. A check that cannot run
+// (the store unreachable at start) is logged, not fatal: leases fail closed meanwhile.
+func checkBucketAtStart(bkt bucket.Bucket, logger *zap.Logger) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := check.AtStart(ctx, bkt)
+	switch {
+	case errors.Is(err, check.ErrIgnoresConditions):
+		return fmt.Errorf("bucket %s: %v; refusing to start: leases and checkpoints are not safe on it", bkt, err)
+	case err != nil:
+		logger.Warn("could not verify that the bucket enforces conditional writes; starting anyway", zap.String("bucket", bkt.String()), zap.Error(err))
+	default:
+		logger.Info("bucket enforces conditional writes", zap.String("bucket", bkt.String()), zap.Duration("took", time.Since(start)))
+	}
+	return nil
+}
+
 func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*shared, error) {
 	if bkt == nil {
 		root := filepath.Join(dataDir, "bucket")
@@ -344,6 +366,9 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 			return nil, fmt.Errorf("opening default file bucket %s: %v", root, err)
 		}
 		bkt = fb
+	}
+	if err := checkBucketAtStart(bkt, ctx.Logger()); err != nil {
+		return nil, err
 	}
 	counted := bucket.NewCounted(bkt)
 	bkt = counted

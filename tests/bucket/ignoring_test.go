@@ -1,10 +1,15 @@
 package bucket_test
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -76,5 +81,49 @@ func TestBucketCheckRefusesIgnoringStore(t *testing.T) {
 	}
 	if strings.Contains(out, s3.SecretKey) {
 		t.Error("output shows the secret")
+	}
+}
+
+// TestBoxRefusesIgnoringStore: lchat-caddy itself, pointed at a store that ignores
+// conditional writes, refuses to start, saying why, instead of handing out leases that
+// two boxes could both win; the same box on the store itself starts.
+func TestBoxRefusesIgnoringStore(t *testing.T) {
+	s3 := harness.StartS3(t)
+	endpoint, stripped := ignoringGateway(t, s3)
+	bin := harness.Binary(t)
+	dir := t.TempDir()
+	cfg := fmt.Sprintf(`{"admin":{"disabled":true},"apps":{"lchat":{"bucket":{"backend":"s3","bucket":%q,"prefix":"refuse","use_path_style":true},
+		"state_dir":%q,"registry":%q}}}`, s3.Bucket, filepath.Join(dir, "st"), filepath.Join(dir, "reg.db"))
+	cfgFile := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func(endpoint string, within time.Duration) (string, error, bool) {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, "run", "--config", cfgFile)
+		cmd.Env = []string{"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir, "PATH=" + os.Getenv("PATH"),
+			"AWS_ENDPOINT_URL_S3=" + endpoint, "AWS_REGION=" + s3.Region, "AWS_ACCESS_KEY_ID=" + s3.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3.SecretKey}
+		out, err := cmd.CombinedOutput()
+		return string(out), err, ctx.Err() != nil
+	}
+	out, err, timedOut := run(endpoint, time.Minute)
+	t.Logf("refusal:\n%s", out)
+	if err == nil || timedOut {
+		t.Fatalf("started on a store that ignores conditional writes (timed out: %v):\n%s", timedOut, out)
+	}
+	if !strings.Contains(out, "does not enforce conditional writes") || !strings.Contains(out, "refusing to start") {
+		t.Errorf("the refusal does not say why:\n%s", out)
+	}
+	if stripped.Load() == 0 {
+		t.Error("the gateway saw no conditional request")
+	}
+	if strings.Contains(out, s3.SecretKey) {
+		t.Error("the refusal shows the secret key")
+	}
+	// On the store itself the same config starts (and runs until the deadline).
+	out, _, timedOut = run(s3.Endpoint, 5*time.Second)
+	if !timedOut || !strings.Contains(out, "bucket enforces conditional writes") {
+		t.Fatalf("did not start on versitygw itself:\n%s", out)
 	}
 }
