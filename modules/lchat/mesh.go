@@ -101,6 +101,7 @@ type meshCounters struct {
 func (ms *meshState) counters() map[string]uint64 {
 	c := &ms.c
 	fanouts, fanoutErrors := ms.repl.Counts()
+	cu := ms.catchUp.Stats()
 	return map[string]uint64{
 		"forwards":         c.forwards.Load(),
 		"forward_errors":   c.forwardErrors.Load(),
@@ -116,6 +117,10 @@ func (ms *meshState) counters() map[string]uint64 {
 		"rows_stale":       c.rowsStale.Load(),
 		"fanouts":          fanouts,
 		"fanout_errors":    fanoutErrors,
+		"catch_ups":        cu.Runs,
+		"catch_up_rows":    cu.Puts,
+		"catch_up_tombs":   cu.Tombstones,
+		"catch_up_errors":  cu.Failures,
 	}
 }
 
