@@ -20,6 +20,7 @@ func TestRelocateCaddyfile(t *testing.T) {
 	err := a.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`lchat {
 		mesh {
 			public_address 203.0.113.9
+			resync_interval 30s
 			relocate_dns {
 				provider dnsimple {env.DNSIMPLE_TOKEN} {
 					account_id 1010
@@ -38,7 +39,7 @@ func TestRelocateCaddyfile(t *testing.T) {
 	}
 	m := a.Mesh
 	if m == nil || m.PublicAddress != "203.0.113.9" || m.RelocateDNS == nil || m.RelocateDNS.Zone != "example.com" ||
-		m.RelocateDNS.TTL != caddy.Duration(2*time.Minute) {
+		m.RelocateDNS.TTL != caddy.Duration(2*time.Minute) || m.ResyncInterval != caddy.Duration(30*time.Second) {
 		t.Fatalf("parsed mesh options %+v", m)
 	}
 	var prov map[string]any
@@ -54,6 +55,7 @@ func TestRelocateCaddyfile(t *testing.T) {
 
 	for input, want := range map[string]string{
 		"lchat {\n mesh {\n relocate_dns {\n zone\n }\n }\n}":                     "wrong argument count",
+		"lchat {\n mesh {\n resync_interval soon\n }\n}":                          "resync_interval",
 		"lchat {\n mesh {\n relocate_dns {\n provider nosuch\n }\n }\n}":          "nosuch",
 		"lchat {\n mesh {\n relocate_dns {\n bogus\n }\n }\n}":                    "unrecognized subdirective bogus",
 		"lchat {\n mesh {\n region_bucket fi s3 a\n region_bucket fi s3 b\n }\n}": "given twice",
