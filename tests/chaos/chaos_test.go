@@ -94,12 +94,6 @@ func campaignParams(t *testing.T) params {
 }
 
 func TestChaosCampaign(t *testing.T) {
-	// Opt-in until the rare 502 it found (seed 1796099224862879188: a write through an entry
-	// box while the bucket of another was cut) is understood and fixed: a campaign that can
-	// fail on a random seed does not belong in every CI run yet.
-	if os.Getenv("LCHAT_CHAOS") == "" && os.Getenv("LCHAT_CHAOS_SEED") == "" && os.Getenv("LCHAT_CHAOS_MINUTES") == "" {
-		t.Skip("the fault campaign is opt-in: LCHAT_CHAOS=1 (short form), LCHAT_CHAOS_MINUTES=N or LCHAT_CHAOS_SEED=S")
-	}
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("LCHAT_CHAOS_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
