@@ -119,14 +119,7 @@ func testForwardToClosingPeer(t *testing.T, scheme string) {
 	}()
 	const host = "closing.mesh.test"
 	peer := scheme + "://" + ln.Addr().String()
-	cfg := mesh.Config{Self: "http://127.0.0.9:1", Domains: []string{"mesh.test"}, Token: "t0ken"}
-	ms := withBox(&meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, timeout: 5e9, logger: zap.NewNop()})
-	if err := caddy.Load([]byte(`{"admin":{"disabled":true}}`), true); err != nil {
-		t.Fatal(err)
-	}
-	defer caddy.Stop()
-	cctx, cancel := caddy.NewContext(caddy.ActiveContext())
-	defer cancel()
+	ms, cctx := testMesh(t)
 	h := &Handler{RetryAfter: caddy.Duration(7e9), app: &App{shared: &shared{mesh: ms}}, logger: zap.NewNop()}
 	if h.meshProxy, err = newForwardProxy(cctx, ms, -1); err != nil {
 		t.Fatal(err)

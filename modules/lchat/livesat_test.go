@@ -43,15 +43,7 @@ func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
 		t.Fatalf("lives_at row stored with upstream %q", rt.Upstream)
 	}
 
-	cfg := mesh.Config{Self: "http://127.0.0.9:1", Domains: []string{"mesh.test"}, Token: "t0ken"}
-	ms := withBox(&meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, timeout: 5e9, logger: zap.NewNop()})
-	// A running (empty) Caddy config gives the embedded proxy the context it provisions in.
-	if err := caddy.Load([]byte(`{"admin":{"disabled":true}}`), true); err != nil {
-		t.Fatal(err)
-	}
-	defer caddy.Stop()
-	cctx, cancel := caddy.NewContext(caddy.ActiveContext())
-	defer cancel()
+	ms, cctx := testMesh(t)
 
 	serve := func(h *Handler, marked bool) *httptest.ResponseRecorder {
 		t.Helper()
