@@ -343,7 +343,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 // lease, manifest swap and id block relies on those conditions. A check that cannot run
 // (the store unreachable at start) is logged, not fatal: leases fail closed meanwhile.
 func checkBucketAtStart(bkt bucket.Bucket, logger *zap.Logger) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Bounded: a store that does not answer must not hold the whole server's start.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
 	_, err := check.AtStart(ctx, bkt)
