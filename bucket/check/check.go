@@ -35,6 +35,8 @@ type Options struct {
 	Scratch string
 	// Progress, when set, is called with a line of text as each step finishes.
 	Progress func(line string)
+	// CleanupTimeout bounds removing the scratch keys afterwards. Default 1m.
+	CleanupTimeout time.Duration
 }
 
 // Race is the outcome of one race.
@@ -151,7 +153,7 @@ func Run(ctx context.Context, b bucket.Bucket, opts Options) (rep Report, err er
 	rep = Report{Bucket: b.String(), Scratch: scratch}
 	// rep is a named result, so the cleanup outcome reaches the caller.
 	defer func() {
-		if cerr := cleanup(context.WithoutCancel(ctx), b, scratch); cerr != nil {
+		if cerr := cleanup(context.WithoutCancel(ctx), b, scratch, opts.CleanupTimeout); cerr != nil {
 			rep.CleanupError = cerr.Error()
 		}
 	}()
@@ -349,8 +351,11 @@ func appendOnce(list []string, seen map[string]bool, s string) []string {
 }
 
 // cleanup deletes every key under prefix.
-func cleanup(ctx context.Context, b bucket.Bucket, prefix string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+func cleanup(ctx context.Context, b bucket.Bucket, prefix string, timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var failed error
 	for {
@@ -381,7 +386,7 @@ var ErrIgnoresConditions = errors.New("the bucket does not enforce conditional w
 // run (the store unreachable, no permission) or met errors is returned as the error
 // without that sentinel, for the caller to log: leases fail closed on such a store anyway.
 func AtStart(ctx context.Context, b bucket.Bucket) (Report, error) {
-	rep, err := Run(ctx, b, Options{Racers: 4, Rounds: 1, Scratch: "bucket-check/start/"})
+	rep, err := Run(ctx, b, Options{Racers: 4, Rounds: 1, Scratch: "bucket-check/start/", CleanupTimeout: 5 * time.Second})
 	var wrong []string
 	for _, r := range rep.Races {
 		if r.Winners != r.Want {
