@@ -177,3 +177,28 @@ func TestIgnoredConditionsFail(t *testing.T) {
 		})
 	}
 }
+
+// unwritable is a store that refuses every write, as with wrong credentials.
+type unwritable struct{ bucket.Bucket }
+
+func (b unwritable) Put(context.Context, string, io.Reader, int64, bucket.Cond) (bucket.Info, error) {
+	return bucket.Info{}, errors.New("access denied")
+}
+
+// TestAtStart: the start-up check passes a store that enforces conditions, refuses
+// (ErrIgnoresConditions, naming the races) one that ignores them, and reports a check
+// that could not run without that sentinel, so the box only logs it.
+func TestAtStart(t *testing.T) {
+	ctx := context.Background()
+	if _, err := check.AtStart(ctx, fileBucket(t)); err != nil {
+		t.Fatalf("file bucket: %v", err)
+	}
+	_, err := check.AtStart(ctx, ignoresConditions{fileBucket(t)})
+	if !errors.Is(err, check.ErrIgnoresConditions) || !strings.Contains(err.Error(), "if-none-match: 4 of 4 writers won, want 1") {
+		t.Fatalf("ignoring store: %v, want ErrIgnoresConditions naming the races", err)
+	}
+	_, err = check.AtStart(ctx, unwritable{fileBucket(t)})
+	if err == nil || errors.Is(err, check.ErrIgnoresConditions) {
+		t.Fatalf("unwritable store: %v, want an error that is not a refusal", err)
+	}
+}
