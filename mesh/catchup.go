@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
+	"github.com/lchat/lchat-caddy/registry"
 )
 
 // Catch-up: a fan-out reaches the peers that are live and reachable when a change is
@@ -26,9 +27,15 @@ import (
 // CatchUpPlan works out what peer m lacks of this box's registry: local is this box's
 // rows, tombs its remembered tombstones (host to revision), listed the rows m lists (its
 // in-scope rows with revisions). puts are the local rows in m's scope that m lists at an
-// older revision or not at all; tombstones are the hosts m lists at a revision older than
-// this box's tombstone, at that tombstone's revision. Both sorted by host.
-func CatchUpPlan(local []RouteRow, tombs map[string]string, listed []RouteRow, m Member) (puts []RouteRow, tombstones []Tombstone) {
+// older revision, or not at all if the row changed since horizon; tombstones are the
+// hosts m lists at a revision older than this box's tombstone, at that tombstone's
+// revision. Both sorted by host.
+//
+// horizon is now minus the tombstone TTL: a peer that lacks a host may have deleted it,
+// and remembers that only for the TTL. A row older than that is not sent to a peer that
+// lacks it (a box back after longer than the TTL must not bring deleted hosts back);
+// mesh-seed gives a new box the old rows.
+func CatchUpPlan(local []RouteRow, tombs map[string]string, listed []RouteRow, m Member, horizon time.Time) (puts []RouteRow, tombstones []Tombstone) {
 	peerRev := make(map[string]string, len(listed))
 	for _, r := range listed {
 		peerRev[NormalizeHost(r.Host)] = r.Rev
@@ -38,8 +45,14 @@ func CatchUpPlan(local []RouteRow, tombs map[string]string, listed []RouteRow, m
 		if !RouteInScope(h, r.HomeRegion, m.Domains, m.Region) {
 			continue
 		}
-		if rev, ok := peerRev[h]; !ok || r.Rev > rev {
+		rev, listedThere := peerRev[h]
+		switch {
+		case listedThere && r.Rev > rev:
 			puts = append(puts, r)
+		case !listedThere:
+			if at, ok := registry.RevTime(r.Rev); ok && !at.Before(horizon) {
+				puts = append(puts, r)
+			}
 		}
 	}
 	for h, t := range tombs {
@@ -70,6 +83,9 @@ type CatchUp struct {
 	// Resync is how often one live peer, in rotation, is caught up anyway (a peer that
 	// stayed live but could not be reached). Default 1m.
 	Resync time.Duration
+	// TombstoneTTL is how long peers remember a delete (registry.DefaultTombstoneTTL when
+	// zero): rows older than that are not sent to a peer that lacks them.
+	TombstoneTTL time.Duration
 	Logger *zap.Logger
 
 	mu      sync.Mutex
@@ -190,7 +206,11 @@ func (c *CatchUp) Once(ctx context.Context, m Member) bool {
 		log.Warn("mesh catch-up: reading this box's routes", zap.Error(err))
 		return false
 	}
-	puts, tombs := CatchUpPlan(local, c.Tombs(), listed, m)
+	ttl := c.TombstoneTTL
+	if ttl <= 0 {
+		ttl = registry.DefaultTombstoneTTL
+	}
+	puts, tombs := CatchUpPlan(local, c.Tombs(), listed, m, time.Now().Add(-ttl))
 	if len(puts)+len(tombs) == 0 {
 		return true
 	}

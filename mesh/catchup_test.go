@@ -3,6 +3,7 @@ package mesh
 import (
 	"fmt"
 	"testing"
+	"time"
 )
 
 func TestCatchUpPlan(t *testing.T) {
@@ -33,7 +34,7 @@ func TestCatchUpPlan(t *testing.T) {
 		row("deleted.mesh.test", "0000000000000008-b"),
 		row("recreated.mesh.test", "0000000000000004-b"),
 	}
-	puts, tombstones := CatchUpPlan(local, tombs, listed, peer)
+	puts, tombstones := CatchUpPlan(local, tombs, listed, peer, time.Unix(0, 0))
 	var got []string
 	for _, p := range puts {
 		got = append(got, p.Host)
@@ -45,8 +46,22 @@ func TestCatchUpPlan(t *testing.T) {
 		t.Errorf("tombstones %v, want %s", tombstones, want)
 	}
 	// A peer that lists everything this box has, at the same revisions, needs nothing.
-	puts, tombstones = CatchUpPlan(local[3:4], nil, listed, peer)
+	puts, tombstones = CatchUpPlan(local[3:4], nil, listed, peer, time.Unix(0, 0))
 	if len(puts)+len(tombstones) != 0 {
 		t.Errorf("an up-to-date peer got %v %v", puts, tombstones)
+	}
+	// Past the tombstone horizon, a row the peer lacks stays away (the peer may have
+	// deleted it and forgotten the tombstone); one the peer lists older is still updated.
+	old := fmt.Sprintf("%016x-a", uint64(time.Now().Add(-8*24*time.Hour).UnixMilli())<<16)
+	older := fmt.Sprintf("%016x-a", uint64(time.Now().Add(-9*24*time.Hour).UnixMilli())<<16)
+	recent := fmt.Sprintf("%016x-a", uint64(time.Now().Add(-time.Hour).UnixMilli())<<16)
+	puts, _ = CatchUpPlan([]RouteRow{row("ancient.mesh.test", old), row("stale.mesh.test", old), row("fresh.mesh.test", recent)}, nil,
+		[]RouteRow{row("stale.mesh.test", older)}, peer, time.Now().Add(-7*24*time.Hour))
+	got = got[:0]
+	for _, p := range puts {
+		got = append(got, p.Host)
+	}
+	if want := "[fresh.mesh.test stale.mesh.test]"; fmt.Sprint(got) != want {
+		t.Errorf("puts with a 7-day horizon %v, want %s", got, want)
 	}
 }

@@ -59,6 +59,15 @@ func ValidRev(rev string) bool {
 	return true
 }
 
+// RevTime is when the change of revision rev was made, by its issuer's clock (the
+// hybrid logical clock's milliseconds); false for a value that is not a revision.
+func RevTime(rev string) (time.Time, bool) {
+	if !ValidRev(rev) {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(int64(revClock(rev) >> 16)), true
+}
+
 func revClock(rev string) uint64 {
 	if !ValidRev(rev) {
 		return 0

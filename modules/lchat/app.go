@@ -399,6 +399,7 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 			reg.Close()
 			return nil, err
 		}
+		ms.catchUp.TombstoneTTL = time.Duration(a.TombstoneTTL)
 	}
 	ecfg := engine.Config{
 		Bucket:           bkt,
