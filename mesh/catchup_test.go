@@ -1,7 +1,10 @@
 package mesh
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 )
@@ -63,5 +66,86 @@ func TestCatchUpPlan(t *testing.T) {
 	}
 	if want := "[fresh.mesh.test stale.mesh.test]"; fmt.Sprint(got) != want {
 		t.Errorf("puts with a 7-day horizon %v, want %s", got, want)
+	}
+}
+
+// fakePeer is a CatchUpPeer in memory: its listing, what it was sent, and failures to
+// give first.
+type fakePeer struct {
+	mu       sync.Mutex
+	listed   []RouteRow
+	failList int
+	put      []string
+}
+
+func (p *fakePeer) ListRoutes(context.Context, string) ([]RouteRow, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failList > 0 {
+		p.failList--
+		return nil, errors.New("connection refused")
+	}
+	return p.listed, nil
+}
+
+func (p *fakePeer) PutRoute(_ context.Context, _ string, row RouteRow) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.put = append(p.put, row.Host)
+	p.listed = append(p.listed, row)
+	return nil
+}
+
+func (p *fakePeer) DeleteRoute(context.Context, string, string, string) error { return nil }
+
+// TestCatchUpTick: a peer is caught up once per incarnation (again after it restarts),
+// a failed catch-up is tried again at the next tick, and the rotation catches a peer up
+// again even without a restart.
+func TestCatchUpTick(t *testing.T) {
+	inc := "1"
+	var mu sync.Mutex
+	live := func() []Member {
+		mu.Lock()
+		defer mu.Unlock()
+		return []Member{{Self: "https://a.mesh.test"}, {Self: "https://b.mesh.test", Domains: []string{"mesh.test"}, Incarnation: inc}}
+	}
+	peer := &fakePeer{failList: 1}
+	rev := fmt.Sprintf("%016x-a", uint64(time.Now().UnixMilli())<<16)
+	c := &CatchUp{Box: &Box{Self: "https://a.mesh.test", Live: live}, Peer: peer,
+		Rows:  func() ([]RouteRow, error) { return []RouteRow{{Host: "x.mesh.test", Kind: "demo", Hibernate: true, Rev: rev}}, nil },
+		Tombs: func() map[string]string { return nil }}
+	ctx := context.Background()
+	tick := func(rotate bool, wantRuns uint64) {
+		t.Helper()
+		c.Tick(ctx, rotate)
+		deadline := time.Now().Add(5 * time.Second)
+		busy := func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return len(c.running) > 0
+		}
+		for c.Stats().Runs < wantRuns || busy() {
+			if time.Now().After(deadline) {
+				t.Fatalf("runs %d, want %d", c.Stats().Runs, wantRuns)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	tick(false, 1) // the listing fails
+	if st := c.Stats(); st.Failures != 1 || st.Puts != 0 {
+		t.Fatalf("after a failed listing: %+v", st)
+	}
+	tick(false, 2) // tried again: the row goes over
+	tick(false, 2) // caught up: nothing to do at the same incarnation
+	if st := c.Stats(); st.Runs != 2 || st.Puts != 1 || fmt.Sprint(peer.put) != "[x.mesh.test]" {
+		t.Fatalf("after a catch-up: %+v, sent %v", st, peer.put)
+	}
+	mu.Lock()
+	inc = "2" // the peer restarted
+	mu.Unlock()
+	tick(false, 3)
+	tick(true, 4) // the rotation looks again anyway
+	if st := c.Stats(); st.Puts != 1 {
+		t.Fatalf("a peer that already has the row got it again: %+v", st)
 	}
 }
