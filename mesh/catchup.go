@@ -86,7 +86,7 @@ type CatchUp struct {
 	// TombstoneTTL is how long peers remember a delete (registry.DefaultTombstoneTTL when
 	// zero): rows older than that are not sent to a peer that lacks them.
 	TombstoneTTL time.Duration
-	Logger *zap.Logger
+	Logger       *zap.Logger
 
 	mu      sync.Mutex
 	done    map[string]string // peer Self -> incarnation caught up

@@ -112,7 +112,9 @@ func TestCatchUpTick(t *testing.T) {
 	peer := &fakePeer{failList: 1}
 	rev := fmt.Sprintf("%016x-a", uint64(time.Now().UnixMilli())<<16)
 	c := &CatchUp{Box: &Box{Self: "https://a.mesh.test", Live: live}, Peer: peer,
-		Rows:  func() ([]RouteRow, error) { return []RouteRow{{Host: "x.mesh.test", Kind: "demo", Hibernate: true, Rev: rev}}, nil },
+		Rows: func() ([]RouteRow, error) {
+			return []RouteRow{{Host: "x.mesh.test", Kind: "demo", Hibernate: true, Rev: rev}}, nil
+		},
 		Tombs: func() map[string]string { return nil }}
 	ctx := context.Background()
 	tick := func(rotate bool, wantRuns uint64) {
