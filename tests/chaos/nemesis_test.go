@@ -121,8 +121,8 @@ func (nm *nemesis) recreate(n *node, host string, other *node, pause time.Durati
 	time.Sleep(pause)
 	for range 30 {
 		code, body, err := other.adminDo("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"})
-		if err == nil && code == http.StatusCreated {
-			return
+		if err == nil && (code == http.StatusCreated || code == http.StatusConflict) {
+			return // created, or created again by a fault running beside this one
 		}
 		nm.logf("box %d: re-create %s: %d %s %v", other.i, host, code, body, err)
 		time.Sleep(time.Second)
