@@ -280,7 +280,9 @@ func (s *Syncer) fetchOne(ctx context.Context, j *fetch) error {
 	if !j.checked {
 		w = io.MultiWriter(w, h)
 	}
-	n, err := copyFull(w, io.LimitReader(obj.Body, j.ref.Size+1), make([]byte, fetchBuffer))
+	bp := fetchBufs.Get().(*[]byte)
+	defer fetchBufs.Put(bp)
+	n, err := copyFull(w, io.LimitReader(obj.Body, j.ref.Size+1), *bp)
 	if err != nil {
 		return fmt.Errorf("downloading %s: %w", j.ref.Key, err)
 	}
@@ -300,6 +302,9 @@ func (s *Syncer) fetchOne(ctx context.Context, j *fetch) error {
 // of every page size, so base chunks are written and hashed in whole pages, with few writes
 // (concurrent writes to one file take turns on its inode lock).
 const fetchBuffer = 1 << 20
+
+// fetchBufs keeps the buffers between objects and wakes.
+var fetchBufs = sync.Pool{New: func() any { b := make([]byte, fetchBuffer); return &b }}
 
 // copyFull copies r to w in writes of len(buf) bytes (the last one shorter), unlike
 // io.Copy, which writes whatever each socket read returned.

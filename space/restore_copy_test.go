@@ -2,9 +2,13 @@ package space
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+
+	"github.com/lchat/lchat-caddy/bucket"
 )
 
 // trickle returns at most step bytes per Read, as a socket does.
@@ -54,5 +58,36 @@ func TestCopyFullWritesWholeBuffers(t *testing.T) {
 	}
 	if cap(h.buf) != 0 || h.hashes[0] != pageHash(1, data[:4096]) {
 		t.Fatalf("page hasher buffered a partial page (cap %d) or hashed wrong", cap(h.buf))
+	}
+}
+
+// A wake's downloads reuse their buffers: fetching many small objects (a delta chain)
+// does not allocate a fresh megabyte for each.
+func TestFetchReusesBuffers(t *testing.T) {
+	ctx := context.Background()
+	b := backends["file"](t)
+	s := &Syncer{Bucket: b, Host: "buf.example.com"}
+	data := bytes.Repeat([]byte("delta"), 1000)
+	ref := Ref{Key: "blobs/x", Size: int64(len(data)), SHA256: sha256Hex(data)}
+	if _, err := b.Put(ctx, RefKey(s.Host, ref), bytes.NewReader(data), ref.Size, bucket.Cond{}); err != nil {
+		t.Fatal(err)
+	}
+	fetch := func() {
+		j := &fetch{ref: ref}
+		if err := s.fetchOne(ctx, j); err != nil || !bytes.Equal(j.mem, data) {
+			t.Fatalf("fetch: %v", err)
+		}
+	}
+	fetch()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	const n = 20
+	for range n {
+		fetch()
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / n; per > fetchBuffer/4 {
+		t.Fatalf("each fetch of a %d-byte object allocated %d bytes", len(data), per)
 	}
 }
