@@ -63,7 +63,7 @@ func TestFoldBoundsTheChainAfterACrash(t *testing.T) {
 
 // TestFoldKeepsLargeOldDeltas: a fold merges the newest deltas and keeps an older one much
 // larger than them (size-tiered), so a page is not re-uploaded by every fold; it merges as
-// many as it takes to leave FoldChain.
+// many as it takes to leave foldKeep, so the next fold is a few checkpoints away.
 func TestFoldKeepsLargeOldDeltas(t *testing.T) {
 	pages := func(n int) []uint32 {
 		out := make([]uint32, n)
@@ -76,12 +76,12 @@ func TestFoldKeepsLargeOldDeltas(t *testing.T) {
 		sizes []int
 		want  int
 	}{
-		{[]int{2, 2, 2}, 3},                 // short chain: nothing to merge
-		{[]int{300, 10, 2, 2, 2}, 1},        // the large old delta stays
-		{[]int{300, 40, 10, 2, 2, 2}, 2},    // tiers stay
-		{[]int{300, 10, 9, 2, 2, 2}, 1},     // 10 <= 2 x (9+2+2+2): merged too
-		{[]int{5, 4, 3, 2, 2}, 0},           // similar sizes merge into one
-		{[]int{1000, 500, 200, 2, 2, 2}, 3}, // at least down to FoldChain
+		{[]int{2, 2, 2}, 3},                // short chain: nothing to merge
+		{[]int{300, 10, 2, 2, 2}, 1},       // the large old delta stays
+		{[]int{300, 40, 10, 2, 2, 2}, 1},   // down to foldKeep
+		{[]int{300, 80, 40, 2, 2, 2}, 1},   // 300 > 2 x 126: stays
+		{[]int{300, 100, 60, 30, 2, 2}, 0}, // 300 <= 2 x 194: merged too
+		{[]int{5, 4, 3, 2, 2}, 0},          // similar sizes merge into one
 	} {
 		var dp [][]uint32
 		for _, n := range tc.sizes {

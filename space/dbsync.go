@@ -37,8 +37,10 @@ const (
 	foldBaseBytes = minChunkBytes
 	// FoldChain bounds the deltas a wake after a crash reads: once a periodic checkpoint
 	// leaves a longer chain, Syncer.Fold (which the engine runs right after it, off any
-	// request's path) merges its newest deltas until at most FoldChain remain.
+	// request's path) merges its newest deltas until at most foldKeep remain, so folds
+	// come every FoldChain-foldKeep+1 checkpoints, not after each one.
 	FoldChain = 4
+	foldKeep  = 2
 	// foldTier: a fold also absorbs an older delta holding at most this many times the
 	// pages merged so far, so kept deltas grow geometrically towards the oldest and a page
 	// is re-uploaded by folds about log2(chain pages) times, not once per fold.
@@ -51,14 +53,14 @@ func (st *dbState) chainLong() bool {
 }
 
 // foldFrom returns the index from which a background fold merges an image's chain into one
-// delta: the newest deltas, as many as bring the chain to FoldChain, plus each older one
-// no larger than foldTier times what is merged so far (page counts stand in for sizes).
+// delta: the newest deltas, as many as bring the chain to foldKeep, plus each older one no
+// larger than foldTier times what is merged so far (page counts stand in for sizes).
 func foldFrom(deltaPages [][]uint32) int {
 	n := len(deltaPages)
 	if n <= FoldChain {
 		return n
 	}
-	i := FoldChain - 1
+	i := foldKeep - 1
 	merged := 0
 	for _, ps := range deltaPages[i:] {
 		merged += len(ps)
