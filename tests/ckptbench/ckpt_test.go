@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -160,22 +161,39 @@ func (x *box) periodic(t *testing.T, now time.Time) (ckpt, fold space.Stats) {
 
 // sideBySide restores two spaces alternately, warm pairs first (not kept), then n pairs;
 // the order flips every pair (A,B then B,A) so neither always follows the other. Every
-// sample after the warm-up is kept.
-func sideBySide(t *testing.T, b bucket.Bucket, a, c string, warm, n int) (la, lc []time.Duration) {
+// sample after the warm-up is kept. cpuA and cpuC are the mean CPU time per kept restore
+// of this process and of versitygw (whose ticks are 10 ms: only their sum over many
+// restores means anything): the work a restore costs, which the machine's other load
+// does not change the way it changes latency.
+func sideBySide(t *testing.T, b bucket.Bucket, s3 *harness.S3, a, c string, warm, n int) (la, lc []time.Duration, cpuA, cpuC time.Duration) {
 	for i := range warm + n {
-		var da, dc time.Duration
+		var da, dc, ca, cc time.Duration
 		if i%2 == 0 {
-			da = restoreOnce(t, b, a)
-			dc = restoreOnce(t, b, c)
+			da, ca = restoreCPU(t, b, s3, a)
+			dc, cc = restoreCPU(t, b, s3, c)
 		} else {
-			dc = restoreOnce(t, b, c)
-			da = restoreOnce(t, b, a)
+			dc, cc = restoreCPU(t, b, s3, c)
+			da, ca = restoreCPU(t, b, s3, a)
 		}
 		if i >= warm {
 			la, lc = append(la, da), append(lc, dc)
+			cpuA, cpuC = cpuA+ca, cpuC+cc
 		}
 	}
-	return la, lc
+	return la, lc, cpuA / time.Duration(n), cpuC / time.Duration(n)
+}
+
+func restoreCPU(t *testing.T, b bucket.Bucket, s3 *harness.S3, host string) (time.Duration, time.Duration) {
+	c0, s0 := selfCPU(), s3.CPU()
+	d := restoreOnce(t, b, host)
+	return d, selfCPU() - c0 + s3.CPU() - s0
+}
+
+// selfCPU is this process's CPU time so far (user + system).
+func selfCPU() time.Duration {
+	var r syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &r)
+	return time.Duration(r.Utime.Nano() + r.Stime.Nano())
 }
 
 func median[T int64 | time.Duration](v []T) T {
@@ -318,12 +336,13 @@ func TestCheckpointFigures(t *testing.T) {
 	wakeFigures := func(what string) {
 		logf("\n3. restore latency (Load + Restore: manifest, download, verify, write), %d wakes of each format per size after %d warm-up pairs, interleaved A,B,B,A..., %s:", wakes, warm, what)
 		for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
-			l1, l2 := sideBySide(t, cb, pair[0], pair[1], warm, wakes)
+			l1, l2, c1, c2 := sideBySide(t, cb, s3, pair[0], pair[1], warm, wakes)
 			mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
 			img := mm.Files[0].Content.DB
 			logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s (%d base chunks + %d deltas) | ratio p50 %.2f p99 %.2f",
 				mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)), len(img.Base), len(img.Deltas),
 				float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
+			logf("      CPU per restore (mean, client + versitygw): full-file %s | page-delta %s | ratio %.2f", ms(c1), ms(c2), float64(c2)/float64(c1))
 		}
 	}
 	wakeFigures("after a crash (the chain as periodic checkpoints and their background folds left it)")
@@ -346,7 +365,7 @@ func TestCheckpointFigures(t *testing.T) {
 	}
 	logf("   through an S3-like link (80 MB/s per connection, 15 ms to first byte), %d wakes each after %d warm-up pairs, interleaved:", linkWakes, warm)
 	for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
-		l1, l2 := sideBySide(t, slow, pair[0], pair[1], warm, linkWakes)
+		l1, l2, _, _ := sideBySide(t, slow, s3, pair[0], pair[1], warm, linkWakes)
 		mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
 		logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s | ratio p50 %.2f p99 %.2f",
 			mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)),
