@@ -65,30 +65,31 @@ func TestFoldBoundsTheChainAfterACrash(t *testing.T) {
 // larger than them (size-tiered), so a page is not re-uploaded by every fold; it merges as
 // many as it takes to leave foldKeep, so the next fold is a few checkpoints away.
 func TestFoldKeepsLargeOldDeltas(t *testing.T) {
-	pages := func(n int) []uint32 {
+	next := uint32(1000)
+	fresh := func(n int) []uint32 { // n pages no other delta holds
 		out := make([]uint32, n)
 		for i := range out {
-			out[i] = uint32(i + 1)
+			next++
+			out[i] = next
 		}
 		return out
 	}
+	hot := func() []uint32 { return []uint32{1, 2} } // in every small delta
 	for _, tc := range []struct {
-		sizes []int
+		name  string
+		chain [][]uint32
 		want  int
 	}{
-		{[]int{2, 2, 2}, 3},                // short chain: nothing to merge
-		{[]int{300, 10, 2, 2, 2}, 1},       // the large old delta stays
-		{[]int{300, 40, 10, 2, 2, 2}, 1},   // down to foldKeep
-		{[]int{300, 80, 40, 2, 2, 2}, 1},   // 300 > 2 x 126: stays
-		{[]int{300, 100, 60, 30, 2, 2}, 0}, // 300 <= 2 x 194: merged too
-		{[]int{5, 4, 3, 2, 2}, 0},          // similar sizes merge into one
+		{"short chain: nothing to merge", [][]uint32{fresh(2), fresh(2), fresh(2)}, 3},
+		{"the large old delta stays", [][]uint32{fresh(300), fresh(10), fresh(2), fresh(2), fresh(2), fresh(2), fresh(2)}, 1},
+		{"tiers stay", [][]uint32{fresh(300), fresh(120), fresh(40), fresh(2), fresh(2), fresh(2), fresh(2)}, 2},
+		{"similar sizes merge into one", [][]uint32{fresh(5), fresh(4), fresh(3), fresh(2), fresh(2), fresh(2), fresh(2)}, 0},
+		// Five deltas of the same two hot pages merge into two pages, not ten: the older
+		// delta of 20 pages stays.
+		{"distinct pages count", [][]uint32{fresh(300), fresh(20), hot(), hot(), hot(), hot(), hot()}, 2},
 	} {
-		var dp [][]uint32
-		for _, n := range tc.sizes {
-			dp = append(dp, pages(n))
-		}
-		if got := foldFrom(dp); got != tc.want {
-			t.Errorf("foldFrom(%v) = %d, want %d", tc.sizes, got, tc.want)
+		if got := foldFrom(tc.chain); got != tc.want {
+			t.Errorf("%s: foldFrom = %d, want %d", tc.name, got, tc.want)
 		}
 	}
 }

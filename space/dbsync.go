@@ -38,9 +38,11 @@ const (
 	// FoldChain bounds the deltas a wake after a crash reads: once a periodic checkpoint
 	// leaves a longer chain, Syncer.Fold (which the engine runs right after it, off any
 	// request's path) merges its newest deltas until at most foldKeep remain, so folds
-	// come every FoldChain-foldKeep+1 checkpoints, not after each one.
-	FoldChain = 4
-	foldKeep  = 2
+	// come every FoldChain-foldKeep+1 checkpoints, not after each one. (Simulated on one
+	// row per checkpoint: 6 and 3 fold after about 1 checkpoint in 4, writing fewer pages
+	// than the checkpoints themselves; 4 and 2 fold after 1 in 3 and write twice as many.)
+	FoldChain = 6
+	foldKeep  = 3
 	// foldTier: a fold also absorbs an older delta holding at most this many times the
 	// pages merged so far, so kept deltas grow geometrically towards the oldest and a page
 	// is re-uploaded by folds about log2(chain pages) times, not once per fold.
@@ -54,20 +56,25 @@ func (st *dbState) chainLong() bool {
 
 // foldFrom returns the index from which a background fold merges an image's chain into one
 // delta: the newest deltas, as many as bring the chain to foldKeep, plus each older one no
-// larger than foldTier times what is merged so far (page counts stand in for sizes).
+// larger than foldTier times what is merged so far (distinct pages stand in for sizes: the
+// same hot pages, page 1 and the tree's rightmost leaves, are in every small delta).
 func foldFrom(deltaPages [][]uint32) int {
 	n := len(deltaPages)
 	if n <= FoldChain {
 		return n
 	}
 	i := foldKeep - 1
-	merged := 0
+	merged := make(map[uint32]bool)
 	for _, ps := range deltaPages[i:] {
-		merged += len(ps)
+		for _, pg := range ps {
+			merged[pg] = true
+		}
 	}
-	for i > 0 && len(deltaPages[i-1]) <= foldTier*merged {
+	for i > 0 && len(deltaPages[i-1]) <= foldTier*len(merged) {
 		i--
-		merged += len(deltaPages[i])
+		for _, pg := range deltaPages[i] {
+			merged[pg] = true
+		}
 	}
 	return i
 }
