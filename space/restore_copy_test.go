@@ -87,7 +87,8 @@ func TestFetchReusesBuffers(t *testing.T) {
 		fetch()
 	}
 	runtime.ReadMemStats(&after)
-	if per := (after.TotalAlloc - before.TotalAlloc) / n; per > fetchBuffer/4 {
+	// Under -race a sync.Pool drops a quarter of what is put back: allow for it.
+	if per := (after.TotalAlloc - before.TotalAlloc) / n; per > fetchBuffer/2 {
 		t.Fatalf("each fetch of a %d-byte object allocated %d bytes", len(data), per)
 	}
 }
