@@ -171,9 +171,10 @@ func (s *Syncer) FoldDue() bool {
 // Fold merges the newest deltas of each database whose chain is longer than FoldChain (see
 // foldFrom) and writes the result as a checkpoint: under the caller's lease, conditioned on
 // the manifest's ETag like any checkpoint, keeping its next wake. It reads the live
-// databases, so changes since the last checkpoint go up with it. The engine runs it after
-// a periodic checkpoint that leaves FoldDue true, so a wake after a crash reads a bounded
-// number of deltas.
+// databases, so changes since the last checkpoint go up with it. After a periodic
+// checkpoint that leaves FoldDue true the engine does the same (Folding set around its own
+// checkpoint call, which freezes an isolated instance and handles fencing), so a wake after
+// a crash reads at most FoldChain deltas per database.
 func (s *Syncer) Fold(ctx context.Context, now time.Time) (Stats, error) {
 	if s.FullFile || s.manifest == nil || !s.FoldDue() {
 		return Stats{}, nil

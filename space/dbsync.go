@@ -36,8 +36,9 @@ const (
 	// reads one object, as a whole-file blob did); else into one delta.
 	foldBaseBytes = minChunkBytes
 	// FoldChain bounds the deltas a wake after a crash reads: once a periodic checkpoint
-	// leaves a longer chain, Syncer.Fold (which the engine runs right after it, off any
-	// request's path) merges its newest deltas until at most foldKeep remain, so folds
+	// leaves a longer chain, a fold (Syncer.Fold; the engine runs one right after that
+	// checkpoint, in its sync loop, off any request's path) merges its newest deltas until
+	// at most foldKeep remain, so folds
 	// come every FoldChain-foldKeep+1 checkpoints, not after each one. (Simulated on one
 	// row per checkpoint: 6 and 3 fold after about 1 checkpoint in 4, writing fewer pages
 	// than the checkpoints themselves; 4 and 2 fold after 1 in 3 and write twice as many.)
