@@ -74,7 +74,13 @@ func (e *Engine) syncNow(ctx context.Context, in *inst) {
 	if prev != nil {
 		next = prev.NextWake // scheduled wakes are recorded at sleep
 	}
-	e.checkpointLocked(ctx, in, next)
+	if e.checkpointLocked(ctx, in, next) == nil && in.syncer.FoldDue() {
+		// Bound what a wake after a crash reads: merge the newest deltas now, as a
+		// checkpoint of its own (under the lease, conditioned on the manifest's ETag).
+		in.syncer.Folding = true
+		e.checkpointLocked(ctx, in, next)
+		in.syncer.Folding = false
+	}
 }
 
 // continuousLoop checkpoints within about a second of a change: it polls the data dir's

@@ -99,7 +99,7 @@ func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploade
 	dbs := make(map[string]*dbState)
 	err := walkFiles(ctx, s.DataDir, &st.Skipped, func(p, rel string, info fs.FileInfo, fp string) error {
 		mode := uint32(info.Mode().Perm())
-		if f, ok := s.hashes[fp]; ok && !(s.Final && s.dbs[rel].foldable()) {
+		if f, ok := s.hashes[fp]; ok && !(s.Final && s.dbs[rel].foldable()) && !(s.Folding && s.dbs[rel].chainLong()) {
 			f.Path, f.Mode = rel, mode
 			files = append(files, f)
 			fresh[fp] = f
@@ -155,4 +155,31 @@ func sameFiles(a, b []File) bool {
 	ja, err1 := json.Marshal(a)
 	jb, err2 := json.Marshal(b)
 	return err1 == nil && err2 == nil && string(ja) == string(jb)
+}
+
+// FoldDue reports whether a database's delta chain is longer than FoldChain: a wake after a
+// crash would read more deltas than that until Fold runs.
+func (s *Syncer) FoldDue() bool {
+	for _, st := range s.dbs {
+		if st.chainLong() {
+			return true
+		}
+	}
+	return false
+}
+
+// Fold merges the newest deltas of each database whose chain is longer than FoldChain (see
+// foldFrom) and writes the result as a checkpoint: under the caller's lease, conditioned on
+// the manifest's ETag like any checkpoint, keeping its next wake. It reads the live
+// databases, so changes since the last checkpoint go up with it. After a periodic
+// checkpoint that leaves FoldDue true the engine does the same (Folding set around its own
+// checkpoint call, which freezes an isolated instance and handles fencing), so a wake after
+// a crash reads at most FoldChain deltas per database.
+func (s *Syncer) Fold(ctx context.Context, now time.Time) (Stats, error) {
+	if s.FullFile || s.manifest == nil || !s.FoldDue() {
+		return Stats{}, nil
+	}
+	s.Folding = true
+	defer func() { s.Folding = false }()
+	return s.Checkpoint(ctx, s.manifest.NextWake, now)
 }

@@ -18,6 +18,8 @@ type CopyResult struct {
 	// Blobs and Bytes count what was uploaded; blobs already there are not.
 	Blobs int   `json:"blobs"`
 	Bytes int64 `json:"bytes"`
+	// History counts the history entries copied (point-in-time restore follows the space).
+	History int `json:"history,omitempty"`
 	// Skipped is set when the destination already had this generation or a newer one.
 	Skipped bool `json:"skipped,omitempty"`
 	// DestGeneration is the destination's generation when it was left alone.
@@ -58,17 +60,21 @@ func CopySpace(ctx context.Context, src, dst bucket.Bucket, host string, srcLive
 		return res, nil
 	}
 	// Every object the manifest references, whatever its kind: format-1 blobs, format-2
-	// chunks, page-image bases and deltas. History is not copied: the destination's
-	// point-in-time history starts with the copy.
+	// chunks, page-image bases and deltas.
+	done := make(map[string]bool)
 	for _, r := range sm.Refs() {
 		n, copied, err := copyBlob(ctx, src, dst, RefKey(host, r), r.Size)
 		if err != nil {
 			return res, err
 		}
+		done[r.Key] = true
 		if copied {
 			res.Blobs++
 			res.Bytes += n
 		}
+	}
+	if err := copyHistory(ctx, src, dst, host, done, &res); err != nil {
+		return res, err
 	}
 	// The source must still be the state just copied, and still asleep.
 	if _, etag, err := ReadManifest(ctx, src, host); err != nil || etag != setag {
@@ -85,6 +91,61 @@ func CopySpace(ctx context.Context, src, dst bucket.Bucket, host string, srcLive
 	}
 	res.Generation = sm.Generation
 	return res, nil
+}
+
+// copyHistory copies the source's history entries, each after the objects it references
+// (so a restore to a copied entry never misses one), so point-in-time restore follows a
+// relocated space. A generation the destination already lists keeps its own entry. An entry
+// the source's GC is expiring (it, or an object of it, gone) is left out, not an error.
+func copyHistory(ctx context.Context, src, dst bucket.Bucket, host string, done map[string]bool, res *CopyResult) error {
+	hist, _, err := History(ctx, src, host)
+	if err != nil {
+		return fmt.Errorf("source: %v", err)
+	}
+	have, _, err := History(ctx, dst, host)
+	if err != nil {
+		return fmt.Errorf("destination: %v", err)
+	}
+	gens := make(map[int64]bool)
+	for _, cp := range have {
+		gens[cp.Generation] = true
+	}
+entries:
+	for _, cp := range hist {
+		if gens[cp.Generation] {
+			continue
+		}
+		m, err := readHistory(ctx, src, cp)
+		if errors.Is(err, bucket.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("source: %v", err)
+		}
+		for _, r := range m.Refs() {
+			if done[r.Key] {
+				continue
+			}
+			n, copied, err := copyBlob(ctx, src, dst, RefKey(host, r), r.Size)
+			if err != nil {
+				if _, herr := src.Head(ctx, RefKey(host, r)); errors.Is(herr, bucket.ErrNotFound) {
+					continue entries // collected: the entry is past retention
+				}
+				return err
+			}
+			done[r.Key] = true
+			if copied {
+				res.Blobs++
+				res.Bytes += n
+			}
+		}
+		if err := WriteHistory(ctx, dst, host, m); err != nil {
+			return fmt.Errorf("destination: %v", err)
+		}
+		gens[cp.Generation] = true
+		res.History++
+	}
+	return nil
 }
 
 // AwakeError says where a space is awake: the live box holding its lease.

@@ -8,12 +8,15 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/space"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
@@ -175,4 +178,67 @@ func TestCopySpaceAcrossBuckets(t *testing.T) {
 			t.Fatalf("copy with a dead holder's lease: %+v %v", res, err)
 		}
 	})
+}
+
+// TestCopySpaceCarriesHistory: a relocated space keeps its point-in-time history: the
+// destination lists the source's checkpoints, and restoring an old one there brings back
+// that state (its objects came along); a re-run copies nothing more.
+func TestCopySpaceCarriesHistory(t *testing.T) {
+	ctx := context.Background()
+	newFB := func() bucket.Bucket {
+		b, err := filebucket.New(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	src, dst := newFB(), newFB()
+	const host = "hist.example.com"
+	dir := t.TempDir()
+	s := &space.Syncer{Bucket: src, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work"), WrittenBy: "test"}
+	if err := os.MkdirAll(s.DataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	states := []string{"one", "second state", "the third state of notes"}
+	for i, body := range states {
+		if err := os.WriteFile(filepath.Join(s.DataDir, "notes.txt"), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Checkpoint(ctx, nil, time.Now().Add(time.Duration(i)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := space.CopySpace(ctx, src, dst, host, liveSet(), liveSet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist, _, err := space.History(ctx, dst, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gens []int64
+	for _, cp := range hist {
+		gens = append(gens, cp.Generation)
+	}
+	if res.History != len(states) || !slices.Equal(gens, []int64{1, 2, 3}) {
+		t.Fatalf("copied %d history entries; destination lists generations %v, want [1 2 3]", res.History, gens)
+	}
+	if _, err := space.RestoreTo(ctx, dst, host, space.Holder{ID: "cli", Incarnation: "1"}, space.Target{Generation: 1}, space.DefaultRetention, time.Now()); err != nil {
+		t.Fatalf("restoring generation 1 in the destination: %v", err)
+	}
+	r := &space.Syncer{Bucket: dst, Host: host, DataDir: filepath.Join(dir, "r", "data"), WorkDir: filepath.Join(dir, "r", "work")}
+	if err := r.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(r.DataDir, "notes.txt")); string(got) != states[0] {
+		t.Fatalf("restored %q, want %q", got, states[0])
+	}
+	// The source is unchanged and the destination newer now: a re-run leaves it alone.
+	again, err := space.CopySpace(ctx, src, dst, host, liveSet(), liveSet())
+	if err != nil || !again.Skipped || again.History != 0 {
+		t.Fatalf("re-run: %+v, %v", again, err)
+	}
 }

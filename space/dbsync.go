@@ -35,7 +35,50 @@ const (
 	// the base chunks its pages touch total at most this (a small database: its wake then
 	// reads one object, as a whole-file blob did); else into one delta.
 	foldBaseBytes = minChunkBytes
+	// FoldChain bounds the deltas a wake after a crash reads: once a periodic checkpoint
+	// leaves a longer chain, a fold (Syncer.Fold; the engine runs one right after that
+	// checkpoint, in its sync loop, off any request's path) merges its newest deltas until
+	// at most foldKeep remain, so folds
+	// come every FoldChain-foldKeep+1 checkpoints, not after each one. (Simulated on one
+	// row per checkpoint: 6 and 3 fold after about 1 checkpoint in 4, writing fewer pages
+	// than the checkpoints themselves; 4 and 2 fold after 1 in 3 and write twice as many.)
+	FoldChain = 6
+	foldKeep  = 3
+	// foldTier: a fold also absorbs an older delta holding at most this many times the
+	// pages merged so far, so kept deltas grow geometrically towards the oldest and a page
+	// is re-uploaded by folds about log2(chain pages) times, not once per fold.
+	foldTier = 2
 )
+
+// chainLong reports whether a background fold has work: more than FoldChain deltas.
+func (st *dbState) chainLong() bool {
+	return st != nil && st.v1 == nil && len(st.img.Deltas) > FoldChain
+}
+
+// foldFrom returns the index from which a background fold merges an image's chain into one
+// delta: the newest deltas, as many as bring the chain to foldKeep, plus each older one no
+// larger than foldTier times what is merged so far (distinct pages stand in for sizes: the
+// same hot pages, page 1 and the tree's rightmost leaves, are in every small delta).
+func foldFrom(deltaPages [][]uint32) int {
+	n := len(deltaPages)
+	if n <= FoldChain {
+		return n
+	}
+	i := foldKeep - 1
+	merged := make(map[uint32]bool)
+	for _, ps := range deltaPages[i:] {
+		for _, pg := range ps {
+			merged[pg] = true
+		}
+	}
+	for i > 0 && len(deltaPages[i-1]) <= foldTier*len(merged) {
+		i--
+		for _, pg := range deltaPages[i] {
+			merged[pg] = true
+		}
+	}
+	return i
+}
 
 // foldable reports whether a final checkpoint has a chain to fold.
 func (st *dbState) foldable() bool {
@@ -171,7 +214,7 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 	}
 	res.pagesChanged = len(changed)
 	size := int64(v.pages) * int64(v.pageSize)
-	if usable && len(changed) == 0 && v.pages == prev.img.Pages && !(s.Final && prev.foldable()) {
+	if usable && len(changed) == 0 && v.pages == prev.img.Pages && !(s.Final && prev.foldable()) && !(s.Folding && prev.chainLong()) {
 		ns.img, ns.deltaPages, ns.v1 = prev.img, prev.deltaPages, prev.v1
 		res.file = File{Size: size, Content: &Content{DB: prev.img}}
 		if prev.v1 != nil {
@@ -240,6 +283,25 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		}
 		total += int64(len(img.Deltas)) * objectCost
 		rebase = total > size/rebaseFraction
+	}
+	if s.Folding && !s.Final && !rebase && len(img.Deltas) > FoldChain {
+		first := foldFrom(ns.deltaPages)
+		merged := Delta{MinGen: img.Deltas[first].MinGen, MaxGen: gen}
+		var pages []uint32
+		for i, p := range ns.deltaPages[first:] {
+			pages = append(pages, p...)
+			merged.Level = max(merged.Level, img.Deltas[first+i].Level)
+		}
+		merged.Level = min(merged.Level+1, maxLevel)
+		slices.Sort(pages)
+		img.Deltas = append(img.Deltas[:first], merged)
+		ns.deltaPages = append(ns.deltaPages[:first], slices.Compact(pages))
+		for i := range fresh {
+			if i >= first {
+				delete(fresh, i)
+			}
+		}
+		fresh[first] = true
 	}
 	if s.Final && !rebase {
 		switch foldPlan(img, ns.deltaPages) {

@@ -280,7 +280,9 @@ func (s *Syncer) fetchOne(ctx context.Context, j *fetch) error {
 	if !j.checked {
 		w = io.MultiWriter(w, h)
 	}
-	n, err := io.CopyBuffer(w, io.LimitReader(obj.Body, j.ref.Size+1), make([]byte, 256<<10))
+	bp := fetchBufs.Get().(*[]byte)
+	defer fetchBufs.Put(bp)
+	n, err := copyFull(w, io.LimitReader(obj.Body, j.ref.Size+1), *bp)
 	if err != nil {
 		return fmt.Errorf("downloading %s: %w", j.ref.Key, err)
 	}
@@ -294,4 +296,33 @@ func (s *Syncer) fetchOne(ctx context.Context, j *fetch) error {
 		j.mem = buf.Bytes()
 	}
 	return nil
+}
+
+// fetchBuffer is how much of an object a restore gathers before writing it out: a multiple
+// of every page size, so base chunks are written and hashed in whole pages, with few writes
+// (concurrent writes to one file take turns on its inode lock).
+const fetchBuffer = 1 << 20
+
+// fetchBufs keeps the buffers between objects and wakes.
+var fetchBufs = sync.Pool{New: func() any { b := make([]byte, fetchBuffer); return &b }}
+
+// copyFull copies r to w in writes of len(buf) bytes (the last one shorter), unlike
+// io.Copy, which writes whatever each socket read returned.
+func copyFull(w io.Writer, r io.Reader, buf []byte) (int64, error) {
+	var n int64
+	for {
+		k, err := io.ReadFull(r, buf)
+		if k > 0 {
+			if _, werr := w.Write(buf[:k]); werr != nil {
+				return n, werr
+			}
+			n += int64(k)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
 }

@@ -74,6 +74,9 @@ type Syncer struct {
 	// most foldBaseBytes, else into one delta), so the next wake reads the base and at most
 	// one delta.
 	Final bool
+	// Folding marks a background fold (see Fold): databases whose chain is longer than
+	// FoldChain have their newest deltas merged.
+	Folding bool
 
 	manifest *Manifest
 	etag     string

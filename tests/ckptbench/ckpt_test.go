@@ -5,9 +5,11 @@
 //   - a large SQLite database with one 1 KiB row added: bytes uploaded and time per checkpoint;
 //   - one row per checkpoint for N checkpoints: bucket bytes and objects after GC;
 //   - restore ("wake" minus process start) p50/p99 for 1 MB and a large database, straight
-//     to versitygw (after a crash: the chain as periodic checkpoints left it; after a sleep:
-//     its final checkpoint folded the chain) and through an S3-like link (per-connection
-//     bandwidth, first-byte latency);
+//     to versitygw (after a crash: the chain as periodic checkpoints and the background folds
+//     after them left it; after a sleep: its final checkpoint folded the chain) and through
+//     an S3-like link (per-connection bandwidth, first-byte latency). The two formats'
+//     restores are interleaved pair by pair (A,B then B,A), warm-up pairs are not kept, and
+//     every other sample is (the full form takes 100 per format, size and case);
 //   - a point-in-time restore N checkpoints back: time and bytes read.
 //
 // Short form (CI): 8 MB database, 100 checkpoints. Full figures:
@@ -28,6 +30,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -143,6 +146,56 @@ func (x *box) checkpoint(t *testing.T, now time.Time) space.Stats {
 	return st
 }
 
+// periodic is a periodic checkpoint as the engine takes it: the checkpoint, then the
+// background fold when the chain grew longer than space.FoldChain (format 2 only).
+func (x *box) periodic(t *testing.T, now time.Time) (ckpt, fold space.Stats) {
+	ckpt = x.checkpoint(t, now)
+	if !x.s.FullFile && x.s.FoldDue() {
+		var err error
+		if fold, err = x.s.Fold(context.Background(), now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ckpt, fold
+}
+
+// sideBySide restores two spaces alternately, warm pairs first (not kept), then n pairs;
+// the order flips every pair (A,B then B,A) so neither always follows the other. Every
+// sample after the warm-up is kept. cpuA and cpuC are the mean CPU time per kept restore
+// of this process and of versitygw (whose ticks are 10 ms: only their sum over many
+// restores means anything): the work a restore costs, which the machine's other load
+// does not change the way it changes latency.
+func sideBySide(t *testing.T, b bucket.Bucket, s3 *harness.S3, a, c string, warm, n int) (la, lc []time.Duration, cpuA, cpuC time.Duration) {
+	for i := range warm + n {
+		var da, dc, ca, cc time.Duration
+		if i%2 == 0 {
+			da, ca = restoreCPU(t, b, s3, a)
+			dc, cc = restoreCPU(t, b, s3, c)
+		} else {
+			dc, cc = restoreCPU(t, b, s3, c)
+			da, ca = restoreCPU(t, b, s3, a)
+		}
+		if i >= warm {
+			la, lc = append(la, da), append(lc, dc)
+			cpuA, cpuC = cpuA+ca, cpuC+cc
+		}
+	}
+	return la, lc, cpuA / time.Duration(n), cpuC / time.Duration(n)
+}
+
+func restoreCPU(t *testing.T, b bucket.Bucket, s3 *harness.S3, host string) (time.Duration, time.Duration) {
+	c0, s0 := selfCPU(), s3.CPU()
+	d := restoreOnce(t, b, host)
+	return d, selfCPU() - c0 + s3.CPU() - s0
+}
+
+// selfCPU is this process's CPU time so far (user + system).
+func selfCPU() time.Duration {
+	var r syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &r)
+	return time.Duration(r.Utime.Nano() + r.Stime.Nano())
+}
+
 func median[T int64 | time.Duration](v []T) T {
 	v = slices.Clone(v)
 	slices.Sort(v)
@@ -180,12 +233,14 @@ func restoreOnce(t *testing.T, b bucket.Bucket, host string) time.Duration {
 
 func TestCheckpointFigures(t *testing.T) {
 	full := os.Getenv("LCHAT_CKPT_BENCH") == "full"
-	bigSize, series, wakes := 8<<20, 100, 10
+	// wakes restores of each format per size and case (after warm pairs not kept);
+	// linkWakes through the slow link, where a full-file restore takes most of a second.
+	bigSize, series, wakes, linkWakes, warm := 8<<20, 100, 10, 5, 1
 	if full {
-		bigSize, series, wakes = 50<<20, 1000, 30
+		bigSize, series, wakes, linkWakes, warm = 50<<20, 1000, 100, 30, 3
 	}
 	if testing.Short() && !full {
-		series, wakes = 30, 5
+		series, wakes, linkWakes = 30, 5, 3
 	}
 	s3 := harness.StartS3(t)
 	cb := &counting{Bucket: s3.NewBucket(t, "bench/")}
@@ -236,15 +291,19 @@ func TestCheckpointFigures(t *testing.T) {
 	// 2. One row per checkpoint for `series` checkpoints (one a second of bucket time).
 	startGen := func() int64 { m, _ := v2.s.Manifest(); return m.Generation }()
 	var total time.Duration
-	var ckptBytes int64
+	var ckptBytes, foldBytes int64
+	folds := 0
 	cb.reset()
 	for i := range series {
 		v2.addRow(t)
-		st := v2.checkpoint(t, now.Add(time.Duration(10+i)*time.Second))
+		st, fs := v2.periodic(t, now.Add(time.Duration(10+i)*time.Second))
 		total += st.Duration
-		_ = st
+		ckptBytes += st.BytesUploaded
+		if fs.ManifestWritten {
+			folds++
+			foldBytes += fs.BytesUploaded
+		}
 	}
-	ckptBytes = cb.written.Load()
 	m, _ := v2.s.Manifest()
 	dbSize := m.Size()
 	gs, err := space.Collect(context.Background(), cb, "v2.bench", space.DefaultRetention, 0, nil)
@@ -252,7 +311,9 @@ func TestCheckpointFigures(t *testing.T) {
 		t.Fatal(err)
 	}
 	retainedDeltas := deltaBytes(t, cb, "v2.bench")
-	logf("\n2. %d checkpoints of one row each (page-delta): %s written in all, mean checkpoint %s", series, mib(ckptBytes), ms(total/time.Duration(series)))
+	logf("\n2. %d checkpoints of one row each (page-delta), each followed by the background fold when due: %s written in all (incl. manifests and history), mean checkpoint %s",
+		series, mib(cb.written.Load()), ms(total/time.Duration(series)))
+	logf("   objects: checkpoints %s, %d background folds %s (chain kept <= %d deltas)", mib(ckptBytes), folds, mib(foldBytes), space.FoldChain)
 	logf("   after GC, retention 7 days (all %d retained): %d objects, %s + %d history entries", series, gs.Objects, mib(gs.Bytes), gs.History)
 	logf("   database %s; deltas referenced by retained checkpoints %s; target <= 2 x db + deltas = %s: %v",
 		mib(dbSize), mib(retainedDeltas), mib(2*dbSize+retainedDeltas), gs.Bytes <= 2*dbSize+retainedDeltas)
@@ -269,25 +330,22 @@ func TestCheckpointFigures(t *testing.T) {
 	for i := range 20 {
 		for _, x := range []*box{s1, s2} {
 			x.addRow(t)
-			x.checkpoint(t, now.Add(time.Duration(i)*time.Second))
+			x.periodic(t, now.Add(time.Duration(i)*time.Second))
 		}
 	}
 	wakeFigures := func(what string) {
-		logf("\n3. restore latency (Load + Restore: manifest, download, verify, write) over %d wakes, alternating, %s:", wakes, what)
+		logf("\n3. restore latency (Load + Restore: manifest, download, verify, write), %d wakes of each format per size after %d warm-up pairs, interleaved A,B,B,A..., %s:", wakes, warm, what)
 		for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
-			var l1, l2 []time.Duration
-			for range wakes {
-				l1 = append(l1, restoreOnce(t, cb, pair[0]))
-				l2 = append(l2, restoreOnce(t, cb, pair[1]))
-			}
+			l1, l2, c1, c2 := sideBySide(t, cb, s3, pair[0], pair[1], warm, wakes)
 			mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
 			img := mm.Files[0].Content.DB
 			logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s (%d base chunks + %d deltas) | ratio p50 %.2f p99 %.2f",
 				mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)), len(img.Base), len(img.Deltas),
 				float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
+			logf("      CPU per restore (mean, client + versitygw): full-file %s | page-delta %s | ratio %.2f", ms(c1), ms(c2), float64(c2)/float64(c1))
 		}
 	}
-	wakeFigures("after a crash (the chain as periodic checkpoints left it)")
+	wakeFigures("after a crash (the chain as periodic checkpoints and their background folds left it)")
 	for _, x := range []*box{s2, v2} {
 		x.s.Final = true
 		cb.reset()
@@ -305,13 +363,9 @@ func TestCheckpointFigures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logf("   through an S3-like link (80 MB/s per connection, 15 ms to first byte), %d wakes:", wakes)
+	logf("   through an S3-like link (80 MB/s per connection, 15 ms to first byte), %d wakes each after %d warm-up pairs, interleaved:", linkWakes, warm)
 	for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
-		var l1, l2 []time.Duration
-		for range wakes {
-			l1 = append(l1, restoreOnce(t, slow, pair[0]))
-			l2 = append(l2, restoreOnce(t, slow, pair[1]))
-		}
+		l1, l2, _, _ := sideBySide(t, slow, s3, pair[0], pair[1], warm, linkWakes)
 		mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
 		logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s | ratio p50 %.2f p99 %.2f",
 			mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)),
