@@ -160,3 +160,55 @@ func TestDiscardDropsUnsavedState(t *testing.T) {
 		t.Fatalf("lease after Discard = %+v, want released", l)
 	}
 }
+
+// TestAcquireAfterForgetTakesTheNewInst: a request that found a space's inst before a
+// removal dropped it (a tombstone arriving while requests run, then the route created
+// again) wakes the host's current inst, never the forgotten one: before, it woke the
+// orphan while the next requests woke a new inst, two instances of one space on one box
+// whose checkpoints overwrote each other's writes and whose cleanup removed the other's
+// socket (found by the 30-minute fault campaign).
+func TestAcquireAfterForgetTakesTheNewInst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	e, c := forgetTestEngine(t)
+	ctx := context.Background()
+	sp := Space{Host: "recreated.example.com", Kind: "app"}
+	u, err := e.Acquire(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post(t, u, "/before-removal")
+	u.Release()
+	stale := e.lookup(sp.Host) // what a request in flight holds
+	if err := e.Forget(ctx, sp.Host); err != nil {
+		t.Fatal(err)
+	}
+	kind, _ := e.kind(sp.Kind)
+	u, err = e.acquire(ctx, sp, kind, stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Release()
+	if u.in == stale {
+		t.Fatal("the forgotten inst woke again")
+	}
+	if cur := e.lookup(sp.Host); cur != u.in {
+		t.Fatalf("the Use's inst is not the host's inst (%p, map has %p): two instances can run", u.in, cur)
+	}
+	stale.mu.Lock()
+	state, proc := stale.state, stale.proc
+	stale.mu.Unlock()
+	if state != StateAsleep || proc != nil {
+		t.Fatalf("forgotten inst is %s with a process %v", state, proc != nil)
+	}
+	// The new instance serves the saved state and its own socket.
+	post(t, u, "/after-recreate")
+	u.Release()
+	if err := e.Sleep(ctx, sp.Host); err != nil {
+		t.Fatal(err)
+	}
+	if got := savedNotes(t, c.Bucket, sp.Host); got != "/before-removal\n/after-recreate\n" {
+		t.Fatalf("bucket holds %q", got)
+	}
+}

@@ -57,6 +57,9 @@ type inst struct {
 	leaseETag   string      // "" when this box does not hold the lease
 	held        bool        // stopped by a heartbeat fence with the lease and newer local state
 	dirty       bool        // asleep with local state newer than the bucket (a failed checkpoint)
+	// dropped is set when the space is forgotten (dropLocked): this inst never wakes
+	// again; an Acquire holding it looks the host up anew once the drop is done.
+	dropped bool
 	idle        *time.Timer // one per awake period; re-arms itself while the space is used
 	idleGen     uint64
 	syncStop    context.CancelFunc
@@ -159,7 +162,11 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 	if !validHost(sp.Host) {
 		return nil, fmt.Errorf("invalid host %q", sp.Host)
 	}
-	in := e.get(sp.Host)
+	return e.acquire(ctx, sp, kind, e.get(sp.Host))
+}
+
+// acquire is Acquire's loop, starting from in (the host's inst when Acquire looked).
+func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*Use, error) {
 	// waiting is true while this caller still counts in in.waiters after a transition
 	// ended: it stops counting in the same critical section that takes the Use, so a
 	// space just woken for it is never idle (uses and waiters both 0) in between, where
@@ -184,6 +191,17 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			in.waiters--
 			waiting = false
 		}
+		if in.dropped {
+			// Forgotten (removed, tombstoned) since this caller found it: waking it
+			// would run a second instance beside the one a new inst for the host
+			// wakes, on the same socket path. Wait for the drop to end (it holds op
+			// until the inst is out of the map) and take the host's current inst.
+			in.mu.Unlock()
+			in.op.Lock()
+			in.op.Unlock()
+			in = e.get(sp.Host)
+			continue
+		}
 		switch in.state {
 		case StateAwake:
 			in.uses++
@@ -204,7 +222,7 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			if err != nil {
 				return nil, err
 			}
-			if waking && t.err != nil {
+			if waking && t.err != nil && !errors.Is(t.err, errDropped) {
 				return nil, t.err
 			}
 		default: // asleep, failed, fenced
@@ -217,9 +235,10 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			if in.held {
 				in.mu.Unlock()
 				if in.rechecking.CompareAndSwap(false, true) {
+					held := in // in changes when a dropped inst is replaced
 					safego.Go(&e.wg, e.log, "recheck", func() {
-						defer in.rechecking.Store(false)
-						e.recheck(in)
+						defer held.rechecking.Store(false)
+						e.recheck(held)
 					})
 				}
 				return nil, &RetryError{After: time.Second, Reason: "re-checking lease after fence"}
@@ -235,18 +254,23 @@ func (e *Engine) Acquire(ctx context.Context, sp Space) (*Use, error) {
 			in.setStateLocked(StateWaking)
 			in.waiters++
 			in.mu.Unlock()
-			safego.Go(&e.wg, e.log, "wake", func() { e.runWake(in, t) })
+			waker := in // in changes when a dropped inst is replaced
+			safego.Go(&e.wg, e.log, "wake", func() { e.runWake(waker, t) })
 			err := in.wait(ctx, t)
 			waiting = err == nil
 			if err != nil {
 				return nil, err
 			}
-			if t.err != nil {
+			if t.err != nil && !errors.Is(t.err, errDropped) {
 				return nil, t.err
 			}
 		}
 	}
 }
+
+// errDropped is a wake's end when its space was forgotten before the wake could start;
+// the callers waiting on it look the host up again.
+var errDropped = errors.New("space forgotten before its wake started")
 
 // wait blocks until t is done or ctx ends. When ctx ends it drops this caller from the
 // waiters; when t is done the caller still counts and drops itself (Acquire).
@@ -326,11 +350,19 @@ func (e *Engine) idleFire(in *inst, gen uint64) {
 // runWake performs one wake and publishes its result to the waiters.
 func (e *Engine) runWake(in *inst, t *transition) {
 	in.op.Lock()
-	err := e.wake(in)
+	in.mu.Lock()
+	dropped := in.dropped
+	in.mu.Unlock()
+	err := errDropped
+	if !dropped {
+		err = e.wake(in)
+	}
 	in.mu.Lock()
 	in.trans = nil
 	in.admitted = false
-	in.noteWakeResultLocked(err)
+	if !dropped {
+		in.noteWakeResultLocked(err)
+	}
 	if err != nil {
 		t.err = err
 		if in.state == StateWaking {
@@ -827,17 +859,18 @@ func (e *Engine) Discard(ctx context.Context, host string) error {
 
 // dropLocked (in.op held) releases the lease if still held, deletes the scheduled wake
 // record and forgets the space's local state.
+//
+// The inst is marked dropped first and leaves the engine's map last, once its socket and
+// state directories are gone: a new inst for the host (a re-created route) is made only
+// after that, so nothing of this one's cleanup can remove what the new one made, and an
+// Acquire that held this inst waits for the drop and then takes the new one.
 func (e *Engine) dropLocked(ctx context.Context, in *inst) error {
 	if !e.fenced.Load() {
 		e.releaseLease(in)
 	}
 	e.setWakeRecord(ctx, in.host, nil)
-	e.mu.Lock()
-	if e.spaces[in.host] == in {
-		delete(e.spaces, in.host)
-	}
-	e.mu.Unlock()
 	in.mu.Lock()
+	in.dropped = true
 	in.proc = nil
 	in.setStateLocked(StateAsleep)
 	in.mu.Unlock()
@@ -849,7 +882,13 @@ func (e *Engine) dropLocked(ctx context.Context, in *inst) error {
 		in.logw = nil
 	}
 	in.mu.Unlock()
-	if err := os.RemoveAll(in.dir); err != nil {
+	err := os.RemoveAll(in.dir)
+	e.mu.Lock()
+	if e.spaces[in.host] == in {
+		delete(e.spaces, in.host)
+	}
+	e.mu.Unlock()
+	if err != nil {
 		return fmt.Errorf("removing local state: %v", err)
 	}
 	return nil
