@@ -43,23 +43,23 @@ type inst struct {
 	// to a held space start at most one.
 	rechecking atomic.Bool
 
-	mu          sync.Mutex
-	sp          Space
-	kind        Kind
-	state       string
-	since       time.Time
-	uses        int         // Uses held in the current awake period
-	gen         uint64      // awake period; a Use from an earlier one no longer counts
-	waiters     int         // Acquires waiting on trans
-	lastUsed    time.Time   // LRU order, and the idle clock: set by every Acquire and Release
-	trans       *transition // non-nil while waking or sleeping
-	proc        *proc
-	leaseETag   string      // "" when this box does not hold the lease
-	held        bool        // stopped by a heartbeat fence with the lease and newer local state
-	dirty       bool        // asleep with local state newer than the bucket (a failed checkpoint)
+	mu        sync.Mutex
+	sp        Space
+	kind      Kind
+	state     string
+	since     time.Time
+	uses      int         // Uses held in the current awake period
+	gen       uint64      // awake period; a Use from an earlier one no longer counts
+	waiters   int         // Acquires waiting on trans
+	lastUsed  time.Time   // LRU order, and the idle clock: set by every Acquire and Release
+	trans     *transition // non-nil while waking or sleeping
+	proc      *proc
+	leaseETag string // "" when this box does not hold the lease
+	held      bool   // stopped by a heartbeat fence with the lease and newer local state
+	dirty     bool   // asleep with local state newer than the bucket (a failed checkpoint)
 	// dropped is set when the space is forgotten (dropLocked): this inst never wakes
 	// again; an Acquire holding it looks the host up anew once the drop is done.
-	dropped bool
+	dropped     bool
 	idle        *time.Timer // one per awake period; re-arms itself while the space is used
 	idleGen     uint64
 	syncStop    context.CancelFunc
