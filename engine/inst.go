@@ -57,6 +57,8 @@ type inst struct {
 	leaseETag string // "" when this box does not hold the lease
 	held      bool   // stopped by a heartbeat fence with the lease and newer local state
 	dirty     bool   // asleep with local state newer than the bucket (a failed checkpoint)
+	// unreachableGen is the awake period last reported unreachable (Use.Unreachable).
+	unreachableGen uint64
 	// dropped is set when the space is forgotten (dropLocked): this inst never wakes
 	// again; an Acquire holding it looks the host up anew once the drop is done.
 	dropped     bool
@@ -150,6 +152,33 @@ func (u *Use) Release() {
 	}
 	in.lastUsed = now
 	in.mu.Unlock()
+}
+
+// Unreachable reports that the proxy could not dial this Use's instance (its socket gone
+// or refusing) while the engine holds it awake: every request would fail until something
+// else ended the awake period. The space is put to sleep (stopped, checkpointed, released)
+// in the background, once per awake period, so the next request wakes a working instance.
+func (u *Use) Unreachable() {
+	if u == nil {
+		return
+	}
+	in := u.in
+	e := in.e
+	in.mu.Lock()
+	if u.gen != in.gen || in.state != StateAwake || in.unreachableGen == u.gen || in.dropped {
+		in.mu.Unlock()
+		return
+	}
+	in.unreachableGen = u.gen
+	in.mu.Unlock()
+	in.logger().Warn("instance unreachable on its socket; putting the space to sleep so the next request wakes it again")
+	safego.Go(&e.wg, e.log, "sleep unreachable", func() {
+		ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+		defer cancel()
+		if err := e.sleep(ctx, in, "unreachable", false); err != nil {
+			in.logger().Warn("sleeping an unreachable instance", zap.Error(err))
+		}
+	})
 }
 
 // Acquire wakes the space if needed (all concurrent callers share one wake), marks it in use

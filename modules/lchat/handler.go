@@ -160,7 +160,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.meshServed(w, r)
 	h.setInstanceHeader(w, use)
 	setUpstream(r, use.Dial())
-	return instanceGone(w, host, h.proxy.ServeHTTP(w, r, next), time.Duration(h.RetryAfter))
+	err := h.proxy.ServeHTTP(w, r, next)
+	if de := (reverseproxy.DialError{}); errors.As(err, &de) {
+		// The engine holds the space awake but its socket takes no connection: end
+		// that awake period so the next request wakes a working instance.
+		use.Unreachable()
+	}
+	return instanceGone(w, host, err, time.Duration(h.RetryAfter))
 }
 
 // instanceGone turns the proxy's 502 or 504 for a request the instance never answered

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -222,6 +224,63 @@ func TestInstanceDiesMidRequestIs503(t *testing.T) {
 	waitFor(t, 30*time.Second, "the space answers again", func() bool {
 		code, _ := do(t, b, "GET", host, "/api/messages", "")
 		return code == 200
+	})
+	if got := messages(t, b, host); !strings.Contains(got, "before") {
+		t.Fatalf("message lost: %s", got)
+	}
+}
+
+// TestUnreachableInstanceIsReplaced: an awake space whose socket disappears (the engine
+// believes it awake, every dial fails) answers 503 with Retry-After for a moment and is
+// then woken again, instead of failing every request until something else ends its awake
+// period (the fault campaign saw 86 s of it).
+func TestUnreachableInstanceIsReplaced(t *testing.T) {
+	e := newEnv(t)
+	b := e.box(t, cfgOpts{})
+	const host = "unreachable.example.com"
+	createSpace(t, b, host)
+	postMessage(t, b, host, "before")
+	_, pid := space(t, b, host)
+	socks, _ := filepath.Glob(filepath.Join(b.Dir, "state", "proxy", "*.sock"))
+	if len(socks) != 1 {
+		t.Fatalf("proxy sockets %v, want the one of %s", socks, host)
+	}
+	if err := os.Remove(socks[0]); err != nil {
+		t.Fatal(err)
+	}
+	// Connections the proxy already holds still reach the instance; concurrent requests
+	// make it dial, and those dials fail.
+	var mu sync.Mutex
+	codes := map[int]int{}
+	var noRetryAfter int
+	for burst := 0; codes[http.StatusServiceUnavailable] == 0 && burst < 50; burst++ {
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := b.Client().Get(b.URL(host, "/api/messages"))
+				if err != nil {
+					return
+				}
+				resp.Body.Close()
+				mu.Lock()
+				codes[resp.StatusCode]++
+				if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") == "" {
+					noRetryAfter++
+				}
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+	}
+	if codes[http.StatusServiceUnavailable] == 0 || noRetryAfter > 0 || codes[http.StatusBadGateway] > 0 {
+		t.Fatalf("requests once the socket is gone: %v (%d 503s without Retry-After), want 503s with Retry-After", codes, noRetryAfter)
+	}
+	waitFor(t, 30*time.Second, "the space answers again from a new instance", func() bool {
+		code, _ := do(t, b, "GET", host, "/api/messages", "")
+		_, now := space(t, b, host)
+		return code == 200 && now != 0 && now != pid
 	})
 	if got := messages(t, b, host); !strings.Contains(got, "before") {
 		t.Fatalf("message lost: %s", got)
