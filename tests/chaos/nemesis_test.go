@@ -121,10 +121,19 @@ func (nm *nemesis) recreate(n *node, host string, other *node, pause time.Durati
 	time.Sleep(pause)
 	for range 30 {
 		code, body, err := other.adminDo("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"})
-		if err == nil && (code == http.StatusCreated || code == http.StatusConflict) {
-			return // created, or created again by a fault running beside this one
+		if err == nil && code == http.StatusCreated {
+			return
 		}
+		// 409 from a box the delete has not reached yet, or a box down (two faults at
+		// once): try again, unless a fault beside this one created the host again
+		// (the box that removed it sees it).
 		nm.logf("box %d: re-create %s: %d %s %v", other.i, host, code, body, err)
+		var cur struct {
+			Host string `json:"host"`
+		}
+		if code == http.StatusConflict && n.adminGet("/lchat/routes/"+host, &cur) == nil && cur.Host == host {
+			return
+		}
 		time.Sleep(time.Second)
 	}
 	nm.t.Errorf("%s could not be created again after its removal", host)
