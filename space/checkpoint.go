@@ -17,7 +17,22 @@ import (
 // delta (see checkpointDB); a plain file is split into content-defined chunks and only new
 // chunks go up. Once the manifest is written its copy goes to history/, and every
 // gcInterval generations unreferenced objects are collected.
+//
+// Every checkpoint first removes the record a wake on this box may reuse the data dir by
+// (reuse.go); a successful Final checkpoint writes it again when the data dir provably
+// equals the manifest.
 func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.Time) (Stats, error) {
+	if err := s.dropReuse(); err != nil {
+		return Stats{}, err
+	}
+	st, err := s.checkpoint(ctx, nextWake, now)
+	if err == nil && s.Final && !s.FullFile {
+		st.ReuseErr = s.recordReuse()
+	}
+	return st, err
+}
+
+func (s *Syncer) checkpoint(ctx context.Context, nextWake *time.Time, now time.Time) (Stats, error) {
 	if s.FullFile {
 		return s.checkpointV1(ctx, nextWake, now)
 	}

@@ -49,6 +49,9 @@ type Stats struct {
 	HistoryErr error
 	// Skipped lists the files left out because they are not regular files (oddfiles.go).
 	Skipped []SkippedFile
+	// ReuseErr, after a Final checkpoint, says why the next wake on this box cannot keep
+	// the data dir (reuse.go); nil when it can.
+	ReuseErr error
 }
 
 // Syncer moves one space's data directory to and from the bucket. It remembers the manifest
@@ -94,6 +97,8 @@ type Syncer struct {
 	gcAt int64
 	// histCache holds the references of history entries read by GC (they never change).
 	histCache map[string][]Ref
+	// reused: the last Restore kept the local data dir (reuse.go).
+	reused bool
 }
 
 // Manifest returns the manifest this box last read or wrote (nil before Load or for a new
