@@ -68,7 +68,7 @@ func (s *Syncer) Restore(ctx context.Context) error {
 		return fmt.Errorf("swapping in restored data dir: %v", err)
 	}
 	// Seed the caches: the restored files are exactly the manifest's.
-	s.hashes = make(map[string]File)
+	s.hashes, s.readAt = make(map[string]File), nil
 	for _, f := range files {
 		if fp, err := fingerprint(s.DataDir, f.Path); err == nil {
 			s.hashes[fp] = f

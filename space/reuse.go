@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"syscall"
+	"time"
 )
 
 // A wake on the box a space slept on (HRW placement sends it back there) need not download
@@ -301,6 +302,35 @@ func (s *Syncer) reuse() bool {
 		st.dev, st.ino = statID(fi)
 		dbs[f.Path] = st
 	}
-	s.hashes, s.dbs = hashes, dbs
+	s.hashes, s.readAt, s.dbs = hashes, nil, dbs
 	return true
+}
+
+// racyMargin covers the coarseness of file timestamps: the kernel stamps ctime from a clock
+// that may lag the wall clock by a tick.
+const racyMargin = 50 * time.Millisecond
+
+// racy reports whether the file rel (or a SQLite sidecar of it) changed so close to the time
+// its cached content was read (at, while the instance ran) that a write just after the
+// fingerprint was taken may have left the fingerprint unchanged, as git's "racily clean"
+// index entries. A final checkpoint reads such a file again rather than trust the cache, so
+// the record it leaves for the next wake never vouches for content it did not see.
+func (s *Syncer) racy(rel string, at time.Time) bool {
+	if at.IsZero() {
+		return false
+	}
+	for i, suf := range append([]string{""}, sidecarSuffixes...) {
+		fi, err := os.Lstat(filepath.Join(s.DataDir, filepath.FromSlash(rel+suf)))
+		if err != nil {
+			if i > 0 && errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			return true
+		}
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		if st == nil || !time.Unix(st.Ctim.Sec, st.Ctim.Nsec).Before(at.Add(-racyMargin)) {
+			return true
+		}
+	}
+	return false
 }

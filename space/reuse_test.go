@@ -316,3 +316,44 @@ func TestWakeOnAnotherBoxUnaffected(t *testing.T) {
 		t.Fatalf("full-file mode left a reuse record: %v", err)
 	}
 }
+
+// TestFinalCheckpointRereadsRacyFiles: a write that lands in the same timestamp tick as a
+// periodic checkpoint's look at a file leaves its fingerprint as the checkpoint cached it,
+// with the old content. The final checkpoint reads such a file again, so the manifest (and
+// the data dir the next wake keeps) hold what the instance last wrote.
+func TestFinalCheckpointRereadsRacyFiles(t *testing.T) {
+	ctx := context.Background()
+	b := &objGets{Bucket: backends["file"](t)}
+	dir := t.TempDir()
+	s := newSyncer(t, b, dir)
+	os.MkdirAll(s.DataDir, 0o700)
+	p := filepath.Join(s.DataDir, "a.txt")
+	os.WriteFile(p, bytes.Repeat([]byte("1"), 100000), 0o600)
+	if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	var old File
+	for _, f := range s.hashes {
+		old = f
+	}
+	os.WriteFile(p, bytes.Repeat([]byte("2"), 100000), 0o600)
+	// As if the periodic checkpoint had taken this fingerprint, then read the file just
+	// before the write: the cache maps the current fingerprint to the old content.
+	fp, err := fingerprint(s.DataDir, "a.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.hashes = map[string]File{fp: old}
+	s.readAt = map[string]time.Time{fp: time.Now()}
+	s.Final = true
+	st, err := s.Checkpoint(ctx, nil, time.Now())
+	s.Final = false
+	if err != nil || st.ReuseErr != nil {
+		t.Fatalf("final checkpoint: %v, %v", err, st.ReuseErr)
+	}
+	w, reused, _ := wake(t, b, dir)
+	if !reused {
+		t.Fatal("wake after the final checkpoint did not keep the data dir")
+	}
+	sameAsManifest(t, b, w)
+}

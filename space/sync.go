@@ -89,6 +89,9 @@ type Syncer struct {
 	// hashes maps a file's stat fingerprint to its snapshot's content, so unchanged files
 	// (and unchanged SQLite databases) are neither re-read nor re-uploaded.
 	hashes map[string]File
+	// readAt holds, by fingerprint, when a checkpoint read that content while the
+	// instance ran (absent: read with it stopped, or written by Restore). See racy.
+	readAt map[string]time.Time
 	// known holds blob hashes known to exist in the bucket.
 	known map[string]bool
 	// dbs holds, by path, what this box knows of each database's last checkpointed image.
