@@ -49,8 +49,8 @@ type Stats struct {
 	HistoryErr error
 	// Skipped lists the files left out because they are not regular files (oddfiles.go).
 	Skipped []SkippedFile
-	// ReuseErr, after a Final checkpoint, says why the next wake on this box cannot keep
-	// the data dir (reuse.go); nil when it can.
+	// ReuseErr, after a Final format-2 checkpoint, says why the next wake on this box
+	// cannot keep the data dir (reuse.go); nil when it can (or when nothing was tried).
 	ReuseErr error
 }
 
