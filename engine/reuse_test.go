@@ -121,6 +121,29 @@ func TestWakeAfterSleepKeepsTheDataDir(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A name added to the data dir while the space slept: the wake restores in full.
+	if err := os.WriteFile(filepath.Join(in.dataDir, "stray.txt"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.n.Store(0)
+	u, err = e.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := b.n.Load(); n == 0 || in.syncer.Reused() {
+		t.Fatalf("wake after the data dir changed: %d object GETs, reused %v; want a download", n, in.syncer.Reused())
+	}
+	if _, err := os.Stat(filepath.Join(in.dataDir, "stray.txt")); !os.IsNotExist(err) {
+		t.Fatalf("the full restore kept a file the manifest lacks: %v", err)
+	}
+	if got, err = os.ReadFile(dbPath); err != nil || string(got) != string(want) {
+		t.Fatalf("the full restore gave different bytes (%v)", err)
+	}
+	u.Release()
+	if err := e.Sleep(ctx, host); err != nil {
+		t.Fatal(err)
+	}
+
 	// Another box (its own state dir) downloads.
 	o := reuseTestEngine(t, b, "box-b")
 	b.n.Store(0)
