@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -122,7 +123,10 @@ func (s *Syncer) recordReuse() error {
 		if err != nil {
 			return err
 		}
-		if fps[f.Path] != fp || !sameFiles([]File{read[f.Path]}, []File{f}) {
+		if !sameFiles([]File{read[f.Path]}, []File{f}) {
+			return fmt.Errorf("%s: the checkpoint read other content", f.Path)
+		}
+		if fps[f.Path] != fp && f.Content.DB == nil {
 			return fmt.Errorf("%s changed since the checkpoint read it", f.Path)
 		}
 		if f.Content.DB == nil {
@@ -135,6 +139,17 @@ func (s *Syncer) recordReuse() error {
 		}
 		if strconv.FormatUint(xorAll(st.hashes), 16) != img.Checksum {
 			return fmt.Errorf("%s: page state does not match the image", f.Path)
+		}
+		if fps[f.Path] != fp {
+			// The checkpoint's own connection moved a WAL the instance left (killed before
+			// it closed the database) into the file on closing: the bytes are the pages
+			// the checkpoint read, unless something else wrote. Compare every page.
+			if err := samePages(filepath.Join(s.DataDir, filepath.FromSlash(f.Path)), img, st.hashes); err != nil {
+				return fmt.Errorf("%s: %v", f.Path, err)
+			}
+			if again, err := fingerprint(s.DataDir, f.Path); err != nil || again != fp {
+				return fmt.Errorf("%s changed while it was compared", f.Path)
+			}
 		}
 		hb := make([]byte, 8*len(st.hashes))
 		for i, h := range st.hashes {
@@ -157,6 +172,45 @@ func (s *Syncer) recordReuse() error {
 	if err := os.Rename(tmp, s.reusePath()); err != nil {
 		os.Remove(tmp)
 		return err
+	}
+	return nil
+}
+
+// samePages reports (nil) whether the database file at p holds exactly the image's pages:
+// its size is the image's and each page hashes to what the checkpoint recorded. The file is
+// opened without following a link or blocking on a FIFO, and must be the file Lstat saw.
+func samePages(p string, img *DBImage, hashes []uint64) error {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() != int64(img.Pages)*int64(img.PageSize) {
+		return errors.New("not the image's size")
+	}
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if fi2, err := f.Stat(); err != nil || !os.SameFile(fi, fi2) {
+		return errors.New("replaced while opening")
+	}
+	bp := fetchBufs.Get().(*[]byte)
+	defer fetchBufs.Put(bp)
+	buf := (*bp)[:fetchBuffer-fetchBuffer%img.PageSize]
+	pg := uint32(1)
+	for off := int64(0); off < fi.Size(); {
+		n, err := f.ReadAt(buf[:min(int64(len(buf)), fi.Size()-off)], off)
+		if err != nil && !(errors.Is(err, io.EOF) && int64(n) == fi.Size()-off) {
+			return err
+		}
+		for i := 0; i+img.PageSize <= n; i += img.PageSize {
+			if pageHash(pg, buf[i:i+img.PageSize]) != hashes[pg-1] {
+				return fmt.Errorf("page %d differs from the image", pg)
+			}
+			pg++
+		}
+		off += int64(n)
 	}
 	return nil
 }

@@ -357,3 +357,61 @@ func TestFinalCheckpointRereadsRacyFiles(t *testing.T) {
 	}
 	sameAsManifest(t, b, w)
 }
+
+// TestWakeAfterKilledInstanceReusesDataDir: an instance killed before it closed its database
+// leaves a WAL; the final checkpoint's own connection moves it into the database file on
+// closing. The record still stands (every page compared with what the checkpoint read), and
+// the wake finds every row. A page changed behind the checkpoint's back is refused.
+func TestWakeAfterKilledInstanceReusesDataDir(t *testing.T) {
+	ctx := context.Background()
+	b := &objGets{Bucket: backends["file"](t)}
+	src := t.TempDir()
+	db := openDB(t, filepath.Join(src, "app.db"))
+	if _, err := db.Exec("PRAGMA wal_autocheckpoint=0"); err != nil {
+		t.Fatal(err)
+	}
+	fillDB(t, db, 500, 1000)
+	dir := t.TempDir()
+	s := newSyncer(t, b, dir)
+	os.MkdirAll(s.DataDir, 0o700)
+	// The files as a kill leaves them: the WAL holds every row, the database file none.
+	for _, n := range []string{"app.db", "app.db-wal", "app.db-shm"} {
+		body, err := os.ReadFile(filepath.Join(src, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(s.DataDir, n), body, 0o600)
+	}
+	db.Close()
+	if fi, _ := os.Stat(filepath.Join(s.DataDir, "app.db-wal")); fi == nil || fi.Size() == 0 {
+		t.Fatal("setup: no WAL left beside the database")
+	}
+	s.Final = true
+	st, err := s.Checkpoint(ctx, nil, time.Now())
+	s.Final = false
+	if err != nil || st.ReuseErr != nil {
+		t.Fatalf("final checkpoint: %v, reuse: %v", err, st.ReuseErr)
+	}
+	// A byte of the database changed after the checkpoint read it (as if written behind
+	// its back before the record): no record.
+	p := filepath.Join(s.DataDir, "app.db")
+	body, _ := os.ReadFile(p)
+	body[len(body)-1] ^= 0xff
+	os.WriteFile(p, body, 0o600)
+	if err := s.recordReuse(); err == nil {
+		t.Fatal("a record for a database whose page changed after the checkpoint read it")
+	}
+	body[len(body)-1] ^= 0xff
+	os.WriteFile(p, body, 0o600)
+	if err := s.recordReuse(); err != nil {
+		t.Fatalf("record for the database as the checkpoint read it: %v", err)
+	}
+	w, reused, gets := wake(t, b, dir)
+	if !reused || gets != 0 {
+		t.Fatalf("wake: reused %v, %d GETs", reused, gets)
+	}
+	if n := rows(t, filepath.Join(w.DataDir, "app.db")); n != 500 {
+		t.Fatalf("rows = %d, want 500", n)
+	}
+	sameAsManifest(t, b, w)
+}
