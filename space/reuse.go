@@ -1,6 +1,7 @@
 package space
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -24,7 +25,8 @@ import (
 // file list) and a stat signature of every name in the data dir (reuseFile, in WorkDir, which
 // the space's uid cannot write). Restore takes the record and removes it before anything
 // else; it keeps the data dir as it is only when the record names exactly the manifest just
-// loaded and the data dir's signature is unchanged. Any doubt is a full restore.
+// loaded, the machine has not rebooted since (bootID) and the data dir's signature is
+// unchanged. Any doubt is a full restore.
 //
 // What "exactly equal" takes, checked when the record is written:
 //   - every manifest entry is format 2 (a format-1 blob of a database is a VACUUM INTO copy,
@@ -46,6 +48,7 @@ const reuseFile = "reuse.json"
 // reuseRecord is what a final checkpoint leaves for the next wake on this box.
 type reuseRecord struct {
 	Host       string        `json:"host"`
+	BootID     string        `json:"boot_id"`
 	DataDir    string        `json:"data_dir"`
 	Generation int64         `json:"generation"`
 	ETag       string        `json:"etag"`
@@ -110,11 +113,18 @@ func (s *Syncer) recordReuse() error {
 		fps[f.Path] = fp
 		read[f.Path] = f
 	}
+	boot, err := bootID()
+	if err != nil {
+		return err
+	}
+	// The signature comes first and the checks after: a change between the two leaves a
+	// record that no longer matches (a full restore), never one that vouches for content
+	// nobody checked.
 	names, err := signature(s.DataDir, byPath)
 	if err != nil {
 		return err
 	}
-	rec := reuseRecord{Host: s.Host, DataDir: s.DataDir, Generation: m.Generation, ETag: s.etag, Names: names}
+	rec := reuseRecord{Host: s.Host, BootID: boot, DataDir: s.DataDir, Generation: m.Generation, ETag: s.etag, Names: names}
 	if rec.FilesHash, err = filesHash(m.Files); err != nil {
 		return err
 	}
@@ -215,6 +225,21 @@ func samePages(p string, img *DBImage, hashes []uint64) error {
 	return nil
 }
 
+// bootID names the running kernel's boot. A record from an earlier boot is not trusted: a
+// crash of the machine can keep a file's new size and times (journaled metadata) without
+// the data written over its old blocks, which nobody had synced.
+func bootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("reading the boot id: %v", err)
+	}
+	id := string(bytes.TrimSpace(b))
+	if id == "" {
+		return "", errors.New("empty boot id")
+	}
+	return id, nil
+}
+
 func xorAll(hs []uint64) uint64 {
 	var x uint64
 	for _, h := range hs {
@@ -298,7 +323,8 @@ func (s *Syncer) reuse() bool {
 	}
 	var rec reuseRecord
 	m := s.manifest
-	if json.Unmarshal(body, &rec) != nil || m == nil || s.FullFile ||
+	boot, err := bootID()
+	if err != nil || json.Unmarshal(body, &rec) != nil || rec.BootID != boot || m == nil || s.FullFile ||
 		rec.Host != s.Host || rec.DataDir != s.DataDir || rec.Generation != m.Generation || rec.ETag == "" || rec.ETag != s.etag {
 		return false
 	}

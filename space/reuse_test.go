@@ -268,6 +268,14 @@ func TestWakeRestoresInFullWhenInDoubt(t *testing.T) {
 		"empty directory added": func(t *testing.T, b bucket.Bucket, s *Syncer) {
 			os.Mkdir(data(s, "empty"), 0o700)
 		},
+		"machine rebooted": func(t *testing.T, b bucket.Bucket, s *Syncer) {
+			body, _ := os.ReadFile(s.reusePath())
+			boot, _ := bootID()
+			if !bytes.Contains(body, []byte(boot)) {
+				t.Fatal("setup: the record has no boot id")
+			}
+			os.WriteFile(s.reusePath(), bytes.Replace(body, []byte(boot), []byte("00000000-0000-0000-0000-000000000000"), 1), 0o600)
+		},
 		"record tampered": func(t *testing.T, b bucket.Bucket, s *Syncer) {
 			os.WriteFile(s.reusePath(), []byte("{"), 0o600)
 		},
