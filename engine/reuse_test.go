@@ -144,6 +144,23 @@ func TestWakeAfterSleepKeepsTheDataDir(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A discard after a sleep (the record goes with the local state): a full restore.
+	if err := e.Discard(ctx, host); err != nil {
+		t.Fatal(err)
+	}
+	b.n.Store(0)
+	u, err = e.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := b.n.Load(); n == 0 || e.get(host).syncer.Reused() {
+		t.Fatalf("wake after a discard: %d object GETs, reused %v; want a download", n, e.get(host).syncer.Reused())
+	}
+	u.Release()
+	if err := e.Sleep(ctx, host); err != nil {
+		t.Fatal(err)
+	}
+
 	// Another box (its own state dir) downloads.
 	o := reuseTestEngine(t, b, "box-b")
 	b.n.Store(0)
