@@ -34,7 +34,10 @@ import (
 //     manifest (same size and permission bits, no other mode bits, one link) or a directory
 //     holding one: no symlink, FIFO, SQLite -wal/-shm/-journal, empty directory or other file;
 //   - each file's fingerprint is the one the checkpoint read it under (so its content is the
-//     manifest's), and a database's page hashes XOR to the image's checksum.
+//     manifest's; a final checkpoint reads again any file a write may have slipped past its
+//     cache, see racy), or, for a database whose WAL the checkpoint's own connection moved
+//     into the file, every page hashes as the checkpoint read it; and a database's page
+//     hashes XOR to the image's checksum.
 //
 // The signature (inode, size, mtime, ctime, mode, links, owner of every name, taken with
 // Lstat, never following a link) catches any change made after the record: a write, a
