@@ -534,7 +534,7 @@ func (e *Engine) wake(in *inst) (err error) {
 	e.c.wakes.Add(1)
 	e.startSync(in, kind)
 	log.Info("awake", zap.Int("pid", p.pid), zap.Duration("restore", restored.Sub(start)),
-		zap.Duration("total", e.now().Sub(start)))
+		zap.Bool("kept_data_dir", in.syncer.Reused()), zap.Duration("total", e.now().Sub(start)))
 	return nil
 }
 

@@ -98,7 +98,10 @@ func TestIsolatedSpaceOwnsItsDataAcrossSleeps(t *testing.T) {
 	if err := e.Sleep(context.Background(), host); err != nil {
 		t.Fatal(err)
 	}
-	post() // restored by the box, handed back to the space
+	post() // kept by the box (it slept here), handed back to the space
+	if !e.get(host).syncer.Reused() {
+		t.Fatal("the wake after a sleep on this box did not keep the data dir")
+	}
 	data := filepath.Join(dir, "state", "spaces", host, "data")
 	notes, err := os.ReadFile(filepath.Join(data, "notes.txt"))
 	if err != nil || strings.Count(string(notes), "/note") != 2 {

@@ -17,7 +17,22 @@ import (
 // delta (see checkpointDB); a plain file is split into content-defined chunks and only new
 // chunks go up. Once the manifest is written its copy goes to history/, and every
 // gcInterval generations unreferenced objects are collected.
+//
+// Every checkpoint first removes the record a wake on this box may reuse the data dir by
+// (reuse.go); a successful Final checkpoint writes it again when the data dir provably
+// equals the manifest.
 func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.Time) (Stats, error) {
+	if err := s.dropReuse(); err != nil {
+		return Stats{}, err
+	}
+	st, err := s.checkpoint(ctx, nextWake, now)
+	if err == nil && s.Final && !s.FullFile {
+		st.ReuseErr = s.recordReuse()
+	}
+	return st, err
+}
+
+func (s *Syncer) checkpoint(ctx context.Context, nextWake *time.Time, now time.Time) (Stats, error) {
 	if s.FullFile {
 		return s.checkpointV1(ctx, nextWake, now)
 	}
@@ -34,7 +49,7 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 		gen = s.manifest.Generation + 1
 	}
 	up := newUploader(s.Bucket, s.Host, s.manifest)
-	files, fresh, dbs, err := s.walk(ctx, gen, now, up, &st)
+	files, fresh, readAt, dbs, err := s.walk(ctx, gen, now, up, &st)
 	if werr := up.wait(); err == nil {
 		err = werr
 	}
@@ -44,7 +59,7 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 	}
 	st.Files = len(files)
 	if s.manifest != nil && sameFiles(s.manifest.Files, files) && sameTime(s.manifest.NextWake, nextWake) {
-		s.hashes, s.dbs = fresh, dbs // same content; newer WAL positions and fingerprints
+		s.hashes, s.readAt, s.dbs = fresh, readAt, dbs // same content; newer WAL positions and fingerprints
 		st.Duration = time.Since(start)
 		return st, nil
 	}
@@ -53,7 +68,7 @@ func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 	if err != nil {
 		return st, err
 	}
-	s.manifest, s.etag, s.hashes, s.dbs = m, etag, fresh, dbs
+	s.manifest, s.etag, s.hashes, s.readAt, s.dbs = m, etag, fresh, readAt, dbs
 	st.ManifestWritten = true
 	// History follows the swap, never precedes it: a fenced writer's entry would otherwise
 	// take the generation's name from the real one. A lost entry only narrows what can be
@@ -89,24 +104,35 @@ func (s *Syncer) gcGrace() time.Duration {
 	return DefaultGCGrace
 }
 
-// walk visits DataDir and returns its files (sorted by path), the fingerprint cache and the
-// database states to keep if the manifest is written. Unchanged files (same fingerprint) are
-// not read. SQLite -wal, -shm and -journal files are part of their database, never files of
+// walk visits DataDir and returns its files (sorted by path), the fingerprint cache (and when
+// each entry was read) and the database states to keep if the manifest is written.
+// Unchanged files (same fingerprint) are not read, except, in a final checkpoint, those a
+// write could have slipped past unnoticed (racy). SQLite -wal, -shm and -journal files are part of their database, never files of
 // their own. Symlinks, FIFOs, sockets and devices are skipped and listed in st.Skipped.
-func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploader, st *Stats) ([]File, map[string]File, map[string]*dbState, error) {
+func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploader, st *Stats) ([]File, map[string]File, map[string]time.Time, map[string]*dbState, error) {
 	var files []File
 	fresh := make(map[string]File)
+	readAt := make(map[string]time.Time)
 	dbs := make(map[string]*dbState)
 	err := walkFiles(ctx, s.DataDir, &st.Skipped, func(p, rel string, info fs.FileInfo, fp string) error {
 		mode := uint32(info.Mode().Perm())
-		if f, ok := s.hashes[fp]; ok && !(s.Final && s.dbs[rel].foldable()) && !(s.Folding && s.dbs[rel].chainLong()) {
+		if f, ok := s.hashes[fp]; ok && !(s.Final && s.dbs[rel].foldable()) && !(s.Folding && s.dbs[rel].chainLong()) &&
+			!(s.Final && s.racy(rel, s.readAt[fp])) {
 			f.Path, f.Mode = rel, mode
 			files = append(files, f)
 			fresh[fp] = f
+			if at, ok := s.readAt[fp]; ok {
+				readAt[fp] = at
+			}
 			if db := s.dbs[rel]; db != nil {
 				dbs[rel] = db
 			}
 			return nil
+		}
+		if !s.Final {
+			// The instance may write while this checkpoint reads (a final checkpoint runs
+			// after it stopped, so what that one reads is final).
+			readAt[fp] = time.Now()
 		}
 		isDB, err := isSQLite(p)
 		if err != nil {
@@ -144,10 +170,10 @@ func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploade
 		return nil
 	})
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
-	return files, fresh, dbs, nil
+	return files, fresh, readAt, dbs, nil
 }
 
 // sameFiles reports whether two file lists describe the same content.

@@ -23,7 +23,18 @@ const fetchConcurrency = 8
 // down, and its page checksum verified. A database's objects are checked by that page
 // checksum (and a delta by its LTX file checksum) rather than hashed a second time with
 // SHA-256, which would cost a wake more CPU than anything else it does.
+//
+// When a final checkpoint on this box left the data dir provably equal to the loaded
+// manifest, and nothing changed it since, the data dir is kept as it is (reuse.go).
 func (s *Syncer) Restore(ctx context.Context) error {
+	s.reused = false
+	if s.reuse() {
+		s.reused = true
+		return nil
+	}
+	if err := s.dropReuse(); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(s.WorkDir, 0o700); err != nil {
 		return err
 	}
@@ -57,7 +68,7 @@ func (s *Syncer) Restore(ctx context.Context) error {
 		return fmt.Errorf("swapping in restored data dir: %v", err)
 	}
 	// Seed the caches: the restored files are exactly the manifest's.
-	s.hashes = make(map[string]File)
+	s.hashes, s.readAt = make(map[string]File), nil
 	for _, f := range files {
 		if fp, err := fingerprint(s.DataDir, f.Path); err == nil {
 			s.hashes[fp] = f

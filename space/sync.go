@@ -49,6 +49,9 @@ type Stats struct {
 	HistoryErr error
 	// Skipped lists the files left out because they are not regular files (oddfiles.go).
 	Skipped []SkippedFile
+	// ReuseErr, after a Final format-2 checkpoint, says why the next wake on this box
+	// cannot keep the data dir (reuse.go); nil when it can (or when nothing was tried).
+	ReuseErr error
 }
 
 // Syncer moves one space's data directory to and from the bucket. It remembers the manifest
@@ -86,6 +89,9 @@ type Syncer struct {
 	// hashes maps a file's stat fingerprint to its snapshot's content, so unchanged files
 	// (and unchanged SQLite databases) are neither re-read nor re-uploaded.
 	hashes map[string]File
+	// readAt holds, by fingerprint, when a checkpoint read that content while the
+	// instance ran (absent: read with it stopped, or written by Restore). See racy.
+	readAt map[string]time.Time
 	// known holds blob hashes known to exist in the bucket.
 	known map[string]bool
 	// dbs holds, by path, what this box knows of each database's last checkpointed image.
@@ -94,6 +100,8 @@ type Syncer struct {
 	gcAt int64
 	// histCache holds the references of history entries read by GC (they never change).
 	histCache map[string][]Ref
+	// reused: the last Restore kept the local data dir (reuse.go).
+	reused bool
 }
 
 // Manifest returns the manifest this box last read or wrote (nil before Load or for a new

@@ -372,6 +372,77 @@ func TestCheckpointFigures(t *testing.T) {
 			float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
 	}
 
+	// 3c. A wake after a sleep on the same box (HRW placement sends a space back to the box it
+	// slept on): each format's own syncer and data dir, its instance stopped. Full-file mode
+	// (main's) downloads every time; format 2 keeps the data dir when the sleep's final
+	// checkpoint recorded it equal to the manifest and nothing changed it since
+	// (space/reuse.go). Each wake is followed by a sleep (a final checkpoint, not timed) so
+	// the next wake comes after a sleep too.
+	logf("\n3c. wake after a sleep on the same box (Load + Restore into the box's own data dir, each wake followed by an untimed sleep), %d wakes of each format per size after %d warm-up pairs, interleaved A,B,B,A...:", wakes, warm)
+	tick := now.Add(time.Duration(20+series) * time.Second)
+	for _, pair := range [][2]*box{{s1, s2}, {v1, v2}} {
+		var lat [2][]time.Duration
+		var gets, read [2]int64
+		var cpu [2]time.Duration
+		reused := 0
+		var reuseErr error
+		sameBox := func(x *box, k int, keep bool) {
+			tick = tick.Add(time.Second)
+			x.s.Final = true
+			st, err := x.s.Checkpoint(context.Background(), nil, tick)
+			x.s.Final = false
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.ReuseErr != nil && !x.s.FullFile {
+				reuseErr = st.ReuseErr
+			}
+			cb.reset()
+			c0, s0 := selfCPU(), s3.CPU()
+			start := time.Now()
+			if err := x.s.Load(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if err := x.s.Restore(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			d := time.Since(start)
+			c := selfCPU() - c0 + s3.CPU() - s0
+			if !keep {
+				return
+			}
+			lat[k] = append(lat[k], d)
+			gets[k] += cb.gets.Load()
+			read[k] += cb.read.Load()
+			cpu[k] += c
+			if x.s.Reused() {
+				reused++
+			}
+		}
+		for _, x := range pair {
+			x.db.Close() // the instance stops
+		}
+		for i := range warm + wakes {
+			if i%2 == 0 {
+				sameBox(pair[0], 0, i >= warm)
+				sameBox(pair[1], 1, i >= warm)
+			} else {
+				sameBox(pair[1], 1, i >= warm)
+				sameBox(pair[0], 0, i >= warm)
+			}
+		}
+		n := int64(wakes)
+		mm, _ := pair[1].s.Manifest()
+		logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s (data dir kept on %d of %d wakes) | ratio p50 %.2f p99 %.2f",
+			mib(mm.Size()), ms(pct(lat[0], .5)), ms(pct(lat[0], .99)), ms(pct(lat[1], .5)), ms(pct(lat[1], .99)), reused, wakes,
+			float64(pct(lat[1], .5))/float64(pct(lat[0], .5)), float64(pct(lat[1], .99))/float64(pct(lat[0], .99)))
+		logf("      per wake: full-file %d GETs, %s read, CPU %s | page-delta %d GETs, %s read, CPU %s (GETs include the manifest's)",
+			gets[0]/n, mib(read[0]/n), ms(cpu[0]/time.Duration(n)), gets[1]/n, mib(read[1]/n), ms(cpu[1]/time.Duration(n)))
+		if reuseErr != nil {
+			logf("      a sleep could not record its data dir for reuse: %v", reuseErr)
+		}
+	}
+
 	// 4. Point-in-time restore to the state before the series.
 	cb.reset()
 	start := time.Now()
