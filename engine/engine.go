@@ -274,6 +274,10 @@ func New(cfg Config) (*Engine, error) {
 		wakeSlots:     make(map[string]*wakeSlot),
 		wakeRetryBase: wakeRetryBase,
 	}
+	e.holder.OnTakeover = func(host string, prev space.Lease) {
+		e.log.Warn("took over the lease of a holder that was not live", zap.String("host", host),
+			zap.String("holder", prev.Holder), zap.String("incarnation", prev.Incarnation), zap.Time("acquired_at", prev.AcquiredAt))
+	}
 	if err := e.checkKindsHere(kinds); err != nil {
 		return nil, err
 	}

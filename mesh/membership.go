@@ -661,27 +661,40 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 		m.stats.listErrors.Add(1)
 		return false, fmt.Errorf("checking heartbeat: %v", err)
 	}
+	// Every "dead" answer is logged with its reason: it lets this box take the holder's
+	// leases over, and a wrong one is two writers.
+	dead := func(why string, fields ...zap.Field) (bool, error) {
+		m.logger.Warn("lease holder judged dead by a fresh read", append([]zap.Field{zap.String("holder", self),
+			zap.String("incarnation", incarnation), zap.String("why", why), zap.Time("bucket_now", now)}, fields...)...)
+		return false, nil
+	}
 	for _, o := range objs {
 		if o.Key != key {
 			continue
 		}
-		if now.Sub(o.LastModified) > m.cfg.DeadAfter {
-			return false, nil
+		if age := now.Sub(o.LastModified); age > m.cfg.DeadAfter {
+			return dead("heartbeat too old", zap.Duration("age", age), zap.Time("last_modified", o.LastModified))
 		}
 		if key == m.key {
-			return incarnation == m.cfg.Incarnation, nil
+			if incarnation != m.cfg.Incarnation {
+				return dead("an earlier incarnation of this box")
+			}
+			return true, nil
 		}
 		hb, err := m.cachedBody(ctx, o)
 		if errors.Is(err, bucket.ErrNotFound) {
-			return false, nil
+			return dead("heartbeat deleted while read")
 		}
 		if err != nil {
 			m.stats.getErrors.Add(1)
 			return false, fmt.Errorf("checking heartbeat: %v", err)
 		}
-		return liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation), nil
+		if !liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation) {
+			return dead("another incarnation beats", zap.String("beating", hb.Incarnation))
+		}
+		return true, nil
 	}
-	return false, nil
+	return dead("no heartbeat listed", zap.Int("listed", len(objs)))
 }
 
 // Stats returns a snapshot of the counters.

@@ -46,6 +46,9 @@ type Holder struct {
 	// Live reports whether another holder is alive; nil means a single box, where only
 	// this box's own current incarnation counts as live.
 	Live LiveFunc
+	// OnTakeover, when set, hears of every lease taken over from another holder (or an
+	// earlier incarnation) that had not released it, with that lease: for the log.
+	OnTakeover func(host string, prev Lease)
 }
 
 // Free reports whether l may be taken by h.
@@ -102,6 +105,9 @@ func AcquireLease(ctx context.Context, b bucket.Bucket, host string, h Holder, n
 		}
 		info, err = b.Put(ctx, LeaseKey(host), bytes.NewReader(body), int64(len(body)), bucket.Cond{IfMatch: etag})
 		if err == nil {
+			if h.OnTakeover != nil && !cur.Released && (cur.Holder != h.ID || cur.Incarnation != h.Incarnation) {
+				h.OnTakeover(host, cur)
+			}
 			return info.ETag, nil
 		}
 		if !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) {
