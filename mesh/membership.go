@@ -668,33 +668,52 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 			zap.String("incarnation", incarnation), zap.String("why", why), zap.Time("bucket_now", now)}, fields...)...)
 		return false, nil
 	}
-	for _, o := range objs {
-		if o.Key != key {
-			continue
+	var found *bucket.Info
+	for i := range objs {
+		if objs[i].Key == key {
+			found = &objs[i]
+			break
 		}
-		if age := now.Sub(o.LastModified); age > m.cfg.DeadAfter {
-			return dead("heartbeat too old", zap.Duration("age", age), zap.Time("last_modified", o.LastModified))
-		}
-		if key == m.key {
-			if incarnation != m.cfg.Incarnation {
-				return dead("an earlier incarnation of this box")
-			}
-			return true, nil
-		}
-		hb, err := m.cachedBody(ctx, o)
+	}
+	if found == nil {
+		// Not listed. A listing that misses an object while it is overwritten (a store
+		// may replace it by unlink and link) must not pass for a dead holder: ask for
+		// the key itself.
+		hctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
+		info, err := m.b.Head(hctx, key)
+		cancel()
 		if errors.Is(err, bucket.ErrNotFound) {
-			return dead("heartbeat deleted while read")
+			return dead("no heartbeat", zap.Int("listed", len(objs)))
 		}
 		if err != nil {
 			m.stats.getErrors.Add(1)
 			return false, fmt.Errorf("checking heartbeat: %v", err)
 		}
-		if !liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation) {
-			return dead("another incarnation beats", zap.String("beating", hb.Incarnation))
+		m.logger.Warn("a holder's heartbeat was missing from a listing but exists", zap.String("holder", self))
+		found = &info
+	}
+	o := *found
+	if age := now.Sub(o.LastModified); age > m.cfg.DeadAfter {
+		return dead("heartbeat too old", zap.Duration("age", age), zap.Time("last_modified", o.LastModified))
+	}
+	if key == m.key {
+		if incarnation != m.cfg.Incarnation {
+			return dead("an earlier incarnation of this box")
 		}
 		return true, nil
 	}
-	return dead("no heartbeat listed", zap.Int("listed", len(objs)))
+	hb, err := m.cachedBody(ctx, o)
+	if errors.Is(err, bucket.ErrNotFound) {
+		return dead("heartbeat deleted while read")
+	}
+	if err != nil {
+		m.stats.getErrors.Add(1)
+		return false, fmt.Errorf("checking heartbeat: %v", err)
+	}
+	if !liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation) {
+		return dead("another incarnation beats", zap.String("beating", hb.Incarnation))
+	}
+	return true, nil
 }
 
 // Stats returns a snapshot of the counters.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -562,6 +563,58 @@ func TestHeartbeatAdvertisesAddressAndBucket(t *testing.T) {
 			if view[1].Address != "" || view[1].Bucket != "" {
 				t.Errorf("view %d: b advertises %q %q without either configured", i, view[1].Address, view[1].Bucket)
 			}
+		}
+	})
+}
+
+// hidingList is a store whose listings leave out one key, as a listing can while the
+// object is being overwritten.
+type hidingList struct {
+	bucket.Bucket
+	hide atomic.Value // string
+}
+
+func (h *hidingList) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
+	page, err := h.Bucket.List(ctx, prefix, token)
+	if hide, _ := h.hide.Load().(string); hide != "" {
+		kept := page.Objects[:0:0]
+		for _, o := range page.Objects {
+			if o.Key != hide {
+				kept = append(kept, o)
+			}
+		}
+		page.Objects = kept
+	}
+	return page, err
+}
+
+// TestCheckLiveListingMissesHeartbeat: a listing that misses a live holder's heartbeat
+// does not make it dead for a takeover: the key itself is looked up.
+func TestCheckLiveListingMissesHeartbeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := membucket.New()
+		ctx := t.Context()
+		hiding := &hidingList{Bucket: mem}
+		a := newTestMember(t, hiding, "https://a.example.net", "", nil)
+		b := newTestMember(t, mem, "https://b.example.net", "", nil)
+		for _, m := range []*Membership{a, b} {
+			m.Start(ctx)
+			defer m.Close()
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		hiding.hide.Store(HeartbeatKey(b.Config().Self))
+		if live, err := a.CheckLive(ctx, b.Config().Self, b.Config().Incarnation); err != nil || !live {
+			t.Fatalf("CheckLive(b, missing from the listing) = %v, %v; want live", live, err)
+		}
+		if live, _ := a.CheckLive(ctx, b.Config().Self, "another-incarnation"); live {
+			t.Fatal("an old incarnation of b counts as live")
+		}
+		b.Close()
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if live, err := a.CheckLive(ctx, b.Config().Self, b.Config().Incarnation); err != nil || live {
+			t.Fatalf("CheckLive(b, dead 5s and missing from the listing) = %v, %v; want dead", live, err)
 		}
 	})
 }
