@@ -110,6 +110,10 @@ type Config struct {
 	// has no route (its record is deleted when this box owns the host). nil falls back to
 	// the last Space this engine was asked to serve under that host.
 	Resolve func(host string) (Space, bool)
+	// Fresh, when set, is asked before every use of a space: false means this box's
+	// heartbeat is past its fence time though the fence has not run yet (the box was
+	// paused), and the request gets a retry, as when fenced. nil: always fresh.
+	Fresh func() bool
 	// FenceStopGrace caps a kind's StopGrace when a heartbeat fence stops the awake
 	// instances: they must be gone before peers count this box dead and take over.
 	// Zero: each kind's StopGrace.

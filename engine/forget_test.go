@@ -212,3 +212,45 @@ func TestAcquireAfterForgetTakesTheNewInst(t *testing.T) {
 		t.Fatalf("bucket holds %q", got)
 	}
 }
+
+// TestStaleHeartbeatRefusesUse: a box whose heartbeat is past its fence time (Config.Fresh
+// false: it was paused, and its fence timer has not run yet) serves no request, even from
+// an awake instance: another box may hold the space by now. Fresh again, it serves.
+func TestStaleHeartbeatRefusesUse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	var fresh atomic.Bool
+	fresh.Store(true)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "eng")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	e, _ := newCountingEngine(t, Config{StateDir: dir, Fresh: fresh.Load, Kinds: map[string]Kind{"app": {
+		Command: self, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"}, StopGrace: 5 * time.Second,
+	}}})
+	t.Cleanup(e.Close)
+	ctx := context.Background()
+	sp := Space{Host: "paused.example.com", Kind: "app"}
+	u, err := e.Acquire(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Release()
+	fresh.Store(false)
+	var retry *RetryError
+	if _, err := e.Acquire(ctx, sp); !errors.As(err, &retry) {
+		t.Fatalf("Acquire with a stale heartbeat: %v, want a RetryError", err)
+	}
+	fresh.Store(true)
+	u, err = e.Acquire(ctx, sp)
+	if err != nil {
+		t.Fatalf("Acquire once fresh again: %v", err)
+	}
+	u.Release()
+}

@@ -212,7 +212,7 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 		if e.ctx.Err() != nil {
 			return nil, &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
 		}
-		if e.fenced.Load() {
+		if e.fenced.Load() || e.cfg.Fresh != nil && !e.cfg.Fresh() {
 			return nil, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
 		in.mu.Lock()

@@ -640,6 +640,17 @@ func (m *Membership) Self() Member {
 	return mem
 }
 
+// Fresh reports whether this box's last successful heartbeat write was sent less than
+// the fence time (DeadAfter minus FenceMargin) ago, by the monotonic clock: what the fence
+// timer decides, asked on the request path. A box paused past its fence (SIGSTOP, a stall
+// of the machine) serves nothing when it resumes, even before its timer has run.
+func (m *Membership) Fresh() bool {
+	m.mu.Lock()
+	sent := m.lastPutSent
+	m.mu.Unlock()
+	return !sent.IsZero() && time.Since(sent) < m.fenceAfter
+}
+
 // IsLive applies the lease rule against the current view: the holder is live iff its
 // heartbeat exists, is fresh, and carries incarnation. The view may be up to one beat old;
 // CheckLive asks the bucket instead.

@@ -618,3 +618,28 @@ func TestCheckLiveListingMissesHeartbeat(t *testing.T) {
 		}
 	})
 }
+
+// TestMembershipFresh: Fresh follows the last successful heartbeat write by the
+// monotonic clock, whatever the fence timer has done: false before the first beat and
+// once a beat is older than the fence time.
+func TestMembershipFresh(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newTestMember(t, membucket.New(), "https://a.example.net", "", nil)
+		if a.Fresh() {
+			t.Fatal("fresh before its first heartbeat")
+		}
+		a.Start(t.Context())
+		if !a.Fresh() {
+			t.Fatal("not fresh right after its first heartbeat")
+		}
+		a.Close() // beats stop, as in a pause
+		time.Sleep(1500 * time.Millisecond)
+		if !a.Fresh() {
+			t.Fatal("not fresh 1.5s after its last beat (fence time 2s)")
+		}
+		time.Sleep(time.Second)
+		if a.Fresh() {
+			t.Fatal("still fresh 2.5s after its last beat (fence time 2s)")
+		}
+	})
+}

@@ -220,6 +220,7 @@ func (ms *meshState) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 	cfg.Holder = ms.cfg.Self
 	cfg.Incarnation = mc.Incarnation
 	cfg.HolderLive = ms.m.HolderLive
+	cfg.Fresh = ms.m.Fresh
 	// A fenced box's instances must be gone well before peers count it dead.
 	cfg.FenceStopGrace = mc.FenceMargin / 2
 	cfg.Owns = func(host string) bool { return ms.box.OwnsRoute(reg.Lookup, host) }
