@@ -255,20 +255,7 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 			break
 		}
 		first := len(img.Deltas) - n
-		merged := Delta{Level: level + 1, MinGen: img.Deltas[first].MinGen, MaxGen: gen}
-		var pages []uint32
-		for _, p := range ns.deltaPages[first:] {
-			pages = append(pages, p...)
-		}
-		slices.Sort(pages)
-		img.Deltas = append(img.Deltas[:first], merged)
-		ns.deltaPages = append(ns.deltaPages[:first], slices.Compact(pages))
-		for i := range fresh {
-			if i >= first {
-				delete(fresh, i)
-			}
-		}
-		fresh[first] = true
+		mergeTail(img, ns, fresh, first, Delta{Level: level + 1, MinGen: img.Deltas[first].MinGen, MaxGen: gen})
 	}
 	if !rebase {
 		var total int64
@@ -287,21 +274,11 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 	if s.Folding && !s.Final && !rebase && len(img.Deltas) > FoldChain {
 		first := foldFrom(ns.deltaPages)
 		merged := Delta{MinGen: img.Deltas[first].MinGen, MaxGen: gen}
-		var pages []uint32
-		for i, p := range ns.deltaPages[first:] {
-			pages = append(pages, p...)
-			merged.Level = max(merged.Level, img.Deltas[first+i].Level)
+		for _, d := range img.Deltas[first:] {
+			merged.Level = max(merged.Level, d.Level)
 		}
 		merged.Level = min(merged.Level+1, maxLevel)
-		slices.Sort(pages)
-		img.Deltas = append(img.Deltas[:first], merged)
-		ns.deltaPages = append(ns.deltaPages[:first], slices.Compact(pages))
-		for i := range fresh {
-			if i >= first {
-				delete(fresh, i)
-			}
-		}
-		fresh[first] = true
+		mergeTail(img, ns, fresh, first, merged)
 	}
 	if s.Final && !rebase {
 		switch foldPlan(img, ns.deltaPages) {
@@ -531,4 +508,22 @@ func hashImage(p string, img *DBImage) (*dbState, error) {
 func sha256Hex(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
+}
+
+// mergeTail replaces the deltas from first on by merged, which holds their pages, and marks
+// it as written by this checkpoint (fresh).
+func mergeTail(img *DBImage, ns *dbState, fresh map[int]bool, first int, merged Delta) {
+	var pages []uint32
+	for _, p := range ns.deltaPages[first:] {
+		pages = append(pages, p...)
+	}
+	slices.Sort(pages)
+	img.Deltas = append(img.Deltas[:first], merged)
+	ns.deltaPages = append(ns.deltaPages[:first], slices.Compact(pages))
+	for i := range fresh {
+		if i >= first {
+			delete(fresh, i)
+		}
+	}
+	fresh[first] = true
 }
