@@ -100,5 +100,6 @@
     if (["wake", "sleep", "crash", "fence", "derp_switch"].indexOf(ev.type) >= 0) names.push("charts");
     refresh(names);
   };
-  if (index) setInterval(function () { refresh(["fleet", "charts"]); }, 30000);
+  // Heartbeat ages and boxes joining or leaving show within 5 s even when no event comes.
+  if (index) setInterval(function () { refresh(["fleet", "charts"]); }, 5000);
 })();
