@@ -52,7 +52,7 @@ func savedNotes(t *testing.T, b bucket.Bucket, host string) string {
 	return string(data)
 }
 
-func forgetTestEngine(t *testing.T) (*Engine, *membucket.Counting) {
+func forgetTestEngine(t *testing.T, mod ...func(*Config)) (*Engine, *membucket.Counting) {
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -62,12 +62,16 @@ func forgetTestEngine(t *testing.T) (*Engine, *membucket.Counting) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	e, c := newCountingEngine(t, Config{StateDir: dir, Kinds: map[string]Kind{"app": {
+	cfg := Config{StateDir: dir, Kinds: map[string]Kind{"app": {
 		Command:     self,
 		Env:         map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
 		Replication: Replication{Class: ReplicateSleep},
 		StopGrace:   5 * time.Second,
-	}}})
+	}}}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	e, c := newCountingEngine(t, cfg)
 	t.Cleanup(e.Close)
 	return e, c
 }
@@ -222,19 +226,7 @@ func TestStaleHeartbeatRefusesUse(t *testing.T) {
 	}
 	var fresh atomic.Bool
 	fresh.Store(true)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "eng")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e, _ := newCountingEngine(t, Config{StateDir: dir, Fresh: fresh.Load, Kinds: map[string]Kind{"app": {
-		Command: self, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"}, StopGrace: 5 * time.Second,
-	}}})
-	t.Cleanup(e.Close)
+	e, _ := forgetTestEngine(t, func(c *Config) { c.Fresh = fresh.Load })
 	ctx := context.Background()
 	sp := Space{Host: "paused.example.com", Kind: "app"}
 	u, err := e.Acquire(ctx, sp)
