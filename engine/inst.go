@@ -473,30 +473,8 @@ func (e *Engine) wake(in *inst) (err error) {
 			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
 	}
 	in.syncer.Retention, in.syncer.GCGrace = kind.Retention, kind.GCGrace
-	_, lastETag := in.syncer.Manifest()
-	if err := in.syncer.Load(ctx); err != nil {
-		log.Error("loading manifest", zap.Error(err))
-		return &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
-	}
-	in.mu.Lock()
-	dirty := in.dirty
-	in.mu.Unlock()
-	if _, cur := in.syncer.Manifest(); dirty && cur == lastETag {
-		// The last checkpoint failed and nobody wrote since: the local data dir is the
-		// newest state. Keep it rather than restore older bytes over it.
-		log.Warn("keeping local state newer than the bucket")
-	} else if err := in.syncer.Restore(ctx); err != nil {
-		log.Error("restoring data dir", zap.Error(err))
-		return &RetryError{After: 5 * time.Second, Reason: "restore failed"}
-	}
-	m, _ := in.syncer.Manifest()
-	in.mu.Lock()
-	in.dirty = false
-	in.size = manifestSize(m)
-	in.mu.Unlock()
-	phase(&ph.Restore)
-	if e.fenced.Load() {
-		return &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
+	if err := e.restoreAndFence(ctx, in, etag, &ph, phase); err != nil {
+		return err
 	}
 	restored := e.now()
 
@@ -536,6 +514,75 @@ func (e *Engine) wake(in *inst) (err error) {
 	log.Info("awake", zap.Int("pid", p.pid), zap.Duration("restore", restored.Sub(start)),
 		zap.Bool("kept_data_dir", in.syncer.Reused()), zap.Duration("total", e.now().Sub(start)))
 	return nil
+}
+
+// maxFenceTries bounds how often a wake restores again because the manifest changed
+// between its read and its fence write: each retry means an earlier holder's late write
+// landed, and there are only as many of those as holders paused mid-checkpoint.
+const maxFenceTries = 3
+
+// restoreAndFence runs with in.op held and the lease taken (leaseETag): read the manifest,
+// restore the data dir from it (or keep the local one, below) and fence the manifest
+// (space.Syncer.Fence), so that no earlier holder's pending manifest write can land once
+// this instance may acknowledge writes. A late write that lands between the read and the
+// fence makes the fence fail: its state is newer, so read and restore again.
+func (e *Engine) restoreAndFence(ctx context.Context, in *inst, leaseETag string, ph *WakePhases, phase func(*time.Duration)) error {
+	log := in.logger()
+	_, lastETag := in.syncer.Manifest()
+	for try := 1; ; try++ {
+		if err := in.syncer.Load(ctx); err != nil {
+			log.Error("loading manifest", zap.Error(err))
+			return &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
+		}
+		in.mu.Lock()
+		dirty := in.dirty
+		in.mu.Unlock()
+		if _, cur := in.syncer.Manifest(); dirty && cur == lastETag {
+			// The last checkpoint failed and nobody wrote since: the local data dir is the
+			// newest state. Keep it rather than restore older bytes over it.
+			log.Warn("keeping local state newer than the bucket")
+		} else if err := in.syncer.Restore(ctx); err != nil {
+			log.Error("restoring data dir", zap.Error(err))
+			return &RetryError{After: 5 * time.Second, Reason: "restore failed"}
+		}
+		m, _ := in.syncer.Manifest()
+		in.mu.Lock()
+		in.dirty = false
+		in.size = manifestSize(m)
+		in.mu.Unlock()
+		phase(&ph.Restore)
+		if e.fenced.Load() {
+			return &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
+		}
+		err := in.syncer.Fence(ctx, space.Claim{Holder: e.holder.ID, Incarnation: e.holder.Incarnation, Lease: leaseETag, At: e.now()})
+		phase(&ph.Fence)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, space.ErrFenced) {
+			log.Error("fencing the manifest", zap.Error(err))
+			return &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
+		}
+		cur, _, _ := space.ReadManifest(ctx, e.cfg.Bucket, in.host)
+		log.Warn("manifest changed between restore and fence: restoring the newer state",
+			zap.Int("try", try), manifestWriter(cur))
+		if try == maxFenceTries {
+			return &RetryError{After: 5 * time.Second, Reason: "manifest keeps changing: another writer"}
+		}
+	}
+}
+
+// manifestWriter is a log field naming who wrote m: the lease it was claimed under, or
+// its writer (a manifest from before fencing at wake, a restore or a copy).
+func manifestWriter(m *space.Manifest) zap.Field {
+	switch {
+	case m == nil:
+		return zap.Skip()
+	case m.Claim != nil:
+		return zap.String("manifest_claimed_by", m.Claim.Holder+"/"+m.Claim.Incarnation)
+	default:
+		return zap.String("manifest_written_by", m.WrittenBy)
+	}
 }
 
 // Sleep stops the space now, checkpoints it and releases its lease.
@@ -738,7 +785,8 @@ func (e *Engine) fenceOut(in *inst) {
 	}
 	in.mu.Unlock()
 	e.c.fenced.Add(1)
-	in.logger().Error("manifest changed behind this box: instance killed, space fenced out")
+	cur, _, _ := space.ReadManifest(e.ctx, e.cfg.Bucket, in.host)
+	in.logger().Error("manifest changed behind this box: instance killed, space fenced out", manifestWriter(cur))
 	e.emit(Event{Type: EventFence, Host: in.host, Reason: "fenced out by another writer"})
 }
 

@@ -22,12 +22,13 @@ const (
 type WakePhases struct {
 	Lease   time.Duration `json:"lease"`   // acquiring the space's lease
 	Restore time.Duration `json:"restore"` // reading the manifest and restoring the data dir
+	Fence   time.Duration `json:"fence"`   // fencing the manifest against earlier holders (one conditional PUT)
 	Start   time.Duration `json:"start"`   // starting the instance process
 	Ready   time.Duration `json:"ready"`   // awaiting readiness
 }
 
 // Total is the sum of the phases.
-func (p WakePhases) Total() time.Duration { return p.Lease + p.Restore + p.Start + p.Ready }
+func (p WakePhases) Total() time.Duration { return p.Lease + p.Restore + p.Fence + p.Start + p.Ready }
 
 // Event is one thing the engine did, as observers hear it.
 type Event struct {

@@ -63,10 +63,10 @@ func TestObserverHearsWakePhasesAndCheckpoint(t *testing.T) {
 		t.Fatalf("events = %v, want wake, checkpoint, sleep", types)
 	}
 	w := byType[EventWake]
-	if w.Err != "" || w.Phases.Ready < delay || w.Phases.Lease >= delay || w.Phases.Restore >= delay || w.Phases.Start <= 0 {
-		t.Errorf("wake phases %+v (err %q): want ready >= %v, lease and restore below it", w.Phases, w.Err, delay)
+	if w.Err != "" || w.Phases.Ready < delay || w.Phases.Lease >= delay || w.Phases.Restore >= delay || w.Phases.Fence <= 0 || w.Phases.Fence >= delay || w.Phases.Start <= 0 {
+		t.Errorf("wake phases %+v (err %q): want ready >= %v, lease, restore and fence below it", w.Phases, w.Err, delay)
 	}
-	if w.Phases.Total() != w.Phases.Lease+w.Phases.Restore+w.Phases.Start+w.Phases.Ready {
+	if w.Phases.Total() != w.Phases.Lease+w.Phases.Restore+w.Phases.Fence+w.Phases.Start+w.Phases.Ready {
 		t.Error("Total is not the sum of the phases")
 	}
 	c := byType[EventCheckpoint]

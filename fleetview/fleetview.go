@@ -134,12 +134,13 @@ type DERP struct {
 type Phases struct {
 	Lease   time.Duration `json:"lease"`
 	Restore time.Duration `json:"restore"`
+	Fence   time.Duration `json:"fence"`
 	Start   time.Duration `json:"start"`
 	Ready   time.Duration `json:"ready"`
 }
 
 // Total is the sum of the phases.
-func (p Phases) Total() time.Duration { return p.Lease + p.Restore + p.Start + p.Ready }
+func (p Phases) Total() time.Duration { return p.Lease + p.Restore + p.Fence + p.Start + p.Ready }
 
 // Event types beyond the engine's (wake, sleep, checkpoint, fence, crash).
 const (

@@ -63,7 +63,7 @@ func (s *Syncer) checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 		st.Duration = time.Since(start)
 		return st, nil
 	}
-	m := &Manifest{Format: Format, Generation: gen, Files: files, WrittenBy: s.WrittenBy, WrittenAt: now.UTC(), NextWake: nextWake}
+	m := &Manifest{Format: Format, Generation: gen, Files: files, WrittenBy: s.WrittenBy, WrittenAt: now.UTC(), NextWake: nextWake, Claim: s.claim}
 	etag, err := s.writeManifest(ctx, m)
 	if err != nil {
 		return st, err

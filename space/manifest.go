@@ -77,6 +77,10 @@ type Manifest struct {
 	NextWake   *time.Time `json:"next_wake,omitempty"`
 	// RestoredFrom is the generation a point-in-time restore copied this state from.
 	RestoredFrom int64 `json:"restored_from,omitempty"`
+	// Claim is the lease of the holder that wrote this manifest: set by the fence write at
+	// wake (claim.go) and carried by that holder's checkpoints. Absent in manifests written
+	// before fencing at wake existed, or by restore and copy.
+	Claim *Claim `json:"claim,omitempty"`
 }
 
 // Size is the total size of the space's files.

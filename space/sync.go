@@ -83,6 +83,9 @@ type Syncer struct {
 
 	manifest *Manifest
 	etag     string
+	// claim is the lease this box fenced the manifest with since the last Load (claim.go);
+	// its checkpoints carry it.
+	claim *Claim
 	// unsure is the body of this box's last manifest write whose outcome is unknown
 	// (an error other than a lost swap): it may have landed (ambiguous.go).
 	unsure []byte
@@ -114,7 +117,7 @@ func (s *Syncer) Load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.manifest, s.etag, s.unsure = m, etag, nil
+	s.manifest, s.etag, s.unsure, s.claim = m, etag, nil, nil
 	s.known = make(map[string]bool)
 	if m != nil {
 		for _, f := range m.Files {
@@ -168,7 +171,7 @@ func (s *Syncer) checkpointV1(ctx context.Context, nextWake *time.Time, now time
 		}
 		s.known[f.SHA256] = true
 	}
-	m := &Manifest{Files: files, WrittenBy: s.WrittenBy, WrittenAt: now.UTC(), NextWake: nextWake}
+	m := &Manifest{Files: files, WrittenBy: s.WrittenBy, WrittenAt: now.UTC(), NextWake: nextWake, Claim: s.claim}
 	if s.manifest != nil {
 		m.Generation = s.manifest.Generation
 	}

@@ -232,8 +232,8 @@ func eventText(ev fleetview.Event) string {
 		b.WriteString(boxName(ev.Box))
 	}
 	if ev.Phases != nil {
-		fmt.Fprintf(&b, " in %s (lease %s, restore %s, start %s, ready %s)", millis(ev.Phases.Total()),
-			millis(ev.Phases.Lease), millis(ev.Phases.Restore), millis(ev.Phases.Start), millis(ev.Phases.Ready))
+		fmt.Fprintf(&b, " in %s (lease %s, restore %s, fence %s, start %s, ready %s)", millis(ev.Phases.Total()),
+			millis(ev.Phases.Lease), millis(ev.Phases.Restore), millis(ev.Phases.Fence), millis(ev.Phases.Start), millis(ev.Phases.Ready))
 	}
 	if ev.Detail != "" {
 		if b.Len() > 0 {

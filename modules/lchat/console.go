@@ -146,7 +146,7 @@ func (c consoleSource) Subscribe(f func(fleetview.Event)) func() {
 		out := fleetview.Event{At: ev.At, Type: ev.Type, Host: ev.Host, Detail: ev.Reason, Err: ev.Err}
 		switch ev.Type {
 		case engine.EventWake:
-			out.Phases = &fleetview.Phases{Lease: ev.Phases.Lease, Restore: ev.Phases.Restore, Start: ev.Phases.Start, Ready: ev.Phases.Ready}
+			out.Phases = &fleetview.Phases{Lease: ev.Phases.Lease, Restore: ev.Phases.Restore, Fence: ev.Phases.Fence, Start: ev.Phases.Start, Ready: ev.Phases.Ready}
 		case engine.EventCheckpoint:
 			out.Detail = fmt.Sprintf("%s, %d bytes uploaded, %d bytes in all", ev.Duration.Round(time.Millisecond), ev.Bytes, ev.Size)
 		case engine.EventFence:

@@ -83,7 +83,7 @@ func observeMetrics(ev engine.Event) {
 	switch ev.Type {
 	case engine.EventWake:
 		for phase, d := range map[string]time.Duration{"lease": ev.Phases.Lease, "restore": ev.Phases.Restore,
-			"start": ev.Phases.Start, "ready": ev.Phases.Ready} {
+			"fence": ev.Phases.Fence, "start": ev.Phases.Start, "ready": ev.Phases.Ready} {
 			if d > 0 {
 				wakePhaseSeconds.WithLabelValues(phase).Observe(d.Seconds())
 			}

@@ -22,8 +22,8 @@
     var s = ev.host || "";
     if (ev.box) s += (s ? " on " : "") + host(ev.box);
     if (ev.phases) {
-      var p = ev.phases, total = p.lease + p.restore + p.start + p.ready;
-      s += " in " + ms(total) + " (lease " + ms(p.lease) + ", restore " + ms(p.restore) +
+      var p = ev.phases, total = p.lease + p.restore + (p.fence || 0) + p.start + p.ready;
+      s += " in " + ms(total) + " (lease " + ms(p.lease) + ", restore " + ms(p.restore) + ", fence " + ms(p.fence || 0) +
         ", start " + ms(p.start) + ", ready " + ms(p.ready) + ")";
     }
     if (ev.detail) s += (s ? ": " : "") + ev.detail;
