@@ -154,6 +154,31 @@ func (c *cluster) start() *node {
 	return n
 }
 
+// waitAllLive waits until every box sees every box live.
+func (c *cluster) waitAllLive() {
+	c.t.Helper()
+	waitUntil(c.t, 30*time.Second, "every box sees every box live", func() bool {
+		for _, n := range c.nodes {
+			var st struct {
+				Mesh struct {
+					Live []string `json:"live_members"`
+				} `json:"mesh"`
+			}
+			if n.adminGet("/lchat/status", &st) != nil || len(st.Mesh.Live) != len(c.nodes) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// postMessage posts one message to the demo space host through the box's HTTPS listener.
+func (n *node) postMessage(host, text string) (*http.Response, error) {
+	req, _ := http.NewRequest("POST", "https://"+host+"/api/messages", strings.NewReader(fmt.Sprintf(`{"author":"t","text":%q}`, text)))
+	req.Header.Set("Content-Type", "application/json")
+	return n.http.Do(req)
+}
+
 // adminGet reads an admin endpoint with a timeout, decoding JSON into out.
 func (n *node) adminGet(path string, out any) error {
 	resp, err := n.admin.Get(n.AdminURL + path)
@@ -196,6 +221,20 @@ type boxStatus struct {
 		State    string     `json:"state"`
 		LastSync *time.Time `json:"last_sync"`
 	} `json:"spaces"`
+}
+
+// lastSync is when the box last checkpointed host (zero when it cannot tell).
+func (n *node) lastSync(host string) time.Time {
+	var st boxStatus
+	if n.adminGet("/lchat/status", &st) != nil {
+		return time.Time{}
+	}
+	for _, sp := range st.Spaces {
+		if sp.Host == host && sp.LastSync != nil {
+			return *sp.LastSync
+		}
+	}
+	return time.Time{}
 }
 
 // routes lists the box's registry as host -> kind/rev.

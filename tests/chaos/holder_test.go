@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -16,30 +15,14 @@ import (
 func TestForwardedHolderDiesIs503(t *testing.T) {
 	c := newCluster(t, 2)
 	a, b := c.nodes[0], c.nodes[1]
-	waitUntil(t, 30*time.Second, "both boxes see each other live", func() bool {
-		for _, n := range c.nodes {
-			var st struct {
-				Mesh struct {
-					Live []string `json:"live_members"`
-				} `json:"mesh"`
-			}
-			if n.adminGet("/lchat/status", &st) != nil || len(st.Mesh.Live) != 2 {
-				return false
-			}
-		}
-		return true
-	})
+	c.waitAllLive()
 	host := "dies." + meshDomain
 	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}, http.StatusCreated, nil)
 	waitUntil(t, 10*time.Second, "a has the route", func() bool {
 		rs, err := a.routes()
 		return err == nil && rs[host] != ""
 	})
-	post := func(n *node, text string) (*http.Response, error) {
-		req, _ := http.NewRequest("POST", "https://"+host+"/api/messages", strings.NewReader(fmt.Sprintf(`{"author":"t","text":%q}`, text)))
-		req.Header.Set("Content-Type", "application/json")
-		return n.http.Do(req)
-	}
+	post := func(n *node, text string) (*http.Response, error) { return n.postMessage(host, text) }
 	// Wake the space wherever placement puts it (b, say), then send through the other
 	// box (a) until a forwards to b: a now knows b as the holder.
 	var holder string

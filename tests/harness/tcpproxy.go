@@ -23,7 +23,59 @@ type TCPProxy struct {
 	drop   int           // answers still to drop (DropResponses)
 	down   bool
 	hole   chan struct{} // non-nil while blackholed; closed when the blackhole lifts
+	hold   *Held         // armed by Hold until a chunk matches
 	conns  map[net.Conn]struct{}
+}
+
+// Held is one request a TCPProxy holds in flight (Hold): caught on its way to the target,
+// delivered when released, as a write a paused machine sent before it stopped.
+type Held struct {
+	match    func([]byte) bool
+	caught   chan struct{}
+	release  chan struct{}
+	answered chan struct{}
+	relOnce  sync.Once
+	ansOnce  sync.Once
+}
+
+// Caught is closed once a chunk matched and is held.
+func (h *Held) Caught() <-chan struct{} { return h.caught }
+
+// Release lets the held chunk, and what its connection sent after it, go on to the target.
+// Idempotent.
+func (h *Held) Release() { h.relOnce.Do(func() { close(h.release) }) }
+
+// Answered is closed once the target sent something back on the held connection after the
+// release: the held request reached it and was acted on.
+func (h *Held) Answered() <-chan struct{} { return h.answered }
+
+// Hold arms the proxy to hold the next chunk a client sends that match reports true for
+// (the start of an HTTP request, say), with everything after it on that connection, until
+// the returned Held is released. Other connections are not held. The test's end releases it.
+func (p *TCPProxy) Hold(match func(chunk []byte) bool) *Held {
+	h := &Held{match: match, caught: make(chan struct{}), release: make(chan struct{}), answered: make(chan struct{})}
+	p.mu.Lock()
+	p.hold = h
+	p.mu.Unlock()
+	return h
+}
+
+// catch reports the armed hold if chunk matches it, disarming it.
+func (p *TCPProxy) catch(chunk []byte) *Held {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.hold == nil || !p.hold.match(chunk) {
+		return nil
+	}
+	h := p.hold
+	p.hold = nil
+	return h
+}
+
+// link is what the two directions of one proxied connection share.
+type link struct {
+	mu   sync.Mutex
+	held *Held // the hold this connection's request was caught by
 }
 
 // StartTCPProxy listens on 127.0.0.1:0 and forwards to target until the test ends.
@@ -110,6 +162,11 @@ func (p *TCPProxy) SetDown(down bool) {
 // Close stops the proxy and cuts every connection. Idempotent.
 func (p *TCPProxy) Close() {
 	p.ln.Close()
+	p.mu.Lock()
+	if p.hold != nil {
+		p.hold.Release()
+	}
+	p.mu.Unlock()
 	p.SetDown(true)
 	p.SetBlackhole(false)
 }
@@ -171,8 +228,9 @@ func (p *TCPProxy) handle(client net.Conn) {
 		src.Close()
 		done <- struct{}{}
 	}
-	go pipe(jittered{server, p}, client)
-	go pipe(dropping{client, p}, server)
+	l := &link{}
+	go pipe(jittered{server, p, l}, client)
+	go pipe(dropping{client, p, l}, server)
 	<-done
 	<-done
 }
@@ -181,6 +239,7 @@ func (p *TCPProxy) handle(client net.Conn) {
 type jittered struct {
 	net.Conn
 	p *TCPProxy
+	l *link
 }
 
 func (j jittered) Write(b []byte) (int, error) {
@@ -189,6 +248,13 @@ func (j jittered) Write(b []byte) (int, error) {
 	j.p.mu.Unlock()
 	if jitter > 0 {
 		time.Sleep(rand.N(jitter))
+	}
+	if h := j.p.catch(b); h != nil {
+		j.l.mu.Lock()
+		j.l.held = h
+		j.l.mu.Unlock()
+		close(h.caught)
+		<-h.release
 	}
 	j.p.through()
 	return j.Conn.Write(b)
@@ -207,6 +273,7 @@ func (p *TCPProxy) DropResponses(n int) {
 type dropping struct {
 	net.Conn
 	p *TCPProxy
+	l *link
 }
 
 func (d dropping) Write(b []byte) (int, error) {
@@ -221,5 +288,11 @@ func (d dropping) Write(b []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	d.p.through()
+	d.l.mu.Lock()
+	h := d.l.held
+	d.l.mu.Unlock()
+	if h != nil {
+		h.ansOnce.Do(func() { close(h.answered) })
+	}
 	return d.Conn.Write(b)
 }
