@@ -102,7 +102,36 @@ func TestChaosCampaign(t *testing.T) {
 		}
 		seed = v
 	}
-	p := campaignParams(t)
+	campaign(t, seed, campaignParams(t))
+}
+
+// TestChaosReplay runs, in the short form, every seed of testdata/seeds: seeds whose campaign
+// once failed (a fix's regression test; the campaign's own draws, not the timing, repeat).
+func TestChaosReplay(t *testing.T) {
+	if os.Getenv("LCHAT_CHAOS_MINUTES") != "" || os.Getenv("LCHAT_CHAOS_SEED") != "" {
+		t.Skip("a long or replayed campaign runs alone")
+	}
+	data, err := os.ReadFile("testdata/seeds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		if line = strings.TrimSpace(line); line == "" {
+			continue
+		}
+		seed, err := strconv.ParseUint(line, 10, 64)
+		if err != nil {
+			t.Fatalf("testdata/seeds: %q is not a seed", line)
+		}
+		t.Run(line, func(t *testing.T) {
+			campaign(t, seed, params{boxes: 3, spaces: 4, clients: 3, run: 30 * time.Second})
+		})
+	}
+}
+
+// campaign runs one fault campaign drawn from seed and checks its contract.
+func campaign(t *testing.T, seed uint64, p params) {
 	fmt.Printf("chaos: seed %d (replay: LCHAT_CHAOS_SEED=%d), %d boxes, %d spaces, %d clients, %v of faults\n",
 		seed, seed, p.boxes, p.spaces, p.clients, p.run)
 	t.Logf("chaos seed %d (replay with LCHAT_CHAOS_SEED=%d)", seed, seed)
@@ -111,19 +140,7 @@ func TestChaosCampaign(t *testing.T) {
 	c := newCluster(t, p.boxes)
 	// Replication goes to the members a box sees live (a new box is seeded with
 	// mesh-seed): create the spaces once every box sees every other.
-	waitUntil(t, 30*time.Second, "every box sees every box live", func() bool {
-		for _, n := range c.nodes {
-			var st struct {
-				Mesh struct {
-					Live []string `json:"live_members"`
-				} `json:"mesh"`
-			}
-			if n.adminGet("/lchat/status", &st) != nil || len(st.Mesh.Live) != len(c.nodes) {
-				return false
-			}
-		}
-		return true
-	})
+	c.waitAllLive()
 	var hosts []string
 	for i := range p.spaces {
 		h := fmt.Sprintf("s%d.%s", i, meshDomain)
