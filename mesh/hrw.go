@@ -61,27 +61,36 @@ func mix64(z uint64) uint64 {
 }
 
 // Owner picks the preferred owner of host among members, which the caller passes as the
-// live view (Membership.Live). Draining members never own anything. When homeRegion is set and at least one member of that
-// region is present, only those members compete; otherwise the whole fleet does, so a
-// space whose region has no live box is still served somewhere. The highest Score wins;
-// ties (astronomically rare) go to the lexically smaller SELF so every box agrees.
-// ok is false when no member may own it (none, or all draining).
+// live view (Membership.Live). Draining members never own anything. The candidates are the
+// members that hold the host's row: its host is under their domains or homeRegion is their
+// region (RouteInScope, the rule replication fans rows out by), so in a fleet whose boxes
+// cover different domains a host is never placed on a box that has no row or certificate
+// for it. When no member holds it (heartbeats without domains, from older boxes), every
+// member is a candidate, as before. When homeRegion is set and at least one candidate is of
+// that region, only those compete; otherwise every candidate does, so a space whose region
+// has no live box is still served somewhere. The highest Score wins; ties (astronomically
+// rare) go to the lexically smaller SELF so every box agrees. ok is false when no member
+// may own it (none, or all draining).
 func Owner(host string, members []Member, homeRegion string) (owner Member, ok bool) {
 	host = NormalizeHost(host)
-	scoped := false
-	if homeRegion != "" {
+	holds, scoped := false, false
+	for i := range members {
+		m := &members[i]
+		if !m.Draining && RouteInScope(host, homeRegion, m.Domains, m.Region) {
+			holds = true
+			scoped = scoped || homeRegion != "" && m.Region == homeRegion
+		}
+	}
+	if !holds && homeRegion != "" {
 		for i := range members {
-			if members[i].Region == homeRegion && !members[i].Draining {
-				scoped = true
-				break
-			}
+			scoped = scoped || !members[i].Draining && members[i].Region == homeRegion
 		}
 	}
 	var best uint64
 	bestIdx := -1
 	for i := range members {
 		m := &members[i]
-		if m.Draining || scoped && m.Region != homeRegion {
+		if m.Draining || holds && !RouteInScope(host, homeRegion, m.Domains, m.Region) || scoped && m.Region != homeRegion {
 			continue
 		}
 		s := Score(m.Self, host)

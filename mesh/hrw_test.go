@@ -145,3 +145,50 @@ func TestOwnerSkipsDraining(t *testing.T) {
 		t.Fatalf("owner %s among draining members only", o.Self)
 	}
 }
+
+// In a fleet whose boxes cover different domains, a host is owned only by a box that holds
+// its row (its domains cover the host, or it is of the row's home region), and the share
+// is spread over all of those; boxes whose heartbeats name no domains (older versions)
+// place over the whole fleet, as before.
+func TestOwnerAmongBoxesThatHoldTheRow(t *testing.T) {
+	a := Member{Self: "https://a.mesh.test", Region: "ie", Domains: []string{"x.test", "y.test"}}
+	b := Member{Self: "https://b.mesh.test", Region: "ie", Domains: []string{"x.test"}}
+	c := Member{Self: "https://c.mesh.test", Region: "fi", Domains: []string{"y.test"}}
+	fleet := []Member{a, b, c}
+	for _, tc := range []struct {
+		domain, home string
+		want         []string // the boxes that may own
+	}{
+		{"x.test", "", []string{a.Self, b.Self}},
+		{"y.test", "", []string{a.Self, c.Self}},
+		{"x.test", "fi", []string{c.Self}},         // c holds rows homed in its region
+		{"y.test", "ie", []string{a.Self, b.Self}}, // the home region narrows the holders (b: by region)
+		{"z.test", "", []string{a.Self, b.Self, c.Self}},
+	} {
+		got := map[string]int{}
+		for i := range 600 {
+			ow, ok := Owner(fmt.Sprintf("h%d.%s", i, tc.domain), fleet, tc.home)
+			if !ok {
+				t.Fatalf("%s homed %q: no owner", tc.domain, tc.home)
+			}
+			got[ow.Self]++
+		}
+		if len(got) != len(tc.want) {
+			t.Errorf("%s homed %q: owners %v, want each of %v", tc.domain, tc.home, got, tc.want)
+		}
+		for _, w := range tc.want {
+			if got[w] == 0 {
+				t.Errorf("%s homed %q: owners %v, want each of %v", tc.domain, tc.home, got, tc.want)
+			}
+		}
+	}
+	old := []Member{{Self: a.Self}, {Self: b.Self}, {Self: c.Self}}
+	seen := map[string]bool{}
+	for i := range 300 {
+		ow, _ := Owner(fmt.Sprintf("h%d.x.test", i), old, "")
+		seen[ow.Self] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("members without domains: owners %v, want all three", seen)
+	}
+}

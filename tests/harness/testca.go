@@ -23,8 +23,8 @@ type TestCA struct {
 	CAFile, CertFile, KeyFile string
 }
 
-// NewTestCA makes a TestCA for domain in dir.
-func NewTestCA(t testing.TB, dir, domain string) *TestCA {
+// NewTestCA makes a TestCA for domain (and the more domains) in dir.
+func NewTestCA(t testing.TB, dir, domain string, more ...string) *TestCA {
 	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTmpl := &x509.Certificate{
@@ -45,7 +45,7 @@ func NewTestCA(t testing.TB, dir, domain string) *TestCA {
 	leafTmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(2),
 		Subject:      pkix.Name{CommonName: "*." + domain},
-		DNSNames:     []string{"*." + domain, domain},
+		DNSNames:     dnsNames(domain, more),
 		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("127.0.0.2"), net.ParseIP("127.0.0.3"), net.ParseIP("127.0.0.4"), net.ParseIP("127.0.0.5")},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
@@ -73,4 +73,13 @@ func NewTestCA(t testing.TB, dir, domain string) *TestCA {
 	write(ca.CertFile, "CERTIFICATE", leafDER)
 	write(ca.KeyFile, "EC PRIVATE KEY", keyDER)
 	return ca
+}
+
+// dnsNames is each domain and its wildcard.
+func dnsNames(domain string, more []string) []string {
+	var out []string
+	for _, d := range append([]string{domain}, more...) {
+		out = append(out, "*."+d, d)
+	}
+	return out
 }

@@ -57,7 +57,7 @@ func newCluster(t *testing.T) *cluster {
 		t:      t,
 		s3:     harness.StartS3(t),
 		prefix: fmt.Sprintf("m%d", time.Now().UnixNano()%1e9),
-		ca:     harness.NewTestCA(t, dir, meshDomain),
+		ca:     harness.NewTestCA(t, dir, meshDomain, xDomain, yDomain),
 	}
 	// Whatever the test did (replication, seeds, failover, drains), no box logged a
 	// secret: the mesh token, the S3 secret key or a route's env value. Box cleanups
