@@ -63,7 +63,12 @@ func TestMain(m *testing.M) {
 		ln.Close()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if n := refusedTransitions.Load() - askedRefusals.Load(); n > 0 && code == 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: the engine refused %d state transitions it attempted (see the error logs)\n", n)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 func newAwakeTestEngine(t testing.TB, delay time.Duration) *Engine {
@@ -163,7 +168,7 @@ func TestAwakeNoAlloc(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		in := e.get(fmt.Sprintf("s%d.example.com", i))
 		in.mu.Lock()
-		in.setStateLocked(StateAwake)
+		in.putLocked(StateAwake)
 		in.mu.Unlock()
 	}
 	if !e.Awake("s500.example.com") || e.Awake("nope.example.com") {
@@ -181,7 +186,7 @@ func BenchmarkAwake(b *testing.B) {
 	for i := 0; i < 1000; i++ {
 		in := e.get(fmt.Sprintf("s%d.example.com", i))
 		in.mu.Lock()
-		in.setStateLocked(StateAwake)
+		in.putLocked(StateAwake)
 		in.mu.Unlock()
 	}
 	b.Run("Awake", func(b *testing.B) {

@@ -33,9 +33,9 @@ func newCapError() error {
 	return &capError{RetryError{After: capRetryAfter, Reason: "awake cap reached; every awake space is in use"}}
 }
 
-// countAwakeLocked counts the spaces other than self that hold a place under the cap,
+// countAwakeCapHeld counts the spaces other than self that hold a place under the cap,
 // and picks the least recently used idle awake one. capMu is held.
-func (e *Engine) countAwakeLocked(self *inst) (n int, victim *inst) {
+func (e *Engine) countAwakeCapHeld(self *inst) (n int, victim *inst) {
 	var victimUsed time.Time
 	for _, in := range e.all() {
 		if in == self {
@@ -49,7 +49,7 @@ func (e *Engine) countAwakeLocked(self *inst) (n int, victim *inst) {
 				victim, victimUsed = in, in.lastUsed
 			}
 		case StateWaking:
-			if in.admitted {
+			if in.trans != nil && in.trans.admitted {
 				n++
 			}
 		}
@@ -66,7 +66,7 @@ func (e *Engine) checkRoom(self *inst) error {
 		return nil
 	}
 	e.capMu.Lock()
-	n, victim := e.countAwakeLocked(self)
+	n, victim := e.countAwakeCapHeld(self)
 	e.capMu.Unlock()
 	if n < e.cfg.MaxAwake || victim != nil {
 		return nil
@@ -83,10 +83,12 @@ func (e *Engine) makeRoom(self *inst) error {
 	}
 	for {
 		e.capMu.Lock()
-		n, victim := e.countAwakeLocked(self)
+		n, victim := e.countAwakeCapHeld(self)
 		if n < e.cfg.MaxAwake {
 			self.mu.Lock()
-			self.admitted = true
+			if self.trans != nil {
+				self.trans.admitted = true
+			}
 			self.mu.Unlock()
 			e.capMu.Unlock()
 			return nil
@@ -97,7 +99,7 @@ func (e *Engine) makeRoom(self *inst) error {
 			self.logger().Warn("awake cap reached and every awake space is in use; wake refused", zap.Int("max_awake", e.cfg.MaxAwake))
 			return newCapError()
 		}
-		if err := e.sleep(e.ctx, victim, "lru", true); err != nil {
+		if err := e.sleep(e.ctx, victim, reasonLRU); err != nil {
 			victim.logger().Error("lru sleep", zap.Error(err))
 		}
 	}

@@ -155,21 +155,11 @@ func (e *RetryError) Error() string {
 	return fmt.Sprintf("space unavailable (%s), retry after %s", e.Reason, e.After)
 }
 
-// States of a space.
-const (
-	StateAsleep   = "asleep"
-	StateWaking   = "waking"
-	StateAwake    = "awake"
-	StateSleeping = "sleeping"
-	StateFailed   = "failed"
-	StateFenced   = "fenced"
-)
-
 // SpaceStatus is one space as Status reports it.
 type SpaceStatus struct {
 	Host          string    `json:"host"`
 	Kind          string    `json:"kind"`
-	State         string    `json:"state"`
+	State         State     `json:"state"`
 	Since         time.Time `json:"since"`
 	PID           int       `json:"pid,omitempty"`
 	LastSync      time.Time `json:"last_sync,omitzero"`

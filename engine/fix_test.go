@@ -64,8 +64,8 @@ func TestHeldSpaceStartsOneRecheck(t *testing.T) {
 	})
 	in := e.get(host)
 	in.mu.Lock()
-	in.held, in.leaseETag = true, "etag"
-	in.setStateLocked(StateFenced)
+	in.leaseETag = "etag"
+	in.putLocked(StateHeld)
 	in.mu.Unlock()
 
 	before := runtime.NumGoroutine()
@@ -81,11 +81,11 @@ func TestHeldSpaceStartsOneRecheck(t *testing.T) {
 	}
 	close(unblock)
 	deadline := time.Now().Add(5 * time.Second)
-	for in.rechecking.Load() && time.Now().Before(deadline) {
+	for stateOf(in) == StateRechecking && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if in.rechecking.Load() {
-		t.Fatal("recheck still marked running after the bucket answered")
+	if st := stateOf(in); st != StateHeld {
+		t.Fatalf("state after the recheck failed on the bucket = %s, want held", st)
 	}
 }
 

@@ -203,8 +203,8 @@ func TestAcquireAfterForgetTakesTheNewInst(t *testing.T) {
 	stale.mu.Lock()
 	state, proc := stale.state, stale.proc
 	stale.mu.Unlock()
-	if state != StateAsleep || proc != nil {
-		t.Fatalf("forgotten inst is %s with a process %v", state, proc != nil)
+	if state != StateDropped || proc != nil {
+		t.Fatalf("forgotten inst is %s with a process %v, want dropped without one", state, proc != nil)
 	}
 	// The new instance serves the saved state and its own socket.
 	post(t, u, "/after-recreate")

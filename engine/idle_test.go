@@ -16,7 +16,7 @@ func awakeNoProcess(e *Engine, host string, idle time.Duration) *inst {
 	in.mu.Lock()
 	in.sp = Space{Host: host, Kind: "app"}
 	in.kind = Kind{Name: "app", Command: "/bin/true", IdleTimeout: idle, StopGrace: time.Second}
-	in.setStateLocked(StateAwake)
+	in.putLocked(StateAwake)
 	in.gen++
 	in.lastUsed = e.now()
 	in.armIdleLocked()
@@ -24,7 +24,7 @@ func awakeNoProcess(e *Engine, host string, idle time.Duration) *inst {
 	return in
 }
 
-func stateOf(in *inst) string {
+func stateOf(in *inst) State {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	return in.state
@@ -54,7 +54,7 @@ func TestIdleSleepFollowsLastUse(t *testing.T) {
 			}
 			return u
 		}
-		expect := func(in *inst, want, when string) {
+		expect := func(in *inst, want State, when string) {
 			t.Helper()
 			synctest.Wait()
 			if got := stateOf(in); got != want {

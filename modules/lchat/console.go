@@ -101,7 +101,7 @@ func (c consoleSource) Spaces(ctx context.Context, search string, limit int) ([]
 			}
 			sp := fleetview.Space{Host: rt.Host, Kind: rt.Kind, Hibernate: rt.Hibernate, HomeRegion: rt.HomeRegion}
 			if st, ok := byHost[rt.Host]; ok {
-				sp.State, sp.Since, sp.LastSync, sp.LastSyncError, sp.Size = st.State, st.Since, st.LastSync, st.LastSyncError, st.Size
+				sp.State, sp.Since, sp.LastSync, sp.LastSyncError, sp.Size = string(st.State), st.Since, st.LastSync, st.LastSyncError, st.Size
 			}
 			out = append(out, sp)
 			if limit > 0 && len(out) >= limit {

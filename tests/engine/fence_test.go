@@ -26,7 +26,7 @@ func TestHeartbeatFenceStopsWritesAndRechecksLease(t *testing.T) {
 
 	e.SetFenced(true)
 	eventually(t, "instances stopped by fence", func() bool {
-		return status(e, "mine.test").State == engine.StateFenced && status(e, "lost.test").State == engine.StateFenced
+		return status(e, "mine.test").State == engine.StateHeld && status(e, "lost.test").State == engine.StateHeld
 	})
 	if alive(pid) {
 		t.Fatal("instance still running while fenced")

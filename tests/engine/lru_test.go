@@ -40,7 +40,7 @@ func TestMaxAwakeSleepsLeastRecentlyUsed(t *testing.T) {
 	if !errors.As(err, &re) || re.After <= 0 {
 		t.Fatalf("wake over the cap with every awake space in use = %v, want a RetryError with Retry-After", err)
 	}
-	for h, want := range map[string]string{"a.test": engine.StateAwake, "b.test": engine.StateAsleep, "c.test": engine.StateAwake} {
+	for h, want := range map[string]engine.State{"a.test": engine.StateAwake, "b.test": engine.StateAsleep, "c.test": engine.StateAwake} {
 		if st := status(e, h).State; st != want {
 			t.Fatalf("%s is %s after a refused wake over the cap, want %s", h, st, want)
 		}
@@ -50,7 +50,7 @@ func TestMaxAwakeSleepsLeastRecentlyUsed(t *testing.T) {
 	}
 	uc.Release()
 	acquire(t, e, b).Release()
-	for h, want := range map[string]string{"a.test": engine.StateAwake, "b.test": engine.StateAwake, "c.test": engine.StateAsleep} {
+	for h, want := range map[string]engine.State{"a.test": engine.StateAwake, "b.test": engine.StateAwake, "c.test": engine.StateAsleep} {
 		if st := status(e, h).State; st != want {
 			t.Fatalf("%s is %s after c went idle, want %s", h, st, want)
 		}

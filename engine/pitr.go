@@ -38,7 +38,7 @@ func (e *Engine) RestoreTo(ctx context.Context, host, kind string, t space.Targe
 	in.op.Lock()
 	defer in.op.Unlock()
 	in.mu.Lock()
-	state, holding := in.state, in.leaseETag != "" || in.held
+	state, holding := in.state, in.leaseETag != ""
 	in.mu.Unlock()
 	if holding || (state != StateAsleep && state != StateFailed && state != StateFenced) {
 		return space.RestoreResult{}, ErrAwake
@@ -47,11 +47,6 @@ func (e *Engine) RestoreTo(ctx context.Context, host, kind string, t space.Targe
 	var held *space.LeaseHeldError
 	if errors.As(err, &held) {
 		return res, &LeaseHeldError{Holder: held.Holder}
-	}
-	if err == nil {
-		in.mu.Lock()
-		in.dirty = false // the bucket's state is the one asked for: restore it at the next wake
-		in.mu.Unlock()
 	}
 	return res, err
 }

@@ -74,11 +74,11 @@ func (e *Engine) syncNow(ctx context.Context, in *inst) {
 	if prev != nil {
 		next = prev.NextWake // scheduled wakes are recorded at sleep
 	}
-	if e.checkpointLocked(ctx, in, next) == nil && in.syncer.FoldDue() {
+	if e.checkpointOpHeld(ctx, in, next) == nil && in.syncer.FoldDue() {
 		// Bound what a wake after a crash reads: merge the newest deltas now, as a
 		// checkpoint of its own (under the lease, conditioned on the manifest's ETag).
 		in.syncer.Folding = true
-		e.checkpointLocked(ctx, in, next)
+		e.checkpointOpHeld(ctx, in, next)
 		in.syncer.Folding = false
 	}
 }

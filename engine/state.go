@@ -1,0 +1,99 @@
+package engine
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+)
+
+// State is where a space is in its lifecycle on this box. Its value is what /lchat/status
+// reports.
+type State string
+
+// The states of a space. A space is in exactly one; setStateLocked is the one writer and
+// refuses a transition the table (transitions) does not allow.
+const (
+	// StateAsleep: nothing runs here, and this box holds no state the bucket lacks.
+	StateAsleep State = "asleep"
+	// StateWaking: a wake is in flight (lease, restore, fence, start, ready).
+	StateWaking State = "waking"
+	// StateAwake: the instance runs and takes requests.
+	StateAwake State = "awake"
+	// StateSleeping: the instance is being stopped, for whatever cause (stopSpec), and
+	// its state saved when the cause says so.
+	StateSleeping State = "sleeping"
+	// StateFailed: the last wake failed; the next may start at retryAt.
+	StateFailed State = "failed"
+	// StateFenced: fenced out, the manifest changed behind this box (another writer owns
+	// the space); this box forgot its lease and wrote nothing more.
+	StateFenced State = "fenced"
+	// StateHeld: stopped while this box was fenced (its heartbeat writes failing), with
+	// the lease and local state newer than the bucket kept; it is re-checked (below)
+	// when the box unfences or a request comes.
+	StateHeld State = "held"
+	// StateRechecking: a held space's lease and manifest are being re-read: still this
+	// box's, its local state is saved; else dropped. One recheck at a time.
+	StateRechecking State = "rechecking"
+	// StateUnsaved: stopped, but its final checkpoint failed: the local state is newer
+	// than the bucket and the lease is kept. The next wake here keeps the local state
+	// when nobody wrote since; a drain or removal tries the checkpoint again.
+	StateUnsaved State = "unsaved"
+	// StateDropped: forgotten (a removal); the inst never wakes again and leaves the
+	// engine's map once its local state is gone.
+	StateDropped State = "dropped"
+)
+
+// transitions lists, per state, the states it may move to.
+var transitions = map[State][]State{
+	StateAsleep:     {StateWaking, StateDropped},
+	StateFailed:     {StateWaking, StateDropped},
+	StateFenced:     {StateWaking, StateDropped},
+	StateUnsaved:    {StateWaking, StateAsleep, StateFenced, StateHeld, StateDropped},
+	StateWaking:     {StateAwake, StateAsleep, StateFailed, StateDropped},
+	StateAwake:      {StateSleeping},
+	StateSleeping:   {StateAsleep, StateFenced, StateHeld, StateUnsaved},
+	StateHeld:       {StateRechecking, StateDropped},
+	StateRechecking: {StateAsleep, StateHeld, StateFenced, StateUnsaved, StateDropped},
+	StateDropped:    nil,
+}
+
+// canMove reports whether the table allows from -> to.
+func canMove(from, to State) bool {
+	for _, s := range transitions[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// runs reports whether an instance process may exist in this state.
+func (s State) runs() bool { return s == StateWaking || s == StateAwake || s == StateSleeping }
+
+// errTransition is a refused transition: a bug in the engine, logged, never acted on.
+type errTransition struct{ from, to State }
+
+func (e errTransition) Error() string {
+	return fmt.Sprintf("engine: transition %s -> %s is not allowed", e.from, e.to)
+}
+
+// refusedTransitions counts the transitions setStateLocked refused since the process
+// started: any is a bug (the engine's tests fail on one they did not ask for).
+var refusedTransitions atomic.Uint64
+
+// setStateLocked moves the space to s (in.mu held). It is the only writer of in.state,
+// in.since and in.here. A transition the table does not allow is refused: the state stays,
+// the refusal is logged at error level and returned.
+func (in *inst) setStateLocked(s State) error {
+	if !canMove(in.state, s) {
+		err := errTransition{in.state, s}
+		refusedTransitions.Add(1)
+		in.logger().Error("refused a state transition", zap.Error(err))
+		return err
+	}
+	in.state = s
+	in.since = in.e.now()
+	in.here.Store(s == StateAwake || s == StateWaking)
+	return nil
+}

@@ -1,0 +1,235 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/space"
+)
+
+// runWake performs one wake and publishes its result to the waiters.
+func (e *Engine) runWake(in *inst, t *transition) {
+	in.op.Lock()
+	in.mu.Lock()
+	dropped := in.state == StateDropped // a Discard took op before this wake did
+	in.mu.Unlock()
+	err, unsaved := errDropped, false
+	if !dropped {
+		unsaved, err = e.wake(in, t.from)
+	}
+	in.mu.Lock()
+	in.trans = nil
+	if !dropped {
+		in.noteWakeResultLocked(err)
+	}
+	if err != nil {
+		t.err = err
+		if in.state == StateWaking {
+			next := StateAsleep
+			var re *RetryError
+			switch {
+			case unsaved:
+				next = StateUnsaved // the data dir still holds what the bucket lacks
+			case errors.As(err, &re) && !errors.Is(err, errAwakeCap):
+				next = StateFailed
+			}
+			in.setStateLocked(next)
+		}
+	} else {
+		in.setStateLocked(StateAwake)
+		in.gen++
+		in.uses = 0
+		in.lastUsed = e.now()
+		in.armIdleLocked()
+	}
+	close(t.done)
+	in.mu.Unlock()
+	in.op.Unlock()
+}
+
+// wake runs with in.op held: make room, lease, restore, fence, start, await readiness.
+// from is the state the wake started from. unsaved reports, for a failed wake from
+// StateUnsaved, that the data dir still holds state the bucket lacks (nothing was restored
+// over it): the lease is kept then, as it was before the wake.
+func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
+	ctx := e.ctx
+	log := in.logger()
+	start := e.now()
+	in.mu.Lock()
+	sp, kind := in.sp, in.kind
+	in.mu.Unlock()
+
+	// A wake the awake cap would refuse costs nothing; room is made (another space put
+	// to sleep) only once the lease is ours and the state restored, right before the
+	// start, so a wake that fails on the bucket never evicts anyone.
+	if err := e.checkRoom(in); err != nil {
+		return from == StateUnsaved, err
+	}
+	unsaved = from == StateUnsaved
+
+	// Observers hear each phase's duration, for "why was that wake slow".
+	var ph WakePhases
+	mark := e.now()
+	phase := func(d *time.Duration) {
+		now := e.now()
+		*d, mark = now.Sub(mark), now
+	}
+	defer func() {
+		ev := Event{Type: EventWake, Host: in.host, Phases: ph}
+		in.mu.Lock()
+		ev.Size = in.size
+		in.mu.Unlock()
+		if err != nil {
+			ev.Err = err.Error()
+		}
+		e.emit(ev)
+	}()
+
+	etag, err := space.AcquireLease(ctx, e.cfg.Bucket, in.host, e.holder, e.now())
+	phase(&ph.Lease)
+	var held *space.LeaseHeldError
+	if errors.As(err, &held) {
+		e.c.leaseConflicts.Add(1)
+		return false, &LeaseHeldError{Holder: held.Holder}
+	}
+	if err != nil {
+		log.Error("acquiring lease", zap.Error(err))
+		return unsaved, &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
+	}
+	in.mu.Lock()
+	in.leaseETag = etag
+	in.mu.Unlock()
+	// Any failure from here on gives the lease back (unless fenced: no writes then; or
+	// the data dir still holds unsaved state: the lease protects it).
+	defer func() {
+		if err != nil && !e.fenced.Load() && !unsaved {
+			e.releaseLease(in)
+		}
+	}()
+
+	if in.syncer == nil {
+		in.syncer = &space.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
+			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
+	}
+	in.syncer.Retention, in.syncer.GCGrace = kind.Retention, kind.GCGrace
+	kept, err := e.restoreAndFence(ctx, in, etag, unsaved, &ph, phase)
+	unsaved = unsaved && kept
+	if err != nil {
+		return unsaved, err
+	}
+	restored := e.now()
+
+	if err := e.makeRoom(in); err != nil {
+		return unsaved, err
+	}
+	p, err := e.startProcess(in, kind, sp)
+	if err != nil {
+		log.Error("starting instance", zap.Error(err))
+		return unsaved, &RetryError{After: 5 * time.Second, Reason: "instance failed to start"}
+	}
+	in.mu.Lock()
+	in.proc = p
+	in.mu.Unlock()
+	phase(&ph.Start)
+	err = e.awaitReady(ctx, in, p, kind)
+	phase(&ph.Ready)
+	if err != nil {
+		p.stopping.Store(true)
+		p.kill()
+		<-p.exited
+		in.mu.Lock()
+		in.proc = nil
+		in.crashes++
+		if p.cmd.ProcessState != nil && !p.cmd.ProcessState.Success() {
+			e.c.crashes.Add(1)
+		}
+		backoff := max(crashBackoff(in.crashes), time.Second)
+		in.retryAt = e.now().Add(backoff)
+		in.retryWhy = "instance not ready"
+		in.mu.Unlock()
+		log.Error("instance not ready; killed", zap.Error(err), zap.Int("pid", p.pid))
+		return unsaved, &RetryError{After: backoff, Reason: "instance not ready"}
+	}
+	e.c.wakes.Add(1)
+	e.startSync(in, kind)
+	log.Info("awake", zap.Int("pid", p.pid), zap.Duration("restore", restored.Sub(start)),
+		zap.Bool("kept_data_dir", in.syncer.Reused() || kept), zap.Duration("total", e.now().Sub(start)))
+	return false, nil
+}
+
+// maxFenceTries bounds how often a wake restores again because the manifest changed
+// between its read and its fence write: each retry means an earlier holder's late write
+// landed, and there are only as many of those as holders paused mid-checkpoint.
+const maxFenceTries = 3
+
+// restoreAndFence runs with in.op held and the lease taken (leaseETag): read the manifest,
+// restore the data dir from it (or keep the local one, below) and fence the manifest
+// (space.Syncer.Fence), so that no earlier holder's pending manifest write can land once
+// this instance may acknowledge writes. A late write that lands between the read and the
+// fence makes the fence fail: its state is newer, so read and restore again.
+//
+// With keepLocal (a wake from StateUnsaved) the local data dir is kept when nobody wrote
+// the manifest since this box last did: it is the newest state. kept reports that the data
+// dir was kept, not restored over.
+func (e *Engine) restoreAndFence(ctx context.Context, in *inst, leaseETag string, keepLocal bool, ph *WakePhases, phase func(*time.Duration)) (kept bool, err error) {
+	log := in.logger()
+	_, lastETag := in.syncer.Manifest()
+	kept = keepLocal
+	for try := 1; ; try++ {
+		if err := in.syncer.Load(ctx); err != nil {
+			log.Error("loading manifest", zap.Error(err))
+			return kept, &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
+		}
+		if _, cur := in.syncer.Manifest(); kept && cur == lastETag {
+			// The last checkpoint failed and nobody wrote since: the local data dir is the
+			// newest state. Keep it rather than restore older bytes over it.
+			log.Warn("keeping local state newer than the bucket")
+		} else {
+			kept = false // another box wrote since: its state wins
+			if err := in.syncer.Restore(ctx); err != nil {
+				log.Error("restoring data dir", zap.Error(err))
+				return false, &RetryError{After: 5 * time.Second, Reason: "restore failed"}
+			}
+		}
+		m, _ := in.syncer.Manifest()
+		in.mu.Lock()
+		in.size = manifestSize(m)
+		in.mu.Unlock()
+		phase(&ph.Restore)
+		if e.fenced.Load() {
+			return kept, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
+		}
+		err := in.syncer.Fence(ctx, space.Claim{Holder: e.holder.ID, Incarnation: e.holder.Incarnation, Lease: leaseETag, At: e.now()})
+		phase(&ph.Fence)
+		if err == nil {
+			return kept, nil
+		}
+		if !errors.Is(err, space.ErrFenced) {
+			log.Error("fencing the manifest", zap.Error(err))
+			return kept, &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
+		}
+		cur, _, _ := space.ReadManifest(ctx, e.cfg.Bucket, in.host)
+		log.Warn("manifest changed between restore and fence: restoring the newer state",
+			zap.Int("try", try), manifestWriter(cur))
+		if try == maxFenceTries {
+			return kept, &RetryError{After: 5 * time.Second, Reason: "manifest keeps changing: another writer"}
+		}
+	}
+}
+
+// manifestWriter is a log field naming who wrote m: the lease it was claimed under, or
+// its writer (a manifest from before fencing at wake, a restore or a copy).
+func manifestWriter(m *space.Manifest) zap.Field {
+	switch {
+	case m == nil:
+		return zap.Skip()
+	case m.Claim != nil:
+		return zap.String("manifest_claimed_by", m.Claim.Holder+"/"+m.Claim.Incarnation)
+	default:
+		return zap.String("manifest_written_by", m.WrittenBy)
+	}
+}
