@@ -50,7 +50,7 @@ var transitions = map[State][]State{
 	StateFailed:     {StateWaking, StateDropped},
 	StateFenced:     {StateWaking, StateDropped},
 	StateUnsaved:    {StateWaking, StateAsleep, StateFenced, StateHeld, StateDropped},
-	StateWaking:     {StateAwake, StateAsleep, StateFailed, StateDropped},
+	StateWaking:     {StateAwake, StateAsleep, StateFailed, StateUnsaved, StateDropped},
 	StateAwake:      {StateSleeping},
 	StateSleeping:   {StateAsleep, StateFenced, StateHeld, StateUnsaved},
 	StateHeld:       {StateRechecking, StateDropped},

@@ -34,7 +34,7 @@ func TestTransitions(t *testing.T) {
 		{StateFailed, []State{StateWaking, StateDropped}},
 		{StateFenced, []State{StateWaking, StateDropped}},
 		{StateUnsaved, []State{StateWaking, StateAsleep, StateFenced, StateHeld, StateDropped}},
-		{StateWaking, []State{StateAwake, StateAsleep, StateFailed, StateDropped}},
+		{StateWaking, []State{StateAwake, StateAsleep, StateFailed, StateUnsaved, StateDropped}},
 		{StateAwake, []State{StateSleeping}},
 		{StateSleeping, []State{StateAsleep, StateFenced, StateHeld, StateUnsaved}},
 		{StateHeld, []State{StateRechecking, StateDropped}},
