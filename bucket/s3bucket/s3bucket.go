@@ -19,6 +19,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -183,6 +185,14 @@ func New(ctx context.Context, cfg Config) (*Bucket, error) {
 		}
 		o.UsePathStyle = cfg.UsePathStyle
 		o.DisableLogOutputChecksumValidationSkipped = true
+		// The standard retryer's client-side retry quota (500 tokens, 5-10 a retry) is
+		// shared by every request of the process: a burst of resets after a network
+		// fault drains it, and from then on no request is retried at all until
+		// successes refill it, so one transient reset fails a lease read or a
+		// relocation outright (seen in the fault campaign: "retry quota exceeded, 3
+		// available"). The box is the store's only client of these keys and bounds its
+		// own work; keep the attempts and backoff, drop the quota.
+		o.Retryer = retry.NewStandard(func(so *retry.StandardOptions) { so.RateLimiter = ratelimit.None })
 	})
 	uploader := manager.NewUploader(client, func(u *manager.Uploader) {
 		u.PartSize = partSize
