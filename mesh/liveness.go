@@ -2,12 +2,8 @@ package mesh
 
 import (
 	"context"
-	"fmt"
-	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/lchat/lchat-caddy/bucket"
 )
 
 // The lease-liveness rule. A space's lease names its holder's SELF and incarnation, and it
@@ -54,30 +50,4 @@ func (m *Membership) HolderLive(holder, incarnation string) bool {
 		return true
 	}
 	return live
-}
-
-// ReadMembers reads the live members of the heartbeats in b once, by b's own clock, with
-// the same reader a Membership runs on every beat (paged listing, per-request timeout,
-// the local clock only when the store reports none) but without joining: the boxes of a
-// region whose heartbeats live in another bucket than this box's. A member whose body
-// cannot be read is listed without one (no incarnation: it holds no lease).
-func ReadMembers(ctx context.Context, b bucket.Bucket, deadAfter, opTimeout time.Duration) ([]Member, error) {
-	if deadAfter <= 0 {
-		deadAfter = DefaultDeadAfter
-	}
-	if opTimeout <= 0 {
-		opTimeout = DefaultBeat
-	}
-	r := &Membership{
-		cfg:    MembershipConfig{DeadAfter: deadAfter, OpTimeout: opTimeout},
-		b:      b,
-		logger: zap.NewNop(),
-		bodies: map[string]cachedBody{},
-	}
-	objs, now, err := r.list(ctx, MembersPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing heartbeats in %s: %v", b, err)
-	}
-	view, _ := r.viewOf(ctx, objs, now)
-	return view, nil
 }

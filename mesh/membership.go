@@ -9,8 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -127,15 +125,10 @@ type MembershipStats struct {
 	DuplicateSelf  int64 `json:"duplicate_self"`
 }
 
+// membershipCounters count the heartbeat writes and the fences; the reads are counted
+// by the reader (readCounters).
 type membershipCounters struct {
-	beats, puts, putErrors, lists, listErrors, gets, getErrors atomic.Int64
-	skipped, fences, clockFallbacks, duplicateSelf             atomic.Int64
-}
-
-// cachedBody is a peer's heartbeat body as of one ETag.
-type cachedBody struct {
-	etag string
-	hb   Heartbeat
+	beats, puts, putErrors, skipped, fences, duplicateSelf atomic.Int64
 }
 
 // Membership keeps this box's heartbeat in the bucket and the view of live members.
@@ -156,8 +149,10 @@ type cachedBody struct {
 // A drain is MarkDraining, then the spaces' checkpoints and lease releases, then Leave;
 // MarkDraining says why the heartbeat is not deleted first.
 type Membership struct {
-	cfg        MembershipConfig
+	cfg MembershipConfig
+	// b is where this box writes its heartbeat; reader reads everyone's from it.
 	b          bucket.Bucket
+	reader     *memberReader
 	logger     *zap.Logger
 	key        string
 	fenceAfter time.Duration
@@ -180,15 +175,12 @@ type Membership struct {
 	view []Member
 	// viewAt is the local (monotonic) time the view's listing returned.
 	viewAt time.Time
-	// clock estimates the bucket's time (BucketNow); clockFellBack is set while the
-	// store reports no clock, so the last measured offset stays.
-	clock         bucketClock
-	clockFellBack bool
+	// clock estimates the bucket's time (BucketNow); a listing from a store that reports
+	// no clock leaves the last measured offset.
+	clock bucketClock
 	// placement follows view: every writer of view sets it under mu, so its generation
 	// moves exactly when placement changes (see Placement).
 	placement Placement
-	// bodies caches peers' heartbeat bodies by key.
-	bodies map[string]cachedBody
 	// lastPutSent is when the last successful heartbeat write was sent.
 	lastPutSent time.Time
 	// lastPutETag is the ETag the store returned for it.
@@ -244,10 +236,10 @@ func NewMembership(b bucket.Bucket, cfg MembershipConfig) (*Membership, error) {
 	m := &Membership{
 		cfg:        cfg,
 		b:          b,
+		reader:     newMemberReader(b, cfg.DeadAfter, cfg.OpTimeout, cfg.Logger),
 		logger:     cfg.Logger,
 		key:        HeartbeatKey(self),
 		fenceAfter: fenceAfter,
-		bodies:     map[string]cachedBody{},
 		kick:       make(chan chan bool),
 	}
 	if err := m.encodeBody(false); err != nil {
@@ -459,152 +451,41 @@ func (m *Membership) putHeartbeat(ctx context.Context) (time.Time, bool) {
 
 // refresh lists the members and rebuilds the view; on failure the last view stays.
 func (m *Membership) refresh(ctx context.Context) {
-	objs, now, err := m.list(ctx, MembersPrefix)
+	objs, now, fellBack, err := m.reader.list(ctx, MembersPrefix)
 	if err != nil {
 		if ctx.Err() == nil {
-			m.stats.listErrors.Add(1)
-			m.logger.Warn("listing members; keeping the last view", zap.Error(err), zap.Int64("list_errors", m.stats.listErrors.Load()))
+			m.reader.stats.listErrors.Add(1)
+			m.logger.Warn("listing members; keeping the last view", zap.Error(err), zap.Int64("list_errors", m.reader.stats.listErrors.Load()))
 		}
 		return
 	}
 	localAt := time.Now()
 	wallAt := m.wall()
-	view, seen := m.viewOf(ctx, objs, now)
+	view := m.reader.members(ctx, objs, now, m.ownBody)
 	m.mu.Lock()
 	m.view, m.viewAt = view, localAt
-	if !m.clockFellBack {
+	if !fellBack {
 		m.clock.offset = now.Sub(wallAt)
 	}
 	m.placement.SetView(view)
-	for k := range m.bodies {
-		if !seen[k] {
-			delete(m.bodies, k)
-		}
-	}
 	m.mu.Unlock()
 }
 
-// viewOf turns one listing of MembersPrefix, judged at the store's time now, into the
-// live members sorted by Self, and says which heartbeat keys it saw.
-func (m *Membership) viewOf(ctx context.Context, objs []bucket.Info, now time.Time) ([]Member, map[string]bool) {
-	view := make([]Member, 0, len(objs))
-	seen := make(map[string]bool, len(objs))
-	for _, o := range objs {
-		self, ok := SelfFromKey(o.Key)
-		if !ok {
-			continue
-		}
-		seen[o.Key] = true
-		age := now.Sub(o.LastModified)
-		if age > m.cfg.DeadAfter {
-			continue
-		}
-		mem := Member{Self: self, LastModified: o.LastModified, Age: max(age, 0)}
-		if o.Key == m.key {
-			m.mu.Lock()
-			etag := m.lastPutETag
-			m.mu.Unlock()
-			if etag != "" && o.ETag != "" && o.ETag != etag {
-				m.stats.duplicateSelf.Add(1)
-				m.logger.Error("another process writes this box's heartbeat: two boxes share one LCHAT_MESH_SELF", zap.String("self", self))
-			}
-			m.heartbeat(m.draining.Load()).ApplyTo(&mem)
-		} else if hb, ok := m.peerBody(ctx, o); ok {
-			hb.ApplyTo(&mem)
-		}
-		view = append(view, mem)
-	}
-	sort.Slice(view, func(i, j int) bool { return view[i].Self < view[j].Self })
-	return view, seen
-}
-
-// list reads every page under prefix and the bucket's clock at the first page.
-func (m *Membership) list(ctx context.Context, prefix string) ([]bucket.Info, time.Time, error) {
-	var objs []bucket.Info
-	var now time.Time
-	token := ""
-	for {
-		m.stats.lists.Add(1)
-		lctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
-		page, err := m.b.List(lctx, prefix, token)
-		cancel()
-		if err != nil {
-			return nil, time.Time{}, err
-		}
-		if now.IsZero() {
-			now = page.Now
-		}
-		objs = append(objs, page.Objects...)
-		if page.NextToken == "" {
-			break
-		}
-		token = page.NextToken
+// ownBody is this box's heartbeat as its own view shows it: the body it writes, never
+// read back. A listed ETag other than the one its last write got means that another
+// process writes the same key.
+func (m *Membership) ownBody(o bucket.Info) (Heartbeat, bool) {
+	if o.Key != m.key {
+		return Heartbeat{}, false
 	}
 	m.mu.Lock()
-	m.clockFellBack = now.IsZero()
+	etag := m.lastPutETag
 	m.mu.Unlock()
-	if now.IsZero() {
-		// A store that does not report its clock: fall back to ours, and say so.
-		m.stats.clockFallbacks.Add(1)
-		now = time.Now()
+	if etag != "" && o.ETag != "" && o.ETag != etag {
+		m.stats.duplicateSelf.Add(1)
+		m.logger.Error("another process writes this box's heartbeat: two boxes share one LCHAT_MESH_SELF", zap.String("self", m.cfg.Self))
 	}
-	return objs, now, nil
-}
-
-// peerBody returns a peer's heartbeat body, from the cache when its ETag is unchanged.
-// On a failed read it returns the last body seen for that key, if any.
-func (m *Membership) peerBody(ctx context.Context, o bucket.Info) (Heartbeat, bool) {
-	gctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
-	defer cancel()
-	hb, err := m.cachedBody(gctx, o)
-	if err == nil {
-		return hb, true
-	}
-	if ctx.Err() == nil {
-		m.stats.getErrors.Add(1)
-		m.logger.Warn("reading a member's heartbeat", zap.String("key", o.Key), zap.Error(err))
-	}
-	m.mu.Lock()
-	c, ok := m.bodies[o.Key]
-	m.mu.Unlock()
-	return c.hb, ok
-}
-
-// cachedBody returns the heartbeat body of the listed object o: the cached one while its
-// ETag is unchanged, else read with one GET and cached.
-func (m *Membership) cachedBody(ctx context.Context, o bucket.Info) (Heartbeat, error) {
-	m.mu.Lock()
-	c, ok := m.bodies[o.Key]
-	m.mu.Unlock()
-	if ok && o.ETag != "" && c.etag == o.ETag {
-		return c.hb, nil
-	}
-	m.stats.gets.Add(1)
-	hb, etag, err := m.readBody(ctx, o.Key)
-	if err != nil {
-		return Heartbeat{}, err
-	}
-	m.mu.Lock()
-	m.bodies[o.Key] = cachedBody{etag: etag, hb: hb}
-	m.mu.Unlock()
-	return hb, nil
-}
-
-func (m *Membership) readBody(ctx context.Context, key string) (Heartbeat, string, error) {
-	obj, err := m.b.Get(ctx, key)
-	if err != nil {
-		return Heartbeat{}, "", err
-	}
-	defer obj.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(obj.Body, 64*1024))
-	if err != nil {
-		return Heartbeat{}, "", err
-	}
-	hb, err := DecodeHeartbeat(raw)
-	if err != nil {
-		return Heartbeat{}, "", err
-	}
-	return hb, obj.ETag, nil
+	return m.heartbeat(m.draining.Load()), true
 }
 
 // Placement is the owner cache over this membership's view: Owner at the cost of a map
@@ -667,9 +548,9 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 		return false, nil
 	}
 	key := HeartbeatKey(self)
-	objs, now, err := m.list(ctx, key)
+	objs, now, _, err := m.reader.list(ctx, key)
 	if err != nil {
-		m.stats.listErrors.Add(1)
+		m.reader.stats.listErrors.Add(1)
 		return false, fmt.Errorf("checking heartbeat: %v", err)
 	}
 	// Every "dead" answer is logged with its reason: it lets this box take the holder's
@@ -690,14 +571,12 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 		// Not listed. A listing that misses an object while it is overwritten (a store
 		// may replace it by unlink and link) must not pass for a dead holder: ask for
 		// the key itself.
-		hctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
-		info, err := m.b.Head(hctx, key)
-		cancel()
+		info, err := m.reader.head(ctx, key)
 		if errors.Is(err, bucket.ErrNotFound) {
 			return dead("no heartbeat", zap.Int("listed", len(objs)))
 		}
 		if err != nil {
-			m.stats.getErrors.Add(1)
+			m.reader.stats.getErrors.Add(1)
 			return false, fmt.Errorf("checking heartbeat: %v", err)
 		}
 		m.logger.Warn("a holder's heartbeat was missing from a listing but exists", zap.String("holder", self))
@@ -713,12 +592,12 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 		}
 		return true, nil
 	}
-	hb, err := m.cachedBody(ctx, o)
+	hb, err := m.reader.body(ctx, o)
 	if errors.Is(err, bucket.ErrNotFound) {
 		return dead("heartbeat deleted while read")
 	}
 	if err != nil {
-		m.stats.getErrors.Add(1)
+		m.reader.stats.getErrors.Add(1)
 		return false, fmt.Errorf("checking heartbeat: %v", err)
 	}
 	if !liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation) {
@@ -729,13 +608,13 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 
 // Stats returns a snapshot of the counters.
 func (m *Membership) Stats() MembershipStats {
-	s := &m.stats
+	s, r := &m.stats, &m.reader.stats
 	return MembershipStats{
 		Beats: s.beats.Load(), Puts: s.puts.Load(), PutErrors: s.putErrors.Load(),
-		Lists: s.lists.Load(), ListErrors: s.listErrors.Load(),
-		Gets: s.gets.Load(), GetErrors: s.getErrors.Load(),
+		Lists: r.lists.Load(), ListErrors: r.listErrors.Load(),
+		Gets: r.gets.Load(), GetErrors: r.getErrors.Load(),
 		SkippedBeats: s.skipped.Load(), Fences: s.fences.Load(),
-		ClockFallbacks: s.clockFallbacks.Load(), DuplicateSelf: s.duplicateSelf.Load(),
+		ClockFallbacks: r.clockFallbacks.Load(), DuplicateSelf: s.duplicateSelf.Load(),
 	}
 }
 
