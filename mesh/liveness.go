@@ -2,8 +2,12 @@ package mesh
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/bucket"
 )
 
 // The lease-liveness rule. A space's lease names its holder's SELF and incarnation, and it
@@ -31,6 +35,80 @@ func liveIn(members []Member, self, incarnation string) bool {
 // ReadMembers returns them): for leases in a bucket this box does not beat in.
 func LiveIn(members []Member) func(holder, incarnation string) bool {
 	return func(holder, incarnation string) bool { return liveIn(members, holder, incarnation) }
+}
+
+// IsLive applies the lease rule against the current view: the holder is live iff its
+// heartbeat exists, is fresh, and carries incarnation. The view may be up to one beat old;
+// CheckLive asks the bucket instead.
+func (m *Membership) IsLive(self, incarnation string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return liveIn(m.view, self, incarnation)
+}
+
+// CheckLive applies the lease rule with a fresh read of the holder's heartbeat (one LIST,
+// plus a GET when its ETag changed): use it before taking over a lease.
+func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (bool, error) {
+	if incarnation == "" {
+		return false, nil
+	}
+	key := HeartbeatKey(self)
+	objs, now, _, err := m.reader.list(ctx, key)
+	if err != nil {
+		m.reader.stats.listErrors.Add(1)
+		return false, fmt.Errorf("checking heartbeat: %v", err)
+	}
+	// Every "dead" answer is logged with its reason: it lets this box take the holder's
+	// leases over, and a wrong one is two writers.
+	dead := func(why string, fields ...zap.Field) (bool, error) {
+		m.logger.Warn("lease holder judged dead by a fresh read", append([]zap.Field{zap.String("holder", self),
+			zap.String("incarnation", incarnation), zap.String("why", why), zap.Time("bucket_now", now)}, fields...)...)
+		return false, nil
+	}
+	var found *bucket.Info
+	for i := range objs {
+		if objs[i].Key == key {
+			found = &objs[i]
+			break
+		}
+	}
+	if found == nil {
+		// Not listed. A listing that misses an object while it is overwritten (a store
+		// may replace it by unlink and link) must not pass for a dead holder: ask for
+		// the key itself.
+		info, err := m.reader.head(ctx, key)
+		if errors.Is(err, bucket.ErrNotFound) {
+			return dead("no heartbeat", zap.Int("listed", len(objs)))
+		}
+		if err != nil {
+			m.reader.stats.getErrors.Add(1)
+			return false, fmt.Errorf("checking heartbeat: %v", err)
+		}
+		m.logger.Warn("a holder's heartbeat was missing from a listing but exists", zap.String("holder", self))
+		found = &info
+	}
+	o := *found
+	if age := now.Sub(o.LastModified); age > m.cfg.DeadAfter {
+		return dead("heartbeat too old", zap.Duration("age", age), zap.Time("last_modified", o.LastModified))
+	}
+	if key == m.key {
+		if incarnation != m.cfg.Incarnation {
+			return dead("an earlier incarnation of this box")
+		}
+		return true, nil
+	}
+	hb, err := m.reader.body(ctx, o)
+	if errors.Is(err, bucket.ErrNotFound) {
+		return dead("heartbeat deleted while read")
+	}
+	if err != nil {
+		m.reader.stats.getErrors.Add(1)
+		return false, fmt.Errorf("checking heartbeat: %v", err)
+	}
+	if !liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation) {
+		return dead("another incarnation beats", zap.String("beating", hb.Incarnation))
+	}
+	return true, nil
 }
 
 // HolderLive is the rule as the engine and the relocation apply it to this box's bucket.

@@ -14,6 +14,32 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 )
 
+// Member is one box of the mesh as seen through its heartbeat.
+type Member struct {
+	// Self is the member's base URL and identity (the decoded heartbeat key).
+	Self string `json:"self"`
+	// Region is the member's LCHAT_MESH_REGION; empty means region-agnostic.
+	Region string `json:"region,omitempty"`
+	// Domains are the mesh domains the member covers.
+	Domains []string `json:"domains,omitempty"`
+	// Incarnation changes every time the member's process starts.
+	Incarnation string `json:"incarnation,omitempty"`
+	// Version is the member's software version.
+	Version string `json:"version,omitempty"`
+	// Address is the member's advertised public address, if any.
+	Address string `json:"address,omitempty"`
+	// Bucket names the member's bucket (no credentials), if advertised.
+	Bucket string `json:"bucket,omitempty"`
+	// LastModified is the heartbeat's time by the bucket's clock.
+	LastModified time.Time `json:"last_modified"`
+	// Age is how old the heartbeat is by the bucket's clock, as of the listing that
+	// produced this view plus the local monotonic time since.
+	Age time.Duration `json:"age"`
+	// Draining is set while the member shuts down: it is still live (its leases hold)
+	// but takes no new spaces and no replicated rows.
+	Draining bool `json:"draining,omitempty"`
+}
+
 // memberReader reads who is live in one bucket from the heartbeats under MembersPrefix: it
 // lists them (every page, each request under its own timeout), judges each by the bucket's
 // clock (LastModified against the listing's Date; this box's clock only when the store
@@ -207,4 +233,78 @@ func (r *memberReader) head(ctx context.Context, key string) (bucket.Info, error
 	hctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
 	return r.b.Head(hctx, key)
+}
+
+// refresh lists the members and rebuilds the view; on failure the last view stays.
+func (m *Membership) refresh(ctx context.Context) {
+	objs, now, fellBack, err := m.reader.list(ctx, MembersPrefix)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.reader.stats.listErrors.Add(1)
+			m.logger.Warn("listing members; keeping the last view", zap.Error(err), zap.Int64("list_errors", m.reader.stats.listErrors.Load()))
+		}
+		return
+	}
+	// Both clocks are read as the listing returns, before any body is read, so the
+	// offset measures the listing's Date and not the GETs after it.
+	localAt := time.Now()
+	wallAt := m.wall()
+	view := m.reader.members(ctx, objs, now, m.ownBody)
+	m.mu.Lock()
+	m.view, m.viewAt = view, localAt
+	if !fellBack {
+		m.clock.offset = now.Sub(wallAt)
+	}
+	m.placement.SetView(view)
+	m.mu.Unlock()
+}
+
+// ownBody is this box's heartbeat as its own view shows it: the body it writes, never
+// read back. A listed ETag other than the one its last write got means that another
+// process writes the same key.
+func (m *Membership) ownBody(o bucket.Info) (Heartbeat, bool) {
+	if o.Key != m.key {
+		return Heartbeat{}, false
+	}
+	m.mu.Lock()
+	etag := m.lastPutETag
+	m.mu.Unlock()
+	if etag != "" && o.ETag != "" && o.ETag != etag {
+		m.stats.duplicateSelf.Add(1)
+		m.logger.Error("another process writes this box's heartbeat: two boxes share one LCHAT_MESH_SELF", zap.String("self", m.cfg.Self))
+	}
+	return m.heartbeat(m.draining.Load()), true
+}
+
+// Placement is the owner cache over this membership's view: Owner at the cost of a map
+// lookup, invalidated whenever a listing changes the members, their regions, domains or
+// draining flags.
+func (m *Membership) Placement() *Placement { return &m.placement }
+
+// Live returns the live members (this box included when its heartbeat is fresh), sorted
+// by Self, as of the last successful listing, with Age advanced by the local time since.
+// The Domains slices are shared: treat them as read-only.
+func (m *Membership) Live() []Member {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Member, len(m.view))
+	copy(out, m.view)
+	since := time.Since(m.viewAt)
+	for i := range out {
+		out[i].Age += since
+	}
+	return out
+}
+
+// Self returns this box as a member; Age is the time since its last successful
+// heartbeat write was sent (by the local clock), LastModified is zero.
+func (m *Membership) Self() Member {
+	mem := Member{Self: m.cfg.Self}
+	m.heartbeat(m.draining.Load()).ApplyTo(&mem)
+	m.mu.Lock()
+	if !m.lastPutSent.IsZero() {
+		mem.Age = time.Since(m.lastPutSent)
+	}
+	m.mu.Unlock()
+	return mem
 }
