@@ -21,3 +21,24 @@ type bucketClock struct {
 }
 
 func (c bucketClock) now() time.Time { return c.wall().Add(c.offset) }
+
+// wall is this box's wall clock: MembershipConfig.WallClock, else time.Now.
+func (m *Membership) wall() time.Time {
+	if m.cfg.WallClock != nil {
+		return m.cfg.WallClock()
+	}
+	return time.Now()
+}
+
+// BucketNow estimates the bucket's current time: this box's wall clock plus the offset
+// measured at the last listing (zero before the first). Forwarded markers are signed and
+// checked with it, so boxes whose wall clocks disagree still agree on a marker's age.
+func (m *Membership) BucketNow() time.Time {
+	m.mu.Lock()
+	c := m.clock
+	m.mu.Unlock()
+	if c.wall == nil {
+		c.wall = m.wall
+	}
+	return c.now()
+}

@@ -1,33 +1,5 @@
 package mesh
 
-import "time"
-
-// Member is one box of the mesh as seen through its heartbeat.
-type Member struct {
-	// Self is the member's base URL and identity (the decoded heartbeat key).
-	Self string `json:"self"`
-	// Region is the member's LCHAT_MESH_REGION; empty means region-agnostic.
-	Region string `json:"region,omitempty"`
-	// Domains are the mesh domains the member covers.
-	Domains []string `json:"domains,omitempty"`
-	// Incarnation changes every time the member's process starts.
-	Incarnation string `json:"incarnation,omitempty"`
-	// Version is the member's software version.
-	Version string `json:"version,omitempty"`
-	// Address is the member's advertised public address, if any.
-	Address string `json:"address,omitempty"`
-	// Bucket names the member's bucket (no credentials), if advertised.
-	Bucket string `json:"bucket,omitempty"`
-	// LastModified is the heartbeat's time by the bucket's clock.
-	LastModified time.Time `json:"last_modified"`
-	// Age is how old the heartbeat is by the bucket's clock, as of the listing that
-	// produced this view plus the local monotonic time since.
-	Age time.Duration `json:"age"`
-	// Draining is set while the member shuts down: it is still live (its leases hold)
-	// but takes no new spaces and no replicated rows.
-	Draining bool `json:"draining,omitempty"`
-}
-
 // FNV-1a 64-bit parameters.
 const (
 	fnvOffset64 = 14695981039346656037

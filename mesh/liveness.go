@@ -2,8 +2,8 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -37,6 +37,80 @@ func LiveIn(members []Member) func(holder, incarnation string) bool {
 	return func(holder, incarnation string) bool { return liveIn(members, holder, incarnation) }
 }
 
+// IsLive applies the lease rule against the current view: the holder is live iff its
+// heartbeat exists, is fresh, and carries incarnation. The view may be up to one beat old;
+// CheckLive asks the bucket instead.
+func (m *Membership) IsLive(self, incarnation string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return liveIn(m.view, self, incarnation)
+}
+
+// CheckLive applies the lease rule with a fresh read of the holder's heartbeat (one LIST,
+// plus a GET when its ETag changed): use it before taking over a lease.
+func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (bool, error) {
+	if incarnation == "" {
+		return false, nil
+	}
+	key := HeartbeatKey(self)
+	objs, now, _, err := m.reader.list(ctx, key)
+	if err != nil {
+		m.reader.stats.listErrors.Add(1)
+		return false, fmt.Errorf("checking heartbeat: %v", err)
+	}
+	// Every "dead" answer is logged with its reason: it lets this box take the holder's
+	// leases over, and a wrong one is two writers.
+	dead := func(why string, fields ...zap.Field) (bool, error) {
+		m.logger.Warn("lease holder judged dead by a fresh read", append([]zap.Field{zap.String("holder", self),
+			zap.String("incarnation", incarnation), zap.String("why", why), zap.Time("bucket_now", now)}, fields...)...)
+		return false, nil
+	}
+	var found *bucket.Info
+	for i := range objs {
+		if objs[i].Key == key {
+			found = &objs[i]
+			break
+		}
+	}
+	if found == nil {
+		// Not listed. A listing that misses an object while it is overwritten (a store
+		// may replace it by unlink and link) must not pass for a dead holder: ask for
+		// the key itself.
+		info, err := m.reader.head(ctx, key)
+		if errors.Is(err, bucket.ErrNotFound) {
+			return dead("no heartbeat", zap.Int("listed", len(objs)))
+		}
+		if err != nil {
+			m.reader.stats.getErrors.Add(1)
+			return false, fmt.Errorf("checking heartbeat: %v", err)
+		}
+		m.logger.Warn("a holder's heartbeat was missing from a listing but exists", zap.String("holder", self))
+		found = &info
+	}
+	o := *found
+	if age := now.Sub(o.LastModified); age > m.cfg.DeadAfter {
+		return dead("heartbeat too old", zap.Duration("age", age), zap.Time("last_modified", o.LastModified))
+	}
+	if key == m.key {
+		if incarnation != m.cfg.Incarnation {
+			return dead("an earlier incarnation of this box")
+		}
+		return true, nil
+	}
+	hb, err := m.reader.body(ctx, o)
+	if errors.Is(err, bucket.ErrNotFound) {
+		return dead("heartbeat deleted while read")
+	}
+	if err != nil {
+		m.reader.stats.getErrors.Add(1)
+		return false, fmt.Errorf("checking heartbeat: %v", err)
+	}
+	if !liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation) {
+		return dead("another incarnation beats", zap.String("beating", hb.Incarnation))
+	}
+	return true, nil
+}
+
 // HolderLive is the rule as the engine and the relocation apply it to this box's bucket.
 // The view says live: believe it (the holder fences itself before its heartbeat can look
 // dead to anyone). The view says dead: confirm with a fresh read of the bucket before a
@@ -54,30 +128,4 @@ func (m *Membership) HolderLive(holder, incarnation string) bool {
 		return true
 	}
 	return live
-}
-
-// ReadMembers reads the live members of the heartbeats in b once, by b's own clock, with
-// the same reader a Membership runs on every beat (paged listing, per-request timeout,
-// the local clock only when the store reports none) but without joining: the boxes of a
-// region whose heartbeats live in another bucket than this box's. A member whose body
-// cannot be read is listed without one (no incarnation: it holds no lease).
-func ReadMembers(ctx context.Context, b bucket.Bucket, deadAfter, opTimeout time.Duration) ([]Member, error) {
-	if deadAfter <= 0 {
-		deadAfter = DefaultDeadAfter
-	}
-	if opTimeout <= 0 {
-		opTimeout = DefaultBeat
-	}
-	r := &Membership{
-		cfg:    MembershipConfig{DeadAfter: deadAfter, OpTimeout: opTimeout},
-		b:      b,
-		logger: zap.NewNop(),
-		bodies: map[string]cachedBody{},
-	}
-	objs, now, err := r.list(ctx, MembersPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing heartbeats in %s: %v", b, err)
-	}
-	view, _ := r.viewOf(ctx, objs, now)
-	return view, nil
 }

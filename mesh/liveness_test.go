@@ -3,9 +3,12 @@ package mesh
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
 )
 
@@ -24,41 +27,6 @@ func TestLiveIn(t *testing.T) {
 		if got := live(tc.holder, tc.inc); got != tc.want {
 			t.Errorf("live(%s, %q) = %v, want %v", tc.holder, tc.inc, got, tc.want)
 		}
-	}
-}
-
-// ReadMembers is the membership's own reader: it pages past a listing page, judges age
-// by the bucket's clock (a box whose clock is off changes nothing), and reads bodies.
-func TestReadMembers(t *testing.T) {
-	ctx := context.Background()
-	bkt := membucket.New()
-	bkt.PageSize = 2
-	var ms []*Membership
-	for _, self := range []string{"https://a.test", "https://b.test", "https://c.test"} {
-		m := newTestMember(t, bkt, self, "fi", nil)
-		if err := m.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(m.Close)
-		ms = append(ms, m)
-	}
-	got, err := ReadMembers(ctx, bkt, 3*time.Second, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 3 || got[1].Self != "https://b.test" || got[1].Incarnation != ms[1].Config().Incarnation || got[1].Region != "fi" {
-		t.Fatalf("ReadMembers = %+v", got)
-	}
-	// The bucket's clock runs a minute ahead: every heartbeat is dead by it.
-	bkt.Offset = time.Minute
-	ms[0].Close()
-	if got, err := ReadMembers(ctx, bkt, 3*time.Second, time.Second); err != nil || len(got) != 0 {
-		t.Fatalf("with every heartbeat a minute old by the bucket's clock: %+v, %v", got, err)
-	}
-	cut := membucket.NewCounting(bkt)
-	cut.SetFail(func(context.Context, membucket.Op, string) error { return errors.New("connection refused") })
-	if _, err := ReadMembers(ctx, cut, 3*time.Second, time.Second); err == nil {
-		t.Fatal("a failed listing read as an empty fleet")
 	}
 }
 
@@ -92,4 +60,56 @@ func TestHolderLive(t *testing.T) {
 	if !a.HolderLive("https://c.test", "x") {
 		t.Error("a holder counted dead although the bucket could not be read")
 	}
+}
+
+// hidingList is a store whose listings leave out one key, as a listing can while the
+// object is being overwritten.
+type hidingList struct {
+	bucket.Bucket
+	hide atomic.Value // string
+}
+
+func (h *hidingList) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
+	page, err := h.Bucket.List(ctx, prefix, token)
+	if hide, _ := h.hide.Load().(string); hide != "" {
+		kept := page.Objects[:0:0]
+		for _, o := range page.Objects {
+			if o.Key != hide {
+				kept = append(kept, o)
+			}
+		}
+		page.Objects = kept
+	}
+	return page, err
+}
+
+// TestCheckLiveListingMissesHeartbeat: a listing that misses a live holder's heartbeat
+// does not make it dead for a takeover: the key itself is looked up.
+func TestCheckLiveListingMissesHeartbeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := membucket.New()
+		ctx := t.Context()
+		hiding := &hidingList{Bucket: mem}
+		a := newTestMember(t, hiding, "https://a.example.net", "", nil)
+		b := newTestMember(t, mem, "https://b.example.net", "", nil)
+		for _, m := range []*Membership{a, b} {
+			m.Start(ctx)
+			defer m.Close()
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		hiding.hide.Store(HeartbeatKey(b.Config().Self))
+		if live, err := a.CheckLive(ctx, b.Config().Self, b.Config().Incarnation); err != nil || !live {
+			t.Fatalf("CheckLive(b, missing from the listing) = %v, %v; want live", live, err)
+		}
+		if live, _ := a.CheckLive(ctx, b.Config().Self, "another-incarnation"); live {
+			t.Fatal("an old incarnation of b counts as live")
+		}
+		b.Close()
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if live, err := a.CheckLive(ctx, b.Config().Self, b.Config().Incarnation); err != nil || live {
+			t.Fatalf("CheckLive(b, dead 5s and missing from the listing) = %v, %v; want dead", live, err)
+		}
+	})
 }

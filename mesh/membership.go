@@ -4,14 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,54 +18,11 @@ import (
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
-// MembersPrefix is where heartbeats live, relative to the bucket's prefix.
-const MembersPrefix = "mesh/members/"
-
 // Membership defaults.
 const (
 	DefaultBeat      = 15 * time.Second
 	DefaultDeadAfter = 45 * time.Second
 )
-
-// HeartbeatKey is the bucket key of a member's heartbeat: MembersPrefix followed by the
-// unpadded base64url encoding of its SELF, so one LIST yields every member's identity.
-func HeartbeatKey(self string) string {
-	return MembersPrefix + base64.RawURLEncoding.EncodeToString([]byte(self))
-}
-
-// SelfFromKey decodes a heartbeat key (with or without MembersPrefix) back to its SELF.
-func SelfFromKey(key string) (string, bool) {
-	// Strict: one SELF has exactly one key (no second spelling with other padding bits).
-	b, err := base64.RawURLEncoding.Strict().DecodeString(strings.TrimPrefix(key, MembersPrefix))
-	if err != nil || len(b) == 0 {
-		return "", false
-	}
-	self, err := ParseSelf(string(b))
-	if err != nil || self != string(b) {
-		return "", false
-	}
-	return self, true
-}
-
-// Heartbeat is the body of a heartbeat object. It is written byte-for-byte identically on
-// every beat of one process, which is what keeps peers from re-reading it (see Membership);
-// it changes once at most, when the box starts draining.
-type Heartbeat struct {
-	Region      string   `json:"region"`
-	Domains     []string `json:"domains"`
-	Incarnation string   `json:"incarnation"`
-	Version     string   `json:"version"`
-	// Address is the box's public address (an IP), the target of a relocated space's
-	// DNS record. Optional.
-	Address string `json:"address,omitempty"`
-	// Bucket names the bucket the box keeps its spaces in (its String(), never
-	// credentials), so a relocation can tell a shared bucket from a per-region one.
-	Bucket string `json:"bucket,omitempty"`
-	// Draining is set while the box shuts down: peers take it out of placement and
-	// fan-out at once, but it is still live, so the leases it holds stay held until it
-	// releases them (see MarkDraining).
-	Draining bool `json:"draining,omitempty"`
-}
 
 // MembershipConfig configures a Membership.
 type MembershipConfig struct {
@@ -127,15 +79,10 @@ type MembershipStats struct {
 	DuplicateSelf  int64 `json:"duplicate_self"`
 }
 
+// membershipCounters count the heartbeat writes and the fences; the reads are counted
+// by the reader (readCounters).
 type membershipCounters struct {
-	beats, puts, putErrors, lists, listErrors, gets, getErrors atomic.Int64
-	skipped, fences, clockFallbacks, duplicateSelf             atomic.Int64
-}
-
-// cachedBody is a peer's heartbeat body as of one ETag.
-type cachedBody struct {
-	etag string
-	hb   Heartbeat
+	beats, puts, putErrors, skipped, fences, duplicateSelf atomic.Int64
 }
 
 // Membership keeps this box's heartbeat in the bucket and the view of live members.
@@ -156,8 +103,10 @@ type cachedBody struct {
 // A drain is MarkDraining, then the spaces' checkpoints and lease releases, then Leave;
 // MarkDraining says why the heartbeat is not deleted first.
 type Membership struct {
-	cfg        MembershipConfig
+	cfg MembershipConfig
+	// b is where this box writes its heartbeat; reader reads everyone's from it.
 	b          bucket.Bucket
+	reader     *memberReader
 	logger     *zap.Logger
 	key        string
 	fenceAfter time.Duration
@@ -180,15 +129,12 @@ type Membership struct {
 	view []Member
 	// viewAt is the local (monotonic) time the view's listing returned.
 	viewAt time.Time
-	// clock estimates the bucket's time (BucketNow); clockFellBack is set while the
-	// store reports no clock, so the last measured offset stays.
-	clock         bucketClock
-	clockFellBack bool
+	// clock estimates the bucket's time (BucketNow); a listing from a store that reports
+	// no clock leaves the last measured offset.
+	clock bucketClock
 	// placement follows view: every writer of view sets it under mu, so its generation
 	// moves exactly when placement changes (see Placement).
 	placement Placement
-	// bodies caches peers' heartbeat bodies by key.
-	bodies map[string]cachedBody
 	// lastPutSent is when the last successful heartbeat write was sent.
 	lastPutSent time.Time
 	// lastPutETag is the ETag the store returned for it.
@@ -244,10 +190,10 @@ func NewMembership(b bucket.Bucket, cfg MembershipConfig) (*Membership, error) {
 	m := &Membership{
 		cfg:        cfg,
 		b:          b,
+		reader:     newMemberReader(b, cfg.DeadAfter, cfg.OpTimeout, cfg.Logger),
 		logger:     cfg.Logger,
 		key:        HeartbeatKey(self),
 		fenceAfter: fenceAfter,
-		bodies:     map[string]cachedBody{},
 		kick:       make(chan chan bool),
 	}
 	if err := m.encodeBody(false); err != nil {
@@ -263,16 +209,9 @@ func (m *Membership) heartbeat(draining bool) Heartbeat {
 		Version: m.cfg.Version, Address: m.cfg.Address, Bucket: m.cfg.Bucket, Draining: draining}
 }
 
-// ApplyTo copies what the heartbeat says about its box into mem.
-func (hb Heartbeat) ApplyTo(mem *Member) {
-	mem.Region, mem.Domains, mem.Incarnation, mem.Version = hb.Region, hb.Domains, hb.Incarnation, hb.Version
-	mem.Address, mem.Bucket, mem.Draining = hb.Address, hb.Bucket, hb.Draining
-}
-
+// encodeBody sets the body that every beat from now on writes.
 func (m *Membership) encodeBody(draining bool) error {
-	hb := m.heartbeat(draining)
-	hb.Domains = append([]string{}, hb.Domains...) // "domains": [] rather than null
-	body, err := json.Marshal(hb)
+	body, err := encodeHeartbeat(m.heartbeat(draining))
 	if err != nil {
 		return fmt.Errorf("membership: encoding heartbeat: %v", err)
 	}
@@ -457,189 +396,6 @@ func (m *Membership) putHeartbeat(ctx context.Context) (time.Time, bool) {
 	return sent, true
 }
 
-// refresh lists the members and rebuilds the view; on failure the last view stays.
-func (m *Membership) refresh(ctx context.Context) {
-	objs, now, err := m.list(ctx, MembersPrefix)
-	if err != nil {
-		if ctx.Err() == nil {
-			m.stats.listErrors.Add(1)
-			m.logger.Warn("listing members; keeping the last view", zap.Error(err), zap.Int64("list_errors", m.stats.listErrors.Load()))
-		}
-		return
-	}
-	localAt := time.Now()
-	wallAt := m.wall()
-	view, seen := m.viewOf(ctx, objs, now)
-	m.mu.Lock()
-	m.view, m.viewAt = view, localAt
-	if !m.clockFellBack {
-		m.clock.offset = now.Sub(wallAt)
-	}
-	m.placement.SetView(view)
-	for k := range m.bodies {
-		if !seen[k] {
-			delete(m.bodies, k)
-		}
-	}
-	m.mu.Unlock()
-}
-
-// viewOf turns one listing of MembersPrefix, judged at the store's time now, into the
-// live members sorted by Self, and says which heartbeat keys it saw.
-func (m *Membership) viewOf(ctx context.Context, objs []bucket.Info, now time.Time) ([]Member, map[string]bool) {
-	view := make([]Member, 0, len(objs))
-	seen := make(map[string]bool, len(objs))
-	for _, o := range objs {
-		self, ok := SelfFromKey(o.Key)
-		if !ok {
-			continue
-		}
-		seen[o.Key] = true
-		age := now.Sub(o.LastModified)
-		if age > m.cfg.DeadAfter {
-			continue
-		}
-		mem := Member{Self: self, LastModified: o.LastModified, Age: max(age, 0)}
-		if o.Key == m.key {
-			m.mu.Lock()
-			etag := m.lastPutETag
-			m.mu.Unlock()
-			if etag != "" && o.ETag != "" && o.ETag != etag {
-				m.stats.duplicateSelf.Add(1)
-				m.logger.Error("another process writes this box's heartbeat: two boxes share one LCHAT_MESH_SELF", zap.String("self", self))
-			}
-			m.heartbeat(m.draining.Load()).ApplyTo(&mem)
-		} else if hb, ok := m.peerBody(ctx, o); ok {
-			hb.ApplyTo(&mem)
-		}
-		view = append(view, mem)
-	}
-	sort.Slice(view, func(i, j int) bool { return view[i].Self < view[j].Self })
-	return view, seen
-}
-
-// list reads every page under prefix and the bucket's clock at the first page.
-func (m *Membership) list(ctx context.Context, prefix string) ([]bucket.Info, time.Time, error) {
-	var objs []bucket.Info
-	var now time.Time
-	token := ""
-	for {
-		m.stats.lists.Add(1)
-		lctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
-		page, err := m.b.List(lctx, prefix, token)
-		cancel()
-		if err != nil {
-			return nil, time.Time{}, err
-		}
-		if now.IsZero() {
-			now = page.Now
-		}
-		objs = append(objs, page.Objects...)
-		if page.NextToken == "" {
-			break
-		}
-		token = page.NextToken
-	}
-	m.mu.Lock()
-	m.clockFellBack = now.IsZero()
-	m.mu.Unlock()
-	if now.IsZero() {
-		// A store that does not report its clock: fall back to ours, and say so.
-		m.stats.clockFallbacks.Add(1)
-		now = time.Now()
-	}
-	return objs, now, nil
-}
-
-// peerBody returns a peer's heartbeat body, from the cache when its ETag is unchanged.
-// On a failed read it returns the last body seen for that key, if any.
-func (m *Membership) peerBody(ctx context.Context, o bucket.Info) (Heartbeat, bool) {
-	gctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
-	defer cancel()
-	hb, err := m.cachedBody(gctx, o)
-	if err == nil {
-		return hb, true
-	}
-	if ctx.Err() == nil {
-		m.stats.getErrors.Add(1)
-		m.logger.Warn("reading a member's heartbeat", zap.String("key", o.Key), zap.Error(err))
-	}
-	m.mu.Lock()
-	c, ok := m.bodies[o.Key]
-	m.mu.Unlock()
-	return c.hb, ok
-}
-
-// cachedBody returns the heartbeat body of the listed object o: the cached one while its
-// ETag is unchanged, else read with one GET and cached.
-func (m *Membership) cachedBody(ctx context.Context, o bucket.Info) (Heartbeat, error) {
-	m.mu.Lock()
-	c, ok := m.bodies[o.Key]
-	m.mu.Unlock()
-	if ok && o.ETag != "" && c.etag == o.ETag {
-		return c.hb, nil
-	}
-	m.stats.gets.Add(1)
-	hb, etag, err := m.readBody(ctx, o.Key)
-	if err != nil {
-		return Heartbeat{}, err
-	}
-	m.mu.Lock()
-	m.bodies[o.Key] = cachedBody{etag: etag, hb: hb}
-	m.mu.Unlock()
-	return hb, nil
-}
-
-func (m *Membership) readBody(ctx context.Context, key string) (Heartbeat, string, error) {
-	obj, err := m.b.Get(ctx, key)
-	if err != nil {
-		return Heartbeat{}, "", err
-	}
-	defer obj.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(obj.Body, 64*1024))
-	if err != nil {
-		return Heartbeat{}, "", err
-	}
-	hb, err := DecodeHeartbeat(raw)
-	if err != nil {
-		return Heartbeat{}, "", err
-	}
-	return hb, obj.ETag, nil
-}
-
-// Placement is the owner cache over this membership's view: Owner at the cost of a map
-// lookup, invalidated whenever a listing changes the members, their regions, domains or
-// draining flags.
-func (m *Membership) Placement() *Placement { return &m.placement }
-
-// Live returns the live members (this box included when its heartbeat is fresh), sorted
-// by Self, as of the last successful listing, with Age advanced by the local time since.
-// The Domains slices are shared: treat them as read-only.
-func (m *Membership) Live() []Member {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]Member, len(m.view))
-	copy(out, m.view)
-	since := time.Since(m.viewAt)
-	for i := range out {
-		out[i].Age += since
-	}
-	return out
-}
-
-// Self returns this box as a member; Age is the time since its last successful
-// heartbeat write was sent (by the local clock), LastModified is zero.
-func (m *Membership) Self() Member {
-	mem := Member{Self: m.cfg.Self}
-	m.heartbeat(m.draining.Load()).ApplyTo(&mem)
-	m.mu.Lock()
-	if !m.lastPutSent.IsZero() {
-		mem.Age = time.Since(m.lastPutSent)
-	}
-	m.mu.Unlock()
-	return mem
-}
-
 // Fresh reports whether this box's last successful heartbeat write was sent less than
 // the fence time (DeadAfter minus FenceMargin) ago, by the monotonic clock: what the fence
 // timer decides, asked on the request path. A box paused past its fence (SIGSTOP, a stall
@@ -651,91 +407,15 @@ func (m *Membership) Fresh() bool {
 	return !sent.IsZero() && time.Since(sent) < m.fenceAfter
 }
 
-// IsLive applies the lease rule against the current view: the holder is live iff its
-// heartbeat exists, is fresh, and carries incarnation. The view may be up to one beat old;
-// CheckLive asks the bucket instead.
-func (m *Membership) IsLive(self, incarnation string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return liveIn(m.view, self, incarnation)
-}
-
-// CheckLive applies the lease rule with a fresh read of the holder's heartbeat (one LIST,
-// plus a GET when its ETag changed): use it before taking over a lease.
-func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (bool, error) {
-	if incarnation == "" {
-		return false, nil
-	}
-	key := HeartbeatKey(self)
-	objs, now, err := m.list(ctx, key)
-	if err != nil {
-		m.stats.listErrors.Add(1)
-		return false, fmt.Errorf("checking heartbeat: %v", err)
-	}
-	// Every "dead" answer is logged with its reason: it lets this box take the holder's
-	// leases over, and a wrong one is two writers.
-	dead := func(why string, fields ...zap.Field) (bool, error) {
-		m.logger.Warn("lease holder judged dead by a fresh read", append([]zap.Field{zap.String("holder", self),
-			zap.String("incarnation", incarnation), zap.String("why", why), zap.Time("bucket_now", now)}, fields...)...)
-		return false, nil
-	}
-	var found *bucket.Info
-	for i := range objs {
-		if objs[i].Key == key {
-			found = &objs[i]
-			break
-		}
-	}
-	if found == nil {
-		// Not listed. A listing that misses an object while it is overwritten (a store
-		// may replace it by unlink and link) must not pass for a dead holder: ask for
-		// the key itself.
-		hctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
-		info, err := m.b.Head(hctx, key)
-		cancel()
-		if errors.Is(err, bucket.ErrNotFound) {
-			return dead("no heartbeat", zap.Int("listed", len(objs)))
-		}
-		if err != nil {
-			m.stats.getErrors.Add(1)
-			return false, fmt.Errorf("checking heartbeat: %v", err)
-		}
-		m.logger.Warn("a holder's heartbeat was missing from a listing but exists", zap.String("holder", self))
-		found = &info
-	}
-	o := *found
-	if age := now.Sub(o.LastModified); age > m.cfg.DeadAfter {
-		return dead("heartbeat too old", zap.Duration("age", age), zap.Time("last_modified", o.LastModified))
-	}
-	if key == m.key {
-		if incarnation != m.cfg.Incarnation {
-			return dead("an earlier incarnation of this box")
-		}
-		return true, nil
-	}
-	hb, err := m.cachedBody(ctx, o)
-	if errors.Is(err, bucket.ErrNotFound) {
-		return dead("heartbeat deleted while read")
-	}
-	if err != nil {
-		m.stats.getErrors.Add(1)
-		return false, fmt.Errorf("checking heartbeat: %v", err)
-	}
-	if !liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation) {
-		return dead("another incarnation beats", zap.String("beating", hb.Incarnation))
-	}
-	return true, nil
-}
-
 // Stats returns a snapshot of the counters.
 func (m *Membership) Stats() MembershipStats {
-	s := &m.stats
+	s, r := &m.stats, &m.reader.stats
 	return MembershipStats{
 		Beats: s.beats.Load(), Puts: s.puts.Load(), PutErrors: s.putErrors.Load(),
-		Lists: s.lists.Load(), ListErrors: s.listErrors.Load(),
-		Gets: s.gets.Load(), GetErrors: s.getErrors.Load(),
+		Lists: r.lists.Load(), ListErrors: r.listErrors.Load(),
+		Gets: r.gets.Load(), GetErrors: r.getErrors.Load(),
 		SkippedBeats: s.skipped.Load(), Fences: s.fences.Load(),
-		ClockFallbacks: s.clockFallbacks.Load(), DuplicateSelf: s.duplicateSelf.Load(),
+		ClockFallbacks: r.clockFallbacks.Load(), DuplicateSelf: s.duplicateSelf.Load(),
 	}
 }
 
@@ -830,24 +510,4 @@ func (m *Membership) Leave(ctx context.Context) error {
 	m.placement.SetView(kept)
 	m.mu.Unlock()
 	return nil
-}
-
-func (m *Membership) wall() time.Time {
-	if m.cfg.WallClock != nil {
-		return m.cfg.WallClock()
-	}
-	return time.Now()
-}
-
-// BucketNow estimates the bucket's current time: this box's wall clock plus the offset
-// measured at the last listing (zero before the first). Forwarded markers are signed and
-// checked with it, so boxes whose wall clocks disagree still agree on a marker's age.
-func (m *Membership) BucketNow() time.Time {
-	m.mu.Lock()
-	c := m.clock
-	m.mu.Unlock()
-	if c.wall == nil {
-		c.wall = m.wall
-	}
-	return c.now()
 }

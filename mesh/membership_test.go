@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -53,98 +52,6 @@ func sameStrings(a, b []string) bool {
 		}
 	}
 	return true
-}
-
-func TestMembershipConvergesWithinOneBeat(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		mem := membucket.New()
-		mem.Granularity = time.Second // S3 timestamps
-		ctx := t.Context()
-		urls := []string{"https://a.example.net", "https://b.example.net", "https://c.example.net"}
-		var boxes []*Membership
-		for i, u := range urls {
-			m := newTestMember(t, mem, u, fmt.Sprint("r", i%2), nil)
-			if err := m.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
-			boxes = append(boxes, m)
-		}
-		// The first box started alone; one beat later everyone sees everyone.
-		if got := selves(boxes[0].Live()); !sameStrings(got, urls[:1]) {
-			t.Fatalf("first box before a beat sees %v", got)
-		}
-		time.Sleep(time.Second)
-		synctest.Wait()
-		for i, b := range boxes {
-			live := b.Live()
-			if got := selves(live); !sameStrings(got, urls) {
-				t.Fatalf("box %d sees %v, want %v", i, got, urls)
-			}
-			for _, m := range live {
-				if m.Region == "" || len(m.Domains) != 1 || m.Incarnation == "" || m.Version != "test" {
-					t.Fatalf("box %d: member body not read: %+v", i, m)
-				}
-				if m.Age < 0 || m.Age > 2*time.Second {
-					t.Fatalf("box %d: member %s age %s", i, m.Self, m.Age)
-				}
-			}
-			if b.Fenced() {
-				t.Fatalf("box %d fenced while healthy", i)
-			}
-		}
-		// Every box computes the same owners from its own view.
-		for i := 0; i < 200; i++ {
-			host := fmt.Sprintf("s%d.example.com", i)
-			o0, _ := Owner(host, boxes[0].Live(), "r1")
-			for _, b := range boxes[1:] {
-				if o, _ := Owner(host, b.Live(), "r1"); o.Self != o0.Self {
-					t.Fatalf("%s: owners disagree: %s vs %s", host, o.Self, o0.Self)
-				}
-			}
-			if o0.Region != "r1" {
-				t.Fatalf("%s placed on region %q, want r1", host, o0.Region)
-			}
-		}
-	})
-}
-
-func TestMembershipSteadyStateCost(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		mem := membucket.New()
-		counted := membucket.NewCounting(mem)
-		ctx := t.Context()
-		peer := newTestMember(t, mem, "https://peer.example.net", "", nil)
-		peer.Start(ctx)
-		defer peer.Close()
-		m := newTestMember(t, counted, "https://me.example.net", "", nil)
-		m.Start(ctx)
-		defer m.Close()
-		time.Sleep(time.Second) // first full beat reads the peer's body once
-		synctest.Wait()
-		counted.Reset()
-		const beats = 100
-		time.Sleep(beats * time.Second)
-		synctest.Wait()
-		c := counted.Counts()
-		if c[membucket.OpPut] != beats || c[membucket.OpList] != beats || c[membucket.OpGet] != 0 || counted.Total() != 2*beats {
-			t.Fatalf("over %d beats: %v, want %d PUT + %d LIST and nothing else", beats, c, beats, beats)
-		}
-		// A restarted peer (new incarnation, new body, new ETag) is read exactly once.
-		peer.Close()
-		peer2 := newTestMember(t, mem, "https://peer.example.net", "", nil)
-		peer2.Start(ctx)
-		defer peer2.Close()
-		counted.Reset()
-		time.Sleep(10 * time.Second)
-		synctest.Wait()
-		if got := counted.Counts()[membucket.OpGet]; got != 1 {
-			t.Fatalf("restarted peer read %d times, want 1", got)
-		}
-		if !m.IsLive("https://peer.example.net", peer2.Config().Incarnation) || m.IsLive("https://peer.example.net", peer.Config().Incarnation) {
-			t.Fatal("IsLive does not follow the peer's incarnation")
-		}
-	})
 }
 
 func TestMembershipDeathAndLeave(t *testing.T) {
@@ -320,21 +227,6 @@ func TestMembershipConfigChecks(t *testing.T) {
 	}
 }
 
-func TestHeartbeatKey(t *testing.T) {
-	k := HeartbeatKey("https://box-1.example.net")
-	if k != "mesh/members/aHR0cHM6Ly9ib3gtMS5leGFtcGxlLm5ldA" {
-		t.Fatalf("key %s differs from the seed's documented encoding", k)
-	}
-	if s, ok := SelfFromKey(k); !ok || s != "https://box-1.example.net" {
-		t.Fatalf("SelfFromKey = %q, %v", s, ok)
-	}
-	for _, bad := range []string{"mesh/members/!!", "mesh/members/", "mesh/members/aGVsbG8"} {
-		if _, ok := SelfFromKey(bad); ok {
-			t.Errorf("SelfFromKey(%q) accepted", bad)
-		}
-	}
-}
-
 // TestMembershipDraining: MarkDraining rewrites the heartbeat at once; peers see the flag
 // at their next listing (one GET for the changed body, none after), drop the member from
 // placement and fan-out, and still count it live for leases while it keeps beating.
@@ -481,140 +373,6 @@ func TestMembershipDrainingStillFences(t *testing.T) {
 		var hb Heartbeat
 		if err := json.NewDecoder(obj.Body).Decode(&hb); err != nil || !hb.Draining {
 			t.Fatalf("stored heartbeat %+v (%v), want draining", hb, err)
-		}
-	})
-}
-
-// TestMembershipLivenessByBucketClock: liveness compares a heartbeat's LastModified with
-// the listing's own time, both from the store, so a store whose clock is an hour off the
-// boxes' changes nothing: members are live at once, and a killed one dies after
-// dead_after, not an hour early or an hour late.
-func TestMembershipLivenessByBucketClock(t *testing.T) {
-	for _, off := range []time.Duration{-time.Hour, time.Hour} {
-		t.Run(off.String(), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				mem := membucket.New()
-				mem.Granularity = time.Second
-				mem.Offset = off
-				ctx := t.Context()
-				a := newTestMember(t, mem, "https://a.example.net", "", nil)
-				b := newTestMember(t, mem, "https://b.example.net", "", nil)
-				for _, m := range []*Membership{a, b} {
-					m.Start(ctx)
-					defer m.Close()
-				}
-				time.Sleep(time.Second)
-				synctest.Wait()
-				live := a.Live()
-				if got := selves(live); !sameStrings(got, []string{"https://a.example.net", "https://b.example.net"}) {
-					t.Fatalf("store clock %v off: a sees %v", off, got)
-				}
-				for _, m := range live {
-					if m.Age < 0 || m.Age > 2*time.Second {
-						t.Fatalf("store clock %v off: %s has age %v", off, m.Self, m.Age)
-					}
-				}
-				b.Close()
-				killed := time.Now()
-				time.Sleep(2 * time.Second)
-				synctest.Wait()
-				if !a.IsLive(b.Config().Self, b.Config().Incarnation) {
-					t.Fatalf("store clock %v off: b dead %v after its last beat (dead_after 3s)", off, time.Since(killed))
-				}
-				time.Sleep(3 * time.Second)
-				synctest.Wait()
-				if a.IsLive(b.Config().Self, b.Config().Incarnation) {
-					t.Fatalf("store clock %v off: b still live %v after its last beat (dead_after 3s)", off, time.Since(killed))
-				}
-				if st := a.Stats(); st.ClockFallbacks != 0 {
-					t.Fatalf("fell back to the local clock %d times", st.ClockFallbacks)
-				}
-			})
-		})
-	}
-}
-
-// TestHeartbeatAdvertisesAddressAndBucket: a box's public address and bucket name reach
-// its peers through the heartbeat (relocation reads them), and a box without them
-// advertises none.
-func TestHeartbeatAdvertisesAddressAndBucket(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		mem := membucket.New()
-		ctx := t.Context()
-		a := newTestMember(t, mem, "https://a.example.net", "fi", func(c *MembershipConfig) {
-			c.Address, c.Bucket = "203.0.113.9", "s3://fi-spaces/fi"
-		})
-		b := newTestMember(t, mem, "https://b.example.net", "ie", nil)
-		for _, m := range []*Membership{a, b} {
-			if err := m.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
-		}
-		time.Sleep(time.Second)
-		synctest.Wait()
-		for i, view := range [][]Member{a.Live(), b.Live()} {
-			if len(view) != 2 {
-				t.Fatalf("view %d: %+v", i, view)
-			}
-			if view[0].Address != "203.0.113.9" || view[0].Bucket != "s3://fi-spaces/fi" {
-				t.Errorf("view %d: a advertises %q %q", i, view[0].Address, view[0].Bucket)
-			}
-			if view[1].Address != "" || view[1].Bucket != "" {
-				t.Errorf("view %d: b advertises %q %q without either configured", i, view[1].Address, view[1].Bucket)
-			}
-		}
-	})
-}
-
-// hidingList is a store whose listings leave out one key, as a listing can while the
-// object is being overwritten.
-type hidingList struct {
-	bucket.Bucket
-	hide atomic.Value // string
-}
-
-func (h *hidingList) List(ctx context.Context, prefix, token string) (bucket.ListPage, error) {
-	page, err := h.Bucket.List(ctx, prefix, token)
-	if hide, _ := h.hide.Load().(string); hide != "" {
-		kept := page.Objects[:0:0]
-		for _, o := range page.Objects {
-			if o.Key != hide {
-				kept = append(kept, o)
-			}
-		}
-		page.Objects = kept
-	}
-	return page, err
-}
-
-// TestCheckLiveListingMissesHeartbeat: a listing that misses a live holder's heartbeat
-// does not make it dead for a takeover: the key itself is looked up.
-func TestCheckLiveListingMissesHeartbeat(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		mem := membucket.New()
-		ctx := t.Context()
-		hiding := &hidingList{Bucket: mem}
-		a := newTestMember(t, hiding, "https://a.example.net", "", nil)
-		b := newTestMember(t, mem, "https://b.example.net", "", nil)
-		for _, m := range []*Membership{a, b} {
-			m.Start(ctx)
-			defer m.Close()
-		}
-		time.Sleep(time.Second)
-		synctest.Wait()
-		hiding.hide.Store(HeartbeatKey(b.Config().Self))
-		if live, err := a.CheckLive(ctx, b.Config().Self, b.Config().Incarnation); err != nil || !live {
-			t.Fatalf("CheckLive(b, missing from the listing) = %v, %v; want live", live, err)
-		}
-		if live, _ := a.CheckLive(ctx, b.Config().Self, "another-incarnation"); live {
-			t.Fatal("an old incarnation of b counts as live")
-		}
-		b.Close()
-		time.Sleep(5 * time.Second)
-		synctest.Wait()
-		if live, err := a.CheckLive(ctx, b.Config().Self, b.Config().Incarnation); err != nil || live {
-			t.Fatalf("CheckLive(b, dead 5s and missing from the listing) = %v, %v; want dead", live, err)
 		}
 	})
 }

@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"fmt"
+	"sort"
 	"sync/atomic"
 
 	"github.com/lchat/lchat-caddy/registry"
@@ -58,6 +59,23 @@ func (r *Replicator) count(results <-chan FanoutResult) {
 			}
 		}
 	}()
+}
+
+// Targets is the set of peers a row for host must reach: live members other than self
+// that cover the host by their domains, plus those whose region is homeRegion, leaving
+// out draining members (they are shutting down). Sorted by Self.
+func Targets(host, homeRegion string, members []Member, self string) []Member {
+	var out []Member
+	for _, m := range members {
+		if m.Self == self || m.Draining {
+			continue
+		}
+		if RouteInScope(host, homeRegion, m.Domains, m.Region) {
+			out = append(out, m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Self < out[j].Self })
+	return out
 }
 
 // RouteLister pages through a box's routes (registry.Registry).

@@ -6,6 +6,9 @@ import (
 	"net/url"
 )
 
+// Forwarding a request to a peer: the address its SELF is dialed at, and the holder its
+// answer names.
+
 // DialAddr is the host:port a box's SELF URL is dialed at: its port, else 443 for https
 // and 80 for http.
 func DialAddr(self *url.URL) string {
