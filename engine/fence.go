@@ -49,12 +49,12 @@ func (e *Engine) recheck(in *inst) {
 	in.op.Lock()
 	defer in.op.Unlock()
 	in.mu.Lock()
-	state, etag := in.state, in.leaseETag
-	if state == StateRechecking && e.fenced.Load() {
-		in.setStateLocked(StateHeld)
+	state, etag, fenced := in.state, in.leaseETag, e.fenced.Load()
+	if state == StateRechecking && fenced {
+		in.setStateLocked(StateHeld) // fenced again: the next unfence rechecks
 	}
 	in.mu.Unlock()
-	if state != StateRechecking || e.fenced.Load() {
+	if state != StateRechecking || fenced {
 		return
 	}
 	back := func() {
