@@ -52,6 +52,20 @@ func savedNotes(t *testing.T, b bucket.Bucket, host string) string {
 	return string(data)
 }
 
+// refuseManifests makes c refuse every manifest write while the returned flag is set (it
+// starts set).
+func refuseManifests(c *membucket.Counting) *atomic.Bool {
+	refuse := new(atomic.Bool)
+	refuse.Store(true)
+	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
+		if refuse.Load() && op == membucket.OpPut && strings.HasSuffix(key, "/manifest") {
+			return errors.New("injected: bucket refused the manifest")
+		}
+		return nil
+	})
+	return refuse
+}
+
 func forgetTestEngine(t *testing.T, mod ...func(*Config)) (*Engine, *membucket.Counting) {
 	self, err := os.Executable()
 	if err != nil {
@@ -113,14 +127,7 @@ func TestForgetSavesBeforeRemoving(t *testing.T) {
 	}
 	post(t, u, "/acknowledged-3")
 	u.Release()
-	var refuse atomic.Bool
-	refuse.Store(true)
-	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
-		if refuse.Load() && op == membucket.OpPut && strings.HasSuffix(key, "/manifest") {
-			return errors.New("injected: bucket refused the manifest")
-		}
-		return nil
-	})
+	refuse := refuseManifests(c)
 	if err := e.Forget(ctx, sp.Host); err == nil {
 		t.Fatal("removal with a failing checkpoint reported success")
 	}

@@ -3,11 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
-	"strings"
-	"sync/atomic"
 	"testing"
 
-	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/space"
 )
 
@@ -38,14 +35,7 @@ func TestFailedWakeKeepsUnsavedState(t *testing.T) {
 	}
 	post(t, u, "/acknowledged-then-unsaved")
 	u.Release()
-	var refuse atomic.Bool
-	refuse.Store(true)
-	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
-		if refuse.Load() && op == membucket.OpPut && strings.HasSuffix(key, "/manifest") {
-			return errors.New("injected: bucket refused the manifest")
-		}
-		return nil
-	})
+	refuse := refuseManifests(c)
 	if err := e.Sleep(ctx, sp.Host); err == nil {
 		t.Fatal("sleep with a failing checkpoint reported success")
 	}
