@@ -91,24 +91,34 @@ type Locker struct {
 	mu     sync.Mutex
 	held   map[string]*heldLock
 	closed bool
-	// unsure maps a lock key to the hold of this Locker's last create of it whose
-	// outcome is unknown (the store may have applied it and lost the answer).
-	unsure map[string]string
+	// unsure maps a lock key to this Locker's last create of it whose outcome is
+	// unknown (the store may have applied it and lost the answer).
+	unsure map[string]sentCreate
+}
+
+// sentCreate is a lock create whose answer was lost: its hold and its exact bytes.
+type sentCreate struct {
+	hold string
+	body []byte
 }
 
 // heldLock is one lock this Locker holds. Its refresher is the only writer of
-// seq, confirmed, etag and lost after acquisition; Unlock reads them once the
+// seq, unconfirmed, etag and lost after acquisition; Unlock reads them once the
 // refresher stopped.
 type heldLock struct {
 	key  string
 	hold string
-	// seq is the Seq of the last refresh attempted, confirmed that of the last
-	// one known to have landed (etag is its ETag).
-	seq, confirmed int64
-	etag           string
-	lost           bool
-	cancel         context.CancelFunc
-	done           chan struct{}
+	// seq is the Seq of the last refresh attempted.
+	seq int64
+	// unconfirmed holds the bodies of the refreshes attempted since the last one known
+	// to have landed (etag is its ETag, or the create's): any of them may have landed
+	// with its answer lost. It grows by one a failed tick, so only while the bucket
+	// stays unreachable.
+	unconfirmed [][]byte
+	etag        string
+	lost        bool
+	cancel      context.CancelFunc
+	done        chan struct{}
 }
 
 func (l *Locker) ttl() time.Duration {
@@ -182,22 +192,22 @@ func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
 	default:
 		l.mu.Lock()
 		if l.unsure == nil {
-			l.unsure = make(map[string]string)
+			l.unsure = make(map[string]sentCreate)
 		}
-		l.unsure[key] = hold
+		l.unsure[key] = sentCreate{hold: hold, body: body}
 		l.mu.Unlock()
 		return false, fmt.Errorf("creating lock %s: %w", key, err)
 	}
 	// The lock exists. It may be this Locker's own earlier create whose answer was
 	// lost: then it is held already, not someone else's to wait out.
 	l.mu.Lock()
-	prevHold, ok := l.unsure[key]
+	prev, ok := l.unsure[key]
 	delete(l.unsure, key)
 	l.mu.Unlock()
 	if ok {
-		if etag, mine := l.ownCreate(ctx, key, prevHold); mine {
+		if etag, _, mine := bucket.Landed(ctx, l.Bucket, key, prev.body); mine {
 			l.logger().Info("lock create whose answer was lost had landed; holding it", zap.String("lock", name))
-			l.start(key, name, prevHold, etag)
+			l.start(key, name, prev.hold, etag)
 			return true, nil
 		}
 	}
@@ -277,7 +287,7 @@ func (l *Locker) start(key, name, hold, etag string) {
 }
 
 // refresher rewrites a held lock every Refresh so its LastModified stays fresh.
-// It is the only writer of h.seq, h.confirmed, h.etag and h.lost until it returns.
+// It is the only writer of h.seq, h.unconfirmed, h.etag and h.lost until it returns.
 func (l *Locker) refresher(ctx context.Context, name string, h *heldLock) {
 	defer close(h.done)
 	safego.Run(l.logger().With(zap.String("lock", name)), "lock refresher", func() { l.refreshLoop(ctx, name, h) })
@@ -294,6 +304,7 @@ func (l *Locker) refreshLoop(ctx context.Context, name string, h *heldLock) {
 		}
 		h.seq++
 		body := l.body(h.hold, h.seq)
+		h.unconfirmed = append(h.unconfirmed, body)
 		// A hung request must not outlive its tick: the lock goes stale TTL after
 		// the last refresh that landed, and the next tick has to get its chance.
 		pctx, cancel := context.WithTimeout(ctx, l.refresh())
@@ -301,7 +312,7 @@ func (l *Locker) refreshLoop(ctx context.Context, name string, h *heldLock) {
 		cancel()
 		switch {
 		case err == nil:
-			h.etag, h.confirmed = info.ETag, h.seq
+			h.etag, h.unconfirmed = info.ETag, nil
 		case ctx.Err() != nil:
 			return
 		case errors.Is(err, bucket.ErrPreconditionFailed):
@@ -328,36 +339,8 @@ func (l *Locker) refreshLoop(ctx context.Context, name string, h *heldLock) {
 func (l *Locker) landed(ctx context.Context, h *heldLock) (string, bool) {
 	ctx, cancel := context.WithTimeout(ctx, l.refresh())
 	defer cancel()
-	obj, err := l.Bucket.Get(ctx, h.key)
-	if err != nil {
-		return "", false
-	}
-	raw, err := io.ReadAll(io.LimitReader(obj.Body, 64<<10))
-	obj.Body.Close()
-	var b lockBody
-	if err != nil || json.Unmarshal(raw, &b) != nil {
-		return "", false
-	}
-	if b.Hold != h.hold || b.Seq <= h.confirmed || b.Seq > h.seq {
-		return "", false
-	}
-	return obj.ETag, true
-}
-
-// ownCreate reports whether the lock object at key is the unrefreshed create of hold, and
-// its ETag.
-func (l *Locker) ownCreate(ctx context.Context, key, hold string) (string, bool) {
-	obj, err := l.Bucket.Get(ctx, key)
-	if err != nil {
-		return "", false
-	}
-	raw, err := io.ReadAll(io.LimitReader(obj.Body, 64<<10))
-	obj.Body.Close()
-	var b lockBody
-	if err != nil || json.Unmarshal(raw, &b) != nil || b.Hold != hold || b.Seq != 0 {
-		return "", false
-	}
-	return obj.ETag, true
+	etag, _, ok := bucket.Landed(ctx, l.Bucket, h.key, h.unconfirmed...)
+	return etag, ok
 }
 
 // Unlock releases name, which this Locker must hold. It also releases a lock
