@@ -1,4 +1,10 @@
-package certstorage
+// Package certlock is the lock protocol of the certificate storage (caddy.storage.lchat):
+// named locks kept as objects in a bucket, so that boxes sharing the bucket never run two
+// ACME orders for one name at once. A lock is created with If-None-Match, refreshed and
+// taken over (once stale by the bucket's clock) with If-Match, and released by a delete
+// with If-Match. It knows nothing of Caddy or certmagic: modules/certstorage hands a
+// Locker to certmagic.
+package certlock
 
 import (
 	"bytes"
@@ -16,27 +22,26 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
-
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // Lock defaults.
 const (
-	// DefaultLockTTL is how long a lock stays valid without a refresh. A holder
+	// DefaultTTL is how long a lock stays valid without a refresh. A holder
 	// refreshes well within it; a killed holder's lock is free this long after its
 	// last refresh.
-	DefaultLockTTL = 2 * time.Minute
-	// DefaultLockPoll is how often a waiting Lock looks at a held lock again.
-	DefaultLockPoll = time.Second
+	DefaultTTL = 2 * time.Minute
+	// DefaultPoll is how often a waiting Lock looks at a held lock again.
+	DefaultPoll = time.Second
 	// clockSlack covers the whole-second LastModified resolution of S3 (and of
 	// HTTP dates), so a lock is never judged stale early by rounding.
 	clockSlack = time.Second
 )
 
-// ErrLockLost means a held lock was taken over by another holder (its refresh or
+// ErrLost means a held lock was taken over by another holder (its refresh or
 // release lost a compare-and-swap), which only happens after it went unrefreshed
 // past its TTL.
-var ErrLockLost = errors.New("lock lost to another holder")
+var ErrLost = errors.New("lock lost to another holder")
 
 // ErrClosed means the Locker was closed: it takes no new locks.
 var ErrClosed = errors.New("locker closed")
@@ -78,11 +83,11 @@ type Locker struct {
 	Prefix string
 	// Owner names this holder in lock bodies (never used for decisions).
 	Owner string
-	// TTL is a lock's validity without refresh. Default: DefaultLockTTL.
+	// TTL is a lock's validity without refresh. Default: DefaultTTL.
 	TTL time.Duration
 	// Refresh is the interval of a held lock's refresh. Default: TTL/4.
 	Refresh time.Duration
-	// Poll is how often a waiting Lock tries again. Default: DefaultLockPoll.
+	// Poll is how often a waiting Lock tries again. Default: DefaultPoll.
 	Poll time.Duration
 	// Logger receives refresh failures. Default: no logging.
 	Logger *zap.Logger
@@ -125,7 +130,7 @@ func (l *Locker) ttl() time.Duration {
 	if l.TTL > 0 {
 		return l.TTL
 	}
-	return DefaultLockTTL
+	return DefaultTTL
 }
 
 func (l *Locker) refresh() time.Duration {
@@ -139,7 +144,7 @@ func (l *Locker) poll() time.Duration {
 	if l.Poll > 0 {
 		return l.Poll
 	}
-	return DefaultLockPoll
+	return DefaultPoll
 }
 
 func (l *Locker) logger() *zap.Logger {
@@ -356,7 +361,7 @@ func (l *Locker) Unlock(ctx context.Context, name string) error {
 	h.cancel()
 	<-h.done
 	if h.lost {
-		return fmt.Errorf("unlocking %s: %w", name, ErrLockLost)
+		return fmt.Errorf("unlocking %s: %w", name, ErrLost)
 	}
 	err := l.Bucket.Delete(ctx, h.key, bucket.Cond{IfMatch: h.etag})
 	if errors.Is(err, bucket.ErrPreconditionFailed) {
@@ -366,7 +371,7 @@ func (l *Locker) Unlock(ctx context.Context, name string) error {
 		}
 	}
 	if errors.Is(err, bucket.ErrPreconditionFailed) {
-		return fmt.Errorf("unlocking %s: %w", name, ErrLockLost)
+		return fmt.Errorf("unlocking %s: %w", name, ErrLost)
 	}
 	if err != nil {
 		return fmt.Errorf("unlocking %s: %w", name, err)
