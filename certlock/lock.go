@@ -57,7 +57,9 @@ type lockBody struct {
 	// content hash on S3), unique: a takeover's If-Match must not match a refresh
 	// that happened after the staleness judgement.
 	Seq int64 `json:"seq"`
-	// Hold is random per acquisition: a holder recognises its own writes by it.
+	// Hold is random per acquisition. With Seq it makes every write's bytes this
+	// holder's alone, so a holder recognises its own write whose answer was lost
+	// (bucket.Landed).
 	Hold string `json:"hold"`
 }
 
@@ -117,8 +119,8 @@ type heldLock struct {
 	seq int64
 	// unconfirmed holds the bodies of the refreshes attempted since the last one known
 	// to have landed (etag is its ETag, or the create's): any of them may have landed
-	// with its answer lost. It grows by one a failed tick, so only while the bucket
-	// stays unreachable.
+	// with its answer lost. It grows by one body per failed tick, so only while the
+	// bucket stays unreachable.
 	unconfirmed [][]byte
 	etag        string
 	lost        bool
