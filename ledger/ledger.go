@@ -140,27 +140,26 @@ func (a *Allocator) Recognized() uint64 {
 func (a *Allocator) reserveLocked(ctx context.Context) (uint64, error) {
 	key := Key(a.ns)
 	var lastErr error
-	// sent holds every write of this reservation that did not come back as a success,
-	// with the block it would reserve: one may still have landed (its answer lost, or
-	// the SDK's retry of it failing its condition because the first try landed).
-	var sent []sentWrite
+	// sent holds every write of this reservation that did not come back as a success: one
+	// may still have landed (its answer lost, or the SDK's retry of it failing its
+	// condition because the first try landed). starts[i] is the first id of sent[i]'s block.
+	var sent [][]byte
+	var starts []uint64
 	for attempt := 0; attempt < a.opts.MaxAttempts; attempt++ {
 		if attempt > 0 {
 			if err := sleep(ctx, jitter(a.opts.RetryDelay, attempt)); err != nil {
 				return 0, fmt.Errorf("ledger %s: reserving a block: %v", a.ns, err)
 			}
 		}
-		cur, etag, raw, err := readRaw(ctx, a.b, key)
+		if _, i, ok := bucket.Landed(ctx, a.b, key, sent...); ok {
+			// Our own write (its nonce is ours alone): its block is ours, and nobody
+			// else's since its condition held.
+			a.recognized++
+			return starts[i], nil
+		}
+		cur, etag, err := read(ctx, a.b, key)
 		if err != nil {
 			return 0, fmt.Errorf("ledger %s: reading counter: %v", a.ns, err)
-		}
-		for _, w := range sent {
-			if bytes.Equal(raw, w.body) {
-				// Our own write, byte for byte (its nonce is ours alone): it landed, so
-				// its block is ours, and nobody else's since its condition held.
-				a.recognized++
-				return w.start, nil
-			}
 		}
 		if cur.Next > ^uint64(0)-a.opts.Block {
 			return 0, fmt.Errorf("ledger %s: counter exhausted", a.ns)
@@ -176,7 +175,7 @@ func (a *Allocator) reserveLocked(ctx context.Context) (uint64, error) {
 		// A lost race retries. So does any other failure: the write may or may not have
 		// landed, and either way the retry re-reads, so no block this allocator did not
 		// win is ever used -- and a block it did win is recognized by its bytes.
-		sent = append(sent, sentWrite{body: body, start: cur.Next})
+		sent, starts = append(sent, body), append(starts, cur.Next)
 		lastErr = err
 		if !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) && ctx.Err() != nil {
 			break
@@ -205,41 +204,28 @@ func sleep(ctx context.Context, d time.Duration) error {
 // read returns the counter and its ETag; a missing counter is Next=1 with an empty ETag.
 // A body that does not decode is an error, never a zero counter.
 func read(ctx context.Context, b bucket.Bucket, key string) (state, string, error) {
-	s, etag, _, err := readRaw(ctx, b, key)
-	return s, etag, err
-}
-
-// readRaw is read that also returns the object's bytes (nil for a missing counter).
-func readRaw(ctx context.Context, b bucket.Bucket, key string) (state, string, []byte, error) {
 	obj, err := b.Get(ctx, key)
 	if errors.Is(err, bucket.ErrNotFound) {
-		return state{Next: 1}, "", nil, nil
+		return state{Next: 1}, "", nil
 	}
 	if err != nil {
-		return state{}, "", nil, err
+		return state{}, "", err
 	}
 	defer obj.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(obj.Body, 4096))
 	if err != nil {
-		return state{}, "", nil, err
+		return state{}, "", err
 	}
 	var s state
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil || s.Next == 0 {
-		return state{}, "", nil, fmt.Errorf("counter object %s is corrupt; refusing to guess its value", key)
+		return state{}, "", fmt.Errorf("counter object %s is corrupt; refusing to guess its value", key)
 	}
 	if obj.ETag == "" {
-		return state{}, "", nil, fmt.Errorf("counter object %s has no ETag; the store cannot do compare-and-swap", key)
+		return state{}, "", fmt.Errorf("counter object %s has no ETag; the store cannot do compare-and-swap", key)
 	}
-	return s, obj.ETag, raw, nil
-}
-
-// sentWrite is a counter write whose outcome the writer does not know: its exact bytes
-// and the first id of the block it reserves if it landed.
-type sentWrite struct {
-	body  []byte
-	start uint64
+	return s, obj.ETag, nil
 }
 
 // nonceBits is how many random bits each counter write carries.

@@ -127,7 +127,7 @@ func ReleaseLease(ctx context.Context, b bucket.Bucket, host, etag string, h Hol
 	}
 	_, err = b.Put(ctx, LeaseKey(host), bytes.NewReader(body), int64(len(body)), bucket.Cond{IfMatch: etag})
 	if errors.Is(err, bucket.ErrPreconditionFailed) || errors.Is(err, bucket.ErrConflict) {
-		if _, ok := landed(ctx, b, LeaseKey(host), body); ok {
+		if _, _, ok := bucket.Landed(ctx, b, LeaseKey(host), body); ok {
 			return nil // this release landed; its answer was lost
 		}
 		return ErrLeaseLost

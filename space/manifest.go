@@ -212,7 +212,7 @@ func WriteManifest(ctx context.Context, b bucket.Bucket, host string, m *Manifes
 	if errors.Is(err, bucket.ErrPreconditionFailed) || errors.Is(err, bucket.ErrConflict) {
 		// The store may have applied this very write and lost its answer, and a retry
 		// (the SDK's or ours) then fails its own condition: that is not another writer.
-		if etag, ok := landed(ctx, b, ManifestKey(host), body); ok {
+		if etag, _, ok := bucket.Landed(ctx, b, ManifestKey(host), body); ok {
 			return etag, nil
 		}
 		return "", ErrFenced

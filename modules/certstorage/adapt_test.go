@@ -14,6 +14,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	"github.com/lchat/lchat-caddy/certlock"
 	_ "github.com/lchat/lchat-caddy/modules/buckets"
 )
 
@@ -49,7 +50,7 @@ func TestProvisionDefaults(t *testing.T) {
 		prefix             string
 		ttl, refresh, poll time.Duration
 	}{
-		{`{"bucket":{"backend":"file","root":"` + root + `"}}`, "certs/", DefaultLockTTL, DefaultLockTTL / 4, DefaultLockPoll},
+		{`{"bucket":{"backend":"file","root":"` + root + `"}}`, "certs/", certlock.DefaultTTL, certlock.DefaultTTL / 4, certlock.DefaultPoll},
 		{`{"bucket":{"backend":"file","root":"` + root + `"},"prefix":"{env.LCHAT_TEST_CERT_PREFIX}","lock_ttl":"40s","lock_poll":"250ms"}`, "tls/", 40 * time.Second, 10 * time.Second, 250 * time.Millisecond},
 	} {
 		var m Module

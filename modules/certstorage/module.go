@@ -1,8 +1,8 @@
 // Package certstorage is caddy.storage.lchat: Caddy's certificate storage (a
 // certmagic.Storage) on the lchat bucket, so every box of a fleet shares one set of
-// certificates and ACME accounts, and boxes never run two ACME orders for one name
-// at once: certmagic's locks are objects in the bucket, created with If-None-Match,
-// refreshed and taken over (once stale) with If-Match, released with If-Match.
+// certificates and ACME accounts. certmagic's locks are a certlock.Locker on the same
+// bucket, so boxes never run two ACME orders for one name at once. This package is the
+// Caddy glue: config, Caddyfile, and the mapping of certmagic's keys onto the bucket.
 package certstorage
 
 import (
@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/certlock"
 )
 
 func init() {
@@ -78,16 +79,16 @@ func (m *Module) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("caddy.storage.lchat: %v", err)
 	}
 	if m.LockTTL == 0 {
-		m.LockTTL = caddy.Duration(DefaultLockTTL)
+		m.LockTTL = caddy.Duration(certlock.DefaultTTL)
 	}
 	if m.LockRefresh == 0 {
 		m.LockRefresh = m.LockTTL / 4
 	}
 	if m.LockPoll == 0 {
-		m.LockPoll = caddy.Duration(DefaultLockPoll)
+		m.LockPoll = caddy.Duration(certlock.DefaultPoll)
 	}
 	host, _ := os.Hostname()
-	locker := &Locker{
+	locker := &certlock.Locker{
 		Owner:   fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8]),
 		TTL:     time.Duration(m.LockTTL),
 		Refresh: time.Duration(m.LockRefresh),

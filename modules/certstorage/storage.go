@@ -12,19 +12,21 @@ import (
 	"github.com/caddyserver/certmagic"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/certlock"
 )
 
 // Storage is a certmagic.Storage on a bucket: every key lives under Prefix
-// ("certs/" in the module), and locks are a Locker under Prefix+"locks/".
+// ("certs/" in the module), and locks are a certlock.Locker under Prefix+"locks/".
 type Storage struct {
 	Bucket bucket.Bucket
 	// Prefix ends in "/" or is empty.
 	Prefix string
-	*Locker
+	*certlock.Locker
 }
 
-// NewStorage returns a Storage with keys under prefix and locker's locks.
-func NewStorage(b bucket.Bucket, prefix string, locker *Locker) *Storage {
+// NewStorage returns a Storage with keys under prefix and locker's locks, whose bucket
+// and prefix it sets.
+func NewStorage(b bucket.Bucket, prefix string, locker *certlock.Locker) *Storage {
 	prefix = strings.Trim(prefix, "/")
 	if prefix != "" {
 		prefix += "/"

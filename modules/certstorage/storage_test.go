@@ -14,6 +14,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/certlock"
 )
 
 func newFileStorage(t *testing.T) (*Storage, bucket.Bucket) {
@@ -22,7 +23,7 @@ func newFileStorage(t *testing.T) (*Storage, bucket.Bucket) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return NewStorage(b, "certs", &Locker{Owner: "test", TTL: time.Minute}), b
+	return NewStorage(b, "certs", &certlock.Locker{Owner: "test", TTL: time.Minute}), b
 }
 
 func TestStorageSemantics(t *testing.T) {
@@ -107,25 +108,30 @@ func TestStorageSemantics(t *testing.T) {
 	}
 }
 
-// The lock protocol on the real file backend: conditional writes across two
-// lockers, without timing.
+// Storage's locks on the real file backend: two boxes' storages exclude each other,
+// and a lock object lives at certs/locks/<name, path-escaped>, where operators and the
+// fleet tests look for it.
 func TestLocksOnFileBucket(t *testing.T) {
 	s, b := newFileStorage(t)
-	other := NewStorage(b, "certs", &Locker{Owner: "other", TTL: time.Minute})
+	other := NewStorage(b, "certs", &certlock.Locker{Owner: "other", TTL: time.Minute})
 	ctx := context.Background()
-	if err := s.Lock(ctx, "n"); err != nil {
+	const name = "issue_cert_*.mesh.test"
+	if err := s.Lock(ctx, name); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := other.TryLock(ctx, "n"); ok || err != nil {
+	if _, err := b.Head(ctx, "certs/locks/issue_cert_%2A.mesh.test"); err != nil {
+		t.Fatalf("the held lock is not at certs/locks/issue_cert_%%2A.mesh.test: %v", err)
+	}
+	if ok, err := other.TryLock(ctx, name); ok || err != nil {
 		t.Fatalf("TryLock of a fresh held lock = %v, %v", ok, err)
 	}
-	if err := s.Unlock(ctx, "n"); err != nil {
+	if err := s.Unlock(ctx, name); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := other.TryLock(ctx, "n"); !ok || err != nil {
+	if ok, err := other.TryLock(ctx, name); !ok || err != nil {
 		t.Fatalf("TryLock after release = %v, %v", ok, err)
 	}
-	if err := other.Unlock(ctx, "n"); err != nil {
+	if err := other.Unlock(ctx, name); err != nil {
 		t.Fatal(err)
 	}
 }

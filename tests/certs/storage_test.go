@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lchat/lchat-caddy/certlock"
 	"github.com/lchat/lchat-caddy/modules/certstorage"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
@@ -21,8 +22,8 @@ func TestStorageOnS3(t *testing.T) {
 	s3 := harness.StartS3(t)
 	ctx := context.Background()
 	b := s3.NewBucket(t, "fleet")
-	st := certstorage.NewStorage(b, "certs", &certstorage.Locker{Owner: "box1", TTL: time.Minute})
-	other := certstorage.NewStorage(s3.NewBucket(t, "fleet"), "certs", &certstorage.Locker{Owner: "box2", TTL: time.Minute})
+	st := certstorage.NewStorage(b, "certs", &certlock.Locker{Owner: "box1", TTL: time.Minute})
+	other := certstorage.NewStorage(s3.NewBucket(t, "fleet"), "certs", &certlock.Locker{Owner: "box2", TTL: time.Minute})
 
 	// More keys than one S3 listing page (1000) under one directory.
 	const n = 1005

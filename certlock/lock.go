@@ -1,4 +1,10 @@
-package certstorage
+// Package certlock is the lock protocol of the certificate storage (caddy.storage.lchat):
+// named locks kept as objects in a bucket, so that boxes sharing the bucket never run two
+// ACME orders for one name at once. A lock is created with If-None-Match, refreshed and
+// taken over (once stale by the bucket's clock) with If-Match, and released by a delete
+// with If-Match. It knows nothing of Caddy or certmagic: modules/certstorage hands a
+// Locker to certmagic.
+package certlock
 
 import (
 	"bytes"
@@ -16,27 +22,26 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket"
-
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // Lock defaults.
 const (
-	// DefaultLockTTL is how long a lock stays valid without a refresh. A holder
+	// DefaultTTL is how long a lock stays valid without a refresh. A holder
 	// refreshes well within it; a killed holder's lock is free this long after its
 	// last refresh.
-	DefaultLockTTL = 2 * time.Minute
-	// DefaultLockPoll is how often a waiting Lock looks at a held lock again.
-	DefaultLockPoll = time.Second
+	DefaultTTL = 2 * time.Minute
+	// DefaultPoll is how often a waiting Lock looks at a held lock again.
+	DefaultPoll = time.Second
 	// clockSlack covers the whole-second LastModified resolution of S3 (and of
 	// HTTP dates), so a lock is never judged stale early by rounding.
 	clockSlack = time.Second
 )
 
-// ErrLockLost means a held lock was taken over by another holder (its refresh or
+// ErrLost means a held lock was taken over by another holder (its refresh or
 // release lost a compare-and-swap), which only happens after it went unrefreshed
 // past its TTL.
-var ErrLockLost = errors.New("lock lost to another holder")
+var ErrLost = errors.New("lock lost to another holder")
 
 // ErrClosed means the Locker was closed: it takes no new locks.
 var ErrClosed = errors.New("locker closed")
@@ -52,7 +57,9 @@ type lockBody struct {
 	// content hash on S3), unique: a takeover's If-Match must not match a refresh
 	// that happened after the staleness judgement.
 	Seq int64 `json:"seq"`
-	// Hold is random per acquisition: a holder recognises its own writes by it.
+	// Hold is random per acquisition. With Seq it makes every write's bytes this
+	// holder's alone, so a holder recognises its own write whose answer was lost
+	// (bucket.Landed).
 	Hold string `json:"hold"`
 }
 
@@ -78,11 +85,11 @@ type Locker struct {
 	Prefix string
 	// Owner names this holder in lock bodies (never used for decisions).
 	Owner string
-	// TTL is a lock's validity without refresh. Default: DefaultLockTTL.
+	// TTL is a lock's validity without refresh. Default: DefaultTTL.
 	TTL time.Duration
 	// Refresh is the interval of a held lock's refresh. Default: TTL/4.
 	Refresh time.Duration
-	// Poll is how often a waiting Lock tries again. Default: DefaultLockPoll.
+	// Poll is how often a waiting Lock tries again. Default: DefaultPoll.
 	Poll time.Duration
 	// Logger receives refresh failures. Default: no logging.
 	Logger *zap.Logger
@@ -91,31 +98,41 @@ type Locker struct {
 	mu     sync.Mutex
 	held   map[string]*heldLock
 	closed bool
-	// unsure maps a lock key to the hold of this Locker's last create of it whose
-	// outcome is unknown (the store may have applied it and lost the answer).
-	unsure map[string]string
+	// unsure maps a lock key to this Locker's last create of it whose outcome is
+	// unknown (the store may have applied it and lost the answer).
+	unsure map[string]sentCreate
+}
+
+// sentCreate is a lock create whose answer was lost: its hold and its exact bytes.
+type sentCreate struct {
+	hold string
+	body []byte
 }
 
 // heldLock is one lock this Locker holds. Its refresher is the only writer of
-// seq, confirmed, etag and lost after acquisition; Unlock reads them once the
+// seq, unconfirmed, etag and lost after acquisition; Unlock reads them once the
 // refresher stopped.
 type heldLock struct {
 	key  string
 	hold string
-	// seq is the Seq of the last refresh attempted, confirmed that of the last
-	// one known to have landed (etag is its ETag).
-	seq, confirmed int64
-	etag           string
-	lost           bool
-	cancel         context.CancelFunc
-	done           chan struct{}
+	// seq is the Seq of the last refresh attempted.
+	seq int64
+	// unconfirmed holds the bodies of the refreshes attempted since the last one known
+	// to have landed (etag is its ETag, or the create's): any of them may have landed
+	// with its answer lost. It grows by one body per failed tick, so only while the
+	// bucket stays unreachable.
+	unconfirmed [][]byte
+	etag        string
+	lost        bool
+	cancel      context.CancelFunc
+	done        chan struct{}
 }
 
 func (l *Locker) ttl() time.Duration {
 	if l.TTL > 0 {
 		return l.TTL
 	}
-	return DefaultLockTTL
+	return DefaultTTL
 }
 
 func (l *Locker) refresh() time.Duration {
@@ -129,7 +146,7 @@ func (l *Locker) poll() time.Duration {
 	if l.Poll > 0 {
 		return l.Poll
 	}
-	return DefaultLockPoll
+	return DefaultPoll
 }
 
 func (l *Locker) logger() *zap.Logger {
@@ -182,22 +199,22 @@ func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
 	default:
 		l.mu.Lock()
 		if l.unsure == nil {
-			l.unsure = make(map[string]string)
+			l.unsure = make(map[string]sentCreate)
 		}
-		l.unsure[key] = hold
+		l.unsure[key] = sentCreate{hold: hold, body: body}
 		l.mu.Unlock()
 		return false, fmt.Errorf("creating lock %s: %w", key, err)
 	}
 	// The lock exists. It may be this Locker's own earlier create whose answer was
 	// lost: then it is held already, not someone else's to wait out.
 	l.mu.Lock()
-	prevHold, ok := l.unsure[key]
+	prev, ok := l.unsure[key]
 	delete(l.unsure, key)
 	l.mu.Unlock()
 	if ok {
-		if etag, mine := l.ownCreate(ctx, key, prevHold); mine {
+		if etag, _, mine := bucket.Landed(ctx, l.Bucket, key, prev.body); mine {
 			l.logger().Info("lock create whose answer was lost had landed; holding it", zap.String("lock", name))
-			l.start(key, name, prevHold, etag)
+			l.start(key, name, prev.hold, etag)
 			return true, nil
 		}
 	}
@@ -277,7 +294,7 @@ func (l *Locker) start(key, name, hold, etag string) {
 }
 
 // refresher rewrites a held lock every Refresh so its LastModified stays fresh.
-// It is the only writer of h.seq, h.confirmed, h.etag and h.lost until it returns.
+// It is the only writer of h.seq, h.unconfirmed, h.etag and h.lost until it returns.
 func (l *Locker) refresher(ctx context.Context, name string, h *heldLock) {
 	defer close(h.done)
 	safego.Run(l.logger().With(zap.String("lock", name)), "lock refresher", func() { l.refreshLoop(ctx, name, h) })
@@ -294,6 +311,7 @@ func (l *Locker) refreshLoop(ctx context.Context, name string, h *heldLock) {
 		}
 		h.seq++
 		body := l.body(h.hold, h.seq)
+		h.unconfirmed = append(h.unconfirmed, body)
 		// A hung request must not outlive its tick: the lock goes stale TTL after
 		// the last refresh that landed, and the next tick has to get its chance.
 		pctx, cancel := context.WithTimeout(ctx, l.refresh())
@@ -301,7 +319,7 @@ func (l *Locker) refreshLoop(ctx context.Context, name string, h *heldLock) {
 		cancel()
 		switch {
 		case err == nil:
-			h.etag, h.confirmed = info.ETag, h.seq
+			h.etag, h.unconfirmed = info.ETag, nil
 		case ctx.Err() != nil:
 			return
 		case errors.Is(err, bucket.ErrPreconditionFailed):
@@ -328,36 +346,8 @@ func (l *Locker) refreshLoop(ctx context.Context, name string, h *heldLock) {
 func (l *Locker) landed(ctx context.Context, h *heldLock) (string, bool) {
 	ctx, cancel := context.WithTimeout(ctx, l.refresh())
 	defer cancel()
-	obj, err := l.Bucket.Get(ctx, h.key)
-	if err != nil {
-		return "", false
-	}
-	raw, err := io.ReadAll(io.LimitReader(obj.Body, 64<<10))
-	obj.Body.Close()
-	var b lockBody
-	if err != nil || json.Unmarshal(raw, &b) != nil {
-		return "", false
-	}
-	if b.Hold != h.hold || b.Seq <= h.confirmed || b.Seq > h.seq {
-		return "", false
-	}
-	return obj.ETag, true
-}
-
-// ownCreate reports whether the lock object at key is the unrefreshed create of hold, and
-// its ETag.
-func (l *Locker) ownCreate(ctx context.Context, key, hold string) (string, bool) {
-	obj, err := l.Bucket.Get(ctx, key)
-	if err != nil {
-		return "", false
-	}
-	raw, err := io.ReadAll(io.LimitReader(obj.Body, 64<<10))
-	obj.Body.Close()
-	var b lockBody
-	if err != nil || json.Unmarshal(raw, &b) != nil || b.Hold != hold || b.Seq != 0 {
-		return "", false
-	}
-	return obj.ETag, true
+	etag, _, ok := bucket.Landed(ctx, l.Bucket, h.key, h.unconfirmed...)
+	return etag, ok
 }
 
 // Unlock releases name, which this Locker must hold. It also releases a lock
@@ -373,7 +363,7 @@ func (l *Locker) Unlock(ctx context.Context, name string) error {
 	h.cancel()
 	<-h.done
 	if h.lost {
-		return fmt.Errorf("unlocking %s: %w", name, ErrLockLost)
+		return fmt.Errorf("unlocking %s: %w", name, ErrLost)
 	}
 	err := l.Bucket.Delete(ctx, h.key, bucket.Cond{IfMatch: h.etag})
 	if errors.Is(err, bucket.ErrPreconditionFailed) {
@@ -383,7 +373,7 @@ func (l *Locker) Unlock(ctx context.Context, name string) error {
 		}
 	}
 	if errors.Is(err, bucket.ErrPreconditionFailed) {
-		return fmt.Errorf("unlocking %s: %w", name, ErrLockLost)
+		return fmt.Errorf("unlocking %s: %w", name, ErrLost)
 	}
 	if err != nil {
 		return fmt.Errorf("unlocking %s: %w", name, err)

@@ -1,4 +1,4 @@
-package certstorage
+package certlock
 
 import (
 	"context"
@@ -91,7 +91,7 @@ func TestKilledHolderLockExpires(t *testing.T) {
 }
 
 // A holder cut off from the bucket past its TTL loses the lock to another box,
-// notices on its next refresh, and Unlock reports ErrLockLost without deleting the
+// notices on its next refresh, and Unlock reports ErrLost without deleting the
 // new holder's lock.
 func TestStalledHolderLearnsItLostTheLock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -111,8 +111,8 @@ func TestStalledHolderLearnsItLostTheLock(t *testing.T) {
 		}
 		time.Sleep(testTTL) // a's refresher runs and fails its If-Match
 		synctest.Wait()
-		if err := a.Unlock(ctx, "n"); !errors.Is(err, ErrLockLost) {
-			t.Fatalf("old holder's Unlock = %v, want ErrLockLost", err)
+		if err := a.Unlock(ctx, "n"); !errors.Is(err, ErrLost) {
+			t.Fatalf("old holder's Unlock = %v, want ErrLost", err)
 		}
 		if _, err := b.Head(ctx, c.Key("n")); err != nil {
 			t.Fatalf("new holder's lock object is gone: %v", err)

@@ -1,4 +1,4 @@
-package certstorage
+package certlock
 
 import (
 	"context"
