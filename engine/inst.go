@@ -674,9 +674,7 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) error {
 		next = nil
 	}
 	prev, _ := in.syncer.Manifest()
-	in.syncer.Final = true // the instance has stopped: fold the delta chains for the next wake
-	err = e.checkpointLocked(ctx, in, next)
-	in.syncer.Final = false
+	err = e.checkpointLocked(ctx, in, space.Final, next) // the instance has stopped: fold the delta chains for the next wake
 	if err != nil {
 		if errors.Is(err, space.ErrFenced) {
 			return err
@@ -700,7 +698,7 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) error {
 }
 
 // checkpointLocked checkpoints with in.op held. A fenced result stops the instance at once.
-func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time) error {
+func (e *Engine) checkpointLocked(ctx context.Context, in *inst, mode space.Mode, next *time.Time) error {
 	if e.fenced.Load() {
 		return errFencedNoWrite
 	}
@@ -720,7 +718,7 @@ func (e *Engine) checkpointLocked(ctx context.Context, in *inst, next *time.Time
 			return err
 		}
 	}
-	st, err := in.syncer.Checkpoint(ctx, next, e.now())
+	st, err := in.syncer.Checkpoint(ctx, mode, next, e.now())
 	ev := Event{Type: EventCheckpoint, Host: in.host, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}
 	e.noteSkipped(in, st.Skipped)
 	in.mu.Lock()

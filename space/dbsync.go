@@ -31,14 +31,14 @@ const (
 	maxLevel       = 2
 	rebaseFraction = 4
 	objectCost     = 128 << 10
-	// foldBaseBytes: a final checkpoint (Syncer.Final) folds a chain into the base when
-	// the base chunks its pages touch total at most this (a small database: its wake then
+	// foldBaseBytes: a final checkpoint (mode Final) folds a chain into the base when the
+	// base chunks its pages touch total at most this (a small database: its wake then
 	// reads one object, as a whole-file blob did); else into one delta.
 	foldBaseBytes = minChunkBytes
 	// FoldChain bounds the deltas a wake after a crash reads: once a periodic checkpoint
-	// leaves a longer chain, a fold (Syncer.Fold; the engine runs one right after that
-	// checkpoint, in its sync loop, off any request's path) merges its newest deltas until
-	// at most foldKeep remain, so folds
+	// leaves a longer chain, a fold (mode Fold, as Syncer.Fold runs it; the engine runs one
+	// right after that checkpoint, in its sync loop, off any request's path) merges its
+	// newest deltas until at most foldKeep remain, so folds
 	// come every FoldChain-foldKeep+1 checkpoints, not after each one. (Simulated on one
 	// row per checkpoint: 6 and 3 fold after about 1 checkpoint in 4, writing fewer pages
 	// than the checkpoints themselves; 4 and 2 fold after 1 in 3 and write twice as many.)
@@ -82,15 +82,25 @@ func foldFrom(deltaPages [][]uint32) int {
 
 // foldable reports whether a final checkpoint has a chain to fold.
 func (st *dbState) foldable() bool {
-	return st != nil && st.v1 == nil && foldPlan(st.img, st.deltaPages) != ""
+	return st != nil && st.v1 == nil && foldPlan(st.img, st.deltaPages) != foldNone
 }
 
-// foldPlan says how a final checkpoint folds an image's chain: "base" (rewrite the base
-// chunks its pages touch, at most foldBaseBytes), "delta" (merge the chain into one delta),
-// or "" (nothing to gain: no deltas, or one that touches larger chunks).
-func foldPlan(img *DBImage, deltaPages [][]uint32) string {
+// foldKind is how a final checkpoint folds an image's chain.
+type foldKind int
+
+const (
+	// foldNone: nothing to gain (no deltas, or one that touches larger chunks).
+	foldNone foldKind = iota
+	// foldBase: rewrite the base chunks the chain's pages touch, at most foldBaseBytes.
+	foldBase
+	// foldDelta: merge the chain into one delta.
+	foldDelta
+)
+
+// foldPlan says how a final checkpoint folds an image's chain.
+func foldPlan(img *DBImage, deltaPages [][]uint32) foldKind {
 	if len(img.Deltas) == 0 {
-		return ""
+		return foldNone
 	}
 	size := int64(img.Pages) * int64(img.PageSize)
 	per := uint32(img.ChunkBytes / int64(img.PageSize))
@@ -119,12 +129,12 @@ func foldPlan(img *DBImage, deltaPages [][]uint32) string {
 		}
 	}
 	if n <= foldBaseBytes {
-		return "base"
+		return foldBase
 	}
 	if len(img.Deltas) > 1 {
-		return "delta"
+		return foldDelta
 	}
-	return ""
+	return foldNone
 }
 
 // dbState is what this box knows of one database's last checkpointed image: per-page hashes
@@ -152,10 +162,10 @@ type dbResult struct {
 	fullScan     bool
 }
 
-// checkpointDB checkpoints the database at abs for generation gen. With a prior state for the
-// same file, only pages changed since it are read (from the WAL tail when the WAL kept its
-// identity, else by one scan that hashes every page) and uploaded as a level-0 delta.
-func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *dbState, now time.Time, up *uploader) (dbResult, error) {
+// checkpointDB checkpoints the database at abs for generation gen in three steps: detect the
+// pages changed since prev, this box's last image of it (detectChanges); plan the new image
+// (planDB: the chain policy and what mode folds); upload what the plan writes (writeDB).
+func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *dbState, mode Mode, now time.Time, up *uploader) (dbResult, error) {
 	var since *walPos
 	if prev != nil && prev.wal.Frames > 0 {
 		since = &prev.wal
@@ -165,16 +175,52 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		return dbResult{}, err
 	}
 	defer v.close()
+	ch, err := detectChanges(v, prev)
+	if err != nil {
+		return dbResult{}, err
+	}
+	p := planDB(prev, ch, mode, gen)
+	if err := s.writeDB(ctx, v, p, gen, now, up); err != nil {
+		return dbResult{}, err
+	}
+	ns := ch.state
+	ns.img, ns.deltaPages = p.img, p.deltaPages
+	res := dbResult{state: ns, pagesChanged: len(ch.changed), fullScan: ch.fullScan,
+		file: File{Size: ch.size(), Content: &Content{DB: p.img}}}
+	if p.step == stepKeep && prev.v1 != nil {
+		ns.v1, res.file = prev.v1, *prev.v1
+	}
+	return res, nil
+}
+
+// dbChanges is what detectChanges found in a database.
+type dbChanges struct {
+	// state is the database's new identity, WAL position and page hashes; planDB's image
+	// and deltaPages complete it.
+	state *dbState
+	// usable: the prior image is of this file (device and inode) with this page size, so
+	// changed is relative to it; else every page counts as changed.
+	usable   bool
+	changed  []uint32
+	pages    uint32
+	pageSize int
+	// fullScan: every page was read and hashed (no usable WAL position).
+	fullScan bool
+}
+
+func (ch dbChanges) size() int64 { return int64(ch.pages) * int64(ch.pageSize) }
+
+// detectChanges finds the pages of the view that differ from prev: from the WAL tail when
+// the WAL kept its identity since prev, else by one scan that hashes every page.
+func detectChanges(v *dbView, prev *dbState) (dbChanges, error) {
 	usable := prev != nil && prev.dev == v.dev && prev.ino == v.ino && prev.img.PageSize == v.pageSize
 	if !usable && v.tail {
 		if err := v.indexAll(); err != nil {
-			return dbResult{}, err
+			return dbChanges{}, err
 		}
 	}
 	ns := &dbState{dev: v.dev, ino: v.ino, wal: v.pos}
-	res := dbResult{state: ns}
-	var changed []uint32
-	page := make([]byte, v.pageSize)
+	ch := dbChanges{state: ns, usable: usable, pages: v.pages, pageSize: v.pageSize}
 	if usable && v.tail {
 		ns.hashes = slices.Clone(prev.hashes)
 		ns.sum = prev.sum
@@ -186,151 +232,216 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		} else {
 			ns.hashes = append(ns.hashes, make([]uint64, int(v.pages)-len(ns.hashes))...)
 		}
+		page := make([]byte, v.pageSize)
 		for _, pg := range v.changedSinceTail() {
 			if err := v.readPage(pg, page); err != nil {
-				return dbResult{}, err
+				return dbChanges{}, err
 			}
 			if h := pageHash(pg, page); h != ns.hashes[pg-1] {
 				ns.sum ^= ns.hashes[pg-1] ^ h
 				ns.hashes[pg-1] = h
-				changed = append(changed, pg)
+				ch.changed = append(ch.changed, pg)
 			}
 		}
-	} else {
-		res.fullScan = true
-		ns.hashes = make([]uint64, v.pages)
-		err := v.scan(func(pg uint32, data []byte) error {
-			h := pageHash(pg, data)
-			ns.hashes[pg-1] = h
-			ns.sum ^= h
-			if !usable || int(pg) > len(prev.hashes) || prev.hashes[pg-1] != h {
-				changed = append(changed, pg)
-			}
-			return nil
-		})
-		if err != nil {
-			return dbResult{}, fmt.Errorf("reading pages: %w", err)
-		}
+		return ch, nil
 	}
-	res.pagesChanged = len(changed)
-	size := int64(v.pages) * int64(v.pageSize)
-	if usable && len(changed) == 0 && v.pages == prev.img.Pages && !(s.Final && prev.foldable()) && !(s.Folding && prev.chainLong()) {
-		ns.img, ns.deltaPages, ns.v1 = prev.img, prev.deltaPages, prev.v1
-		res.file = File{Size: size, Content: &Content{DB: prev.img}}
-		if prev.v1 != nil {
-			res.file = *prev.v1
+	ch.fullScan = true
+	ns.hashes = make([]uint64, v.pages)
+	err := v.scan(func(pg uint32, data []byte) error {
+		h := pageHash(pg, data)
+		ns.hashes[pg-1] = h
+		ns.sum ^= h
+		if !usable || int(pg) > len(prev.hashes) || prev.hashes[pg-1] != h {
+			ch.changed = append(ch.changed, pg)
 		}
-		return res, nil
+		return nil
+	})
+	if err != nil {
+		return dbChanges{}, fmt.Errorf("reading pages: %w", err)
 	}
-	img := &DBImage{PageSize: v.pageSize, Pages: v.pages, ChunkBytes: chunkBytesFor(size, v.pageSize), Checksum: strconv.FormatUint(ns.sum, 16)}
-	ns.img = img
-	res.file = File{Size: size, Content: &Content{DB: img}}
-	if !usable {
-		if err := v.indexAll(); err != nil {
-			return dbResult{}, err
-		}
-		err := s.writeBase(ctx, v, img, nil, nil, gen, up)
-		return res, err
+	return ch, nil
+}
+
+// dbStep is how a checkpoint writes one database's image.
+type dbStep int
+
+const (
+	// stepKeep: the prior image stands as it is (a format-1 entry too); nothing is uploaded.
+	stepKeep dbStep = iota
+	// stepNewBase: no usable prior image: every base chunk is written.
+	stepNewBase
+	// stepRebase: the chain is folded into the base: the chunks its pages touch are
+	// rewritten (every chunk when the chunk size changes) and the deltas dropped.
+	stepRebase
+	// stepDeltas: the deltas this checkpoint made (a level-0 delta, merges) are uploaded.
+	stepDeltas
+)
+
+// dbPlan is what a checkpoint writes for one database: the image its manifest entry will
+// be once writeDB fills in the references, and the step that gets there.
+type dbPlan struct {
+	step       dbStep
+	img        *DBImage
+	deltaPages [][]uint32 // parallel to img.Deltas
+	// fresh holds the indexes of the deltas of img this checkpoint writes (stepDeltas).
+	fresh map[int]bool
+	// oldBase and dirty are stepRebase's: a chunk of oldBase is kept unless it holds a
+	// page of dirty (nil: none is kept unless its content is the same).
+	oldBase []Ref
+	dirty   map[uint32]bool
+}
+
+// planDB decides how a checkpoint in mode writes a database's image, given prev (this
+// box's last image of it) and what changed since. It reads and uploads nothing. Unless
+// nothing changed (and mode folds nothing) or prev is unusable (a new base), the changed
+// pages become a level-0 delta, full levels merge, and the base is rewritten when the top
+// level fills or the chain costs a wake too much; else a background fold merges the newest
+// deltas of a long chain, and a final checkpoint folds the chain (foldPlan).
+func planDB(prev *dbState, ch dbChanges, mode Mode, gen int64) dbPlan {
+	if ch.usable && len(ch.changed) == 0 && ch.pages == prev.img.Pages && !mode.refolds(prev) {
+		return dbPlan{step: stepKeep, img: prev.img, deltaPages: prev.deltaPages}
+	}
+	img := &DBImage{PageSize: ch.pageSize, Pages: ch.pages, ChunkBytes: chunkBytesFor(ch.size(), ch.pageSize), Checksum: strconv.FormatUint(ch.state.sum, 16)}
+	if !ch.usable {
+		return dbPlan{step: stepNewBase, img: img}
 	}
 	img.ChunkBytes, img.Base = prev.img.ChunkBytes, prev.img.Base
 	img.Deltas = slices.Clone(prev.img.Deltas)
-	ns.deltaPages = slices.Clone(prev.deltaPages)
-	fresh := map[int]bool{}
-	if len(changed) > 0 || v.pages != prev.img.Pages { // else only here to fold the chain
+	p := dbPlan{step: stepDeltas, img: img, deltaPages: slices.Clone(prev.deltaPages), fresh: map[int]bool{}}
+	if len(ch.changed) > 0 || ch.pages != prev.img.Pages { // else only here to fold the chain
 		img.Deltas = append(img.Deltas, Delta{Level: 0, MinGen: gen, MaxGen: gen})
-		ns.deltaPages = append(ns.deltaPages, changed)
-		fresh[len(img.Deltas)-1] = true
+		p.deltaPages = append(p.deltaPages, ch.changed)
+		p.fresh[len(img.Deltas)-1] = true
 	}
-	rebase := false
-	for level := 0; ; level++ {
-		n := 0
-		for i := len(img.Deltas) - 1; i >= 0 && img.Deltas[i].Level == level; i-- {
-			n++
-		}
-		if n < deltaFanout {
-			break
-		}
-		if level == maxLevel {
-			rebase = true
-			break
-		}
-		first := len(img.Deltas) - n
-		mergeTail(img, ns, fresh, first, Delta{Level: level + 1, MinGen: img.Deltas[first].MinGen, MaxGen: gen})
-	}
+	rebase := p.mergeLevels(gen) || p.wakeCost() > ch.size()/rebaseFraction
 	if !rebase {
-		var total int64
-		for i, d := range img.Deltas {
-			if !fresh[i] {
-				total += d.Size
+		switch mode {
+		case Fold:
+			if len(img.Deltas) > FoldChain {
+				p.foldNewest(gen)
 			}
-		}
-		// Page counts stand in for the new deltas' compressed sizes: an upper bound.
-		for i := range fresh {
-			total += int64(len(ns.deltaPages[i])) * int64(v.pageSize) / 2
-		}
-		total += int64(len(img.Deltas)) * objectCost
-		rebase = total > size/rebaseFraction
-	}
-	if s.Folding && !s.Final && !rebase && len(img.Deltas) > FoldChain {
-		first := foldFrom(ns.deltaPages)
-		merged := Delta{MinGen: img.Deltas[first].MinGen, MaxGen: gen}
-		for _, d := range img.Deltas[first:] {
-			merged.Level = max(merged.Level, d.Level)
-		}
-		merged.Level = min(merged.Level+1, maxLevel)
-		mergeTail(img, ns, fresh, first, merged)
-	}
-	if s.Final && !rebase {
-		switch foldPlan(img, ns.deltaPages) {
-		case "base":
-			rebase = true
-		case "delta":
-			var pages []uint32
-			for _, p := range ns.deltaPages {
-				pages = append(pages, p...)
-			}
-			slices.Sort(pages)
-			img.Deltas = []Delta{{Level: maxLevel, MinGen: img.Deltas[0].MinGen, MaxGen: gen}}
-			ns.deltaPages = [][]uint32{slices.Compact(pages)}
-			fresh = map[int]bool{0: true}
+		case Final:
+			rebase = p.foldAll(gen)
 		}
 	}
 	if rebase {
-		dirty := make(map[uint32]bool)
-		for _, ps := range ns.deltaPages {
-			for _, pg := range ps {
-				dirty[pg] = true
-			}
+		p.rebase(prev.img.Base, ch.size())
+	}
+	return p
+}
+
+// mergeLevels merges each level's deltas into one of the next level once deltaFanout of
+// them end the chain. It reports whether the top level is full: the base must be rewritten.
+func (p *dbPlan) mergeLevels(gen int64) bool {
+	for level := 0; ; level++ {
+		n := 0
+		for i := len(p.img.Deltas) - 1; i >= 0 && p.img.Deltas[i].Level == level; i-- {
+			n++
 		}
+		if n < deltaFanout {
+			return false
+		}
+		if level == maxLevel {
+			return true
+		}
+		first := len(p.img.Deltas) - n
+		p.mergeTail(first, Delta{Level: level + 1, MinGen: p.img.Deltas[first].MinGen, MaxGen: gen})
+	}
+}
+
+// wakeCost is what the plan's chain costs a wake, in bytes: the deltas' sizes plus
+// objectCost for each. Page counts stand in for the new deltas' compressed sizes: an upper
+// bound.
+func (p *dbPlan) wakeCost() int64 {
+	var total int64
+	for i, d := range p.img.Deltas {
+		if !p.fresh[i] {
+			total += d.Size
+		}
+	}
+	for i := range p.fresh {
+		total += int64(len(p.deltaPages[i])) * int64(p.img.PageSize) / 2
+	}
+	return total + int64(len(p.img.Deltas))*objectCost
+}
+
+// foldNewest is a background fold: it merges the newest deltas of the chain (foldFrom).
+func (p *dbPlan) foldNewest(gen int64) {
+	first := foldFrom(p.deltaPages)
+	merged := Delta{MinGen: p.img.Deltas[first].MinGen, MaxGen: gen}
+	for _, d := range p.img.Deltas[first:] {
+		merged.Level = max(merged.Level, d.Level)
+	}
+	merged.Level = min(merged.Level+1, maxLevel)
+	p.mergeTail(first, merged)
+}
+
+// foldAll is a final checkpoint's fold: it merges the chain into one delta, or reports that
+// the base must be rewritten instead (foldPlan).
+func (p *dbPlan) foldAll(gen int64) (rebase bool) {
+	switch foldPlan(p.img, p.deltaPages) {
+	case foldBase:
+		return true
+	case foldDelta:
+		var pages []uint32
+		for _, ps := range p.deltaPages {
+			pages = append(pages, ps...)
+		}
+		slices.Sort(pages)
+		p.img.Deltas = []Delta{{Level: maxLevel, MinGen: p.img.Deltas[0].MinGen, MaxGen: gen}}
+		p.deltaPages = [][]uint32{slices.Compact(pages)}
+		p.fresh = map[int]bool{0: true}
+	}
+	return false
+}
+
+// rebase turns the plan into rewriting the base chunks of old that the chain's pages touch,
+// dropping the chain.
+func (p *dbPlan) rebase(old []Ref, size int64) {
+	dirty := make(map[uint32]bool)
+	for _, ps := range p.deltaPages {
+		for _, pg := range ps {
+			dirty[pg] = true
+		}
+	}
+	if want := chunkBytesFor(size, p.img.PageSize); p.img.ChunkBytes != want {
+		// The database outgrew its chunk size (or is a migrated single-blob base):
+		// re-chunk the whole image.
+		p.img.ChunkBytes, dirty = want, nil
+	}
+	p.img.Deltas, p.deltaPages, p.fresh = nil, nil, nil
+	p.step, p.oldBase, p.dirty = stepRebase, old, dirty
+}
+
+// writeDB uploads what plan p writes, read from the view, and fills in the references of
+// p.img.
+func (s *Syncer) writeDB(ctx context.Context, v *dbView, p dbPlan, gen int64, now time.Time, up *uploader) error {
+	switch p.step {
+	case stepNewBase, stepRebase:
 		if err := v.indexAll(); err != nil {
-			return dbResult{}, err
+			return err
 		}
-		img.Deltas, ns.deltaPages = nil, nil
-		if want := chunkBytesFor(size, v.pageSize); img.ChunkBytes != want {
-			// The database outgrew its chunk size (or is a migrated single-blob base):
-			// re-chunk the whole image.
-			img.ChunkBytes, dirty = want, nil
-		}
-		err := s.writeBase(ctx, v, img, prev.img.Base, dirty, gen, up)
-		return res, err
-	}
-	for i := range fresh {
-		if len(ns.deltaPages[i]) > 0 && img.Deltas[i].Level > 0 {
-			if err := v.indexAll(); err != nil {
-				return dbResult{}, err
+		return s.writeBase(ctx, v, p.img, p.oldBase, p.dirty, gen, up)
+	case stepDeltas:
+		for i := range p.fresh {
+			if len(p.deltaPages[i]) > 0 && p.img.Deltas[i].Level > 0 {
+				// A merged delta holds pages older than the WAL's tail.
+				if err := v.indexAll(); err != nil {
+					return err
+				}
 			}
+			data, err := encodeDelta(v, p.deltaPages[i], p.img.Deltas[i].MinGen, gen, now)
+			if err != nil {
+				return err
+			}
+			ref, err := up.put(ctx, gen, data)
+			if err != nil {
+				return err
+			}
+			p.img.Deltas[i].Ref = ref
 		}
-		data, err := encodeDelta(v, ns.deltaPages[i], img.Deltas[i].MinGen, gen, now)
-		if err != nil {
-			return dbResult{}, err
-		}
-		ref, err := up.put(ctx, gen, data)
-		if err != nil {
-			return dbResult{}, err
-		}
-		img.Deltas[i].Ref = ref
 	}
-	return res, nil
+	return nil
 }
 
 // chunkBytesFor sizes a database's base chunks: about an eighth of the image (one round of
@@ -510,20 +621,20 @@ func sha256Hex(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// mergeTail replaces the deltas from first on by merged, which holds their pages, and marks
-// it as written by this checkpoint (fresh).
-func mergeTail(img *DBImage, ns *dbState, fresh map[int]bool, first int, merged Delta) {
+// mergeTail replaces the plan's deltas from first on by merged, which holds their pages, and
+// marks it as written by this checkpoint (fresh).
+func (p *dbPlan) mergeTail(first int, merged Delta) {
 	var pages []uint32
-	for _, p := range ns.deltaPages[first:] {
-		pages = append(pages, p...)
+	for _, ps := range p.deltaPages[first:] {
+		pages = append(pages, ps...)
 	}
 	slices.Sort(pages)
-	img.Deltas = append(img.Deltas[:first], merged)
-	ns.deltaPages = append(ns.deltaPages[:first], slices.Compact(pages))
-	for i := range fresh {
+	p.img.Deltas = append(p.img.Deltas[:first], merged)
+	p.deltaPages = append(p.deltaPages[:first], slices.Compact(pages))
+	for i := range p.fresh {
 		if i >= first {
-			delete(fresh, i)
+			delete(p.fresh, i)
 		}
 	}
-	fresh[first] = true
+	p.fresh[first] = true
 }
