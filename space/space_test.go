@@ -625,3 +625,15 @@ func TestScanSkipsABadWakeRecord(t *testing.T) {
 }
 
 func sha256Sum(s string) [32]byte { return sha256.Sum256([]byte(s)) }
+
+// TestCheckpointRefusesAnUnknownMode: a mode outside Periodic, Final and Fold writes nothing.
+func TestCheckpointRefusesAnUnknownMode(t *testing.T) {
+	b := backends["file"](t)
+	s := newSyncer(t, b, t.TempDir())
+	if st, err := s.Checkpoint(context.Background(), Fold+1, nil, time.Now()); err == nil || st.ManifestWritten {
+		t.Fatalf("checkpoint in mode %v: %+v, %v; want an error", Fold+1, st, err)
+	}
+	if m, _, err := ReadManifest(context.Background(), b, s.Host); err != nil || m != nil {
+		t.Fatalf("manifest after a refused checkpoint: %v, %v", m, err)
+	}
+}

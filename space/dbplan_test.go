@@ -1,11 +1,9 @@
 package space
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"testing"
-	"time"
 )
 
 // TestPlanDB: how a checkpoint writes a database's image, per mode and chain, decided
@@ -118,17 +116,5 @@ func TestPlanDB(t *testing.T) {
 				t.Fatalf("rebase: dirty %v over %d old chunks, want every chunk rewritten %v", p.dirty, len(p.oldBase), tc.allBase)
 			}
 		})
-	}
-}
-
-// TestCheckpointRefusesAnUnknownMode: a mode outside Periodic, Final and Fold writes nothing.
-func TestCheckpointRefusesAnUnknownMode(t *testing.T) {
-	b := backends["file"](t)
-	s := newSyncer(t, b, t.TempDir())
-	if st, err := s.Checkpoint(context.Background(), Fold+1, nil, time.Now()); err == nil || st.ManifestWritten {
-		t.Fatalf("checkpoint in mode %v: %+v, %v; want an error", Fold+1, st, err)
-	}
-	if m, _, err := ReadManifest(context.Background(), b, s.Host); err != nil || m != nil {
-		t.Fatalf("manifest after a refused checkpoint: %v, %v", m, err)
 	}
 }
