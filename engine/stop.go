@@ -257,9 +257,7 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) (State, err
 		next = nil
 	}
 	prev, _ := in.syncer.Manifest()
-	in.syncer.Final = true // the instance has stopped: fold the delta chains for the next wake
-	err = e.checkpointOpHeld(ctx, in, next)
-	in.syncer.Final = false
+	err = e.checkpointOpHeld(ctx, in, space.Final, next) // the instance has stopped: fold the delta chains for the next wake
 	if errors.Is(err, space.ErrFenced) {
 		return StateFenced, err
 	}
@@ -277,7 +275,7 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) (State, err
 }
 
 // checkpointOpHeld checkpoints with in.op held. A lost swap fences the space out (fenceOut).
-func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, next *time.Time) error {
+func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, mode space.Mode, next *time.Time) error {
 	if e.fenced.Load() {
 		return errFencedNoWrite
 	}
@@ -297,7 +295,7 @@ func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, next *time.Time
 			return err
 		}
 	}
-	st, err := in.syncer.Checkpoint(ctx, next, e.now())
+	st, err := in.syncer.Checkpoint(ctx, mode, next, e.now())
 	ev := Event{Type: EventCheckpoint, Host: in.host, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}
 	e.noteSkipped(in, st.Skipped)
 	in.mu.Lock()

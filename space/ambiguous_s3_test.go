@@ -58,7 +58,7 @@ func TestManifestSwapWithLostResponseOnS3(t *testing.T) {
 	for i, body := range []string{"one", "two", "three"} {
 		os.WriteFile(filepath.Join(s.DataDir, "notes.txt"), []byte(body), 0o600)
 		ab.armed = i == 1
-		_, err := s.Checkpoint(ctx, nil, time.Now())
+		_, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 		if errors.Is(err, ErrFenced) {
 			t.Fatalf("checkpoint %d with its response dropped: fenced (%v), want its own write recognized", i+1, err)
 		}

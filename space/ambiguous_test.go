@@ -62,12 +62,12 @@ func TestManifestSwapWithLostAnswer(t *testing.T) {
 					os.WriteFile(filepath.Join(s.DataDir, "notes.txt"), []byte(body), 0o600)
 				}
 				write("one")
-				if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+				if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 					t.Fatal(err)
 				}
 				write("two")
 				lb.armed.Store(1)
-				_, err := s.Checkpoint(ctx, nil, time.Now())
+				_, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 				if errors.Is(err, ErrFenced) {
 					t.Fatalf("checkpoint whose own write landed: %v, want it recognized", err)
 				}
@@ -75,7 +75,7 @@ func TestManifestSwapWithLostAnswer(t *testing.T) {
 					t.Fatalf("checkpoint with a retried request: %v", err)
 				}
 				write("three")
-				if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+				if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 					t.Fatalf("checkpoint after a lost answer: %v, want success", err)
 				}
 				m, _, err := ReadManifest(ctx, b, "s.test")
@@ -90,7 +90,7 @@ func TestManifestSwapWithLostAnswer(t *testing.T) {
 					t.Fatal(err)
 				}
 				write("four")
-				if _, err := s.Checkpoint(ctx, nil, time.Now()); !errors.Is(err, ErrFenced) {
+				if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); !errors.Is(err, ErrFenced) {
 					t.Fatalf("checkpoint after another writer's swap = %v, want ErrFenced", err)
 				}
 			})

@@ -19,7 +19,7 @@ func TestFoldBoundsTheChainAfterACrash(t *testing.T) {
 	const n = 40
 	for i := range n {
 		fillDB(t, db, 1, 1000)
-		st, err := s.Checkpoint(ctx, nil, time.Now())
+		st, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,9 +9,55 @@ import (
 	"time"
 )
 
+// Mode is the kind of a checkpoint, chosen per call: what it does beyond uploading what
+// changed.
+type Mode int
+
+const (
+	// Periodic is a checkpoint of a running (or stopped) instance that uploads what changed
+	// and keeps each database's delta chain as the chain policy leaves it.
+	Periodic Mode = iota
+	// Final is the checkpoint taken once the instance has stopped, before the space sleeps:
+	// it folds each database's delta chain (into the base when that rewrites at most
+	// foldBaseBytes, else into one delta), so the next wake reads the base and at most one
+	// delta; it reads again every file a write may have slipped past (racy), and records
+	// the data dir for the next wake on this box to keep (reuse.go).
+	Final
+	// Fold is a background fold (see Fold): databases whose chain is longer than FoldChain
+	// have their newest deltas merged.
+	Fold
+)
+
+// String returns the mode's name, as logs and test failures show it.
+func (m Mode) String() string {
+	switch m {
+	case Periodic:
+		return "periodic"
+	case Final:
+		return "final"
+	case Fold:
+		return "fold"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// refolds reports whether a checkpoint in mode m rewrites a database's image even when none
+// of its pages changed: a final checkpoint folds any chain worth folding, a background fold
+// only a long one.
+func (m Mode) refolds(st *dbState) bool {
+	switch m {
+	case Final:
+		return st.foldable()
+	case Fold:
+		return st.chainLong()
+	}
+	return false
+}
+
 // Checkpoint snapshots DataDir, uploads what changed and writes a new manifest conditioned on
-// the last ETag this box saw. Nothing is written when neither the files nor nextWake changed.
-// ErrFenced means another writer owns the space: do not retry.
+// the last ETag this box saw; mode says what else it does (see Mode). Nothing is written when
+// neither the files nor nextWake changed. ErrFenced means another writer owns the space: do
+// not retry.
 //
 // In format 2 a SQLite database costs what changed in it: its changed pages go up as one LTX
 // delta (see checkpointDB); a plain file is split into content-defined chunks and only new
@@ -21,18 +67,21 @@ import (
 // Every checkpoint first removes the record a wake on this box may reuse the data dir by
 // (reuse.go); a successful Final checkpoint writes it again when the data dir provably
 // equals the manifest.
-func (s *Syncer) Checkpoint(ctx context.Context, nextWake *time.Time, now time.Time) (Stats, error) {
+func (s *Syncer) Checkpoint(ctx context.Context, mode Mode, nextWake *time.Time, now time.Time) (Stats, error) {
+	if mode < Periodic || mode > Fold {
+		return Stats{}, fmt.Errorf("checkpointing: unknown mode %v", mode)
+	}
 	if err := s.dropReuse(); err != nil {
 		return Stats{}, err
 	}
-	st, err := s.checkpoint(ctx, nextWake, now)
-	if err == nil && s.Final && !s.FullFile {
+	st, err := s.checkpoint(ctx, mode, nextWake, now)
+	if err == nil && mode == Final && !s.FullFile {
 		st.ReuseErr = s.recordReuse()
 	}
 	return st, err
 }
 
-func (s *Syncer) checkpoint(ctx context.Context, nextWake *time.Time, now time.Time) (Stats, error) {
+func (s *Syncer) checkpoint(ctx context.Context, mode Mode, nextWake *time.Time, now time.Time) (Stats, error) {
 	if s.FullFile {
 		return s.checkpointV1(ctx, nextWake, now)
 	}
@@ -49,7 +98,7 @@ func (s *Syncer) checkpoint(ctx context.Context, nextWake *time.Time, now time.T
 		gen = s.manifest.Generation + 1
 	}
 	up := newUploader(s.Bucket, s.Host, s.manifest)
-	files, fresh, readAt, dbs, err := s.walk(ctx, gen, now, up, &st)
+	files, fresh, readAt, dbs, err := s.walk(ctx, mode, gen, now, up, &st)
 	if werr := up.wait(); err == nil {
 		err = werr
 	}
@@ -106,19 +155,19 @@ func (s *Syncer) gcGrace() time.Duration {
 
 // walk visits DataDir and returns its files (sorted by path), the fingerprint cache (and when
 // each entry was read) and the database states to keep if the manifest is written.
-// Unchanged files (same fingerprint) are not read, except, in a final checkpoint, those a
-// write could have slipped past unnoticed (racy). SQLite -wal, -shm and -journal files are part of their database, never files of
-// their own. Symlinks, FIFOs, sockets and devices are skipped and listed in st.Skipped.
-func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploader, st *Stats) ([]File, map[string]File, map[string]time.Time, map[string]*dbState, error) {
+// Unchanged files (same fingerprint) are not read, except databases whose chain mode folds
+// and, in a final checkpoint, files a write could have slipped past unnoticed (racy). SQLite
+// -wal, -shm and -journal files are part of their database, never files of their own.
+// Symlinks, FIFOs, sockets and devices are skipped and listed in st.Skipped.
+func (s *Syncer) walk(ctx context.Context, mode Mode, gen int64, now time.Time, up *uploader, st *Stats) ([]File, map[string]File, map[string]time.Time, map[string]*dbState, error) {
 	var files []File
 	fresh := make(map[string]File)
 	readAt := make(map[string]time.Time)
 	dbs := make(map[string]*dbState)
 	err := walkFiles(ctx, s.DataDir, &st.Skipped, func(p, rel string, info fs.FileInfo, fp string) error {
-		mode := uint32(info.Mode().Perm())
-		if f, ok := s.hashes[fp]; ok && !(s.Final && s.dbs[rel].foldable()) && !(s.Folding && s.dbs[rel].chainLong()) &&
-			!(s.Final && s.racy(rel, s.readAt[fp])) {
-			f.Path, f.Mode = rel, mode
+		perm := uint32(info.Mode().Perm())
+		if f, ok := s.hashes[fp]; ok && !mode.refolds(s.dbs[rel]) && !(mode == Final && s.racy(rel, s.readAt[fp])) {
+			f.Path, f.Mode = rel, perm
 			files = append(files, f)
 			fresh[fp] = f
 			if at, ok := s.readAt[fp]; ok {
@@ -129,7 +178,7 @@ func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploade
 			}
 			return nil
 		}
-		if !s.Final {
+		if mode != Final {
 			// The instance may write while this checkpoint reads (a final checkpoint runs
 			// after it stopped, so what that one reads is final).
 			readAt[fp] = time.Now()
@@ -143,7 +192,7 @@ func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploade
 		}
 		var f File
 		if isDB {
-			res, err := s.checkpointDB(ctx, p, gen, s.dbs[rel], now, up)
+			res, err := s.checkpointDB(ctx, p, gen, s.dbs[rel], mode, now, up)
 			if err != nil {
 				if ctx.Err() == nil && gone(p) {
 					return nil
@@ -164,7 +213,7 @@ func (s *Syncer) walk(ctx context.Context, gen int64, now time.Time, up *uploade
 				return fmt.Errorf("checkpointing %s: %w", rel, err)
 			}
 		}
-		f.Path, f.Mode = rel, mode
+		f.Path, f.Mode = rel, perm
 		files = append(files, f)
 		fresh[fp] = f
 		return nil
@@ -198,14 +247,12 @@ func (s *Syncer) FoldDue() bool {
 // foldFrom) and writes the result as a checkpoint: under the caller's lease, conditioned on
 // the manifest's ETag like any checkpoint, keeping its next wake. It reads the live
 // databases, so changes since the last checkpoint go up with it. After a periodic
-// checkpoint that leaves FoldDue true the engine does the same (Folding set around its own
-// checkpoint call, which freezes an isolated instance and handles fencing), so a wake after
-// a crash reads at most FoldChain deltas per database.
+// checkpoint that leaves FoldDue true the engine does the same (a checkpoint in mode Fold,
+// through its own checkpoint call, which freezes an isolated instance and handles fencing),
+// so a wake after a crash reads at most FoldChain deltas per database.
 func (s *Syncer) Fold(ctx context.Context, now time.Time) (Stats, error) {
 	if s.FullFile || s.manifest == nil || !s.FoldDue() {
 		return Stats{}, nil
 	}
-	s.Folding = true
-	defer func() { s.Folding = false }()
-	return s.Checkpoint(ctx, s.manifest.NextWake, now)
+	return s.Checkpoint(ctx, Fold, s.manifest.NextWake, now)
 }

@@ -49,7 +49,7 @@ func TestFenceAtTakeoverStopsAnOlderHoldersLateWrite(t *testing.T) {
 				}
 				if tc.checkpoint {
 					writeFile(t, old, "a", "acknowledged by the old holder")
-					if _, err := old.Checkpoint(ctx, nil, now); err != nil {
+					if _, err := old.Checkpoint(ctx, Periodic, nil, now); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -71,10 +71,10 @@ func TestFenceAtTakeoverStopsAnOlderHoldersLateWrite(t *testing.T) {
 				}
 				writeFile(t, nu, "c", "acknowledged by the new holder")
 
-				if _, err := old.Checkpoint(ctx, nil, now.Add(time.Second)); !errors.Is(err, ErrFenced) {
+				if _, err := old.Checkpoint(ctx, Periodic, nil, now.Add(time.Second)); !errors.Is(err, ErrFenced) {
 					t.Fatalf("old holder's late checkpoint = %v, want ErrFenced", err)
 				}
-				st, err := nu.Checkpoint(ctx, nil, now.Add(2*time.Second))
+				st, err := nu.Checkpoint(ctx, Periodic, nil, now.Add(2*time.Second))
 				if err != nil || !st.ManifestWritten {
 					t.Fatalf("new holder's checkpoint = %+v, %v", st, err)
 				}
@@ -113,7 +113,7 @@ func TestFenceFailsWhenALateWriteLandedFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 		writeFile(t, old, "a", "one")
-		if _, err := old.Checkpoint(ctx, nil, now); err != nil {
+		if _, err := old.Checkpoint(ctx, Periodic, nil, now); err != nil {
 			t.Fatal(err)
 		}
 		nu := newSyncer(t, b, t.TempDir())
@@ -121,7 +121,7 @@ func TestFenceFailsWhenALateWriteLandedFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 		writeFile(t, old, "b", "landed late")
-		if _, err := old.Checkpoint(ctx, nil, now.Add(time.Second)); err != nil {
+		if _, err := old.Checkpoint(ctx, Periodic, nil, now.Add(time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		claim := Claim{Holder: "new", Incarnation: "i2", Lease: `"l"`, At: now}
@@ -147,11 +147,11 @@ func TestFenceFailsWhenALateWriteLandedFirst(t *testing.T) {
 		if err != nil || m.Generation != 2 || len(m.Files) != 2 || m.Claim == nil {
 			t.Fatalf("fenced manifest = %+v, %v; want generation 2, its two files, claimed", m, err)
 		}
-		if _, err := old.Checkpoint(ctx, nil, now.Add(2*time.Second)); err != nil {
+		if _, err := old.Checkpoint(ctx, Periodic, nil, now.Add(2*time.Second)); err != nil {
 			t.Fatal(err) // nothing changed on the old holder: no write at all
 		}
 		writeFile(t, old, "c", "later")
-		if _, err := old.Checkpoint(ctx, nil, now.Add(3*time.Second)); !errors.Is(err, ErrFenced) {
+		if _, err := old.Checkpoint(ctx, Periodic, nil, now.Add(3*time.Second)); !errors.Is(err, ErrFenced) {
 			t.Fatalf("old holder after the fence = %v, want ErrFenced", err)
 		}
 	})

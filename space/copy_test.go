@@ -204,7 +204,7 @@ func TestCopySpaceCarriesHistory(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(s.DataDir, "notes.txt"), []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Checkpoint(ctx, nil, time.Now().Add(time.Duration(i)*time.Second)); err != nil {
+		if _, err := s.Checkpoint(ctx, space.Periodic, nil, time.Now().Add(time.Duration(i)*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -16,117 +16,6 @@ import (
 	"github.com/superfly/ltx"
 )
 
-// Page-image tuning. A checkpoint uploads one level-0 delta of the pages it changed; when
-// deltaFanout deltas of one level end the chain they are merged into one of the next level
-// (read from the live database, which holds exactly their newest pages), so a wake reads at
-// most (deltaFanout-1)*(maxLevel+1) deltas. The base is rewritten, chunk by chunk and only
-// where pages changed, when the top level fills up or when the chain costs a wake more than
-// 1/rebaseFraction of the image: its bytes plus objectCost for each object (a GET costs
-// about as much time as that many bytes), so a small database is rebased after a few
-// checkpoints and a large one keeps its base for hundreds.
-const (
-	minChunkBytes  = 2 << 20
-	maxChunkBytes  = 16 << 20
-	deltaFanout    = 8
-	maxLevel       = 2
-	rebaseFraction = 4
-	objectCost     = 128 << 10
-	// foldBaseBytes: a final checkpoint (Syncer.Final) folds a chain into the base when
-	// the base chunks its pages touch total at most this (a small database: its wake then
-	// reads one object, as a whole-file blob did); else into one delta.
-	foldBaseBytes = minChunkBytes
-	// FoldChain bounds the deltas a wake after a crash reads: once a periodic checkpoint
-	// leaves a longer chain, a fold (Syncer.Fold; the engine runs one right after that
-	// checkpoint, in its sync loop, off any request's path) merges its newest deltas until
-	// at most foldKeep remain, so folds
-	// come every FoldChain-foldKeep+1 checkpoints, not after each one. (Simulated on one
-	// row per checkpoint: 6 and 3 fold after about 1 checkpoint in 4, writing fewer pages
-	// than the checkpoints themselves; 4 and 2 fold after 1 in 3 and write twice as many.)
-	FoldChain = 6
-	foldKeep  = 3
-	// foldTier: a fold also absorbs an older delta holding at most this many times the
-	// pages merged so far, so kept deltas grow geometrically towards the oldest and a page
-	// is re-uploaded by folds about log2(chain pages) times, not once per fold.
-	foldTier = 2
-)
-
-// chainLong reports whether a background fold has work: more than FoldChain deltas.
-func (st *dbState) chainLong() bool {
-	return st != nil && st.v1 == nil && len(st.img.Deltas) > FoldChain
-}
-
-// foldFrom returns the index from which a background fold merges an image's chain into one
-// delta: the newest deltas, as many as bring the chain to foldKeep, plus each older one no
-// larger than foldTier times what is merged so far (distinct pages stand in for sizes: the
-// same hot pages, page 1 and the tree's rightmost leaves, are in every small delta).
-func foldFrom(deltaPages [][]uint32) int {
-	n := len(deltaPages)
-	if n <= FoldChain {
-		return n
-	}
-	i := foldKeep - 1
-	merged := make(map[uint32]bool)
-	for _, ps := range deltaPages[i:] {
-		for _, pg := range ps {
-			merged[pg] = true
-		}
-	}
-	for i > 0 && len(deltaPages[i-1]) <= foldTier*len(merged) {
-		i--
-		for _, pg := range deltaPages[i] {
-			merged[pg] = true
-		}
-	}
-	return i
-}
-
-// foldable reports whether a final checkpoint has a chain to fold.
-func (st *dbState) foldable() bool {
-	return st != nil && st.v1 == nil && foldPlan(st.img, st.deltaPages) != ""
-}
-
-// foldPlan says how a final checkpoint folds an image's chain: "base" (rewrite the base
-// chunks its pages touch, at most foldBaseBytes), "delta" (merge the chain into one delta),
-// or "" (nothing to gain: no deltas, or one that touches larger chunks).
-func foldPlan(img *DBImage, deltaPages [][]uint32) string {
-	if len(img.Deltas) == 0 {
-		return ""
-	}
-	size := int64(img.Pages) * int64(img.PageSize)
-	per := uint32(img.ChunkBytes / int64(img.PageSize))
-	if want := chunkBytesFor(size, img.PageSize); want != img.ChunkBytes {
-		per = 0 // a rebase re-chunks the whole image
-	}
-	chunks := make(map[uint32]bool)
-	var n int64
-	for _, ps := range deltaPages {
-		for _, pg := range ps {
-			if pg > img.Pages {
-				continue
-			}
-			c := uint32(0)
-			if per > 0 {
-				c = (pg - 1) / per
-			}
-			if !chunks[c] {
-				chunks[c] = true
-				if per == 0 {
-					n += size
-				} else {
-					n += min(img.ChunkBytes, size-int64(c)*img.ChunkBytes)
-				}
-			}
-		}
-	}
-	if n <= foldBaseBytes {
-		return "base"
-	}
-	if len(img.Deltas) > 1 {
-		return "delta"
-	}
-	return ""
-}
-
 // dbState is what this box knows of one database's last checkpointed image: per-page hashes
 // to find changed pages, the WAL position read so far, and the pages each delta holds (to
 // merge and rebase without downloading anything).
@@ -152,10 +41,10 @@ type dbResult struct {
 	fullScan     bool
 }
 
-// checkpointDB checkpoints the database at abs for generation gen. With a prior state for the
-// same file, only pages changed since it are read (from the WAL tail when the WAL kept its
-// identity, else by one scan that hashes every page) and uploaded as a level-0 delta.
-func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *dbState, now time.Time, up *uploader) (dbResult, error) {
+// checkpointDB checkpoints the database at abs for generation gen in three steps: detect the
+// pages changed since prev, this box's last image of it (detectChanges); plan the new image
+// (planDB: the chain policy and what mode folds); upload what the plan writes (writeDB).
+func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *dbState, mode Mode, now time.Time, up *uploader) (dbResult, error) {
 	var since *walPos
 	if prev != nil && prev.wal.Frames > 0 {
 		since = &prev.wal
@@ -165,16 +54,52 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		return dbResult{}, err
 	}
 	defer v.close()
+	ch, err := detectChanges(v, prev)
+	if err != nil {
+		return dbResult{}, err
+	}
+	p := planDB(prev, ch, mode, gen)
+	if err := s.writeDB(ctx, v, p, gen, now, up); err != nil {
+		return dbResult{}, err
+	}
+	ns := ch.state
+	ns.img, ns.deltaPages = p.img, p.deltaPages
+	res := dbResult{state: ns, pagesChanged: len(ch.changed), fullScan: ch.fullScan,
+		file: File{Size: ch.size(), Content: &Content{DB: p.img}}}
+	if p.step == stepKeep && prev.v1 != nil {
+		ns.v1, res.file = prev.v1, *prev.v1
+	}
+	return res, nil
+}
+
+// dbChanges is what detectChanges found in a database.
+type dbChanges struct {
+	// state is the database's new identity, WAL position and page hashes; planDB's image
+	// and deltaPages complete it.
+	state *dbState
+	// usable: the prior image is of this file (device and inode) with this page size, so
+	// changed is relative to it; else every page counts as changed.
+	usable   bool
+	changed  []uint32
+	pages    uint32
+	pageSize int
+	// fullScan: every page was read and hashed (no usable WAL position).
+	fullScan bool
+}
+
+func (ch dbChanges) size() int64 { return int64(ch.pages) * int64(ch.pageSize) }
+
+// detectChanges finds the pages of the view that differ from prev: from the WAL tail when
+// the WAL kept its identity since prev, else by one scan that hashes every page.
+func detectChanges(v *dbView, prev *dbState) (dbChanges, error) {
 	usable := prev != nil && prev.dev == v.dev && prev.ino == v.ino && prev.img.PageSize == v.pageSize
 	if !usable && v.tail {
 		if err := v.indexAll(); err != nil {
-			return dbResult{}, err
+			return dbChanges{}, err
 		}
 	}
 	ns := &dbState{dev: v.dev, ino: v.ino, wal: v.pos}
-	res := dbResult{state: ns}
-	var changed []uint32
-	page := make([]byte, v.pageSize)
+	ch := dbChanges{state: ns, usable: usable, pages: v.pages, pageSize: v.pageSize}
 	if usable && v.tail {
 		ns.hashes = slices.Clone(prev.hashes)
 		ns.sum = prev.sum
@@ -186,162 +111,65 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		} else {
 			ns.hashes = append(ns.hashes, make([]uint64, int(v.pages)-len(ns.hashes))...)
 		}
+		page := make([]byte, v.pageSize)
 		for _, pg := range v.changedSinceTail() {
 			if err := v.readPage(pg, page); err != nil {
-				return dbResult{}, err
+				return dbChanges{}, err
 			}
 			if h := pageHash(pg, page); h != ns.hashes[pg-1] {
 				ns.sum ^= ns.hashes[pg-1] ^ h
 				ns.hashes[pg-1] = h
-				changed = append(changed, pg)
+				ch.changed = append(ch.changed, pg)
 			}
 		}
-	} else {
-		res.fullScan = true
-		ns.hashes = make([]uint64, v.pages)
-		err := v.scan(func(pg uint32, data []byte) error {
-			h := pageHash(pg, data)
-			ns.hashes[pg-1] = h
-			ns.sum ^= h
-			if !usable || int(pg) > len(prev.hashes) || prev.hashes[pg-1] != h {
-				changed = append(changed, pg)
-			}
-			return nil
-		})
-		if err != nil {
-			return dbResult{}, fmt.Errorf("reading pages: %w", err)
-		}
+		return ch, nil
 	}
-	res.pagesChanged = len(changed)
-	size := int64(v.pages) * int64(v.pageSize)
-	if usable && len(changed) == 0 && v.pages == prev.img.Pages && !(s.Final && prev.foldable()) && !(s.Folding && prev.chainLong()) {
-		ns.img, ns.deltaPages, ns.v1 = prev.img, prev.deltaPages, prev.v1
-		res.file = File{Size: size, Content: &Content{DB: prev.img}}
-		if prev.v1 != nil {
-			res.file = *prev.v1
+	ch.fullScan = true
+	ns.hashes = make([]uint64, v.pages)
+	err := v.scan(func(pg uint32, data []byte) error {
+		h := pageHash(pg, data)
+		ns.hashes[pg-1] = h
+		ns.sum ^= h
+		if !usable || int(pg) > len(prev.hashes) || prev.hashes[pg-1] != h {
+			ch.changed = append(ch.changed, pg)
 		}
-		return res, nil
+		return nil
+	})
+	if err != nil {
+		return dbChanges{}, fmt.Errorf("reading pages: %w", err)
 	}
-	img := &DBImage{PageSize: v.pageSize, Pages: v.pages, ChunkBytes: chunkBytesFor(size, v.pageSize), Checksum: strconv.FormatUint(ns.sum, 16)}
-	ns.img = img
-	res.file = File{Size: size, Content: &Content{DB: img}}
-	if !usable {
-		if err := v.indexAll(); err != nil {
-			return dbResult{}, err
-		}
-		err := s.writeBase(ctx, v, img, nil, nil, gen, up)
-		return res, err
-	}
-	img.ChunkBytes, img.Base = prev.img.ChunkBytes, prev.img.Base
-	img.Deltas = slices.Clone(prev.img.Deltas)
-	ns.deltaPages = slices.Clone(prev.deltaPages)
-	fresh := map[int]bool{}
-	if len(changed) > 0 || v.pages != prev.img.Pages { // else only here to fold the chain
-		img.Deltas = append(img.Deltas, Delta{Level: 0, MinGen: gen, MaxGen: gen})
-		ns.deltaPages = append(ns.deltaPages, changed)
-		fresh[len(img.Deltas)-1] = true
-	}
-	rebase := false
-	for level := 0; ; level++ {
-		n := 0
-		for i := len(img.Deltas) - 1; i >= 0 && img.Deltas[i].Level == level; i-- {
-			n++
-		}
-		if n < deltaFanout {
-			break
-		}
-		if level == maxLevel {
-			rebase = true
-			break
-		}
-		first := len(img.Deltas) - n
-		mergeTail(img, ns, fresh, first, Delta{Level: level + 1, MinGen: img.Deltas[first].MinGen, MaxGen: gen})
-	}
-	if !rebase {
-		var total int64
-		for i, d := range img.Deltas {
-			if !fresh[i] {
-				total += d.Size
-			}
-		}
-		// Page counts stand in for the new deltas' compressed sizes: an upper bound.
-		for i := range fresh {
-			total += int64(len(ns.deltaPages[i])) * int64(v.pageSize) / 2
-		}
-		total += int64(len(img.Deltas)) * objectCost
-		rebase = total > size/rebaseFraction
-	}
-	if s.Folding && !s.Final && !rebase && len(img.Deltas) > FoldChain {
-		first := foldFrom(ns.deltaPages)
-		merged := Delta{MinGen: img.Deltas[first].MinGen, MaxGen: gen}
-		for _, d := range img.Deltas[first:] {
-			merged.Level = max(merged.Level, d.Level)
-		}
-		merged.Level = min(merged.Level+1, maxLevel)
-		mergeTail(img, ns, fresh, first, merged)
-	}
-	if s.Final && !rebase {
-		switch foldPlan(img, ns.deltaPages) {
-		case "base":
-			rebase = true
-		case "delta":
-			var pages []uint32
-			for _, p := range ns.deltaPages {
-				pages = append(pages, p...)
-			}
-			slices.Sort(pages)
-			img.Deltas = []Delta{{Level: maxLevel, MinGen: img.Deltas[0].MinGen, MaxGen: gen}}
-			ns.deltaPages = [][]uint32{slices.Compact(pages)}
-			fresh = map[int]bool{0: true}
-		}
-	}
-	if rebase {
-		dirty := make(map[uint32]bool)
-		for _, ps := range ns.deltaPages {
-			for _, pg := range ps {
-				dirty[pg] = true
-			}
-		}
-		if err := v.indexAll(); err != nil {
-			return dbResult{}, err
-		}
-		img.Deltas, ns.deltaPages = nil, nil
-		if want := chunkBytesFor(size, v.pageSize); img.ChunkBytes != want {
-			// The database outgrew its chunk size (or is a migrated single-blob base):
-			// re-chunk the whole image.
-			img.ChunkBytes, dirty = want, nil
-		}
-		err := s.writeBase(ctx, v, img, prev.img.Base, dirty, gen, up)
-		return res, err
-	}
-	for i := range fresh {
-		if len(ns.deltaPages[i]) > 0 && img.Deltas[i].Level > 0 {
-			if err := v.indexAll(); err != nil {
-				return dbResult{}, err
-			}
-		}
-		data, err := encodeDelta(v, ns.deltaPages[i], img.Deltas[i].MinGen, gen, now)
-		if err != nil {
-			return dbResult{}, err
-		}
-		ref, err := up.put(ctx, gen, data)
-		if err != nil {
-			return dbResult{}, err
-		}
-		img.Deltas[i].Ref = ref
-	}
-	return res, nil
+	return ch, nil
 }
 
-// chunkBytesFor sizes a database's base chunks: about an eighth of the image (one round of
-// parallel fetches at a wake), a power of two between minChunkBytes and maxChunkBytes, so
-// the size changes only when the database doubles.
-func chunkBytesFor(size int64, pageSize int) int64 {
-	c := int64(minChunkBytes)
-	for c*fetchConcurrency < size && c < maxChunkBytes {
-		c *= 2
+// writeDB uploads what plan p writes, read from the view, and fills in the references of
+// p.img.
+func (s *Syncer) writeDB(ctx context.Context, v *dbView, p dbPlan, gen int64, now time.Time, up *uploader) error {
+	switch p.step {
+	case stepNewBase, stepRebase:
+		if err := v.indexAll(); err != nil {
+			return err
+		}
+		return s.writeBase(ctx, v, p.img, p.oldBase, p.dirty, gen, up)
+	case stepDeltas:
+		for i := range p.fresh {
+			if len(p.deltaPages[i]) > 0 && p.img.Deltas[i].Level > 0 {
+				// A merged delta holds pages older than the WAL's tail.
+				if err := v.indexAll(); err != nil {
+					return err
+				}
+			}
+			data, err := encodeDelta(v, p.deltaPages[i], p.img.Deltas[i].MinGen, gen, now)
+			if err != nil {
+				return err
+			}
+			ref, err := up.put(ctx, gen, data)
+			if err != nil {
+				return err
+			}
+			p.img.Deltas[i].Ref = ref
+		}
 	}
-	return max(c, int64(pageSize))
+	return nil
 }
 
 // writeBase sets img.Base to raw page ranges of the view. A chunk whose pages are not in
@@ -508,22 +336,4 @@ func hashImage(p string, img *DBImage) (*dbState, error) {
 func sha256Hex(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
-}
-
-// mergeTail replaces the deltas from first on by merged, which holds their pages, and marks
-// it as written by this checkpoint (fresh).
-func mergeTail(img *DBImage, ns *dbState, fresh map[int]bool, first int, merged Delta) {
-	var pages []uint32
-	for _, p := range ns.deltaPages[first:] {
-		pages = append(pages, p...)
-	}
-	slices.Sort(pages)
-	img.Deltas = append(img.Deltas[:first], merged)
-	ns.deltaPages = append(ns.deltaPages[:first], slices.Compact(pages))
-	for i := range fresh {
-		if i >= first {
-			delete(fresh, i)
-		}
-	}
-	fresh[first] = true
 }

@@ -28,7 +28,7 @@ func chainDB(t *testing.T, b bucket.Bucket, rows, n int) (*Syncer, *sql.DB) {
 	t.Cleanup(func() { db.Close() })
 	fillDB(t, db, rows, 1000)
 	for range n + 1 {
-		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+		if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		fillDB(t, db, 1, 1000)
@@ -54,7 +54,7 @@ func TestFinalCheckpointFoldsTheChain(t *testing.T) {
 			s, db := chainDB(t, b, tc.rows, 12)
 			// One more row committed, taken by a periodic checkpoint: the final one then
 			// sees no change and must still fold.
-			if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+			if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			img := s.manifest.Files[0].Content.DB
@@ -65,8 +65,7 @@ func TestFinalCheckpointFoldsTheChain(t *testing.T) {
 				t.Fatalf("setup: chain of %d deltas, want some", len(img.Deltas))
 			}
 			db.Close()
-			s.Final = true
-			st, err := s.Checkpoint(ctx, nil, time.Now())
+			st, err := s.Checkpoint(ctx, Final, nil, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -78,14 +77,14 @@ func TestFinalCheckpointFoldsTheChain(t *testing.T) {
 			if got := rows(t, filepath.Join(r.DataDir, "app.db")); got != tc.rows+13 {
 				t.Fatalf("restored %d rows, want %d", got, tc.rows+13)
 			}
-			st, err = s.Checkpoint(ctx, nil, time.Now())
+			st, err = s.Checkpoint(ctx, Final, nil, time.Now())
 			if err != nil || st.ManifestWritten || st.BlobsUploaded != 0 {
 				t.Fatalf("second final checkpoint: %+v %v, want nothing written", st, err)
 			}
 			// The box that woke from the folded image continues the chain with a delta.
 			rdb := openDB(t, filepath.Join(r.DataDir, "app.db"))
 			fillDB(t, rdb, 1, 1000)
-			st, err = r.Checkpoint(ctx, nil, time.Now())
+			st, err = r.Checkpoint(ctx, Periodic, nil, time.Now())
 			if err != nil || st.BytesUploaded > 64<<10 {
 				t.Fatalf("checkpoint after the wake: %d bytes, %v", st.BytesUploaded, err)
 			}

@@ -26,7 +26,7 @@ func newChat(t *testing.T, b bucket.Bucket, rowsAtStart int) (*Syncer, func(n in
 		t.Helper()
 		for range n {
 			fillDB(t, db, 1, 1000)
-			if _, err := s.Checkpoint(context.Background(), nil, time.Now()); err != nil {
+			if _, err := s.Checkpoint(context.Background(), Periodic, nil, time.Now()); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -179,7 +179,7 @@ func TestGCBesideOtherWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := listKeys(t, b, "spaces/s.test/objs/")
-	if _, err := bsync.Checkpoint(ctx, nil, time.Now()); !errors.Is(err, ErrFenced) {
+	if _, err := bsync.Checkpoint(ctx, Periodic, nil, time.Now()); !errors.Is(err, ErrFenced) {
 		t.Fatalf("stale writer's checkpoint = %v, want ErrFenced", err)
 	}
 	var orphans []string

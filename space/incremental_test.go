@@ -88,7 +88,7 @@ func TestCheckpointCostsWhatChanged(t *testing.T) {
 			db.SetMaxOpenConns(1)
 			defer db.Close()
 			fillDB(t, db, 4000, 1000) // ~5 MB
-			st, err := s.Checkpoint(ctx, nil, time.Now())
+			st, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -100,7 +100,7 @@ func TestCheckpointCostsWhatChanged(t *testing.T) {
 			for i := range 80 {
 				fillDB(t, db, 1, 1000)
 				want++
-				st, err := s.Checkpoint(ctx, nil, time.Now())
+				st, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -134,14 +134,14 @@ func TestCheckpointAfterWakeContinuesTheChain(t *testing.T) {
 	os.MkdirAll(s.DataDir, 0o700)
 	db := openDB(t, filepath.Join(s.DataDir, "app.db"))
 	fillDB(t, db, 3000, 1000)
-	if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+	if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
 	r := restoreInto(t, b)
 	rdb := openDB(t, filepath.Join(r.DataDir, "app.db"))
 	fillDB(t, rdb, 1, 1000)
-	st, err := r.Checkpoint(ctx, nil, time.Now())
+	st, err := r.Checkpoint(ctx, Periodic, nil, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,12 +167,12 @@ func TestSmallChangeToLargeFileUploadsAFewChunks(t *testing.T) {
 	rand.Read(data)
 	p := filepath.Join(s.DataDir, "big.bin")
 	os.WriteFile(p, data, 0o600)
-	if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+	if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	edited := append(append(bytes.Clone(data[:5<<20]), []byte("a few inserted bytes")...), data[5<<20:]...)
 	os.WriteFile(p, edited, 0o600)
-	st, err := s.Checkpoint(ctx, nil, time.Now())
+	st, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,14 +226,14 @@ func TestFormat1BucketKeepsWorking(t *testing.T) {
 		t.Fatalf("notes.txt = %q", note)
 	}
 	// Nothing changed: nothing written, the bucket stays format 1.
-	st, err := s.Checkpoint(ctx, nil, time.Now())
+	st, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 	if err != nil || st.ManifestWritten {
 		t.Fatalf("unchanged checkpoint = %+v, %v", st, err)
 	}
 	if _, err := db.Exec("INSERT INTO msgs(body) VALUES('the first v2 message')"); err != nil {
 		t.Fatal(err)
 	}
-	st, err = s.Checkpoint(ctx, nil, time.Now())
+	st, err = s.Checkpoint(ctx, Periodic, nil, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,14 +288,14 @@ func TestFormat1DatabaseMigratesWithADelta(t *testing.T) {
 	os.MkdirAll(old.DataDir, 0o700)
 	db := openDB(t, filepath.Join(old.DataDir, "app.db"))
 	fillDB(t, db, 4000, 1000)
-	if _, err := old.Checkpoint(ctx, nil, time.Now()); err != nil {
+	if _, err := old.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
 	s := restoreInto(t, b)
 	sdb := openDB(t, filepath.Join(s.DataDir, "app.db"))
 	fillDB(t, sdb, 1, 1000)
-	st, err := s.Checkpoint(ctx, nil, time.Now())
+	st, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +339,7 @@ func TestCheckpointFollowsWALResetsAndRewrites(t *testing.T) {
 	step := func(what string, change func()) {
 		t.Helper()
 		change()
-		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+		if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
 		var n int

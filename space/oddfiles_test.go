@@ -116,7 +116,7 @@ func TestCheckpointSkipsOddFiles(t *testing.T) {
 			}
 			done := make(chan struct{})
 			var st Stats
-			go func() { defer close(done); st, err = s.Checkpoint(ctx, nil, time.Now()) }()
+			go func() { defer close(done); st, err = s.Checkpoint(ctx, Periodic, nil, time.Now()) }()
 			select {
 			case <-done:
 			case <-time.After(10 * time.Second):

@@ -39,15 +39,13 @@ func sleptSpace(t *testing.T, b bucket.Bucket, dir string) (*Syncer, int) {
 	db := openDB(t, filepath.Join(s.DataDir, "app.db"))
 	fillDB(t, db, 2000, 1000)
 	for range 3 {
-		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+		if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		fillDB(t, db, 1, 1000)
 	}
 	db.Close() // the instance stops
-	s.Final = true
-	st, err := s.Checkpoint(ctx, nil, time.Now())
-	s.Final = false
+	st, err := s.Checkpoint(ctx, Final, nil, time.Now())
 	if err != nil || st.ReuseErr != nil {
 		t.Fatalf("final checkpoint: %v; reuse: %v", err, st.ReuseErr)
 	}
@@ -128,7 +126,7 @@ func TestWakeAfterSleepReusesDataDir(t *testing.T) {
 	// The page hashes are seeded: one more row is one small delta.
 	db := openDB(t, filepath.Join(s.DataDir, "app.db"))
 	fillDB(t, db, 1, 1000)
-	st, err := s.Checkpoint(ctx, nil, time.Now())
+	st, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 	if err != nil || !st.ManifestWritten || st.BytesUploaded > 64<<10 {
 		t.Fatalf("checkpoint after a reused wake = %+v, %v", st, err)
 	}
@@ -137,11 +135,9 @@ func TestWakeAfterSleepReusesDataDir(t *testing.T) {
 		t.Fatalf("restored rows = %d, want %d", got, n+1)
 	}
 	// The same syncer (the box did not restart) reuses too.
-	s.Final = true
-	if st, err := s.Checkpoint(ctx, nil, time.Now()); err != nil || st.ReuseErr != nil {
+	if st, err := s.Checkpoint(ctx, Final, nil, time.Now()); err != nil || st.ReuseErr != nil {
 		t.Fatalf("final checkpoint: %v, %v", err, st.ReuseErr)
 	}
-	s.Final = false
 	b.n.Store(0)
 	if err := s.Load(ctx); err != nil {
 		t.Fatal(err)
@@ -165,7 +161,7 @@ func TestWakeRestoresInFullWhenInDoubt(t *testing.T) {
 	otherBox := func(t *testing.T, b bucket.Bucket) {
 		o := restoreInto(t, b)
 		addRow(t, o.DataDir)
-		if _, err := o.Checkpoint(ctx, nil, time.Now()); err != nil {
+		if _, err := o.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -180,7 +176,7 @@ func TestWakeRestoresInFullWhenInDoubt(t *testing.T) {
 				t.Fatal(err)
 			}
 			addRow(t, s.DataDir)
-			if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+			if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			addRow(t, s.DataDir) // never checkpointed
@@ -196,9 +192,7 @@ func TestWakeRestoresInFullWhenInDoubt(t *testing.T) {
 		"fenced-out final checkpoint": func(t *testing.T, b bucket.Bucket, s *Syncer) {
 			otherBox(t, b)
 			addRow(t, s.DataDir) // this box ran on with a stale lease, and its sleep is fenced
-			s.Final = true
-			_, err := s.Checkpoint(ctx, nil, time.Now())
-			s.Final = false
+			_, err := s.Checkpoint(ctx, Final, nil, time.Now())
 			if !errors.Is(err, ErrFenced) {
 				t.Fatalf("stale final checkpoint = %v, want ErrFenced", err)
 			}
@@ -316,8 +310,7 @@ func TestWakeOnAnotherBoxUnaffected(t *testing.T) {
 	if err := s.Restore(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s.Final = true
-	if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+	if _, err := s.Checkpoint(ctx, Final, nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(s.reusePath()); !errors.Is(err, os.ErrNotExist) {
@@ -337,7 +330,7 @@ func TestFinalCheckpointRereadsRacyFiles(t *testing.T) {
 	os.MkdirAll(s.DataDir, 0o700)
 	p := filepath.Join(s.DataDir, "a.txt")
 	os.WriteFile(p, bytes.Repeat([]byte("1"), 100000), 0o600)
-	if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+	if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	var old File
@@ -353,9 +346,7 @@ func TestFinalCheckpointRereadsRacyFiles(t *testing.T) {
 	}
 	s.hashes = map[string]File{fp: old}
 	s.readAt = map[string]time.Time{fp: time.Now()}
-	s.Final = true
-	st, err := s.Checkpoint(ctx, nil, time.Now())
-	s.Final = false
+	st, err := s.Checkpoint(ctx, Final, nil, time.Now())
 	if err != nil || st.ReuseErr != nil {
 		t.Fatalf("final checkpoint: %v, %v", err, st.ReuseErr)
 	}
@@ -394,9 +385,7 @@ func TestWakeAfterKilledInstanceReusesDataDir(t *testing.T) {
 	if fi, _ := os.Stat(filepath.Join(s.DataDir, "app.db-wal")); fi == nil || fi.Size() == 0 {
 		t.Fatal("setup: no WAL left beside the database")
 	}
-	s.Final = true
-	st, err := s.Checkpoint(ctx, nil, time.Now())
-	s.Final = false
+	st, err := s.Checkpoint(ctx, Final, nil, time.Now())
 	if err != nil || st.ReuseErr != nil {
 		t.Fatalf("final checkpoint: %v, reuse: %v", err, st.ReuseErr)
 	}

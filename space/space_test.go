@@ -211,7 +211,7 @@ func TestCheckpointRestoreWhileWriting(t *testing.T) {
 			}
 		}()
 		for range 3 {
-			if _, err := src.Checkpoint(ctx, nil, time.Now()); err != nil {
+			if _, err := src.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -219,7 +219,7 @@ func TestCheckpointRestoreWhileWriting(t *testing.T) {
 		wg.Wait()
 		var want int
 		db.QueryRow("SELECT count(*) FROM m").Scan(&want)
-		st, err := src.Checkpoint(ctx, nil, time.Now())
+		st, err := src.Checkpoint(ctx, Periodic, nil, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -270,7 +270,7 @@ func TestCheckpointUploadsOnlyChanges(t *testing.T) {
 		db.Exec("CREATE TABLE m (body TEXT)")
 		db.Exec("INSERT INTO m VALUES (?)", strings.Repeat("y", 100000))
 		os.WriteFile(filepath.Join(s.DataDir, "big.bin"), []byte(strings.Repeat("z", 200000)), 0o600)
-		st, err := s.Checkpoint(ctx, nil, time.Now())
+		st, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,7 +278,7 @@ func TestCheckpointUploadsOnlyChanges(t *testing.T) {
 			t.Fatalf("first checkpoint %+v, want 2 blobs and a manifest", st)
 		}
 		_, etag1 := s.Manifest()
-		st, err = s.Checkpoint(ctx, nil, time.Now())
+		st, err = s.Checkpoint(ctx, Periodic, nil, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -289,7 +289,7 @@ func TestCheckpointUploadsOnlyChanges(t *testing.T) {
 			t.Fatal("unchanged checkpoint rewrote the manifest")
 		}
 		os.WriteFile(filepath.Join(s.DataDir, "small.txt"), []byte("new"), 0o600)
-		st, err = s.Checkpoint(ctx, nil, time.Now())
+		st, err = s.Checkpoint(ctx, Periodic, nil, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -297,7 +297,7 @@ func TestCheckpointUploadsOnlyChanges(t *testing.T) {
 			t.Fatalf("checkpoint after adding one file %+v, want 1 blob of 3 bytes", st)
 		}
 		at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-		st, err = s.Checkpoint(ctx, &at, time.Now())
+		st, err = s.Checkpoint(ctx, Periodic, &at, time.Now())
 		if err != nil || !st.ManifestWritten || st.BlobsUploaded != 0 {
 			t.Fatalf("checkpoint with a new next-wake %+v %v, want a manifest write only", st, err)
 		}
@@ -317,7 +317,7 @@ func TestCheckpointDoesNotFollowSymlinks(t *testing.T) {
 		s := newSyncer(t, b, t.TempDir())
 		os.MkdirAll(s.DataDir, 0o700)
 		os.Symlink("/etc/passwd", filepath.Join(s.DataDir, "leak"))
-		st, err := s.Checkpoint(ctx, nil, time.Now())
+		st, err := s.Checkpoint(ctx, Periodic, nil, time.Now())
 		if err != nil || len(st.Skipped) != 1 || st.Skipped[0].Kind != "symlink" {
 			t.Fatalf("checkpoint with a symlink = %+v, %v; want it skipped", st, err)
 		}
@@ -333,7 +333,7 @@ func TestRestoreVerifiesBlobs(t *testing.T) {
 		s := newSyncer(t, b, t.TempDir())
 		os.MkdirAll(s.DataDir, 0o700)
 		os.WriteFile(filepath.Join(s.DataDir, "f"), []byte("genuine"), 0o600)
-		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+		if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		m, _ := s.Manifest()
@@ -428,7 +428,7 @@ func TestReopenedDatabaseIsNotUploadedAgain(t *testing.T) {
 		db.Exec("CREATE TABLE m (body TEXT)")
 		db.Exec("INSERT INTO m VALUES ('kept')")
 		db.Close()
-		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+		if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		for round := range 3 {
@@ -446,7 +446,7 @@ func TestReopenedDatabaseIsNotUploadedAgain(t *testing.T) {
 			}
 			db.Exec("CREATE TABLE IF NOT EXISTS m (body TEXT)")
 			db.Close()
-			st, err := r.Checkpoint(ctx, nil, time.Now())
+			st, err := r.Checkpoint(ctx, Periodic, nil, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -481,7 +481,7 @@ func TestCheckpointOddDatabaseNames(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+		if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		entries, _ := os.ReadDir(s.DataDir)
@@ -545,7 +545,7 @@ func TestCheckpointToleratesFilesVanishing(t *testing.T) {
 	}
 	defer func() { close(stop); wg.Wait() }()
 	for i := range 100 {
-		if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+		if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
 			t.Fatalf("checkpoint %d with files coming and going: %v", i, err)
 		}
 	}
@@ -625,3 +625,15 @@ func TestScanSkipsABadWakeRecord(t *testing.T) {
 }
 
 func sha256Sum(s string) [32]byte { return sha256.Sum256([]byte(s)) }
+
+// TestCheckpointRefusesAnUnknownMode: a mode outside Periodic, Final and Fold writes nothing.
+func TestCheckpointRefusesAnUnknownMode(t *testing.T) {
+	b := backends["file"](t)
+	s := newSyncer(t, b, t.TempDir())
+	if st, err := s.Checkpoint(context.Background(), Fold+1, nil, time.Now()); err == nil || st.ManifestWritten {
+		t.Fatalf("checkpoint in mode %v: %+v, %v; want an error", Fold+1, st, err)
+	}
+	if m, _, err := ReadManifest(context.Background(), b, s.Host); err != nil || m != nil {
+		t.Fatalf("manifest after a refused checkpoint: %v, %v", m, err)
+	}
+}

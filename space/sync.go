@@ -72,14 +72,6 @@ type Syncer struct {
 	// GCGrace is how young an object or history entry must be to survive a collection this
 	// box runs regardless of references; default DefaultGCGrace.
 	GCGrace time.Duration
-	// Final marks the checkpoints taken once the instance has stopped, before the space
-	// sleeps: they fold each database's delta chain (into the base when that rewrites at
-	// most foldBaseBytes, else into one delta), so the next wake reads the base and at most
-	// one delta.
-	Final bool
-	// Folding marks a background fold (see Fold): databases whose chain is longer than
-	// FoldChain have their newest deltas merged.
-	Folding bool
 
 	manifest *Manifest
 	etag     string

@@ -138,8 +138,8 @@ func (x *box) addRow(t *testing.T) {
 	}
 }
 
-func (x *box) checkpoint(t *testing.T, now time.Time) space.Stats {
-	st, err := x.s.Checkpoint(context.Background(), nil, now)
+func (x *box) checkpoint(t *testing.T, mode space.Mode, now time.Time) space.Stats {
+	st, err := x.s.Checkpoint(context.Background(), mode, nil, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func (x *box) checkpoint(t *testing.T, now time.Time) space.Stats {
 // periodic is a periodic checkpoint as the engine takes it: the checkpoint, then the
 // background fold when the chain grew longer than space.FoldChain (format 2 only).
 func (x *box) periodic(t *testing.T, now time.Time) (ckpt, fold space.Stats) {
-	ckpt = x.checkpoint(t, now)
+	ckpt = x.checkpoint(t, space.Periodic, now)
 	if !x.s.FullFile && x.s.FoldDue() {
 		var err error
 		if fold, err = x.s.Fold(context.Background(), now); err != nil {
@@ -260,7 +260,7 @@ func TestCheckpointFigures(t *testing.T) {
 	now := time.Now()
 	for _, x := range []*box{v1, v2} {
 		cb.reset()
-		st := x.checkpoint(t, now)
+		st := x.checkpoint(t, space.Periodic, now)
 		logf("%-10s first checkpoint: %s uploaded in %d objects, %s", x.name, mib(cb.written.Load()), st.BlobsUploaded, ms(st.Duration))
 	}
 	type sample struct {
@@ -272,7 +272,7 @@ func TestCheckpointFigures(t *testing.T) {
 		for _, x := range []*box{v1, v2} {
 			x.addRow(t)
 			cb.reset()
-			st := x.checkpoint(t, now.Add(time.Duration(i+1)*time.Second))
+			st := x.checkpoint(t, space.Periodic, now.Add(time.Duration(i+1)*time.Second))
 			if i == 0 {
 				continue // format 2's first checkpoint after the copy reads the whole WAL-less file once
 			}
@@ -321,7 +321,7 @@ func TestCheckpointFigures(t *testing.T) {
 
 	// 3. Restore latency, alternating formats; 1 MB spaces get the same row-per-checkpoint
 	// history. First as the periodic checkpoints left the chain (a wake after a crash), then
-	// after the checkpoint a sleep takes once the instance stopped (Syncer.Final), which
+	// after the checkpoint a sleep takes once the instance stopped (space.Final), which
 	// folds the chain: what a wake after a sleep reads.
 	small := filepath.Join(dir, "small.db")
 	makeDB(t, small, 1<<20)
@@ -347,10 +347,8 @@ func TestCheckpointFigures(t *testing.T) {
 	}
 	wakeFigures("after a crash (the chain as periodic checkpoints and their background folds left it)")
 	for _, x := range []*box{s2, v2} {
-		x.s.Final = true
 		cb.reset()
-		st := x.checkpoint(t, now.Add(time.Duration(10+series)*time.Second))
-		x.s.Final = false
+		st := x.checkpoint(t, space.Final, now.Add(time.Duration(10+series)*time.Second))
 		logf("   %s: the checkpoint at sleep folds the chain: %s written in %d objects, %s", x.s.Host, mib(cb.written.Load()), st.BlobsUploaded, ms(st.Duration))
 	}
 	wakeFigures("after a sleep (its final checkpoint folded the chain; the issue's figure)")
@@ -388,9 +386,7 @@ func TestCheckpointFigures(t *testing.T) {
 		var reuseErr error
 		sameBox := func(x *box, k int, keep bool) {
 			tick = tick.Add(time.Second)
-			x.s.Final = true
-			st, err := x.s.Checkpoint(context.Background(), nil, tick)
-			x.s.Final = false
+			st, err := x.s.Checkpoint(context.Background(), space.Final, nil, tick)
 			if err != nil {
 				t.Fatal(err)
 			}

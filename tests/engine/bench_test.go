@@ -98,7 +98,7 @@ func BenchmarkCheckpointUnchanged(b *testing.B) {
 	os.MkdirAll(s.DataDir, 0o700)
 	fillDB(b, filepath.Join(s.DataDir, "app.db"), 50<<20)
 	os.WriteFile(filepath.Join(s.DataDir, "notes.txt"), []byte("some notes"), 0o600)
-	if _, err := s.Checkpoint(ctx, nil, time.Now()); err != nil {
+	if _, err := s.Checkpoint(ctx, space.Periodic, nil, time.Now()); err != nil {
 		b.Fatal(err)
 	}
 	for _, mode := range []string{"warm", "cold"} {
@@ -116,7 +116,7 @@ func BenchmarkCheckpointUnchanged(b *testing.B) {
 					}
 					b.StartTimer()
 				}
-				st, err := cs.Checkpoint(ctx, nil, time.Now())
+				st, err := cs.Checkpoint(ctx, space.Periodic, nil, time.Now())
 				if err != nil {
 					b.Fatal(err)
 				}
