@@ -1,7 +1,6 @@
 package lchat
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -17,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/engine"
 )
 
@@ -75,7 +75,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionProxy(ctx, flush); err != nil {
 		return err
 	}
-	if ms := h.app.shared.mesh; ms != nil {
+	if ms := h.app.box.Mesh(); ms != nil {
 		if h.meshProxy, err = newForwardProxy(ctx, ms, flush); err != nil {
 			return err
 		}
@@ -108,16 +108,17 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	h.app.shared.requests.Add(1)
+	b := h.app.box
+	b.Count()
 	host := requestHost(r)
 	h.meshStrip(r, host)
-	rt, ok := h.app.shared.reg.Lookup(host)
+	rt, ok := b.Lookup(host)
 	if !ok {
 		return caddyhttp.Error(http.StatusNotFound, fmt.Errorf("no route for host %q", host))
 	}
 	// Only the box itself sends scheduled wakes; a client cannot pose as one.
 	r.Header.Del("X-Lchat-Wake-Reason")
-	if done, err := h.meshServe(w, r, rt, next); done {
+	if done, err := h.place(w, r, rt, next); done {
 		return err
 	}
 
@@ -133,25 +134,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.proxy.ServeHTTP(w, r, next)
 	}
 
-	sp := engine.Space{Host: rt.Host, Kind: rt.Kind, Version: rt.Version, Env: rt.Env}
 	var use *engine.Use
 	for wait := time.Duration(0); ; {
 		var err error
-		if use, err = h.app.shared.eng.Acquire(r.Context(), sp); err == nil {
+		if use, err = b.Acquire(r.Context(), rt); err == nil {
 			break
 		}
-		done, ferr := h.meshAcquireError(w, r, rt, err, next)
-		if !done {
-			return h.acquireError(w, r, host, err)
+		d, ok := b.AcquireFailed(err, rt, requestHops(r))
+		if !ok {
+			return h.refuse(w, r, host, err)
 		}
-		if !errors.Is(ferr, errHolderUnreachable) {
+		if res, ferr := h.forward(w, r, d, next); res == answered {
 			return ferr
 		}
 		// The box holding the lease is live but takes no connections: it is shutting
 		// down (and frees each lease as its drain puts the space to sleep), or
 		// restarting, or dead (its lease frees with its heartbeat). Try again shortly.
-		if wait = h.meshLeaseWait(r, wait); wait == 0 {
-			return h.acquireError(w, r, host, err)
+		if wait = leaseWait(r, wait); wait == 0 {
+			return h.refuse(w, r, host, err)
 		}
 	}
 	// The reverse proxy returns only when the response, or the connection it
@@ -166,22 +166,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// that awake period so the next request wakes a working instance.
 		use.Unreachable()
 	}
-	return instanceGone(w, host, err, time.Duration(h.RetryAfter))
+	return h.noAnswer(w, err, "space "+host+": its instance")
 }
 
-// instanceGone turns the proxy's 502 or 504 for a request the instance never answered
-// (it crashed, or was stopped or fenced while the request was in flight) into a 503 with
-// Retry-After: the space is unavailable for a moment, never a bad gateway. Caddy's proxy
-// returns an error only before it writes a response, so nothing was sent yet. A 502 the
-// instance itself answers is its own response and passes unchanged.
-func instanceGone(w http.ResponseWriter, host string, err error, retryAfter time.Duration) error {
+// noAnswer turns the reverse proxy's error for a request its upstream (an instance, a
+// peer: who) never answered (box.NoAnswer) into a 503 with Retry-After. Any other error,
+// and a 502 the upstream itself answered (its own response), passes unchanged.
+func (h *Handler) noAnswer(w http.ResponseWriter, err error, who string) error {
 	var he caddyhttp.HandlerError
-	if err == nil || !errors.As(err, &he) || he.StatusCode != http.StatusBadGateway && he.StatusCode != http.StatusGatewayTimeout {
+	if err == nil || !errors.As(err, &he) || !box.NoAnswer(he.StatusCode) {
 		return err
 	}
 	w.Header().Del(InstanceHeader)
-	setRetryAfter(w, retryAfter)
-	return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s: its instance gave no answer: %w", host, he.Err))
+	setRetryAfter(w, time.Duration(h.RetryAfter))
+	return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("%s gave no answer: %w", who, he.Err))
 }
 
 // setUpstream tells the embedded reverse proxy where to dial for this request.
@@ -189,37 +187,22 @@ func setUpstream(r *http.Request, dial string) {
 	r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer).Set(upstreamPlaceholder, dial)
 }
 
-// acquireError turns a failed wake into a response. Not being ready is never a 502.
-func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, host string, err error) error {
-	var held *engine.LeaseHeldError
-	var retry *engine.RetryError
-	switch {
-	case errors.As(err, &held):
-		// Single box: no mesh to forward to yet.
-		setRetryAfter(w, time.Duration(h.RetryAfter))
-		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s is held by another box", host))
-	case errors.As(err, &retry):
-		after := retry.After
+// refuse answers a request whose space could not be acquired (box.Refuse).
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, host string, err error) error {
+	ref := box.Refuse(host, err, r.Context().Err() != nil)
+	if ref.Status == http.StatusServiceUnavailable {
+		after := ref.RetryAfter
 		if after <= 0 {
 			after = time.Duration(h.RetryAfter)
 		}
 		setRetryAfter(w, after)
-		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s unavailable: %s", host, retry.Reason))
-	case errors.Is(err, engine.ErrUnknownKind):
-		// The route names a kind this box's config no longer has (a reload removed it):
-		// an operator's fix away, so a client may retry.
-		setRetryAfter(w, time.Duration(h.RetryAfter))
-		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s: its kind is not configured on this box", host))
-	case r.Context().Err() != nil && errors.Is(err, context.Canceled):
-		// The client went away while waiting; Caddy's proxy reports this as 499 too.
-		return caddyhttp.Error(499, err)
-	default:
-		setRetryAfter(w, time.Duration(h.RetryAfter))
+	}
+	if ref.Unexpected {
 		if c := h.logger.Check(zapcore.ErrorLevel, "waking space"); c != nil {
 			c.Write(zap.String("host", host), zap.Error(err))
 		}
-		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("waking space %s failed", host))
 	}
+	return caddyhttp.Error(ref.Status, ref.Err)
 }
 
 func setRetryAfter(w http.ResponseWriter, d time.Duration) {

@@ -1,9 +1,7 @@
 package lchat
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -13,7 +11,6 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
-	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/space"
 )
@@ -61,12 +58,9 @@ type restoreRequest struct {
 }
 
 func (a *adminAPI) history(w http.ResponseWriter, r *http.Request, host string) error {
-	cps, err := a.app.shared.eng.History(r.Context(), host)
+	cps, err := a.app.box.History(r.Context(), host)
 	if err != nil {
-		return apiErr(http.StatusInternalServerError, "%v", err)
-	}
-	if cps == nil {
-		cps = []space.Checkpoint{}
+		return boxErr(err)
 	}
 	return writeJSON(w, http.StatusOK, historyResponse{Host: host, Checkpoints: cps})
 }
@@ -80,26 +74,9 @@ func (a *adminAPI) restore(w http.ResponseWriter, r *http.Request, host string) 
 	if err != nil {
 		return apiErr(http.StatusBadRequest, `"at": %v`, err)
 	}
-	rt, err := a.app.shared.reg.Get(host)
-	if errors.Is(err, registry.ErrNotFound) {
-		return apiErr(http.StatusNotFound, "no route for host %s", host)
-	}
+	res, err := a.app.box.Restore(r.Context(), host, target)
 	if err != nil {
-		return apiErr(http.StatusInternalServerError, "%v", err)
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
-	defer cancel()
-	res, err := a.app.shared.eng.RestoreTo(ctx, host, rt.Kind, target)
-	var held *engine.LeaseHeldError
-	switch {
-	case errors.Is(err, engine.ErrAwake):
-		return apiErr(http.StatusConflict, "%s is awake on this box: put it to sleep before restoring", host)
-	case errors.As(err, &held):
-		return apiErr(http.StatusConflict, "%s is awake on %s: put it to sleep before restoring", host, held.Holder)
-	case errors.Is(err, space.ErrNoCheckpoint):
-		return apiErr(http.StatusNotFound, "%v", err)
-	case err != nil:
-		return apiErr(http.StatusInternalServerError, "%v", err)
+		return boxErr(err)
 	}
 	return writeJSON(w, http.StatusOK, res)
 }

@@ -1,7 +1,6 @@
 package lchat
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,7 +10,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/ledger"
 )
@@ -82,7 +80,6 @@ const envIDLedger = "LCHAT_CLOUD_ID_LEDGER"
 type idsAdmin struct {
 	app       *App
 	namespace string
-	logger    *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -96,7 +93,6 @@ func (idsAdmin) CaddyModule() caddy.ModuleInfo {
 // Provision reads LCHAT_CLOUD_ID_LEDGER and finds the lchat app. A namespace the
 // ledger would refuse fails the config load, rather than every later allocation.
 func (a *idsAdmin) Provision(ctx caddy.Context) error {
-	a.logger = ctx.Logger(a)
 	if app, err := ctx.AppIfConfigured("lchat"); err == nil {
 		a.app = app.(*App)
 	}
@@ -140,7 +136,7 @@ func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 	if a.namespace == "" {
 		return apiErr(http.StatusNotFound, "the id ledger is off on this box (%s is not set)", envIDLedger)
 	}
-	if a.app == nil || a.app.shared == nil {
+	if a.app == nil || a.app.box == nil {
 		return apiErr(http.StatusNotFound, "the lchat app is not configured")
 	}
 	if r.Method != http.MethodPost {
@@ -148,13 +144,9 @@ func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch r.URL.Path {
 	case "/lchat/ids":
-		alloc, err := a.app.shared.ids.Get(a.app.shared.bucket, a.namespace)
+		id, err := a.app.box.NextID(r.Context(), a.namespace)
 		if err != nil {
-			return apiErr(http.StatusInternalServerError, "%v", err)
-		}
-		id, err := alloc.Next(r.Context())
-		if err != nil {
-			return apiErr(http.StatusServiceUnavailable, "allocating an id: %v", err)
+			return boxErr(err)
 		}
 		return writeJSON(w, http.StatusOK, IDResult{Namespace: a.namespace, ID: id})
 	case "/lchat/ids/seed":
@@ -162,16 +154,10 @@ func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 		if err := decodeStrict(r, &req); err != nil {
 			return err
 		}
-		next, err := a.app.shared.ids.SeedAtLeast(r.Context(), a.app.shared.bucket, a.namespace, req.Min)
-		switch {
-		case errors.Is(err, ledger.ErrSeedZero):
-			return apiErr(http.StatusBadRequest, `body must set "min" (at least 1): the lowest id handed out from now on`)
-		case errors.Is(err, ledger.ErrWouldLower):
-			return apiErr(http.StatusConflict, "%v; nothing was changed", err)
-		case err != nil:
-			return apiErr(http.StatusInternalServerError, "%v", err)
+		next, err := a.app.box.SeedIDs(r.Context(), a.namespace, req.Min)
+		if err != nil {
+			return boxErr(err)
 		}
-		a.logger.Info("id ledger seeded", zap.String("namespace", a.namespace), zap.Uint64("next", next))
 		return writeJSON(w, http.StatusOK, SeedIDsResult{Namespace: a.namespace, Next: next})
 	}
 	return apiErr(http.StatusNotFound, "resource not found: %s %s", r.Method, r.URL.Path)
