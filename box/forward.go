@@ -58,28 +58,27 @@ func (ms *Mesh) PeerTransport(dialError func(error) error) *PeerTransport {
 		pt.holders = ms.box.Holders
 	}
 	dialer := &net.Dialer{Timeout: ms.timeout, KeepAlive: 30 * time.Second}
+	// dial connects to the peer of a pool key; a failure is a dial error.
+	dial := func(ctx context.Context, addr string) (conn net.Conn, peer, serverName string, err error) {
+		if peer, serverName, err = decodePoolKey(addr); err != nil {
+			return nil, "", "", err
+		}
+		if conn, err = dialer.DialContext(ctx, "tcp", peer); err != nil {
+			return nil, "", "", dialError(err)
+		}
+		return conn, peer, serverName, nil
+	}
 	pt.tr = &http.Transport{
 		// Never through an environment proxy: the peer's address is the point.
 		Proxy: nil,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			peer, _, err := decodePoolKey(addr)
-			if err != nil {
-				return nil, err
-			}
-			conn, err := dialer.DialContext(ctx, "tcp", peer)
-			if err != nil {
-				return nil, dialError(err)
-			}
-			return conn, nil
+			conn, _, _, err := dial(ctx, addr)
+			return conn, err
 		},
 		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			peer, serverName, err := decodePoolKey(addr)
+			conn, peer, serverName, err := dial(ctx, addr)
 			if err != nil {
 				return nil, err
-			}
-			conn, err := dialer.DialContext(ctx, "tcp", peer)
-			if err != nil {
-				return nil, dialError(err)
 			}
 			tc := tls.Client(conn, &tls.Config{
 				ServerName: serverName,
@@ -115,9 +114,6 @@ func (ms *Mesh) PeerTransport(dialError func(error) error) *PeerTransport {
 	}
 	return pt
 }
-
-// DialsDirectly reports whether the transport ignores environment proxies.
-func (pt *PeerTransport) DialsDirectly() bool { return pt.tr.Proxy == nil }
 
 // poolKey names an idle-connection pool: the peer address and, for TLS, the verified
 // name. Hex keeps it a valid URL host whatever the inputs.

@@ -242,27 +242,26 @@ func (ms *Mesh) onFence(fenced bool) {
 // draining. A failure is logged and the drain goes on: the loop keeps trying, and
 // fencing still guards the writes.
 func (ms *Mesh) markDraining() {
-	ctx, cancel := context.WithTimeout(context.Background(), ms.m.Config().OpTimeout+time.Second)
-	defer cancel()
-	start := time.Now()
-	if err := ms.m.MarkDraining(ctx); err != nil {
-		ms.logger.Error("marking this box draining in the mesh", zap.Error(err))
-	} else {
-		ms.logger.Info("draining: heartbeat marked, peers stop placing spaces here", zap.Duration("took", time.Since(start)))
-	}
+	ms.shutdownStep(ms.m.Config().OpTimeout+time.Second, ms.m.MarkDraining,
+		"marking this box draining in the mesh", "draining: heartbeat marked, peers stop placing spaces here")
 }
 
 // leave is the last step of a real shutdown, after the drain: stop beating and delete
 // the heartbeat.
 func (ms *Mesh) leave() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ms.shutdownStep(10*time.Second, ms.m.Leave, "leaving the mesh", "left the mesh: heartbeat deleted")
+}
+
+// shutdownStep runs one membership step of a shutdown within timeout and logs how it went.
+func (ms *Mesh) shutdownStep(timeout time.Duration, step func(context.Context) error, failed, done string) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	start := time.Now()
-	if err := ms.m.Leave(ctx); err != nil {
-		ms.logger.Error("leaving the mesh", zap.Error(err))
-	} else {
-		ms.logger.Info("left the mesh: heartbeat deleted", zap.Duration("took", time.Since(start)))
+	if err := step(ctx); err != nil {
+		ms.logger.Error(failed, zap.Error(err))
+		return
 	}
+	ms.logger.Info(done, zap.Duration("took", time.Since(start)))
 }
 
 // close ends the membership and the fan-outs still running.

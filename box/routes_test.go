@@ -2,6 +2,7 @@ package box_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -18,127 +19,86 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// The doors through which hibernation of a space awake on box A is turned off: an
-// operator on A (a live route here now) and B's row pinning the space to B.
-var hibernateOff = []struct {
-	door string
-	off  func(ctx context.Context, b *box.Box, host string) error
+// changes are the route changes that take a space off box A, each through both doors:
+// turning hibernation off (an operator on A makes it a live route here; B's row pins it
+// to B) and removing the route (an operator on A; B's tombstone).
+var changes = []struct {
+	change, door string
+	do           func(ctx context.Context, b *box.Box, host string) error
+	// fails is what the error of a failed save says.
+	fails string
+	// gone: the change deletes the row, and the space's local state with it once saved.
+	gone bool
 }{
-	{"admin", func(ctx context.Context, b *box.Box, host string) error {
+	{"hibernate off", "admin", func(ctx context.Context, b *box.Box, host string) error {
 		_, err := b.SetHibernate(ctx, host, false, "127.0.0.1:9")
 		return err
-	}},
-	{"peer", func(ctx context.Context, b *box.Box, host string) error {
+	}, "sleep failed", false},
+	{"hibernate off", "peer", func(ctx context.Context, b *box.Box, host string) error {
 		_, err := b.ApplyRow(ctx, mesh.RouteRow{Host: host, Kind: "demo", LivesAt: boxtest.SelfB, Rev: boxtest.PeerRev(boxtest.SelfB)})
 		return err
-	}},
+	}, "sleep failed", false},
+	{"remove", "admin", func(ctx context.Context, b *box.Box, host string) error {
+		return b.Remove(ctx, host, false)
+	}, "saving and stopping its space failed", true},
+	{"remove", "peer", func(ctx context.Context, b *box.Box, host string) error {
+		_, err := b.ApplyTombstone(ctx, host, boxtest.PeerRev(boxtest.SelfB))
+		return err
+	}, "saving and stopping its space failed", true},
 }
 
-// TestHibernateOffSleepsTheSpace: turning hibernation off, through either door, puts the
-// space awake here to sleep before the call returns, its writes saved; a save that fails
-// is the caller's error (500), through either door, and the space's writes are kept here.
-// Before, the peer's row slept the space in the background, so the call returned with
-// the space still awake, and a failed save was only logged.
-func TestHibernateOffSleepsTheSpace(t *testing.T) {
-	for _, tc := range hibernateOff {
-		t.Run(tc.door, func(t *testing.T) {
-			b, bkt := boxtest.MeshBox(t)
-			ctx := t.Context()
-			const host = "flip.mesh.test"
-			if _, err := b.Create(ctx, registry.Spec{Host: host, Kind: "demo"}); err != nil {
+// TestChangesSettleTheSpace: a change that takes a space off this box does the same
+// through either door: the space awake here is saved and stopped (and, the route removed,
+// its local state dropped) before the call returns; a save that fails is the caller's
+// error (500), the change stored and the space's writes kept here. Before, a peer's row
+// slept the space in the background, so the call returned with the space still awake,
+// and a peer's tombstone whose save failed was logged and answered as done.
+func TestChangesSettleTheSpace(t *testing.T) {
+	for _, tc := range changes {
+		t.Run(tc.change+" via "+tc.door, func(t *testing.T) {
+			const host = "c.mesh.test"
+			b, bkt := boxtest.MeshSpace(t, host)
+			if err := tc.do(t.Context(), b, host); err != nil {
 				t.Fatal(err)
 			}
-			boxtest.Wake(t, b, host)
-			if err := tc.off(ctx, b, host); err != nil {
-				t.Fatalf("turning hibernation off: %v", err)
-			}
-			if boxtest.Awake(b, host) || !boxtest.Saved(t, bkt, host) {
-				t.Fatalf("after the call returned: awake %v, saved %v; want asleep and saved", boxtest.Awake(b, host), boxtest.Saved(t, bkt, host))
+			if boxtest.Awake(b, host) || !boxtest.Saved(t, bkt, host) || tc.gone && len(b.Spaces()) != 0 {
+				t.Fatalf("after the call returned: awake %v, saved %v, spaces %v", boxtest.Awake(b, host), boxtest.Saved(t, bkt, host), b.Spaces())
 			}
 		})
-		t.Run(tc.door+" failed save", func(t *testing.T) {
-			b, bkt := boxtest.MeshBox(t)
-			ctx := t.Context()
-			const host = "flipfail.mesh.test"
-			if _, err := b.Create(ctx, registry.Spec{Host: host, Kind: "demo"}); err != nil {
-				t.Fatal(err)
-			}
-			boxtest.Wake(t, b, host)
+		t.Run(tc.change+" via "+tc.door+", failed save", func(t *testing.T) {
+			const host = "f.mesh.test"
+			b, bkt := boxtest.MeshSpace(t, host)
 			boxtest.FailSaves(bkt, host)
-			err := tc.off(ctx, b, host)
-			if err == nil || box.StatusOf(err) != http.StatusInternalServerError || !strings.Contains(err.Error(), "sleep failed") {
-				t.Fatalf("turning hibernation off with the bucket cut off: %v (status %d), want a 500 saying the sleep failed", err, box.StatusOf(err))
+			err := tc.do(t.Context(), b, host)
+			if box.StatusOf(err) != http.StatusInternalServerError || !strings.Contains(fmt.Sprint(err), tc.fails) {
+				t.Fatalf("with the bucket cut off: %v (status %d), want a 500 saying %q", err, box.StatusOf(err), tc.fails)
 			}
-			if rt, _ := b.Lookup(host); rt.Hibernate {
-				t.Fatalf("the row was not changed: %+v", rt.Summary())
+			if rt, ok := b.Lookup(host); ok == tc.gone || ok && rt.Hibernate {
+				t.Fatalf("the change was not stored: row %v", rt)
+			}
+			if len(b.Spaces()) != 1 {
+				t.Fatalf("after a failed save: spaces %v, want the local state kept", b.Spaces())
 			}
 		})
 	}
 }
 
-// The doors through which a route on box A is removed: an operator on A and B's
-// tombstone.
-var remove = []struct {
-	door   string
-	remove func(ctx context.Context, b *box.Box, host string) error
-}{
-	{"admin", func(ctx context.Context, b *box.Box, host string) error { return b.Remove(ctx, host, false) }},
-	{"peer", func(ctx context.Context, b *box.Box, host string) error {
-		_, err := b.ApplyTombstone(ctx, host, boxtest.PeerRev(boxtest.SelfB))
-		return err
-	}},
-}
-
-// TestRemoveSavesTheSpace: removing a route, through either door, saves its awake space
-// before the call returns; a save that fails is the caller's error (500) through either
-// door, the row is gone and the space's local state kept. A peer's tombstone whose save
-// failed settles when it is sent again (the sender's retry), though the row is gone by
-// then. Before, a failed save on a peer's tombstone was logged and answered 200.
-func TestRemoveSavesTheSpace(t *testing.T) {
-	for _, tc := range remove {
-		t.Run(tc.door, func(t *testing.T) {
-			b, bkt := boxtest.MeshBox(t)
-			ctx := t.Context()
-			const host = "rm.mesh.test"
-			if _, err := b.Create(ctx, registry.Spec{Host: host, Kind: "demo"}); err != nil {
-				t.Fatal(err)
-			}
-			boxtest.Wake(t, b, host)
-			if err := tc.remove(ctx, b, host); err != nil {
-				t.Fatalf("removing: %v", err)
-			}
-			if _, ok := b.Lookup(host); ok || len(b.Spaces()) != 0 || !boxtest.Saved(t, bkt, host) {
-				t.Fatalf("after the call returned: row kept %v, spaces %v, saved %v; want no row, no space, saved", ok, b.Spaces(), boxtest.Saved(t, bkt, host))
-			}
-		})
-		t.Run(tc.door+" failed save", func(t *testing.T) {
-			b, bkt := boxtest.MeshBox(t)
-			ctx := t.Context()
-			const host = "rmfail.mesh.test"
-			if _, err := b.Create(ctx, registry.Spec{Host: host, Kind: "demo"}); err != nil {
-				t.Fatal(err)
-			}
-			boxtest.Wake(t, b, host)
-			boxtest.FailSaves(bkt, host)
-			rev := boxtest.PeerRev(boxtest.SelfB)
-			err := tc.remove(ctx, b, host)
-			if err == nil || box.StatusOf(err) != http.StatusInternalServerError || !strings.Contains(err.Error(), "saving and stopping its space failed") {
-				t.Fatalf("removing with the bucket cut off: %v (status %d), want a 500 saying the save failed", err, box.StatusOf(err))
-			}
-			if _, ok := b.Lookup(host); ok || len(b.Spaces()) != 1 {
-				t.Fatalf("after a failed save: row kept %v, spaces %v; want the row gone and the local state kept", ok, b.Spaces())
-			}
-			if tc.door != "peer" {
-				return
-			}
-			bkt.SetFail(nil)
-			if _, err := b.ApplyTombstone(ctx, host, rev); err != nil {
-				t.Fatalf("the tombstone sent again: %v", err)
-			}
-			if len(b.Spaces()) != 0 || !boxtest.Saved(t, bkt, host) {
-				t.Fatalf("after the tombstone was sent again: spaces %v, saved %v; want it saved and dropped", b.Spaces(), boxtest.Saved(t, bkt, host))
-			}
-		})
+// TestTombstoneSentAgainSettles: a peer's tombstone whose save failed settles when the
+// sender tries it again, though the row is gone here by then (the tombstone is stale).
+func TestTombstoneSentAgainSettles(t *testing.T) {
+	const host = "again.mesh.test"
+	b, bkt := boxtest.MeshSpace(t, host)
+	boxtest.FailSaves(bkt, host)
+	rev := boxtest.PeerRev(boxtest.SelfB)
+	if _, err := b.ApplyTombstone(t.Context(), host, rev); err == nil {
+		t.Fatal("a tombstone whose save failed was answered as done")
+	}
+	bkt.SetFail(nil)
+	if res, err := b.ApplyTombstone(t.Context(), host, rev); err != nil || !res.Stale {
+		t.Fatalf("the tombstone sent again: %+v %v, want stale and no error", res, err)
+	}
+	if len(b.Spaces()) != 0 || !boxtest.Saved(t, bkt, host) {
+		t.Fatalf("after the tombstone was sent again: spaces %v, saved %v; want it saved and dropped", b.Spaces(), boxtest.Saved(t, bkt, host))
 	}
 }
 

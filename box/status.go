@@ -16,24 +16,12 @@ import (
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
-// SpaceStatus is one space as GET /lchat/status shows it.
-type SpaceStatus struct {
-	Host          string     `json:"host"`
-	Kind          string     `json:"kind"`
-	State         string     `json:"state"`
-	Since         time.Time  `json:"since"`
-	PID           int        `json:"pid,omitempty"`
-	LastSync      *time.Time `json:"last_sync,omitempty"`
-	LastSyncError string     `json:"last_sync_error,omitempty"`
-	LastCrash     string     `json:"last_crash,omitempty"`
-}
-
 // Status is this box's status (GET /lchat/status).
 type Status struct {
-	Routes   int               `json:"routes"`
-	Spaces   []SpaceStatus     `json:"spaces"`
-	Counters map[string]uint64 `json:"counters"`
-	Mesh     *MeshStatus       `json:"mesh,omitempty"`
+	Routes   int                  `json:"routes"`
+	Spaces   []engine.SpaceStatus `json:"spaces"`
+	Counters map[string]uint64    `json:"counters"`
+	Mesh     *MeshStatus          `json:"mesh,omitempty"`
 }
 
 // Status reads this box's routes, spaces and counters, and its mesh status.
@@ -47,20 +35,7 @@ func (b *Box) Status() Status {
 }
 
 // Spaces is every space the engine knows, by host.
-func (b *Box) Spaces() []SpaceStatus {
-	st := b.eng.Status()
-	out := make([]SpaceStatus, 0, len(st))
-	for _, s := range st {
-		ss := SpaceStatus{Host: s.Host, Kind: s.Kind, State: s.State, Since: s.Since, PID: s.PID,
-			LastSyncError: s.LastSyncError, LastCrash: s.LastCrash}
-		if !s.LastSync.IsZero() {
-			t := s.LastSync
-			ss.LastSync = &t
-		}
-		out = append(out, ss)
-	}
-	return out
-}
+func (b *Box) Spaces() []engine.SpaceStatus { return b.eng.Status() }
 
 // EngineCounters is the engine's counters by name, the names of their JSON form
 // (lease_conflicts, oom_kills, ...): one flattening for the status documents, the fleet

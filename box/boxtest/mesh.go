@@ -12,6 +12,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/space"
 )
 
@@ -48,6 +49,17 @@ func MeshBox(t testing.TB) (*box.Box, *membucket.Counting) {
 	b := Open(t, Options{Bucket: bkt,
 		Mesh:     mesh.Config{Self: SelfA, Domains: []string{Domain}, Token: Token},
 		Settings: box.Settings{Kinds: InstanceKinds(t)}})
+	return b, bkt
+}
+
+// MeshSpace is MeshBox with host's space created and awake on A, a note written (Wake).
+func MeshSpace(t testing.TB, host string) (*box.Box, *membucket.Counting) {
+	t.Helper()
+	b, bkt := MeshBox(t)
+	if _, err := b.Create(context.Background(), registry.Spec{Host: host, Kind: "demo"}); err != nil {
+		t.Fatal(err)
+	}
+	Wake(t, b, host)
 	return b, bkt
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -58,17 +59,11 @@ func (a *meshAdmin) box() (*box.Box, error) {
 	return a.app.box, nil
 }
 
-// FleetMember is one box in GET /lchat/fleet.
+// FleetMember is one box in GET /lchat/fleet: the fleet's box (box.Box.Fleet), its
+// heartbeat age said as a duration ("1.5s").
 type FleetMember struct {
-	Self         string            `json:"self"`
-	Region       string            `json:"region,omitempty"`
-	HeartbeatAge string            `json:"heartbeat_age"`
-	Version      string            `json:"version,omitempty"`
-	Fenced       bool              `json:"fenced"`
-	Draining     bool              `json:"draining,omitempty"`
-	Awake        []string          `json:"awake"`
-	Counters     map[string]uint64 `json:"counters,omitempty"`
-	Error        string            `json:"error,omitempty"`
+	fleetview.Box
+	HeartbeatAge string `json:"heartbeat_age"`
 }
 
 // Fleet is GET /lchat/fleet.
@@ -88,8 +83,7 @@ func (a *meshAdmin) fleet(w http.ResponseWriter, r *http.Request) error {
 	f := b.Fleet(r.Context())
 	out := Fleet{Self: f.Self, Members: make([]FleetMember, len(f.Boxes))}
 	for i, m := range f.Boxes {
-		out.Members[i] = FleetMember{Self: m.Self, Region: m.Region, HeartbeatAge: m.HeartbeatAge.Round(time.Millisecond).String(),
-			Version: m.Version, Fenced: m.Fenced, Draining: m.Draining, Awake: m.Awake, Counters: m.Counters, Error: m.Error}
+		out.Members[i] = FleetMember{Box: m, HeartbeatAge: m.HeartbeatAge.Round(time.Millisecond).String()}
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
