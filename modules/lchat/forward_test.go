@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -62,7 +63,7 @@ func testForwardToClosingPeer(t *testing.T, scheme string) {
 	if h.meshProxy, err = newForwardProxy(cctx, ms, -1); err != nil {
 		t.Fatal(err)
 	}
-	forward := func(method string, body string) (*httptest.ResponseRecorder, forwardResult, error) {
+	forward := func(method string, body string) (*httptest.ResponseRecorder, box.Forwarded, error) {
 		var rd io.Reader
 		if body != "" {
 			rd = strings.NewReader(body)
@@ -71,13 +72,13 @@ func testForwardToClosingPeer(t *testing.T, scheme string) {
 		w := httptest.NewRecorder()
 		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
 		ms.Box().Holders.Put(host, peer)
-		res, err := h.forward(w, req, mesh.Decision{Action: mesh.Forward, Peer: peer, Fallback: true},
-			caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+		p := &proxying{h: h, w: w, r: req, host: host, next: caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })}
+		res, err := p.Forward(mesh.Decision{Action: mesh.Forward, Peer: peer, Fallback: true})
 		return w, res, err
 	}
 	for _, method := range []string{"GET", "HEAD"} {
 		w, res, err := forward(method, "")
-		if res != notSent || err == nil {
+		if res != box.NotSent || err == nil {
 			t.Fatalf("%s to a closing peer: result %v err %v, want it not sent (served here, or tried again)", method, res, err)
 		}
 		if w.Code != 200 || w.Body.Len() != 0 || len(w.Header()) != 0 {
@@ -89,14 +90,14 @@ func testForwardToClosingPeer(t *testing.T, scheme string) {
 	}
 	if scheme == "https" {
 		w, res, err := forward("POST", `{"text":"hi"}`)
-		if res != notSent || w.Code != 200 || w.Body.Len() != 0 {
+		if res != box.NotSent || w.Code != 200 || w.Body.Len() != 0 {
 			t.Fatalf("POST to a peer closing in the TLS handshake: result %v err %v, want it not sent", res, err)
 		}
 		return
 	}
 	w, res, err := forward("POST", `{"text":"hi"}`)
 	var he caddyhttp.HandlerError
-	if res != answered || !asHandlerError(err, &he) || he.StatusCode != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "7" {
+	if res != box.Answered || !asHandlerError(err, &he) || he.StatusCode != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "7" {
 		t.Fatalf("POST to a closing peer: result %v err %v Retry-After %q, want a 503 with Retry-After", res, err, w.Header().Get("Retry-After"))
 	}
 }
