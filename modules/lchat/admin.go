@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/lchat/lchat-caddy/adminapi"
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -101,13 +102,6 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	return apiErr(http.StatusMethodNotAllowed, "method not allowed: %s %s", r.Method, r.URL.Path)
 }
 
-// routesPage is the GET /lchat/routes response.
-type routesPage struct {
-	Routes []registry.Summary `json:"routes"`
-	// Next is the `after` of the next page; empty on the last page.
-	Next string `json:"next,omitempty"`
-}
-
 func (a *adminAPI) listRoutes(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	limit, err := registry.ParsePageLimit(q.Get("limit"))
@@ -118,26 +112,11 @@ func (a *adminAPI) listRoutes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return apiErr(http.StatusInternalServerError, "%v", err)
 	}
-	page := routesPage{Routes: make([]registry.Summary, 0, len(rts)), Next: next}
+	page := adminapi.RoutesPage{Routes: make([]registry.Summary, 0, len(rts)), Next: next}
 	for i := range rts {
 		page.Routes = append(page.Routes, rts[i].Summary())
 	}
 	return writeJSON(w, http.StatusOK, page)
-}
-
-// createRequest is the POST /lchat/routes body.
-type createRequest struct {
-	Host       string            `json:"host"`
-	Kind       string            `json:"kind,omitempty"`
-	Version    string            `json:"version,omitempty"`
-	Hibernate  *bool             `json:"hibernate,omitempty"`
-	HomeRegion string            `json:"home_region,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	Upstream   string            `json:"upstream,omitempty"`
-	// Mint names the host from the next id instead: <base36(id)>.<first wildcard
-	// domain>, the id drawn from LCHAT_CLOUD_ID_LEDGER's ledger (a local counter
-	// without it). Host must then be empty.
-	Mint bool `json:"mint,omitempty"`
 }
 
 func decodeStrict(r *http.Request, v any) error {
@@ -166,7 +145,7 @@ func decodeStrict(r *http.Request, v any) error {
 }
 
 func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
-	var req createRequest
+	var req adminapi.CreateRequest
 	if err := decodeStrict(r, &req); err != nil {
 		return err
 	}
@@ -195,15 +174,8 @@ func (a *adminAPI) deleteRoute(w http.ResponseWriter, r *http.Request, host stri
 	return writeJSON(w, http.StatusOK, map[string]string{"removed": host})
 }
 
-// hibernateRequest is the POST /lchat/routes/{host}/hibernate body.
-type hibernateRequest struct {
-	Hibernate *bool `json:"hibernate"`
-	// Upstream is the live upstream when turning hibernation off.
-	Upstream string `json:"upstream,omitempty"`
-}
-
 func (a *adminAPI) setHibernate(w http.ResponseWriter, r *http.Request, host string) error {
-	var req hibernateRequest
+	var req adminapi.HibernateRequest
 	if err := decodeStrict(r, &req); err != nil {
 		return err
 	}

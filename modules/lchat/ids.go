@@ -4,70 +4,16 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
-	caddycmd "github.com/caddyserver/caddy/v2/cmd"
-	"github.com/spf13/cobra"
 
+	"github.com/lchat/lchat-caddy/adminapi"
 	"github.com/lchat/lchat-caddy/ledger"
 )
 
 func init() {
 	caddy.RegisterModule(idsAdmin{})
-	caddycmd.RegisterCommand(caddycmd.Command{
-		Name:  "next-id",
-		Usage: "[--address <admin>]",
-		Short: "Allocates the next id from the shared id ledger",
-		Long: `
-Prints the next id of the namespace in the running server's LCHAT_CLOUD_ID_LEDGER,
-drawn from ledger/<namespace> in its bucket: unique across every box on that bucket,
-never reused. Fails when the server runs without LCHAT_CLOUD_ID_LEDGER.
-`,
-		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.NoArgs
-			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdNextID)
-		},
-	})
-	caddycmd.RegisterCommand(caddycmd.Command{
-		Name:  "seed-ids",
-		Usage: "<min> [--address <admin>]",
-		Short: "Makes every later id of the shared id ledger at least <min>",
-		Long: `
-Seeds the running server's id ledger (LCHAT_CLOUD_ID_LEDGER) so every id handed out
-afterwards is at least <min>: run it with one above the highest id minted before the
-ledger was switched on. It refuses to lower the counter and then changes nothing.
-`,
-		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
-			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdSeedIDs)
-		},
-	})
-}
-
-func cmdNextID(fs caddycmd.Flags) (int, error) {
-	var res IDResult
-	if err := adminCall(fs, http.MethodPost, "/lchat/ids", nil, &res); err != nil {
-		return cliErr(err)
-	}
-	fmt.Println(res.ID)
-	return caddy.ExitCodeSuccess, nil
-}
-
-func cmdSeedIDs(fs caddycmd.Flags) (int, error) {
-	min, err := strconv.ParseUint(fs.Arg(0), 10, 64)
-	if err != nil || min == 0 {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("<min> must be a positive integer, got %q", fs.Arg(0))
-	}
-	var res SeedIDsResult
-	if err := adminCall(fs, http.MethodPost, "/lchat/ids/seed", seedIDsRequest{Min: min}, &res); err != nil {
-		return cliErr(err)
-	}
-	fmt.Printf("id ledger %s: the next id is %d\n", res.Namespace, res.Next)
-	return caddy.ExitCodeSuccess, nil
 }
 
 // envIDLedger names the id-ledger namespace. Set, every box on the bucket draws ids
@@ -113,25 +59,6 @@ func (a *idsAdmin) Routes() []caddy.AdminRoute {
 	}
 }
 
-// IDResult is the answer of POST /lchat/ids.
-type IDResult struct {
-	Namespace string `json:"namespace"`
-	ID        uint64 `json:"id"`
-}
-
-// seedIDsRequest is the POST /lchat/ids/seed body: every id handed out afterwards is
-// at least Min.
-type seedIDsRequest struct {
-	Min uint64 `json:"min"`
-}
-
-// SeedIDsResult is the answer of POST /lchat/ids/seed.
-type SeedIDsResult struct {
-	Namespace string `json:"namespace"`
-	// Next is the lowest id the ledger may hand out now.
-	Next uint64 `json:"next"`
-}
-
 func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 	if a.namespace == "" {
 		return apiErr(http.StatusNotFound, "the id ledger is off on this box (%s is not set)", envIDLedger)
@@ -148,9 +75,9 @@ func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return boxErr(err)
 		}
-		return writeJSON(w, http.StatusOK, IDResult{Namespace: a.namespace, ID: id})
+		return writeJSON(w, http.StatusOK, adminapi.IDResult{Namespace: a.namespace, ID: id})
 	case "/lchat/ids/seed":
-		var req seedIDsRequest
+		var req adminapi.SeedIDsRequest
 		if err := decodeStrict(r, &req); err != nil {
 			return err
 		}
@@ -158,7 +85,7 @@ func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return boxErr(err)
 		}
-		return writeJSON(w, http.StatusOK, SeedIDsResult{Namespace: a.namespace, Next: next})
+		return writeJSON(w, http.StatusOK, adminapi.SeedIDsResult{Namespace: a.namespace, Next: next})
 	}
 	return apiErr(http.StatusNotFound, "resource not found: %s %s", r.Method, r.URL.Path)
 }

@@ -8,8 +8,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/lchat/lchat-caddy/adminapi"
 	"github.com/lchat/lchat-caddy/box"
-	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -59,19 +59,6 @@ func (a *meshAdmin) box() (*box.Box, error) {
 	return a.app.box, nil
 }
 
-// FleetMember is one box in GET /lchat/fleet: the fleet's box (box.Box.Fleet), its
-// heartbeat age said as a duration ("1.5s").
-type FleetMember struct {
-	fleetview.Box
-	HeartbeatAge string `json:"heartbeat_age"`
-}
-
-// Fleet is GET /lchat/fleet.
-type Fleet struct {
-	Self    string        `json:"self"`
-	Members []FleetMember `json:"members"`
-}
-
 func (a *meshAdmin) fleet(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return apiErr(http.StatusMethodNotAllowed, "method not allowed")
@@ -81,9 +68,9 @@ func (a *meshAdmin) fleet(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	f := b.Fleet(r.Context())
-	out := Fleet{Self: f.Self, Members: make([]FleetMember, len(f.Boxes))}
+	out := adminapi.Fleet{Self: f.Self, Members: make([]adminapi.FleetMember, len(f.Boxes))}
 	for i, m := range f.Boxes {
-		out.Members[i] = FleetMember{Box: m, HeartbeatAge: m.HeartbeatAge.Round(time.Millisecond).String()}
+		out.Members[i] = adminapi.FleetMember{Box: m, HeartbeatAge: m.HeartbeatAge.Round(time.Millisecond).String()}
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
@@ -103,22 +90,8 @@ func (a *meshAdmin) serveMesh(w http.ResponseWriter, r *http.Request) error {
 	return apiErr(http.StatusNotFound, "resource not found: %s %s", r.Method, r.URL.Path)
 }
 
-// seedRequest is the POST /lchat/mesh/seed body.
-type seedRequest struct {
-	Peer   string `json:"peer"`
-	Region string `json:"region,omitempty"`
-	Prune  bool   `json:"prune,omitempty"`
-	// Domains override this box's mesh domains as the seed's scope (from --env-file).
-	Domains []string `json:"domains,omitempty"`
-	// Token overrides this box's mesh token for the peer (from --env-file). Never echoed.
-	Token string `json:"token,omitempty"`
-}
-
-// SeedEvent is one line of mesh-seed progress.
-type SeedEvent = mesh.SeedEvent
-
 func (a *meshAdmin) seed(w http.ResponseWriter, r *http.Request, b *box.Box) error {
-	var req seedRequest
+	var req adminapi.SeedRequest
 	if err := decodeStrict(r, &req); err != nil {
 		return err
 	}
@@ -131,7 +104,7 @@ func (a *meshAdmin) seed(w http.ResponseWriter, r *http.Request, b *box.Box) err
 	w.WriteHeader(http.StatusOK)
 	enc := json.NewEncoder(w)
 	flusher, _ := w.(http.Flusher)
-	plan.Run(r.Context(), func(ev SeedEvent) {
+	plan.Run(r.Context(), func(ev adminapi.SeedEvent) {
 		enc.Encode(ev)
 		if flusher != nil {
 			flusher.Flush()
@@ -140,18 +113,9 @@ func (a *meshAdmin) seed(w http.ResponseWriter, r *http.Request, b *box.Box) err
 	return nil
 }
 
-// relocateRequest is the POST /lchat/mesh/relocate/{host} body.
-type relocateRequest struct {
-	To      string `json:"to"`
-	MoveDNS bool   `json:"move_dns,omitempty"`
-}
-
-// RelocateResult is the answer of a relocation.
-type RelocateResult = mesh.RelocateResult
-
 // relocate moves a hibernating space to another region (box.Box.Relocate).
 func (a *meshAdmin) relocate(w http.ResponseWriter, r *http.Request, b *box.Box, host string) error {
-	var req relocateRequest
+	var req adminapi.RelocateRequest
 	if err := decodeStrict(r, &req); err != nil {
 		return err
 	}
