@@ -17,7 +17,7 @@ import (
 func (b *Box) Relocate(ctx context.Context, req mesh.RelocateRequest) (mesh.RelocateResult, error) {
 	ms := b.mesh
 	if ms == nil {
-		return mesh.RelocateResult{}, &Error{Status: http.StatusConflict, Err: errMeshOff.Err}
+		return mesh.RelocateResult{}, &Error{Status: http.StatusConflict, Err: ErrMeshOff}
 	}
 	s := b.settings.Load()
 	r := &mesh.Relocator{

@@ -147,11 +147,9 @@ type Applied struct {
 	Existed bool
 }
 
-// errMeshOff refuses a mesh operation on a box without the mesh.
-var errMeshOff = &Error{Status: http.StatusNotFound, Err: errors.New("the mesh is off on this box (LCHAT_MESH_SELF is not set)")}
-
-// ErrMeshOff is the error of a mesh operation on a box without LCHAT_MESH_SELF.
-var ErrMeshOff error = errMeshOff
+// ErrMeshOff refuses a mesh operation on a box without LCHAT_MESH_SELF: the peer API is
+// not there (404); an operator's mesh action conflicts with the box's config (409).
+var ErrMeshOff = errors.New("the mesh is off on this box (LCHAT_MESH_SELF is not set)")
 
 // ApplyRow stores a row a peer replicated, if this box accepts it (mesh.Box.AcceptRow)
 // and it is newer than what is held (registry.ApplyReplicated), then settles the space
@@ -161,7 +159,7 @@ var ErrMeshOff error = errMeshOff
 func (b *Box) ApplyRow(ctx context.Context, row mesh.RouteRow) (Applied, error) {
 	ms := b.mesh
 	if ms == nil {
-		return Applied{}, errMeshOff
+		return Applied{}, &Error{Status: http.StatusNotFound, Err: ErrMeshOff}
 	}
 	prev, _ := b.reg.Lookup(row.Host)
 	rt, err := ms.box.AcceptRow(row, prev, b.checkRoute)
@@ -203,7 +201,7 @@ func (b *Box) ApplyRow(ctx context.Context, row mesh.RouteRow) (Applied, error) 
 func (b *Box) ApplyTombstone(ctx context.Context, host, rev string) (Applied, error) {
 	ms := b.mesh
 	if ms == nil {
-		return Applied{}, errMeshOff
+		return Applied{}, &Error{Status: http.StatusNotFound, Err: ErrMeshOff}
 	}
 	prev, _ := b.reg.Lookup(host)
 	if err := ms.box.AcceptTombstone(host, prev); err != nil {

@@ -38,7 +38,7 @@ type Seed struct {
 func (b *Box) PlanSeed(ctx context.Context, req SeedRequest) (*Seed, error) {
 	ms := b.mesh
 	if ms == nil {
-		return nil, &Error{Status: http.StatusConflict, Err: errMeshOff.Err}
+		return nil, &Error{Status: http.StatusConflict, Err: ErrMeshOff}
 	}
 	peer, err := mesh.ParseSelf(req.Peer)
 	if err != nil {
