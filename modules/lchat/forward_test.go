@@ -11,7 +11,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/mesh"
@@ -59,7 +58,7 @@ func testForwardToClosingPeer(t *testing.T, scheme string) {
 	peer := scheme + "://" + ln.Addr().String()
 	app, cctx := testMesh(t)
 	ms := app.box.Mesh()
-	h := &Handler{RetryAfter: caddy.Duration(7e9), app: app, logger: zap.NewNop()}
+	h := &Handler{RetryAfter: caddy.Duration(7e9), app: app}
 	if h.meshProxy, err = newForwardProxy(cctx, ms, -1); err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/engine"
@@ -46,7 +45,6 @@ type Handler struct {
 	app       *App
 	proxy     *reverseproxy.Handler
 	meshProxy *reverseproxy.Handler // forwards to peers; nil without the mesh
-	logger    *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -59,7 +57,6 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 
 // Provision finds the lchat app and sets up the embedded reverse proxy.
 func (h *Handler) Provision(ctx caddy.Context) error {
-	h.logger = ctx.Logger()
 	appIface, err := ctx.App("lchat")
 	if err != nil {
 		return fmt.Errorf("getting lchat app: %v", err)

@@ -11,7 +11,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/box/boxtest"
@@ -50,7 +49,6 @@ func BenchmarkProxy(b *testing.B) {
 	defer cancel()
 
 	lc := &Handler{RetryAfter: caddy.Duration(5 * time.Second), app: app}
-	lc.logger = zap.NewNop()
 	if err := lc.provisionProxy(cctx, caddy.Duration(-1)); err != nil {
 		b.Fatal(err)
 	}

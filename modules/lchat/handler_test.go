@@ -8,7 +8,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/box/boxtest"
@@ -24,7 +23,7 @@ func TestKindRemovedIs503WithRetryAfter(t *testing.T) {
 	if _, err := app.box.Registry().Put(registry.Route{Host: host, Kind: "demo", Hibernate: true}); err != nil {
 		t.Fatal(err)
 	}
-	h := &Handler{RetryAfter: caddy.Duration(7e9), app: app, logger: zap.NewNop()}
+	h := &Handler{RetryAfter: caddy.Duration(7e9), app: app}
 	w := httptest.NewRecorder()
 	req := caddyhttp.PrepareRequest(httptest.NewRequest("GET", "http://"+host+"/", nil), caddy.NewReplacer(), w, &caddyhttp.Server{})
 	err := h.ServeHTTP(w, req, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))

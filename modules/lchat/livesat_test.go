@@ -11,7 +11,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box/boxtest"
 	"github.com/lchat/lchat-caddy/mesh"
@@ -61,7 +60,7 @@ func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
 		return w
 	}
 
-	withMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: app, logger: zap.NewNop()}
+	withMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: app}
 	var err error
 	if withMesh.meshProxy, err = newForwardProxy(cctx, ms, -1); err != nil {
 		t.Fatal(err)
@@ -80,7 +79,7 @@ func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
 		t.Fatalf("counters: lives_at_loops %d forwards %d", ms.C.LivesAtLoops.Load(), ms.C.Forwards.Load())
 	}
 
-	noMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: testApp(t, boxtest.Options{}), logger: zap.NewNop()}
+	noMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: testApp(t, boxtest.Options{})}
 	if _, err := noMesh.app.box.Registry().Put(row); err != nil {
 		t.Fatal(err)
 	}

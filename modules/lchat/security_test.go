@@ -12,7 +12,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box/boxtest"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
@@ -287,7 +286,7 @@ func TestForwardedMarkerFromOutside(t *testing.T) {
 		t.Fatal(err)
 	}
 	ms := app.box.Mesh()
-	h := &Handler{RetryAfter: caddy.Duration(time.Second), app: app, logger: zap.NewNop()}
+	h := &Handler{RetryAfter: caddy.Duration(time.Second), app: app}
 	var err error
 	if h.meshProxy, err = newForwardProxy(cctx, ms, -1); err != nil {
 		t.Fatal(err)
