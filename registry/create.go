@@ -68,13 +68,6 @@ func SetHibernate(cur Route, on bool, upstream string) Route {
 	return next
 }
 
-// StopsHibernating reports whether a change from before to after takes the route's
-// space off this box: it hibernated and is now a live route, so its space is
-// checkpointed and put to sleep.
-func StopsHibernating(before, after Route) bool {
-	return before.Hibernate && !after.Hibernate
-}
-
 // Page sizes of a route listing (GET /lchat/routes?limit=).
 const (
 	DefaultPageLimit = 100

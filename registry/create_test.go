@@ -59,21 +59,20 @@ func TestSetHibernate(t *testing.T) {
 	live := Route{Host: "a.example.com", Upstream: "127.0.0.1:9"}
 	pinned := Route{Host: "a.example.com", LivesAt: "https://box2.example.net"}
 	for _, tc := range []struct {
-		name      string
-		cur       Route
-		on        bool
-		upstream  string
-		want      Route
-		stopsHere bool
+		name     string
+		cur      Route
+		on       bool
+		upstream string
+		want     Route
 	}{
 		{name: "live to space drops upstream", cur: live, on: true,
 			want: Route{Host: "a.example.com", Hibernate: true}},
 		{name: "pinned to space drops lives_at", cur: pinned, on: true,
 			want: Route{Host: "a.example.com", Hibernate: true}},
 		{name: "space to live here", cur: space, on: false, upstream: "127.0.0.1:7",
-			want: Route{Host: "a.example.com", Kind: "lchat", Upstream: "127.0.0.1:7"}, stopsHere: true},
+			want: Route{Host: "a.example.com", Kind: "lchat", Upstream: "127.0.0.1:7"}},
 		{name: "space to live keeps none", cur: space, on: false,
-			want: Route{Host: "a.example.com", Kind: "lchat"}, stopsHere: true},
+			want: Route{Host: "a.example.com", Kind: "lchat"}},
 		{name: "pinned brought here", cur: pinned, on: false, upstream: "127.0.0.1:7",
 			want: Route{Host: "a.example.com", Upstream: "127.0.0.1:7"}},
 		{name: "pinned stays pinned", cur: pinned, on: false, want: pinned},
@@ -83,9 +82,6 @@ func TestSetHibernate(t *testing.T) {
 			got := SetHibernate(tc.cur, tc.on, tc.upstream)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("SetHibernate = %+v; want %+v", got, tc.want)
-			}
-			if s := StopsHibernating(tc.cur, got); s != tc.stopsHere {
-				t.Fatalf("StopsHibernating = %v; want %v", s, tc.stopsHere)
 			}
 		})
 	}

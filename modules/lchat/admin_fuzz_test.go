@@ -39,14 +39,14 @@ func FuzzAdminCreateRoute(f *testing.F) {
 		if code != 201 {
 			return
 		}
-		rt, err := a.app.shared.reg.Get(req.Host)
+		rt, err := a.app.box.Registry().Get(req.Host)
 		if err != nil {
 			t.Fatalf("POST %q answered 201, but the route is not stored: %v", body, err)
 		}
 		if err := rt.Validate(); err != nil {
 			t.Fatalf("POST %q stored an invalid route: %v", body, err)
 		}
-		a.app.shared.reg.Delete(req.Host)
+		a.app.box.Registry().Delete(req.Host)
 	})
 }
 
@@ -64,7 +64,7 @@ func FuzzAdminHibernate(f *testing.F) {
 		if code >= 500 || code < 200 { // adminRaw's 0: a non-API error
 			t.Fatalf("hibernate %q: %d %s", body, code, resp)
 		}
-		if rt, err := a.app.shared.reg.Get("h.example.com"); err == nil {
+		if rt, err := a.app.box.Registry().Get("h.example.com"); err == nil {
 			if err := rt.Validate(); err != nil {
 				t.Fatalf("hibernate %q stored an invalid route: %v", body, err)
 			}

@@ -7,41 +7,27 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/box/boxtest"
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/bucket/filebucket"
-	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/space"
 )
 
+// testApp is an app over a test box (boxtest.Open).
+func testApp(t testing.TB, o boxtest.Options) *App {
+	t.Helper()
+	return &App{box: boxtest.Open(t, o)}
+}
+
 func newTestAdmin(t testing.TB) *adminAPI {
 	t.Helper()
-	reg, err := registry.Open(filepath.Join(t.TempDir(), "reg.db"), registry.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reg.Close() })
-	b, err := filebucket.New(filepath.Join(t.TempDir(), "bucket"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := map[string]engine.Kind{"demo": {Name: "demo", Command: "/bin/true"}}
-	eng, err := engine.New(engine.Config{Bucket: b, StateDir: t.TempDir(), Holder: "box", Incarnation: "1", Kinds: kinds})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(eng.Close)
-	app := &App{shared: &shared{reg: reg, eng: eng, bucket: b}, kinds: kinds}
-	return &adminAPI{app: app, logger: zap.NewNop()}
+	return &adminAPI{app: testApp(t, boxtest.Options{})}
 }
 
 // adminDo serves one admin request and returns its status and body (an error's message).
@@ -94,7 +80,7 @@ func TestCreateRouteConcurrent(t *testing.T) {
 	if created != 1 || conflict != n-1 {
 		t.Fatalf("%d x 201 and %d x 409 of %d concurrent creates, want exactly one 201", created, conflict, n)
 	}
-	if rt, _ := a.app.shared.reg.Lookup("dup.example.com"); rt.Version != strings.Repeat("v", winner+1) {
+	if rt, _ := a.app.box.Registry().Lookup("dup.example.com"); rt.Version != strings.Repeat("v", winner+1) {
 		t.Fatalf("stored version %q is not the 201's", rt.Version)
 	}
 }
@@ -109,7 +95,7 @@ func TestCreateRouteHomeRegion(t *testing.T) {
 			t.Errorf("home_region %q: %d %q, want 400 naming home_region", bad, code, msg)
 		}
 	}
-	if n := a.app.shared.reg.Len(); n != 0 {
+	if n := a.app.box.Registry().Len(); n != 0 {
 		t.Fatalf("%d routes stored by refused creates", n)
 	}
 	if code, msg := adminDo(a, "POST", "/lchat/routes", map[string]any{"host": "r.example.com", "kind": "demo", "home_region": "eu-west-1"}); code != http.StatusCreated {
@@ -122,7 +108,7 @@ func TestCreateRouteHomeRegion(t *testing.T) {
 // keeps scanning a wake for a host that no longer exists.
 func TestDeleteRouteDeletesWakeRecord(t *testing.T) {
 	a := newTestAdmin(t)
-	b := a.app.shared.bucket
+	b := a.app.box.Bucket()
 	for _, body := range []map[string]any{
 		{"host": "space.example.com", "kind": "demo"},
 		{"host": "live.example.com", "upstream": "127.0.0.1:9"},

@@ -1,31 +1,28 @@
-// Package lchat is the Caddy glue of lchat-caddy on one box: the `lchat` app (registry,
-// bucket, hibernation engine), the `http.handlers.lchat` handler, the `admin.api.lchat`
-// endpoints and the CLI subcommands that call them.
+// Package lchat is the Caddy glue of lchat-caddy on one box: the `lchat` app (its config,
+// provisioning a box.Box), the `http.handlers.lchat` handler, the peer API, the
+// `admin.api.lchat*` endpoints and the CLI subcommands that call them. Every endpoint
+// decodes its request, calls the box, and encodes the answer; what a change does is the
+// box's (package box).
 package lchat
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddytls"
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/bucket/check"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/ledger"
+	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -34,11 +31,11 @@ func init() {
 	caddy.RegisterModule(App{})
 }
 
-// App is the `lchat` app: the routes of this box, the bucket their state lives in, and
-// the hibernation engine that wakes and sleeps them. The registry and the engine
-// outlive config reloads (they are held in a usage pool keyed by the registry path),
-// so a reload keeps every awake instance and its lease; only the last config letting
-// go of them (process exit, or a config without this app) drains the spaces.
+// App is the `lchat` app: the config of the box (box.Box: the routes of this box, the
+// bucket their state lives in, the hibernation engine that wakes and sleeps them, the
+// mesh). The box outlives config reloads (it is held in a usage pool keyed by the
+// registry path), so a reload keeps every awake instance and its lease; only the last
+// config letting go of it (process exit, or a config without this app) drains the spaces.
 type App struct {
 	// BucketRaw is the object store for space state. Default: a file bucket in
 	// Caddy's data directory (`lchat/bucket`).
@@ -91,16 +88,17 @@ type App struct {
 	// challenge. Default: {env.LCHAT_WILDCARD_DOMAINS}, and none when that is empty.
 	WildcardDomains []string `json:"wildcard_domains,omitempty"`
 
-	tlsApp  *caddytls.TLS // set when there are wildcard domains
-	reloc   relocator     // mesh.relocate_dns and mesh.region_buckets (relocate.go)
-	meshCfg mesh.Config
-	kinds   map[string]engine.Kind
-	poolKey string
-	shared  *shared
-	logger  *zap.Logger
-	// prevKinds are the kinds the engine ran before this config's Start applied its
-	// own; Stop puts them back if this config's start is unwound.
-	prevKinds map[string]engine.Kind
+	tlsApp   *caddytls.TLS // set when there are wildcard domains
+	reloc    relocator     // mesh.relocate_dns and mesh.region_buckets (relocate.go)
+	meshCfg  mesh.Config
+	kinds    map[string]engine.Kind
+	poolKey  string
+	box      *box.Box
+	settings *box.Settings // what this config gives the box from its Start on
+	logger   *zap.Logger
+	// prevCurrent is what current pointed at before this config's Start; Stop puts it
+	// back if this config's start is unwound.
+	prevCurrent *box.Box
 }
 
 // Kind configures how this box runs one kind of space. The command always comes from
@@ -193,62 +191,21 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// shared is what outlives a reload: one per registry path.
-type shared struct {
-	reg          *registry.Registry
-	eng          *engine.Engine
-	bucket       bucket.Bucket
-	logger       *zap.Logger
-	mesh         *meshState // nil without LCHAT_MESH_SELF
-	drainTimeout time.Duration
-	ids          ledger.Allocators // the id ledger's allocators (ids.go, mint.go)
-	// counted is bucket, counting its requests; requests counts the lchat handler's
-	// requests. Both only grow; the console charts their rates.
-	counted  *bucket.Counted
-	requests atomic.Uint64
-	drain    drainState // the drain, started at once on a process exit (shutdown.go)
+// pooled is what outlives a reload: the box, one per registry path. The pool destructs
+// it when the last config using the registry lets go (box.Box.Close drains it).
+type pooled struct{ *box.Box }
 
-	// kindsMu serializes applying kinds (App.Start) and unwinding them (App.Stop).
-	kindsMu sync.Mutex
-	// kindsFrom is the config whose kinds the engine runs; nil after an unwind.
-	kindsFrom *App
-}
-
-// Destruct drains every awake space (checkpoint, release the lease) and closes the
-// registry. The pool calls it when the last config using this registry lets go.
-//
-// With the mesh, the heartbeat is first rewritten as draining, not deleted: peers stop
-// placing spaces here at their next listing, yet this box stays live, so the lease of a
-// space it is still checkpointing cannot be taken over (and the takeover's writes lost to
-// this box's final checkpoint). Each lease is released as its space is drained, which
-// frees it at once; the heartbeat is deleted last. See mesh.Membership.MarkDraining.
-func (s *shared) Destruct() error {
-	start := time.Now()
-	if s.drain.stop != nil {
-		close(s.drain.stop)
-	}
-	err := s.drainSpaces() // already under way, or done, on a process exit
-	s.eng.Close()
-	if s.mesh != nil {
-		// Every drain write has returned by now: only then may peers count this box gone.
-		s.mesh.leave()
-		s.mesh.close()
-	}
-	if cerr := s.reg.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		s.logger.Error("draining spaces", zap.Error(err), zap.Duration("took", time.Since(start)))
-		return fmt.Errorf("draining spaces: %v", err)
-	}
-	s.logger.Info("drained spaces", zap.Duration("took", time.Since(start)))
-	return nil
-}
+// Destruct drains and closes the box.
+func (p pooled) Destruct() error { return p.Close() }
 
 var pool = caddy.NewUsagePool()
 
+// envCloudRegion stamps the home_region of spaces created on this box (region-scoped
+// placement: a space is placed in its region from its first wake).
+const envCloudRegion = "LCHAT_CLOUD_REGION"
+
 // Provision sets defaults, expands placeholders, loads the bucket and joins (or
-// creates) the registry and engine for the registry path.
+// opens) the box for the registry path.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
 	repl := caddy.NewReplacer()
@@ -286,8 +243,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.kinds[name] = k
 	}
 
-	if a.meshCfg, err = parseMeshEnv(); err != nil {
-		return err
+	if a.meshCfg, err = mesh.ParseEnv(os.Getenv); err != nil {
+		return fmt.Errorf("mesh configuration: %v", err)
 	}
 	// Checked now, applied in Start: a config that fails to provision must not
 	// change the kinds the running one serves with.
@@ -302,6 +259,17 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if err := a.checkConsistency(); err != nil {
 		return err
+	}
+	a.settings = &box.Settings{Kinds: a.kinds, WildcardDomains: a.WildcardDomains,
+		IDLedger: strings.TrimSpace(os.Getenv(envIDLedger)), RegionBuckets: a.reloc.buckets}
+	if d := a.reloc.dns; d != nil {
+		a.settings.RelocateDNS = mesh.RecordSetter{Zone: d.Zone, TTL: time.Duration(d.TTL), Setter: d.setter, Name: d.name}
+	}
+	if r := strings.TrimSpace(os.Getenv(envCloudRegion)); r != "" {
+		if err := registry.ValidateRegion(r); err != nil {
+			return fmt.Errorf("%s: %v", envCloudRegion, err)
+		}
+		a.settings.CloudRegion = r
 	}
 
 	var bkt bucket.Bucket
@@ -318,48 +286,26 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 
 	val, loaded, err := pool.LoadOrNew(a.Registry, func() (caddy.Destructor, error) {
-		return a.newShared(ctx, bkt, dataDir)
+		b, err := a.openBox(ctx, bkt, dataDir)
+		return pooled{b}, err
 	})
 	if err != nil {
 		return err
 	}
 	a.poolKey = a.Registry
-	a.shared = val.(*shared)
-	if loaded {
-		// The engine keeps running across the reload; Start gives it this config's
-		// kinds, so the next wake of each space uses them.
-		if bkt != nil && bkt.String() != a.shared.bucket.String() {
-			a.logger.Warn("bucket changed in config; the running engine keeps its bucket until the process restarts",
-				zap.String("running", a.shared.bucket.String()), zap.String("configured", bkt.String()))
-		}
+	a.box = val.(pooled).Box
+	if loaded && bkt != nil && bkt.String() != a.box.Bucket().String() {
+		// The engine keeps running across the reload with the bucket it was opened on.
+		a.logger.Warn("bucket changed in config; the running engine keeps its bucket until the process restarts",
+			zap.String("running", a.box.Bucket().String()), zap.String("configured", bkt.String()))
 	}
 	registerMetrics(ctx, a)
 	registerMeshMetrics(ctx, a)
 	return nil
 }
 
-// checkBucketAtStart races a few conditional writes on the bucket before the box serves
-// (bucket/check.AtStart) and refuses to start on a store that lets two writers win: every
-// lease, manifest swap and id block relies on those conditions. A check that cannot run
-// (the store unreachable at start) is logged, not fatal: leases fail closed meanwhile.
-func checkBucketAtStart(bkt bucket.Bucket, logger *zap.Logger) error {
-	// Bounded: a store that does not answer must not hold the whole server's start.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	start := time.Now()
-	_, err := check.AtStart(ctx, bkt)
-	switch {
-	case errors.Is(err, check.ErrIgnoresConditions):
-		return fmt.Errorf("bucket %s: %v; refusing to start: leases and checkpoints are not safe on it", bkt, err)
-	case err != nil:
-		logger.Warn("could not verify that the bucket enforces conditional writes; starting anyway", zap.String("bucket", bkt.String()), zap.Error(err))
-	default:
-		logger.Info("bucket enforces conditional writes", zap.String("bucket", bkt.String()), zap.Duration("took", time.Since(start)))
-	}
-	return nil
-}
-
-func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*shared, error) {
+// openBox opens the box of this config's registry path (box.Open holds the start order).
+func (a *App) openBox(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*box.Box, error) {
 	if bkt == nil {
 		root := filepath.Join(dataDir, "bucket")
 		fb, err := filebucket.New(root)
@@ -368,84 +314,39 @@ func (a *App) newShared(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*
 		}
 		bkt = fb
 	}
-	if err := checkBucketAtStart(bkt, ctx.Logger()); err != nil {
-		return nil, err
-	}
-	counted := bucket.NewCounted(bkt)
-	bkt = counted
-	if err := os.MkdirAll(a.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("creating state_dir: %v", err)
-	}
-	// Revisions of this box's changes name it by its mesh SELF (registry/version.go).
-	origin := a.meshCfg.Self
-	if origin == "" {
-		origin = "local"
-	}
-	reg, err := registry.Open(a.Registry, registry.Options{Origin: origin, TombstoneTTL: time.Duration(a.TombstoneTTL)})
-	if err != nil {
-		return nil, err
-	}
 	id, err := caddy.InstanceID()
 	if err != nil {
-		reg.Close()
 		return nil, fmt.Errorf("reading instance id: %v", err)
 	}
-	var inc [8]byte
-	rand.Read(inc[:])
-	logger := ctx.Logger().Named("engine")
-	var ms *meshState
-	if a.meshCfg.Enabled() {
-		if ms, err = newMeshState(a.meshCfg, a.Mesh, bkt, ctx.Logger().Named("mesh")); err != nil {
-			reg.Close()
-			return nil, err
-		}
-		ms.catchUp.TombstoneTTL = time.Duration(a.TombstoneTTL)
-	}
-	ecfg := engine.Config{
-		Bucket:           bkt,
-		StateDir:         a.StateDir,
-		Holder:           "box:" + id.String(),
-		Incarnation:      hex.EncodeToString(inc[:]),
-		Kinds:            a.kinds,
-		MaxAwake:         a.MaxAwake,
-		WakeScanInterval: time.Duration(a.WakeScanInterval),
-		UIDFirst:         a.UIDRange.first(),
-		UIDCount:         a.UIDRange.count(),
-		LogMaxMB:         a.InstanceLog.maxSizeMB(),
-		LogBackups:       a.InstanceLog.keep(),
-		Resolve: func(host string) (engine.Space, bool) {
-			rt, ok := reg.Lookup(host)
-			if !ok || !rt.Hibernate {
-				return engine.Space{}, false
-			}
-			return engine.Space{Host: rt.Host, Kind: rt.Kind, Version: rt.Version, Env: rt.Env}, true
+	version, _ := caddy.Version()
+	return box.Open(box.Config{
+		Bucket:       bkt,
+		StateDir:     a.StateDir,
+		Registry:     a.Registry,
+		TombstoneTTL: time.Duration(a.TombstoneTTL),
+		DrainTimeout: time.Duration(a.DrainTimeout),
+		Holder:       "box:" + id.String(),
+		Engine: engine.Config{
+			Kinds:            a.kinds,
+			MaxAwake:         a.MaxAwake,
+			WakeScanInterval: time.Duration(a.WakeScanInterval),
+			UIDFirst:         a.UIDRange.first(),
+			UIDCount:         a.UIDRange.count(),
+			LogMaxMB:         a.InstanceLog.maxSizeMB(),
+			LogBackups:       a.InstanceLog.keep(),
 		},
-		Logger: logger,
-	}
-	if ms != nil {
-		ms.engineConfig(&ecfg, reg)
-	}
-	eng, err := engine.New(ecfg)
-	if err != nil {
-		reg.Close()
-		return nil, fmt.Errorf("starting engine: %v", err)
-	}
-	if ms != nil {
-		if err := ms.start(eng, reg); err != nil {
-			eng.Close()
-			reg.Close()
-			return nil, fmt.Errorf("starting mesh membership: %v", err)
-		}
-		a.logger.Info("mesh on", zap.Stringer("mesh", ms.cfg), zap.Duration("beat", ms.m.Config().Beat),
-			zap.Duration("dead_after", ms.m.Config().DeadAfter), zap.Bool("fenced", ms.m.Fenced()))
-	}
-	a.logger.Info("lchat registry and engine ready",
-		zap.String("registry", a.Registry), zap.Int("routes", reg.Len()),
-		zap.String("bucket", bkt.String()), zap.String("state_dir", a.StateDir))
-	eng.Observe(observeMetrics)
-	s := &shared{reg: reg, eng: eng, bucket: bkt, counted: counted, logger: ctx.Logger(), mesh: ms, drainTimeout: time.Duration(a.DrainTimeout)}
-	s.watchExit()
-	return s, nil
+		Mesh:        a.meshCfg,
+		MeshOptions: a.Mesh.options(),
+		Version:     version,
+		Observer:    observeMetrics,
+		// Caddy stops its apps one after the other and destructs the pool only after
+		// the http app has stopped, which waits for open requests; the box drains as
+		// soon as the process is exiting instead (box.Box.Drain). Caddy offers no hook
+		// that runs before its apps stop except the events app, which a config may not
+		// load, so the box polls caddy.Exiting.
+		Exiting: caddy.Exiting,
+		Logger:  ctx.Logger(),
+	})
 }
 
 // checkConsistency refuses a mesh config that contradicts itself and logs what only
@@ -488,46 +389,34 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// Start applies this config's kinds (Start runs only for a config that provisioned
-// fully) and starts the engine's background loops (idempotent across reloads).
+// Start gives the box this config's settings (its kinds first; Start runs only for a
+// config that provisioned fully), starts the engine's loops (idempotent across reloads)
+// and points the metrics at the box.
 func (a *App) Start() error {
-	s := a.shared
-	s.kindsMu.Lock()
-	prev := s.eng.Kinds()
-	if err := s.eng.SetKinds(a.kinds); err != nil {
-		s.kindsMu.Unlock()
-		return fmt.Errorf("kinds: %v", err)
+	if err := a.box.Start(a.settings); err != nil {
+		return err
 	}
-	a.prevKinds, s.kindsFrom = prev, a
-	s.kindsMu.Unlock()
-	s.eng.Start()
+	a.prevCurrent = current.Swap(a.box)
 	return a.manageWildcards()
 }
 
 // Stop keeps the spaces awake: a reload stops the old config too, and a reload must
-// keep them running. Draining happens when the pool lets go of the engine (Cleanup).
-// When this config's kinds are still the engine's, Stop means its start is being
-// unwound (another app failed to start, so the running config stays): the kinds the
-// engine ran before are put back. After a successful reload the new config's kinds
-// are the engine's, and the old config's Stop changes nothing.
+// keep them running. Draining happens when the pool lets go of the box (Cleanup).
+// When this config's settings are still the box's, Stop means its start is being
+// unwound (another app failed to start, so the running config stays): the box puts the
+// settings before back (box.Box.Stop), and the metrics point where they did.
 func (a *App) Stop() error {
-	s := a.shared
-	if s == nil {
+	if a.box == nil {
 		return nil
 	}
-	s.kindsMu.Lock()
-	defer s.kindsMu.Unlock()
-	if s.kindsFrom == a && a.prevKinds != nil {
-		if err := s.eng.SetKinds(a.prevKinds); err != nil {
-			return fmt.Errorf("restoring kinds: %v", err)
-		}
-		s.kindsFrom = nil
+	unwound, err := a.box.Stop(a.settings)
+	if unwound {
+		current.CompareAndSwap(a.box, a.prevCurrent)
 	}
-	return nil
+	return err
 }
 
-// Cleanup releases this config's reference to the registry and engine; the last
-// reference drains them.
+// Cleanup releases this config's reference to the box; the last reference drains it.
 func (a *App) Cleanup() error {
 	if a.poolKey == "" {
 		return nil
@@ -538,12 +427,11 @@ func (a *App) Cleanup() error {
 }
 
 // Engine returns the hibernation engine.
-func (a *App) Engine() *engine.Engine { return a.shared.eng }
+func (a *App) Engine() *engine.Engine { return a.box.Engine() }
 
-// checkRoute refuses a route this box cannot serve (engine.CheckRoute).
-func (a *App) checkRoute(rt *registry.Route) error {
-	return engine.CheckRoute(a.kinds, rt)
-}
+// FleetView is what the console (http.handlers.lchat_console) reads: the box's console
+// source, equal across reloads as long as the box is, so the console keeps its history.
+func (a *App) FleetView() fleetview.Source { return a.box.Console() }
 
 // engineKind converts a configured kind to the engine's: placeholders expanded, "{self}"
 // resolved to this binary, durations and the signal name converted. The engine's
@@ -629,5 +517,5 @@ var (
 	_ caddy.Provisioner  = (*App)(nil)
 	_ caddy.Validator    = (*App)(nil)
 	_ caddy.CleanerUpper = (*App)(nil)
-	_ caddy.Destructor   = (*shared)(nil)
+	_ caddy.Destructor   = pooled{}
 )

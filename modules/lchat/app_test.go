@@ -144,7 +144,4 @@ func TestRequestHost(t *testing.T) {
 	if dialAddress("/run/x.sock") != "unix//run/x.sock" || dialAddress("127.0.0.1:9") != "127.0.0.1:9" {
 		t.Fatal("dialAddress")
 	}
-	if snakeCase("LeaseConflicts") != "lease_conflicts" || snakeCase("wakes") != "wakes" {
-		t.Fatal("snakeCase")
-	}
 }

@@ -1,6 +1,7 @@
 package lchat
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -124,8 +125,8 @@ func cmdDev(fs caddycmd.Flags) (int, error) {
 		return caddy.ExitCodeFailedStartup, err
 	}
 	app := appIface.(*App)
-	if _, ok := app.shared.reg.Lookup(demoHost); !ok {
-		if _, err := app.shared.reg.Put(registry.Route{Host: demoHost, Kind: "demo", Hibernate: true}); err != nil {
+	if _, ok := app.box.Lookup(demoHost); !ok {
+		if _, err := app.box.Create(context.Background(), registry.Spec{Host: demoHost, Kind: "demo"}); err != nil {
 			return caddy.ExitCodeFailedStartup, fmt.Errorf("creating %s: %v", demoHost, err)
 		}
 	}

@@ -1,7 +1,6 @@
 package lchat
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -14,10 +13,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/mesh"
 )
 
 func init() {
@@ -46,7 +45,6 @@ type Handler struct {
 	app       *App
 	proxy     *reverseproxy.Handler
 	meshProxy *reverseproxy.Handler // forwards to peers; nil without the mesh
-	logger    *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -59,7 +57,6 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 
 // Provision finds the lchat app and sets up the embedded reverse proxy.
 func (h *Handler) Provision(ctx caddy.Context) error {
-	h.logger = ctx.Logger()
 	appIface, err := ctx.App("lchat")
 	if err != nil {
 		return fmt.Errorf("getting lchat app: %v", err)
@@ -75,7 +72,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionProxy(ctx, flush); err != nil {
 		return err
 	}
-	if ms := h.app.shared.mesh; ms != nil {
+	if ms := h.app.box.Mesh(); ms != nil {
 		if h.meshProxy, err = newForwardProxy(ctx, ms, flush); err != nil {
 			return err
 		}
@@ -106,120 +103,79 @@ func (h *Handler) Cleanup() error {
 	return nil
 }
 
-// ServeHTTP implements caddyhttp.MiddlewareHandler.
+// ServeHTTP implements caddyhttp.MiddlewareHandler: the box decides (box.Box.Serve),
+// the request's proxying carries its decisions out.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	h.app.shared.requests.Add(1)
+	b := h.app.box
+	b.Count()
 	host := requestHost(r)
-	h.meshStrip(r, host)
-	rt, ok := h.app.shared.reg.Lookup(host)
-	if !ok {
-		return caddyhttp.Error(http.StatusNotFound, fmt.Errorf("no route for host %q", host))
-	}
-	// Only the box itself sends scheduled wakes; a client cannot pose as one.
-	r.Header.Del("X-Lchat-Wake-Reason")
-	if done, err := h.meshServe(w, r, rt, next); done {
-		return err
-	}
+	hops, viaHint := b.Strip(r.Header, host)
+	p := &proxying{h: h, w: w, r: r, next: next, host: host, hops: hops}
+	return b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint}, p)
+}
 
-	if !rt.Hibernate {
-		if rt.Upstream == "" {
-			// A lives_at row the mesh did not forward: the mesh is off here, or the
-			// row names this very box. Nothing here to dial.
-			setRetryAfter(w, time.Duration(h.RetryAfter))
-			return caddyhttp.Error(http.StatusServiceUnavailable,
-				fmt.Errorf("live route %s runs on another box (%s) and cannot be forwarded from this one", host, rt.LivesAt))
-		}
-		setUpstream(r, dialAddress(rt.Upstream))
-		return h.proxy.ServeHTTP(w, r, next)
-	}
+// proxying carries out the box's decisions for one request (box.Proxy) with the
+// handler's reverse proxies.
+type proxying struct {
+	h    *Handler
+	w    http.ResponseWriter
+	r    *http.Request
+	next caddyhttp.Handler
+	host string
+	hops int // forwards before this box
+}
 
-	sp := engine.Space{Host: rt.Host, Kind: rt.Kind, Version: rt.Version, Env: rt.Env}
-	var use *engine.Use
-	for wait := time.Duration(0); ; {
-		var err error
-		if use, err = h.app.shared.eng.Acquire(r.Context(), sp); err == nil {
-			break
-		}
-		done, ferr := h.meshAcquireError(w, r, rt, err, next)
-		if !done {
-			return h.acquireError(w, r, host, err)
-		}
-		if !errors.Is(ferr, errHolderUnreachable) {
-			return ferr
-		}
-		// The box holding the lease is live but takes no connections: it is shutting
-		// down (and frees each lease as its drain puts the space to sleep), or
-		// restarting, or dead (its lease frees with its heartbeat). Try again shortly.
-		if wait = h.meshLeaseWait(r, wait); wait == 0 {
-			return h.acquireError(w, r, host, err)
-		}
+// Live proxies to a live route's upstream.
+func (p *proxying) Live(upstream string) error {
+	setUpstream(p.r, dialAddress(upstream))
+	return p.h.proxy.ServeHTTP(p.w, p.r, p.next)
+}
+
+// Instance proxies to the awake instance. On the response to a forwarded request it notes
+// that the space is awake here (mesh.HolderHeader), so the boxes that forwarded it send
+// the next requests here directly.
+func (p *proxying) Instance(use *engine.Use) error {
+	if p.hops > 0 {
+		p.w.Header().Set(mesh.HolderHeader, p.h.app.box.Self())
 	}
-	// The reverse proxy returns only when the response, or the connection it
-	// upgraded to, is finished: that is when this request stops holding the space.
-	defer use.Release()
-	h.meshServed(w, r)
-	h.setInstanceHeader(w, use)
-	setUpstream(r, use.Dial())
-	err := h.proxy.ServeHTTP(w, r, next)
+	p.h.setInstanceHeader(p.w, use)
+	setUpstream(p.r, use.Dial())
+	err := p.h.proxy.ServeHTTP(p.w, p.r, p.next)
 	if de := (reverseproxy.DialError{}); errors.As(err, &de) {
 		// The engine holds the space awake but its socket takes no connection: end
 		// that awake period so the next request wakes a working instance.
 		use.Unreachable()
 	}
-	return instanceGone(w, host, err, time.Duration(h.RetryAfter))
+	return p.noAnswer(err, "space "+p.host+": its instance")
 }
 
-// instanceGone turns the proxy's 502 or 504 for a request the instance never answered
-// (it crashed, or was stopped or fenced while the request was in flight) into a 503 with
-// Retry-After: the space is unavailable for a moment, never a bad gateway. Caddy's proxy
-// returns an error only before it writes a response, so nothing was sent yet. A 502 the
-// instance itself answers is its own response and passes unchanged.
-func instanceGone(w http.ResponseWriter, host string, err error, retryAfter time.Duration) error {
+// Refuse answers ref, with Retry-After on a 503.
+func (p *proxying) Refuse(ref box.Refusal) error {
+	if ref.Status == http.StatusServiceUnavailable {
+		after := ref.RetryAfter
+		if after <= 0 {
+			after = time.Duration(p.h.RetryAfter)
+		}
+		setRetryAfter(p.w, after)
+	}
+	return caddyhttp.Error(ref.Status, ref.Err)
+}
+
+// noAnswer turns the reverse proxy's error for a request its upstream (an instance, a
+// peer: who) never answered (box.NoAnswer) into a 503 with Retry-After. Any other error,
+// and a 502 the upstream itself answered (its own response), passes unchanged.
+func (p *proxying) noAnswer(err error, who string) error {
 	var he caddyhttp.HandlerError
-	if err == nil || !errors.As(err, &he) || he.StatusCode != http.StatusBadGateway && he.StatusCode != http.StatusGatewayTimeout {
+	if err == nil || !errors.As(err, &he) || !box.NoAnswer(he.StatusCode) {
 		return err
 	}
-	w.Header().Del(InstanceHeader)
-	setRetryAfter(w, retryAfter)
-	return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s: its instance gave no answer: %w", host, he.Err))
+	p.w.Header().Del(InstanceHeader)
+	return p.Refuse(box.Refusal{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("%s gave no answer: %w", who, he.Err)})
 }
 
 // setUpstream tells the embedded reverse proxy where to dial for this request.
 func setUpstream(r *http.Request, dial string) {
 	r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer).Set(upstreamPlaceholder, dial)
-}
-
-// acquireError turns a failed wake into a response. Not being ready is never a 502.
-func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, host string, err error) error {
-	var held *engine.LeaseHeldError
-	var retry *engine.RetryError
-	switch {
-	case errors.As(err, &held):
-		// Single box: no mesh to forward to yet.
-		setRetryAfter(w, time.Duration(h.RetryAfter))
-		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s is held by another box", host))
-	case errors.As(err, &retry):
-		after := retry.After
-		if after <= 0 {
-			after = time.Duration(h.RetryAfter)
-		}
-		setRetryAfter(w, after)
-		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s unavailable: %s", host, retry.Reason))
-	case errors.Is(err, engine.ErrUnknownKind):
-		// The route names a kind this box's config no longer has (a reload removed it):
-		// an operator's fix away, so a client may retry.
-		setRetryAfter(w, time.Duration(h.RetryAfter))
-		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("space %s: its kind is not configured on this box", host))
-	case r.Context().Err() != nil && errors.Is(err, context.Canceled):
-		// The client went away while waiting; Caddy's proxy reports this as 499 too.
-		return caddyhttp.Error(499, err)
-	default:
-		setRetryAfter(w, time.Duration(h.RetryAfter))
-		if c := h.logger.Check(zapcore.ErrorLevel, "waking space"); c != nil {
-			c.Write(zap.String("host", host), zap.Error(err))
-		}
-		return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("waking space %s failed", host))
-	}
 }
 
 func setRetryAfter(w http.ResponseWriter, d time.Duration) {
@@ -255,4 +211,5 @@ var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ box.Proxy                   = (*proxying)(nil)
 )

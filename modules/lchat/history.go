@@ -1,78 +1,22 @@
 package lchat
 
 import (
-	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"net/http"
-	"os"
-	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	caddycmd "github.com/caddyserver/caddy/v2/cmd"
-	"github.com/spf13/cobra"
-
-	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/adminapi"
 	"github.com/lchat/lchat-caddy/space"
 )
 
-func init() {
-	caddycmd.RegisterCommand(caddycmd.Command{
-		Name:  "history",
-		Usage: "<host> [--json] [--address <admin>]",
-		Short: "Lists a space's checkpoints (time, generation, size) within retention",
-		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
-			cmd.Flags().Bool("json", false, "Print JSON instead of a table")
-			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdHistory)
-		},
-	})
-	caddycmd.RegisterCommand(caddycmd.Command{
-		Name:  "restore",
-		Usage: "<host> --at <RFC3339|generation> [--address <admin>]",
-		Short: "Restores an asleep space to an earlier checkpoint, as a new generation",
-		Long: `
-Makes the checkpoint named by --at (a generation, or the newest checkpoint at or
-before an RFC 3339 time) the space's current state, as a new generation: restore
-the generation before it to undo. Refused, changing nothing, while the space is
-awake on any box.
-`,
-		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
-			cmd.Flags().String("at", "", "RFC 3339 time or generation to restore")
-			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdRestore)
-		},
-	})
-}
-
-// historyResponse is GET /lchat/routes/{host}/history.
-type historyResponse struct {
-	Host        string             `json:"host"`
-	Checkpoints []space.Checkpoint `json:"checkpoints"`
-}
-
-// restoreRequest is POST /lchat/routes/{host}/restore.
-type restoreRequest struct {
-	At string `json:"at"`
-}
-
 func (a *adminAPI) history(w http.ResponseWriter, r *http.Request, host string) error {
-	cps, err := a.app.shared.eng.History(r.Context(), host)
+	cps, err := a.app.box.History(r.Context(), host)
 	if err != nil {
-		return apiErr(http.StatusInternalServerError, "%v", err)
+		return boxErr(err)
 	}
-	if cps == nil {
-		cps = []space.Checkpoint{}
-	}
-	return writeJSON(w, http.StatusOK, historyResponse{Host: host, Checkpoints: cps})
+	return writeJSON(w, http.StatusOK, adminapi.HistoryResponse{Host: host, Checkpoints: cps})
 }
 
 func (a *adminAPI) restore(w http.ResponseWriter, r *http.Request, host string) error {
-	var req restoreRequest
+	var req adminapi.RestoreRequest
 	if err := decodeStrict(r, &req); err != nil {
 		return err
 	}
@@ -80,63 +24,9 @@ func (a *adminAPI) restore(w http.ResponseWriter, r *http.Request, host string) 
 	if err != nil {
 		return apiErr(http.StatusBadRequest, `"at": %v`, err)
 	}
-	rt, err := a.app.shared.reg.Get(host)
-	if errors.Is(err, registry.ErrNotFound) {
-		return apiErr(http.StatusNotFound, "no route for host %s", host)
-	}
+	res, err := a.app.box.Restore(r.Context(), host, target)
 	if err != nil {
-		return apiErr(http.StatusInternalServerError, "%v", err)
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
-	defer cancel()
-	res, err := a.app.shared.eng.RestoreTo(ctx, host, rt.Kind, target)
-	var held *engine.LeaseHeldError
-	switch {
-	case errors.Is(err, engine.ErrAwake):
-		return apiErr(http.StatusConflict, "%s is awake on this box: put it to sleep before restoring", host)
-	case errors.As(err, &held):
-		return apiErr(http.StatusConflict, "%s is awake on %s: put it to sleep before restoring", host, held.Holder)
-	case errors.Is(err, space.ErrNoCheckpoint):
-		return apiErr(http.StatusNotFound, "%v", err)
-	case err != nil:
-		return apiErr(http.StatusInternalServerError, "%v", err)
+		return boxErr(err)
 	}
 	return writeJSON(w, http.StatusOK, res)
-}
-
-func cmdHistory(fs caddycmd.Flags) (int, error) {
-	host := fs.Arg(0)
-	if err := registry.ValidateHost(host); err != nil {
-		return caddy.ExitCodeFailedStartup, err
-	}
-	var out historyResponse
-	if err := adminCall(fs, http.MethodGet, "/lchat/routes/"+host+"/history", nil, &out); err != nil {
-		return cliErr(err)
-	}
-	if fs.Bool("json") {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return caddy.ExitCodeSuccess, enc.Encode(out)
-	}
-	fmt.Printf("%-12s %-24s %s\n", "GENERATION", "TIME", "SIZE")
-	for _, cp := range out.Checkpoints {
-		fmt.Printf("%-12d %-24s %d\n", cp.Generation, cp.At.UTC().Format(time.RFC3339), cp.Size)
-	}
-	return caddy.ExitCodeSuccess, nil
-}
-
-func cmdRestore(fs caddycmd.Flags) (int, error) {
-	host := fs.Arg(0)
-	if err := registry.ValidateHost(host); err != nil {
-		return caddy.ExitCodeFailedStartup, err
-	}
-	if _, err := space.ParseTarget(fs.String("at")); err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("--at: %v", err)
-	}
-	var out space.RestoreResult
-	if err := adminCall(fs, http.MethodPost, "/lchat/routes/"+host+"/restore", restoreRequest{At: fs.String("at")}, &out); err != nil {
-		return cliErr(err)
-	}
-	fmt.Printf("restored %s to generation %d (%s) as generation %d\n", host, out.From.Generation, out.From.At.UTC().Format(time.RFC3339), out.Generation)
-	return caddy.ExitCodeSuccess, nil
 }

@@ -1,75 +1,19 @@
 package lchat
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
-	caddycmd "github.com/caddyserver/caddy/v2/cmd"
-	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/adminapi"
 	"github.com/lchat/lchat-caddy/ledger"
 )
 
 func init() {
 	caddy.RegisterModule(idsAdmin{})
-	caddycmd.RegisterCommand(caddycmd.Command{
-		Name:  "next-id",
-		Usage: "[--address <admin>]",
-		Short: "Allocates the next id from the shared id ledger",
-		Long: `
-Prints the next id of the namespace in the running server's LCHAT_CLOUD_ID_LEDGER,
-drawn from ledger/<namespace> in its bucket: unique across every box on that bucket,
-never reused. Fails when the server runs without LCHAT_CLOUD_ID_LEDGER.
-`,
-		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.NoArgs
-			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdNextID)
-		},
-	})
-	caddycmd.RegisterCommand(caddycmd.Command{
-		Name:  "seed-ids",
-		Usage: "<min> [--address <admin>]",
-		Short: "Makes every later id of the shared id ledger at least <min>",
-		Long: `
-Seeds the running server's id ledger (LCHAT_CLOUD_ID_LEDGER) so every id handed out
-afterwards is at least <min>: run it with one above the highest id minted before the
-ledger was switched on. It refuses to lower the counter and then changes nothing.
-`,
-		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
-			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdSeedIDs)
-		},
-	})
-}
-
-func cmdNextID(fs caddycmd.Flags) (int, error) {
-	var res IDResult
-	if err := adminCall(fs, http.MethodPost, "/lchat/ids", nil, &res); err != nil {
-		return cliErr(err)
-	}
-	fmt.Println(res.ID)
-	return caddy.ExitCodeSuccess, nil
-}
-
-func cmdSeedIDs(fs caddycmd.Flags) (int, error) {
-	min, err := strconv.ParseUint(fs.Arg(0), 10, 64)
-	if err != nil || min == 0 {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("<min> must be a positive integer, got %q", fs.Arg(0))
-	}
-	var res SeedIDsResult
-	if err := adminCall(fs, http.MethodPost, "/lchat/ids/seed", seedIDsRequest{Min: min}, &res); err != nil {
-		return cliErr(err)
-	}
-	fmt.Printf("id ledger %s: the next id is %d\n", res.Namespace, res.Next)
-	return caddy.ExitCodeSuccess, nil
 }
 
 // envIDLedger names the id-ledger namespace. Set, every box on the bucket draws ids
@@ -82,7 +26,6 @@ const envIDLedger = "LCHAT_CLOUD_ID_LEDGER"
 type idsAdmin struct {
 	app       *App
 	namespace string
-	logger    *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -96,7 +39,6 @@ func (idsAdmin) CaddyModule() caddy.ModuleInfo {
 // Provision reads LCHAT_CLOUD_ID_LEDGER and finds the lchat app. A namespace the
 // ledger would refuse fails the config load, rather than every later allocation.
 func (a *idsAdmin) Provision(ctx caddy.Context) error {
-	a.logger = ctx.Logger(a)
 	if app, err := ctx.AppIfConfigured("lchat"); err == nil {
 		a.app = app.(*App)
 	}
@@ -117,30 +59,11 @@ func (a *idsAdmin) Routes() []caddy.AdminRoute {
 	}
 }
 
-// IDResult is the answer of POST /lchat/ids.
-type IDResult struct {
-	Namespace string `json:"namespace"`
-	ID        uint64 `json:"id"`
-}
-
-// seedIDsRequest is the POST /lchat/ids/seed body: every id handed out afterwards is
-// at least Min.
-type seedIDsRequest struct {
-	Min uint64 `json:"min"`
-}
-
-// SeedIDsResult is the answer of POST /lchat/ids/seed.
-type SeedIDsResult struct {
-	Namespace string `json:"namespace"`
-	// Next is the lowest id the ledger may hand out now.
-	Next uint64 `json:"next"`
-}
-
 func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 	if a.namespace == "" {
 		return apiErr(http.StatusNotFound, "the id ledger is off on this box (%s is not set)", envIDLedger)
 	}
-	if a.app == nil || a.app.shared == nil {
+	if a.app == nil || a.app.box == nil {
 		return apiErr(http.StatusNotFound, "the lchat app is not configured")
 	}
 	if r.Method != http.MethodPost {
@@ -148,31 +71,21 @@ func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch r.URL.Path {
 	case "/lchat/ids":
-		alloc, err := a.app.shared.ids.Get(a.app.shared.bucket, a.namespace)
+		id, err := a.app.box.NextID(r.Context(), a.namespace)
 		if err != nil {
-			return apiErr(http.StatusInternalServerError, "%v", err)
+			return boxErr(err)
 		}
-		id, err := alloc.Next(r.Context())
-		if err != nil {
-			return apiErr(http.StatusServiceUnavailable, "allocating an id: %v", err)
-		}
-		return writeJSON(w, http.StatusOK, IDResult{Namespace: a.namespace, ID: id})
+		return writeJSON(w, http.StatusOK, adminapi.IDResult{Namespace: a.namespace, ID: id})
 	case "/lchat/ids/seed":
-		var req seedIDsRequest
+		var req adminapi.SeedIDsRequest
 		if err := decodeStrict(r, &req); err != nil {
 			return err
 		}
-		next, err := a.app.shared.ids.SeedAtLeast(r.Context(), a.app.shared.bucket, a.namespace, req.Min)
-		switch {
-		case errors.Is(err, ledger.ErrSeedZero):
-			return apiErr(http.StatusBadRequest, `body must set "min" (at least 1): the lowest id handed out from now on`)
-		case errors.Is(err, ledger.ErrWouldLower):
-			return apiErr(http.StatusConflict, "%v; nothing was changed", err)
-		case err != nil:
-			return apiErr(http.StatusInternalServerError, "%v", err)
+		next, err := a.app.box.SeedIDs(r.Context(), a.namespace, req.Min)
+		if err != nil {
+			return boxErr(err)
 		}
-		a.logger.Info("id ledger seeded", zap.String("namespace", a.namespace), zap.Uint64("next", next))
-		return writeJSON(w, http.StatusOK, SeedIDsResult{Namespace: a.namespace, Next: next})
+		return writeJSON(w, http.StatusOK, adminapi.SeedIDsResult{Namespace: a.namespace, Next: next})
 	}
 	return apiErr(http.StatusNotFound, "resource not found: %s %s", r.Method, r.URL.Path)
 }

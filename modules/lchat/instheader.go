@@ -24,9 +24,5 @@ func (h *Handler) setInstanceHeader(w http.ResponseWriter, u *engine.Use) {
 	if !testInstanceHeader {
 		return
 	}
-	box := "local"
-	if ms := h.app.shared.mesh; ms != nil {
-		box = ms.cfg.Self
-	}
-	w.Header().Set(InstanceHeader, box+" "+u.Instance())
+	w.Header().Set(InstanceHeader, h.app.box.Self()+" "+u.Instance())
 }

@@ -5,17 +5,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/box/boxtest"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/registry"
 )
 
 // TestLivesAtRouteIsForwardedNeverDialed: a lives_at row (a live space pinned to a
@@ -30,26 +28,22 @@ func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
 	}))
 	defer peer.Close()
 
-	reg, err := registry.Open(filepath.Join(t.TempDir(), "reg.db"), registry.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close()
 	const host = "live.mesh.test"
-	if _, err := reg.Put(mesh.RouteFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
+	row := mesh.RouteFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})
+	app, cctx := testMesh(t)
+	if _, err := app.box.Registry().Put(row); err != nil {
 		t.Fatal(err)
 	}
-	if rt, _ := reg.Lookup(host); rt.Upstream != "" {
+	if rt, _ := app.box.Lookup(host); rt.Upstream != "" {
 		t.Fatalf("lives_at row stored with upstream %q", rt.Upstream)
 	}
-
-	ms, cctx := testMesh(t)
+	ms := app.box.Mesh()
 
 	serve := func(h *Handler, marked bool) *httptest.ResponseRecorder {
 		t.Helper()
 		req := httptest.NewRequest("GET", "http://"+host+"/x", nil)
 		if marked {
-			ms.marker.Mark(req.Header, host)
+			ms.Marker().Mark(req.Header, host)
 		}
 		w := httptest.NewRecorder()
 		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
@@ -66,7 +60,8 @@ func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
 		return w
 	}
 
-	withMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: &App{shared: &shared{reg: reg, mesh: ms}}, logger: zap.NewNop()}
+	withMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: app}
+	var err error
 	if withMesh.meshProxy, err = newForwardProxy(cctx, ms, -1); err != nil {
 		t.Fatal(err)
 	}
@@ -80,11 +75,14 @@ func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
 		t.Fatalf("already-forwarded request: %d Retry-After %q %q (peer hits %d), want 503 with Retry-After and no second hop",
 			w.Code, w.Header().Get("Retry-After"), w.Body.String(), peerHits.Load())
 	}
-	if ms.c.livesAtLoops.Load() != 1 || ms.c.forwards.Load() != 1 {
-		t.Fatalf("counters: lives_at_loops %d forwards %d", ms.c.livesAtLoops.Load(), ms.c.forwards.Load())
+	if ms.C.LivesAtLoops.Load() != 1 || ms.C.Forwards.Load() != 1 {
+		t.Fatalf("counters: lives_at_loops %d forwards %d", ms.C.LivesAtLoops.Load(), ms.C.Forwards.Load())
 	}
 
-	noMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: &App{shared: &shared{reg: reg}}, logger: zap.NewNop()}
+	noMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: testApp(t, boxtest.Options{})}
+	if _, err := noMesh.app.box.Registry().Put(row); err != nil {
+		t.Fatal(err)
+	}
 	w = serve(noMesh, false)
 	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || peerHits.Load() != 1 ||
 		!strings.Contains(w.Body.String(), mustHost(peer.URL)) {

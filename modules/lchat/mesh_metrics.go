@@ -16,8 +16,8 @@ var (
 	descMeshHBAge   = prometheus.NewDesc("lchat_mesh_heartbeat_age_seconds", "Time since this box's last successful heartbeat write was sent (by its own clock); it fences itself at dead_after minus fence_margin.", nil, nil)
 )
 
-// meshCollector reads the mesh of the newest config's app; reloads keep the counters
-// (they live in the shared mesh state).
+// meshCollector reads the mesh of the current box; reloads keep the counters (they live
+// in the box).
 type meshCollector struct{}
 
 func (meshCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -29,22 +29,22 @@ func (meshCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (meshCollector) Collect(ch chan<- prometheus.Metric) {
-	a := current.Load()
-	if a == nil || a.shared == nil || a.shared.mesh == nil {
+	b := current.Load()
+	if b == nil || b.Mesh() == nil {
 		return
 	}
-	ms := a.shared.mesh
-	for name, v := range ms.counters() {
+	ms, m := b.Mesh(), b.Mesh().Membership()
+	for name, v := range ms.Counters() {
 		ch <- prometheus.MustNewConstMetric(descMesh, prometheus.CounterValue, float64(v), name)
 	}
-	ch <- prometheus.MustNewConstMetric(descMeshMembers, prometheus.GaugeValue, float64(len(ms.m.Live())))
+	ch <- prometheus.MustNewConstMetric(descMeshMembers, prometheus.GaugeValue, float64(len(m.Live())))
 	fenced := 0.0
-	if ms.m.Fenced() {
+	if m.Fenced() {
 		fenced = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descMeshFenced, prometheus.GaugeValue, fenced)
-	ch <- prometheus.MustNewConstMetric(descMeshHBAge, prometheus.GaugeValue, ms.m.Self().Age.Seconds())
-	st := ms.m.Stats()
+	ch <- prometheus.MustNewConstMetric(descMeshHBAge, prometheus.GaugeValue, m.Self().Age.Seconds())
+	st := m.Stats()
 	for name, v := range map[string]int64{
 		"beats": st.Beats, "puts": st.Puts, "put_errors": st.PutErrors, "lists": st.Lists,
 		"list_errors": st.ListErrors, "gets": st.Gets, "get_errors": st.GetErrors, "fences": st.Fences,

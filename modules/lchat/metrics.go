@@ -1,7 +1,6 @@
 package lchat
 
 import (
-	"encoding/json"
 	"errors"
 	"sync/atomic"
 	"time"
@@ -10,12 +9,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/engine"
 )
 
-// current is the app whose engine the metrics read; the newest config's app. Metrics
-// read from the shared engine, so a reload does not reset them.
-var current atomic.Pointer[App]
+// current is the box the metrics read: the running config's, set when a config starts
+// (App.Start) and put back when that start is unwound (App.Stop). Metrics read from the
+// box, which outlives reloads, so a reload does not reset them.
+var current atomic.Pointer[box.Box]
 
 var (
 	descRoutes = prometheus.NewDesc("lchat_routes", "Routes in this box's registry.", nil, nil)
@@ -32,20 +33,20 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (collector) Collect(ch chan<- prometheus.Metric) {
-	a := current.Load()
-	if a == nil || a.shared == nil {
+	b := current.Load()
+	if b == nil {
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(descRoutes, prometheus.GaugeValue, float64(a.shared.reg.Len()))
-	byState := map[string]int{}
-	for _, s := range statusOf(a.shared.eng) {
+	ch <- prometheus.MustNewConstMetric(descRoutes, prometheus.GaugeValue, float64(b.Registry().Len()))
+	byState := map[engine.State]int{}
+	for _, s := range b.Spaces() {
 		byState[s.State]++
 	}
 	for state, n := range byState {
-		ch <- prometheus.MustNewConstMetric(descSpaces, prometheus.GaugeValue, float64(n), state)
+		ch <- prometheus.MustNewConstMetric(descSpaces, prometheus.GaugeValue, float64(n), string(state))
 	}
-	for name, v := range countersOf(a.shared.eng) {
-		ch <- prometheus.MustNewConstMetric(descEngine, prometheus.CounterValue, v, name)
+	for name, v := range box.EngineCounters(b.Engine().Counters()) {
+		ch <- prometheus.MustNewConstMetric(descEngine, prometheus.CounterValue, float64(v), name)
 	}
 }
 
@@ -97,10 +98,8 @@ func observeMetrics(ev engine.Event) {
 	}
 }
 
-// registerMetrics points the collector at a and registers it and the histograms once
-// per metrics registry.
+// registerMetrics registers the collector and the histograms once per metrics registry.
 func registerMetrics(ctx caddy.Context, a *App) {
-	current.Store(a)
 	reg := ctx.GetMetricsRegistry()
 	if reg == nil {
 		return
@@ -113,40 +112,4 @@ func registerMetrics(ctx caddy.Context, a *App) {
 			}
 		}
 	}
-}
-
-// countersOf flattens the engine's counters into name → value, with snake_case names.
-func countersOf(eng *engine.Engine) map[string]float64 {
-	b, err := json.Marshal(eng.Counters())
-	if err != nil {
-		return nil
-	}
-	var raw map[string]any
-	if err := json.Unmarshal(b, &raw); err != nil {
-		return nil
-	}
-	out := make(map[string]float64, len(raw))
-	for k, v := range raw {
-		if f, ok := v.(float64); ok {
-			out[snakeCase(k)] = f
-		}
-	}
-	return out
-}
-
-// snakeCase turns a Go field name (LeaseConflicts) into lease_conflicts; names that
-// are already snake_case pass through.
-func snakeCase(s string) string {
-	var b []byte
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'A' && c <= 'Z' {
-			if i > 0 && !(s[i-1] >= 'A' && s[i-1] <= 'Z') {
-				b = append(b, '_')
-			}
-			c += 'a' - 'A'
-		}
-		b = append(b, c)
-	}
-	return string(b)
 }

@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/libdns/libdns"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/mesh"
 )
 
 // RelocateDNS is the DNS provider `relocate --move-dns` repoints a space's A record
@@ -36,28 +34,6 @@ type RelocateDNS struct {
 type relocator struct {
 	dns     *RelocateDNS
 	buckets map[string]bucket.Bucket
-}
-
-// relocator is the mesh's relocation with this config's DNS provider and region
-// buckets.
-func (a *App) relocator(ms *meshState) *mesh.Relocator {
-	eng := a.shared.eng
-	r := &mesh.Relocator{
-		Box:           ms.box,
-		Bucket:        a.shared.bucket,
-		RegionBuckets: a.reloc.buckets,
-		DeadAfter:     ms.m.Config().DeadAfter,
-		OpTimeout:     ms.m.Config().OpTimeout,
-		Routes:        a.shared.reg,
-		AwakeHere:     eng.Awake, // awake or waking here
-		HolderLive:    ms.m.HolderLive,
-		Replicator:    ms.repl,
-	}
-	if a.reloc.dns != nil {
-		d := a.reloc.dns
-		r.DNS = mesh.RecordSetter{Zone: d.Zone, TTL: time.Duration(d.TTL), Setter: d.setter, Name: d.name}
-	}
-	return r
 }
 
 // provisionRelocate loads mesh.relocate_dns and mesh.region_buckets.

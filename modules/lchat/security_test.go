@@ -4,7 +4,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -13,11 +12,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/box/boxtest"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
-	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -26,26 +23,7 @@ import (
 const secretValue = "s3cr3t-env-v4lue-never-shown"
 
 // newSecurityApp is an app with one kind, "demo", that allows the route env DEMO_SECRET.
-func newSecurityApp(t *testing.T) *App {
-	t.Helper()
-	dir := t.TempDir()
-	reg, err := registry.Open(filepath.Join(dir, "reg.db"), registry.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reg.Close() })
-	b, err := filebucket.New(filepath.Join(dir, "bucket"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := map[string]engine.Kind{"demo": {Name: "demo", Command: "/bin/true", AllowedEnv: []string{"DEMO_SECRET"}}}
-	eng, err := engine.New(engine.Config{Bucket: b, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1", Kinds: kinds})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(eng.Close)
-	return &App{shared: &shared{reg: reg, eng: eng, bucket: b}, kinds: kinds}
-}
+func newSecurityApp(t *testing.T) *App { return testApp(t, boxtest.Options{}) }
 
 // allRoutes is the whole registry, env values included, to compare before and after.
 func allRoutes(t *testing.T, reg *registry.Registry) []registry.Route {
@@ -83,8 +61,8 @@ func adminRaw(a *adminAPI, method, path, body string) (int, string) {
 // what is wrong, change nothing, and never echo an env value; what is stored is never
 // shown with its env values.
 func TestAdminRefusesHostileInput(t *testing.T) {
-	a := &adminAPI{app: newSecurityApp(t), logger: zap.NewNop()}
-	reg := a.app.shared.reg
+	a := &adminAPI{app: newSecurityApp(t)}
+	reg := a.app.box.Registry()
 	create := func(host, env string) string {
 		return `{"host":"` + host + `","kind":"demo","env":` + env + `}`
 	}
@@ -165,10 +143,20 @@ func TestAdminRefusesHostileInput(t *testing.T) {
 
 // meshAPIDo serves one peer-API request and returns its status and error message.
 func meshAPIDo(h *MeshAPI, method, path, auth, body string) (int, string) {
+	return meshAPIServe(h, meshAPIRequest(method, path, auth, body))
+}
+
+// meshAPIRequest is a peer-API request with the Authorization auth (none when empty).
+func meshAPIRequest(method, path, auth, body string) *http.Request {
 	req := httptest.NewRequest(method, "https://box-a.example.net"+path, strings.NewReader(body))
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
+	return req
+}
+
+// meshAPIServe serves req and returns its status and error message.
+func meshAPIServe(h *MeshAPI, req *http.Request) (int, string) {
 	w := httptest.NewRecorder()
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 		w.WriteHeader(http.StatusTeapot)
@@ -189,13 +177,10 @@ func meshAPIDo(h *MeshAPI, method, path, auth, body string) (int, string) {
 // variables, take over a route this box serves live, or name a local upstream is refused
 // with a 4xx (or, for extra fields, stripped) and the registry stays as it was.
 func TestMeshAPIRefusesHostileRows(t *testing.T) {
-	app := newSecurityApp(t)
 	const token = "peer-token-never-shown"
-	cfg := mesh.Config{Self: "https://box-a.example.net", Domains: []string{"mesh.test"}, Token: token}
-	ms := withBox(&meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, logger: zap.NewNop(), ctx: t.Context()})
-	app.shared.mesh = ms
-	h := &MeshAPI{app: app, MaxRowBytes: 4096, logger: zap.NewNop()}
-	reg := app.shared.reg
+	app := testApp(t, boxtest.Options{Mesh: mesh.Config{Self: "https://box-a.example.net", Domains: []string{"mesh.test"}, Token: token}})
+	h := &MeshAPI{app: app, MaxRowBytes: 4096}
+	reg := app.box.Registry()
 	if _, err := reg.Put(registry.Route{Host: "live.mesh.test", Upstream: "127.0.0.1:9"}); err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +244,7 @@ func TestMeshAPIRefusesHostileRows(t *testing.T) {
 	if after := allRoutes(t, reg); !reflect.DeepEqual(before, after) {
 		t.Fatalf("refused peer requests changed the registry (env values not shown):\n%+v\n%+v", summaries(before), summaries(after))
 	}
-	if n := ms.c.rowsIn.Load(); n != 0 {
+	if n := app.box.Mesh().C.RowsIn.Load(); n != 0 {
 		t.Fatalf("rows_in = %d after refused rows", n)
 	}
 
@@ -295,30 +280,20 @@ func TestForwardedMarkerFromOutside(t *testing.T) {
 	}))
 	defer peer.Close()
 
-	reg, err := registry.Open(filepath.Join(t.TempDir(), "reg.db"), registry.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close()
 	const host = "fwd.mesh.test"
-	if _, err := reg.Put(mesh.RouteFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
+	app, cctx := testMesh(t)
+	if _, err := app.box.Registry().Put(mesh.RouteFromRow(mesh.RouteRow{Host: host, Kind: "demo", LivesAt: peer.URL})); err != nil {
 		t.Fatal(err)
 	}
-	cfg := mesh.Config{Self: "http://127.0.0.9:1", Domains: []string{"mesh.test"}, Token: "real-token"}
-	ms := withBox(&meshState{cfg: cfg, marker: mesh.Marker{Token: cfg.Token}, timeout: 5 * time.Second, logger: zap.NewNop()})
-	if err := caddy.Load([]byte(`{"admin":{"disabled":true}}`), true); err != nil {
-		t.Fatal(err)
-	}
-	defer caddy.Stop()
-	cctx, cancel := caddy.NewContext(caddy.ActiveContext())
-	defer cancel()
-	h := &Handler{RetryAfter: caddy.Duration(time.Second), app: &App{shared: &shared{reg: reg, mesh: ms}}, logger: zap.NewNop()}
+	ms := app.box.Mesh()
+	h := &Handler{RetryAfter: caddy.Duration(time.Second), app: app}
+	var err error
 	if h.meshProxy, err = newForwardProxy(cctx, ms, -1); err != nil {
 		t.Fatal(err)
 	}
 
 	forged := mesh.Marker{Token: "guessed-token"}
-	real := ms.marker
+	real := ms.Marker()
 	now := time.Now()
 	for _, tc := range []struct {
 		name    string
@@ -361,30 +336,8 @@ func TestForwardedMarkerFromOutside(t *testing.T) {
 			t.Errorf("%s: the peer got X-Lchat-Wake-Reason %q from a client", tc.name, v)
 		}
 	}
-	if n := ms.c.markersStripped.Load(); n != 5 {
+	if n := ms.C.MarkersStripped.Load(); n != 5 {
 		t.Errorf("markers_stripped = %d, want 5", n)
-	}
-}
-
-// TestPeerClientsDialDirectly: neither the forward transport nor the replication client
-// goes through an environment proxy (HTTP_PROXY and friends, often set for S3 access):
-// both carry mesh credentials (the token, or a marker made with it).
-func TestPeerClientsDialDirectly(t *testing.T) {
-	b, err := filebucket.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := mesh.Config{Self: "http://box-a.example.net", Domains: []string{"mesh.test"}, Token: "real-token"}
-	ms, err := newMeshState(cfg, nil, b, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ms.close()
-	if tr, ok := ms.client.HTTPClient.Transport.(*http.Transport); !ok || tr.Proxy != nil {
-		t.Errorf("replication client transport %T has a proxy function", ms.client.HTTPClient.Transport)
-	}
-	if pt := newPeerTransport(ms); pt.tr.Proxy != nil {
-		t.Errorf("forward transport has a proxy function")
 	}
 }
 
@@ -393,24 +346,10 @@ func TestPeerClientsDialDirectly(t *testing.T) {
 // make every box forward the host's requests there, so it is 409 and stores nothing.
 func TestPeerRowLivesAtMustBeAMember(t *testing.T) {
 	bkt := membucket.New()
-	join := func(self string) *mesh.Membership {
-		m, err := mesh.NewMembership(bkt, mesh.MembershipConfig{Self: self, Domains: []string{"mesh.test"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := m.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(m.Close)
-		return m
-	}
-	join("https://box-b.example.net")
-	app := newSecurityApp(t)
+	boxtest.Join(t, bkt, "https://box-b.example.net")
 	const token = "peer-token"
-	cfg := mesh.Config{Self: "https://box-a.example.net", Domains: []string{"mesh.test"}, Token: token}
-	ms := withBox(&meshState{cfg: cfg, m: join(cfg.Self), logger: zap.NewNop(), ctx: t.Context()})
-	app.shared.mesh = ms
-	h := &MeshAPI{app: app, MaxRowBytes: 4096, logger: zap.NewNop()}
+	app := testApp(t, boxtest.Options{Bucket: bkt, Mesh: mesh.Config{Self: "https://box-a.example.net", Domains: []string{"mesh.test"}, Token: token}})
+	h := &MeshAPI{app: app, MaxRowBytes: 4096}
 	live := func(host, at string) string {
 		return `{"host":"` + host + `","kind":"demo","hibernate":false,"lives_at":"` + at + `"}`
 	}
@@ -419,13 +358,13 @@ func TestPeerRowLivesAtMustBeAMember(t *testing.T) {
 			t.Errorf("lives_at %s: %d %q, want 409", at, code, msg)
 		}
 	}
-	if n := app.shared.reg.Len(); n != 0 {
+	if n := app.box.Registry().Len(); n != 0 {
 		t.Fatalf("%d rows stored with a lives_at outside the mesh", n)
 	}
 	if code, msg := meshAPIDo(h, "PUT", "/api/mesh/route/x.mesh.test", "Bearer "+token, live("x.mesh.test", "HTTPS://Box-B.example.net")); code != http.StatusOK {
 		t.Fatalf("lives_at a live member: %d %q", code, msg)
 	}
-	if rt, ok := app.shared.reg.Lookup("x.mesh.test"); !ok || rt.LivesAt != "https://box-b.example.net" || rt.Upstream != "" {
+	if rt, ok := app.box.Registry().Lookup("x.mesh.test"); !ok || rt.LivesAt != "https://box-b.example.net" || rt.Upstream != "" {
 		t.Fatalf("stored row = %+v", rt.Summary())
 	}
 }

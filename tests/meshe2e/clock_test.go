@@ -2,21 +2,25 @@ package meshe2e
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
 
-// TestSkewedClocksForward: two boxes whose wall clocks differ by five minutes (a
-// test-only clock offset on b) forward to each other: each accepts the other's marker
+// TestSkewedClocksForward: two boxes whose wall clocks differ by five minutes (the
+// test-only mesh option test_clock_offset on b) forward to each other: each accepts the other's marker
 // (forwarded_in grows, markers_stripped stays 0), because markers are signed and checked
 // against the bucket's clock; by wall clocks each would strip the other's marker as
 // stale, and while their views disagreed a request could bounce between them.
 func TestSkewedClocksForward(t *testing.T) {
 	c := newCluster(t)
 	a := c.start(false)
-	c.env = []string{"LCHAT_TEST_CLOCK_OFFSET=5m"}
+	c.mesh = map[string]any{"test_clock_offset": "5m"}
 	b := c.start(false)
-	c.env = nil
+	c.mesh = nil
+	if !strings.Contains(b.Logs(), "test-only clock offset in effect") {
+		t.Fatal("b does not run with the clock offset: the test would show nothing")
+	}
 	waitFor(t, 10*time.Second, "two live members on both boxes", func() bool {
 		return len(status(t, a).Mesh.Live) == 2 && len(status(t, b).Mesh.Live) == 2
 	})

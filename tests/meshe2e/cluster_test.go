@@ -48,6 +48,8 @@ type cluster struct {
 	env []string
 	// kind overrides options of the demo kind of boxes started from now on.
 	kind map[string]any
+	// mesh adds options to the mesh block of boxes started from now on.
+	mesh map[string]any
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -80,15 +82,19 @@ func newCluster(t *testing.T) *cluster {
 // short mesh intervals, an HTTPS server with the shared wildcard certificate, the peer
 // API on the SELF host and the lchat handler for everything else.
 func (c *cluster) boxConfig(n *node) string {
+	meshOpts := map[string]any{
+		"beat": beat.String(), "dead_after": deadAfter.String(),
+		"trusted_ca_files": []string{c.ca.CAFile},
+	}
+	for k, v := range c.mesh {
+		meshOpts[k] = v
+	}
 	return harness.Config{
 		Listen: n.addr,
 		Lchat: map[string]any{
 			"wake_scan_interval": "1s",
-			"mesh": map[string]any{
-				"beat": beat.String(), "dead_after": deadAfter.String(),
-				"trusted_ca_files": []string{c.ca.CAFile},
-			},
-			"kinds": map[string]any{"demo": harness.DemoKind(c.kindOpts())},
+			"mesh":               meshOpts,
+			"kinds":              map[string]any{"demo": harness.DemoKind(c.kindOpts())},
 		},
 		MeshAPIHost: n.ip,
 		CertFile:    c.ca.CertFile,

@@ -1,4 +1,10 @@
-package lchat
+// Package lchatcli is lchat-caddy's CLI subcommands that act on a running server:
+// add-instance, remove, routes, hibernate, history, restore, mesh-seed, fleet, relocate,
+// next-id and seed-ids talk to it through its admin API (the lchat app's endpoints,
+// modules/lchat; their wire format is package adminapi), because the registry file is
+// locked by the server; mesh-token is local. The server's own `dev` command is in
+// modules/lchat.
+package lchatcli
 
 import (
 	"bytes"
@@ -16,6 +22,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/lchat/lchat-caddy/adminapi"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -187,7 +194,7 @@ func cmdAddInstance(fs caddycmd.Flags) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	req := createRequest{
+	req := adminapi.CreateRequest{
 		Mint:       mint,
 		Host:       host,
 		Kind:       fs.String("kind"),
@@ -232,7 +239,7 @@ func cmdRoutes(fs caddycmd.Flags) (int, error) {
 	enc := json.NewEncoder(os.Stdout)
 	after := ""
 	for {
-		var page routesPage
+		var page adminapi.RoutesPage
 		uri := "/lchat/routes?limit=500"
 		if after != "" {
 			uri += "&after=" + url.QueryEscape(after)
@@ -267,7 +274,7 @@ func cmdHibernate(fs caddycmd.Flags) (int, error) {
 		return caddy.ExitCodeFailedStartup, errors.New("give exactly one of --on or --off")
 	}
 	var out registry.Summary
-	req := hibernateRequest{Hibernate: &on, Upstream: fs.String("upstream")}
+	req := adminapi.HibernateRequest{Hibernate: &on, Upstream: fs.String("upstream")}
 	if err := adminCall(fs, http.MethodPost, "/lchat/routes/"+host+"/hibernate", req, &out); err != nil {
 		return cliErr(err)
 	}

@@ -1,4 +1,4 @@
-package lchat
+package lchatcli
 
 import (
 	"bufio"
@@ -17,6 +17,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/lchat/lchat-caddy/adminapi"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -93,7 +94,7 @@ func cmdMeshSeed(fs caddycmd.Flags) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("peer URL: %v", err)
 	}
-	req := seedRequest{Peer: peer, Region: fs.String("region"), Prune: fs.Bool("prune")}
+	req := adminapi.SeedRequest{Peer: peer, Region: fs.String("region"), Prune: fs.Bool("prune")}
 	if f := fs.String("env-file"); f != "" {
 		cfg, err := mesh.ParseEnvFile(f, nil)
 		if err != nil {
@@ -119,9 +120,9 @@ func cmdMeshSeed(fs caddycmd.Flags) (int, error) {
 	defer resp.Body.Close()
 	fmt.Printf("seeding %s\n", peer)
 	sc := bufio.NewScanner(resp.Body)
-	var last SeedEvent
+	var last adminapi.SeedEvent
 	for sc.Scan() {
-		var ev SeedEvent
+		var ev adminapi.SeedEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			continue
 		}
@@ -152,7 +153,7 @@ func cmdMeshSeed(fs caddycmd.Flags) (int, error) {
 }
 
 func cmdFleet(fs caddycmd.Flags) (int, error) {
-	var f Fleet
+	var f adminapi.Fleet
 	if err := adminCall(fs, http.MethodGet, "/lchat/fleet", nil, &f); err != nil {
 		return cliErr(err)
 	}
@@ -165,7 +166,7 @@ func cmdFleet(fs caddycmd.Flags) (int, error) {
 	return caddy.ExitCodeSuccess, nil
 }
 
-func printFleet(w io.Writer, f Fleet) {
+func printFleet(w io.Writer, f adminapi.Fleet) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SELF\tREGION\tHEARTBEAT\tVERSION\tAWAKE\tFORWARDS\tWAKES\tLEASE CONFLICTS\tSTATE")
 	for _, m := range f.Members {
@@ -191,9 +192,9 @@ func cmdRelocate(fs caddycmd.Flags) (int, error) {
 	if to == "" {
 		return caddy.ExitCodeFailedStartup, errors.New("--to <region> is required")
 	}
-	var res RelocateResult
+	var res adminapi.RelocateResult
 	err := adminCall(fs, http.MethodPost, "/lchat/mesh/relocate/"+url.PathEscape(host),
-		relocateRequest{To: to, MoveDNS: fs.Bool("move-dns")}, &res)
+		adminapi.RelocateRequest{To: to, MoveDNS: fs.Bool("move-dns")}, &res)
 	if err != nil {
 		return cliErr(err)
 	}

@@ -1,0 +1,109 @@
+// Package adminapi is the wire format of the lchat endpoints on Caddy's admin API
+// (/lchat/...): the requests the CLI sends and the server decodes, and the answers the
+// server encodes and the CLI reads. One home for both sides (modules/lchat serves them,
+// modules/lchatcli calls them); plain types, no Caddy.
+package adminapi
+
+import (
+	"github.com/lchat/lchat-caddy/fleetview"
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/space"
+)
+
+// RoutesPage is the GET /lchat/routes answer.
+type RoutesPage struct {
+	Routes []registry.Summary `json:"routes"`
+	// Next is the `after` of the next page; empty on the last page.
+	Next string `json:"next,omitempty"`
+}
+
+// CreateRequest is the POST /lchat/routes body: a registry.Spec.
+type CreateRequest struct {
+	Host       string            `json:"host"`
+	Kind       string            `json:"kind,omitempty"`
+	Version    string            `json:"version,omitempty"`
+	Hibernate  *bool             `json:"hibernate,omitempty"`
+	HomeRegion string            `json:"home_region,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	Upstream   string            `json:"upstream,omitempty"`
+	// Mint names the host from the next id instead: <base36(id)>.<first wildcard
+	// domain>, the id drawn from LCHAT_CLOUD_ID_LEDGER's ledger (a local counter
+	// without it). Host must then be empty.
+	Mint bool `json:"mint,omitempty"`
+}
+
+// HibernateRequest is the POST /lchat/routes/{host}/hibernate body.
+type HibernateRequest struct {
+	Hibernate *bool `json:"hibernate"`
+	// Upstream is the live upstream when turning hibernation off.
+	Upstream string `json:"upstream,omitempty"`
+}
+
+// HistoryResponse is the GET /lchat/routes/{host}/history answer.
+type HistoryResponse struct {
+	Host        string             `json:"host"`
+	Checkpoints []space.Checkpoint `json:"checkpoints"`
+}
+
+// RestoreRequest is the POST /lchat/routes/{host}/restore body; the answer is a
+// space.RestoreResult.
+type RestoreRequest struct {
+	At string `json:"at"`
+}
+
+// FleetMember is one box in GET /lchat/fleet: the fleet's box, its heartbeat age said as
+// a duration ("1.5s").
+type FleetMember struct {
+	fleetview.Box
+	HeartbeatAge string `json:"heartbeat_age"`
+}
+
+// Fleet is the GET /lchat/fleet answer.
+type Fleet struct {
+	Self    string        `json:"self"`
+	Members []FleetMember `json:"members"`
+}
+
+// SeedRequest is the POST /lchat/mesh/seed body; the answer is a stream of SeedEvent
+// lines.
+type SeedRequest struct {
+	Peer   string `json:"peer"`
+	Region string `json:"region,omitempty"`
+	Prune  bool   `json:"prune,omitempty"`
+	// Domains override the box's mesh domains as the seed's scope (from --env-file).
+	Domains []string `json:"domains,omitempty"`
+	// Token overrides the box's mesh token for the peer (from --env-file). Never echoed.
+	Token string `json:"token,omitempty"`
+}
+
+// SeedEvent is one line of mesh-seed progress.
+type SeedEvent = mesh.SeedEvent
+
+// RelocateRequest is the POST /lchat/mesh/relocate/{host} body.
+type RelocateRequest struct {
+	To      string `json:"to"`
+	MoveDNS bool   `json:"move_dns,omitempty"`
+}
+
+// RelocateResult is the answer of a relocation.
+type RelocateResult = mesh.RelocateResult
+
+// IDResult is the POST /lchat/ids answer.
+type IDResult struct {
+	Namespace string `json:"namespace"`
+	ID        uint64 `json:"id"`
+}
+
+// SeedIDsRequest is the POST /lchat/ids/seed body: every id handed out afterwards is at
+// least Min.
+type SeedIDsRequest struct {
+	Min uint64 `json:"min"`
+}
+
+// SeedIDsResult is the POST /lchat/ids/seed answer.
+type SeedIDsResult struct {
+	Namespace string `json:"namespace"`
+	// Next is the lowest id the ledger may hand out now.
+	Next uint64 `json:"next"`
+}

@@ -1,0 +1,154 @@
+package box
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/fleetview"
+	"github.com/lchat/lchat-caddy/internal/safego"
+)
+
+// Status is this box's status (GET /lchat/status).
+type Status struct {
+	Routes   int                  `json:"routes"`
+	Spaces   []engine.SpaceStatus `json:"spaces"`
+	Counters map[string]uint64    `json:"counters"`
+	Mesh     *MeshStatus          `json:"mesh,omitempty"`
+}
+
+// Status reads this box's routes, spaces and counters, and its mesh status.
+func (b *Box) Status() Status {
+	st := Status{Routes: b.reg.Len(), Spaces: b.Spaces(), Counters: EngineCounters(b.eng.Counters())}
+	if b.mesh != nil {
+		ms := b.MeshStatus()
+		st.Mesh = &ms
+	}
+	return st
+}
+
+// Spaces is every space the engine knows, by host.
+func (b *Box) Spaces() []engine.SpaceStatus { return b.eng.Status() }
+
+// EngineCounters is the engine's counters by name, the names of their JSON form
+// (lease_conflicts, oom_kills, ...): one flattening for the status documents, the fleet
+// and the metrics.
+func EngineCounters(c engine.Counters) map[string]uint64 {
+	raw, err := json.Marshal(c)
+	if err != nil {
+		return nil
+	}
+	var out map[string]uint64
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return nil
+	}
+	return out
+}
+
+// MeshStatus is this box's status document in the mesh (GET /api/mesh/status), which the
+// fleet reads from every box. It holds no secret.
+type MeshStatus struct {
+	Self         string            `json:"self"`
+	Region       string            `json:"region,omitempty"`
+	Domains      []string          `json:"domains"`
+	Version      string            `json:"version"`
+	Incarnation  string            `json:"incarnation"`
+	HeartbeatAge string            `json:"heartbeat_age"`
+	Fenced       bool              `json:"fenced"`
+	Draining     bool              `json:"draining"`
+	Routes       int               `json:"routes"`
+	Awake        []string          `json:"awake"`
+	Live         []string          `json:"live_members"`
+	Counters     map[string]uint64 `json:"counters"`
+	Membership   any               `json:"membership"`
+}
+
+// MeshStatus reads this box's mesh status document; its counters are the mesh's and the
+// engine's. The mesh must be on.
+func (b *Box) MeshStatus() MeshStatus {
+	ms := b.mesh
+	st := MeshStatus{
+		Self:         ms.cfg.Self,
+		Region:       ms.cfg.Region,
+		Domains:      ms.cfg.Domains,
+		Version:      ms.version,
+		Incarnation:  ms.m.Config().Incarnation,
+		HeartbeatAge: ms.m.Self().Age.Round(time.Millisecond).String(),
+		Fenced:       ms.m.Fenced(),
+		Draining:     ms.m.Draining(),
+		Routes:       b.reg.Len(),
+		Awake:        b.awake(),
+		Counters:     ms.Counters(),
+		Membership:   ms.m.Stats(),
+	}
+	for _, m := range ms.m.Live() {
+		st.Live = append(st.Live, m.Self)
+	}
+	maps.Copy(st.Counters, EngineCounters(b.eng.Counters()))
+	return st
+}
+
+// awake lists the hosts awake on this box.
+func (b *Box) awake() []string {
+	out := []string{}
+	for _, s := range b.eng.Status() {
+		if s.State == engine.StateAwake {
+			out = append(out, s.Host)
+		}
+	}
+	return out
+}
+
+// statusReadTimeout bounds reading one peer's status for the fleet.
+const statusReadTimeout = 5 * time.Second
+
+// Fleet reads every live box: this one from memory, each peer through its status
+// document (GET /api/mesh/status), all at once; a peer that cannot be read is listed with
+// the error, from its heartbeat. Without the mesh it is this box alone, named by its host
+// name. GET /lchat/fleet (the `fleet` CLI) and the console both read it.
+func (b *Box) Fleet(ctx context.Context) fleetview.Fleet {
+	ms := b.mesh
+	if ms == nil {
+		host, _ := os.Hostname()
+		return fleetview.Fleet{Self: host, Boxes: []fleetview.Box{{
+			Self: host, This: true, Awake: b.awake(), Version: b.cfg.Version, Counters: EngineCounters(b.eng.Counters()),
+		}}}
+	}
+	live := ms.m.Live()
+	f := fleetview.Fleet{Self: ms.cfg.Self, Mesh: true, Boxes: make([]fleetview.Box, len(live))}
+	var wg sync.WaitGroup
+	for i, m := range live {
+		fb := &f.Boxes[i]
+		fb.Self, fb.Region, fb.Version, fb.HeartbeatAge, fb.Draining = m.Self, m.Region, m.Version, m.Age, m.Draining
+		if m.Self == ms.cfg.Self {
+			st := b.MeshStatus()
+			fb.This, fb.Fenced, fb.Draining, fb.Awake, fb.Counters = true, st.Fenced, st.Draining, st.Awake, st.Counters
+			continue
+		}
+		safego.Go(&wg, b.logger.With(zap.String("peer", m.Self)), "fleet status read", func() {
+			fb.Error = "reading status: internal error" // until it is read
+			rctx, cancel := context.WithTimeout(ctx, statusReadTimeout)
+			defer cancel()
+			raw, err := ms.client.Status(rctx, m.Self)
+			if err != nil {
+				fb.Error = err.Error()
+				return
+			}
+			var st MeshStatus
+			if err := json.Unmarshal(raw, &st); err != nil {
+				fb.Error = fmt.Sprintf("decoding status: %v", err)
+				return
+			}
+			fb.Fenced, fb.Awake, fb.Counters, fb.Error = st.Fenced, st.Awake, st.Counters, ""
+		})
+	}
+	wg.Wait()
+	return f
+}

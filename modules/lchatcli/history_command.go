@@ -1,0 +1,85 @@
+package lchatcli
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+
+	"github.com/lchat/lchat-caddy/adminapi"
+	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/space"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "history",
+		Usage: "<host> [--json] [--address <admin>]",
+		Short: "Lists a space's checkpoints (time, generation, size) within retention",
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Args = cobra.ExactArgs(1)
+			cmd.Flags().Bool("json", false, "Print JSON instead of a table")
+			addAdminFlags(cmd)
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdHistory)
+		},
+	})
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "restore",
+		Usage: "<host> --at <RFC3339|generation> [--address <admin>]",
+		Short: "Restores an asleep space to an earlier checkpoint, as a new generation",
+		Long: `
+Makes the checkpoint named by --at (a generation, or the newest checkpoint at or
+before an RFC 3339 time) the space's current state, as a new generation: restore
+the generation before it to undo. Refused, changing nothing, while the space is
+awake on any box.
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Args = cobra.ExactArgs(1)
+			cmd.Flags().String("at", "", "RFC 3339 time or generation to restore")
+			addAdminFlags(cmd)
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdRestore)
+		},
+	})
+}
+
+func cmdHistory(fs caddycmd.Flags) (int, error) {
+	host := fs.Arg(0)
+	if err := registry.ValidateHost(host); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	var out adminapi.HistoryResponse
+	if err := adminCall(fs, http.MethodGet, "/lchat/routes/"+host+"/history", nil, &out); err != nil {
+		return cliErr(err)
+	}
+	if fs.Bool("json") {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return caddy.ExitCodeSuccess, enc.Encode(out)
+	}
+	fmt.Printf("%-12s %-24s %s\n", "GENERATION", "TIME", "SIZE")
+	for _, cp := range out.Checkpoints {
+		fmt.Printf("%-12d %-24s %d\n", cp.Generation, cp.At.UTC().Format(time.RFC3339), cp.Size)
+	}
+	return caddy.ExitCodeSuccess, nil
+}
+
+func cmdRestore(fs caddycmd.Flags) (int, error) {
+	host := fs.Arg(0)
+	if err := registry.ValidateHost(host); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	if _, err := space.ParseTarget(fs.String("at")); err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("--at: %v", err)
+	}
+	var out space.RestoreResult
+	if err := adminCall(fs, http.MethodPost, "/lchat/routes/"+host+"/restore", adminapi.RestoreRequest{At: fs.String("at")}, &out); err != nil {
+		return cliErr(err)
+	}
+	fmt.Printf("restored %s to generation %d (%s) as generation %d\n", host, out.From.Generation, out.From.At.UTC().Format(time.RFC3339), out.Generation)
+	return caddy.ExitCodeSuccess, nil
+}
