@@ -21,6 +21,8 @@ const (
 	CapKill        Cap = unix.CAP_KILL         // send the stop signal to a process of another uid
 	CapSetGID      Cap = unix.CAP_SETGID       // start the instance with the space's gid and no supplementary groups
 	CapSetUID      Cap = unix.CAP_SETUID       // start the instance with the space's uid
+	CapNetAdmin    Cap = unix.CAP_NET_ADMIN    // network egress: install the box's nftables table
+	CapSysAdmin    Cap = unix.CAP_SYS_ADMIN    // network none: start the instance in a network namespace of its own
 )
 
 // IsolationCaps are the capabilities a box needs to run isolated spaces.
@@ -33,6 +35,8 @@ var capNames = map[Cap]string{
 	CapKill:        "CAP_KILL",
 	CapSetGID:      "CAP_SETGID",
 	CapSetUID:      "CAP_SETUID",
+	CapNetAdmin:    "CAP_NET_ADMIN",
+	CapSysAdmin:    "CAP_SYS_ADMIN",
 }
 
 func (c Cap) String() string {
