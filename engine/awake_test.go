@@ -47,6 +47,10 @@ func TestMain(m *testing.M) {
 			if r.Method == http.MethodPost && r.URL.Path == "/crash" {
 				os.Exit(3)
 			}
+			if r.Method == http.MethodPost && r.URL.Path == "/dial" {
+				dialFromInstance(w, r.URL.Query().Get("addr"))
+				return
+			}
 			if r.Method == http.MethodPost {
 				f, err := os.OpenFile(notes, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 				if err != nil {

@@ -46,6 +46,7 @@ func TestIsolatedSpaceOwnsItsDataAcrossSleeps(t *testing.T) {
 		Replication: Replication{Class: ReplicateSleep},
 		StopGrace:   5 * time.Second,
 		Isolation:   IsolationOn,
+		Network:     NetworkHost, // the network has its own tests, in namespaces of their own
 		Limits:      Limits{Pids: 100},
 	}
 	e, err := New(Config{Bucket: b, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
@@ -181,7 +182,7 @@ func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
 	e, err := New(Config{Bucket: probe, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
 		Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
 			Replication: Replication{Class: ReplicatePeriodic, Interval: 50 * time.Millisecond}, StopGrace: 5 * time.Second,
-			Isolation: IsolationOn}}, UIDFirst: 3200200, UIDCount: 100})
+			Isolation: IsolationOn, Network: NetworkHost}}, UIDFirst: 3200200, UIDCount: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +259,7 @@ func BenchmarkWakeSleepIsolation(b *testing.B) {
 			}
 			e, err := New(Config{Bucket: fb, StateDir: filepath.Join(dir, "state-"+mode), Holder: "box", Incarnation: "1",
 				Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
-					Replication: Replication{Class: ReplicateSleep}, StopGrace: 5 * time.Second, Isolation: mode}},
+					Replication: Replication{Class: ReplicateSleep}, StopGrace: 5 * time.Second, Isolation: mode, Network: NetworkHost}},
 				UIDFirst: 3200400, UIDCount: 100})
 			if err != nil {
 				b.Fatal(err)

@@ -178,7 +178,7 @@ func NewWorld(t testing.TB) *World {
 		"private192": Private192, "private6": Private6, "allowed": Allowed, "peer": Peer,
 		"nat64-metadata": NAT64Metadata,
 	} {
-		w.Outside.IP(t, "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo")
+		w.Outside.addLoopback(t, a)
 		w.Banners[a] = name
 		w.serveBanner(t, w.Outside, netip.AddrPortFrom(a, 80), name)
 	}
@@ -192,13 +192,24 @@ func NewWorld(t testing.TB) *World {
 	if w.Resolver.IsLoopback() {
 		at = w.Box
 	} else if _, ok := w.Banners[w.Resolver]; !ok {
-		w.Outside.IP(t, "addr", "add", netip.PrefixFrom(w.Resolver, w.Resolver.BitLen()).String(), "dev", "lo")
+		w.Outside.addLoopback(t, w.Resolver)
 	}
 	serveDNS(t, at, netip.AddrPortFrom(w.Resolver, 53))
 	// A DNS server at a private address that is not the resolver: port 53 is no way
 	// through to the private network.
 	serveDNS(t, w.Outside, netip.AddrPortFrom(Private10, 53))
 	return w
+}
+
+// addLoopback puts a on the namespace's loopback, usable at once (no duplicate address
+// detection).
+func (n *NS) addLoopback(t testing.TB, a netip.Addr) {
+	t.Helper()
+	args := []string{"addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo"}
+	if a.Is6() {
+		args = append(args, "nodad")
+	}
+	n.IP(t, args...)
 }
 
 // serveBanner answers every connection to addr with name and a newline.
