@@ -317,3 +317,22 @@ func TestWakeCostByNetwork(t *testing.T) {
 	}
 	t.Log(b.String())
 }
+
+// FuzzParseAllow: an accepted entry is a valid, masked prefix that reads back as itself.
+func FuzzParseAllow(f *testing.F) {
+	for _, s := range []string{"10.1.0.0/16", "10.1.2.3", "fd12::/16", "::ffff:10.1.2.3", "10.1.2.3/16", "fe80::1%eth0", "0.0.0.0/0", "::/0", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := ParseAllow(s)
+		if err != nil {
+			return
+		}
+		if !p.IsValid() || p.Masked() != p {
+			t.Fatalf("ParseAllow(%q) = %v: not a valid masked prefix", s, p)
+		}
+		if q, err := ParseAllow(p.String()); err != nil || q != p {
+			t.Fatalf("ParseAllow(%q) = %v, which reads back as %v, %v", s, p, q, err)
+		}
+	})
+}
