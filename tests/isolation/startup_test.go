@@ -118,3 +118,101 @@ http:// {
 		}
 	}
 }
+
+// A box without CAP_NET_ADMIN refuses a kind that asks for network egress, and one
+// without CAP_SYS_ADMIN a kind that asks for network none, naming the capability and the
+// opt-out. The box stays root (isolation works) with just that capability dropped.
+func TestBoxWithoutCapabilitiesRefusesNetworkConfinement(t *testing.T) {
+	needRoot(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("no setpriv")
+	}
+	for mode, c := range map[string]string{"egress": "net_admin", "none": "sys_admin"} {
+		t.Run(mode, func(t *testing.T) {
+			drop := []string{setpriv, "--bounding-set=-" + c, "--inh-caps=-" + c}
+			out := refusedAtStart(t, drop, `{
+	admin off
+	http_port {$HTTP_PORT}
+	lchat {
+		bucket file {$DIR}/bucket
+		state_dir {$DIR}/state
+		registry {$DIR}/registry.db
+		kind app {
+			command /bin/true
+			isolation on
+			network `+mode+`
+		}
+	}
+}
+http:// {
+	lchat
+}
+`)
+			want := "CAP_" + strings.ToUpper(c)
+			if !strings.Contains(out, "network "+mode+" needs "+want) {
+				t.Errorf("the refusal does not say network %s needs %s:\n%s", mode, want, out)
+			}
+			if !strings.Contains(out, "set network ") {
+				t.Errorf("the refusal does not name the opt-out:\n%s", out)
+			}
+		})
+	}
+}
+
+// A developer's box (not root, no capabilities) with a kind that sets neither isolation
+// nor network starts, and its log says the kind's network is the box's own, and why.
+func TestUnprivilegedBoxRunsWithNetworkHostAndSaysSo(t *testing.T) {
+	needRoot(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("no setpriv")
+	}
+	dir, err := os.MkdirTemp("", "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o777)
+	cf := filepath.Join(dir, "Caddyfile")
+	os.WriteFile(cf, []byte(`{
+	admin off
+	http_port {$HTTP_PORT}
+	lchat {
+		bucket file {$DIR}/bucket
+		state_dir {$DIR}/state
+		registry {$DIR}/registry.db
+		kind app {
+			command /bin/true
+		}
+	}
+}
+http:// {
+	lchat
+}
+`), 0o644)
+	cmd := exec.Command(setpriv, "--reuid=3999980", "--regid=3999980", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
+		harness.Binary(t), "run", "--config", cf, "--adapter", "caddyfile")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "DIR="+dir, "HTTP_PORT="+harness.FreePort(t, "127.0.0.1"), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	var out harness.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	waitFor(t, "the kind's isolation logged", 60*time.Second, func() bool {
+		select {
+		case <-done:
+			t.Fatalf("the unprivileged box exited:\n%s", out.String())
+		default:
+		}
+		return strings.Contains(out.String(), `"msg":"kind isolation"`)
+	})
+	if !logSays(out.String(), "kind isolation", map[string]string{"kind": "app", "network": "host"}) ||
+		!strings.Contains(out.String(), `"network_why_not_egress":"the kind is not isolated: isolation needs CAP_SETUID`) {
+		t.Errorf("the box's log does not say the kind runs with network host because it is not isolated:\n%s", out.String())
+	}
+}
