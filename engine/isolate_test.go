@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -220,9 +221,12 @@ func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	u.Release()
+	// Not held across the request below: a sync that freezes the instance waits for the
+	// lock in Put, and the request would wait for the frozen instance.
 	probe.mu.Lock()
-	defer probe.mu.Unlock()
-	for i, frozen := range probe.seen {
+	seen := slices.Clone(probe.seen)
+	probe.mu.Unlock()
+	for i, frozen := range seen {
 		if !frozen {
 			t.Errorf("manifest write %d of a running isolated instance happened while it ran", i)
 		}
