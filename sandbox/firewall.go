@@ -128,10 +128,8 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 		return nil, fmt.Errorf("uid range %d+%d: must be non-empty and below 2^32-1", cfg.UIDFirst, cfg.UIDCount)
 	}
 	if cfg.NetNS == 0 {
-		if missing, err := MissingCaps(CapNetAdmin); err != nil {
+		if err := CheckFirewallCaps(); err != nil {
 			return nil, err
-		} else if len(missing) > 0 {
-			return nil, errors.New("network egress needs CAP_NET_ADMIN, which this box lacks (grant it with AmbientCapabilities= in the systemd unit, run as root, or set network host)")
 		}
 	}
 	if cfg.Resolvers == nil {
@@ -166,6 +164,19 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 		return nil, fmt.Errorf("installing the egress filter (the kernel needs nf_tables with its meta, fib and reject expressions): %v", err)
 	}
 	return f, nil
+}
+
+// CheckFirewallCaps returns an error naming CAP_NET_ADMIN when this box lacks it: the
+// egress filter cannot be installed without it.
+func CheckFirewallCaps() error {
+	missing, err := MissingCaps(CapNetAdmin)
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return errors.New("network egress needs CAP_NET_ADMIN, which this box lacks (grant it with AmbientCapabilities= in the systemd unit, run as root, or set network host)")
+	}
+	return nil
 }
 
 // sweep deletes the tables of box processes that are gone (kill -9): a stale table
