@@ -75,6 +75,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// drainAtEnd drains and closes e when the test ends.
+func drainAtEnd(t testing.TB, e *Engine) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e.Drain(ctx)
+		e.Close()
+	})
+}
+
 func newAwakeTestEngine(t testing.TB, delay time.Duration) *Engine {
 	self, err := os.Executable()
 	if err != nil {
@@ -101,12 +111,7 @@ func newAwakeTestEngine(t testing.TB, delay time.Duration) *Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		e.Drain(ctx)
-		e.Close()
-	})
+	drainAtEnd(t, e)
 	return e
 }
 

@@ -19,6 +19,28 @@ import (
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 )
 
+// reachableInstance copies this test binary, the instance of the isolation tests, into a
+// new directory the spaces' uids can traverse (0711; the file 0755), removed when the
+// test ends. It returns the directory (for state dirs) and the copy.
+func reachableInstance(t testing.TB, prefix string) (dir, inst string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o711)
+	bin, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst = filepath.Join(dir, "inst")
+	if err := os.WriteFile(inst, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir, inst
+}
+
 // TestIsolatedSpaceOwnsItsDataAcrossSleeps runs a space under its own uid through a wake,
 // a write, a sleep (checkpoint as the box) and a second wake (restore, handed back to
 // the space's uid, which can write again).
@@ -26,17 +48,7 @@ func TestIsolatedSpaceOwnsItsDataAcrossSleeps(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CI runs as root)")
 	}
-	dir, err := os.MkdirTemp("", "iso")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o711)
-	bin, _ := os.ReadFile(os.Args[0])
-	inst := filepath.Join(dir, "inst")
-	if err := os.WriteFile(inst, bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, inst := reachableInstance(t, "iso")
 	b, err := filebucket.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -55,12 +67,7 @@ func TestIsolatedSpaceOwnsItsDataAcrossSleeps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		e.Drain(ctx)
-		e.Close()
-	})
+	drainAtEnd(t, e)
 	const host = "iso.example.com"
 	sp := Space{Host: host, Kind: "app"}
 	post := func() {
@@ -166,15 +173,7 @@ func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CI runs as root)")
 	}
-	dir, err := os.MkdirTemp("", "iso")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o711)
-	bin, _ := os.ReadFile(os.Args[0])
-	inst := filepath.Join(dir, "inst")
-	os.WriteFile(inst, bin, 0o755)
+	dir, inst := reachableInstance(t, "iso")
 	fb, err := filebucket.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -188,12 +187,7 @@ func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	probe.e = e
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		e.Drain(ctx)
-		e.Close()
-	})
+	drainAtEnd(t, e)
 	u, err := e.Acquire(context.Background(), Space{Host: probe.host, Kind: "app"})
 	if err != nil {
 		t.Fatal(err)
@@ -245,15 +239,7 @@ func BenchmarkWakeSleepIsolation(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root")
 	}
-	dir, err := os.MkdirTemp("", "isob")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	os.Chmod(dir, 0o711)
-	bin, _ := os.ReadFile(os.Args[0])
-	inst := filepath.Join(dir, "inst")
-	os.WriteFile(inst, bin, 0o755)
+	dir, inst := reachableInstance(b, "isob")
 	per := map[string]time.Duration{}
 	for _, mode := range []string{IsolationNone, IsolationOn} {
 		b.Run("isolation="+mode, func(b *testing.B) {

@@ -137,17 +137,7 @@ func inWorld(t *testing.T) bool {
 // the spaces' uids) under isolation, one kind per network setting.
 func networkEngine(t *testing.T, kinds map[string]Kind, uidFirst uint32, log *zap.Logger) *Engine {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o711)
-	bin, _ := os.ReadFile(os.Args[0])
-	inst := filepath.Join(dir, "inst")
-	if err := os.WriteFile(inst, bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, inst := reachableInstance(t, "net")
 	for name, k := range kinds {
 		k.Command, k.Env, k.Isolation = inst, map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"}, IsolationOn
 		k.Replication, k.StopGrace = Replication{Class: ReplicateSleep}, 5*time.Second
@@ -162,12 +152,7 @@ func networkEngine(t *testing.T, kinds map[string]Kind, uidFirst uint32, log *za
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		e.Drain(ctx)
-		e.Close()
-	})
+	drainAtEnd(t, e)
 	return e
 }
 

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -104,4 +105,17 @@ func CheckIsolationCaps() error {
 		names[i] = c.String()
 	}
 	return fmt.Errorf("isolation needs %s, which this box lacks (grant them with AmbientCapabilities= in the systemd unit, run as root, or set isolation none)", strings.Join(names, ", "))
+}
+
+// requireCap returns an error saying what needs c (the message names it) when this
+// process lacks c in its effective set.
+func requireCap(c Cap, msg string) error {
+	missing, err := MissingCaps(c)
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return errors.New(msg)
+	}
+	return nil
 }

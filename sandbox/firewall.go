@@ -169,14 +169,7 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 // CheckFirewallCaps returns an error naming CAP_NET_ADMIN when this box lacks it: the
 // egress filter cannot be installed without it.
 func CheckFirewallCaps() error {
-	missing, err := MissingCaps(CapNetAdmin)
-	if err != nil {
-		return err
-	}
-	if len(missing) > 0 {
-		return errors.New("network egress needs CAP_NET_ADMIN, which this box lacks (grant it with AmbientCapabilities= in the systemd unit, run as root, or set network host)")
-	}
-	return nil
+	return requireCap(CapNetAdmin, "network egress needs CAP_NET_ADMIN, which this box lacks (grant it with AmbientCapabilities= in the systemd unit, run as root, or set network host)")
 }
 
 // sweep deletes the tables of box processes that are gone (kill -9): a stale table

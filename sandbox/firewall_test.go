@@ -146,16 +146,22 @@ func probeBinary(t *testing.T) string {
 
 func tcp(a netip.Addr) string { return "tcp:" + netip.AddrPortFrom(a, 80).String() }
 
-// openIn installs a firewall for the uids [first, first+100) in ns, resolving through
-// resolver.
-func openIn(t *testing.T, ns *testnet.NS, first uint32, resolver netip.Addr) *Firewall {
+// nsConfig is the firewall config of the uids [first, first+100) in ns, resolving
+// through resolver.
+func nsConfig(t testing.TB, ns *testnet.NS, first uint32, resolver netip.Addr) FirewallConfig {
 	t.Helper()
 	fd, err := os.Open(ns.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fd.Close() })
-	f, err := OpenFirewall(FirewallConfig{UIDFirst: first, UIDCount: 100, Resolvers: []netip.Addr{resolver}, NetNS: int(fd.Fd())})
+	return FirewallConfig{UIDFirst: first, UIDCount: 100, Resolvers: []netip.Addr{resolver}, NetNS: int(fd.Fd())}
+}
+
+// openIn installs a firewall of nsConfig, closed when the test ends.
+func openIn(t testing.TB, ns *testnet.NS, first uint32, resolver netip.Addr) *Firewall {
+	t.Helper()
+	f, err := OpenFirewall(nsConfig(t, ns, first, resolver))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 
@@ -46,12 +45,8 @@ func loopbackUp() error {
 // RestrictNamespaces= may forbid the namespace. It tries once, on a thread that ends
 // afterwards.
 func CheckEmptyNetwork() error {
-	missing, err := MissingCaps(CapSysAdmin)
-	if err != nil {
+	if err := requireCap(CapSysAdmin, "network none needs CAP_SYS_ADMIN, which this box lacks (grant it with AmbientCapabilities= and allow the namespace with RestrictNamespaces=net in the systemd unit, run as root, or set network egress)"); err != nil {
 		return err
-	}
-	if len(missing) > 0 {
-		return errors.New("network none needs CAP_SYS_ADMIN, which this box lacks (grant it with AmbientCapabilities= and allow the namespace with RestrictNamespaces=net in the systemd unit, run as root, or set network egress)")
 	}
 	res := make(chan error, 1)
 	go func() {

@@ -107,17 +107,7 @@ func BenchmarkStartNetwork(b *testing.B) {
 // BenchmarkAdmit measures one Admit and its release of a host exception (the per-start
 // cost of a kind with network host or an allow list on an egress box).
 func BenchmarkAdmit(b *testing.B) {
-	ns := testnet.New(b, "bench")
-	fd, err := os.Open(ns.Path())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer fd.Close()
-	f, err := OpenFirewall(FirewallConfig{UIDFirst: 3300000, UIDCount: 100, Resolvers: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, NetNS: int(fd.Fd())})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
+	f := openIn(b, testnet.New(b, "bench"), 3300000, netip.MustParseAddr("10.0.0.2"))
 	for b.Loop() {
 		release, err := f.Admit(3300007, Egress{Host: true})
 		if err != nil {
@@ -130,14 +120,9 @@ func BenchmarkAdmit(b *testing.B) {
 // BenchmarkOpenFirewall measures installing (and removing) a box's egress table, the
 // one-off cost at start-up.
 func BenchmarkOpenFirewall(b *testing.B) {
-	ns := testnet.New(b, "bench")
-	fd, err := os.Open(ns.Path())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer fd.Close()
+	cfg := nsConfig(b, testnet.New(b, "bench"), 3300000, netip.MustParseAddr("10.0.0.2"))
 	for b.Loop() {
-		f, err := OpenFirewall(FirewallConfig{UIDFirst: 3300000, UIDCount: 100, Resolvers: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, NetNS: int(fd.Fd())})
+		f, err := OpenFirewall(cfg)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -16,8 +16,15 @@ import (
 )
 
 // netCaddyfile is a box of the network tests: its admin API on TCP localhost:2019 (as in
-// dev), one attacker kind per network setting.
-const netCaddyfile = `{
+// dev), one attacker kind per network setting (netKinds: the kind's name and its network
+// lines).
+func netCaddyfile() string {
+	var kinds strings.Builder
+	for _, k := range netKinds {
+		kinds.WriteString("\t\tkind " + k[0] + " {\n\t\t\tcommand {$ATTACKER}\n\t\t\tisolation on\n" + k[1] +
+			"\t\t\tready_path /healthz\n\t\t\tstop_grace 2s\n\t\t\treplication sleep\n\t\t}\n")
+	}
+	return `{
 	admin {$LCHAT_ADMIN_LISTEN}
 	http_port {$HTTP_PORT}
 	auto_https off
@@ -31,54 +38,22 @@ const netCaddyfile = `{
 			beat 1s
 			dead_after 10m
 		}
-		kind egress {
-			command {$ATTACKER}
-			isolation on
-			network egress
-			ready_path /healthz
-			stop_grace 2s
-			replication sleep
-		}
-		kind unset {
-			command {$ATTACKER}
-			isolation on
-			ready_path /healthz
-			stop_grace 2s
-			replication sleep
-		}
-		kind allowed {
-			command {$ATTACKER}
-			isolation on
-			network egress {
-				allow {$ALLOWED}
-			}
-			ready_path /healthz
-			stop_grace 2s
-			replication sleep
-		}
-		kind none {
-			command {$ATTACKER}
-			isolation on
-			network none
-			ready_path /healthz
-			stop_grace 2s
-			replication sleep
-		}
-		kind host {
-			command {$ATTACKER}
-			isolation on
-			network host
-			ready_path /healthz
-			stop_grace 2s
-			replication sleep
-		}
-	}
+` + kinds.String() + `	}
 }
 
 http:// {
 	lchat
 }
 `
+}
+
+var netKinds = [][2]string{
+	{"egress", "\t\t\tnetwork egress\n"},
+	{"unset", ""},
+	{"allowed", "\t\t\tnetwork egress {\n\t\t\t\tallow {$ALLOWED}\n\t\t\t}\n"},
+	{"none", "\t\t\tnetwork none\n"},
+	{"host", "\t\t\tnetwork host\n"},
+}
 
 const adminPort = "127.0.0.1:2019"
 
@@ -97,9 +72,9 @@ func startNetBox(t *testing.T, env ...string) (*testnet.World, *box) {
 		w.ServeBanner(t, w.Box, netip.MustParseAddrPort(addr), name)
 	}
 	env = append(env, "ATTACKER="+attackerBinary(t), "ALLOWED="+testnet.AllowedNet.String())
-	b := startBoxWith(t, boxOptions{ns: w.Box, adminTCP: adminPort}, netCaddyfile, env...)
-	for _, kind := range []string{"egress", "unset", "allowed", "none", "host"} {
-		b.mustAdmin("POST", "/lchat/routes", map[string]any{"host": kind + ".localhost", "kind": kind, "hibernate": true}, nil)
+	b := startBoxWith(t, boxOptions{ns: w.Box, adminTCP: adminPort}, netCaddyfile(), env...)
+	for _, k := range netKinds {
+		b.mustAdmin("POST", "/lchat/routes", map[string]any{"host": k[0] + ".localhost", "kind": k[0], "hibernate": true}, nil)
 	}
 	return w, b
 }

@@ -12,10 +12,10 @@ import (
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
-// refusedAtStart runs lchat-caddy with caddyfile and env as the given command prefix
-// (e.g. setpriv to drop root), expects it to exit non-zero on its own, and returns its
-// output.
-func refusedAtStart(t *testing.T, prefix []string, caddyfile string, env ...string) string {
+// runPlain starts lchat-caddy with caddyfile and env as the given command prefix (e.g.
+// setpriv to drop root) in a directory of its own, and returns its output and a channel
+// that receives its exit. It is killed when the test ends.
+func runPlain(t *testing.T, prefix []string, caddyfile string, env ...string) (*harness.SyncBuffer, <-chan error) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "start")
 	if err != nil {
@@ -32,24 +32,66 @@ func refusedAtStart(t *testing.T, prefix []string, caddyfile string, env ...stri
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "DIR="+dir, "HTTP_PORT="+harness.FreePort(t, "127.0.0.1"), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
 	cmd.Env = append(cmd.Env, env...)
-	var out harness.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := new(harness.SyncBuffer)
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	done, exited := make(chan error, 1), make(chan struct{})
+	go func() { done <- cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+	return out, done
+}
+
+// refusedAtStart runs lchat-caddy as runPlain does, expects it to exit non-zero on its
+// own, and returns its output.
+func refusedAtStart(t *testing.T, prefix []string, caddyfile string, env ...string) string {
+	t.Helper()
+	out, done := runPlain(t, prefix, caddyfile, env...)
 	select {
 	case err := <-done:
 		if err == nil {
 			t.Fatalf("lchat-caddy exited 0; want a refusal:\n%s", out.String())
 		}
 	case <-time.After(60 * time.Second):
-		cmd.Process.Kill()
-		<-done
 		t.Fatalf("lchat-caddy started; want a refusal:\n%s", out.String())
 	}
 	return out.String()
+}
+
+// oneKind is the config of a box whose one kind, app, runs /bin/true with lines added.
+func oneKind(lines ...string) string {
+	var k strings.Builder
+	for _, l := range lines {
+		k.WriteString("\t\t\t" + l + "\n")
+	}
+	return `{
+	admin off
+	http_port {$HTTP_PORT}
+	lchat {
+		bucket file {$DIR}/bucket
+		state_dir {$DIR}/state
+		registry {$DIR}/registry.db
+		kind app {
+			command /bin/true
+` + k.String() + `		}
+	}
+}
+http:// {
+	lchat
+}
+`
+}
+
+// unprivileged is the command prefix of a box that is not root: another uid, no
+// capabilities at all.
+func unprivileged(t *testing.T) []string {
+	t.Helper()
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("no setpriv")
+	}
+	return []string{setpriv, "--reuid=3999980", "--regid=3999980", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"}
 }
 
 func TestShortMeshTokenRefusedAtStart(t *testing.T) {
@@ -88,29 +130,8 @@ http:// {
 // capability it lacks and the opt-out.
 func TestBoxWithoutCapabilitiesRefusesIsolation(t *testing.T) {
 	needRoot(t)
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		t.Skip("no setpriv")
-	}
-	// An unprivileged box: another uid, no capabilities at all.
-	drop := []string{setpriv, "--reuid=3999980", "--regid=3999980", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"}
-	cf := `{
-	admin off
-	http_port {$HTTP_PORT}
-	lchat {
-		bucket file {$DIR}/bucket
-		state_dir {$DIR}/state
-		registry {$DIR}/registry.db
-		kind app {
-			command /bin/true
-			isolation on
-		}
-	}
-}
-http:// {
-	lchat
-}
-`
+	drop := unprivileged(t)
+	cf := oneKind("isolation on")
 	out := refusedAtStart(t, drop, cf)
 	for _, c := range []string{"CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "isolation none"} {
 		if !strings.Contains(out, c) {
@@ -131,24 +152,7 @@ func TestBoxWithoutCapabilitiesRefusesNetworkConfinement(t *testing.T) {
 	for mode, c := range map[string]string{"egress": "net_admin", "none": "sys_admin"} {
 		t.Run(mode, func(t *testing.T) {
 			drop := []string{setpriv, "--bounding-set=-" + c, "--inh-caps=-" + c}
-			out := refusedAtStart(t, drop, `{
-	admin off
-	http_port {$HTTP_PORT}
-	lchat {
-		bucket file {$DIR}/bucket
-		state_dir {$DIR}/state
-		registry {$DIR}/registry.db
-		kind app {
-			command /bin/true
-			isolation on
-			network `+mode+`
-		}
-	}
-}
-http:// {
-	lchat
-}
-`)
+			out := refusedAtStart(t, drop, oneKind("isolation on", "network "+mode))
 			want := "CAP_" + strings.ToUpper(c)
 			if !strings.Contains(out, "network "+mode+" needs "+want) {
 				t.Errorf("the refusal does not say network %s needs %s:\n%s", mode, want, out)
@@ -164,49 +168,11 @@ http:// {
 // nor network starts, and its log says the kind's network is the box's own, and why.
 func TestUnprivilegedBoxRunsWithNetworkHostAndSaysSo(t *testing.T) {
 	needRoot(t)
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		t.Skip("no setpriv")
-	}
-	dir, err := os.MkdirTemp("", "dev")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o777)
-	cf := filepath.Join(dir, "Caddyfile")
-	os.WriteFile(cf, []byte(`{
-	admin off
-	http_port {$HTTP_PORT}
-	lchat {
-		bucket file {$DIR}/bucket
-		state_dir {$DIR}/state
-		registry {$DIR}/registry.db
-		kind app {
-			command /bin/true
-		}
-	}
-}
-http:// {
-	lchat
-}
-`), 0o644)
-	cmd := exec.Command(setpriv, "--reuid=3999980", "--regid=3999980", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
-		harness.Binary(t), "run", "--config", cf, "--adapter", "caddyfile")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "DIR="+dir, "HTTP_PORT="+harness.FreePort(t, "127.0.0.1"), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	var out harness.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	out, done := runPlain(t, unprivileged(t), oneKind())
 	waitFor(t, "the kind's isolation logged", 60*time.Second, func() bool {
 		select {
-		case <-done:
-			t.Fatalf("the unprivileged box exited:\n%s", out.String())
+		case err := <-done:
+			t.Fatalf("the unprivileged box exited (%v):\n%s", err, out.String())
 		default:
 		}
 		return strings.Contains(out.String(), `"msg":"kind isolation"`)
