@@ -19,6 +19,7 @@ require (
 	github.com/coder/websocket v1.8.15
 	github.com/dnsimple/dnsimple-go/v8 v8.0.0
 	github.com/dustin/go-humanize v1.1.0
+	github.com/google/nftables v0.3.0
 	github.com/google/uuid v1.6.0
 	github.com/libdns/dnsimple v0.5.0
 	github.com/libdns/libdns v1.1.1
@@ -30,6 +31,7 @@ require (
 	github.com/superfly/ltx v0.5.3
 	go.etcd.io/bbolt v1.5.0
 	go.uber.org/zap v1.28.0
+	golang.org/x/net v0.60.0
 	golang.org/x/sys v0.49.0
 	modernc.org/sqlite v1.62.0
 	tailscale.com v1.102.5
@@ -204,7 +206,6 @@ require (
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/crypto/x509roots/fallback v0.0.0-20261030153154-30a33513ff6d // indirect
 	golang.org/x/exp v0.0.0-20260908205506-85c1c2202aba // indirect
-	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/oauth2 v0.37.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/term v0.46.0 // indirect

@@ -228,6 +228,10 @@ func (ms *Mesh) start(eng *engine.Engine, reg *registry.Registry) error {
 	ms.catchUp.Rows = func() ([]mesh.RouteRow, error) { return ms.box.Rows(reg) }
 	ms.catchUp.Tombs = reg.Tombstones
 	safego.Go(nil, ms.logger, "mesh catch-up", func() { ms.catchUp.Run(ms.ctx) })
+	// The members' addresses, refused to spaces under network egress.
+	safego.Go(nil, ms.logger, "mesh peer addresses", func() {
+		mesh.WatchPeerAddrs(ms.ctx, ms.m, ms.m.Config().Beat, nil, eng.SetNetworkPeers)
+	})
 	return nil
 }
 

@@ -47,6 +47,10 @@ func TestMain(m *testing.M) {
 			if r.Method == http.MethodPost && r.URL.Path == "/crash" {
 				os.Exit(3)
 			}
+			if r.Method == http.MethodPost && r.URL.Path == "/dial" {
+				dialFromInstance(w, r.URL.Query().Get("addr"))
+				return
+			}
 			if r.Method == http.MethodPost {
 				f, err := os.OpenFile(notes, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 				if err != nil {
@@ -69,6 +73,16 @@ func TestMain(m *testing.M) {
 		code = 1
 	}
 	os.Exit(code)
+}
+
+// drainAtEnd drains and closes e when the test ends.
+func drainAtEnd(t testing.TB, e *Engine) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e.Drain(ctx)
+		e.Close()
+	})
 }
 
 func newAwakeTestEngine(t testing.TB, delay time.Duration) *Engine {
@@ -97,12 +111,7 @@ func newAwakeTestEngine(t testing.TB, delay time.Duration) *Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		e.Drain(ctx)
-		e.Close()
-	})
+	drainAtEnd(t, e)
 	return e
 }
 

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -75,6 +76,12 @@ type Kind struct {
 	GCGrace time.Duration
 	// Isolation is IsolationAuto (default), IsolationOn or IsolationNone (isolate.go).
 	Isolation string
+	// Network is NetworkAuto (default), NetworkNone, NetworkEgress or NetworkHost
+	// (network.go).
+	Network string
+	// NetworkAllow are the ranges an egress kind's instances may reach after all
+	// (ParseAllow). Default none.
+	NetworkAllow []netip.Prefix
 	// Limits bound each instance of this kind; zero fields are unlimited.
 	Limits Limits
 }
@@ -223,6 +230,13 @@ type Engine struct {
 
 	uidMu sync.Mutex
 	uids  *sandbox.UIDs // opened by uidAlloc on the first isolated wake
+
+	// netMu guards the egress filter (network.go), installed by the first kind set that
+	// needs it and removed by Close, and the mesh peers' addresses it refuses.
+	netMu sync.Mutex
+	fw    *sandbox.Firewall
+	fwErr error        // why the filter could not be installed, until the next kind set
+	peers []netip.Addr // from SetNetworkPeers
 }
 
 // New validates cfg, applies defaults and returns an engine. Call Start for the background
@@ -302,6 +316,7 @@ func (e *Engine) Close() {
 		e.mu.Unlock()
 	})
 	e.wg.Wait()
+	e.closeFirewall()
 	if cgroupsOpened.Load() {
 		if cg, err := hostCgroups(); err == nil {
 			cg.Close() // only empty groups go: other engines of this process keep theirs

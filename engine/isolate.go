@@ -84,7 +84,7 @@ func checkIsolation(k Kind) error {
 			return err
 		}
 	}
-	return nil
+	return checkNetwork(k)
 }
 
 // isolated reports whether spaces of k run under their own uid on this box.
@@ -95,13 +95,25 @@ func (e *Engine) isolated(k Kind) bool {
 	case IsolationNone:
 		return false
 	}
-	if sandbox.CheckIsolationCaps() != nil {
-		return false
+	return e.whyNotIsolated(k) == nil
+}
+
+// whyNotIsolated says why spaces of k would not run under their own uid on this box
+// (nil when they can): the opt-out, or the first of the checks an unset isolation makes.
+func (e *Engine) whyNotIsolated(k Kind) error {
+	if k.Isolation == IsolationNone {
+		return errors.New("isolation none")
+	}
+	if err := sandbox.CheckIsolationCaps(); err != nil {
+		return err
 	}
 	if _, err := hostCgroups(); err != nil {
-		return false
+		return err
 	}
-	return e.stateDirReachable() == nil && commandReachable(k.Command) == nil
+	if err := e.stateDirReachable(); err != nil {
+		return err
+	}
+	return commandReachable(k.Command)
 }
 
 // commandReachable checks that a space's uid could execute command: the file and every
@@ -148,8 +160,11 @@ func (e *Engine) stateDirReachable() error {
 	return searchableAbove(e.cfg.StateDir)
 }
 
-// checkKindsHere adds the checks that need this engine (its state dir) to checkIsolation.
+// checkKindsHere adds the checks that need this engine (its state dir, its egress
+// filter) to checkIsolation. A kind asking for network none or egress is refused when
+// this box cannot isolate it or cannot install the filter.
 func (e *Engine) checkKindsHere(kinds map[string]Kind) error {
+	e.retryFirewall()
 	for name, k := range kinds {
 		if k.Isolation == IsolationOn {
 			if err := e.stateDirReachable(); err != nil {
@@ -159,47 +174,57 @@ func (e *Engine) checkKindsHere(kinds map[string]Kind) error {
 				return fmt.Errorf("engine: kind %s: %v", name, err)
 			}
 		}
+		if _, _, err := e.network(k, e.isolated(k)); err != nil {
+			return fmt.Errorf("engine: kind %s: %v", name, err)
+		}
 	}
 	return nil
 }
 
-// logIsolation says once per kind set how each kind runs, and where the cgroups are.
+// logIsolation says once per kind set how each kind runs, where the cgroups are, and
+// what its instances reach over the network (and why not egress, when it was not set).
 func (e *Engine) logIsolation(kinds map[string]Kind) {
 	for name, k := range kinds {
 		iso := e.isolated(k)
 		f := []zap.Field{zap.String("kind", name), zap.Bool("isolated", iso)}
 		if !iso && k.Isolation == IsolationAuto {
-			why := sandbox.CheckIsolationCaps()
-			if why == nil {
-				if _, err := hostCgroups(); err != nil {
-					why = err
-				} else if why = e.stateDirReachable(); why == nil {
-					why = commandReachable(k.Command)
-				}
-			}
-			f = append(f, zap.NamedError("why_not", why))
+			f = append(f, zap.NamedError("why_not", e.whyNotIsolated(k)))
 		}
 		if cg, err := hostCgroups(); err == nil && (iso || k.Limits.any()) {
 			f = append(f, zap.String("cgroups", cg.Describe()))
+		}
+		mode, whyNot, _ := e.network(k, iso)
+		f = append(f, zap.String("network", mode))
+		if whyNot != nil {
+			f = append(f, zap.NamedError("network_why_not_egress", whyNot))
+		}
+		if len(k.NetworkAllow) > 0 {
+			f = append(f, zap.Stringers("network_allow", k.NetworkAllow))
 		}
 		e.log.Info("kind isolation", f...)
 	}
 }
 
-// uidsFor returns the uid allocator, opened on first use.
-func (e *Engine) uidAlloc() (*sandbox.UIDs, error) {
-	e.uidMu.Lock()
-	defer e.uidMu.Unlock()
-	if e.uids != nil {
-		return e.uids, nil
-	}
-	first, count := e.cfg.UIDFirst, e.cfg.UIDCount
+// uidRange is the range the spaces' uids come from, defaults applied.
+func (e *Engine) uidRange() (first, count uint32) {
+	first, count = e.cfg.UIDFirst, e.cfg.UIDCount
 	if first == 0 {
 		first = sandbox.DefaultUIDFirst
 	}
 	if count == 0 {
 		count = sandbox.DefaultUIDCount
 	}
+	return first, count
+}
+
+// uidAlloc returns the uid allocator, opened on first use.
+func (e *Engine) uidAlloc() (*sandbox.UIDs, error) {
+	e.uidMu.Lock()
+	defer e.uidMu.Unlock()
+	if e.uids != nil {
+		return e.uids, nil
+	}
+	first, count := e.uidRange()
 	u, err := sandbox.OpenUIDs(filepath.Join(e.cfg.StateDir, "uids.json"), first, count)
 	if err != nil {
 		return nil, err
@@ -212,11 +237,27 @@ func (e *Engine) uidAlloc() (*sandbox.UIDs, error) {
 type sandboxPlan struct {
 	cred  *syscall.Credential // nil: the box's own user
 	group *sandbox.Group      // nil: a process group only
+	// emptyNet starts the instance in a network namespace of its own (network none).
+	emptyNet bool
+	// netRelease ends the start's admission to the egress filter; nil: none.
+	netRelease func()
 }
 
-// prepareSandbox readies the directories and the cgroup of a start: with isolation the
-// data dir and the socket dir are handed to the space's uid (0700) while everything else
-// under the state dir stays the box's, searchable but not listable (0711) or private.
+// release undoes what the plan readied, for a start that failed.
+func (p sandboxPlan) release() {
+	if p.group != nil {
+		p.group.Remove()
+	}
+	if p.netRelease != nil {
+		p.netRelease()
+	}
+}
+
+// prepareSandbox readies the directories, the cgroup and the network of a start: with
+// isolation the data dir and the socket dir are handed to the space's uid (0700) while
+// everything else under the state dir stays the box's, searchable but not listable
+// (0711) or private, and the uid is admitted to the egress filter as its kind's network
+// says (or the start is marked for an empty network namespace).
 func (e *Engine) prepareSandbox(in *inst, k Kind) (sandboxPlan, error) {
 	var plan sandboxPlan
 	iso := e.isolated(k)
@@ -264,6 +305,17 @@ func (e *Engine) prepareSandbox(in *inst, k Kind) (sandboxPlan, error) {
 			return plan, err
 		}
 		plan.group = g
+	}
+	if iso {
+		mode, _, err := e.network(k, true)
+		if err == nil {
+			plan.emptyNet = mode == NetworkNone
+			plan.netRelease, err = e.admitNetwork(k, mode, plan.cred.Uid)
+		}
+		if err != nil {
+			plan.release()
+			return sandboxPlan{}, err
+		}
 	}
 	return plan, nil
 }

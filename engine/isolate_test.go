@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +19,28 @@ import (
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 )
 
+// reachableInstance copies this test binary, the instance of the isolation tests, into a
+// new directory the spaces' uids can traverse (0711; the file 0755), removed when the
+// test ends. It returns the directory (for state dirs) and the copy.
+func reachableInstance(t testing.TB, prefix string) (dir, inst string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o711)
+	bin, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst = filepath.Join(dir, "inst")
+	if err := os.WriteFile(inst, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir, inst
+}
+
 // TestIsolatedSpaceOwnsItsDataAcrossSleeps runs a space under its own uid through a wake,
 // a write, a sleep (checkpoint as the box) and a second wake (restore, handed back to
 // the space's uid, which can write again).
@@ -25,17 +48,7 @@ func TestIsolatedSpaceOwnsItsDataAcrossSleeps(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CI runs as root)")
 	}
-	dir, err := os.MkdirTemp("", "iso")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o711)
-	bin, _ := os.ReadFile(os.Args[0])
-	inst := filepath.Join(dir, "inst")
-	if err := os.WriteFile(inst, bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, inst := reachableInstance(t, "iso")
 	b, err := filebucket.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -46,6 +59,7 @@ func TestIsolatedSpaceOwnsItsDataAcrossSleeps(t *testing.T) {
 		Replication: Replication{Class: ReplicateSleep},
 		StopGrace:   5 * time.Second,
 		Isolation:   IsolationOn,
+		Network:     NetworkHost, // the network has its own tests, in namespaces of their own
 		Limits:      Limits{Pids: 100},
 	}
 	e, err := New(Config{Bucket: b, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
@@ -53,12 +67,7 @@ func TestIsolatedSpaceOwnsItsDataAcrossSleeps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		e.Drain(ctx)
-		e.Close()
-	})
+	drainAtEnd(t, e)
 	const host = "iso.example.com"
 	sp := Space{Host: host, Kind: "app"}
 	post := func() {
@@ -164,15 +173,7 @@ func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CI runs as root)")
 	}
-	dir, err := os.MkdirTemp("", "iso")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o711)
-	bin, _ := os.ReadFile(os.Args[0])
-	inst := filepath.Join(dir, "inst")
-	os.WriteFile(inst, bin, 0o755)
+	dir, inst := reachableInstance(t, "iso")
 	fb, err := filebucket.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -181,17 +182,12 @@ func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
 	e, err := New(Config{Bucket: probe, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
 		Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
 			Replication: Replication{Class: ReplicatePeriodic, Interval: 50 * time.Millisecond}, StopGrace: 5 * time.Second,
-			Isolation: IsolationOn}}, UIDFirst: 3200200, UIDCount: 100})
+			Isolation: IsolationOn, Network: NetworkHost}}, UIDFirst: 3200200, UIDCount: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
 	probe.e = e
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		e.Drain(ctx)
-		e.Close()
-	})
+	drainAtEnd(t, e)
 	u, err := e.Acquire(context.Background(), Space{Host: probe.host, Kind: "app"})
 	if err != nil {
 		t.Fatal(err)
@@ -219,9 +215,12 @@ func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	u.Release()
+	// Not held across the request below: a sync that freezes the instance waits for the
+	// lock in Put, and the request would wait for the frozen instance.
 	probe.mu.Lock()
-	defer probe.mu.Unlock()
-	for i, frozen := range probe.seen {
+	seen := slices.Clone(probe.seen)
+	probe.mu.Unlock()
+	for i, frozen := range seen {
 		if !frozen {
 			t.Errorf("manifest write %d of a running isolated instance happened while it ran", i)
 		}
@@ -240,15 +239,7 @@ func BenchmarkWakeSleepIsolation(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root")
 	}
-	dir, err := os.MkdirTemp("", "isob")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	os.Chmod(dir, 0o711)
-	bin, _ := os.ReadFile(os.Args[0])
-	inst := filepath.Join(dir, "inst")
-	os.WriteFile(inst, bin, 0o755)
+	dir, inst := reachableInstance(b, "isob")
 	per := map[string]time.Duration{}
 	for _, mode := range []string{IsolationNone, IsolationOn} {
 		b.Run("isolation="+mode, func(b *testing.B) {
@@ -258,7 +249,7 @@ func BenchmarkWakeSleepIsolation(b *testing.B) {
 			}
 			e, err := New(Config{Bucket: fb, StateDir: filepath.Join(dir, "state-"+mode), Holder: "box", Incarnation: "1",
 				Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
-					Replication: Replication{Class: ReplicateSleep}, StopGrace: 5 * time.Second, Isolation: mode}},
+					Replication: Replication{Class: ReplicateSleep}, StopGrace: 5 * time.Second, Isolation: mode, Network: NetworkHost}},
 				UIDFirst: 3200400, UIDCount: 100})
 			if err != nil {
 				b.Fatal(err)

@@ -48,7 +48,9 @@ type proc struct {
 	uid      int    // the owner the instance's socket must have
 	link     string // the proxy's link to the instance's socket, removed at the reap
 	release  func() // frees the thread that forked the instance (sandbox.Group.Start); nil without a group
-	oomKills int    // set by reap before exited is closed
+	// netRelease ends the instance's admission to the egress filter; nil: none.
+	netRelease func()
+	oomKills   int // set by reap before exited is closed
 
 	// mu orders signals against the reap: once the leader is reaped, its pid (the
 	// group's id) may be reused by an unrelated process, so nothing is signalled after.
@@ -93,6 +95,9 @@ func (p *proc) reap() error {
 		p.group.Remove()
 		p.release()
 	}
+	if p.netRelease != nil {
+		p.netRelease() // every process of the uid is gone (the group was killed)
+	}
 	os.Remove(p.link) // before exited: the next wake pins its own
 	close(p.exited)
 	return err
@@ -124,8 +129,8 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	}
 	started := false
 	defer func() {
-		if !started && plan.group != nil {
-			plan.group.Remove()
+		if !started {
+			plan.release()
 		}
 	}()
 	if err := os.Remove(in.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -150,14 +155,14 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	cmd.SysProcAttr = sysProcAttr()
 	cmd.SysProcAttr.Credential = plan.cred
 	fmt.Fprintf(logw, "--- %s starting %s (version %q)\n", time.Now().UTC().Format(time.RFC3339), kind.Name, sp.Version)
-	p := &proc{cmd: cmd, exited: make(chan struct{}), group: plan.group, uid: os.Geteuid(), link: in.link}
+	p := &proc{cmd: cmd, exited: make(chan struct{}), group: plan.group, uid: os.Geteuid(), link: in.link, netRelease: plan.netRelease}
 	if plan.cred != nil {
 		p.uid = int(plan.cred.Uid)
 		p.isolated = plan.group != nil
 	}
 	in.unpinSocket()
 	if plan.group != nil {
-		p.release, err = plan.group.Start(cmd)
+		p.release, err = plan.group.Start(cmd, sandbox.StartOptions{EmptyNetwork: plan.emptyNet})
 	} else {
 		err = cmd.Start()
 	}

@@ -51,12 +51,7 @@ func reuseTestEngine(t *testing.T, b bucket.Bucket, holder string) *Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		e.Drain(ctx)
-		e.Close()
-	})
+	drainAtEnd(t, e)
 	return e
 }
 

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -21,6 +22,8 @@ const (
 	CapKill        Cap = unix.CAP_KILL         // send the stop signal to a process of another uid
 	CapSetGID      Cap = unix.CAP_SETGID       // start the instance with the space's gid and no supplementary groups
 	CapSetUID      Cap = unix.CAP_SETUID       // start the instance with the space's uid
+	CapNetAdmin    Cap = unix.CAP_NET_ADMIN    // network egress: install the box's nftables table
+	CapSysAdmin    Cap = unix.CAP_SYS_ADMIN    // network none: start the instance in a network namespace of its own
 )
 
 // IsolationCaps are the capabilities a box needs to run isolated spaces.
@@ -33,6 +36,8 @@ var capNames = map[Cap]string{
 	CapKill:        "CAP_KILL",
 	CapSetGID:      "CAP_SETGID",
 	CapSetUID:      "CAP_SETUID",
+	CapNetAdmin:    "CAP_NET_ADMIN",
+	CapSysAdmin:    "CAP_SYS_ADMIN",
 }
 
 func (c Cap) String() string {
@@ -100,4 +105,17 @@ func CheckIsolationCaps() error {
 		names[i] = c.String()
 	}
 	return fmt.Errorf("isolation needs %s, which this box lacks (grant them with AmbientCapabilities= in the systemd unit, run as root, or set isolation none)", strings.Join(names, ", "))
+}
+
+// requireCap returns an error saying what needs c (the message names it) when this
+// process lacks c in its effective set.
+func requireCap(c Cap, msg string) error {
+	missing, err := MissingCaps(c)
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return errors.New(msg)
+	}
+	return nil
 }

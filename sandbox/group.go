@@ -177,6 +177,13 @@ func (g *Group) apply(l Limits) error {
 	return nil
 }
 
+// StartOptions are the parts of an instance's confinement set up on its forking thread.
+type StartOptions struct {
+	// EmptyNetwork starts the instance in a network namespace of its own whose only
+	// interface is an up loopback (network none; see CheckEmptyNetwork).
+	EmptyNetwork bool
+}
+
 // Start starts cmd with every process it will ever have inside the group.
 //
 // It forks from a dedicated OS thread that first drops its ambient capabilities (a box
@@ -186,8 +193,10 @@ func (g *Group) apply(l Limits) error {
 // groups, so it is inside before any of its code runs; a v2 group is entered atomically
 // by clone3), and leaves them again. The thread then stays parked until release is
 // called, because the kernel delivers SysProcAttr.Pdeathsig when the forking thread
-// ends, not the process: call release once the process has been reaped.
-func (g *Group) Start(cmd *exec.Cmd) (release func(), err error) {
+// ends, not the process: call release once the process has been reaped. With
+// opt.EmptyNetwork the thread moves into a new network namespace first, so the
+// instance starts inside it; the namespace ends with the instance's last process.
+func (g *Group) Start(cmd *exec.Cmd, opt StartOptions) (release func(), err error) {
 	type result struct {
 		err     error
 		release chan struct{}
@@ -197,7 +206,7 @@ func (g *Group) Start(cmd *exec.Cmd) (release func(), err error) {
 		// Never unlocked: the Go runtime ends a thread whose goroutine exits locked, so
 		// this thread's changed capabilities and groups die with it.
 		runtime.LockOSThread()
-		if err := g.startLocked(cmd); err != nil {
+		if err := g.startLocked(cmd, opt); err != nil {
 			res <- result{err: err}
 			return
 		}
@@ -212,9 +221,14 @@ func (g *Group) Start(cmd *exec.Cmd) (release func(), err error) {
 	return sync.OnceFunc(func() { close(r.release) }), nil
 }
 
-func (g *Group) startLocked(cmd *exec.Cmd) error {
+func (g *Group) startLocked(cmd *exec.Cmd, opt StartOptions) error {
 	if err := dropInheritableCaps(); err != nil {
 		return err
+	}
+	if opt.EmptyNetwork {
+		if err := enterEmptyNetwork(); err != nil {
+			return err
+		}
 	}
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}

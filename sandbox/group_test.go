@@ -53,6 +53,8 @@ func TestMain(m *testing.M) {
 		os.Stdout.Write(st)
 	case "ambient-box":
 		ambientBox()
+	case "netprobe":
+		netProbe(strings.Fields(os.Getenv("SANDBOX_PROBE")))
 	}
 }
 
@@ -96,7 +98,7 @@ func testEscape(t *testing.T, c *Cgroups) {
 	cmd.Env = append(os.Environ(), "SANDBOX_TEST_MODE=escape")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	out, _ := cmd.StdoutPipe()
-	release, err := g.Start(cmd)
+	release, err := g.Start(cmd, StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +145,7 @@ func TestGroupMemoryLimitOOMKills(t *testing.T) {
 	defer g.Remove()
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), "SANDBOX_TEST_MODE=hog")
-	release, err := g.Start(cmd)
+	release, err := g.Start(cmd, StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +198,7 @@ func TestStartDropsAmbientCapabilities(t *testing.T) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 3999999, Gid: 3999999}}
 	var out strings.Builder
 	cmd.Stdout = &out
-	release, err := g.Start(cmd)
+	release, err := g.Start(cmd, StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +285,7 @@ func ambientBox() {
 	cmd.Env = append(os.Environ(), "SANDBOX_TEST_MODE=caps")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 3999991, Gid: 3999991, Groups: []uint32{}}}
 	cmd.Stdout = os.Stdout
-	release, err := g.Start(cmd)
+	release, err := g.Start(cmd, StartOptions{})
 	if err != nil {
 		fmt.Println("start:", err)
 		os.Exit(1)
@@ -309,7 +311,7 @@ func TestFreezeStopsEveryProcessUntilThaw(t *testing.T) {
 	}
 	defer g.Remove()
 	cmd := exec.Command("/bin/sh", "-c", "while :; do :; done")
-	release, err := g.Start(cmd)
+	release, err := g.Start(cmd, StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

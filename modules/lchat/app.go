@@ -144,6 +144,16 @@ type Kind struct {
 	// Limits bound each instance of this kind and every process it starts. Default
 	// none.
 	Limits *Limits `json:"limits,omitempty"`
+	// Network is what an instance reaches: "egress" (the internet and this box's
+	// resolver; never this box, its loopback and own addresses, link-local and
+	// metadata addresses, private ranges or the mesh peers, refused at once), "none"
+	// (an empty network namespace: loopback only), "host" (the box's network, the
+	// opt-out), or empty (default): egress when the kind is isolated and this box can
+	// install the filter (CAP_NET_ADMIN), else host. egress and none need isolation.
+	Network string `json:"network,omitempty"`
+	// NetworkAllow re-opens ranges (CIDR, or an address) for network egress, such as a
+	// database on the private network. Default none.
+	NetworkAllow []string `json:"network_allow,omitempty"`
 }
 
 // Limits bound an instance through its cgroup; a kind asking for one the host cannot
@@ -452,6 +462,14 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		Retention:    time.Duration(kc.Retention),
 		GCGrace:      time.Duration(kc.GCGrace),
 		Isolation:    kc.Isolation,
+		Network:      kc.Network,
+	}
+	for _, a := range kc.NetworkAllow {
+		p, err := engine.ParseAllow(expand(a))
+		if err != nil {
+			return k, err
+		}
+		k.NetworkAllow = append(k.NetworkAllow, p)
 	}
 	if l := kc.Limits; l != nil {
 		k.Limits = engine.Limits{MemoryBytes: l.Memory, CPU: l.CPU, Pids: l.Pids}

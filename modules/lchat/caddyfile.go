@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
+	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/modules/buckets"
 )
@@ -67,6 +68,9 @@ func init() {
 //			retention <duration>
 //			gc_grace <duration>
 //			isolation on|none
+//			network none|egress|host {
+//				allow <cidr...>
+//			}
 //			limits {
 //				memory <size>
 //				cpu <cores>
@@ -288,6 +292,30 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "isolation":
 			if err := caddyfileutil.OneArg(d, &k.Isolation); err != nil {
 				return err
+			}
+		case "network":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			k.Network = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				if d.Val() != "allow" {
+					return d.Errf("unrecognized subdirective %s", d.Val())
+				}
+				args := d.RemainingArgs()
+				if len(args) == 0 {
+					return d.ArgErr()
+				}
+				for _, a := range args {
+					// A placeholder is checked once expanded, in Provision.
+					if _, err := engine.ParseAllow(a); err != nil && !strings.Contains(a, "{") {
+						return d.Err(err.Error())
+					}
+				}
+				k.NetworkAllow = append(k.NetworkAllow, args...)
 			}
 		case "limits":
 			if d.NextArg() {

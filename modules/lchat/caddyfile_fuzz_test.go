@@ -10,7 +10,8 @@ func FuzzAppCaddyfile(f *testing.F) {
 	for _, s := range append(caddyfuzz.Seeds,
 		"lchat {\n\tbucket file /tmp/b\n\tstate_dir /s\n\tregistry /r.db\n\tmax_awake 2\n\tdrain_timeout 30s\n\tkind demo {\n\t\tcommand {self} demo-space\n\t\tready_path /healthz\n\t\tidle_timeout 10m\n\t\tstop_grace 10s\n\t\tstop_signal SIGTERM\n\t\treplication periodic 60s\n\t\tallowed_env A B\n\t}\n}",
 		"lchat {\n\tmesh {\n\t\tself https://a.example.net\n\t\tdomains example.com\n\t}\n\twildcard_domains example.com example.net\n}",
-		"lchat {\n\tkind k {\n\t\treplication hourly\n\t}\n}", "lchat {\n\tmax_awake -1\n}", "lchat {\n\tkind {\n\t}\n}",
+		"lchat {\n\tkind k {\n\t\treplication hourly\n\t}\n}",
+		"lchat {\n\tkind k {\n\t\tnetwork egress {\n\t\t\tallow 10.1.0.0/16 fd12::7\n\t\t}\n\t}\n\tkind n {\n\t\tnetwork none\n\t}\n}", "lchat {\n\tmax_awake -1\n}", "lchat {\n\tkind {\n\t}\n}",
 	) {
 		f.Add(s)
 	}

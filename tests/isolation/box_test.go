@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lchat/lchat-caddy/internal/testnet"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -26,15 +27,33 @@ type box struct {
 	t        testing.TB
 	dir      string // 0711, like /var/lib/lchat-caddy under the shipped unit
 	admin    string // the admin socket
+	adminTCP string // the admin API's TCP address instead, when set (boxOptions)
 	httpAddr string
 	cmd      *exec.Cmd
 	done     chan struct{}
 	logs     *harness.SyncBuffer
+	// dial connects to the box's TCP addresses: from its network namespace, if it has one.
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// boxOptions are what a box of the network tests changes.
+type boxOptions struct {
+	// ns runs the box in that network namespace; nil: the machine's own.
+	ns *testnet.NS
+	// adminTCP puts the admin API on this TCP address (as dev does, localhost:2019)
+	// instead of the 0600 Unix socket.
+	adminTCP string
 }
 
 // startBox runs lchat-caddy with caddyfile; {$DIR}, {$HTTP_PORT}, {$HTTPS_PORT} and the
 // variables in env are in its environment.
 func startBox(t *testing.T, caddyfile string, env ...string) *box {
+	t.Helper()
+	return startBoxWith(t, boxOptions{}, caddyfile, env...)
+}
+
+// startBoxWith is startBox with opts.
+func startBoxWith(t *testing.T, opts boxOptions, caddyfile string, env ...string) *box {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "iso")
 	if err != nil {
@@ -50,7 +69,16 @@ func startBox(t *testing.T, caddyfile string, env ...string) *box {
 	for _, d := range []string{"home", "data", "config"} {
 		os.MkdirAll(filepath.Join(dir, d), 0o700)
 	}
-	b := &box{t: t, dir: dir, admin: filepath.Join(dir, "admin.sock"), done: make(chan struct{}), logs: new(harness.SyncBuffer)}
+	b := &box{t: t, dir: dir, admin: filepath.Join(dir, "admin.sock"), adminTCP: opts.adminTCP, done: make(chan struct{}),
+		logs: new(harness.SyncBuffer), dial: (&net.Dialer{}).DialContext}
+	adminListen := "unix/" + b.admin + "|0600"
+	if opts.adminTCP != "" {
+		adminListen = opts.adminTCP
+	}
+	start := func(cmd *exec.Cmd) error { return cmd.Start() }
+	if opts.ns != nil {
+		b.dial, start = opts.ns.DialContext, opts.ns.Start
+	}
 	httpPort, httpsPort := harness.FreePort(t, "127.0.0.1"), harness.FreePort(t, "127.0.0.1")
 	b.httpAddr = "127.0.0.1:" + httpPort
 	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(caddyfile), 0o600); err != nil {
@@ -60,10 +88,10 @@ func startBox(t *testing.T, caddyfile string, env ...string) *box {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "HOME="+filepath.Join(dir, "home"), "XDG_DATA_HOME="+filepath.Join(dir, "data"),
 		"XDG_CONFIG_HOME="+filepath.Join(dir, "config"), "DIR="+dir, "HTTP_PORT="+httpPort, "HTTPS_PORT="+httpsPort,
-		"LCHAT_ADMIN_LISTEN=unix/"+b.admin+"|0600")
+		"LCHAT_ADMIN_LISTEN="+adminListen)
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = b.logs, b.logs
-	if err := cmd.Start(); err != nil {
+	if err := start(cmd); err != nil {
 		t.Fatal(err)
 	}
 	b.cmd = cmd
@@ -97,16 +125,23 @@ func startBox(t *testing.T, caddyfile string, env ...string) *box {
 }
 
 func (b *box) adminCall(method, path string, body any) (int, []byte, error) {
-	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+	base := "http://admin"
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", b.admin)
-	}}, Timeout: 60 * time.Second}
+	}
+	if b.adminTCP != "" {
+		// On TCP, Caddy's admin API accepts only its own address as the Host.
+		base = "http://" + b.adminTCP
+		dial = func(ctx context.Context, _, _ string) (net.Conn, error) { return b.dial(ctx, "tcp", b.adminTCP) }
+	}
+	c := &http.Client{Transport: &http.Transport{DialContext: dial}, Timeout: 60 * time.Second}
 	var rd io.Reader
 	if body != nil {
 		data, _ := json.Marshal(body)
 		rd = bytes.NewReader(data)
 	}
-	req, _ := http.NewRequest(method, "http://admin"+path, rd)
+	req, _ := http.NewRequest(method, base+path, rd)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.Do(req)
 	if err != nil {
@@ -133,8 +168,7 @@ func (b *box) mustAdmin(method, path string, body any, out any) {
 // space sends a request to host through the box.
 func (b *box) space(method, host, path string) (int, []byte, error) {
 	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, b.httpAddr)
+		return b.dial(ctx, network, b.httpAddr)
 	}}, Timeout: 2 * time.Minute}
 	req, _ := http.NewRequest(method, "http://"+host+path, nil)
 	resp, err := c.Do(req)
@@ -149,8 +183,7 @@ func (b *box) space(method, host, path string) (int, []byte, error) {
 // spaceClose is space on a fresh connection, so the box dials the instance anew.
 func (b *box) spaceClose(method, host, path string) (int, []byte, error) {
 	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, b.httpAddr)
+		return b.dial(ctx, network, b.httpAddr)
 	}}, Timeout: time.Minute}
 	req, _ := http.NewRequest(method, "http://"+host+path, nil)
 	resp, err := c.Do(req)
@@ -163,9 +196,10 @@ func (b *box) spaceClose(method, host, path string) (int, []byte, error) {
 }
 
 type attempt struct {
-	OK  bool   `json:"ok"`
-	Err string `json:"err"`
-	Out string `json:"out"`
+	OK  bool    `json:"ok"`
+	Err string  `json:"err"`
+	Out string  `json:"out"`
+	MS  float64 `json:"ms"` // how long the attempt took, when it says
 }
 
 // try asks host's instance to make one attempt (attacker's endpoints).

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lchat/lchat-caddy/internal/testnet"
 )
 
 func needRoot(t *testing.T) {
@@ -81,8 +83,11 @@ https://certs.localhost {
 }
 `
 
+// startIsoBox runs the box in a network namespace of its own: its kinds are isolated,
+// so their network is egress, and the box's nftables table must not land in the
+// machine's own network.
 func startIsoBox(t *testing.T) *box {
-	b := startBox(t, isoCaddyfile, "ATTACKER="+attackerBinary(t))
+	b := startBoxWith(t, boxOptions{ns: testnet.New(t, "iso")}, isoCaddyfile, "ATTACKER="+attackerBinary(t))
 	for host, kind := range map[string]string{"a.localhost": "attack", "b.localhost": "attack", "e.localhost": "escape", "h.localhost": "hog"} {
 		b.mustAdmin("POST", "/lchat/routes", map[string]any{"host": host, "kind": kind, "hibernate": true}, nil)
 	}

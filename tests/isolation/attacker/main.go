@@ -13,9 +13,16 @@
 //	POST /hog                       allocate memory until killed
 //	POST /flood?mb=N                write N MiB to stdout (the instance log)
 //	POST /hijack?target=P           replace this instance's socket with a symlink to P
+//	POST /connect?addr=A[&net=udp]  connect to A (TCP: ok once connected, out is the
+//	                                server's first line; UDP: ok once a datagram is sent)
+//	POST /resolve?name=N[&server=S] look N up through /etc/resolv.conf's resolver, or S
+//	POST /interfaces                this instance's network interfaces
+//
+// Every answer carries ms, how long the attempt took.
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -31,13 +38,18 @@ import (
 )
 
 type result struct {
-	OK  bool   `json:"ok"`
-	Err string `json:"err,omitempty"`
-	Out string `json:"out,omitempty"`
+	OK  bool    `json:"ok"`
+	Err string  `json:"err,omitempty"`
+	Out string  `json:"out,omitempty"`
+	MS  float64 `json:"ms"`
 }
 
 func answer(w http.ResponseWriter, out string, err error) {
-	r := result{OK: err == nil, Out: out}
+	answerTimed(w, out, err, 0)
+}
+
+func answerTimed(w http.ResponseWriter, out string, err error, d time.Duration) {
+	r := result{OK: err == nil, Out: out, MS: d.Seconds() * 1000}
 	if err != nil {
 		r.Err = err.Error()
 	}
@@ -142,6 +154,52 @@ func main() {
 			os.Stdout.Write(line)
 		}
 		answer(w, "", nil)
+	})
+	mux.HandleFunc("/connect", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		network := "tcp"
+		if q.Get("net") == "udp" {
+			network = "udp"
+		}
+		start := time.Now()
+		c, err := net.DialTimeout(network, q.Get("addr"), 5*time.Second)
+		var out string
+		if err == nil && network == "udp" {
+			_, err = c.Write([]byte("x"))
+		}
+		d := time.Since(start)
+		if err == nil && network == "tcp" {
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			b := make([]byte, 64)
+			n, _ := c.Read(b)
+			out = strings.TrimSpace(string(b[:n]))
+		}
+		if c != nil {
+			c.Close()
+		}
+		answerTimed(w, out, err, d)
+	})
+	mux.HandleFunc("/resolve", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		res := &net.Resolver{PreferGo: true}
+		if s := q.Get("server"); s != "" {
+			res.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, net.JoinHostPort(s, "53"))
+			}
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		start := time.Now()
+		addrs, err := res.LookupHost(ctx, q.Get("name"))
+		answerTimed(w, strings.Join(addrs, ","), err, time.Since(start))
+	})
+	mux.HandleFunc("/interfaces", func(w http.ResponseWriter, r *http.Request) {
+		ifs, err := net.Interfaces()
+		var names []string
+		for _, i := range ifs {
+			names = append(names, i.Name)
+		}
+		answer(w, strings.Join(names, ","), err)
 	})
 	var hijacked atomic.Bool
 	mux.HandleFunc("/hijack", func(w http.ResponseWriter, r *http.Request) {
