@@ -8,7 +8,7 @@ import (
 	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // RoutesPage is the GET /lchat/routes answer.
@@ -42,12 +42,12 @@ type HibernateRequest struct {
 
 // HistoryResponse is the GET /lchat/routes/{host}/history answer.
 type HistoryResponse struct {
-	Host        string             `json:"host"`
-	Checkpoints []space.Checkpoint `json:"checkpoints"`
+	Host        string                  `json:"host"`
+	Checkpoints []spacestore.Checkpoint `json:"checkpoints"`
 }
 
 // RestoreRequest is the POST /lchat/routes/{host}/restore body; the answer is a
-// space.RestoreResult.
+// spacestore.RestoreResult.
 type RestoreRequest struct {
 	At string `json:"at"`
 }

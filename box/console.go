@@ -8,7 +8,7 @@ import (
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // Console is what the operator's console reads (fleetview.Source) and, when its actions
@@ -59,7 +59,7 @@ func (c Console) Spaces(ctx context.Context, search string, limit int) ([]fleetv
 
 // Stored reads host's manifest from the bucket.
 func (c Console) Stored(ctx context.Context, host string) (fleetview.Stored, bool, error) {
-	m, _, err := space.ReadManifest(ctx, c.b.bucket, host)
+	m, _, err := spacestore.ReadManifest(ctx, c.b.bucket, host)
 	if err != nil || m == nil {
 		return fleetview.Stored{}, false, err
 	}

@@ -7,17 +7,17 @@ import (
 
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/registry"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // History lists host's checkpoints within its kind's retention, oldest first; never nil.
-func (b *Box) History(ctx context.Context, host string) ([]space.Checkpoint, error) {
+func (b *Box) History(ctx context.Context, host string) ([]spacestore.Checkpoint, error) {
 	cps, err := b.eng.History(ctx, host)
 	if err != nil {
 		return nil, err
 	}
 	if cps == nil {
-		cps = []space.Checkpoint{}
+		cps = []spacestore.Checkpoint{}
 	}
 	return cps, nil
 }
@@ -25,13 +25,13 @@ func (b *Box) History(ctx context.Context, host string) ([]space.Checkpoint, err
 // Restore makes the checkpoint t names the current state of host's asleep space, as a
 // new generation. It is refused (409), writing nothing, while the space is awake on any
 // box.
-func (b *Box) Restore(ctx context.Context, host string, t space.Target) (space.RestoreResult, error) {
+func (b *Box) Restore(ctx context.Context, host string, t spacestore.Target) (spacestore.RestoreResult, error) {
 	rt, err := b.reg.Get(host)
 	if errors.Is(err, registry.ErrNotFound) {
-		return space.RestoreResult{}, fail(http.StatusNotFound, "no route for host %s", host)
+		return spacestore.RestoreResult{}, fail(http.StatusNotFound, "no route for host %s", host)
 	}
 	if err != nil {
-		return space.RestoreResult{}, err
+		return spacestore.RestoreResult{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, saveTimeout)
 	defer cancel()
@@ -42,7 +42,7 @@ func (b *Box) Restore(ctx context.Context, host string, t space.Target) (space.R
 		return res, fail(http.StatusConflict, "%s is awake on this box: put it to sleep before restoring", host)
 	case errors.As(err, &held):
 		return res, fail(http.StatusConflict, "%s is awake on %s: put it to sleep before restoring", host, held.Holder)
-	case errors.Is(err, space.ErrNoCheckpoint):
+	case errors.Is(err, spacestore.ErrNoCheckpoint):
 		return res, fail(http.StatusNotFound, "%v", err)
 	}
 	return res, err

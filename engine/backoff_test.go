@@ -14,7 +14,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 func TestWakeBackoff(t *testing.T) {
@@ -110,11 +110,11 @@ func TestFailedWakeBacksOff(t *testing.T) {
 	const host = "broken.example.com"
 	sum := sha256.Sum256([]byte("the real bytes"))
 	hexSum := hex.EncodeToString(sum[:])
-	if _, err := c.Bucket.Put(ctx, space.BlobKey(host, hexSum), strings.NewReader("corrupted!"), 10, bucket.Cond{}); err != nil {
+	if _, err := c.Bucket.Put(ctx, spacestore.BlobKey(host, hexSum), strings.NewReader("corrupted!"), 10, bucket.Cond{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := space.WriteManifest(ctx, c.Bucket, host, &space.Manifest{Generation: 1,
-		Files: []space.File{{Path: "notes.txt", Size: 14, SHA256: hexSum, Mode: 0o600}}}, ""); err != nil {
+	if _, err := spacestore.WriteManifest(ctx, c.Bucket, host, &spacestore.Manifest{Generation: 1,
+		Files: []spacestore.File{{Path: "notes.txt", Size: 14, SHA256: hexSum, Mode: 0o600}}}, ""); err != nil {
 		t.Fatal(err)
 	}
 	var blobGets, leaseOps atomic.Int64
@@ -165,7 +165,7 @@ func TestFailedWakeBacksOff(t *testing.T) {
 
 	// Healed: fix the blob, let the backoff pass; the wake succeeds and resets it.
 	cut.Store(false)
-	if _, err := c.Bucket.Put(ctx, space.BlobKey(host, hexSum), strings.NewReader("the real bytes"), 14, bucket.Cond{}); err != nil {
+	if _, err := c.Bucket.Put(ctx, spacestore.BlobKey(host, hexSum), strings.NewReader("the real bytes"), 14, bucket.Cond{}); err != nil {
 		t.Fatal(err)
 	}
 	in.mu.Lock()

@@ -22,7 +22,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/sandbox"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
@@ -69,10 +69,10 @@ type Kind struct {
 	Replication Replication
 	// WakePath is the POST target of scheduled wakes. Default "/".
 	WakePath string
-	// Retention is how long checkpoints stay restorable. Default space.DefaultRetention.
+	// Retention is how long checkpoints stay restorable. Default spacestore.DefaultRetention.
 	Retention time.Duration
 	// GCGrace is how young an unreferenced object must be to survive a collection (an
-	// upload, restore or relocate copy in flight). Default space.DefaultGCGrace.
+	// upload, restore or relocate copy in flight). Default spacestore.DefaultGCGrace.
 	GCGrace time.Duration
 	// Isolation is IsolationAuto (default), IsolationOn or IsolationNone (isolate.go).
 	Isolation string
@@ -206,7 +206,7 @@ type counters struct {
 type Engine struct {
 	cfg    Config
 	log    *zap.Logger
-	holder space.Holder
+	holder spacestore.Holder
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // background loops and per-space goroutines that end on ctx
@@ -276,13 +276,13 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg:    cfg,
 		log:    cfg.Logger,
-		holder: space.Holder{ID: cfg.Holder, Incarnation: cfg.Incarnation, Live: cfg.HolderLive},
+		holder: spacestore.Holder{ID: cfg.Holder, Incarnation: cfg.Incarnation, Live: cfg.HolderLive},
 		spaces: make(map[string]*inst),
 
 		wakeSlots:     make(map[string]*wakeSlot),
 		wakeRetryBase: wakeRetryBase,
 	}
-	e.holder.OnTakeover = func(host string, prev space.Lease) {
+	e.holder.OnTakeover = func(host string, prev spacestore.Lease) {
 		e.log.Warn("took over the lease of a holder that was not live", zap.String("host", host),
 			zap.String("holder", prev.Holder), zap.String("incarnation", prev.Incarnation), zap.Time("acquired_at", prev.AcquiredAt))
 	}

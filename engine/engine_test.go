@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 func TestCrashBackoff(t *testing.T) {
@@ -116,7 +116,7 @@ func TestKindDefaultsAndValidation(t *testing.T) {
 			t.Errorf("withDefaults(%s, %+v) = %v, want %q", tc.name, tc.kind, err, tc.want)
 		}
 	}
-	if k, err := (Kind{Command: "x"}).withDefaults("demo"); err != nil || k.GCGrace != space.DefaultGCGrace || k.Retention != space.DefaultRetention {
+	if k, err := (Kind{Command: "x"}).withDefaults("demo"); err != nil || k.GCGrace != spacestore.DefaultGCGrace || k.Retention != spacestore.DefaultRetention {
 		t.Errorf("defaults: gc_grace %v retention %v, %v", k.GCGrace, k.Retention, err)
 	}
 	if _, err := ParseSignal("SIGWHAT"); err == nil || !strings.Contains(err.Error(), "stop_signal") {

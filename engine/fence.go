@@ -5,7 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
@@ -64,9 +64,9 @@ func (e *Engine) recheck(in *inst) {
 	}
 	log := in.logger()
 	ctx := e.ctx
-	ours, err := space.StillHeld(ctx, e.cfg.Bucket, in.host, etag, e.holder)
+	ours, err := spacestore.StillHeld(ctx, e.cfg.Bucket, in.host, etag, e.holder)
 	if err == nil && ours && in.syncer != nil {
-		_, cur, rerr := space.ReadManifest(ctx, e.cfg.Bucket, in.host)
+		_, cur, rerr := spacestore.ReadManifest(ctx, e.cfg.Bucket, in.host)
 		_, mine := in.syncer.Manifest()
 		err = rerr
 		ours = cur == mine

@@ -20,7 +20,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 func newCountingEngine(t testing.TB, cfg Config) (*Engine, *membucket.Counting) {
@@ -53,7 +53,7 @@ func TestHeldSpaceStartsOneRecheck(t *testing.T) {
 	const host = "held.example.com"
 	unblock := make(chan struct{})
 	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
-		if key == space.LeaseKey(host) {
+		if key == spacestore.LeaseKey(host) {
 			select {
 			case <-unblock:
 			case <-ctx.Done():
@@ -92,7 +92,7 @@ func TestHeldSpaceStartsOneRecheck(t *testing.T) {
 // wakeRecord reads wakes/<host>: its time, or ok false when there is none.
 func wakeRecord(t *testing.T, b bucket.Bucket, host string) (time.Time, bool) {
 	t.Helper()
-	obj, err := b.Get(context.Background(), space.WakeKey(host))
+	obj, err := b.Get(context.Background(), spacestore.WakeKey(host))
 	if errors.Is(err, bucket.ErrNotFound) {
 		return time.Time{}, false
 	}
@@ -147,7 +147,7 @@ func TestScheduledWakeRecordSurvivesFailedWrite(t *testing.T) {
 	// Writes of wake records fail while these count down.
 	var failPuts, failDeletes atomic.Int64
 	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
-		if !strings.HasPrefix(key, space.WakesPrefix) {
+		if !strings.HasPrefix(key, spacestore.WakesPrefix) {
 			return nil
 		}
 		if op == membucket.OpPut && failPuts.Add(-1) >= 0 || op == membucket.OpDelete && failDeletes.Add(-1) >= 0 {
@@ -166,7 +166,7 @@ func TestScheduledWakeRecordSurvivesFailedWrite(t *testing.T) {
 		if err := os.MkdirAll(filepath.Join(in.dataDir, ".lchat"), 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(in.dataDir, filepath.FromSlash(space.NextWakeFile)), []byte(at.Format(time.RFC3339)), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(in.dataDir, filepath.FromSlash(spacestore.NextWakeFile)), []byte(at.Format(time.RFC3339)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		u.Release()
@@ -208,7 +208,7 @@ func TestForgetDeletesWakeRecord(t *testing.T) {
 	e, c := newCountingEngine(t, Config{})
 	defer e.Close()
 	const host = "gone.example.com"
-	if _, err := space.PutWake(context.Background(), c, host, time.Now().Add(time.Hour)); err != nil {
+	if _, err := spacestore.PutWake(context.Background(), c, host, time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Forget(context.Background(), host); err != nil {
@@ -231,7 +231,7 @@ func TestScanDeletesWakeOfHostWithNoRoute(t *testing.T) {
 	defer e.Close()
 	past := time.Now().Add(-time.Minute)
 	for _, h := range []string{"mine.example.com", "theirs.example.com"} {
-		if _, err := space.PutWake(context.Background(), c, h, past); err != nil {
+		if _, err := spacestore.PutWake(context.Background(), c, h, past); err != nil {
 			t.Fatal(err)
 		}
 	}

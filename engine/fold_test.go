@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 	_ "modernc.org/sqlite"
 )
 
@@ -45,13 +45,13 @@ func TestSleepCheckpointFoldsTheChain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	add(6000)                   // ~6.5 MB: several base chunks, page 1 in the first
-	for range space.FoldChain { // a chain periodic checkpoints leave (no background fold yet)
+	add(6000)                        // ~6.5 MB: several base chunks, page 1 in the first
+	for range spacestore.FoldChain { // a chain periodic checkpoints leave (no background fold yet)
 		e.syncNow(ctx, in)
 		add(1)
 	}
 	e.syncNow(ctx, in)
-	m, _, _ := space.ReadManifest(ctx, e.cfg.Bucket, host)
+	m, _, _ := spacestore.ReadManifest(ctx, e.cfg.Bucket, host)
 	if d := dbImage(t, m).Deltas; len(d) < 3 {
 		t.Fatalf("setup: the periodic checkpoints left %d deltas, want several", len(d))
 	}
@@ -60,14 +60,14 @@ func TestSleepCheckpointFoldsTheChain(t *testing.T) {
 	if err := e.Sleep(ctx, host); err != nil {
 		t.Fatal(err)
 	}
-	m, _, _ = space.ReadManifest(ctx, e.cfg.Bucket, host)
+	m, _, _ = spacestore.ReadManifest(ctx, e.cfg.Bucket, host)
 	if d := dbImage(t, m).Deltas; len(d) > 1 {
 		t.Fatalf("after the sleep the next wake reads %d deltas, want at most 1", len(d))
 	}
 }
 
 // TestPeriodicCheckpointsKeepTheChainShort: after each periodic checkpoint the engine folds
-// a chain longer than space.FoldChain, so a wake after a crash (no sleep checkpoint) reads
+// a chain longer than spacestore.FoldChain, so a wake after a crash (no sleep checkpoint) reads
 // at most that many deltas, however long the space ran.
 func TestPeriodicCheckpointsKeepTheChainShort(t *testing.T) {
 	e := newAwakeTestEngine(t, 0)
@@ -103,18 +103,18 @@ func TestPeriodicCheckpointsKeepTheChainShort(t *testing.T) {
 	}
 	add(6000)
 	longest := 0
-	for range 3 * space.FoldChain {
+	for range 3 * spacestore.FoldChain {
 		e.syncNow(ctx, in)
-		m, _, _ := space.ReadManifest(ctx, e.cfg.Bucket, host)
+		m, _, _ := spacestore.ReadManifest(ctx, e.cfg.Bucket, host)
 		longest = max(longest, len(dbImage(t, m).Deltas))
 		add(1)
 	}
-	if longest > space.FoldChain {
-		t.Fatalf("a wake after a crash would have read %d deltas, want at most %d", longest, space.FoldChain)
+	if longest > spacestore.FoldChain {
+		t.Fatalf("a wake after a crash would have read %d deltas, want at most %d", longest, spacestore.FoldChain)
 	}
 }
 
-func dbImage(t *testing.T, m *space.Manifest) *space.DBImage {
+func dbImage(t *testing.T, m *spacestore.Manifest) *spacestore.DBImage {
 	t.Helper()
 	if m != nil {
 		for _, f := range m.Files {

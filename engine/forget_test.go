@@ -14,7 +14,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // post sends an acknowledged write to the test instance (it appends the path to notes.txt).
@@ -40,7 +40,7 @@ func post(t *testing.T, u *Use, path string) {
 func savedNotes(t *testing.T, b bucket.Bucket, host string) string {
 	t.Helper()
 	dir := t.TempDir()
-	s := &space.Syncer{Bucket: b, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work")}
+	s := &spacestore.Syncer{Bucket: b, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work")}
 	ctx := context.Background()
 	if err := s.Load(ctx); err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestForgetSavesBeforeRemoving(t *testing.T) {
 	if got := savedNotes(t, c.Bucket, sp.Host); got != "/acknowledged-1\n/acknowledged-2\n" {
 		t.Fatalf("bucket after removing an awake space holds %q, want both acknowledged writes", got)
 	}
-	if l, _, _ := space.ReadLease(ctx, c.Bucket, sp.Host); !l.Released {
+	if l, _, _ := spacestore.ReadLease(ctx, c.Bucket, sp.Host); !l.Released {
 		t.Fatalf("lease after removal = %+v, want released", l)
 	}
 	if e.lookup(sp.Host) != nil {
@@ -167,7 +167,7 @@ func TestDiscardDropsUnsavedState(t *testing.T) {
 	if !procGone(pid) {
 		t.Fatal("instance running after Discard")
 	}
-	if l, _, _ := space.ReadLease(ctx, c.Bucket, sp.Host); !l.Released {
+	if l, _, _ := spacestore.ReadLease(ctx, c.Bucket, sp.Host); !l.Released {
 		t.Fatalf("lease after Discard = %+v, want released", l)
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/DeRuina/timberjack"
 	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
@@ -33,7 +33,7 @@ type inst struct {
 	// checkpoint, drop); it is held across I/O. Lock order: op before mu. Helpers that
 	// need op held end in OpHeld; those that need mu held end in Locked.
 	op     sync.Mutex
-	syncer *space.Syncer // guarded by op
+	syncer *spacestore.Syncer // guarded by op
 
 	// here mirrors state for lock-free readers (Engine.Awake): true while waking or
 	// awake. Written only by setStateLocked, with mu held.

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/registry"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // Kind defaults.
@@ -76,10 +76,10 @@ func (k Kind) withDefaults(name string) (Kind, error) {
 	if k.StopGrace, err = positive("stop_grace", k.StopGrace, DefaultStopGrace); err != nil {
 		return k, err
 	}
-	if k.Retention, err = positive("retention", k.Retention, space.DefaultRetention); err != nil {
+	if k.Retention, err = positive("retention", k.Retention, spacestore.DefaultRetention); err != nil {
 		return k, err
 	}
-	if k.GCGrace, err = positive("gc_grace", k.GCGrace, space.DefaultGCGrace); err != nil {
+	if k.GCGrace, err = positive("gc_grace", k.GCGrace, spacestore.DefaultGCGrace); err != nil {
 		return k, err
 	}
 	if k.ReadyTimeout, err = positive("ready_timeout", k.ReadyTimeout, DefaultReadyTimeout); err != nil {

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // Event types.
@@ -104,7 +104,7 @@ func (e *Engine) emit(ev Event) {
 }
 
 // manifestSize is the total size of the files a manifest lists.
-func manifestSize(m *space.Manifest) int64 {
+func manifestSize(m *spacestore.Manifest) int64 {
 	if m == nil {
 		return 0
 	}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // ErrAwake means a point-in-time restore was refused because the space is awake (on this box,
@@ -13,11 +13,11 @@ import (
 var ErrAwake = errors.New("space is awake: put it to sleep before restoring")
 
 // History lists host's checkpoints, oldest first.
-func (e *Engine) History(ctx context.Context, host string) ([]space.Checkpoint, error) {
+func (e *Engine) History(ctx context.Context, host string) ([]spacestore.Checkpoint, error) {
 	if !validHost(host) {
 		return nil, fmt.Errorf("invalid host %q", host)
 	}
-	cps, _, err := space.History(ctx, e.cfg.Bucket, host)
+	cps, _, err := spacestore.History(ctx, e.cfg.Bucket, host)
 	return cps, err
 }
 
@@ -26,12 +26,12 @@ func (e *Engine) History(ctx context.Context, host string) ([]space.Checkpoint, 
 // holds the space's operation lock, so this box cannot wake it meanwhile; a space awake here
 // is refused with ErrAwake, one awake on another box with a *LeaseHeldError. Nothing is
 // written when refused.
-func (e *Engine) RestoreTo(ctx context.Context, host, kind string, t space.Target) (space.RestoreResult, error) {
+func (e *Engine) RestoreTo(ctx context.Context, host, kind string, t spacestore.Target) (spacestore.RestoreResult, error) {
 	if !validHost(host) {
-		return space.RestoreResult{}, fmt.Errorf("invalid host %q", host)
+		return spacestore.RestoreResult{}, fmt.Errorf("invalid host %q", host)
 	}
 	if e.fenced.Load() {
-		return space.RestoreResult{}, errFencedNoWrite
+		return spacestore.RestoreResult{}, errFencedNoWrite
 	}
 	k, _ := e.kind(kind)
 	in := e.get(host)
@@ -41,10 +41,10 @@ func (e *Engine) RestoreTo(ctx context.Context, host, kind string, t space.Targe
 	state, holding := in.state, in.leaseETag != ""
 	in.mu.Unlock()
 	if holding || (state != StateAsleep && state != StateFailed && state != StateFenced) {
-		return space.RestoreResult{}, ErrAwake
+		return spacestore.RestoreResult{}, ErrAwake
 	}
-	res, err := space.RestoreTo(ctx, e.cfg.Bucket, host, e.holder, t, k.Retention, e.now())
-	var held *space.LeaseHeldError
+	res, err := spacestore.RestoreTo(ctx, e.cfg.Bucket, host, e.holder, t, k.Retention, e.now())
+	var held *spacestore.LeaseHeldError
 	if errors.As(err, &held) {
 		return res, &LeaseHeldError{Holder: held.Holder}
 	}

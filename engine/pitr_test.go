@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // TestRestoreToRefusedWhileAwake: a point-in-time restore of a space awake on this box is
@@ -56,11 +56,11 @@ func TestRestoreToRefusedWhileAwake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, before, _ := space.ReadManifest(ctx, e.cfg.Bucket, host)
-	if _, err := e.RestoreTo(ctx, host, "app", space.Target{Generation: 1}); !errors.Is(err, ErrAwake) {
+	_, before, _ := spacestore.ReadManifest(ctx, e.cfg.Bucket, host)
+	if _, err := e.RestoreTo(ctx, host, "app", spacestore.Target{Generation: 1}); !errors.Is(err, ErrAwake) {
 		t.Fatalf("restore of an awake space = %v, want ErrAwake", err)
 	}
-	if _, after, _ := space.ReadManifest(ctx, e.cfg.Bucket, host); after != before {
+	if _, after, _ := spacestore.ReadManifest(ctx, e.cfg.Bucket, host); after != before {
 		t.Fatal("a refused restore wrote the manifest")
 	}
 	u.Release()
@@ -71,7 +71,7 @@ func TestRestoreToRefusedWhileAwake(t *testing.T) {
 	if err != nil || len(hist) != 2 {
 		t.Fatalf("history = %+v, %v; want 2 checkpoints", hist, err)
 	}
-	res, err := e.RestoreTo(ctx, host, "app", space.Target{Generation: 1})
+	res, err := e.RestoreTo(ctx, host, "app", spacestore.Target{Generation: 1})
 	if err != nil || res.Generation != 3 {
 		t.Fatalf("restore = %+v, %v", res, err)
 	}
@@ -81,7 +81,7 @@ func TestRestoreToRefusedWhileAwake(t *testing.T) {
 	if err := e.Sleep(ctx, host); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.RestoreTo(ctx, host, "app", space.Target{Generation: 2}); err != nil {
+	if _, err := e.RestoreTo(ctx, host, "app", spacestore.Target{Generation: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if got := notes(); got != "/one\n/two" {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // continuousPoll is how often the continuous class looks at the data dir's mtimes, and
@@ -75,10 +75,10 @@ func (e *Engine) syncNow(ctx context.Context, in *inst) {
 	if prev != nil {
 		next = prev.NextWake // scheduled wakes are recorded at sleep
 	}
-	if e.checkpointOpHeld(ctx, in, space.Periodic, next) == nil && in.syncer.FoldDue() {
+	if e.checkpointOpHeld(ctx, in, spacestore.Periodic, next) == nil && in.syncer.FoldDue() {
 		// Bound what a wake after a crash reads: merge the newest deltas now, as a
 		// checkpoint of its own (under the lease, conditioned on the manifest's ETag).
-		e.checkpointOpHeld(ctx, in, space.Fold, next)
+		e.checkpointOpHeld(ctx, in, spacestore.Fold, next)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
@@ -21,7 +21,7 @@ const WakeReasonHeader = "X-Lchat-Wake-Reason"
 // scanLoop lists wakes/ every WakeScanInterval (one LIST per scan, whatever the number of
 // spaces) and fires the due wakes of owned hosts.
 func (e *Engine) scanLoop() {
-	sc := &space.WakeScanner{Bucket: e.cfg.Bucket}
+	sc := &spacestore.WakeScanner{Bucket: e.cfg.Bucket}
 	var mu sync.Mutex
 	inFlight := map[string]bool{}
 	t := time.NewTicker(e.cfg.WakeScanInterval)
@@ -76,7 +76,7 @@ func (e *Engine) resolve(host string) (Space, bool) {
 
 // fireWake wakes the space and POSTs its WakePath until a 2xx, backing off, then deletes the
 // record (only if it is still the one that fired).
-func (e *Engine) fireWake(ctx context.Context, r space.WakeRecord) {
+func (e *Engine) fireWake(ctx context.Context, r spacestore.WakeRecord) {
 	log := e.log.With(zap.String("host", r.Host))
 	delay := time.Second
 	for attempt := 1; ; attempt++ {
@@ -85,7 +85,7 @@ func (e *Engine) fireWake(ctx context.Context, r space.WakeRecord) {
 			// The scan fires only the hosts this box owns (Config.Owns), so no other box
 			// serves this one either: its route is gone. Delete the record, if it is
 			// still the one listed, rather than skip it at every scan forever.
-			if err := space.DeleteWake(ctx, e.cfg.Bucket, r.Host, r.ETag); err != nil {
+			if err := spacestore.DeleteWake(ctx, e.cfg.Bucket, r.Host, r.ETag); err != nil {
 				log.Warn("deleting the scheduled wake of a host with no route", zap.Error(err))
 				return
 			}
@@ -94,7 +94,7 @@ func (e *Engine) fireWake(ctx context.Context, r space.WakeRecord) {
 		}
 		err := e.postWake(ctx, sp)
 		if err == nil {
-			if err := space.DeleteWake(ctx, e.cfg.Bucket, r.Host, r.ETag); err != nil {
+			if err := spacestore.DeleteWake(ctx, e.cfg.Bucket, r.Host, r.ETag); err != nil {
 				log.Warn("deleting fired scheduled wake", zap.Error(err))
 			}
 			log.Info("scheduled wake delivered", zap.Time("due", r.At), zap.Int("attempts", attempt))

@@ -3,12 +3,12 @@ package engine
 import (
 	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // noteSkipped warns about and counts the files a checkpoint left out of a space's state
-// because they are not regular files (space.SkippedFile): the checkpoint itself went on.
-func (e *Engine) noteSkipped(in *inst, skipped []space.SkippedFile) {
+// because they are not regular files (spacestore.SkippedFile): the checkpoint itself went on.
+func (e *Engine) noteSkipped(in *inst, skipped []spacestore.SkippedFile) {
 	if len(skipped) == 0 {
 		return
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // TestSleepWithOddFilesInDataDir: an instance leaves a FIFO at next-wake, a socket, a
@@ -36,7 +36,7 @@ func TestSleepWithOddFilesInDataDir(t *testing.T) {
 		}
 	}
 	must(os.WriteFile(filepath.Join(d, "notes.txt"), []byte("acknowledged write\n"), 0o600))
-	must(syscall.Mkfifo(filepath.Join(d, filepath.FromSlash(space.NextWakeFile)), 0o600))
+	must(syscall.Mkfifo(filepath.Join(d, filepath.FromSlash(spacestore.NextWakeFile)), 0o600))
 	ln, err := net.Listen("unix", filepath.Join(d, "app.sock"))
 	must(err)
 	defer ln.Close()
@@ -57,7 +57,7 @@ func TestSleepWithOddFilesInDataDir(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("sleep blocked on an odd file in the data dir")
 	}
-	m, _, err := space.ReadManifest(context.Background(), e.cfg.Bucket, host)
+	m, _, err := spacestore.ReadManifest(context.Background(), e.cfg.Bucket, host)
 	if err != nil || m == nil {
 		t.Fatalf("manifest after sleep = %v, %v", m, err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // stopSpec is what one stop of a running instance does besides stopping it: the causes
@@ -219,7 +219,7 @@ func (e *Engine) fenceOut(in *inst) {
 	in.mu.Unlock()
 	e.stopOpHeld(e.ctx, in, stopSpec{reason: "fenced out", kill: true, next: StateFenced})
 	e.c.fenced.Add(1)
-	cur, _, _ := space.ReadManifest(e.ctx, e.cfg.Bucket, in.host)
+	cur, _, _ := spacestore.ReadManifest(e.ctx, e.cfg.Bucket, in.host)
 	in.logger().Error("manifest changed behind this box: instance killed, space fenced out", manifestWriter(cur))
 	e.emit(Event{Type: EventFence, Host: in.host, Reason: "fenced out by another writer"})
 }
@@ -246,9 +246,9 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) (State, err
 		return StateAsleep, nil
 	}
 	log := in.logger()
-	next, err := space.ReadNextWake(in.dataDir)
+	next, err := spacestore.ReadNextWake(in.dataDir)
 	if err != nil {
-		if errors.Is(err, space.ErrNotRegular) {
+		if errors.Is(err, spacestore.ErrNotRegular) {
 			e.c.skippedFiles.Add(1)
 		}
 		log.Warn("ignoring next-wake", zap.Error(err))
@@ -257,8 +257,8 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) (State, err
 		next = nil
 	}
 	prev, _ := in.syncer.Manifest()
-	err = e.checkpointOpHeld(ctx, in, space.Final, next) // the instance has stopped: fold the delta chains for the next wake
-	if errors.Is(err, space.ErrFenced) {
+	err = e.checkpointOpHeld(ctx, in, spacestore.Final, next) // the instance has stopped: fold the delta chains for the next wake
+	if errors.Is(err, spacestore.ErrFenced) {
 		return StateFenced, err
 	}
 	if err != nil {
@@ -275,7 +275,7 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) (State, err
 }
 
 // checkpointOpHeld checkpoints with in.op held. A lost swap fences the space out (fenceOut).
-func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, mode space.Mode, next *time.Time) error {
+func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, mode spacestore.Mode, next *time.Time) error {
 	if e.fenced.Load() {
 		return errFencedNoWrite
 	}
@@ -311,7 +311,7 @@ func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, mode space.Mode
 	ev.Size = in.size
 	in.mu.Unlock()
 	e.emit(ev)
-	if errors.Is(err, space.ErrFenced) {
+	if errors.Is(err, spacestore.ErrFenced) {
 		e.fenceOut(in)
 		return err
 	}
@@ -348,7 +348,7 @@ func (e *Engine) releaseLease(in *inst) {
 	// Release even when the caller's context is ending (drain): a bounded write of our own.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 30*time.Second)
 	defer cancel()
-	if err := space.ReleaseLease(ctx, e.cfg.Bucket, in.host, etag, e.holder, e.now()); err != nil {
+	if err := spacestore.ReleaseLease(ctx, e.cfg.Bucket, in.host, etag, e.holder, e.now()); err != nil {
 		in.logger().Warn("releasing lease", zap.Error(err))
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // TestFailedWakeKeepsUnsavedState: a space whose final checkpoint failed is unsaved (its
@@ -50,7 +50,7 @@ func TestFailedWakeKeepsUnsavedState(t *testing.T) {
 	if st := stateOf(e.lookup(sp.Host)); st != StateUnsaved {
 		t.Fatalf("after a failed wake from unsaved: %s, want unsaved", st)
 	}
-	if l, _, _ := space.ReadLease(ctx, c.Bucket, sp.Host); l.Released {
+	if l, _, _ := spacestore.ReadLease(ctx, c.Bucket, sp.Host); l.Released {
 		t.Fatal("the failed wake gave the lease of an unsaved space back")
 	}
 	refuse.Store(false)

@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // runWake performs one wake and publishes its result to the waiters.
@@ -89,9 +89,9 @@ func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
 		e.emit(ev)
 	}()
 
-	etag, err := space.AcquireLease(ctx, e.cfg.Bucket, in.host, e.holder, e.now())
+	etag, err := spacestore.AcquireLease(ctx, e.cfg.Bucket, in.host, e.holder, e.now())
 	phase(&ph.Lease)
-	var held *space.LeaseHeldError
+	var held *spacestore.LeaseHeldError
 	if errors.As(err, &held) {
 		e.c.leaseConflicts.Add(1)
 		return false, &LeaseHeldError{Holder: held.Holder}
@@ -112,7 +112,7 @@ func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
 	}()
 
 	if in.syncer == nil {
-		in.syncer = &space.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
+		in.syncer = &spacestore.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
 			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
 	}
 	in.syncer.Retention, in.syncer.GCGrace = kind.Retention, kind.GCGrace
@@ -168,7 +168,7 @@ const maxFenceTries = 3
 
 // restoreAndFence runs with in.op held and the lease taken (leaseETag): read the manifest,
 // restore the data dir from it (or keep the local one, below) and fence the manifest
-// (space.Syncer.Fence), so that no earlier holder's pending manifest write can land once
+// (spacestore.Syncer.Fence), so that no earlier holder's pending manifest write can land once
 // this instance may acknowledge writes. A late write that lands between the read and the
 // fence makes the fence fail: its state is newer, so read and restore again.
 //
@@ -203,16 +203,16 @@ func (e *Engine) restoreAndFence(ctx context.Context, in *inst, leaseETag string
 		if e.fenced.Load() {
 			return kept, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
-		err := in.syncer.Fence(ctx, space.Claim{Holder: e.holder.ID, Incarnation: e.holder.Incarnation, Lease: leaseETag, At: e.now()})
+		err := in.syncer.Fence(ctx, spacestore.Claim{Holder: e.holder.ID, Incarnation: e.holder.Incarnation, Lease: leaseETag, At: e.now()})
 		phase(&ph.Fence)
 		if err == nil {
 			return kept, nil
 		}
-		if !errors.Is(err, space.ErrFenced) {
+		if !errors.Is(err, spacestore.ErrFenced) {
 			log.Error("fencing the manifest", zap.Error(err))
 			return kept, &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
 		}
-		cur, _, _ := space.ReadManifest(ctx, e.cfg.Bucket, in.host)
+		cur, _, _ := spacestore.ReadManifest(ctx, e.cfg.Bucket, in.host)
 		log.Warn("manifest changed between restore and fence: restoring the newer state",
 			zap.Int("try", try), manifestWriter(cur))
 		if try == maxFenceTries {
@@ -223,7 +223,7 @@ func (e *Engine) restoreAndFence(ctx context.Context, in *inst, leaseETag string
 
 // manifestWriter is a log field naming who wrote m: the lease it was claimed under, or
 // its writer (a manifest from before fencing at wake, a restore or a copy).
-func manifestWriter(m *space.Manifest) zap.Field {
+func manifestWriter(m *spacestore.Manifest) zap.Field {
 	switch {
 	case m == nil:
 		return zap.Skip()

@@ -7,7 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
@@ -99,8 +99,8 @@ func (e *Engine) retryWakeRecord(s *wakeSlot, host string, gen uint64, at *time.
 
 func (e *Engine) writeWakeRecord(ctx context.Context, host string, at *time.Time) error {
 	if at == nil {
-		return space.DeleteWake(ctx, e.cfg.Bucket, host, "")
+		return spacestore.DeleteWake(ctx, e.cfg.Bucket, host, "")
 	}
-	_, err := space.PutWake(ctx, e.cfg.Bucket, host, *at)
+	_, err := spacestore.PutWake(ctx, e.cfg.Bucket, host, *at)
 	return err
 }

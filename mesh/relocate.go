@@ -11,7 +11,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/registry"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // Relocation refusals and failures, by what the operator does about them. Test with
@@ -60,9 +60,9 @@ type RelocateResult struct {
 	Store  string   `json:"store"`
 	Fanout []string `json:"fanout"`
 	// Copy is set when the space was copied to the destination region's bucket.
-	Copy    *space.CopyResult `json:"copy,omitempty"`
-	DNS     string            `json:"dns,omitempty"`
-	Already bool              `json:"already,omitempty"`
+	Copy    *spacestore.CopyResult `json:"copy,omitempty"`
+	DNS     string                 `json:"dns,omitempty"`
+	Already bool                   `json:"already,omitempty"`
 }
 
 // RelocateRoutes is the registry as a relocation uses it.
@@ -89,7 +89,7 @@ type Relocator struct {
 	// AwakeHere reports whether the space is awake (or waking) on this box.
 	AwakeHere func(host string) bool
 	// HolderLive is the lease rule for this box's bucket (Membership.HolderLive).
-	HolderLive space.LiveFunc
+	HolderLive spacestore.LiveFunc
 	// Replicator fans the changed row out.
 	Replicator *Replicator
 	// DNS is the provider for MoveDNS; nil when none is configured.
@@ -109,7 +109,7 @@ type RelocatePlan struct {
 	// DestBoxes are the live, not draining boxes of the destination region.
 	DestBoxes []Member
 	// DestLive is the lease rule for the destination bucket.
-	DestLive space.LiveFunc
+	DestLive spacestore.LiveFunc
 	// DNSIP and DNSBox are the record's target and the box advertising it (MoveDNS).
 	DNSIP  netip.Addr
 	DNSBox string
@@ -210,8 +210,8 @@ func (r *Relocator) checkAsleep(ctx context.Context, host string) error {
 	if r.AwakeHere != nil && r.AwakeHere(host) {
 		return relocErr(ErrRelocateRefused, "%s is awake on %s (this box); relocate it while it sleeps; nothing was changed", host, r.Box.Self)
 	}
-	err := space.CheckAsleep(ctx, r.Bucket, host, r.HolderLive)
-	var awake *space.AwakeError
+	err := spacestore.CheckAsleep(ctx, r.Bucket, host, r.HolderLive)
+	var awake *spacestore.AwakeError
 	switch {
 	case errors.As(err, &awake):
 		where := awake.Holder
@@ -238,8 +238,8 @@ func (r *Relocator) Relocate(ctx context.Context, req RelocateRequest) (Relocate
 	res := RelocateResult{Host: host, From: cur.HomeRegion, To: req.To,
 		Store: "no copy: source and destination share the bucket " + own.String()}
 	if plan.PerRegion {
-		cp, err := space.CopySpace(ctx, own, plan.Dest, host, r.HolderLive, plan.DestLive)
-		if errors.Is(err, space.ErrSpaceAwake) {
+		cp, err := spacestore.CopySpace(ctx, own, plan.Dest, host, r.HolderLive, plan.DestLive)
+		if errors.Is(err, spacestore.ErrSpaceAwake) {
 			return res, relocErr(ErrRelocateRefused, "%s: %v; home_region was not changed", host, err)
 		}
 		if err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/registry"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 func TestSameBucket(t *testing.T) {
@@ -77,8 +77,8 @@ func newRelocateFixture(t *testing.T) *relocateFixture {
 
 func (f *relocateFixture) lease(t *testing.T, holder, incarnation string) {
 	t.Helper()
-	raw, _ := json.Marshal(space.Lease{Holder: holder, Incarnation: incarnation})
-	if _, err := f.bkt.Put(context.Background(), space.LeaseKey(relocHost), bytes.NewReader(raw), int64(len(raw)), bucket.Cond{}); err != nil {
+	raw, _ := json.Marshal(spacestore.Lease{Holder: holder, Incarnation: incarnation})
+	if _, err := f.bkt.Put(context.Background(), spacestore.LeaseKey(relocHost), bytes.NewReader(raw), int64(len(raw)), bucket.Cond{}); err != nil {
 		t.Fatal(err)
 	}
 }

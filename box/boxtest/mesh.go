@@ -13,7 +13,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // The two boxes of MeshBox's mesh, on the mesh domain Domain.
@@ -82,7 +82,7 @@ func FailSaves(bkt *membucket.Counting, host string) {
 // Saved reports whether host's checkpoint in bkt holds the note Wake wrote.
 func Saved(t testing.TB, bkt bucket.Bucket, host string) bool {
 	t.Helper()
-	m, _, err := space.ReadManifest(context.Background(), bkt, host)
+	m, _, err := spacestore.ReadManifest(context.Background(), bkt, host)
 	if err != nil {
 		t.Fatal(err)
 	}

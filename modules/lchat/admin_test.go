@@ -16,7 +16,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/box/boxtest"
 	"github.com/lchat/lchat-caddy/bucket"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // testApp is an app over a test box (boxtest.Open).
@@ -117,13 +117,13 @@ func TestDeleteRouteDeletesWakeRecord(t *testing.T) {
 		if code, msg := adminDo(a, "POST", "/lchat/routes", body); code != http.StatusCreated {
 			t.Fatalf("create %s: %d %s", host, code, msg)
 		}
-		if _, err := space.PutWake(context.Background(), b, host, time.Now().Add(time.Hour)); err != nil {
+		if _, err := spacestore.PutWake(context.Background(), b, host, time.Now().Add(time.Hour)); err != nil {
 			t.Fatal(err)
 		}
 		if code, msg := adminDo(a, "DELETE", "/lchat/routes/"+host, nil); code != http.StatusOK {
 			t.Fatalf("delete %s: %d %s", host, code, msg)
 		}
-		if _, err := b.Head(context.Background(), space.WakeKey(host)); !errors.Is(err, bucket.ErrNotFound) {
+		if _, err := b.Head(context.Background(), spacestore.WakeKey(host)); !errors.Is(err, bucket.ErrNotFound) {
 			t.Errorf("%s: wake record after the route was removed: %v", host, err)
 		}
 	}

@@ -4,7 +4,7 @@ import (
 	"net/http"
 
 	"github.com/lchat/lchat-caddy/adminapi"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 func (a *adminAPI) history(w http.ResponseWriter, r *http.Request, host string) error {
@@ -20,7 +20,7 @@ func (a *adminAPI) restore(w http.ResponseWriter, r *http.Request, host string) 
 	if err := decodeStrict(r, &req); err != nil {
 		return err
 	}
-	target, err := space.ParseTarget(req.At)
+	target, err := spacestore.ParseTarget(req.At)
 	if err != nil {
 		return apiErr(http.StatusBadRequest, `"at": %v`, err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/adminapi"
 	"github.com/lchat/lchat-caddy/registry"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 func init() {
@@ -73,10 +73,10 @@ func cmdRestore(fs caddycmd.Flags) (int, error) {
 	if err := registry.ValidateHost(host); err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	if _, err := space.ParseTarget(fs.String("at")); err != nil {
+	if _, err := spacestore.ParseTarget(fs.String("at")); err != nil {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("--at: %v", err)
 	}
-	var out space.RestoreResult
+	var out spacestore.RestoreResult
 	if err := adminCall(fs, http.MethodPost, "/lchat/routes/"+host+"/restore", adminapi.RestoreRequest{At: fs.String("at")}, &out); err != nil {
 		return cliErr(err)
 	}

@@ -36,7 +36,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/s3bucket"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/tests/harness"
 	_ "modernc.org/sqlite"
 )
@@ -110,14 +110,14 @@ func copyFile(t *testing.T, src, dst string) {
 // box is one space written in one format, with its instance's connection held open.
 type box struct {
 	name string
-	s    *space.Syncer
+	s    *spacestore.Syncer
 	db   *sql.DB
 	row  int
 }
 
 func newBox(t *testing.T, b bucket.Bucket, name, host, src string, full bool) *box {
 	dir := t.TempDir()
-	s := &space.Syncer{Bucket: b, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work"), WrittenBy: "bench", FullFile: full}
+	s := &spacestore.Syncer{Bucket: b, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work"), WrittenBy: "bench", FullFile: full}
 	copyFile(t, src, filepath.Join(s.DataDir, "app.db"))
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(s.DataDir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
 	if err != nil {
@@ -138,7 +138,7 @@ func (x *box) addRow(t *testing.T) {
 	}
 }
 
-func (x *box) checkpoint(t *testing.T, mode space.Mode, now time.Time) space.Stats {
+func (x *box) checkpoint(t *testing.T, mode spacestore.Mode, now time.Time) spacestore.Stats {
 	st, err := x.s.Checkpoint(context.Background(), mode, nil, now)
 	if err != nil {
 		t.Fatal(err)
@@ -147,9 +147,9 @@ func (x *box) checkpoint(t *testing.T, mode space.Mode, now time.Time) space.Sta
 }
 
 // periodic is a periodic checkpoint as the engine takes it: the checkpoint, then the
-// background fold when the chain grew longer than space.FoldChain (format 2 only).
-func (x *box) periodic(t *testing.T, now time.Time) (ckpt, fold space.Stats) {
-	ckpt = x.checkpoint(t, space.Periodic, now)
+// background fold when the chain grew longer than spacestore.FoldChain (format 2 only).
+func (x *box) periodic(t *testing.T, now time.Time) (ckpt, fold spacestore.Stats) {
+	ckpt = x.checkpoint(t, spacestore.Periodic, now)
 	if !x.s.FullFile && x.s.FoldDue() {
 		var err error
 		if fold, err = x.s.Fold(context.Background(), now); err != nil {
@@ -218,7 +218,7 @@ func mib(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20)) }
 // database blob as a page image), so its figures are today's.
 func restoreOnce(t *testing.T, b bucket.Bucket, host string) time.Duration {
 	dir := t.TempDir()
-	s := &space.Syncer{Bucket: b, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work"), FullFile: strings.HasPrefix(host, "v1.")}
+	s := &spacestore.Syncer{Bucket: b, Host: host, DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work"), FullFile: strings.HasPrefix(host, "v1.")}
 	start := time.Now()
 	if err := s.Load(context.Background()); err != nil {
 		t.Fatal(err)
@@ -260,7 +260,7 @@ func TestCheckpointFigures(t *testing.T) {
 	now := time.Now()
 	for _, x := range []*box{v1, v2} {
 		cb.reset()
-		st := x.checkpoint(t, space.Periodic, now)
+		st := x.checkpoint(t, spacestore.Periodic, now)
 		logf("%-10s first checkpoint: %s uploaded in %d objects, %s", x.name, mib(cb.written.Load()), st.BlobsUploaded, ms(st.Duration))
 	}
 	type sample struct {
@@ -272,7 +272,7 @@ func TestCheckpointFigures(t *testing.T) {
 		for _, x := range []*box{v1, v2} {
 			x.addRow(t)
 			cb.reset()
-			st := x.checkpoint(t, space.Periodic, now.Add(time.Duration(i+1)*time.Second))
+			st := x.checkpoint(t, spacestore.Periodic, now.Add(time.Duration(i+1)*time.Second))
 			if i == 0 {
 				continue // format 2's first checkpoint after the copy reads the whole WAL-less file once
 			}
@@ -306,14 +306,14 @@ func TestCheckpointFigures(t *testing.T) {
 	}
 	m, _ := v2.s.Manifest()
 	dbSize := m.Size()
-	gs, err := space.Collect(context.Background(), cb, "v2.bench", space.DefaultRetention, 0, nil)
+	gs, err := spacestore.Collect(context.Background(), cb, "v2.bench", spacestore.DefaultRetention, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	retainedDeltas := deltaBytes(t, cb, "v2.bench")
 	logf("\n2. %d checkpoints of one row each (page-delta), each followed by the background fold when due: %s written in all (incl. manifests and history), mean checkpoint %s",
 		series, mib(cb.written.Load()), ms(total/time.Duration(series)))
-	logf("   objects: checkpoints %s, %d background folds %s (chain kept <= %d deltas)", mib(ckptBytes), folds, mib(foldBytes), space.FoldChain)
+	logf("   objects: checkpoints %s, %d background folds %s (chain kept <= %d deltas)", mib(ckptBytes), folds, mib(foldBytes), spacestore.FoldChain)
 	logf("   after GC, retention 7 days (all %d retained): %d objects, %s + %d history entries", series, gs.Objects, mib(gs.Bytes), gs.History)
 	logf("   database %s; deltas referenced by retained checkpoints %s; target <= 2 x db + deltas = %s: %v",
 		mib(dbSize), mib(retainedDeltas), mib(2*dbSize+retainedDeltas), gs.Bytes <= 2*dbSize+retainedDeltas)
@@ -321,7 +321,7 @@ func TestCheckpointFigures(t *testing.T) {
 
 	// 3. Restore latency, alternating formats; 1 MB spaces get the same row-per-checkpoint
 	// history. First as the periodic checkpoints left the chain (a wake after a crash), then
-	// after the checkpoint a sleep takes once the instance stopped (space.Final), which
+	// after the checkpoint a sleep takes once the instance stopped (spacestore.Final), which
 	// folds the chain: what a wake after a sleep reads.
 	small := filepath.Join(dir, "small.db")
 	makeDB(t, small, 1<<20)
@@ -337,7 +337,7 @@ func TestCheckpointFigures(t *testing.T) {
 		logf("\n3. restore latency (Load + Restore: manifest, download, verify, write), %d wakes of each format per size after %d warm-up pairs, interleaved A,B,B,A..., %s:", wakes, warm, what)
 		for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
 			l1, l2, c1, c2 := sideBySide(t, cb, s3, pair[0], pair[1], warm, wakes)
-			mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
+			mm, _, _ := spacestore.ReadManifest(context.Background(), cb, pair[1])
 			img := mm.Files[0].Content.DB
 			logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s (%d base chunks + %d deltas) | ratio p50 %.2f p99 %.2f",
 				mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)), len(img.Base), len(img.Deltas),
@@ -348,7 +348,7 @@ func TestCheckpointFigures(t *testing.T) {
 	wakeFigures("after a crash (the chain as periodic checkpoints and their background folds left it)")
 	for _, x := range []*box{s2, v2} {
 		cb.reset()
-		st := x.checkpoint(t, space.Final, now.Add(time.Duration(10+series)*time.Second))
+		st := x.checkpoint(t, spacestore.Final, now.Add(time.Duration(10+series)*time.Second))
 		logf("   %s: the checkpoint at sleep folds the chain: %s written in %d objects, %s", x.s.Host, mib(cb.written.Load()), st.BlobsUploaded, ms(st.Duration))
 	}
 	wakeFigures("after a sleep (its final checkpoint folded the chain; the issue's figure)")
@@ -364,7 +364,7 @@ func TestCheckpointFigures(t *testing.T) {
 	logf("   through an S3-like link (80 MB/s per connection, 15 ms to first byte), %d wakes each after %d warm-up pairs, interleaved:", linkWakes, warm)
 	for _, pair := range [][2]string{{"v1.small", "v2.small"}, {"v1.bench", "v2.bench"}} {
 		l1, l2, _, _ := sideBySide(t, slow, s3, pair[0], pair[1], warm, linkWakes)
-		mm, _, _ := space.ReadManifest(context.Background(), cb, pair[1])
+		mm, _, _ := spacestore.ReadManifest(context.Background(), cb, pair[1])
 		logf("   %s: full-file p50 %s p99 %s | page-delta p50 %s p99 %s | ratio p50 %.2f p99 %.2f",
 			mib(mm.Size()), ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)),
 			float64(pct(l2, .5))/float64(pct(l1, .5)), float64(pct(l2, .99))/float64(pct(l1, .99)))
@@ -386,7 +386,7 @@ func TestCheckpointFigures(t *testing.T) {
 		var reuseErr error
 		sameBox := func(x *box, k int, keep bool) {
 			tick = tick.Add(time.Second)
-			st, err := x.s.Checkpoint(context.Background(), space.Final, nil, tick)
+			st, err := x.s.Checkpoint(context.Background(), spacestore.Final, nil, tick)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -442,7 +442,7 @@ func TestCheckpointFigures(t *testing.T) {
 	// 4. Point-in-time restore to the state before the series.
 	cb.reset()
 	start := time.Now()
-	rr, err := space.RestoreTo(context.Background(), cb, "v2.bench", space.Holder{ID: "bench-cli", Incarnation: "1"}, space.Target{Generation: startGen}, space.DefaultRetention, time.Now())
+	rr, err := spacestore.RestoreTo(context.Background(), cb, "v2.bench", spacestore.Holder{ID: "bench-cli", Incarnation: "1"}, spacestore.Target{Generation: startGen}, spacestore.DefaultRetention, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +456,7 @@ func TestCheckpointFigures(t *testing.T) {
 
 // deltaBytes sums the delta objects referenced by a space's retained history.
 func deltaBytes(t *testing.T, b bucket.Bucket, host string) int64 {
-	hist, _, err := space.History(context.Background(), b, host)
+	hist, _, err := spacestore.History(context.Background(), b, host)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,7 +469,7 @@ func deltaBytes(t *testing.T, b bucket.Bucket, host string) int64 {
 		}
 		data, _ := io.ReadAll(obj.Body)
 		obj.Body.Close()
-		var m space.Manifest
+		var m spacestore.Manifest
 		if err := jsonUnmarshal(data, &m); err != nil {
 			t.Fatal(err)
 		}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -33,11 +33,11 @@ func TestWakeLoop(t *testing.T) {
 	for i := range n {
 		for _, x := range []*box{v1, v2} {
 			x.addRow(t)
-			x.checkpoint(t, space.Periodic, now.Add(time.Duration(i)*time.Second))
+			x.checkpoint(t, spacestore.Periodic, now.Add(time.Duration(i)*time.Second))
 		}
 	}
 	if os.Getenv("LCHAT_WAKE_FINAL") != "" {
-		v2.checkpoint(t, space.Final, now.Add(time.Duration(n)*time.Second))
+		v2.checkpoint(t, spacestore.Final, now.Add(time.Duration(n)*time.Second))
 	}
 	var l1, l2 []time.Duration
 	for range 30 {

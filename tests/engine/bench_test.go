@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // BenchmarkWakeLatency measures request → ready (Acquire returns, then the first byte of a
@@ -33,7 +33,7 @@ func BenchmarkWakeLatency(b *testing.B) {
 			if err := e.Sleep(ctx, sp.Host); err != nil {
 				b.Fatal(err)
 			}
-			m, _, _ := space.ReadManifest(ctx, f.bucket, sp.Host)
+			m, _, _ := spacestore.ReadManifest(ctx, f.bucket, sp.Host)
 			var dbSize int64
 			for _, fl := range m.Files {
 				dbSize += fl.Size
@@ -94,11 +94,11 @@ func BenchmarkCheckpointUnchanged(b *testing.B) {
 	f := newFixture(b)
 	ctx := context.Background()
 	dir := b.TempDir()
-	s := &space.Syncer{Bucket: f.bucket, Host: "ckpt.test", DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work"), WrittenBy: "bench"}
+	s := &spacestore.Syncer{Bucket: f.bucket, Host: "ckpt.test", DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work"), WrittenBy: "bench"}
 	os.MkdirAll(s.DataDir, 0o700)
 	fillDB(b, filepath.Join(s.DataDir, "app.db"), 50<<20)
 	os.WriteFile(filepath.Join(s.DataDir, "notes.txt"), []byte("some notes"), 0o600)
-	if _, err := s.Checkpoint(ctx, space.Periodic, nil, time.Now()); err != nil {
+	if _, err := s.Checkpoint(ctx, spacestore.Periodic, nil, time.Now()); err != nil {
 		b.Fatal(err)
 	}
 	for _, mode := range []string{"warm", "cold"} {
@@ -110,13 +110,13 @@ func BenchmarkCheckpointUnchanged(b *testing.B) {
 				cs := s
 				if mode == "cold" {
 					b.StopTimer()
-					cs = &space.Syncer{Bucket: f.bucket, Host: "ckpt.test", DataDir: s.DataDir, WorkDir: s.WorkDir, WrittenBy: "bench"}
+					cs = &spacestore.Syncer{Bucket: f.bucket, Host: "ckpt.test", DataDir: s.DataDir, WorkDir: s.WorkDir, WrittenBy: "bench"}
 					if err := cs.Load(ctx); err != nil {
 						b.Fatal(err)
 					}
 					b.StartTimer()
 				}
-				st, err := cs.Checkpoint(ctx, space.Periodic, nil, time.Now())
+				st, err := cs.Checkpoint(ctx, spacestore.Periodic, nil, time.Now())
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -20,7 +20,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -147,9 +147,9 @@ func eventually(t testing.TB, what string, cond func() bool) {
 
 func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
 
-func readLease(t testing.TB, b bucket.Bucket, host string) space.Lease {
+func readLease(t testing.TB, b bucket.Bucket, host string) spacestore.Lease {
 	t.Helper()
-	l, _, err := space.ReadLease(context.Background(), b, host)
+	l, _, err := spacestore.ReadLease(context.Background(), b, host)
 	if err != nil {
 		t.Fatalf("reading lease: %v", err)
 	}
@@ -192,7 +192,7 @@ func TestWakeServeIdleSleepWake(t *testing.T) {
 	if l := readLease(t, f.bucket, "one.test"); !l.Released {
 		t.Fatalf("lease after sleep = %+v, want released", l)
 	}
-	m, _, err := space.ReadManifest(context.Background(), f.bucket, "one.test")
+	m, _, err := spacestore.ReadManifest(context.Background(), f.bucket, "one.test")
 	if err != nil || m == nil || len(m.Files) != 1 || m.Files[0].Path != "app.db" {
 		t.Fatalf("manifest after sleep = %+v, %v; want app.db", m, err)
 	}
@@ -260,12 +260,12 @@ func TestForeignManifestFencesOut(t *testing.T) {
 	pid := status(e, "fence.test").PID
 
 	ctx := context.Background()
-	_, etag, err := space.ReadManifest(ctx, f.bucket, "fence.test")
+	_, etag, err := spacestore.ReadManifest(ctx, f.bucket, "fence.test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	foreign := &space.Manifest{Generation: 99, WrittenBy: "https://intruder.test", WrittenAt: time.Now()}
-	if _, err := space.WriteManifest(ctx, f.bucket, "fence.test", foreign, etag); err != nil {
+	foreign := &spacestore.Manifest{Generation: 99, WrittenBy: "https://intruder.test", WrittenAt: time.Now()}
+	if _, err := spacestore.WriteManifest(ctx, f.bucket, "fence.test", foreign, etag); err != nil {
 		t.Fatal(err)
 	}
 	call(t, u, "POST", "/msg?body=second") // the next sync must lose its swap
@@ -278,7 +278,7 @@ func TestForeignManifestFencesOut(t *testing.T) {
 	}
 	// Give a buggy retry loop the chance to overwrite, then check the foreign state stands.
 	time.Sleep(1500 * time.Millisecond)
-	m, _, err := space.ReadManifest(ctx, f.bucket, "fence.test")
+	m, _, err := spacestore.ReadManifest(ctx, f.bucket, "fence.test")
 	if err != nil || m.WrittenBy != "https://intruder.test" || m.Generation != 99 {
 		t.Fatalf("manifest after fence-out = %+v, %v; want the foreign one", m, err)
 	}
@@ -356,11 +356,11 @@ func TestScheduledWakeFires(t *testing.T) {
 	call(t, u, "POST", "/next-wake?at="+url.QueryEscape(due))
 	u.Release()
 	eventually(t, "sleep", func() bool { return status(e, "remind.test").State == engine.StateAsleep })
-	if _, err := f.bucket.Head(context.Background(), space.WakeKey("remind.test")); err != nil {
+	if _, err := f.bucket.Head(context.Background(), spacestore.WakeKey("remind.test")); err != nil {
 		t.Fatalf("wake record after sleep: %v", err)
 	}
 	eventually(t, "scheduled wake delivered and record deleted", func() bool {
-		_, err := f.bucket.Head(context.Background(), space.WakeKey("remind.test"))
+		_, err := f.bucket.Head(context.Background(), spacestore.WakeKey("remind.test"))
 		return errors.Is(err, bucket.ErrNotFound)
 	})
 	if e.Counters().Wakes != 2 {
@@ -375,8 +375,8 @@ func TestScheduledWakeFires(t *testing.T) {
 
 func TestLeaseHeldByLiveOtherBox(t *testing.T) {
 	f := newFixture(t)
-	other := space.Holder{ID: "https://box-b.test", Incarnation: "7"}
-	if _, err := space.AcquireLease(context.Background(), f.bucket, "held.test", other, time.Now()); err != nil {
+	other := spacestore.Holder{ID: "https://box-b.test", Incarnation: "7"}
+	if _, err := spacestore.AcquireLease(context.Background(), f.bucket, "held.test", other, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	live := true

@@ -12,7 +12,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // flaky fails writes of manifests while failing is set: a bucket outage at checkpoint time.
@@ -88,7 +88,7 @@ func TestForgetDropsLocalStateOnly(t *testing.T) {
 	u = acquire(t, e, sp)
 	pid := status(e, sp.Host).PID
 	u.Release()
-	_, etag, _ := space.ReadManifest(ctx, f.bucket, sp.Host)
+	_, etag, _ := spacestore.ReadManifest(ctx, f.bucket, sp.Host)
 	if err := e.Forget(ctx, sp.Host); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestForgetDropsLocalStateOnly(t *testing.T) {
 	if l := readLease(t, f.bucket, sp.Host); !l.Released {
 		t.Fatalf("lease after Forget = %+v", l)
 	}
-	if _, cur, _ := space.ReadManifest(ctx, f.bucket, sp.Host); cur != etag {
+	if _, cur, _ := spacestore.ReadManifest(ctx, f.bucket, sp.Host); cur != etag {
 		t.Fatal("Forget changed bucket data")
 	}
 	matches, _ := filepath.Glob(filepath.Join(os.TempDir(), "eng*", "spaces", sp.Host))

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 func TestHeartbeatFenceStopsWritesAndRechecksLease(t *testing.T) {
@@ -22,7 +22,7 @@ func TestHeartbeatFenceStopsWritesAndRechecksLease(t *testing.T) {
 		u.Release()
 	}
 	pid := status(e, "mine.test").PID
-	_, etagBefore, _ := space.ReadManifest(ctx, f.bucket, "mine.test")
+	_, etagBefore, _ := spacestore.ReadManifest(ctx, f.bucket, "mine.test")
 
 	e.SetFenced(true)
 	eventually(t, "instances stopped by fence", func() bool {
@@ -35,7 +35,7 @@ func TestHeartbeatFenceStopsWritesAndRechecksLease(t *testing.T) {
 	if _, err := e.Acquire(ctx, mine); !errors.As(err, &re) {
 		t.Fatalf("acquire while fenced = %v, want RetryError", err)
 	}
-	if _, etag, _ := space.ReadManifest(ctx, f.bucket, "mine.test"); etag != etagBefore {
+	if _, etag, _ := spacestore.ReadManifest(ctx, f.bucket, "mine.test"); etag != etagBefore {
 		t.Fatal("a fenced box wrote a manifest")
 	}
 	if l := readLease(t, f.bucket, "mine.test"); l.Released {
@@ -43,13 +43,13 @@ func TestHeartbeatFenceStopsWritesAndRechecksLease(t *testing.T) {
 	}
 
 	// Meanwhile another box takes lost.test over (our heartbeat looked dead to it).
-	other := space.Holder{ID: "https://box-b.test", Incarnation: "1"}
-	if _, err := space.AcquireLease(ctx, f.bucket, "lost.test", other, time.Now()); err != nil {
+	other := spacestore.Holder{ID: "https://box-b.test", Incarnation: "1"}
+	if _, err := spacestore.AcquireLease(ctx, f.bucket, "lost.test", other, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	foreign := &space.Manifest{Generation: 50, WrittenBy: other.ID}
-	_, etag, _ := space.ReadManifest(ctx, f.bucket, "lost.test")
-	if _, err := space.WriteManifest(ctx, f.bucket, "lost.test", foreign, etag); err != nil {
+	foreign := &spacestore.Manifest{Generation: 50, WrittenBy: other.ID}
+	_, etag, _ := spacestore.ReadManifest(ctx, f.bucket, "lost.test")
+	if _, err := spacestore.WriteManifest(ctx, f.bucket, "lost.test", foreign, etag); err != nil {
 		t.Fatal(err)
 	}
 
@@ -60,7 +60,7 @@ func TestHeartbeatFenceStopsWritesAndRechecksLease(t *testing.T) {
 	if l := readLease(t, f.bucket, "mine.test"); !l.Released {
 		t.Fatalf("mine.test lease after unfence = %+v, want released after its checkpoint", l)
 	}
-	if m, _, _ := space.ReadManifest(ctx, f.bucket, "lost.test"); m.WrittenBy != other.ID {
+	if m, _, _ := spacestore.ReadManifest(ctx, f.bucket, "lost.test"); m.WrittenBy != other.ID {
 		t.Fatalf("lost.test manifest overwritten after unfence: %+v", m)
 	}
 	if l := readLease(t, f.bucket, "lost.test"); l.Holder != other.ID || l.Released {

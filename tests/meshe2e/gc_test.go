@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // TestGCBesideTwoBoxes: two real boxes on one versitygw wake, write, checkpoint and sleep
@@ -37,7 +37,7 @@ func TestGCBesideTwoBoxes(t *testing.T) {
 		defer close(done)
 		for ctx.Err() == nil {
 			for _, h := range hosts {
-				st, err := space.Collect(ctx, bkt, h, time.Nanosecond, 0, nil)
+				st, err := spacestore.Collect(ctx, bkt, h, time.Nanosecond, 0, nil)
 				if err == nil {
 					collections.Add(1)
 					deleted.Add(int64(st.Deleted))

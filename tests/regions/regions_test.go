@@ -20,7 +20,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -187,18 +187,18 @@ func post(t *testing.T, n *node, host, text string) {
 
 // lease reads host's lease from the bucket: the box that last woke it, and whether it
 // has been released (the space is asleep).
-func (f *fleet) lease(host string) (space.Lease, bool) {
+func (f *fleet) lease(host string) (spacestore.Lease, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	obj, err := f.bkt.Get(ctx, "spaces/"+host+"/lease")
 	if err != nil {
-		return space.Lease{}, false
+		return spacestore.Lease{}, false
 	}
 	defer obj.Body.Close()
-	var l space.Lease
+	var l spacestore.Lease
 	raw, _ := io.ReadAll(obj.Body)
 	if json.Unmarshal(raw, &l) != nil {
-		return space.Lease{}, false
+		return spacestore.Lease{}, false
 	}
 	return l, true
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/mesh"
-	"github.com/lchat/lchat-caddy/space"
+	"github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -238,11 +238,11 @@ func TestRelocateAcrossRegionBuckets(t *testing.T) {
 	ieBkt, fiBkt := s3ie.NewBucket(t, "ie/"), s3fi.NewBucket(t, "fi/")
 	ctx := context.Background()
 	waitFor(t, 30*time.Second, "the space to sleep and checkpoint in ie", func() bool {
-		m, _, err := space.ReadManifest(ctx, ieBkt, host)
-		l, _, lerr := space.ReadLease(ctx, ieBkt, host)
+		m, _, err := spacestore.ReadManifest(ctx, ieBkt, host)
+		l, _, lerr := spacestore.ReadLease(ctx, ieBkt, host)
 		return err == nil && m != nil && lerr == nil && l.Released && asleep(t, ie, host)
 	})
-	srcManifest, _, _ := space.ReadManifest(ctx, ieBkt, host)
+	srcManifest, _, _ := spacestore.ReadManifest(ctx, ieBkt, host)
 
 	// --move-dns to a region with no live box advertising an address: refused first.
 	if out, err := ie.CLI("relocate", host, "--to", "us", "--move-dns"); err == nil || !strings.Contains(out, "nothing was changed") {
@@ -266,11 +266,11 @@ func TestRelocateAcrossRegionBuckets(t *testing.T) {
 	if got := fake.a("room"); len(got) != 1 || got[0] != fiAddress {
 		t.Errorf("A records of room after relocation: %v, want [%s]", got, fiAddress)
 	}
-	m, _, err := space.ReadManifest(ctx, fiBkt, host)
+	m, _, err := spacestore.ReadManifest(ctx, fiBkt, host)
 	if err != nil || m == nil || m.Generation != srcManifest.Generation {
 		t.Fatalf("fi manifest %+v %v, want generation %d", m, err, srcManifest.Generation)
 	}
-	if _, err := fiBkt.Head(ctx, space.LeaseKey(host)); !errors.Is(err, bucket.ErrNotFound) {
+	if _, err := fiBkt.Head(ctx, spacestore.LeaseKey(host)); !errors.Is(err, bucket.ErrNotFound) {
 		t.Errorf("the lease was copied to fi (err=%v)", err)
 	}
 	waitFor(t, 10*time.Second, "the fi box to get the route with home_region fi", func() bool {
@@ -292,15 +292,15 @@ func TestRelocateAcrossRegionBuckets(t *testing.T) {
 	}
 	// Asleep again: a re-run copies nothing (fi has the same or a newer generation).
 	waitFor(t, 30*time.Second, "the space to sleep in fi", func() bool {
-		l, _, err := space.ReadLease(ctx, fiBkt, host)
+		l, _, err := spacestore.ReadLease(ctx, fiBkt, host)
 		return err == nil && l.Released
 	})
-	before, _ := fiBkt.Head(ctx, space.ManifestKey(host))
+	before, _ := fiBkt.Head(ctx, spacestore.ManifestKey(host))
 	out, err = ie.CLI("relocate", host, "--to", "fi")
 	if err != nil || !strings.Contains(out, "already has home region fi") || !strings.Contains(out, "no copy") {
 		t.Errorf("re-run: %v\n%s", err, out)
 	}
-	if after, _ := fiBkt.Head(ctx, space.ManifestKey(host)); after.ETag != before.ETag {
+	if after, _ := fiBkt.Head(ctx, spacestore.ManifestKey(host)); after.ETag != before.ETag {
 		t.Errorf("a re-run rewrote fi's manifest")
 	}
 }

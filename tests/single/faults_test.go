@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	spacepkg "github.com/lchat/lchat-caddy/space"
+	spacepkg "github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 

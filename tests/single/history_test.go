@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	lspace "github.com/lchat/lchat-caddy/space"
+	lspace "github.com/lchat/lchat-caddy/spacestore"
 )
 
 func manifestGen(t *testing.T, bkt bucket.Bucket, host string) (int64, int64) {

@@ -24,7 +24,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/lchat/lchat-caddy/bucket"
-	lspace "github.com/lchat/lchat-caddy/space"
+	lspace "github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 

@@ -1,5 +1,0 @@
-//go:build !race
-
-package space
-
-const raceOn = false

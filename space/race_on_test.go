@@ -1,7 +1,0 @@
-//go:build race
-
-package space
-
-// raceOn: under -race a sync.Pool drops a random share of what is put back, so
-// allocation counts say nothing about pooling.
-const raceOn = true

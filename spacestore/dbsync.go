@@ -1,0 +1,339 @@
+package spacestore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/superfly/ltx"
+)
+
+// dbState is what this box knows of one database's last checkpointed image: per-page hashes
+// to find changed pages, the WAL position read so far, and the pages each delta holds (to
+// merge and rebase without downloading anything).
+type dbState struct {
+	dev, ino   uint64
+	img        *DBImage
+	hashes     []uint64 // by pgno-1
+	sum        uint64
+	wal        walPos
+	deltaPages [][]uint32 // parallel to img.Deltas
+	// v1 is the format-1 manifest entry of a database restored from a whole-file blob: the
+	// image is that blob as a single base chunk, and while nothing changes the entry stays
+	// as it was (no manifest write just to migrate).
+	v1 *File
+}
+
+// dbResult is one database's checkpoint: the manifest entry, the state to keep once the
+// manifest is written, and what it cost.
+type dbResult struct {
+	file         File
+	state        *dbState
+	pagesChanged int
+	fullScan     bool
+}
+
+// checkpointDB checkpoints the database at abs for generation gen in three steps: detect the
+// pages changed since prev, this box's last image of it (detectChanges); plan the new image
+// (planDB: the chain policy and what mode folds); upload what the plan writes (writeDB).
+func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *dbState, mode Mode, now time.Time, up *uploader) (dbResult, error) {
+	var since *walPos
+	if prev != nil && prev.wal.Frames > 0 {
+		since = &prev.wal
+	}
+	v, err := openView(ctx, abs, since)
+	if err != nil {
+		return dbResult{}, err
+	}
+	defer v.close()
+	ch, err := detectChanges(v, prev)
+	if err != nil {
+		return dbResult{}, err
+	}
+	p := planDB(prev, ch, mode, gen)
+	if err := s.writeDB(ctx, v, p, gen, now, up); err != nil {
+		return dbResult{}, err
+	}
+	ns := ch.state
+	ns.img, ns.deltaPages = p.img, p.deltaPages
+	res := dbResult{state: ns, pagesChanged: len(ch.changed), fullScan: ch.fullScan,
+		file: File{Size: ch.size(), Content: &Content{DB: p.img}}}
+	if p.step == stepKeep && prev.v1 != nil {
+		ns.v1, res.file = prev.v1, *prev.v1
+	}
+	return res, nil
+}
+
+// dbChanges is what detectChanges found in a database.
+type dbChanges struct {
+	// state is the database's new identity, WAL position and page hashes; planDB's image
+	// and deltaPages complete it.
+	state *dbState
+	// usable: the prior image is of this file (device and inode) with this page size, so
+	// changed is relative to it; else every page counts as changed.
+	usable   bool
+	changed  []uint32
+	pages    uint32
+	pageSize int
+	// fullScan: every page was read and hashed (no usable WAL position).
+	fullScan bool
+}
+
+func (ch dbChanges) size() int64 { return int64(ch.pages) * int64(ch.pageSize) }
+
+// detectChanges finds the pages of the view that differ from prev: from the WAL tail when
+// the WAL kept its identity since prev, else by one scan that hashes every page.
+func detectChanges(v *dbView, prev *dbState) (dbChanges, error) {
+	usable := prev != nil && prev.dev == v.dev && prev.ino == v.ino && prev.img.PageSize == v.pageSize
+	if !usable && v.tail {
+		if err := v.indexAll(); err != nil {
+			return dbChanges{}, err
+		}
+	}
+	ns := &dbState{dev: v.dev, ino: v.ino, wal: v.pos}
+	ch := dbChanges{state: ns, usable: usable, pages: v.pages, pageSize: v.pageSize}
+	if usable && v.tail {
+		ns.hashes = slices.Clone(prev.hashes)
+		ns.sum = prev.sum
+		for i := int(v.pages); i < len(ns.hashes); i++ {
+			ns.sum ^= ns.hashes[i]
+		}
+		if int(v.pages) < len(ns.hashes) {
+			ns.hashes = ns.hashes[:v.pages]
+		} else {
+			ns.hashes = append(ns.hashes, make([]uint64, int(v.pages)-len(ns.hashes))...)
+		}
+		page := make([]byte, v.pageSize)
+		for _, pg := range v.changedSinceTail() {
+			if err := v.readPage(pg, page); err != nil {
+				return dbChanges{}, err
+			}
+			if h := pageHash(pg, page); h != ns.hashes[pg-1] {
+				ns.sum ^= ns.hashes[pg-1] ^ h
+				ns.hashes[pg-1] = h
+				ch.changed = append(ch.changed, pg)
+			}
+		}
+		return ch, nil
+	}
+	ch.fullScan = true
+	ns.hashes = make([]uint64, v.pages)
+	err := v.scan(func(pg uint32, data []byte) error {
+		h := pageHash(pg, data)
+		ns.hashes[pg-1] = h
+		ns.sum ^= h
+		if !usable || int(pg) > len(prev.hashes) || prev.hashes[pg-1] != h {
+			ch.changed = append(ch.changed, pg)
+		}
+		return nil
+	})
+	if err != nil {
+		return dbChanges{}, fmt.Errorf("reading pages: %w", err)
+	}
+	return ch, nil
+}
+
+// writeDB uploads what plan p writes, read from the view, and fills in the references of
+// p.img.
+func (s *Syncer) writeDB(ctx context.Context, v *dbView, p dbPlan, gen int64, now time.Time, up *uploader) error {
+	switch p.step {
+	case stepNewBase, stepRebase:
+		if err := v.indexAll(); err != nil {
+			return err
+		}
+		return s.writeBase(ctx, v, p.img, p.oldBase, p.dirty, gen, up)
+	case stepDeltas:
+		for i := range p.fresh {
+			if len(p.deltaPages[i]) > 0 && p.img.Deltas[i].Level > 0 {
+				// A merged delta holds pages older than the WAL's tail.
+				if err := v.indexAll(); err != nil {
+					return err
+				}
+			}
+			data, err := encodeDelta(v, p.deltaPages[i], p.img.Deltas[i].MinGen, gen, now)
+			if err != nil {
+				return err
+			}
+			ref, err := up.put(ctx, gen, data)
+			if err != nil {
+				return err
+			}
+			p.img.Deltas[i].Ref = ref
+		}
+	}
+	return nil
+}
+
+// writeBase sets img.Base to raw page ranges of the view. A chunk whose pages are not in
+// dirty and whose extent is unchanged keeps its old object (old[i]); nil dirty rewrites all.
+func (s *Syncer) writeBase(ctx context.Context, v *dbView, img *DBImage, old []Ref, dirty map[uint32]bool, gen int64, up *uploader) error {
+	size := int64(img.Pages) * int64(img.PageSize)
+	per := uint32(img.ChunkBytes / int64(img.PageSize))
+	img.Base = nil
+	for i := int64(0); i*img.ChunkBytes < size; i++ {
+		first := uint32(i)*per + 1
+		n := min(per, img.Pages-first+1)
+		keep := dirty != nil && int(i) < len(old) && old[i].Size == int64(n)*int64(img.PageSize)
+		for pg := first; keep && pg < first+n; pg++ {
+			keep = !dirty[pg]
+		}
+		if keep {
+			img.Base = append(img.Base, old[i])
+			continue
+		}
+		buf := make([]byte, int(n)*img.PageSize)
+		for j := uint32(0); j < n; j++ {
+			if err := v.readPage(first+j, buf[int(j)*img.PageSize:int(j+1)*img.PageSize]); err != nil {
+				return fmt.Errorf("reading pages: %w", err)
+			}
+		}
+		if int(i) < len(old) && old[i].SHA256 == sha256Hex(buf) {
+			img.Base = append(img.Base, old[i])
+			continue
+		}
+		ref, err := up.put(ctx, gen, buf)
+		if err != nil {
+			return err
+		}
+		img.Base = append(img.Base, ref)
+	}
+	return nil
+}
+
+// encodeDelta writes pages of the view as one LTX file. Page checksums are off (the object's
+// SHA-256 and the image checksum guard the content); LTX's own file checksum stays.
+func encodeDelta(v *dbView, pages []uint32, minGen, maxGen int64, now time.Time) ([]byte, error) {
+	var buf bytes.Buffer
+	enc, err := ltx.NewEncoder(&buf)
+	if err != nil {
+		return nil, err
+	}
+	err = enc.EncodeHeader(ltx.Header{
+		Version: ltx.Version, Flags: ltx.HeaderFlagNoChecksum, PageSize: uint32(v.pageSize),
+		Commit: v.pages, MinTXID: ltx.TXID(minGen), MaxTXID: ltx.TXID(maxGen), Timestamp: now.UnixMilli(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encoding delta: %w", err)
+	}
+	page := make([]byte, v.pageSize)
+	lock := lockPgno(v.pageSize)
+	for _, pg := range pages {
+		if pg > v.pages || pg == lock {
+			continue
+		}
+		if err := v.readPage(pg, page); err != nil {
+			return nil, fmt.Errorf("reading pages: %w", err)
+		}
+		if err := enc.EncodePage(ltx.PageHeader{Pgno: pg}, page); err != nil {
+			return nil, fmt.Errorf("encoding delta: %w", err)
+		}
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("encoding delta: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// applyDelta writes an LTX file's pages into out, records their hashes and returns their
+// numbers.
+func applyDelta(out io.WriterAt, data []byte, img *DBImage, hashes []uint64) ([]uint32, error) {
+	dec := ltx.NewDecoder(bytes.NewReader(data))
+	if err := dec.DecodeHeader(); err != nil {
+		return nil, fmt.Errorf("decoding delta: %w", err)
+	}
+	if int(dec.Header().PageSize) != img.PageSize {
+		return nil, fmt.Errorf("delta has page size %d, image %d", dec.Header().PageSize, img.PageSize)
+	}
+	page := make([]byte, img.PageSize)
+	var pages []uint32
+	for {
+		var hdr ltx.PageHeader
+		err := dec.DecodePage(&hdr, page)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("decoding delta: %w", err)
+		}
+		if hdr.Pgno > img.Pages {
+			continue // beyond the final size: truncated away later
+		}
+		if _, err := out.WriteAt(page, int64(hdr.Pgno-1)*int64(img.PageSize)); err != nil {
+			return nil, err
+		}
+		hashes[hdr.Pgno-1] = pageHash(hdr.Pgno, page)
+		pages = append(pages, hdr.Pgno)
+	}
+	if err := dec.Close(); err != nil {
+		return nil, fmt.Errorf("decoding delta: %w", err)
+	}
+	return pages, nil
+}
+
+// adoptV1 describes a database restored from a format-1 blob as a page image whose base is
+// that blob, so the first change to it uploads a delta, not the database.
+func adoptV1(p string, f File) *dbState {
+	in, err := os.Open(p)
+	if err != nil {
+		return nil
+	}
+	hdr := make([]byte, 100)
+	_, err = in.ReadAt(hdr, 0)
+	in.Close()
+	if err != nil || !bytes.HasPrefix(hdr, sqliteHeader) {
+		return nil
+	}
+	ps := int(binary.BigEndian.Uint16(hdr[16:18]))
+	if ps == 1 {
+		ps = 65536
+	}
+	if !validPageSize(ps) || f.Size == 0 || f.Size%int64(ps) != 0 {
+		return nil
+	}
+	img := &DBImage{PageSize: ps, Pages: uint32(f.Size / int64(ps)), ChunkBytes: f.Size, Base: f.refs()}
+	st, err := hashImage(p, img)
+	if err != nil {
+		return nil
+	}
+	img.Checksum = strconv.FormatUint(st.sum, 16)
+	st.v1 = &f
+	return st
+}
+
+func hashImage(p string, img *DBImage) (*dbState, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st := &dbState{img: img, hashes: make([]uint64, img.Pages)}
+	buf := make([]byte, max(img.PageSize, 1<<20/img.PageSize*img.PageSize))
+	var pg uint32
+	for pg < img.Pages {
+		n := min(uint32(len(buf)/img.PageSize), img.Pages-pg)
+		b := buf[:int(n)*img.PageSize]
+		if _, err := io.ReadFull(f, b); err != nil {
+			return nil, err
+		}
+		for j := uint32(0); j < n; j++ {
+			h := pageHash(pg+j+1, b[int(j)*img.PageSize:int(j+1)*img.PageSize])
+			st.hashes[pg+j] = h
+			st.sum ^= h
+		}
+		pg += n
+	}
+	return st, nil
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

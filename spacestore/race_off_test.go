@@ -1,0 +1,5 @@
+//go:build !race
+
+package spacestore
+
+const raceOn = false
