@@ -170,7 +170,7 @@ func TestContinuousDebounce(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			debounce(ctx, func() (uint64, error) { return state.Load(), nil }, func() { mu.Lock(); syncList = append(syncList, time.Since(start)); mu.Unlock() })
+			debounce(ctx, 0, func() (uint64, error) { return state.Load(), nil }, func() { mu.Lock(); syncList = append(syncList, time.Since(start)); mu.Unlock() })
 		}()
 
 		// One change: synced within about a second, once.
@@ -202,6 +202,32 @@ func TestContinuousDebounce(t *testing.T) {
 		time.Sleep(5 * time.Second)
 		if len(syncs()) != n {
 			t.Fatalf("synced without a change: %v", syncs())
+		}
+		cancel()
+		<-done
+	})
+}
+
+// TestContinuousSyncSeesAWriteBeforeTheLoopRuns: a write made before the continuous loop's
+// goroutine first ran (the first request right after a wake, on a loaded box) is still a
+// change against the baseline taken at the wake, and is synced. Before, the loop took its
+// baseline when it started, after the write, and the write waited for the next one (CI saw
+// TestForeignManifestFencesOut time out waiting for the first continuous sync).
+func TestContinuousSyncSeesAWriteBeforeTheLoopRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var state atomic.Uint64
+		base := state.Load() // the wake's baseline
+		state.Add(1)         // the first request's write, before the loop runs
+		var syncs atomic.Int32
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			debounce(ctx, base, func() (uint64, error) { return state.Load(), nil }, func() { syncs.Add(1) })
+		}()
+		time.Sleep(2 * time.Second)
+		if n := syncs.Load(); n != 1 {
+			t.Fatalf("a write before the loop ran: %d syncs in 2s, want 1", n)
 		}
 		cancel()
 		<-done

@@ -30,7 +30,10 @@ func (e *Engine) startSync(in *inst, kind Kind) {
 	in.syncStop = cancel
 	in.mu.Unlock()
 	if kind.Replication.Class == ReplicateContinuous {
-		safego.Go(&e.wg, e.log, "continuous sync", func() { e.continuousLoop(ctx, in) })
+		// The baseline is taken here, before the wake returns its first Use: a write the
+		// first request makes must count as a change, however late the loop starts.
+		base, _ := dirStamp(in.dataDir)
+		safego.Go(&e.wg, e.log, "continuous sync", func() { e.continuousLoop(ctx, in, base) })
 		return
 	}
 	safego.Go(&e.wg, e.log, "periodic sync", func() {
@@ -85,16 +88,17 @@ func (e *Engine) syncNow(ctx context.Context, in *inst) {
 // continuousLoop checkpoints within about a second of a change: it polls the data dir's
 // mtimes and syncs once they are stable for one poll, or continuousMaxDelay after the first
 // change seen, whichever is sooner.
-func (e *Engine) continuousLoop(ctx context.Context, in *inst) {
-	debounce(ctx, func() (uint64, error) { return dirStamp(in.dataDir) }, func() { e.syncNow(ctx, in) })
+// base is the data dir's stamp as of the wake.
+func (e *Engine) continuousLoop(ctx context.Context, in *inst, base uint64) {
+	debounce(ctx, base, func() (uint64, error) { return dirStamp(in.dataDir) }, func() { e.syncNow(ctx, in) })
 }
 
-// debounce calls sync after stamp changes: once it is stable for one poll, or
-// continuousMaxDelay after the first change seen, whichever is sooner.
-func debounce(ctx context.Context, stamp func() (uint64, error), sync func()) {
+// debounce calls sync after stamp changes from synced (the stamp of what was last saved):
+// once it is stable for one poll, or continuousMaxDelay after the first change seen,
+// whichever is sooner.
+func debounce(ctx context.Context, synced uint64, stamp func() (uint64, error), sync func()) {
 	t := time.NewTicker(continuousPoll)
 	defer t.Stop()
-	synced, _ := stamp()
 	var last uint64
 	var dirtySince time.Time
 	for {
