@@ -1,9 +1,12 @@
 package harness
 
 import (
+	"bufio"
+	"bytes"
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -45,8 +48,8 @@ func (h *Held) Caught() <-chan struct{} { return h.caught }
 // Idempotent.
 func (h *Held) Release() { h.relOnce.Do(func() { close(h.release) }) }
 
-// Answered is closed once the target sent something back on the held connection after the
-// release: the held request reached it and was acted on.
+// Answered is closed once the target answered the held request (sent, after the release, on
+// a connection of its own): it reached the target and was acted on.
 func (h *Held) Answered() <-chan struct{} { return h.answered }
 
 // Hold arms the proxy to hold the next chunk a client sends that match reports true for
@@ -74,8 +77,7 @@ func (p *TCPProxy) catch(chunk []byte) *Held {
 
 // link is what the two directions of one proxied connection share.
 type link struct {
-	mu   sync.Mutex
-	held *Held // the hold this connection's request was caught by
+	client net.Conn // read directly only by the client-to-target pipe's goroutine
 }
 
 // StartTCPProxy listens on 127.0.0.1:0 and forwards to target until the test ends.
@@ -228,7 +230,7 @@ func (p *TCPProxy) handle(client net.Conn) {
 		src.Close()
 		done <- struct{}{}
 	}
-	l := &link{}
+	l := &link{client: client}
 	go pipe(jittered{server, p, l}, client)
 	go pipe(dropping{client, p, l}, server)
 	<-done
@@ -250,14 +252,71 @@ func (j jittered) Write(b []byte) (int, error) {
 		time.Sleep(rand.N(jitter))
 	}
 	if h := j.p.catch(b); h != nil {
-		j.l.mu.Lock()
-		j.l.held = h
-		j.l.mu.Unlock()
+		// The whole request is taken off the client now and, once released, sent on a
+		// connection of its own: the held connection's side to the target may have been
+		// closed as idle meanwhile, and the request must still arrive late, whole.
+		req, err := readRequest(b, j.l.client)
 		close(h.caught)
 		<-h.release
+		if err != nil {
+			return 0, err
+		}
+		j.p.deliver(h, req, j.l.client)
+		return len(b), nil
 	}
 	j.p.through()
 	return j.Conn.Write(b)
+}
+
+// readRequest completes the HTTP/1.1 request that starts in first, reading the rest of its
+// head and its Content-Length body from the client, and returns its bytes.
+func readRequest(first []byte, client net.Conn) ([]byte, error) {
+	req := append([]byte(nil), first...)
+	buf := make([]byte, 32<<10)
+	more := func() error {
+		n, err := client.Read(buf)
+		req = append(req, buf[:n]...)
+		return err
+	}
+	end := -1
+	for end = bytes.Index(req, []byte("\r\n\r\n")); end < 0; end = bytes.Index(req, []byte("\r\n\r\n")) {
+		if err := more(); err != nil {
+			return nil, err
+		}
+	}
+	head, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(req[:end+4])))
+	if err != nil {
+		return nil, err
+	}
+	for int64(len(req)-end-4) < head.ContentLength {
+		if err := more(); err != nil {
+			return nil, err
+		}
+	}
+	return req, nil
+}
+
+// deliver sends a held request to the target on a new connection, signals Answered when
+// the target's answer arrives and passes that answer on to the client (who may be gone).
+func (p *TCPProxy) deliver(h *Held, req []byte, client net.Conn) {
+	p.through()
+	conn, err := net.Dial("tcp", p.target)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	if _, err := conn.Write(req); err != nil {
+		return
+	}
+	var raw bytes.Buffer
+	resp, err := http.ReadResponse(bufio.NewReader(io.TeeReader(conn, &raw)), nil)
+	if err != nil {
+		return
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	h.ansOnce.Do(func() { close(h.answered) })
+	client.Write(raw.Bytes())
 }
 
 // DropResponses makes the proxy drop the next n answers from the target: the request has
@@ -288,11 +347,5 @@ func (d dropping) Write(b []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	d.p.through()
-	d.l.mu.Lock()
-	h := d.l.held
-	d.l.mu.Unlock()
-	if h != nil {
-		h.ansOnce.Do(func() { close(h.answered) })
-	}
 	return d.Conn.Write(b)
 }
