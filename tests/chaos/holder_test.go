@@ -51,9 +51,10 @@ func TestForwardedHolderDiesIs503(t *testing.T) {
 	// dead_after); then b dies.
 	syscall.Kill(b.PID(), syscall.SIGSTOP)
 	type answer struct {
-		code  int
-		retry string
-		err   error
+		code     int
+		retry    string
+		instance string
+		err      error
 	}
 	got := make(chan answer, 1)
 	go func() {
@@ -64,7 +65,7 @@ func TestForwardedHolderDiesIs503(t *testing.T) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		got <- answer{code: resp.StatusCode, retry: resp.Header.Get("Retry-After")}
+		got <- answer{code: resp.StatusCode, retry: resp.Header.Get("Retry-After"), instance: resp.Header.Get(instanceHeader)}
 	}()
 	time.Sleep(500 * time.Millisecond)
 	b.Kill()
@@ -72,7 +73,13 @@ func TestForwardedHolderDiesIs503(t *testing.T) {
 	if ans.err != nil {
 		t.Fatalf("POST via a while its holder died: %v", ans.err)
 	}
-	if ans.code != http.StatusServiceUnavailable || ans.retry == "" {
-		t.Fatalf("POST via a while its holder died: %d (Retry-After %q), want 503 with Retry-After", ans.code, ans.retry)
+	// Sent to b on a pooled connection, the write's answer is lost: 503. When a's forward
+	// had to open a new connection, the TLS handshake to the stopped b never finished and
+	// nothing was sent: a serves it once b's lease frees (201 from an instance on a).
+	switch {
+	case ans.code == http.StatusServiceUnavailable && ans.retry != "":
+	case ans.code == http.StatusCreated && strings.Contains(ans.instance, a.self):
+	default:
+		t.Fatalf("POST via a while its holder died: %d (Retry-After %q, instance %q), want 503 with Retry-After, or 201 from a after the takeover", ans.code, ans.retry, ans.instance)
 	}
 }
