@@ -351,7 +351,6 @@ func (v *View) close() {
 	}
 }
 
-
 // Shape is what a view found when it opened: the main file's identity, the page size, the
 // database's size in pages, how far the WAL was read, and whether only the frames after
 // the caller's WALPos were read (Tail; IndexAll clears it).
