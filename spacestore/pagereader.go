@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,9 +27,11 @@ const (
 	// for included (at most uploadConcurrency PUTs are in flight while pages are read).
 	DefaultPageReadTimeout = 2 * time.Minute
 	// DefaultPageReadMemory is the helper's address-space limit (RLIMIT_AS). The helper
-	// holds one page at a time besides the WAL's frame index; the Go runtime and the SQLite
-	// driver reserve the rest.
-	DefaultPageReadMemory = 1 << 30
+	// holds one page at a time besides the WAL's frame index (its resident size reading a
+	// 50 MB database is about 10 MB), but the Go runtime and the SQLite driver reserve
+	// about 1.5 GiB of address space they never touch, which RLIMIT_AS counts: 1 GiB fails
+	// at the first mmap of the -shm file.
+	DefaultPageReadMemory = 3 << 30
 )
 
 // PageReader reads a space's SQLite databases in a helper process, lchat-pageread, running
@@ -242,9 +245,12 @@ func (c *capped) Write(p []byte) (int, error) {
 func (c *capped) note() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := string(bytes.TrimSpace(c.buf.Bytes()))
+	s, _, _ := strings.Cut(string(bytes.TrimSpace(c.buf.Bytes())), "\n")
 	if s == "" {
 		return ""
+	}
+	if len(s) > 200 {
+		s = s[:200] + "..."
 	}
 	return ": " + strconv.Quote(s)
 }

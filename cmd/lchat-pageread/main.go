@@ -34,7 +34,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "lchat-pageread: setting the memory limit: %v\n", err)
 			os.Exit(1)
 		}
-		debug.SetMemoryLimit(*maxMemory / 2)
+		debug.SetMemoryLimit(*maxMemory / 8) // a soft goal for the heap, well below the address space
 	}
 	if err := pageread.Serve(context.Background(), os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "lchat-pageread: %v\n", err)

@@ -70,10 +70,13 @@ func (c *Client) IndexAll() error {
 	if err != nil {
 		return err
 	}
+	if err := c.readDone(); err != nil {
+		return err
+	}
 	want := c.shape
 	want.Tail = false
 	if s != want {
-		return c.fail(errors.New("page reader changed the database's shape while indexing"))
+		return c.fail(fmt.Errorf("page reader changed the database's shape while indexing: %+v, then %+v", c.shape, s))
 	}
 	c.shape = s
 	return nil
@@ -209,6 +212,18 @@ func (c *Client) request(op byte, payload []byte) error {
 	}
 	if err := writeRequest(c.w, op, payload); err != nil {
 		return c.fail(fmt.Errorf("writing to the page reader: %w", err))
+	}
+	return nil
+}
+
+// readDone reads the frame that ends an answer.
+func (c *Client) readDone() error {
+	kind, _, err := c.readFrame()
+	if err != nil {
+		return err
+	}
+	if kind != frameDone {
+		return c.fail(fmt.Errorf("page reader sent frame %q, not the end of its answer", kind))
 	}
 	return nil
 }

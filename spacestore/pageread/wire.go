@@ -67,6 +67,7 @@ func putShape(b []byte, s Shape) {
 	binary.BigEndian.PutUint32(b[16:], uint32(s.PageSize))
 	binary.BigEndian.PutUint32(b[20:], s.Pages)
 	putWALPos(b[24:], s.Pos)
+	b[24+walPosLen] = 0
 	if s.Tail {
 		b[24+walPosLen] = 1
 	}
