@@ -35,7 +35,7 @@ func needRoot(t testing.TB) {
 // spaceDir makes a directory the space's uid can reach (0711 above its data dir) and
 // returns a syncer on it whose databases are read by lchat-pageread under uid. started,
 // when non-nil, is told each helper's pid.
-func spaceDir(t *testing.T, b bucket.Bucket, uid uint32, started func(pid int)) *Syncer {
+func spaceDir(t testing.TB, b bucket.Bucket, uid uint32, started func(pid int)) *Syncer {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "pagereader")
 	if err != nil {
@@ -60,7 +60,7 @@ func spaceDir(t *testing.T, b bucket.Bucket, uid uint32, started func(pid int)) 
 }
 
 // handTo gives every file under dir to uid, as the engine does for an isolated space.
-func handTo(t *testing.T, dir string, uid int) {
+func handTo(t testing.TB, dir string, uid int) {
 	t.Helper()
 	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err == nil {

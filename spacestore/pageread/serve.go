@@ -1,6 +1,7 @@
 package pageread
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -14,11 +15,14 @@ import (
 // lchat-pageread runs. The first request must open a database; the session ends when r
 // ends (nil) or at the first error, which is also sent to the box as an error frame.
 func Serve(ctx context.Context, r io.Reader, w io.Writer) error {
-	fw := &frameWriter{w: w}
+	// Pages go out in large writes: a write per page would cost the box a wake-up each.
+	bw := bufio.NewWriterSize(w, 256<<10)
+	fw := &frameWriter{w: bw}
 	err := serve(ctx, r, fw)
 	if err != nil && !errors.Is(err, errWrite) {
 		fw.frame(frameError, []byte(clip(err.Error())))
 	}
+	bw.Flush()
 	return err
 }
 
@@ -44,7 +48,11 @@ func serve(ctx context.Context, r io.Reader, fw *frameWriter) error {
 	defer v.Close()
 	shape := make([]byte, shapeLen)
 	send := func(kind byte, parts ...[]byte) error {
-		if err := fw.frame(kind, parts...); err != nil {
+		err := fw.frame(kind, parts...)
+		if err == nil && kind != framePage && kind != frameChanged {
+			err = fw.w.(*bufio.Writer).Flush() // the end of an answer: the box waits for it
+		}
+		if err != nil {
 			return fmt.Errorf("%w: %v", errWrite, err)
 		}
 		return nil
