@@ -71,7 +71,9 @@ func Open(ctx context.Context, p string, since *WALPos) (v *View, err error) {
 		}
 	}()
 	v = view
-	if v.db, err = sql.Open("sqlite", SQLiteURI(p)); err != nil {
+	// The connection only takes the write lock; no statement reads the schema. The pragmas
+	// are defence in depth should SQLite parse more than the header and the WAL index.
+	if v.db, err = sql.Open("sqlite", SQLiteURI(p)+hardening); err != nil {
 		return nil, err
 	}
 	v.db.SetMaxOpenConns(1)
@@ -143,6 +145,11 @@ func SQLiteURI(p string) string {
 	u := url.URL{Scheme: "file", Path: p, RawQuery: "mode=rw&_pragma=busy_timeout(10000)"}
 	return u.String()
 }
+
+// hardening turns off what a crafted schema or page could lean on: schema-defined
+// functions and views run by triggers (trusted_schema), memory-mapped reads of a file the
+// tenant can truncate (mmap_size), and unchecked cell sizes (cell_size_check).
+const hardening = "&_pragma=trusted_schema(0)&_pragma=mmap_size(0)&_pragma=cell_size_check(1)"
 
 // readWAL indexes the committed frames of the WAL, validating salts and checksums the way
 // SQLite's recovery does: the first bad frame ends the log, and frames after the last commit
