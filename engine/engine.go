@@ -132,8 +132,9 @@ type Config struct {
 	// databases for its checkpoints, under the space's uid (pageread.go, docs/parsers.md).
 	// Default $LCHAT_PAGEREAD, else lchat-pageread beside this process's executable.
 	PageReader string
-	// PageReadTimeout bounds one database's read session in lchat-pageread; the helper is
-	// killed at it and the checkpoint fails. Default spacestore.DefaultPageReadTimeout.
+	// PageReadTimeout bounds each answer of lchat-pageread (an open, a scan, a batch of
+	// pages; not the uploads between them); the helper is killed at it and the checkpoint
+	// fails. Default spacestore.DefaultPageReadTimeout.
 	PageReadTimeout time.Duration
 	// LogMaxMB caps each space's instance.log, in MiB, before it rotates. Default 10.
 	LogMaxMB int

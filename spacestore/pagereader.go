@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,8 +24,9 @@ const PageReaderName = "lchat-pageread"
 
 // Defaults of a PageReader.
 const (
-	// DefaultPageReadTimeout bounds one database's read session, the uploads it waits
-	// for included (at most uploadConcurrency PUTs are in flight while pages are read).
+	// DefaultPageReadTimeout bounds each answer of the helper: opening the database, a
+	// scan of every page, one batch of pages. The uploads the checkpoint makes between
+	// requests do not count, so a slow bucket never kills a helper.
 	DefaultPageReadTimeout = 2 * time.Minute
 	// DefaultPageReadMemory is the helper's address-space limit (RLIMIT_AS). The helper
 	// holds one page at a time besides the WAL's frame index (its resident size reading a
@@ -35,8 +37,9 @@ const (
 )
 
 // PageReader reads a space's SQLite databases in a helper process, lchat-pageread, running
-// under the space's uid with no supplementary groups and no capabilities, killed at
-// Timeout, its address space bounded by MaxMemory, and killed with the box (Pdeathsig). A
+// under the space's uid with no supplementary groups and no capabilities, killed when an
+// answer takes longer than Timeout, its address space bounded by MaxMemory, and killed
+// with the box (Pdeathsig). A
 // crafted database then attacks that process, with the space's own privileges, never the
 // box; the box checks every frame it sends (pageread.Client). docs/parsers.md.
 type PageReader struct {
@@ -44,7 +47,7 @@ type PageReader struct {
 	Path string
 	// UID and GID are the space's.
 	UID, GID uint32
-	// Timeout bounds one database's session; default DefaultPageReadTimeout.
+	// Timeout bounds each answer of the helper; default DefaultPageReadTimeout.
 	Timeout time.Duration
 	// MaxMemory is the helper's RLIMIT_AS in bytes; default DefaultPageReadMemory.
 	MaxMemory int64
@@ -87,7 +90,7 @@ func (r *PageReader) open(ctx context.Context, abs string, since *pageread.WALPo
 	if _, err := os.Stat(r.Path); err != nil {
 		return nil, fmt.Errorf("page reader %s: %w (build it beside lchat-caddy, docs/parsers.md)", r.Path, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.timeout())
+	ctx, cancel := context.WithCancel(ctx)
 	cmd := exec.CommandContext(ctx, r.Path, "-max-memory", strconv.FormatInt(r.maxMemory(), 10))
 	cmd.Env = []string{} // the box's environment holds credentials; the space's uid could read the helper's
 	cmd.Dir = "/"
@@ -119,8 +122,13 @@ func (r *PageReader) open(ctx context.Context, abs string, since *pageread.WALPo
 		cancel()
 		return nil, fmt.Errorf("starting page reader %s: %w", r.Path, err)
 	}
-	h := &helperSession{cmd: cmd, stdin: stdin, cancel: cancel, release: release, ctx: ctx, timeout: r.timeout(), stderr: stderr}
+	h := &helperSession{cmd: cmd, stdin: stdin, cancel: cancel, release: release, timeout: r.timeout(), stderr: stderr}
+	h.deadline = time.AfterFunc(h.timeout, func() {
+		h.timedOut.Store(true)
+		cancel() // CommandContext kills the helper; its pipe closes and the read fails
+	})
 	c, err := pageread.Dial(stdout, stdin, abs, since, files)
+	h.deadline.Stop()
 	if err != nil {
 		return nil, h.end(err)
 	}
@@ -160,11 +168,14 @@ type helperSession struct {
 	stdin   interface{ Close() error }
 	cancel  context.CancelFunc
 	release func()
-	ctx     context.Context
 	timeout time.Duration
-	stderr  *capped
-	once    sync.Once
-	err     error
+	// deadline kills the helper when an answer takes longer than timeout: armed for each
+	// request, stopped once it is answered.
+	deadline *time.Timer
+	timedOut atomic.Bool
+	stderr   *capped
+	once     sync.Once
+	err      error
 }
 
 // end closes the helper's stdin (it exits at the end of its requests), waits for it (it is
@@ -178,11 +189,11 @@ func (h *helperSession) end(err error) error {
 		h.stdin.Close()
 		werr := h.cmd.Wait()
 		h.release()
-		timedOut := errors.Is(h.ctx.Err(), context.DeadlineExceeded)
+		h.deadline.Stop()
 		h.cancel()
 		switch {
-		case timedOut:
-			h.err = fmt.Errorf("page reader killed at its deadline (%v)", h.timeout)
+		case h.timedOut.Load():
+			h.err = fmt.Errorf("page reader killed at its deadline (%v for an answer)", h.timeout)
 		case err != nil:
 			var he *pageread.HelperError
 			if errors.As(err, &he) || werr == nil {
@@ -203,23 +214,31 @@ func (h *helperSession) Close() error {
 	return h.end(nil)
 }
 
-// The session's errors are reported with the process's fate: wrap the client's.
-func (h *helperSession) IndexAll() error { return h.wrap(h.Client.IndexAll()) }
+// Each request runs under the deadline, and its error is reported with the process's
+// fate.
+func (h *helperSession) IndexAll() error {
+	h.deadline.Reset(h.timeout)
+	return h.wrap(h.Client.IndexAll())
+}
 
 func (h *helperSession) ChangedSinceTail() ([]uint32, error) {
+	h.deadline.Reset(h.timeout)
 	p, err := h.Client.ChangedSinceTail()
 	return p, h.wrap(err)
 }
 
 func (h *helperSession) ReadPages(pgnos []uint32, fn func(uint32, []byte) error) error {
+	h.deadline.Reset(h.timeout)
 	return h.wrap(h.Client.ReadPages(pgnos, fn))
 }
 
 func (h *helperSession) Scan(fn func(uint32, []byte) error) error {
+	h.deadline.Reset(h.timeout)
 	return h.wrap(h.Client.Scan(fn))
 }
 
 func (h *helperSession) wrap(err error) error {
+	h.deadline.Stop()
 	if err == nil {
 		return nil
 	}

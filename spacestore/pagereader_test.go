@@ -261,7 +261,7 @@ func TestPageReaderKilledAtItsDeadline(t *testing.T) {
 	}
 	defer conn.ExecContext(context.Background(), "ROLLBACK")
 	_, err = s.Checkpoint(context.Background(), Periodic, nil, time.Now())
-	if err == nil || !strings.Contains(err.Error(), "page reader killed at its deadline (300ms)") {
+	if err == nil || !strings.Contains(err.Error(), "page reader killed at its deadline (300ms for an answer)") {
 		t.Fatalf("checkpoint with the write lock held: %v, want the helper killed at its deadline", err)
 	}
 }
