@@ -38,7 +38,7 @@ type Client struct {
 // Dial asks the helper on (r, w) to open the database at path (since as in Open) and
 // checks the shape it answers with.
 func Dial(r io.Reader, w io.Writer, path string, since *WALPos, files Files) (*Client, error) {
-	c := &Client{r: bufio.NewReaderSize(r, 64<<10), w: w, files: files, since: since}
+	c := &Client{r: bufio.NewReaderSize(r, 256<<10), w: w, files: files, since: since}
 	req := make([]byte, 1+walPosLen, 1+walPosLen+len(path))
 	if since != nil {
 		req[0] = 1
