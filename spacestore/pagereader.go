@@ -85,6 +85,10 @@ func (s *Syncer) openPages(ctx context.Context, abs string, since *pageread.WALP
 // open starts the helper for the database at abs and dials it. The box's own lstat of the
 // files (never followed through a link) is what the helper's answers are checked against.
 func (r *PageReader) open(ctx context.Context, abs string, since *pageread.WALPos) (pageread.Source, error) {
+	abs, err := filepath.Abs(abs) // the helper runs in /
+	if err != nil {
+		return nil, err
+	}
 	files, err := statDB(abs)
 	if err != nil {
 		return nil, err
@@ -116,7 +120,11 @@ func (r *PageReader) open(ctx context.Context, abs string, since *pageread.WALPo
 		cancel()
 		return nil, err
 	}
-	unix.FcntlInt(stdout.Fd(), unix.F_SETPIPE_SZ, 1<<20) // best effort: fs.pipe-max-size may be lower
+	if rc, err := stdout.SyscallConn(); err == nil { // not Fd(): that would make reads blocking
+		rc.Control(func(fd uintptr) {
+			unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20) // best effort: fs.pipe-max-size may be lower
+		})
+	}
 	cmd.Stdout = w
 	release := func() {}
 	if r.Start != nil {
