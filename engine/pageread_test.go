@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/spacestore/pageread/pagereadtest"
 )
 
@@ -129,5 +131,75 @@ func TestCraftedDatabaseFailsOnlyItsSpace(t *testing.T) {
 	wake(other)
 	if _, err := os.Stat(filepath.Join(e.get(other).dataDir, "app.db")); err != nil {
 		t.Fatalf("the other space's database after a sleep and a wake: %v", err)
+	}
+}
+
+// TestPeriodicCheckpointReadsDatabasesOfAFrozenInstance: a periodic checkpoint of a running
+// isolated instance freezes its cgroup and reads its databases with lchat-pageread, which
+// is outside that cgroup: the checkpoint completes (a helper inside the frozen group would
+// stop with it until its deadline) and the database is in the manifest.
+func TestPeriodicCheckpointReadsDatabasesOfAFrozenInstance(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CI runs as root)")
+	}
+	dir, inst := reachableInstance(t, "iso")
+	b, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{Bucket: b, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
+		Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+			Replication: Replication{Class: ReplicatePeriodic, Interval: 100 * time.Millisecond}, StopGrace: 5 * time.Second,
+			Isolation: IsolationOn, Network: NetworkHost}},
+		UIDFirst: 3200500, UIDCount: 100, PageReader: pagereadtest.Binary(t), PageReadTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drainAtEnd(t, e)
+	const host = "frozen-db.example.com"
+	u, err := e.Acquire(context.Background(), Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Release()
+	data := e.get(host).dataDir
+	fi, _ := os.Stat(data)
+	uid := int(fi.Sys().(*syscall.Stat_t).Uid)
+	p := filepath.Join(data, "app.db")
+	db, err := sql.Open("sqlite", "file:"+p+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	for _, q := range []string{"CREATE TABLE t (x)", "INSERT INTO t VALUES (randomblob(5000))"} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	for _, f := range []string{p, p + "-wal", p + "-shm"} {
+		os.Chown(f, uid, uid)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var st SpaceStatus
+		for _, s := range e.Status() {
+			if s.Host == host {
+				st = s
+			}
+		}
+		if st.LastSyncError != "" {
+			t.Fatalf("periodic checkpoint: %s", st.LastSyncError)
+		}
+		e.get(host).op.Lock()
+		m, _ := e.get(host).syncer.Manifest()
+		e.get(host).op.Unlock()
+		if m != nil && slices.ContainsFunc(m.Files, func(f spacestore.File) bool { return f.Path == "app.db" && f.Content != nil && f.Content.DB != nil }) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no periodic checkpoint took the database in a minute")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
