@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -29,6 +30,20 @@ func pageReaderPath(configured string) string {
 		return spacestore.PageReaderName // fails at use, naming it
 	}
 	return filepath.Join(filepath.Dir(exe), spacestore.PageReaderName)
+}
+
+// pageReaderPresent checks that lchat-pageread is where the engine will run it: an
+// isolated space's database checkpoints need it, so a kind isolated by default runs as the
+// box's user without it (logged with this reason) and `isolation on` refuses to start.
+func (e *Engine) pageReaderPresent() error {
+	fi, err := os.Stat(e.cfg.PageReader)
+	if err != nil {
+		return fmt.Errorf("%s is missing (%v): isolated spaces read their SQLite databases through it; install it beside lchat-caddy or set %s", spacestore.PageReaderName, err, PageReaderEnv)
+	}
+	if fi.Mode().Perm()&0o001 == 0 {
+		return fmt.Errorf("%s (%s) is not executable by the spaces' uids (mode %v)", spacestore.PageReaderName, e.cfg.PageReader, fi.Mode().Perm())
+	}
+	return nil
 }
 
 // pageReader is how checkpoints of a start under cred read the space's databases: in
