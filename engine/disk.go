@@ -3,7 +3,9 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"go.uber.org/zap"
@@ -68,7 +70,8 @@ func checkDisk(k Kind) error {
 
 // privateTmp reports whether instances of k get a /tmp of their own on this box, given
 // whether k is isolated here; whyNot says why an unset tmp is the box's. A kind that asks
-// for a private /tmp (or a disk) on a box that cannot give it is refused before this.
+// for a private /tmp (or a disk) on a box that cannot give it is refused before this
+// (checkDiskHere).
 func (e *Engine) privateTmp(k Kind, iso bool) (private bool, whyNot error) {
 	switch {
 	case k.Tmp == TmpHost:
@@ -81,20 +84,55 @@ func (e *Engine) privateTmp(k Kind, iso bool) (private bool, whyNot error) {
 	if err := privateTmpWorks(); err != nil {
 		return false, err
 	}
+	if err := e.hiddenByPrivateTmp(k); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
+// hiddenByPrivateTmp says what an instance of k needs that a private /tmp would hide:
+// the state dir (its data dir and socket) or its command under /tmp or /var/tmp.
+func (e *Engine) hiddenByPrivateTmp(k Kind) error {
+	cmd, err := exec.LookPath(k.Command)
+	if err == nil {
+		cmd, err = filepath.Abs(cmd)
+	}
+	for what, p := range map[string]string{"the state dir": e.cfg.StateDir, "the command": cmd} {
+		if p == "" {
+			continue
+		}
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		for _, t := range []string{"/tmp", "/var/tmp"} {
+			if rt, err := filepath.EvalSymlinks(t); err == nil {
+				t = rt
+			}
+			if p == t || strings.HasPrefix(p, t+"/") {
+				return fmt.Errorf("%s %s is under %s, which a private /tmp hides from the instance", what, p, t)
+			}
+		}
+	}
+	return nil
+}
+
 // checkDiskHere refuses a kind whose disk or private /tmp this engine cannot give: it
-// needs the kind isolated here.
+// needs the kind isolated here, and its state dir and command outside /tmp.
 func (e *Engine) checkDiskHere(k Kind, iso bool) error {
-	if iso {
+	want := ""
+	switch {
+	case k.Limits.DiskBytes > 0:
+		want = "limits.disk"
+	case k.Tmp == TmpPrivate:
+		want = "tmp private"
+	default:
 		return nil
 	}
-	if k.Limits.DiskBytes > 0 {
-		return fmt.Errorf("limits.disk needs the space's own uid, and this box cannot isolate the kind: %v", e.whyNotIsolated(k))
+	if !iso {
+		return fmt.Errorf("%s needs the space's own uid, and this box cannot isolate the kind: %v", want, e.whyNotIsolated(k))
 	}
-	if k.Tmp == TmpPrivate {
-		return fmt.Errorf("tmp private needs the space's own uid, and this box cannot isolate the kind: %v", e.whyNotIsolated(k))
+	if err := e.hiddenByPrivateTmp(k); err != nil {
+		return fmt.Errorf("%s needs a private /tmp: %v", want, err)
 	}
 	return nil
 }
