@@ -44,9 +44,15 @@ func reachableInstanceOutsideTmp(t testing.TB, prefix string) (dir, inst string)
 }
 
 // diskEngine is an engine of isolated kinds (network host unless set) outside /tmp, on
-// bucket b.
+// bucket b (nil: one of its own).
 func diskEngine(t *testing.T, b bucket.Bucket, kinds map[string]Kind, uidFirst uint32) (*Engine, string) {
 	t.Helper()
+	if b == nil {
+		var err error
+		if b, err = filebucket.New(t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+	}
 	dir, inst := reachableInstanceOutsideTmp(t, "disk")
 	for name, k := range kinds {
 		k.Command, k.Env, k.Isolation = inst, map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"}, IsolationOn

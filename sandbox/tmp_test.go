@@ -90,3 +90,42 @@ func TestPrivateTmpHidesTheBoxesTmp(t *testing.T) {
 		t.Errorf("tmp dir not emptied for the next start: %v", ents)
 	}
 }
+
+// BenchmarkStartPrivateTmp measures what a private /tmp adds to a start: /bin/true
+// started into a group, forked and reaped, with and without StartOptions.TmpDir.
+// go test ./sandbox -run '^$' -bench StartPrivateTmp (root).
+func BenchmarkStartPrivateTmp(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root (CI runs as root)")
+	}
+	c, err := OpenCgroups()
+	if err != nil {
+		b.Skip(err)
+	}
+	defer c.Close()
+	if err := CheckPrivateTmp(); err != nil {
+		b.Fatal(err)
+	}
+	tmp := b.TempDir()
+	for _, bc := range []struct {
+		name string
+		opt  StartOptions
+	}{{"box-tmp", StartOptions{}}, {"private-tmp", StartOptions{TmpDir: tmp}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			g, err := c.Create("bench.tmp", Limits{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer g.Remove()
+			for b.Loop() {
+				cmd := exec.Command("/bin/true")
+				release, err := g.Start(cmd, bc.opt)
+				if err != nil {
+					b.Fatal(err)
+				}
+				cmd.Wait()
+				release()
+			}
+		})
+	}
+}
