@@ -55,7 +55,7 @@ func startBox(t *testing.T, caddyfile string, env ...string) *box {
 // startBoxWith is startBox with opts.
 func startBoxWith(t *testing.T, opts boxOptions, caddyfile string, env ...string) *box {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "iso")
+	dir, err := os.MkdirTemp(outsideTmp(t), "iso")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +238,20 @@ func (b *box) status(host string) spaceStatus {
 	return spaceStatus{}
 }
 
+// outsideTmpBase holds the boxes' directories and the attacker: outside /tmp, which an
+// instance's private /tmp hides from it (as /var/lib/lchat-caddy is under the unit).
+const outsideTmpBase = "/var/lib/lchat-isolation-test"
+
+// outsideTmp returns outsideTmpBase, created 0711.
+func outsideTmp(t *testing.T) string {
+	t.Helper()
+	if err := os.MkdirAll(outsideTmpBase, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(outsideTmpBase, 0o711)
+	return outsideTmpBase
+}
+
 // attackerBinary builds the attacker into a directory every uid can reach.
 var attackerOnce struct {
 	sync.Once
@@ -247,7 +261,7 @@ var attackerOnce struct {
 
 func attackerBinary(t *testing.T) string {
 	attackerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "attacker")
+		dir, err := os.MkdirTemp(outsideTmp(t), "attacker")
 		if err != nil {
 			attackerOnce.err = err
 			return

@@ -59,6 +59,16 @@ const isoCaddyfile = `{
 			stop_grace 2s
 			replication sleep
 		}
+		kind disk {
+			command {$ATTACKER}
+			isolation on
+			ready_path /healthz
+			stop_grace 2s
+			replication sleep
+			limits {
+				disk 32MiB
+			}
+		}
 		kind hog {
 			command {$ATTACKER}
 			isolation on
@@ -88,7 +98,7 @@ https://certs.localhost {
 // machine's own network.
 func startIsoBox(t *testing.T) *box {
 	b := startBoxWith(t, boxOptions{ns: testnet.New(t, "iso")}, isoCaddyfile, "ATTACKER="+attackerBinary(t))
-	for host, kind := range map[string]string{"a.localhost": "attack", "b.localhost": "attack", "e.localhost": "escape", "h.localhost": "hog"} {
+	for host, kind := range map[string]string{"a.localhost": "attack", "b.localhost": "attack", "e.localhost": "escape", "h.localhost": "hog", "d.localhost": "disk"} {
 		b.mustAdmin("POST", "/lchat/routes", map[string]any{"host": host, "kind": kind, "hibernate": true}, nil)
 	}
 	return b
