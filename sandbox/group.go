@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -209,10 +208,9 @@ func (g *Group) Start(cmd *exec.Cmd, opt StartOptions) (release func(), err erro
 		release chan struct{}
 	}
 	res := make(chan result, 1)
-	go func() {
-		// Never unlocked: the Go runtime ends a thread whose goroutine exits locked, so
-		// this thread's changed capabilities and groups die with it.
-		runtime.LockOSThread()
+	// The Go runtime ends a thread whose goroutine exits locked, so this thread's changed
+	// capabilities, groups and namespaces die with it (onOwnThread).
+	onOwnThread(func() {
 		if err := g.startLocked(cmd, opt); err != nil {
 			res <- result{err: err}
 			return
@@ -220,7 +218,7 @@ func (g *Group) Start(cmd *exec.Cmd, opt StartOptions) (release func(), err erro
 		r := make(chan struct{})
 		res <- result{release: r}
 		<-r
-	}()
+	})
 	r := <-res
 	if r.err != nil {
 		return nil, r.err

@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 
 	"golang.org/x/sys/unix"
 )
@@ -62,11 +61,8 @@ func CheckPrivateTmp() error {
 	}
 	defer os.Remove(dir)
 	res := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread, now in the probe's namespace, ends with the goroutine.
-		runtime.LockOSThread()
-		res <- enterPrivateTmp(dir)
-	}()
+	// The thread, now in the probe's namespace, ends with the goroutine.
+	onOwnThread(func() { res <- enterPrivateTmp(dir) })
 	if err := <-res; err != nil {
 		return fmt.Errorf("a private /tmp: %v (under systemd, RestrictNamespaces= must allow mnt and SystemCallFilter= @mount)", err)
 	}

@@ -299,3 +299,12 @@ func mustContain(t *testing.T, s, sub string) {
 		t.Fatalf("%q does not contain %q", s, sub)
 	}
 }
+
+// TestMain removes the attacker build once every test has run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if attackerOnce.path != "" {
+		os.RemoveAll(filepath.Dir(attackerOnce.path))
+	}
+	os.Exit(code)
+}
