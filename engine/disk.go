@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -145,12 +146,26 @@ func (e *Engine) openDisks() (*sandbox.Disks, error) {
 	if e.disks != nil {
 		return e.disks, nil
 	}
-	d, err := sandbox.OpenDisks(filepath.Join(e.cfg.StateDir, "disks"))
+	d, err := sandbox.OpenDisks(e.disksDir())
 	if err != nil {
 		return nil, err
 	}
 	e.disks = d
 	return d, nil
+}
+
+func (e *Engine) disksDir() string { return filepath.Join(e.cfg.StateDir, "disks") }
+
+// tidyDisks opens the disks at start-up when an earlier box on this state dir made any,
+// so that what a box that died left mounted is unmounted now, not at the next wake of a
+// kind with a disk.
+func (e *Engine) tidyDisks() {
+	if _, err := os.Stat(e.disksDir()); err != nil {
+		return
+	}
+	if _, err := e.openDisks(); err != nil {
+		e.log.Error("opening the spaces' disks", zap.Error(err))
+	}
 }
 
 // attachDisk (in.op held) makes sure the space's disk is mounted, with its data/ on the
@@ -205,7 +220,14 @@ func (e *Engine) removeDisk(in *inst) error {
 	d := e.disks
 	e.diskMu.Unlock()
 	if d == nil {
-		return nil
+		// A space that has not woken since the box started may still have an image.
+		if _, err := os.Stat(filepath.Join(e.disksDir(), in.host+".img")); err != nil {
+			return nil
+		}
+		var err error
+		if d, err = e.openDisks(); err != nil {
+			return fmt.Errorf("removing the space's disk: %v", err)
+		}
 	}
 	if err := d.Remove(in.host); err != nil {
 		return fmt.Errorf("removing the space's disk: %v", err)

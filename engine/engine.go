@@ -299,6 +299,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.logIsolation(kinds)
 	e.kinds.Store(&kinds)
+	e.tidyDisks()
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
 }

@@ -235,13 +235,18 @@ func (d *Disks) Attach(s DiskSpec) (*Disk, error) {
 		return nil, fmt.Errorf("disk of %d bytes: the smallest is %d (16MiB)", s.Bytes, MinDiskBytes)
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.lock == nil {
+		d.mu.Unlock()
 		return nil, errors.New("disks closed")
 	}
 	if dk := d.mounted[s.Name]; dk != nil && dk.Mount == s.Mount && dk.Bind == s.Bind {
+		d.mu.Unlock()
 		return dk, nil
 	}
+	d.mu.Unlock()
+	// Made and mounted without the lock: another space's wake, whose disk is mounted,
+	// must not wait for this one's mkfs. The caller serializes Attach and Remove of one
+	// name (the engine holds the space's operation lock).
 	img := d.image(s.Name)
 	fi, err := os.Stat(img)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -257,8 +262,24 @@ func (d *Disks) Attach(s DiskSpec) (*Disk, error) {
 	if err := mountImage(dk, s.UID, s.GID); err != nil {
 		return nil, err
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.lock == nil { // closed meanwhile: nobody would unmount it
+		for _, m := range []string{dk.Bind, dk.Mount} {
+			if m != "" {
+				unmount(m)
+			}
+		}
+		return nil, errors.New("disks closed")
+	}
 	d.mounted[s.Name] = dk
 	return dk, nil
+}
+
+// Has reports whether the space has an image here, mounted or not.
+func (d *Disks) Has(name string) bool {
+	_, err := os.Stat(d.image(name))
+	return err == nil
 }
 
 // makeImage writes a formatted image of size bytes at path, whole or not at all: it is
