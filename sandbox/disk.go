@@ -207,15 +207,24 @@ func unescapeMountinfo(s string) string {
 	return b.String()
 }
 
-// unmount unmounts path, lazily when something still uses it (the kernel then frees
-// the filesystem, and clears its loop device, when the last user goes).
+// unmount unmounts path; a path that is not a mount point is no error. Something still
+// using the mount makes it fail (EBUSY): the image may then not be mounted again, since
+// two live mounts of one ext4 image (through two loop devices) would corrupt it.
 func unmount(path string) error {
 	err := unix.Unmount(path, unix.UMOUNT_NOFOLLOW)
-	if errors.Is(err, unix.EBUSY) {
-		err = unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
-	}
 	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
 		return nil // not a mount point (any more)
+	}
+	return err
+}
+
+// unmountLazily is unmount, detaching a mount that is still used (the kernel frees the
+// filesystem, and clears its loop device, when the last user goes). Only for an image
+// that is deleted and never mounted again.
+func unmountLazily(path string) error {
+	err := unmount(path)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 	}
 	return err
 }
@@ -239,8 +248,11 @@ func (d *Disks) Attach(s DiskSpec) (*Disk, error) {
 		d.mu.Unlock()
 		return nil, errors.New("disks closed")
 	}
-	if dk := d.mounted[s.Name]; dk != nil && dk.Mount == s.Mount && dk.Bind == s.Bind {
+	if dk := d.mounted[s.Name]; dk != nil {
 		d.mu.Unlock()
+		if dk.Mount != s.Mount || dk.Bind != s.Bind {
+			return nil, fmt.Errorf("disk %s is mounted at %s already", s.Name, dk.Mount)
+		}
 		return dk, nil
 	}
 	d.mu.Unlock()
@@ -412,24 +424,28 @@ func attachLoop(image string) (string, int, error) {
 }
 
 // Detach unmounts the space's image (its loop device clears itself); the image stays.
-// A disk that is not mounted is no error.
+// A disk that is not mounted is no error; one still in use stays mounted (an error).
 func (d *Disks) Detach(name string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.detachLocked(name)
+	return d.detachLocked(name, false)
 }
 
-func (d *Disks) detachLocked(name string) error {
+func (d *Disks) detachLocked(name string, lazily bool) error {
 	dk := d.mounted[name]
 	if dk == nil {
 		return nil
+	}
+	um := unmount
+	if lazily {
+		um = unmountLazily
 	}
 	var first error
 	for _, m := range []string{dk.Bind, dk.Mount} {
 		if m == "" {
 			continue
 		}
-		if err := unmount(m); err != nil && first == nil {
+		if err := um(m); err != nil && first == nil {
 			first = fmt.Errorf("unmounting %s: %v", m, err)
 		}
 	}
@@ -439,11 +455,12 @@ func (d *Disks) detachLocked(name string) error {
 	return first
 }
 
-// Remove detaches the space's image and deletes it: the space has left this box.
+// Remove detaches the space's image and deletes it: the space has left this box. A mount
+// still in use is detached lazily: the image is never mounted again.
 func (d *Disks) Remove(name string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := d.detachLocked(name); err != nil {
+	if err := d.detachLocked(name, true); err != nil {
 		return err
 	}
 	if err := os.Remove(d.image(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -472,7 +489,7 @@ func (d *Disks) Close(keep ...string) error {
 		if slices.Contains(keep, name) {
 			continue
 		}
-		if err := d.detachLocked(name); err != nil && first == nil {
+		if err := d.detachLocked(name, false); err != nil && first == nil {
 			first = err
 		}
 	}
