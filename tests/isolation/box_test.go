@@ -43,6 +43,8 @@ type boxOptions struct {
 	// adminTCP puts the admin API on this TCP address (as dev does, localhost:2019)
 	// instead of the 0600 Unix socket.
 	adminTCP string
+	// dir, when set, is the directory of a box that ran before (a restart); "": a new one.
+	dir string
 }
 
 // startBox runs lchat-caddy with caddyfile; {$DIR}, {$HTTP_PORT}, {$HTTPS_PORT} and the
@@ -55,11 +57,14 @@ func startBox(t *testing.T, caddyfile string, env ...string) *box {
 // startBoxWith is startBox with opts.
 func startBoxWith(t *testing.T, opts boxOptions, caddyfile string, env ...string) *box {
 	t.Helper()
-	dir, err := os.MkdirTemp(outsideTmp(t), "iso")
-	if err != nil {
-		t.Fatal(err)
+	dir := opts.dir
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp(outsideTmp(t), "iso"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	for _, d := range []string{dir, filepath.Join(dir, "state")} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -227,5 +228,68 @@ func TestPrivateTmpPerSpace(t *testing.T) {
 	}
 	if !strings.Contains(b.logs.String(), `"private_tmp":true`) {
 		t.Error("the box does not log the kinds' private /tmp")
+	}
+}
+
+// onOwnDisk reports whether path is on an ext4 filesystem (a space's disk), not the box's.
+func onOwnDisk(t *testing.T, path string) bool {
+	t.Helper()
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		t.Fatal(err)
+	}
+	var box unix.Statfs_t
+	unix.Statfs(filepath.Dir(path), &box)
+	return fs.Type == unix.EXT4_SUPER_MAGIC && fs.Fsid != box.Fsid
+}
+
+// loopsBackedBy lists the loop devices whose backing file is image.
+func loopsBackedBy(image string) []string {
+	var out []string
+	ms, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, m := range ms {
+		if b, err := os.ReadFile(m); err == nil && strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == image {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestDiskAfterABoxCrash: a box killed with a space awake leaves its disk mounted (no
+// systemd namespace ends it here); the next box on the same state dir unmounts it as it
+// starts, its loop device clears, and the space wakes on the same image, one mount, with
+// its checkpointed data.
+func TestDiskAfterABoxCrash(t *testing.T) {
+	needRoot(t)
+	b := startIsoBox(t)
+	const host = "d.localhost"
+	state := filepath.Join(b.dir, "state", "spaces")
+	data := filepath.Join(state, "spaces", host, "data")
+	image := filepath.Join(state, "disks", host+".img")
+	wake(t, b, host)
+	if a := b.try(host, "write", url.Values{"path": {"$LCHAT_DATA_DIR/marker"}}); !a.OK {
+		t.Fatal(a.Err)
+	}
+	sleepNow(t, b, host)
+	wake(t, b, host)
+	if !onOwnDisk(t, data) || len(loopsBackedBy(image)) != 1 {
+		t.Fatalf("awake: data dir on its disk %v, loops %v", onOwnDisk(t, data), loopsBackedBy(image))
+	}
+	b.cmd.Process.Kill()
+	<-b.done
+	if !onOwnDisk(t, data) {
+		t.Fatal("control: the killed box's disk is no longer mounted; nothing is left to tidy")
+	}
+	b2 := restartIsoBox(t, b.dir)
+	if onOwnDisk(t, data) {
+		t.Fatal("the next box did not unmount the dead box's disk")
+	}
+	waitFor(t, "the dead box's loop device to clear", 10*time.Second, func() bool { return len(loopsBackedBy(image)) == 0 })
+	wake(t, b2, host)
+	if a := b2.try(host, "read", url.Values{"path": {"$LCHAT_DATA_DIR/marker"}}); a.Out != "written by "+host {
+		t.Fatalf("after the crash: %+v", a)
+	}
+	if !onOwnDisk(t, data) || len(loopsBackedBy(image)) != 1 {
+		t.Fatalf("after the crash: data dir on its disk %v, loops %v", onOwnDisk(t, data), loopsBackedBy(image))
 	}
 }
