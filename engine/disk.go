@@ -92,8 +92,19 @@ func (e *Engine) privateTmp(k Kind, iso bool) (private bool, whyNot error) {
 }
 
 // hiddenByPrivateTmp says what an instance of k needs that a private /tmp would hide:
-// the state dir (its data dir and socket) or its command under /tmp or /var/tmp.
+// the state dir (its data dir and socket) or its command under /tmp or /var/tmp. The
+// answer is kept per command (the state dir is the engine's), since every start asks.
 func (e *Engine) hiddenByPrivateTmp(k Kind) error {
+	if v, ok := e.tmpHidden.Load(k.Command); ok {
+		err, _ := v.(error)
+		return err
+	}
+	err := e.findHiddenByPrivateTmp(k)
+	e.tmpHidden.Store(k.Command, err)
+	return err
+}
+
+func (e *Engine) findHiddenByPrivateTmp(k Kind) error {
 	cmd, err := exec.LookPath(k.Command)
 	if err == nil {
 		cmd, err = filepath.Abs(cmd)

@@ -245,6 +245,8 @@ type Engine struct {
 	// with limits.disk and closed by Close.
 	diskMu sync.Mutex
 	disks  *sandbox.Disks
+	// tmpHidden caches hiddenByPrivateTmp by command: error, or nil.
+	tmpHidden sync.Map
 }
 
 // New validates cfg, applies defaults and returns an engine. Call Start for the background
