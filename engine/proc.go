@@ -164,7 +164,7 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	in.syncer.PageReader = e.pageReader(in, plan.cred)
 	in.unpinSocket()
 	if plan.group != nil {
-		p.release, err = plan.group.Start(cmd, sandbox.StartOptions{EmptyNetwork: plan.emptyNet})
+		p.release, err = plan.group.Start(cmd, sandbox.StartOptions{EmptyNetwork: plan.emptyNet, TmpDir: plan.tmpDir})
 	} else {
 		err = cmd.Start()
 	}
