@@ -14,6 +14,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/spacestore/pageread/pagereadtest"
 )
 
 // outsideTmpBase is where tests that give instances a private /tmp keep their state dirs
@@ -64,7 +65,7 @@ func diskEngine(t *testing.T, b bucket.Bucket, kinds map[string]Kind, uidFirst u
 	}
 	state := filepath.Join(dir, "state")
 	e, err := New(Config{Bucket: b, StateDir: state, Holder: "box-" + filepath.Base(dir), Incarnation: "1",
-		Kinds: kinds, UIDFirst: uidFirst, UIDCount: 100})
+		Kinds: kinds, UIDFirst: uidFirst, UIDCount: 100, PageReader: pagereadtest.Binary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
