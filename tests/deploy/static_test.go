@@ -1,0 +1,148 @@
+package deploy
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lchat/lchat-caddy/modules/lchatcli"
+	"github.com/lchat/lchat-caddy/sandbox"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+// The checks here need no VM and run in CI; TestDeployVM runs the same files for real.
+
+// installDestdir runs install.sh with DESTDIR (no user, no systemctl) and answers DESTDIR.
+func installDestdir(t *testing.T, bin string) string {
+	dest := t.TempDir()
+	cmd := exec.Command(filepath.Join(harness.RepoRoot(), "deploy", "systemd", "install.sh"), bin, "single")
+	cmd.Env = append(os.Environ(), "DESTDIR="+dest)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("install.sh with DESTDIR: %v\n%s", err, out)
+	}
+	return dest
+}
+
+// unitSettings parses the [Service] section of a unit file: every value of each key,
+// in order (a key may repeat, as SystemCallFilter does).
+func unitSettings(t *testing.T, path string) map[string][]string {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m := map[string][]string{}
+	section := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		l := strings.TrimSpace(sc.Text())
+		if l == "" || l[0] == '#' {
+			continue
+		}
+		if l[0] == '[' {
+			section = l
+			continue
+		}
+		if k, v, ok := strings.Cut(l, "="); ok && section == "[Service]" {
+			m[k] = append(m[k], v)
+		}
+	}
+	return m
+}
+
+// The installed Caddyfile adapts with every choice README offers (both DNS providers,
+// both certificate caches): install.sh put every snippet it imports beside it.
+func TestInstalledCaddyfileAdapts(t *testing.T) {
+	bin := harness.Binary(t)
+	dest := installDestdir(t, bin)
+	caddyfile := filepath.Join(dest, "etc", "lchat-caddy", "Caddyfile")
+	for _, want := range []string{"usr/local/bin/lchat-caddy", "etc/systemd/system/lchat-caddy.service"} {
+		if _, err := os.Stat(filepath.Join(dest, want)); err != nil {
+			t.Errorf("install.sh did not install /%s: %v", want, err)
+		}
+	}
+	for _, dns := range []string{"dnsimple", "route53"} {
+		for _, cache := range []string{"local", "s3"} {
+			cmd := exec.Command(bin, "adapt", "--config", caddyfile, "--adapter", "caddyfile")
+			cmd.Env = append(os.Environ(), "LCHAT_DNS_PROVIDER="+dns, "LCHAT_CERT_CACHE="+cache,
+				"LCHAT_WILDCARD_DOMAINS=example.com", "LCHAT_HIBERNATE_BUCKET=b")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Errorf("adapting the installed Caddyfile with LCHAT_DNS_PROVIDER=%s LCHAT_CERT_CACHE=%s: %v\n%s", dns, cache, err, out)
+			}
+		}
+	}
+}
+
+// The shipped unit grants what the code checks for at start-up (the shipped Caddyfile's
+// kinds are isolated with network egress) and puts the admin socket and the state where
+// the CLI and the Caddyfile look for them.
+func TestUnitGrantsWhatTheBoxNeeds(t *testing.T) {
+	u := unitSettings(t, filepath.Join(harness.RepoRoot(), "deploy", "systemd", "lchat-caddy.service"))
+	one := func(k string) string {
+		if len(u[k]) != 1 {
+			t.Errorf("%s= is set %d times, want once", k, len(u[k]))
+			return ""
+		}
+		return u[k][0]
+	}
+	ambient := strings.Fields(one("AmbientCapabilities"))
+	bounding := strings.Fields(one("CapabilityBoundingSet"))
+	need := []string{"CAP_NET_BIND_SERVICE", sandbox.CapNetAdmin.String()}
+	for _, c := range sandbox.IsolationCaps {
+		need = append(need, c.String())
+	}
+	for _, c := range need {
+		if !slices.Contains(ambient, c) {
+			t.Errorf("AmbientCapabilities lacks %s, which the shipped Caddyfile's kinds need", c)
+		}
+	}
+	slices.Sort(ambient)
+	slices.Sort(bounding)
+	if !slices.Equal(ambient, bounding) {
+		t.Errorf("CapabilityBoundingSet %v differs from AmbientCapabilities %v", bounding, ambient)
+	}
+	for k, want := range map[string]string{
+		"Delegate":             "yes",
+		"ProtectControlGroups": "false",
+		"KillSignal":           "SIGTERM",
+		"User":                 "lchat",
+		"StateDirectory":       "lchat-caddy",
+		"StateDirectoryMode":   "0711",
+		"RuntimeDirectory":     filepath.Base(filepath.Dir(lchatcli.DefaultAdminSocket)),
+		"RuntimeDirectoryMode": "0700",
+		"EnvironmentFile":      "/data/router.env",
+		"Type":                 "notify",
+		"ReadWritePaths":       "/var/lib/lchat-caddy",
+	} {
+		if got := one(k); got != want {
+			t.Errorf("%s=%s, want %s", k, got, want)
+		}
+	}
+	if exec := one("ExecStart"); !strings.Contains(exec, "--config /etc/lchat-caddy/Caddyfile") || strings.Contains(exec, "--environ") {
+		t.Errorf("ExecStart=%s: want the installed Caddyfile, and never --environ (it prints the credentials)", exec)
+	}
+}
+
+// systemd-analyze verify accepts the installed unit, where systemd-analyze exists.
+func TestUnitVerifies(t *testing.T) {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("no systemd-analyze")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dest := installDestdir(t, exe)
+	unit := filepath.Join(dest, "etc", "systemd", "system", "lchat-caddy.service")
+	os.MkdirAll(filepath.Join(dest, "data"), 0o755)
+	os.WriteFile(filepath.Join(dest, "data", "router.env"), nil, 0o600)
+	cmd := exec.Command("systemd-analyze", "verify", "--root="+dest, unit)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
