@@ -230,6 +230,13 @@ func bootVM(t *testing.T, img, payloadDir, token string) *vm {
 	}
 	go func() { v.cmd.Wait(); qlog.Close(); close(v.exited) }()
 	t.Cleanup(func() {
+		if d, _ := time.ParseDuration(os.Getenv("LCHAT_DEPLOY_HOLD")); d > 0 && t.Failed() {
+			t.Logf("holding the failed VM for %s: agent %s, token in %s", d, v.agent, filepath.Join(payloadDir, "token"))
+			select {
+			case <-v.exited:
+			case <-time.After(d):
+			}
+		}
 		select {
 		case <-v.exited:
 		default:
