@@ -122,6 +122,12 @@ func TestUnitGrantsWhatTheBoxNeeds(t *testing.T) {
 			t.Errorf("%s=%s, want %s", k, got, want)
 		}
 	}
+	// Any RestrictNamespaces= makes systemd answer clone3 with ENOSYS, and the box starts
+	// each isolated instance in its cgroup with clone3 (TestDeployVM found every wake
+	// failing under it).
+	if v, ok := u["RestrictNamespaces"]; ok {
+		t.Errorf("RestrictNamespaces=%s: it filters clone3, which every isolated wake needs", v)
+	}
 	if exec := one("ExecStart"); !strings.Contains(exec, "--config /etc/lchat-caddy/Caddyfile") || strings.Contains(exec, "--environ") {
 		t.Errorf("ExecStart=%s: want the installed Caddyfile, and never --environ (it prints the credentials)", exec)
 	}
