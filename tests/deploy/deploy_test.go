@@ -174,15 +174,17 @@ func TestDeployVM(t *testing.T) {
 	// back after the reboot.
 	units := map[string]string{
 		"lchat-test-s3": "EnvironmentFile=/srv/payload/test/s3.env\n" +
-			"ExecStart=/srv/payload/bin/versitygw --port 127.0.0.1:7070 --region us-east-1 --quiet posix " + s3Root,
+			"ExecStart=/srv/payload/bin/versitygw --port 127.0.0.1:7070 --region us-east-1 --quiet posix " + s3Root + "\n" +
+			"ExecStartPost=/bin/sh -c 'until curl -s -o /dev/null http://127.0.0.1:7070/; do sleep 0.5; done'",
 		"lchat-test-challtestsrv": `ExecStart=/srv/payload/bin/pebble-challtestsrv -management 127.0.0.1:8055 -dnsserver 127.0.0.1:8053 -http01 "" -https01 "" -tlsalpn01 "" -doh "" -defaultIPv6 ""`,
 		"lchat-test-soa":          "ExecStart=/srv/payload/vmagent soa 127.0.0.1:8054 " + domain,
 		"lchat-test-pebble": "Environment=PEBBLE_VA_NOSLEEP=1 PEBBLE_WFE_NONCEREJECT=0\n" +
-			"ExecStart=/srv/payload/bin/pebble -config /srv/payload/test/pebble.json -dnsserver 127.0.0.1:8053",
+			"ExecStart=/srv/payload/bin/pebble -config /srv/payload/test/pebble.json -dnsserver 127.0.0.1:8053\n" +
+			"ExecStartPost=/bin/sh -c 'until curl -s -o /dev/null --cacert /srv/payload/pebble/minica.pem https://127.0.0.1:14000/dir; do sleep 0.5; done'",
 	}
 	for name, svc := range units {
 		writeFile(t, filepath.Join(payload, "test", name+".service"),
-			"[Unit]\nBefore=lchat-caddy.service\n\n[Service]\n"+svc+"\nRestart=always\n\n[Install]\nWantedBy=multi-user.target\n", 0o644)
+			"[Unit]\nRequiresMountsFor=/srv/payload\nBefore=lchat-caddy.service\n\n[Service]\n"+svc+"\nRestart=always\n\n[Install]\nWantedBy=multi-user.target\n", 0o644)
 	}
 
 	ph.begin("boot")
@@ -374,7 +376,7 @@ func TestDeployVM(t *testing.T) {
 	v.run(time.Minute, "setsid sh -c 'sleep 2; systemctl reboot' >/dev/null 2>&1 </dev/null &")
 	v.waitBoot(boot1, 6*time.Minute)
 	v.waitFor("lchat-caddy active after the reboot", 6*time.Minute, "systemctl is-active lchat-caddy")
-	out = v.waitFor("the space served after the reboot", 6*time.Minute, fmt.Sprintf(curlSpace, demoHost)+"/api/messages")
+	out = v.waitFor("the space served after the reboot", 6*time.Minute, fmt.Sprintf(curlSpace, demoHost)+"/api/messages -f")
 	if !strings.Contains(out, "before-reboot") {
 		t.Errorf("%s after the reboot lost its message: %s", demoHost, out)
 	}
@@ -398,7 +400,9 @@ func TestDeployVM(t *testing.T) {
 	ph.begin("RestrictNamespaces refused")
 	// The shipped unit had RestrictNamespaces=true, under which systemd answers clone3
 	// with ENOSYS and every isolated wake failed ("fork/exec ...: function not
-	// implemented"). A unit that sets it again now stops the box at start, naming it.
+	// implemented"). A unit that sets it again now stops the box at start, naming it,
+	// and "systemctl restart" says so (Caddy sends READY=1 even after a failed load: the
+	// unit's ExecStartPost is what fails the start).
 	v.run(time.Minute, `set -e
 		mkdir -p /etc/systemd/system/lchat-caddy.service.d
 		printf '[Service]\nRestrictNamespaces=true\n' >/etc/systemd/system/lchat-caddy.service.d/restrict.conf
@@ -412,7 +416,7 @@ func TestDeployVM(t *testing.T) {
 		rm /etc/systemd/system/lchat-caddy.service.d/restrict.conf
 		systemctl daemon-reload
 		systemctl restart lchat-caddy`)
-	v.run(3*time.Minute, fmt.Sprintf(curlSpace, demoHost)+"/api/messages | grep -q before-reboot")
+	v.run(3*time.Minute, fmt.Sprintf(curlSpace, demoHost)+"/api/messages -f | grep -q before-reboot")
 }
 
 func slicesContains(s []string, x string) bool {

@@ -128,6 +128,11 @@ func TestUnitGrantsWhatTheBoxNeeds(t *testing.T) {
 	if v, ok := u["RestrictNamespaces"]; ok {
 		t.Errorf("RestrictNamespaces=%s: it filters clone3, which every isolated wake needs", v)
 	}
+	// Caddy sends READY=1 after a failed config load too; the start must wait for the
+	// admin API instead (TestDeployVM: "systemctl restart" succeeded for a box that exited).
+	if post := one("ExecStartPost"); !strings.Contains(post, "lchat-caddy routes >/dev/null") {
+		t.Errorf("ExecStartPost=%s: want the admin API check, its output discarded (it lists every route's env)", post)
+	}
 	if exec := one("ExecStart"); !strings.Contains(exec, "--config /etc/lchat-caddy/Caddyfile") || strings.Contains(exec, "--environ") {
 		t.Errorf("ExecStart=%s: want the installed Caddyfile, and never --environ (it prints the credentials)", exec)
 	}
