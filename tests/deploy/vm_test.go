@@ -194,15 +194,15 @@ func bootVM(t *testing.T, img, payloadDir, token string) *vm {
 		t.Fatalf("copying the disk: %v\n%s", err, out)
 	}
 	payload := filepath.Join(dir, "payload.img")
-	if err := os.Truncate(payload, 0); err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
 	f, err := os.Create(payload)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Truncate(1 << 30)
+	err = f.Truncate(1 << 30) // sparse; mke2fs fills what the files need
 	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if out, err := exec.Command("mke2fs", "-q", "-t", "ext4", "-d", payloadDir, payload).CombinedOutput(); err != nil {
 		t.Fatalf("making the payload disk: %v\n%s", err, out)
 	}
