@@ -115,6 +115,8 @@ func TestDeployVM(t *testing.T) {
 	// into pebble-challtestsrv (tests/certs/cmd): the one part that is not production,
 	// because a wildcard certificate needs a DNS provider and there is no public DNS here.
 	copyFile(t, harness.CertsBinary(t), filepath.Join(bin, "lchat-caddy"), 0o755)
+	// install.sh installs lchat-pageread from beside the binary it is given.
+	copyFile(t, harness.PageReader(t), filepath.Join(bin, "lchat-pageread"), 0o755)
 	for _, tool := range []string{"versitygw", "pebble", "pebble-challtestsrv"} {
 		copyFile(t, harness.Tool(t, tool), filepath.Join(bin, tool), 0o755)
 	}
