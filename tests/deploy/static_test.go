@@ -60,7 +60,7 @@ func TestInstalledCaddyfileAdapts(t *testing.T) {
 	bin := harness.Binary(t)
 	dest := installDestdir(t, bin)
 	caddyfile := filepath.Join(dest, "etc", "lchat-caddy", "Caddyfile")
-	for _, want := range []string{"usr/local/bin/lchat-caddy", "etc/systemd/system/lchat-caddy.service"} {
+	for _, want := range []string{"usr/local/bin/lchat-caddy", "usr/local/bin/lchat-pageread", "etc/systemd/system/lchat-caddy.service"} {
 		if _, err := os.Stat(filepath.Join(dest, want)); err != nil {
 			t.Errorf("install.sh did not install /%s: %v", want, err)
 		}
@@ -145,11 +145,14 @@ func TestUnitVerifies(t *testing.T) {
 	if _, err := exec.LookPath("systemd-analyze"); err != nil {
 		t.Skip("no systemd-analyze")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
+	// install.sh only copies the binaries: two stand-ins do.
+	bins := t.TempDir()
+	for _, name := range []string{"lchat-caddy", "lchat-pageread"} {
+		if err := os.WriteFile(filepath.Join(bins, name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	dest := installDestdir(t, exe)
+	dest := installDestdir(t, filepath.Join(bins, "lchat-caddy"))
 	b, err := os.ReadFile(filepath.Join(dest, "etc", "systemd", "system", "lchat-caddy.service"))
 	if err != nil {
 		t.Fatal(err)
