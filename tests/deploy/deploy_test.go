@@ -1,7 +1,7 @@
 // Package deploy tests the production install path: deploy/systemd/install.sh, the
 // shipped unit and the shipped single.Caddyfile on a real Debian 12 with systemd as
-// PID 1 and pure cgroup v2 (a QEMU guest), as README's "Configuring a real deployment"
-// says to run them. TestDeployVM is opt-in (LCHAT_DEPLOY_VM=1, root, about 10 minutes
+// PID 1 and pure cgroup v2 (a QEMU guest), as "Configuring a real deployment" in
+// docs/operations.md says to run them. TestDeployVM is opt-in (LCHAT_DEPLOY_VM=1, root, 6 to 10 minutes
 // under TCG); the checks that need no VM run always (static_test.go). See
 // docs/deploy-test.md.
 package deploy
@@ -95,7 +95,7 @@ func keyValues(out string) map[string]string {
 
 func TestDeployVM(t *testing.T) {
 	if os.Getenv("LCHAT_DEPLOY_VM") == "" {
-		t.Skip("set LCHAT_DEPLOY_VM=1 to boot a Debian 12 VM and install the box in it (root, about 10 minutes)")
+		t.Skip("set LCHAT_DEPLOY_VM=1 to boot a Debian 12 VM and install the box in it (root, 6 to 10 minutes)")
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("the VM test runs as root (mmdebstrap, apt-get)")
@@ -148,7 +148,7 @@ func TestDeployVM(t *testing.T) {
 	writeFile(t, filepath.Join(payload, "test", "admin-token"), adminToken, 0o600)
 	writeFile(t, filepath.Join(payload, "test", "s3.env"),
 		"ROOT_ACCESS_KEY_ID="+accessKey+"\nROOT_SECRET_ACCESS_KEY="+secretKey+"\n", 0o600)
-	// /data/router.env as README step 3 writes it, for a versitygw endpoint and the test CA.
+	// /data/router.env as step 3 of docs/operations.md writes it, for a versitygw endpoint and the test CA.
 	writeFile(t, filepath.Join(payload, "test", "router.env"), strings.Join([]string{
 		"LCHAT_HIBERNATE_BUCKET=" + bucket,
 		"LCHAT_HIBERNATE_PREFIX=" + prefix,
@@ -214,9 +214,9 @@ func TestDeployVM(t *testing.T) {
 		curl -sS --max-time 10 -o /dev/null http://127.0.0.1:7070/`)
 
 	ph.begin("install.sh")
-	// README "Configuring a real deployment", steps 3 and 4, as an operator runs them:
+	// docs/operations.md "Configuring a real deployment", steps 3 and 4, as an operator runs them:
 	// /data/router.env, then install.sh from the checkout. The test's DNS snippet goes
-	// beside the Caddyfile, as README says of another provider's.
+	// beside the Caddyfile, as docs/certificates.md says of another provider's.
 	out := v.run(5*time.Minute, `set -e
 		install -d -m 0755 /data
 		install -m 0600 /srv/payload/test/router.env /data/router.env
@@ -265,9 +265,9 @@ func TestDeployVM(t *testing.T) {
 	boxPID, unitCG, lchatUID := kv["pid"], kv["cg"], kv["lchat"]
 
 	ph.begin("CLI over the admin socket")
-	// README step 5: the CLI finds /run/lchat-caddy/admin.sock by itself, as root or as
-	// the lchat user; no one else may open it. (README's example adds --env
-	// ADMIN_TOKEN=..., which the shipped demo kind refuses: it allows no env.)
+	// Step 5: the CLI finds /run/lchat-caddy/admin.sock by itself, as root or as the
+	// lchat user; no one else may open it. (Its example used to add --env ADMIN_TOKEN=...,
+	// which the shipped demo kind refuses: it allows no env.)
 	v.run(2*time.Minute, `set -e
 		lchat-caddy add-instance `+demoHost+` --kind demo
 		runuser -u lchat -- lchat-caddy routes | grep -q `+demoHost)

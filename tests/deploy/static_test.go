@@ -54,7 +54,7 @@ func unitSettings(t *testing.T, path string) map[string][]string {
 	return m
 }
 
-// The installed Caddyfile adapts with every choice README offers (both DNS providers,
+// The installed Caddyfile adapts with every choice docs/certificates.md offers (both DNS providers,
 // both certificate caches): install.sh put every snippet it imports beside it.
 func TestInstalledCaddyfileAdapts(t *testing.T) {
 	bin := harness.Binary(t)
