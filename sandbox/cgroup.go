@@ -97,6 +97,9 @@ func OpenCgroups() (*Cgroups, error) {
 		return nil, errors.New("no writable cgroup hierarchy: neither a cgroup v2 tree nor a v1 freezer this box may create groups in (under systemd: Delegate=yes)")
 	}
 	if c.v2 != "" {
+		if err := checkClone3(); err != nil {
+			return nil, err
+		}
 		c.enableV2Controllers()
 	}
 	c.sweep()

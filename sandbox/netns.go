@@ -44,14 +44,14 @@ func loopbackUp() error {
 // RestrictNamespaces= may forbid the namespace. It tries once, on a thread that ends
 // afterwards.
 func CheckEmptyNetwork() error {
-	if err := requireCap(CapSysAdmin, "network none needs CAP_SYS_ADMIN, which this box lacks (grant it with AmbientCapabilities= and allow the namespace with RestrictNamespaces=net in the systemd unit, run as root, or set network egress)"); err != nil {
+	if err := requireCap(CapSysAdmin, "network none needs CAP_SYS_ADMIN, which this box lacks (grant it with AmbientCapabilities= in the systemd unit, run as root, or set network egress)"); err != nil {
 		return err
 	}
 	res := make(chan error, 1)
 	// The thread, now in the probe's namespace, ends with the goroutine.
 	onOwnThread(func() { res <- enterEmptyNetwork() })
 	if err := <-res; err != nil {
-		return fmt.Errorf("network none: %v (under systemd, RestrictNamespaces= must allow net)", err)
+		return fmt.Errorf("network none: %v (under systemd, RestrictNamespaces= must be unset)", err)
 	}
 	return nil
 }
