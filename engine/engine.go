@@ -84,6 +84,11 @@ type Kind struct {
 	NetworkAllow []netip.Prefix
 	// Limits bound each instance of this kind; zero fields are unlimited.
 	Limits Limits
+	// SocketActivation has the box bind and listen on the space's socket and pass it to
+	// the instance as fd 3 (LISTEN_FDS=1, LISTEN_FDNAMES=http, LISTEN_PID=1: the instance
+	// is pid 1 of its own PID namespace), so a wake proxies the first request at once
+	// (activation.go). Default false: the instance binds $LCHAT_SOCKET itself.
+	SocketActivation bool
 }
 
 // Space is one route the engine is asked to serve.

@@ -177,6 +177,9 @@ func (e *Engine) checkKindsHere(kinds map[string]Kind) error {
 		if _, _, err := e.network(k, e.isolated(k)); err != nil {
 			return fmt.Errorf("engine: kind %s: %v", name, err)
 		}
+		if err := e.checkActivation(k); err != nil {
+			return fmt.Errorf("engine: kind %s: %v", name, err)
+		}
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/spacestore"
 )
 
@@ -135,7 +136,13 @@ func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
 	in.proc = p
 	in.mu.Unlock()
 	phase(&ph.Start)
-	err = e.awaitReady(ctx, in, p, kind)
+	if kind.SocketActivation {
+		// The kernel queues the first request until the app accepts: proxy at once. A
+		// start that never answers is caught off this path (watchFirstAnswer).
+		safego.Go(nil, e.log, "first answer", func() { e.watchFirstAnswer(in, p, kind) })
+	} else {
+		err = e.awaitReady(ctx, in, p, kind)
+	}
 	phase(&ph.Ready)
 	if err != nil {
 		p.stopping.Store(true)
