@@ -68,6 +68,7 @@ func init() {
 //			retention <duration>
 //			gc_grace <duration>
 //			isolation on|none
+//			socket_activation on|off
 //			network none|egress|host {
 //				allow <cidr...>
 //			}
@@ -292,6 +293,19 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "isolation":
 			if err := caddyfileutil.OneArg(d, &k.Isolation); err != nil {
 				return err
+			}
+		case "socket_activation":
+			var v string
+			if err := caddyfileutil.OneArg(d, &v); err != nil {
+				return err
+			}
+			switch v {
+			case "on":
+				k.SocketActivation = true
+			case "off":
+				k.SocketActivation = false
+			default:
+				return d.Errf("socket_activation: %q is not on or off", v)
 			}
 		case "network":
 			if !d.NextArg() {
