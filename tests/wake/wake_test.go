@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,7 +25,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/sandbox"
 	"github.com/lchat/lchat-caddy/tests/harness"
@@ -128,12 +131,19 @@ func stateDir(t *testing.T) string {
 	return dir
 }
 
-func newEngine(t *testing.T, kinds map[string]engine.Kind) *engine.Engine {
+// newEngine is an engine over a bucket of the kind named (file: a directory, every
+// write fsynced, as `lchat-caddy dev` keeps it; mem: in memory, so the figures are the
+// engine's and the processes').
+func newEngine(t *testing.T, bucketKind string, kinds map[string]engine.Kind) *engine.Engine {
 	t.Helper()
 	dir := stateDir(t)
-	b, err := filebucket.New(filepath.Join(dir, "bucket"))
-	if err != nil {
-		t.Fatal(err)
+	var b bucket.Bucket = membucket.New()
+	if bucketKind == "file" {
+		fb, err := filebucket.New(filepath.Join(dir, "bucket"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = fb
 	}
 	e, err := engine.New(engine.Config{Bucket: b, StateDir: filepath.Join(dir, "s"), Holder: "box", Incarnation: "1", Kinds: kinds})
 	if err != nil {
@@ -174,7 +184,8 @@ func demoKind(bin string, args []string, activated bool) engine.Kind {
 // (asleep → first answer of GET / through the box's socket) beside the machine's floor
 // (exec of a minimal Go HTTP server on a fresh socket until its first answer), the demo
 // binary's own exec to first answer, and the engine's overhead (wake minus the app's own
-// start). LCHAT_WAKE_ROUNDS sets the rounds (default 5).
+// start). LCHAT_WAKE_ROUNDS sets the rounds (default 5), LCHAT_WAKE_BUCKET the bucket
+// (file, the default, or mem).
 func TestWakeFigures(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("figures are taken as CI runs: root")
@@ -183,7 +194,11 @@ func TestWakeFigures(t *testing.T) {
 	minimal := harness.Program(t, "lchat-test-minimal", "./tests/wake/minimal")
 	demo := harness.DemoSpaceBinary(t)
 	big := harness.Binary(t)
-	e := newEngine(t, map[string]engine.Kind{
+	bk := os.Getenv("LCHAT_WAKE_BUCKET")
+	if bk == "" {
+		bk = "file"
+	}
+	e := newEngine(t, bk, map[string]engine.Kind{
 		"small":   demoKind(demo, nil, true),
 		"alias":   demoKind(big, []string{"demo-space"}, true),
 		"polling": demoKind(demo, nil, false),
@@ -244,7 +259,7 @@ func TestWakeFigures(t *testing.T) {
 			}
 		}
 	}
-	fmt.Printf("\nwake figures, %d rounds interleaved (GOMAXPROCS %s, load %s)\n", rounds, os.Getenv("GOMAXPROCS"), loadavg())
+	fmt.Printf("\nwake figures, %d rounds interleaved, %s bucket (load %s)\n", rounds, bk, loadavg())
 	fmt.Printf("  floor: minimal Go server, exec to first answer        %s\n", floor)
 	fmt.Printf("  floor in a PID namespace (as socket activation runs)  %s\n", floorNS)
 	fmt.Printf("  lchat-demo-space alone, exec to first answer (pid 1)  %s\n", demoExec)
@@ -278,7 +293,8 @@ func loadavg() string {
 // TestWakeStorm prints what a storm of concurrent first requests to as many sleeping demo
 // spaces costs on one box: every request is answered (the assertion), within what time,
 // and at what rate; and how far the answers kept the order of the requests.
-// LCHAT_WAKE_STORM lists the storm sizes (default 20).
+// LCHAT_WAKE_STORM lists the storm sizes (default 20), LCHAT_WAKE_BUCKET the buckets
+// (default mem,file).
 func TestWakeStorm(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("figures are taken as CI runs: root")
@@ -294,14 +310,20 @@ func TestWakeStorm(t *testing.T) {
 			sizes = append(sizes, n)
 		}
 	}
+	buckets := []string{"mem", "file"}
+	if v := os.Getenv("LCHAT_WAKE_BUCKET"); v != "" {
+		buckets = strings.Split(v, ",")
+	}
 	demo := harness.DemoSpaceBinary(t)
-	for _, n := range sizes {
-		t.Run(strconv.Itoa(n), func(t *testing.T) { storm(t, demo, n) })
+	for _, bk := range buckets {
+		for _, n := range sizes {
+			t.Run(bk+"/"+strconv.Itoa(n), func(t *testing.T) { storm(t, demo, bk, n) })
+		}
 	}
 }
 
-func storm(t *testing.T, demo string, n int) {
-	e := newEngine(t, map[string]engine.Kind{"demo": demoKind(demo, nil, true)})
+func storm(t *testing.T, demo, bk string, n int) {
+	e := newEngine(t, bk, map[string]engine.Kind{"demo": demoKind(demo, nil, true)})
 	ctx := context.Background()
 	hosts := make([]string, n)
 	for i := range hosts {
@@ -331,11 +353,25 @@ func storm(t *testing.T, demo string, n int) {
 		return
 	}
 	t.Logf("%d spaces prepared in %v", n, time.Since(prep))
+	if os.Getenv("LCHAT_WAKE_STORM_PROFILE") != "" {
+		f, _ := os.Create(os.Getenv("LCHAT_WAKE_STORM_PROFILE"))
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 
 	type answer struct {
 		sent, done time.Duration
 		err        error
 	}
+	var phaseMu sync.Mutex
+	var le, re, fe, st dist
+	defer e.Observe(func(ev engine.Event) {
+		if ev.Type == engine.EventWake && ev.Err == "" {
+			phaseMu.Lock()
+			le, re, fe, st = append(le, ev.Phases.Lease), append(re, ev.Phases.Restore), append(fe, ev.Phases.Fence), append(st, ev.Phases.Start)
+			phaseMu.Unlock()
+		}
+	})()
 	answers := make([]answer, n)
 	var ready, fire sync.WaitGroup
 	ready.Add(n)
@@ -384,7 +420,11 @@ func storm(t *testing.T, demo string, n int) {
 	if pairs > 0 {
 		inv = 100 * float64(inverted) / float64(pairs)
 	}
-	fmt.Printf("\nwake storm: %d concurrent first requests (GET /api/messages) to %d sleeping demo spaces (lchat-demo-space, socket activation), one box, load %s\n", n, n, loadavg())
+	fmt.Printf("\nwake storm: %d concurrent first requests (GET /api/messages) to %d sleeping demo spaces (lchat-demo-space, socket activation), one box, %s bucket, load %s\n", n, n, bk, loadavg())
 	fmt.Printf("  all answered within %.0f ms of the first sent; per request %s  max %.0f ms; %.0f wakes/s; %d failed; answer order inverted for %.1f%% of pairs sent >1 ms apart\n\n",
 		ms(last), lat, ms(lat.q(1)), float64(n-failed)/last.Seconds(), failed, inv)
+	phaseMu.Lock()
+	defer phaseMu.Unlock()
+	fmt.Printf("  engine phases (prep and storm wakes), p50/p99 ms: lease %.1f/%.1f  restore %.1f/%.1f  fence %.1f/%.1f  start %.1f/%.1f\n\n",
+		ms(le.q(.5)), ms(le.q(.99)), ms(re.q(.5)), ms(re.q(.99)), ms(fe.q(.5)), ms(fe.q(.99)), ms(st.q(.5)), ms(st.q(.99)))
 }
