@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -137,6 +138,10 @@ type Config struct {
 	LogMaxMB int
 	// LogBackups is how many rotated instance logs each space keeps. Default 2.
 	LogBackups int
+	// MaxStarting caps the instances starting at once (from the exec to the first
+	// answer), admitted in the order of their first requests (startgate.go). Default
+	// twice the CPUs this process may use.
+	MaxStarting int
 	Logger     *zap.Logger
 }
 
@@ -229,6 +234,9 @@ type Engine struct {
 
 	capMu sync.Mutex // serializes admissions under MaxAwake (capacity.go)
 
+	wakeSeq atomic.Uint64 // tickets of wakes, in the order of their first requests
+	gate    startGate
+
 	wakeMu        sync.Mutex
 	wakeSlots     map[string]*wakeSlot // by host; see setWakeRecord
 	wakeRetryBase time.Duration        // first backoff of a failed wake record write
@@ -270,6 +278,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.LogBackups <= 0 {
 		cfg.LogBackups = 2
 	}
+	if cfg.MaxStarting <= 0 {
+		cfg.MaxStarting = 2 * runtime.GOMAXPROCS(0)
+	}
 	kinds, err := kindsWithDefaults(cfg.Kinds)
 	if err != nil {
 		return nil, err
@@ -286,6 +297,7 @@ func New(cfg Config) (*Engine, error) {
 
 		wakeSlots:     make(map[string]*wakeSlot),
 		wakeRetryBase: wakeRetryBase,
+		gate:          startGate{n: cfg.MaxStarting},
 	}
 	e.holder.OnTakeover = func(host string, prev spacestore.Lease) {
 		e.log.Warn("took over the lease of a holder that was not live", zap.String("host", host),

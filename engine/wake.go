@@ -20,7 +20,7 @@ func (e *Engine) runWake(in *inst, t *transition) {
 	in.mu.Unlock()
 	err, unsaved := errDropped, false
 	if !dropped {
-		unsaved, err = e.wake(in, t.from)
+		unsaved, err = e.wake(in, t.from, t.ticket)
 	}
 	in.mu.Lock()
 	in.trans = nil
@@ -55,8 +55,9 @@ func (e *Engine) runWake(in *inst, t *transition) {
 // wake runs with in.op held: make room, lease, restore, fence, start, await readiness.
 // from is the state the wake started from. unsaved reports, for a failed wake from
 // StateUnsaved, that the data dir still holds state the bucket lacks (nothing was restored
-// over it): the lease is kept then, as it was before the wake.
-func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
+// over it): the lease is kept then, as it was before the wake. ticket orders the start
+// among concurrent wakes (startGate).
+func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err error) {
 	ctx := e.ctx
 	log := in.logger()
 	start := e.now()
@@ -127,8 +128,15 @@ func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
 	if err := e.makeRoom(in); err != nil {
 		return unsaved, err
 	}
+	// The start phase includes the wait for a start slot (startGate), held until the
+	// instance first answers.
+	leave, err := e.gate.enter(ctx, ticket)
+	if err != nil {
+		return unsaved, &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
+	}
 	p, err := e.startProcess(in, kind, sp)
 	if err != nil {
+		leave()
 		log.Error("starting instance", zap.Error(err))
 		return unsaved, &RetryError{After: 5 * time.Second, Reason: "instance failed to start"}
 	}
@@ -139,9 +147,13 @@ func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
 	if kind.SocketActivation {
 		// The kernel queues the first request until the app accepts: proxy at once. A
 		// start that never answers is caught off this path (watchFirstAnswer).
-		safego.Go(nil, e.log, "first answer", func() { e.watchFirstAnswer(in, p, kind) })
+		safego.Go(nil, e.log, "first answer", func() {
+			defer leave()
+			e.watchFirstAnswer(in, p, kind)
+		})
 	} else {
 		err = e.awaitReady(ctx, in, p, kind)
+		leave()
 	}
 	phase(&ph.Ready)
 	if err != nil {

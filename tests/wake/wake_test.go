@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -145,7 +146,8 @@ func newEngine(t *testing.T, bucketKind string, kinds map[string]engine.Kind) *e
 		}
 		b = fb
 	}
-	e, err := engine.New(engine.Config{Bucket: b, StateDir: filepath.Join(dir, "s"), Holder: "box", Incarnation: "1", Kinds: kinds})
+	e, err := engine.New(engine.Config{Bucket: b, StateDir: filepath.Join(dir, "s"), Holder: "box", Incarnation: "1", Kinds: kinds,
+		MaxStarting: envInt("LCHAT_WAKE_MAX_STARTING", 0)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,6 +283,12 @@ func TestWakeFigures(t *testing.T) {
 	fmt.Printf("  engine overhead (socket-activated wake minus the demo binary's own exec to answer, per round): p50 %.2f ms\n\n", ms(overhead.q(0.5)))
 }
 
+func cpuTime(who int) time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(who, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func loadavg() string {
 	b, _ := os.ReadFile("/proc/loadavg")
 	f := strings.Fields(string(b))
@@ -389,9 +397,16 @@ func storm(t *testing.T, demo, bk string, n int) {
 		}()
 	}
 	ready.Wait()
+	selfBefore, kidsBefore := cpuTime(syscall.RUSAGE_SELF), cpuTime(syscall.RUSAGE_CHILDREN)
 	t0 = time.Now()
 	fire.Done()
 	wg.Wait()
+	selfCPU := cpuTime(syscall.RUSAGE_SELF) - selfBefore
+	// The instances' CPU counts once they are reaped: drain them (their stops count too).
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	e.Drain(dctx)
+	cancel()
+	kidsCPU := cpuTime(syscall.RUSAGE_CHILDREN) - kidsBefore
 	var lat dist
 	var last time.Duration
 	failed := 0
@@ -423,6 +438,9 @@ func storm(t *testing.T, demo, bk string, n int) {
 	fmt.Printf("\nwake storm: %d concurrent first requests (GET /api/messages) to %d sleeping demo spaces (lchat-demo-space, socket activation), one box, %s bucket, load %s\n", n, n, bk, loadavg())
 	fmt.Printf("  all answered within %.0f ms of the first sent; per request %s  max %.0f ms; %.0f wakes/s; %d failed; answer order inverted for %.1f%% of pairs sent >1 ms apart\n\n",
 		ms(last), lat, ms(lat.q(1)), float64(n-failed)/last.Seconds(), failed, inv)
+	perWake := (selfCPU + kidsCPU) / time.Duration(n)
+	fmt.Printf("  CPU per wake: %.1f ms (the box %.1f ms while the storm ran, the instance %.1f ms from exec to its stop): %d CPUs bound a storm to %.0f wakes/s\n",
+		ms(perWake), ms(selfCPU/time.Duration(n)), ms(kidsCPU/time.Duration(n)), runtime.NumCPU(), float64(runtime.NumCPU())/perWake.Seconds())
 	phaseMu.Lock()
 	defer phaseMu.Unlock()
 	fmt.Printf("  engine phases (prep and storm wakes), p50/p99 ms: lease %.1f/%.1f  restore %.1f/%.1f  fence %.1f/%.1f  start %.1f/%.1f\n\n",
