@@ -142,7 +142,7 @@ type Config struct {
 	// answer), admitted in the order of their first requests (startgate.go). Default
 	// twice the CPUs this process may use.
 	MaxStarting int
-	Logger     *zap.Logger
+	Logger      *zap.Logger
 }
 
 // errFencedNoWrite is why a fenced box writes nothing.
