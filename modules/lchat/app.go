@@ -65,6 +65,11 @@ type App struct {
 	// first. Default 0: unlimited.
 	MaxAwake int `json:"max_awake,omitempty"`
 
+	// MaxStarting caps the instances starting at once (exec to first answer), admitted
+	// in the order of their first requests, so a storm of wakes answers in order at the
+	// box's full rate. Default 0: twice the CPUs the box may use.
+	MaxStarting int `json:"max_starting,omitempty"`
+
 	// WakeScanInterval is how often the box lists due scheduled wakes. Default 30s.
 	WakeScanInterval caddy.Duration `json:"wake_scan_interval,omitempty"`
 
@@ -346,6 +351,7 @@ func (a *App) openBox(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*bo
 		Engine: engine.Config{
 			Kinds:            a.kinds,
 			MaxAwake:         a.MaxAwake,
+			MaxStarting:      a.MaxStarting,
 			WakeScanInterval: time.Duration(a.WakeScanInterval),
 			UIDFirst:         a.UIDRange.first(),
 			UIDCount:         a.UIDRange.count(),
@@ -396,6 +402,9 @@ func (a *App) Validate() error {
 	}
 	if a.MaxAwake < 0 {
 		return fmt.Errorf("max_awake: must not be negative, got %d", a.MaxAwake)
+	}
+	if a.MaxStarting < 0 {
+		return fmt.Errorf("max_starting: must not be negative, got %d", a.MaxStarting)
 	}
 	if a.WakeScanInterval < 0 {
 		return fmt.Errorf("wake_scan_interval: must be positive")

@@ -74,6 +74,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	d := caddyfile.NewTestDispenser(`lchat {
 		state_dir /srv/state
 		max_awake 3
+		max_starting 6
 		wake_scan_interval 5s
 		drain_timeout 90s
 		kind demo {
@@ -97,7 +98,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := a.Kinds["demo"]
-	if a.StateDir != "/srv/state" || a.MaxAwake != 3 || a.WakeScanInterval != caddy.Duration(5*time.Second) || k == nil ||
+	if a.StateDir != "/srv/state" || a.MaxAwake != 3 || a.MaxStarting != 6 || a.WakeScanInterval != caddy.Duration(5*time.Second) || k == nil ||
 		a.DrainTimeout != caddy.Duration(90*time.Second) ||
 		k.Command != "{self}" || strings.Join(k.Args, " ") != "demo-space --flag" || k.Env["GREETING"] != "hello" ||
 		len(k.AllowedEnv) != 2 || k.IdleTimeout != caddy.Duration(2*time.Minute) || k.StopSignal != "SIGINT" ||

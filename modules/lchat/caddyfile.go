@@ -37,6 +37,7 @@ func init() {
 //		state_dir <path>
 //		registry <path>
 //		max_awake <n>
+//		max_starting <n>
 //		wake_scan_interval <duration>
 //		drain_timeout <duration>
 //		wildcard_domains <domain...>
@@ -129,6 +130,16 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("max_awake: %v", err)
 			}
 			a.MaxAwake = n
+		case "max_starting":
+			var s string
+			if err := caddyfileutil.OneArg(d, &s); err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(s)
+			if err != nil {
+				return d.Errf("max_starting: %v", err)
+			}
+			a.MaxStarting = n
 		case "wake_scan_interval":
 			if err := durationArg(d, &a.WakeScanInterval); err != nil {
 				return err
