@@ -76,8 +76,9 @@ func get(socket, path string, timeout time.Duration) (int, error) {
 
 // execToAnswer is a start with nothing of the engine: bind a fresh socket, exec bin with
 // it as fd 3 (as pid 1 of a PID namespace when pidNS, so LISTEN_PID=1 holds), send one GET
-// and read the answer. It returns the time from the exec to the answer.
-func execToAnswer(t *testing.T, bin string, args, env []string, path string, pidNS bool) time.Duration {
+// and read the answer. It returns the time from the exec to the answer. dataDir is
+// $LCHAT_DATA_DIR ("": a fresh one).
+func execToAnswer(t *testing.T, bin string, args, env []string, dataDir, path string, pidNS bool) time.Duration {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "floor")
 	if err != nil {
@@ -85,6 +86,9 @@ func execToAnswer(t *testing.T, bin string, args, env []string, path string, pid
 	}
 	defer os.RemoveAll(dir)
 	sock := filepath.Join(dir, "s.sock")
+	if dataDir == "" {
+		dataDir = filepath.Join(dir, "data")
+	}
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +100,7 @@ func execToAnswer(t *testing.T, bin string, args, env []string, path string, pid
 	}
 	ln.Close()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append([]string{"LISTEN_FDS=1", "LISTEN_FDNAMES=http", "LISTEN_PID=1", "LCHAT_DATA_DIR=" + filepath.Join(dir, "data"), "LCHAT_HOST=floor.test"}, env...)
+	cmd.Env = append([]string{"LISTEN_FDS=1", "LISTEN_FDNAMES=http", "LISTEN_PID=1", "LCHAT_DATA_DIR=" + dataDir, "LCHAT_HOST=floor.test"}, env...)
 	cmd.ExtraFiles = []*os.File{f}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if pidNS {
@@ -236,10 +240,13 @@ func TestWakeFigures(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
+	// The demo binary alone runs on a data dir that has its database, as a wake's has.
+	demoData := filepath.Join(stateDir(t), "data")
+	execToAnswer(t, demo, nil, nil, demoData, "/", true)
 	for range rounds {
-		floor = append(floor, execToAnswer(t, minimal, nil, nil, "/", false))
-		floorNS = append(floorNS, execToAnswer(t, minimal, nil, nil, "/", true))
-		de := execToAnswer(t, demo, nil, nil, "/", true)
+		floor = append(floor, execToAnswer(t, minimal, nil, nil, "", "/", false))
+		floorNS = append(floorNS, execToAnswer(t, minimal, nil, nil, "", "/", true))
+		de := execToAnswer(t, demo, nil, nil, demoData, "/", true)
 		demoExec = append(demoExec, de)
 		for _, k := range order {
 			host := k + ".test"
