@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/sandbox"
 )
 
@@ -98,13 +99,13 @@ var errNoFirstAnswer = errors.New("never answered on the socket passed to it (fd
 func (e *Engine) watchFirstAnswer(in *inst, p *proc, kind Kind) {
 	ctx, cancel := context.WithTimeout(e.ctx, kind.ReadyTimeout)
 	defer cancel()
-	go func() {
+	safego.Go(nil, e.log, "first answer exit", func() {
 		select {
 		case <-p.exited:
 			cancel()
 		case <-ctx.Done():
 		}
-	}()
+	})
 	client := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
