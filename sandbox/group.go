@@ -104,7 +104,9 @@ func (g *Group) apply(l Limits) error {
 		return filepath.Join(c.v1[ctrl], c.name, g.name), false
 	}
 	// A v1 controller the group did not join (v1For: no limit) has nothing to set.
-	inV1 := func(ctrl string) bool { return c.v1[ctrl] != "" && slices.Contains(g.v1, filepath.Join(c.v1[ctrl], c.name, g.name)) }
+	inV1 := func(ctrl string) bool {
+		return c.v1[ctrl] != "" && slices.Contains(g.v1, filepath.Join(c.v1[ctrl], c.name, g.name))
+	}
 	set := func(path, v string) error {
 		if err := writeFile(path, v); err != nil {
 			return fmt.Errorf("setting %s: %v", filepath.Base(path), err)
