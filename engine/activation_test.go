@@ -17,6 +17,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/sandbox"
+	"github.com/lchat/lchat-caddy/spacestore/pageread/pagereadtest"
 )
 
 // activationEngine is an engine over a file bucket whose kinds are given; the state dir
@@ -37,7 +38,13 @@ func activationEngine(t *testing.T, dir string, kinds map[string]Kind) *Engine {
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	e, err := New(Config{Bucket: b, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1", Kinds: kinds})
+	cfg := Config{Bucket: b, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1", Kinds: kinds}
+	for _, k := range kinds {
+		if k.Isolation != IsolationNone {
+			cfg.PageReader = pagereadtest.Binary(t) // an isolated space's checkpoints need it
+		}
+	}
+	e, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

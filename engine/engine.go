@@ -134,6 +134,14 @@ type Config struct {
 	// UIDFirst and UIDCount are the range isolated spaces get their uid and gid from.
 	// Default sandbox.DefaultUIDFirst (3000000) and sandbox.DefaultUIDCount (65536).
 	UIDFirst, UIDCount uint32
+	// PageReader is the lchat-pageread binary that reads an isolated space's SQLite
+	// databases for its checkpoints, under the space's uid (pageread.go, docs/parsers.md).
+	// Default $LCHAT_PAGEREAD, else lchat-pageread beside this process's executable.
+	PageReader string
+	// PageReadTimeout bounds each answer of lchat-pageread (an open, a scan, a batch of
+	// pages; not the uploads between them); the helper is killed at it and the checkpoint
+	// fails. Default spacestore.DefaultPageReadTimeout.
+	PageReadTimeout time.Duration
 	// LogMaxMB caps each space's instance.log, in MiB, before it rotates. Default 10.
 	LogMaxMB int
 	// LogBackups is how many rotated instance logs each space keeps. Default 2.
@@ -281,6 +289,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.MaxStarting <= 0 {
 		cfg.MaxStarting = 2 * runtime.GOMAXPROCS(0)
 	}
+	cfg.PageReader = pageReaderPath(cfg.PageReader)
 	kinds, err := kindsWithDefaults(cfg.Kinds)
 	if err != nil {
 		return nil, err

@@ -113,6 +113,9 @@ func (e *Engine) whyNotIsolated(k Kind) error {
 	if err := e.stateDirReachable(); err != nil {
 		return err
 	}
+	if err := e.pageReaderPresent(); err != nil {
+		return err
+	}
 	return commandReachable(k.Command)
 }
 
@@ -171,6 +174,9 @@ func (e *Engine) checkKindsHere(kinds map[string]Kind) error {
 				return fmt.Errorf("engine: kind %s: %v", name, err)
 			}
 			if err := commandReachable(k.Command); err != nil {
+				return fmt.Errorf("engine: kind %s: %v", name, err)
+			}
+			if err := e.pageReaderPresent(); err != nil {
 				return fmt.Errorf("engine: kind %s: %v", name, err)
 			}
 		}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/internal/testnet"
+	"github.com/lchat/lchat-caddy/spacestore/pageread/pagereadtest"
 )
 
 // dialFromInstance is the test instance's POST /dial?addr=A: one TCP connection to A
@@ -148,7 +149,7 @@ func networkEngine(t *testing.T, kinds map[string]Kind, uidFirst uint32, log *za
 		t.Fatal(err)
 	}
 	e, err := New(Config{Bucket: b, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
-		Kinds: kinds, UIDFirst: uidFirst, UIDCount: 100, Logger: log})
+		Kinds: kinds, UIDFirst: uidFirst, UIDCount: 100, Logger: log, PageReader: pagereadtest.Binary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,6 @@
 #!/bin/sh
-# install.sh installs lchat-caddy on one box from a checkout: the binary, the demo
+# install.sh installs lchat-caddy on one box from a checkout: the binary and lchat-pageread
+# (built beside it: go build -o <dir>/lchat-pageread ./cmd/lchat-pageread), the demo
 # space's own binary when it sits beside it, the Caddyfile with the snippet files it
 # imports, and the systemd unit.
 #
@@ -9,6 +10,9 @@
 # beside it):
 #
 #   /usr/local/bin/lchat-caddy
+#   /usr/local/bin/lchat-pageread              reads an isolated space's SQLite databases
+#                                              for its checkpoints, under the space's uid
+#                                              (docs/parsers.md); found beside lchat-caddy
 #   /usr/local/bin/lchat-demo-space            from beside the given binary (go build -o
 #                                              bin/lchat-demo-space ./cmd/lchat-demo-space);
 #                                              without it the demo kind runs the slower
@@ -46,8 +50,14 @@ esac
 	echo "$0: $bin is not an executable" >&2
 	exit 1
 }
+pageread=$(dirname "$bin")/lchat-pageread
+[ -x "$pageread" ] || {
+	echo "$0: $pageread is missing: build it beside lchat-caddy (go build -o $pageread ./cmd/lchat-pageread)" >&2
+	exit 1
+}
 
 install -D -m 0755 "$bin" "$dest/usr/local/bin/lchat-caddy"
+install -D -m 0755 "$pageread" "$dest/usr/local/bin/lchat-pageread"
 demo=$(dirname "$bin")/lchat-demo-space
 if [ -x "$demo" ]; then
 	install -m 0755 "$demo" "$dest/usr/local/bin/lchat-demo-space"

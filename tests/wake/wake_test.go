@@ -151,7 +151,7 @@ func newEngine(t *testing.T, bucketKind string, kinds map[string]engine.Kind) *e
 		b = fb
 	}
 	e, err := engine.New(engine.Config{Bucket: b, StateDir: filepath.Join(dir, "s"), Holder: "box", Incarnation: "1", Kinds: kinds,
-		MaxStarting: envInt("LCHAT_WAKE_MAX_STARTING", 0)})
+		MaxStarting: envInt("LCHAT_WAKE_MAX_STARTING", 0), PageReader: harness.PageReader(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
