@@ -85,6 +85,9 @@ type Kind struct {
 	NetworkAllow []netip.Prefix
 	// Limits bound each instance of this kind; zero fields are unlimited.
 	Limits Limits
+	// Tmp is TmpAuto (default), TmpPrivate or TmpHost: whether instances get a /tmp of
+	// their own (disk.go).
+	Tmp string
 	// SocketActivation has the box bind and listen on the space's socket and pass it to
 	// the instance as fd 3 (LISTEN_FDS=1, LISTEN_FDNAMES=http, LISTEN_PID=1: the instance
 	// is pid 1 of its own PID namespace), so a wake proxies the first request at once
@@ -258,6 +261,13 @@ type Engine struct {
 	fw    *sandbox.Firewall
 	fwErr error        // why the filter could not be installed, until the next kind set
 	peers []netip.Addr // from SetNetworkPeers
+
+	// diskMu guards the spaces' disk images (disk.go), opened by the first wake of a kind
+	// with limits.disk and closed by Close.
+	diskMu sync.Mutex
+	disks  *sandbox.Disks
+	// tmpHidden caches hiddenByPrivateTmp by command: error, or nil.
+	tmpHidden sync.Map
 }
 
 // New validates cfg, applies defaults and returns an engine. Call Start for the background
@@ -317,6 +327,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.logIsolation(kinds)
 	e.kinds.Store(&kinds)
+	e.tidyDisks()
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
 }
@@ -343,6 +354,7 @@ func (e *Engine) Close() {
 	})
 	e.wg.Wait()
 	e.closeFirewall()
+	e.closeDisks()
 	if cgroupsOpened.Load() {
 		if cg, err := hostCgroups(); err == nil {
 			cg.Close() // only empty groups go: other engines of this process keep theirs

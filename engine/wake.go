@@ -118,6 +118,11 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
 	}
 	in.syncer.Retention, in.syncer.GCGrace = kind.Retention, kind.GCGrace
+	// The disk is mounted before the restore, which writes into it.
+	if _, err := e.attachDisk(in, kind); err != nil {
+		log.Error("attaching the space's disk", zap.Error(err))
+		return unsaved, &RetryError{After: 5 * time.Second, Reason: "disk unavailable"}
+	}
 	// The instance starts once its state is restored, while the fence's conditional PUT is
 	// in flight: it is proxied nothing before the wake ends, so it acknowledges no write
 	// the fence has not made safe, and a fence that finds a newer manifest ends it before

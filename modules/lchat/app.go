@@ -160,6 +160,11 @@ type Kind struct {
 	// NetworkAllow re-opens ranges (CIDR, or an address) for network egress, such as a
 	// database on the private network. Default none.
 	NetworkAllow []string `json:"network_allow,omitempty"`
+	// Tmp is what an instance sees on /tmp and /var/tmp: "private" (a directory of the
+	// space's own, in its disk with limits.disk, emptied at each start; needs isolation
+	// and CAP_SYS_ADMIN), "host" (the box's /tmp, the opt-out), or empty (default):
+	// private when the kind is isolated and this box can, else host.
+	Tmp string `json:"tmp,omitempty"`
 	// SocketActivation has the box bind the space's socket and pass it to the instance
 	// as fd 3 (LISTEN_FDS=1, LISTEN_FDNAMES=http, LISTEN_PID=1, the instance pid 1 of its
 	// own PID namespace; docs/socket-activation.md), so a wake proxies its first request
@@ -179,6 +184,11 @@ type Limits struct {
 	CPU float64 `json:"cpu,omitempty"`
 	// Pids caps the processes and threads. Default 0: none.
 	Pids int64 `json:"pids,omitempty"`
+	// Disk caps the space's data dir and its /tmp together, in bytes (at least 16MiB):
+	// they live in an ext4 image of this size, mounted while the space is on this box.
+	// A write past it fails with ENOSPC. Needs isolation, CAP_SYS_ADMIN, loop devices
+	// and mkfs.ext4. Default 0: none.
+	Disk int64 `json:"disk,omitempty"`
 }
 
 // UIDRange is a range of uids.
@@ -485,19 +495,19 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		return engine.Kind{}, errors.New("empty kind")
 	}
 	k := engine.Kind{
-		Name:         name,
-		Command:      expand(kc.Command),
-		IdleTimeout:  time.Duration(kc.IdleTimeout),
-		StopGrace:    time.Duration(kc.StopGrace),
-		ReadyPath:    kc.ReadyPath,
-		ReadyTimeout: time.Duration(kc.ReadyTimeout),
-		WakePath:     kc.WakePath,
-		AllowedEnv:   kc.AllowedEnv,
-		Retention:    time.Duration(kc.Retention),
-		GCGrace:      time.Duration(kc.GCGrace),
-		Isolation:    kc.Isolation,
-		Network:      kc.Network,
-
+		Name:             name,
+		Command:          expand(kc.Command),
+		IdleTimeout:      time.Duration(kc.IdleTimeout),
+		StopGrace:        time.Duration(kc.StopGrace),
+		ReadyPath:        kc.ReadyPath,
+		ReadyTimeout:     time.Duration(kc.ReadyTimeout),
+		WakePath:         kc.WakePath,
+		AllowedEnv:       kc.AllowedEnv,
+		Retention:        time.Duration(kc.Retention),
+		GCGrace:          time.Duration(kc.GCGrace),
+		Isolation:        kc.Isolation,
+		Network:          kc.Network,
+		Tmp:              kc.Tmp,
 		SocketActivation: kc.SocketActivation,
 	}
 	for _, a := range kc.NetworkAllow {
@@ -508,7 +518,7 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		k.NetworkAllow = append(k.NetworkAllow, p)
 	}
 	if l := kc.Limits; l != nil {
-		k.Limits = engine.Limits{MemoryBytes: l.Memory, CPU: l.CPU, Pids: l.Pids}
+		k.Limits = engine.Limits{MemoryBytes: l.Memory, CPU: l.CPU, Pids: l.Pids, DiskBytes: l.Disk}
 	}
 	switch k.Command {
 	case "{self}":
