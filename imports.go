@@ -3,10 +3,10 @@
 package lchatcaddy
 
 import (
-	_ "github.com/lchat/lchat-caddy/demospace"
 	_ "github.com/lchat/lchat-caddy/modules/buckets"
 	_ "github.com/lchat/lchat-caddy/modules/certstorage"
 	_ "github.com/lchat/lchat-caddy/modules/console"
+	_ "github.com/lchat/lchat-caddy/modules/demospacecmd"
 	_ "github.com/lchat/lchat-caddy/modules/derpswitch"
 	_ "github.com/lchat/lchat-caddy/modules/dnsproviders/dnsimple"
 	_ "github.com/lchat/lchat-caddy/modules/dnsproviders/route53"

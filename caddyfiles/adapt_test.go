@@ -45,7 +45,7 @@ func dig(v any, path ...string) any {
 
 func TestAdaptDev(t *testing.T) {
 	cfg := adapt(t, "dev.Caddyfile", "LCHAT_DEV_DIR=/tmp/lchat-dev-test")
-	if got := dig(cfg, "apps", "lchat", "kinds", "demo", "command"); got != "{self}" {
+	if got := dig(cfg, "apps", "lchat", "kinds", "demo", "command"); got != "{demo_space}" {
 		t.Errorf("demo kind command = %v", got)
 	}
 	if got := dig(cfg, "apps", "lchat", "state_dir"); got != "/tmp/lchat-dev-test/state" {

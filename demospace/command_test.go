@@ -2,6 +2,7 @@ package demospace
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
@@ -12,15 +13,21 @@ import (
 	"testing"
 	"time"
 
-	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"go.uber.org/zap"
 )
 
-// TestMain lets the test binary act as `lchat-caddy demo-space`, so the
-// command tests run the registered subcommand in a real process.
+// TestMain lets the test binary act as lchat-demo-space, so the command tests
+// run Main, the command both binaries share, in a real process.
 func TestMain(m *testing.M) {
 	if os.Getenv("DEMOSPACE_TEST_MAIN") == "1" {
-		os.Args = append([]string{"lchat-caddy"}, strings.Fields(os.Getenv("DEMOSPACE_TEST_ARGS"))...)
-		caddycmd.Main()
+		args := strings.Fields(os.Getenv("DEMOSPACE_TEST_ARGS"))
+		if len(args) > 0 && args[0] == "demo-space" {
+			args = args[1:]
+		}
+		if err := Main(args, os.Stderr, zap.NewNop()); err != nil {
+			fmt.Fprintln(os.Stderr, "demo-space:", err)
+			os.Exit(1)
+		}
 		os.Exit(0)
 	}
 	os.Exit(m.Run())

@@ -2,7 +2,8 @@
 // SQLite that listens on a Unix socket, keeps its state in one data
 // directory, streams new messages to browsers (server-sent events and
 // WebSocket), and can ask to be woken at a time (reminders) through
-// $LCHAT_DATA_DIR/.lchat/next-wake. `lchat-caddy demo-space` runs it.
+// $LCHAT_DATA_DIR/.lchat/next-wake. `lchat-demo-space` (and its alias
+// `lchat-caddy demo-space`) runs it; Main is their command line.
 package demospace
 
 import (
@@ -23,8 +24,11 @@ import (
 // Config says where a demo space lives.
 type Config struct {
 	// Socket is the Unix socket to listen on ($LCHAT_SOCKET). A stale socket
-	// file is removed first. Required.
+	// file is removed first. Required without Listener.
 	Socket string
+	// Listener, when set, is served instead of listening on Socket: the one passed
+	// under socket activation (PassedListener). Close closes it and removes no file.
+	Listener net.Listener
 	// DataDir holds chat.db and .lchat/next-wake ($LCHAT_DATA_DIR). Created if
 	// missing. Required.
 	DataDir string
@@ -75,8 +79,8 @@ type Server struct {
 // New opens the database, then listens on the socket: once New returns, the
 // socket accepts and every endpoint works. Call Serve, or Close on failure.
 func New(cfg Config) (*Server, error) {
-	if cfg.Socket == "" {
-		return nil, errors.New("no socket: set --socket or LCHAT_SOCKET")
+	if cfg.Socket == "" && cfg.Listener == nil {
+		return nil, errors.New("no socket: set --socket or LCHAT_SOCKET, or pass a listener as fd 3 (LISTEN_FDS=1)")
 	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("no data directory: set --data-dir or LCHAT_DATA_DIR")
@@ -117,10 +121,12 @@ func New(cfg Config) (*Server, error) {
 		s.closeStore()
 		return nil, err
 	}
-	ln, err := listenUnix(cfg.Socket)
-	if err != nil {
-		s.closeStore()
-		return nil, err
+	ln := cfg.Listener
+	if ln == nil {
+		if ln, err = listenUnix(cfg.Socket); err != nil {
+			s.closeStore()
+			return nil, err
+		}
 	}
 	s.ln = ln
 	s.srv = &http.Server{

@@ -103,7 +103,7 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 				return nil, &RetryError{After: ceilSecond(wait), Reason: why}
 			}
 			in.sp, in.kind = sp, kind
-			t := &transition{done: make(chan struct{}), from: in.state}
+			t := &transition{done: make(chan struct{}), from: in.state, ticket: e.wakeSeq.Add(1)}
 			in.trans = t
 			in.setStateLocked(StateWaking)
 			in.waiters++

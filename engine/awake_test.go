@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -37,13 +39,29 @@ func TestMain(m *testing.M) {
 		if ms, _ := strconv.Atoi(os.Getenv("START_DELAY_MS")); ms > 0 {
 			time.Sleep(time.Duration(ms) * time.Millisecond)
 		}
-		ln, err := net.Listen("unix", os.Getenv("LCHAT_SOCKET"))
+		if code, _ := strconv.Atoi(os.Getenv("EXIT_AT_START")); code > 0 {
+			os.Exit(code)
+		}
+		if os.Getenv("IGNORE_FD") == "1" {
+			select {} // runs, never accepts on the passed listener
+		}
+		ln, err := testInstanceListener()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 		notes := filepath.Join(os.Getenv("LCHAT_DATA_DIR"), "notes.txt")
+		var requests atomic.Int64
 		go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/info" {
+				// What the instance sees of itself: socket activation's contract.
+				json.NewEncoder(w).Encode(map[string]any{"pid": os.Getpid(), "uid": os.Getuid(),
+					"listen_pid": os.Getenv("LISTEN_PID"), "listen_fds": os.Getenv("LISTEN_FDS"),
+					"listen_fdnames": os.Getenv("LISTEN_FDNAMES"), "lchat_socket": os.Getenv("LCHAT_SOCKET"),
+					"requests": requests.Add(1)})
+				return
+			}
+			requests.Add(1)
 			if r.Method == http.MethodPost && r.URL.Path == "/crash" {
 				os.Exit(3)
 			}
@@ -73,6 +91,18 @@ func TestMain(m *testing.M) {
 		code = 1
 	}
 	os.Exit(code)
+}
+
+// testInstanceListener is the test instance's listener: the one passed to it under
+// socket activation (checked as sd_listen_fds(3) does), else $LCHAT_SOCKET.
+func testInstanceListener() (net.Listener, error) {
+	if os.Getenv("LISTEN_FDS") == "" {
+		return net.Listen("unix", os.Getenv("LCHAT_SOCKET"))
+	}
+	if os.Getenv("LISTEN_PID") != strconv.Itoa(os.Getpid()) || os.Getenv("LISTEN_FDS") != "1" {
+		return nil, fmt.Errorf("LISTEN_PID %s is not this process (%d)", os.Getenv("LISTEN_PID"), os.Getpid())
+	}
+	return net.FileListener(os.NewFile(3, "http"))
 }
 
 // drainAtEnd drains and closes e when the test ends.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -87,6 +88,11 @@ type Kind struct {
 	// Tmp is TmpAuto (default), TmpPrivate or TmpHost: whether instances get a /tmp of
 	// their own (disk.go).
 	Tmp string
+	// SocketActivation has the box bind and listen on the space's socket and pass it to
+	// the instance as fd 3 (LISTEN_FDS=1, LISTEN_FDNAMES=http, LISTEN_PID=1: the instance
+	// is pid 1 of its own PID namespace), so a wake proxies the first request at once
+	// (activation.go). Default false: the instance binds $LCHAT_SOCKET itself.
+	SocketActivation bool
 }
 
 // Space is one route the engine is asked to serve.
@@ -143,7 +149,11 @@ type Config struct {
 	LogMaxMB int
 	// LogBackups is how many rotated instance logs each space keeps. Default 2.
 	LogBackups int
-	Logger     *zap.Logger
+	// MaxStarting caps the instances starting at once (from the exec to the first
+	// answer), admitted in the order of their first requests (startgate.go). Default
+	// twice the CPUs this process may use.
+	MaxStarting int
+	Logger      *zap.Logger
 }
 
 // errFencedNoWrite is why a fenced box writes nothing.
@@ -235,6 +245,9 @@ type Engine struct {
 
 	capMu sync.Mutex // serializes admissions under MaxAwake (capacity.go)
 
+	wakeSeq atomic.Uint64 // tickets of wakes, in the order of their first requests
+	gate    startGate
+
 	wakeMu        sync.Mutex
 	wakeSlots     map[string]*wakeSlot // by host; see setWakeRecord
 	wakeRetryBase time.Duration        // first backoff of a failed wake record write
@@ -283,6 +296,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.LogBackups <= 0 {
 		cfg.LogBackups = 2
 	}
+	if cfg.MaxStarting <= 0 {
+		cfg.MaxStarting = 2 * runtime.GOMAXPROCS(0)
+	}
 	cfg.PageReader = pageReaderPath(cfg.PageReader)
 	kinds, err := kindsWithDefaults(cfg.Kinds)
 	if err != nil {
@@ -300,6 +316,7 @@ func New(cfg Config) (*Engine, error) {
 
 		wakeSlots:     make(map[string]*wakeSlot),
 		wakeRetryBase: wakeRetryBase,
+		gate:          startGate{n: cfg.MaxStarting},
 	}
 	e.holder.OnTakeover = func(host string, prev spacestore.Lease) {
 		e.log.Warn("took over the lease of a holder that was not live", zap.String("host", host),

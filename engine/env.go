@@ -8,7 +8,8 @@ import (
 )
 
 // instanceEnv builds an instance's environment: this box's PATH, the kind's env, the route
-// env names the kind allows, then the three LCHAT_ variables, which nothing can override.
+// env names the kind allows, then the LCHAT_ variables, which nothing can override (no LCHAT_SOCKET when socket is
+// empty: a socket-activated instance is passed its listener).
 // It returns the names of route variables it dropped (names only: values are secrets).
 func instanceEnv(k Kind, sp Space, socket, dataDir string) (env, dropped []string) {
 	if p, ok := os.LookupEnv("PATH"); ok {
@@ -24,7 +25,11 @@ func instanceEnv(k Kind, sp Space, socket, dataDir string) (env, dropped []strin
 		}
 		env = append(env, n+"="+v)
 	}
-	env = append(env, "LCHAT_HOST="+sp.Host, "LCHAT_SOCKET="+socket, "LCHAT_DATA_DIR="+dataDir)
+	env = append(env, "LCHAT_HOST="+sp.Host)
+	if socket != "" {
+		env = append(env, "LCHAT_SOCKET="+socket)
+	}
+	env = append(env, "LCHAT_DATA_DIR="+dataDir)
 	slices.Sort(dropped)
 	return env, dropped
 }

@@ -77,6 +77,8 @@ type transition struct {
 	from State
 	// admitted: a wake counted under MaxAwake (capacity.go). Guarded by the inst's mu.
 	admitted bool
+	// ticket is a wake's place in the order of first requests (startGate).
+	ticket uint64
 }
 
 func newInst(e *Engine, host string) *inst {

@@ -196,6 +196,9 @@ func (e *Engine) checkKindsHere(kinds map[string]Kind) error {
 		if err := e.checkDiskHere(k, iso); err != nil {
 			return fmt.Errorf("engine: kind %s: %v", name, err)
 		}
+		if err := e.checkActivation(k); err != nil {
+			return fmt.Errorf("engine: kind %s: %v", name, err)
+		}
 	}
 	return nil
 }

@@ -138,8 +138,8 @@ func TestKindIsolationRefusals(t *testing.T) {
 	}
 }
 
-// frozenProbe is a bucket that notes, at each manifest write, whether the isolated
-// instance's cgroup is frozen: a checkpoint of a running instance must read the data dir
+// frozenProbe is a bucket that notes, at each manifest write of an awake space, whether
+// the isolated instance's cgroup is frozen: a checkpoint of a running instance must read the data dir
 // only while no instance code runs.
 type frozenProbe struct {
 	bucket.Bucket
@@ -153,9 +153,11 @@ func (b *frozenProbe) Put(ctx context.Context, key string, body io.Reader, size 
 	if strings.HasSuffix(key, "/manifest") {
 		if in := b.e.lookup(b.host); in != nil {
 			in.mu.Lock()
-			p := in.proc
+			p, awake := in.proc, in.state == StateAwake
 			in.mu.Unlock()
-			if p != nil && !p.done() {
+			// The wake's fence rewrites the manifest while the new instance starts; it
+			// reads nothing of the data dir. Checkpoints run while awake.
+			if p != nil && !p.done() && awake {
 				dir := p.group.Path()
 				ev, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
 				if err != nil {

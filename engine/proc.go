@@ -51,6 +51,13 @@ type proc struct {
 	// netRelease ends the instance's admission to the egress filter; nil: none.
 	netRelease func()
 	oomKills   int // set by reap before exited is closed
+	// pidNS: the instance is pid 1 of its own PID namespace (socket activation), which
+	// ignores the signals it has no handler for.
+	pidNS bool
+	// answered is set once a socket-activated instance first answered (watchFirstAnswer).
+	answered atomic.Bool
+	// exitWhy, when set before the instance is killed, is the crash's reason (onExit).
+	exitWhy atomic.Pointer[error]
 
 	// mu orders signals against the reap: once the leader is reaped, its pid (the
 	// group's id) may be reused by an unrelated process, so nothing is signalled after.
@@ -144,7 +151,11 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 		return nil, err
 	}
 	defer w.Close() // the child has its own descriptor
-	env, dropped := instanceEnv(kind, sp, in.socket, in.dataDir)
+	socket := in.socket
+	if kind.SocketActivation {
+		socket = "" // the instance gets its listener, never a path to bind
+	}
+	env, dropped := instanceEnv(kind, sp, socket, in.dataDir)
 	if len(dropped) > 0 {
 		in.logger().Warn("route env not allowed by kind; dropped", zap.Strings("names", dropped))
 	}
@@ -154,15 +165,31 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = sysProcAttr()
 	cmd.SysProcAttr.Credential = plan.cred
+	in.unpinSocket()
+	if kind.SocketActivation {
+		ns, err := sandbox.CheckPIDNamespace()
+		if err != nil {
+			return nil, fmt.Errorf("socket_activation: %v", err)
+		}
+		ln, err := in.listenActivated()
+		if err != nil {
+			return nil, err
+		}
+		// The box keeps no copy once the instance has its own (see listenActivated).
+		defer ln.Close()
+		cmd.ExtraFiles = []*os.File{ln} // fd 3 (listenFD)
+		cmd.Env = append(cmd.Env, activationEnv()...)
+		ns.Apply(cmd.SysProcAttr)
+	}
 	fmt.Fprintf(logw, "--- %s starting %s (version %q)\n", time.Now().UTC().Format(time.RFC3339), kind.Name, sp.Version)
-	p := &proc{cmd: cmd, exited: make(chan struct{}), group: plan.group, uid: os.Geteuid(), link: in.link, netRelease: plan.netRelease}
+	p := &proc{cmd: cmd, exited: make(chan struct{}), group: plan.group, uid: os.Geteuid(), link: in.link, netRelease: plan.netRelease,
+		pidNS: kind.SocketActivation}
 	if plan.cred != nil {
 		p.uid = int(plan.cred.Uid)
 		p.isolated = plan.group != nil
 	}
 	// Checkpoints read the databases as the instance runs: under its uid when it has one.
 	in.syncer.PageReader = e.pageReader(in, plan.cred)
-	in.unpinSocket()
 	if plan.group != nil {
 		p.release, err = plan.group.Start(cmd, sandbox.StartOptions{EmptyNetwork: plan.emptyNet, TmpDir: plan.tmpDir})
 	} else {
@@ -170,6 +197,9 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	}
 	if err != nil {
 		r.Close()
+		if kind.SocketActivation {
+			os.Remove(in.link)
+		}
 		return nil, err
 	}
 	started = true
@@ -261,6 +291,13 @@ func (e *Engine) stopProcess(in *inst, p *proc, kind Kind) {
 		return
 	}
 	p.stopping.Store(true)
+	if p.stopSignalFutile(kind.StopSignal) {
+		// What the signal's default action would have done, at once: waiting out the
+		// grace for a signal the kernel drops would only delay the stop.
+		p.kill()
+		<-p.exited
+		return
+	}
 	p.signal(kind.StopSignal)
 	t := time.NewTimer(kind.StopGrace)
 	defer t.Stop()

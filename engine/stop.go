@@ -165,6 +165,11 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 	defer in.op.Unlock()
 	var n int
 	why := fmt.Sprint(status)
+	if w := p.exitWhy.Load(); w != nil {
+		why = (*w).Error()
+	} else if p.pidNS && !p.answered.Load() {
+		why = "exited before its first answer on the passed socket: " + why
+	}
 	spec := stopSpec{reason: "crash", exited: p, save: true,
 		begin: func() {
 			in.crashes++

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/spacestore"
 )
 
@@ -19,7 +20,7 @@ func (e *Engine) runWake(in *inst, t *transition) {
 	in.mu.Unlock()
 	err, unsaved := errDropped, false
 	if !dropped {
-		unsaved, err = e.wake(in, t.from)
+		unsaved, err = e.wake(in, t.from, t.ticket)
 	}
 	in.mu.Lock()
 	in.trans = nil
@@ -54,11 +55,12 @@ func (e *Engine) runWake(in *inst, t *transition) {
 // wake runs with in.op held: make room, lease, restore, fence, start, await readiness.
 // from is the state the wake started from. unsaved reports, for a failed wake from
 // StateUnsaved, that the data dir still holds state the bucket lacks (nothing was restored
-// over it): the lease is kept then, as it was before the wake.
-func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
+// over it): the lease is kept then, as it was before the wake. ticket orders the start
+// among concurrent wakes (startGate).
+func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err error) {
 	ctx := e.ctx
 	log := in.logger()
-	start := e.now()
+	began := e.now()
 	in.mu.Lock()
 	sp, kind := in.sp, in.kind
 	in.mu.Unlock()
@@ -121,26 +123,71 @@ func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
 		log.Error("attaching the space's disk", zap.Error(err))
 		return unsaved, &RetryError{After: 5 * time.Second, Reason: "disk unavailable"}
 	}
-	kept, err := e.restoreAndFence(ctx, in, etag, unsaved, &ph, phase)
+	// The instance starts once its state is restored, while the fence's conditional PUT is
+	// in flight: it is proxied nothing before the wake ends, so it acknowledges no write
+	// the fence has not made safe, and a fence that finds a newer manifest ends it before
+	// restoring again. The start waits for a start slot (startGate), held until the
+	// instance first answers; that wait counts in the start phase.
+	var (
+		p     *proc
+		leave func()
+		room  bool
+	)
+	start := func() error {
+		if !room {
+			if err := e.makeRoom(in); err != nil {
+				return err
+			}
+			room = true
+		}
+		l, err := e.gate.enter(ctx, ticket)
+		if err != nil {
+			return &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
+		}
+		np, err := e.startProcess(in, kind, sp)
+		if err != nil {
+			l()
+			log.Error("starting instance", zap.Error(err))
+			return &RetryError{After: 5 * time.Second, Reason: "instance failed to start"}
+		}
+		p, leave = np, l
+		in.mu.Lock()
+		in.proc = p
+		in.mu.Unlock()
+		phase(&ph.Start)
+		return nil
+	}
+	undo := func() {
+		if p == nil {
+			return
+		}
+		p.stopping.Store(true)
+		p.kill()
+		<-p.exited
+		leave()
+		in.mu.Lock()
+		in.proc = nil
+		in.mu.Unlock()
+		p, leave = nil, nil
+	}
+	kept, err := e.restoreAndFence(ctx, in, etag, unsaved, &ph, phase, start, undo)
 	unsaved = unsaved && kept
 	if err != nil {
 		return unsaved, err
 	}
 	restored := e.now()
 
-	if err := e.makeRoom(in); err != nil {
-		return unsaved, err
+	if kind.SocketActivation {
+		// The kernel queues the first request until the app accepts: proxy at once. A
+		// start that never answers is caught off this path (watchFirstAnswer).
+		safego.Go(nil, e.log, "first answer", func() {
+			defer leave()
+			e.watchFirstAnswer(in, p, kind)
+		})
+	} else {
+		err = e.awaitReady(ctx, in, p, kind)
+		leave()
 	}
-	p, err := e.startProcess(in, kind, sp)
-	if err != nil {
-		log.Error("starting instance", zap.Error(err))
-		return unsaved, &RetryError{After: 5 * time.Second, Reason: "instance failed to start"}
-	}
-	in.mu.Lock()
-	in.proc = p
-	in.mu.Unlock()
-	phase(&ph.Start)
-	err = e.awaitReady(ctx, in, p, kind)
 	phase(&ph.Ready)
 	if err != nil {
 		p.stopping.Store(true)
@@ -161,8 +208,8 @@ func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
 	}
 	e.c.wakes.Add(1)
 	e.startSync(in, kind)
-	log.Info("awake", zap.Int("pid", p.pid), zap.Duration("restore", restored.Sub(start)),
-		zap.Bool("kept_data_dir", in.syncer.Reused() || kept), zap.Duration("total", e.now().Sub(start)))
+	log.Info("awake", zap.Int("pid", p.pid), zap.Duration("restore_and_fence", restored.Sub(began)),
+		zap.Bool("kept_data_dir", in.syncer.Reused() || kept), zap.Duration("total", e.now().Sub(began)))
 	return false, nil
 }
 
@@ -172,15 +219,18 @@ func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
 const maxFenceTries = 3
 
 // restoreAndFence runs with in.op held and the lease taken (leaseETag): read the manifest,
-// restore the data dir from it (or keep the local one, below) and fence the manifest
-// (spacestore.Syncer.Fence), so that no earlier holder's pending manifest write can land once
-// this instance may acknowledge writes. A late write that lands between the read and the
-// fence makes the fence fail: its state is newer, so read and restore again.
+// restore the data dir from it (or keep the local one, below), start the instance (start)
+// and fence the manifest (spacestore.Syncer.Fence), so that no earlier holder's pending
+// manifest write can land once this instance may acknowledge writes. A late write that
+// lands between the read and the fence makes the fence fail: its state is newer, so the
+// instance is ended (undo) and the manifest read and restored again. Every error return
+// has undone the start.
 //
 // With keepLocal (a wake from StateUnsaved) the local data dir is kept when nobody wrote
 // the manifest since this box last did: it is the newest state. kept reports that the data
 // dir was kept, not restored over.
-func (e *Engine) restoreAndFence(ctx context.Context, in *inst, leaseETag string, keepLocal bool, ph *WakePhases, phase func(*time.Duration)) (kept bool, err error) {
+func (e *Engine) restoreAndFence(ctx context.Context, in *inst, leaseETag string, keepLocal bool, ph *WakePhases, phase func(*time.Duration),
+	start func() error, undo func()) (kept bool, err error) {
 	log := in.logger()
 	_, lastETag := in.syncer.Manifest()
 	kept = keepLocal
@@ -208,11 +258,15 @@ func (e *Engine) restoreAndFence(ctx context.Context, in *inst, leaseETag string
 		if e.fenced.Load() {
 			return kept, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
+		if err := start(); err != nil {
+			return kept, err
+		}
 		err := in.syncer.Fence(ctx, spacestore.Claim{Holder: e.holder.ID, Incarnation: e.holder.Incarnation, Lease: leaseETag, At: e.now()})
 		phase(&ph.Fence)
 		if err == nil {
 			return kept, nil
 		}
+		undo()
 		if !errors.Is(err, spacestore.ErrFenced) {
 			log.Error("fencing the manifest", zap.Error(err))
 			return kept, &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}

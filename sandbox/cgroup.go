@@ -186,6 +186,23 @@ func (c *Cgroups) v1Used() []string {
 	return out
 }
 
+// v1For are the v1 controllers a space with limits l joins: the freezer as v1Used says,
+// and a limit controller only for a limit that is set. Joining a v1 hierarchy is a write
+// of the forking thread into its tasks file, which waits out an RCU grace period (the
+// kernel's cgroup_threadgroup_rwsem), several ms per hierarchy and wake; a controller
+// with no limit to hold has nothing to enforce.
+func (c *Cgroups) v1For(l Limits) []string {
+	var out []string
+	for _, ctrl := range c.v1Used() {
+		switch {
+		case ctrl == ctrlMemory && l.MemoryBytes <= 0, ctrl == ctrlCPU && l.CPU <= 0, ctrl == ctrlPids && l.Pids <= 0:
+			continue
+		}
+		out = append(out, ctrl)
+	}
+	return out
+}
+
 // sweep ends the spaces of box processes that died without cleaning up (kill -9): their
 // lchat-<pid> groups may still hold instances that double-forked away from the dead
 // box's process group.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,7 +63,7 @@ func (c *Cgroups) Create(name string, l Limits) (*Group, error) {
 		}
 		g.members = g.v2
 	}
-	for _, ctrl := range c.v1Used() {
+	for _, ctrl := range c.v1For(l) {
 		dir := filepath.Join(c.v1[ctrl], c.name, name)
 		if err := mk(dir); err != nil {
 			g.Remove()
@@ -101,6 +102,10 @@ func (g *Group) apply(l Limits) error {
 		}
 		return filepath.Join(c.v1[ctrl], c.name, g.name), false
 	}
+	// A v1 controller the group did not join (v1For: no limit) has nothing to set.
+	inV1 := func(ctrl string) bool {
+		return c.v1[ctrl] != "" && slices.Contains(g.v1, filepath.Join(c.v1[ctrl], c.name, g.name))
+	}
 	set := func(path, v string) error {
 		if err := writeFile(path, v); err != nil {
 			return fmt.Errorf("setting %s: %v", filepath.Base(path), err)
@@ -112,7 +117,7 @@ func (g *Group) apply(l Limits) error {
 			writeFile(path, v)
 		}
 	}
-	if c.v2ctrl[ctrlMemory] || c.v1[ctrlMemory] != "" {
+	if c.v2ctrl[ctrlMemory] || inV1(ctrlMemory) {
 		d, v2 := dir(ctrlMemory)
 		if v2 {
 			v := "max"
@@ -139,7 +144,7 @@ func (g *Group) apply(l Limits) error {
 			optional(filepath.Join(d, "memory.memsw.limit_in_bytes"), v)
 		}
 	}
-	if c.v2ctrl[ctrlCPU] || c.v1[ctrlCPU] != "" {
+	if c.v2ctrl[ctrlCPU] || inV1(ctrlCPU) {
 		const period = 100000
 		d, v2 := dir(ctrlCPU)
 		quota := int64(-1)
@@ -163,7 +168,7 @@ func (g *Group) apply(l Limits) error {
 			}
 		}
 	}
-	if c.v2ctrl[ctrlPids] || c.v1[ctrlPids] != "" {
+	if c.v2ctrl[ctrlPids] || inV1(ctrlPids) {
 		d, _ := dir(ctrlPids)
 		v := "max"
 		if l.Pids > 0 {

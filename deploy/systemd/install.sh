@@ -1,7 +1,8 @@
 #!/bin/sh
 # install.sh installs lchat-caddy on one box from a checkout: the binary and lchat-pageread
-# (built beside it: go build -o <dir>/lchat-pageread ./cmd/lchat-pageread), the Caddyfile
-# with the snippet files it imports, and the systemd unit.
+# (built beside it: go build -o <dir>/lchat-pageread ./cmd/lchat-pageread), the demo
+# space's own binary when it sits beside it, the Caddyfile with the snippet files it
+# imports, and the systemd unit.
 #
 #   deploy/systemd/install.sh <lchat-caddy binary> [single|mesh]
 #
@@ -12,6 +13,10 @@
 #   /usr/local/bin/lchat-pageread              reads an isolated space's SQLite databases
 #                                              for its checkpoints, under the space's uid
 #                                              (docs/parsers.md); found beside lchat-caddy
+#   /usr/local/bin/lchat-demo-space            from beside the given binary (go build -o
+#                                              bin/lchat-demo-space ./cmd/lchat-demo-space);
+#                                              without it the demo kind runs the slower
+#                                              `lchat-caddy demo-space` alias
 #   /etc/lchat-caddy/Caddyfile                 caddyfiles/single.Caddyfile (or mesh.Caddyfile)
 #   /etc/lchat-caddy/dns-dnsimple.caddy        LCHAT_DNS_PROVIDER=dnsimple (default)
 #   /etc/lchat-caddy/dns-route53.caddy         LCHAT_DNS_PROVIDER=route53
@@ -53,6 +58,12 @@ pageread=$(dirname "$bin")/lchat-pageread
 
 install -D -m 0755 "$bin" "$dest/usr/local/bin/lchat-caddy"
 install -D -m 0755 "$pageread" "$dest/usr/local/bin/lchat-pageread"
+demo=$(dirname "$bin")/lchat-demo-space
+if [ -x "$demo" ]; then
+	install -m 0755 "$demo" "$dest/usr/local/bin/lchat-demo-space"
+else
+	echo "$0: no $demo: the demo kind will run the lchat-caddy demo-space alias (a slower wake)" >&2
+fi
 install -d -m 0755 "$dest/etc/lchat-caddy"
 install -m 0644 "$repo/caddyfiles/$flavor.Caddyfile" "$dest/etc/lchat-caddy/Caddyfile"
 for f in "$repo"/caddyfiles/dns-*.caddy "$repo"/caddyfiles/relocate-dns-*.caddy "$repo"/caddyfiles/cert-cache-*.caddy; do

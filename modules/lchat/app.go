@@ -65,6 +65,11 @@ type App struct {
 	// first. Default 0: unlimited.
 	MaxAwake int `json:"max_awake,omitempty"`
 
+	// MaxStarting caps the instances starting at once (exec to first answer), admitted
+	// in the order of their first requests, so a storm of wakes answers in order at the
+	// box's full rate. Default 0: twice the CPUs the box may use.
+	MaxStarting int `json:"max_starting,omitempty"`
+
 	// WakeScanInterval is how often the box lists due scheduled wakes. Default 30s.
 	WakeScanInterval caddy.Duration `json:"wake_scan_interval,omitempty"`
 
@@ -104,8 +109,9 @@ type App struct {
 // Kind configures how this box runs one kind of space. The command always comes from
 // here, never from a route, since routes may arrive from peers.
 type Kind struct {
-	// Command is the executable: an absolute path, a name in PATH, or "{self}" for
-	// this lchat-caddy binary. Required.
+	// Command is the executable: an absolute path, a name in PATH, "{self}" for
+	// this lchat-caddy binary, or "{demo_space}" for the demo space (lchat-demo-space
+	// next to this binary, else this binary's demo-space alias). Required.
 	Command string `json:"command,omitempty"`
 	// Args are the command's arguments.
 	Args []string `json:"args,omitempty"`
@@ -159,6 +165,12 @@ type Kind struct {
 	// and CAP_SYS_ADMIN), "host" (the box's /tmp, the opt-out), or empty (default):
 	// private when the kind is isolated and this box can, else host.
 	Tmp string `json:"tmp,omitempty"`
+	// SocketActivation has the box bind the space's socket and pass it to the instance
+	// as fd 3 (LISTEN_FDS=1, LISTEN_FDNAMES=http, LISTEN_PID=1, the instance pid 1 of its
+	// own PID namespace; docs/socket-activation.md), so a wake proxies its first request
+	// at once. Needs CAP_SYS_ADMIN (else unprivileged user namespaces, for a kind that is
+	// not isolated). Default false: the instance binds $LCHAT_SOCKET.
+	SocketActivation bool `json:"socket_activation,omitempty"`
 }
 
 // Limits bound an instance through its cgroup; a kind asking for one the host cannot
@@ -349,6 +361,7 @@ func (a *App) openBox(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*bo
 		Engine: engine.Config{
 			Kinds:            a.kinds,
 			MaxAwake:         a.MaxAwake,
+			MaxStarting:      a.MaxStarting,
 			WakeScanInterval: time.Duration(a.WakeScanInterval),
 			UIDFirst:         a.UIDRange.first(),
 			UIDCount:         a.UIDRange.count(),
@@ -399,6 +412,9 @@ func (a *App) Validate() error {
 	}
 	if a.MaxAwake < 0 {
 		return fmt.Errorf("max_awake: must not be negative, got %d", a.MaxAwake)
+	}
+	if a.MaxStarting < 0 {
+		return fmt.Errorf("max_starting: must not be negative, got %d", a.MaxStarting)
 	}
 	if a.WakeScanInterval < 0 {
 		return fmt.Errorf("wake_scan_interval: must be positive")
@@ -453,27 +469,46 @@ func (a *App) Engine() *engine.Engine { return a.box.Engine() }
 // source, equal across reloads as long as the box is, so the console keeps its history.
 func (a *App) FleetView() fleetview.Source { return a.box.Console() }
 
+// DemoSpaceBinary is the demo space's own small binary, looked for next to lchat-caddy.
+const DemoSpaceBinary = "lchat-demo-space"
+
+// DemoSpaceCommand is what "{demo_space}" runs: DemoSpaceBinary next to this executable
+// when it is there (a start of a few ms), else this binary's `demo-space` alias (the
+// same program behind Caddy's ~150 ms of package inits).
+func DemoSpaceCommand() (command string, args []string, err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	small := filepath.Join(filepath.Dir(exe), DemoSpaceBinary)
+	if fi, err := os.Stat(small); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+		return small, nil, nil
+	}
+	return exe, []string{"demo-space"}, nil
+}
+
 // engineKind converts a configured kind to the engine's: placeholders expanded, "{self}"
-// resolved to this binary, durations and the signal name converted. The engine's
+// and "{demo_space}" resolved to binaries, durations and the signal name converted. The engine's
 // CheckKinds applies the defaults and the rules.
 func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind, error) {
 	if kc == nil {
 		return engine.Kind{}, errors.New("empty kind")
 	}
 	k := engine.Kind{
-		Name:         name,
-		Command:      expand(kc.Command),
-		IdleTimeout:  time.Duration(kc.IdleTimeout),
-		StopGrace:    time.Duration(kc.StopGrace),
-		ReadyPath:    kc.ReadyPath,
-		ReadyTimeout: time.Duration(kc.ReadyTimeout),
-		WakePath:     kc.WakePath,
-		AllowedEnv:   kc.AllowedEnv,
-		Retention:    time.Duration(kc.Retention),
-		GCGrace:      time.Duration(kc.GCGrace),
-		Isolation:    kc.Isolation,
-		Network:      kc.Network,
-		Tmp:          kc.Tmp,
+		Name:             name,
+		Command:          expand(kc.Command),
+		IdleTimeout:      time.Duration(kc.IdleTimeout),
+		StopGrace:        time.Duration(kc.StopGrace),
+		ReadyPath:        kc.ReadyPath,
+		ReadyTimeout:     time.Duration(kc.ReadyTimeout),
+		WakePath:         kc.WakePath,
+		AllowedEnv:       kc.AllowedEnv,
+		Retention:        time.Duration(kc.Retention),
+		GCGrace:          time.Duration(kc.GCGrace),
+		Isolation:        kc.Isolation,
+		Network:          kc.Network,
+		Tmp:              kc.Tmp,
+		SocketActivation: kc.SocketActivation,
 	}
 	for _, a := range kc.NetworkAllow {
 		p, err := engine.ParseAllow(expand(a))
@@ -485,12 +520,19 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 	if l := kc.Limits; l != nil {
 		k.Limits = engine.Limits{MemoryBytes: l.Memory, CPU: l.CPU, Pids: l.Pids, DiskBytes: l.Disk}
 	}
-	if k.Command == "{self}" {
+	switch k.Command {
+	case "{self}":
 		exe, err := os.Executable()
 		if err != nil {
 			return k, fmt.Errorf("command: resolving {self}: %v", err)
 		}
 		k.Command = exe
+	case "{demo_space}":
+		cmd, args, err := DemoSpaceCommand()
+		if err != nil {
+			return k, fmt.Errorf("command: resolving {demo_space}: %v", err)
+		}
+		k.Command, k.Args = cmd, args
 	}
 	for _, arg := range kc.Args {
 		k.Args = append(k.Args, expand(arg))

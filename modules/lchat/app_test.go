@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -45,10 +46,35 @@ func TestEngineKind(t *testing.T) {
 	}
 }
 
+// TestDemoSpaceCommand: {demo_space} is lchat-demo-space beside this binary when it is
+// there, else this binary's demo-space alias, with the kind's args after either; and
+// socket_activation reaches the engine's kind.
+func TestDemoSpaceCommand(t *testing.T) {
+	self, _ := os.Executable()
+	expand := func(s string) string { return s }
+	kc := &Kind{Command: "{demo_space}", Args: []string{"--host", "x"}, SocketActivation: true}
+	k, err := kc.engineKind("demo", expand)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.Command != self || strings.Join(k.Args, " ") != "demo-space --host x" || !k.SocketActivation {
+		t.Fatalf("without %s: %s %v (activation %v), want the alias", DemoSpaceBinary, k.Command, k.Args, k.SocketActivation)
+	}
+	small := filepath.Join(filepath.Dir(self), DemoSpaceBinary)
+	if err := os.WriteFile(small, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Skipf("cannot place %s beside the test binary: %v", small, err)
+	}
+	defer os.Remove(small)
+	if k, err = kc.engineKind("demo", expand); err != nil || k.Command != small || strings.Join(k.Args, " ") != "--host x" {
+		t.Fatalf("with %s: %s %v %v, want the small binary", DemoSpaceBinary, k.Command, k.Args, err)
+	}
+}
+
 func TestUnmarshalCaddyfile(t *testing.T) {
 	d := caddyfile.NewTestDispenser(`lchat {
 		state_dir /srv/state
 		max_awake 3
+		max_starting 6
 		wake_scan_interval 5s
 		drain_timeout 90s
 		kind demo {
@@ -64,6 +90,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			wake_path /wake
 			retention 72h
 			gc_grace 30m
+			socket_activation on
 		}
 	}`)
 	var a App
@@ -71,27 +98,29 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := a.Kinds["demo"]
-	if a.StateDir != "/srv/state" || a.MaxAwake != 3 || a.WakeScanInterval != caddy.Duration(5*time.Second) || k == nil ||
+	if a.StateDir != "/srv/state" || a.MaxAwake != 3 || a.MaxStarting != 6 || a.WakeScanInterval != caddy.Duration(5*time.Second) || k == nil ||
 		a.DrainTimeout != caddy.Duration(90*time.Second) ||
 		k.Command != "{self}" || strings.Join(k.Args, " ") != "demo-space --flag" || k.Env["GREETING"] != "hello" ||
 		len(k.AllowedEnv) != 2 || k.IdleTimeout != caddy.Duration(2*time.Minute) || k.StopSignal != "SIGINT" ||
 		k.ReadyPath != "/healthz" || k.Replication.Class != "periodic" || k.Replication.Interval != caddy.Duration(15*time.Second) ||
 		k.WakePath != "/wake" || k.Retention != caddy.Duration(72*time.Hour) ||
-		k.GCGrace != caddy.Duration(30*time.Minute) {
+		k.GCGrace != caddy.Duration(30*time.Minute) || !k.SocketActivation {
 		t.Fatalf("parsed %+v kind %+v", a, k)
 	}
 
 	for input, want := range map[string]string{
-		"lchat {\n frobnicate\n}":                       "unrecognized subdirective frobnicate",
-		"lchat {\n kind demo {\n bogus 1\n }\n}":        "unrecognized subdirective bogus",
-		"lchat {\n kind\n}":                             "wrong argument count",
-		"lchat {\n kind demo {\n command\n }\n}":        "wrong argument count",
-		"lchat {\n max_awake many\n}":                   "max_awake",
-		"lchat {\n drain_timeout\n}":                    "wrong argument count",
-		"lchat {\n kind demo {\n idle_timeout x\n }\n}": "idle_timeout",
-		"lchat {\n kind demo {\n retention\n }\n}":      "wrong argument count",
-		"lchat {\n kind demo {\n gc_grace soon\n }\n}":  "gc_grace",
-		"lchat {\n kind demo {\n env ONLY\n }\n}":       "wrong argument count",
+		"lchat {\n frobnicate\n}":                              "unrecognized subdirective frobnicate",
+		"lchat {\n kind demo {\n bogus 1\n }\n}":               "unrecognized subdirective bogus",
+		"lchat {\n kind\n}":                                    "wrong argument count",
+		"lchat {\n kind demo {\n command\n }\n}":               "wrong argument count",
+		"lchat {\n max_awake many\n}":                          "max_awake",
+		"lchat {\n drain_timeout\n}":                           "wrong argument count",
+		"lchat {\n kind demo {\n idle_timeout x\n }\n}":        "idle_timeout",
+		"lchat {\n kind demo {\n retention\n }\n}":             "wrong argument count",
+		"lchat {\n kind demo {\n gc_grace soon\n }\n}":         "gc_grace",
+		"lchat {\n kind demo {\n env ONLY\n }\n}":              "wrong argument count",
+		"lchat {\n kind demo {\n socket_activation\n }\n}":     "wrong argument count",
+		"lchat {\n kind demo {\n socket_activation yes\n }\n}": "socket_activation: \"yes\" is not on or off",
 		"lchat extra": "wrong argument count",
 	} {
 		var a App

@@ -37,6 +37,7 @@ func init() {
 //		state_dir <path>
 //		registry <path>
 //		max_awake <n>
+//		max_starting <n>
 //		wake_scan_interval <duration>
 //		drain_timeout <duration>
 //		wildcard_domains <domain...>
@@ -68,6 +69,7 @@ func init() {
 //			retention <duration>
 //			gc_grace <duration>
 //			isolation on|none
+//			socket_activation on|off
 //			network none|egress|host {
 //				allow <cidr...>
 //			}
@@ -130,6 +132,16 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("max_awake: %v", err)
 			}
 			a.MaxAwake = n
+		case "max_starting":
+			var s string
+			if err := caddyfileutil.OneArg(d, &s); err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(s)
+			if err != nil {
+				return d.Errf("max_starting: %v", err)
+			}
+			a.MaxStarting = n
 		case "wake_scan_interval":
 			if err := durationArg(d, &a.WakeScanInterval); err != nil {
 				return err
@@ -294,6 +306,19 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "isolation":
 			if err := caddyfileutil.OneArg(d, &k.Isolation); err != nil {
 				return err
+			}
+		case "socket_activation":
+			var v string
+			if err := caddyfileutil.OneArg(d, &v); err != nil {
+				return err
+			}
+			switch v {
+			case "on":
+				k.SocketActivation = true
+			case "off":
+				k.SocketActivation = false
+			default:
+				return d.Errf("socket_activation: %q is not on or off", v)
 			}
 		case "network":
 			if !d.NextArg() {

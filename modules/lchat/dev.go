@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/sandbox"
 )
 
 func init() {
@@ -23,8 +24,9 @@ func init() {
 		Long: `
 Runs lchat-caddy for local development: the bucket is a directory (lchat-dev in
 Caddy's data directory unless --dir, so nothing lands in the current directory),
-HTTP is served on localhost:8080 (--listen), the kind "demo" runs this binary's
-demo-space, the space demo.localhost is created on first run, and the operator's
+HTTP is served on localhost:8080 (--listen), the kind "demo" runs the demo
+space (lchat-demo-space next to this binary, else its demo-space alias; with
+socket activation where this box can start PID namespaces), the space demo.localhost is created on first run, and the operator's
 console is served at console.localhost on the same port. Ctrl-C puts every awake
 space to sleep (its state saved in the bucket) and exits.
 `,
@@ -46,7 +48,8 @@ const (
 )
 
 // DevConfig is the config `lchat-caddy dev` runs: a file bucket, registry and state
-// under dir, the kind "demo" running this binary's demo-space, and one plain-HTTP
+// under dir, the kind "demo" running the demo space ({demo_space}, socket-activated
+// where this box can start PID namespaces), and one plain-HTTP
 // server that sends every host through the lchat handler.
 func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
 	abs, err := filepath.Abs(dir)
@@ -54,12 +57,15 @@ func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
 		return nil, err
 	}
 	demo := map[string]any{
-		"command":      "{self}",
-		"args":         []string{"demo-space"},
+		"command":      "{demo_space}",
 		"idle_timeout": idleTimeout,
 		"ready_path":   "/healthz",
 		"replication":  map[string]any{"class": "periodic", "interval": "10s"},
 		"wake_path":    "/",
+	}
+	if _, err := sandbox.CheckPIDNamespace(); err == nil {
+		// The socket passed to the room: a wake answers as soon as it accepts.
+		demo["socket_activation"] = true
 	}
 	if os.Geteuid() != 0 {
 		// A developer's own user cannot switch uids: the explicit opt-out, so the

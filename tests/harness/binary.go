@@ -150,3 +150,25 @@ func Tool(t testing.TB, name string) string {
 	}
 	return p
 }
+
+// DemoSpaceBinary returns the path of the demo space's own small binary
+// (cmd/lchat-demo-space), which scripts/test builds beside lchat-caddy.
+func DemoSpaceBinary(t testing.TB) string {
+	t.Helper()
+	p, err := build("lchat-demo-space", "./cmd/lchat-demo-space", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Program returns the path of a small test program built from pkg (a path below the
+// repository, "./tests/..."), named name in the binaries' directory.
+func Program(t testing.TB, name, pkg string) string {
+	t.Helper()
+	p, err := build(name, pkg, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -221,3 +221,20 @@ func TestBoxWithoutSysAdminRefusesDiskAndPrivateTmp(t *testing.T) {
 		t.Errorf("the box's log does not say the kind shares the box's /tmp for want of CAP_SYS_ADMIN:\n%s", out.String())
 	}
 }
+
+// A box without CAP_SYS_ADMIN refuses an isolated kind that asks for socket activation:
+// its instances must be pid 1 of a PID namespace under the space's uid, which the
+// unprivileged user namespace it could fall back to cannot give. The refusal names the
+// capability and the way out.
+func TestBoxWithoutSysAdminRefusesIsolatedSocketActivation(t *testing.T) {
+	needRoot(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("no setpriv")
+	}
+	drop := []string{setpriv, "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"}
+	out := refusedAtStart(t, drop, oneKind("isolation on", "network host", "socket_activation on"))
+	if !strings.Contains(out, "socket_activation: an isolated kind needs CAP_SYS_ADMIN") || !strings.Contains(out, "isolation none") {
+		t.Errorf("the refusal does not say socket activation of an isolated kind needs CAP_SYS_ADMIN:\n%s", out)
+	}
+}

@@ -1,0 +1,464 @@
+// Package wake measures wakes against the machine's floor and wake storms, and prints the
+// figures (docs/wake-figures.md); it asserts only that every request is answered. The
+// short forms run in CI in a few seconds; longer ones are opt-in:
+//
+//	LCHAT_WAKE_ROUNDS=50 go test ./tests/wake -run Figures -v
+//	LCHAT_WAKE_STORM=100,1000 go test ./tests/wake -run Storm -v -timeout 30m
+package wake_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/sandbox"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+type dist []time.Duration
+
+func (d dist) sorted() dist { s := slices.Clone(d); slices.Sort(s); return s }
+func (d dist) q(p float64) time.Duration {
+	s := d.sorted()
+	if len(s) == 0 {
+		return 0
+	}
+	return s[min(len(s)-1, int(float64(len(s))*p))]
+}
+func (d dist) String() string {
+	return fmt.Sprintf("p50 %6.2f ms  p99 %6.2f ms  (n=%d)", ms(d.q(0.5)), ms(d.q(0.99)), len(d))
+}
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// get sends one GET on one new connection to socket and reads the whole answer.
+func get(socket, path string, timeout time.Duration) (int, error) {
+	c, err := net.DialTimeout("unix", socket, timeout)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: space.test\r\nConnection: close\r\n\r\n", path)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// execToAnswer is a start with nothing of the engine: bind a fresh socket, exec bin with
+// it as fd 3 (as pid 1 of a PID namespace when pidNS, so LISTEN_PID=1 holds), send one GET
+// and read the answer. It returns the time from the exec to the answer. dataDir is
+// $LCHAT_DATA_DIR ("": a fresh one).
+func execToAnswer(t *testing.T, bin string, args, env []string, dataDir, path string, pidNS bool) time.Duration {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "floor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "s.sock")
+	if dataDir == "" {
+		dataDir = filepath.Join(dir, "data")
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	f, err := ln.(*net.UnixListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append([]string{"LISTEN_FDS=1", "LISTEN_FDNAMES=http", "LISTEN_PID=1", "LCHAT_DATA_DIR=" + dataDir, "LCHAT_HOST=floor.test"}, env...)
+	cmd.ExtraFiles = []*os.File{f}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if pidNS {
+		ns, err := sandbox.CheckPIDNamespace()
+		if err != nil {
+			t.Skipf("no PID namespaces: %v", err)
+		}
+		ns.Apply(cmd.SysProcAttr)
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	code, err := get(sock, path, 30*time.Second)
+	d := time.Since(start)
+	cmd.Process.Kill()
+	cmd.Wait()
+	if err != nil || code != 200 {
+		t.Fatalf("%s: first answer %d %v", bin, code, err)
+	}
+	return d
+}
+
+// stateDir is a short state dir the spaces' uids can traverse.
+func stateDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "wk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o711)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// newEngine is an engine over a bucket of the kind named (file: a directory, every
+// write fsynced, as `lchat-caddy dev` keeps it; mem: in memory, so the figures are the
+// engine's and the processes').
+func newEngine(t *testing.T, bucketKind string, kinds map[string]engine.Kind) *engine.Engine {
+	t.Helper()
+	dir := stateDir(t)
+	var b bucket.Bucket = membucket.New()
+	if bucketKind == "file" {
+		fb, err := filebucket.New(filepath.Join(dir, "bucket"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = fb
+	}
+	e, err := engine.New(engine.Config{Bucket: b, StateDir: filepath.Join(dir, "s"), Holder: "box", Incarnation: "1", Kinds: kinds,
+		MaxStarting: envInt("LCHAT_WAKE_MAX_STARTING", 0), PageReader: harness.PageReader(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		e.Drain(ctx)
+		e.Close()
+	})
+	return e
+}
+
+// wakeToAnswer wakes host and times Acquire plus one GET of path on a new connection:
+// the first answer through the box's socket.
+func wakeToAnswer(e *engine.Engine, sp engine.Space, path string) (time.Duration, error) {
+	start := time.Now()
+	u, err := e.Acquire(context.Background(), sp)
+	if err != nil {
+		return 0, err
+	}
+	defer u.Release()
+	code, err := get(u.Socket(), path, 60*time.Second)
+	if err == nil && code != 200 {
+		err = fmt.Errorf("status %d", code)
+	}
+	return time.Since(start), err
+}
+
+func demoKind(bin string, args []string, activated bool) engine.Kind {
+	return engine.Kind{Command: bin, Args: args, ReadyPath: "/healthz", SocketActivation: activated,
+		Replication: engine.Replication{Class: engine.ReplicateSleep}, StopGrace: 5 * time.Second}
+}
+
+// TestWakeFigures prints, from one run with the rounds interleaved, the demo room's wake
+// (asleep → first answer of GET / through the box's socket) beside the machine's floor
+// (exec of a minimal Go HTTP server on a fresh socket until its first answer), the demo
+// binary's own exec to first answer, and the engine's overhead (wake minus the app's own
+// start). LCHAT_WAKE_ROUNDS sets the rounds (default 5), LCHAT_WAKE_BUCKET the bucket
+// (file, the default, or mem).
+func TestWakeFigures(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("figures are taken as CI runs: root")
+	}
+	rounds := envInt("LCHAT_WAKE_ROUNDS", 5)
+	minimal := harness.Program(t, "lchat-test-minimal", "./tests/wake/minimal")
+	demo := harness.DemoSpaceBinary(t)
+	big := harness.Binary(t)
+	bk := os.Getenv("LCHAT_WAKE_BUCKET")
+	if bk == "" {
+		bk = "file"
+	}
+	e := newEngine(t, bk, map[string]engine.Kind{
+		"small":   demoKind(demo, nil, true),
+		"alias":   demoKind(big, []string{"demo-space"}, true),
+		"polling": demoKind(demo, nil, false),
+		"before":  demoKind(big, []string{"demo-space"}, false),
+	})
+	var phases = map[string]*engine.WakePhases{}
+	var phaseMu sync.Mutex
+	defer e.Observe(func(ev engine.Event) {
+		if ev.Type == engine.EventWake && ev.Err == "" {
+			phaseMu.Lock()
+			p := ev.Phases
+			phases[ev.Host] = &p
+			phaseMu.Unlock()
+		}
+	})()
+	type series struct {
+		name string
+		d    dist
+	}
+	var floor, floorNS, demoExec, overhead dist
+	wakes := map[string]*dist{}
+	phaseSum := map[string][]engine.WakePhases{}
+	order := []string{"small", "alias", "polling", "before"}
+	for _, k := range order {
+		wakes[k] = &dist{}
+		// The first wake of a space creates its database; the figures are of wakes of a
+		// space that has state.
+		if _, err := wakeToAnswer(e, engine.Space{Host: k + ".test", Kind: k}, "/"); err != nil {
+			t.Fatalf("%s: first wake: %v", k, err)
+		}
+		if err := e.Sleep(context.Background(), k+".test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	// The demo binary alone runs on a data dir that has its database, as a wake's has.
+	demoData := filepath.Join(stateDir(t), "data")
+	execToAnswer(t, demo, nil, nil, demoData, "/", true)
+	for range rounds {
+		floor = append(floor, execToAnswer(t, minimal, nil, nil, "", "/", false))
+		floorNS = append(floorNS, execToAnswer(t, minimal, nil, nil, "", "/", true))
+		de := execToAnswer(t, demo, nil, nil, demoData, "/", true)
+		demoExec = append(demoExec, de)
+		for _, k := range order {
+			host := k + ".test"
+			d, err := wakeToAnswer(e, engine.Space{Host: host, Kind: k}, "/")
+			if err != nil {
+				t.Fatalf("%s wake: %v", k, err)
+			}
+			*wakes[k] = append(*wakes[k], d)
+			if k == "small" {
+				overhead = append(overhead, d-de)
+			}
+			phaseMu.Lock()
+			if p := phases[host]; p != nil {
+				phaseSum[k] = append(phaseSum[k], *p)
+			}
+			phaseMu.Unlock()
+			if err := e.Sleep(ctx, host); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fmt.Printf("\nwake figures, %d rounds interleaved, %s bucket (load %s)\n", rounds, bk, loadavg())
+	fmt.Printf("  floor: minimal Go server, exec to first answer        %s\n", floor)
+	fmt.Printf("  floor in a PID namespace (as socket activation runs)  %s\n", floorNS)
+	fmt.Printf("  lchat-demo-space alone, exec to first answer (pid 1)  %s\n", demoExec)
+	names := map[string]string{
+		"small":   "demo room wake: lchat-demo-space, socket activation",
+		"alias":   "demo room wake: lchat-caddy demo-space, socket act.",
+		"polling": "demo room wake: lchat-demo-space, polled readiness",
+		"before":  "demo room wake: lchat-caddy demo-space, polled (old)",
+	}
+	for _, k := range order {
+		d := *wakes[k]
+		fmt.Printf("  %-52s  %s  = %.1fx the floor at p50\n", names[k], d, float64(d.q(0.5))/float64(floor.q(0.5)))
+		var le, re, fe, st dist
+		for _, p := range phaseSum[k] {
+			le, re, fe, st = append(le, p.Lease), append(re, p.Restore), append(fe, p.Fence), append(st, p.Start)
+		}
+		fmt.Printf("      phases p50: lease %.2f  restore %.2f  fence %.2f  start %.2f ms\n", ms(le.q(.5)), ms(re.q(.5)), ms(fe.q(.5)), ms(st.q(.5)))
+	}
+	fmt.Printf("  engine overhead (socket-activated wake minus the demo binary's own exec to answer, per round): p50 %.2f ms\n\n", ms(overhead.q(0.5)))
+}
+
+func cpuTime(who int) time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(who, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// TestWakeStorm prints what a storm of concurrent first requests to as many sleeping demo
+// spaces costs on one box: every request is answered (the assertion), within what time,
+// and at what rate; and how far the answers kept the order of the requests.
+// LCHAT_WAKE_STORM lists the storm sizes (default 20), LCHAT_WAKE_BUCKET the buckets
+// (default mem,file).
+func TestWakeStorm(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("figures are taken as CI runs: root")
+	}
+	sizes := []int{20}
+	if v := os.Getenv("LCHAT_WAKE_STORM"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				t.Fatalf("LCHAT_WAKE_STORM=%q", v)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	buckets := []string{"mem", "file"}
+	if v := os.Getenv("LCHAT_WAKE_BUCKET"); v != "" {
+		buckets = strings.Split(v, ",")
+	}
+	demo := harness.DemoSpaceBinary(t)
+	for _, bk := range buckets {
+		for _, n := range sizes {
+			t.Run(bk+"/"+strconv.Itoa(n), func(t *testing.T) { storm(t, demo, bk, n) })
+		}
+	}
+}
+
+func storm(t *testing.T, demo, bk string, n int) {
+	e := newEngine(t, bk, map[string]engine.Kind{"demo": demoKind(demo, nil, true)})
+	ctx := context.Background()
+	hosts := make([]string, n)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("s%04d.test", i)
+	}
+	// Every space has woken once (its database exists) and sleeps.
+	prep := time.Now()
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for _, h := range hosts {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if _, err := wakeToAnswer(e, engine.Space{Host: h, Kind: "demo"}, "/"); err != nil {
+				t.Errorf("%s: first wake: %v", h, err)
+				return
+			}
+			if err := e.Sleep(ctx, h); err != nil {
+				t.Errorf("%s: sleep: %v", h, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	t.Logf("%d spaces prepared in %v", n, time.Since(prep))
+	if os.Getenv("LCHAT_WAKE_STORM_PROFILE") != "" {
+		f, _ := os.Create(os.Getenv("LCHAT_WAKE_STORM_PROFILE"))
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+
+	type answer struct {
+		sent, done time.Duration
+		err        error
+	}
+	var phaseMu sync.Mutex
+	var le, re, fe, st dist
+	defer e.Observe(func(ev engine.Event) {
+		if ev.Type == engine.EventWake && ev.Err == "" {
+			phaseMu.Lock()
+			le, re, fe, st = append(le, ev.Phases.Lease), append(re, ev.Phases.Restore), append(fe, ev.Phases.Fence), append(st, ev.Phases.Start)
+			phaseMu.Unlock()
+		}
+	})()
+	answers := make([]answer, n)
+	var ready, fire sync.WaitGroup
+	ready.Add(n)
+	fire.Add(1)
+	var t0 time.Time
+	for i, h := range hosts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ready.Done()
+			fire.Wait()
+			sent := time.Since(t0)
+			_, err := wakeToAnswer(e, engine.Space{Host: h, Kind: "demo"}, "/api/messages")
+			answers[i] = answer{sent: sent, done: time.Since(t0), err: err}
+		}()
+	}
+	ready.Wait()
+	selfBefore, kidsBefore := cpuTime(syscall.RUSAGE_SELF), cpuTime(syscall.RUSAGE_CHILDREN)
+	t0 = time.Now()
+	fire.Done()
+	wg.Wait()
+	selfCPU := cpuTime(syscall.RUSAGE_SELF) - selfBefore
+	// The instances' CPU from their exec to now (they run on): every instance is a
+	// child of this process, reaped ones counted by the kernel, running ones read from
+	// /proc/<pid>/schedstat (nanoseconds on a CPU).
+	kidsCPU := cpuTime(syscall.RUSAGE_CHILDREN) - kidsBefore
+	for _, st := range e.Status() {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", st.PID)); err == nil && st.PID > 0 {
+			if f := strings.Fields(string(b)); len(f) > 0 {
+				ns, _ := strconv.ParseInt(f[0], 10, 64)
+				kidsCPU += time.Duration(ns)
+			}
+		}
+	}
+	var lat dist
+	var last time.Duration
+	failed := 0
+	for _, a := range answers {
+		if a.err != nil {
+			failed++
+			t.Errorf("a storm request failed: %v", a.err)
+			continue
+		}
+		lat = append(lat, a.done-a.sent)
+		last = max(last, a.done)
+	}
+	// Order: of the pairs sent at least 1 ms apart, how many were answered the other way.
+	var pairs, inverted int
+	for i := range answers {
+		for j := range answers {
+			if answers[i].sent+time.Millisecond < answers[j].sent {
+				pairs++
+				if answers[i].done > answers[j].done {
+					inverted++
+				}
+			}
+		}
+	}
+	inv := 0.0
+	if pairs > 0 {
+		inv = 100 * float64(inverted) / float64(pairs)
+	}
+	fmt.Printf("\nwake storm: %d concurrent first requests (GET /api/messages) to %d sleeping demo spaces (lchat-demo-space, socket activation), one box, %s bucket, load %s\n", n, n, bk, loadavg())
+	fmt.Printf("  all answered within %.0f ms of the first sent; per request %s  max %.0f ms; %.0f wakes/s; %d failed; answer order inverted for %.1f%% of pairs sent >1 ms apart\n\n",
+		ms(last), lat, ms(lat.q(1)), float64(n-failed)/last.Seconds(), failed, inv)
+	perWake := (selfCPU + kidsCPU) / time.Duration(n)
+	fmt.Printf("  CPU per wake: %.1f ms (the box %.1f ms, the instance %.1f ms from its exec to the storm's end): %d CPUs bound a storm to %.0f wakes/s\n",
+		ms(perWake), ms(selfCPU/time.Duration(n)), ms(kidsCPU/time.Duration(n)), runtime.NumCPU(), float64(runtime.NumCPU())/perWake.Seconds())
+	fmt.Printf("  the storm had %.0f%% of this machine's %d CPUs (the rest went to other work: load %s)\n",
+		100*float64(selfCPU+kidsCPU)/float64(last*time.Duration(runtime.NumCPU())), runtime.NumCPU(), loadavg())
+	phaseMu.Lock()
+	defer phaseMu.Unlock()
+	fmt.Printf("  engine phases (prep and storm wakes), p50/p99 ms: lease %.1f/%.1f  restore %.1f/%.1f  fence %.1f/%.1f  start %.1f/%.1f\n\n",
+		ms(le.q(.5)), ms(le.q(.99)), ms(re.q(.5)), ms(re.q(.99)), ms(fe.q(.5)), ms(fe.q(.99)), ms(st.q(.5)), ms(st.q(.99)))
+}
