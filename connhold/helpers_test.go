@@ -49,7 +49,11 @@ func (a *fakeApp) Deliver(ctx context.Context, ev Event) (Reply, error) {
 	a.mu.Lock()
 	a.events = append(a.events, ev)
 	a.mu.Unlock()
-	a.notify <- ev
+	select {
+	case a.notify <- ev:
+	case <-ctx.Done():
+		return Reply{}, ctx.Err()
+	}
 	if fail != nil && fail(ev) {
 		return Reply{}, errors.New("instance down")
 	}

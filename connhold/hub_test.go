@@ -135,7 +135,7 @@ func TestCrashRedeliversWhatNoCheckpointCovered(t *testing.T) {
 	write(t, c, "b")
 	waitFor(t, "a and b acknowledged", func() bool { return tb.hub.Stats().Delivered == 2 })
 	mark := tb.hub.CheckpointStarted("s1") // a checkpoint begins: a and b are in it
-	write(t, c, "c")                        // acknowledged during the checkpoint: not in it
+	write(t, c, "c")                       // acknowledged during the checkpoint: not in it
 	waitFor(t, "c acknowledged", func() bool { return tb.hub.Stats().Delivered == 3 })
 	tb.hub.CheckpointDone("s1", mark)
 	if l := tb.hub.List("s1", ""); len(l) != 1 || l[0].Pending != 1 {
