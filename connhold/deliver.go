@@ -15,7 +15,8 @@ type pendingMsg struct {
 	closeCode  int
 	redelivery bool
 	acked      bool
-	stamp      uint64 // the space's ackClock at the acknowledgement
+	stamp      uint64    // the space's ackClock at the acknowledgement
+	ackAt      time.Time // when it was acknowledged (monotonic)
 }
 
 // queueEvent appends an event in sequence order and starts a delivery if none runs. A
@@ -112,7 +113,7 @@ func (c *Conn) deliverLoop() {
 		h.st.delivered.Add(1)
 		stamp, ask := h.acked(c.space, c)
 		c.mu.Lock()
-		m.acked, m.stamp = true, stamp
+		m.acked, m.stamp, m.ackAt = true, stamp, time.Now()
 		c.applyLocked(reply)
 		c.mu.Unlock()
 		c.sendReply(reply)
@@ -214,6 +215,11 @@ func (h *Hub) CheckpointStarted(space string) Mark {
 // CheckpointDone is called once the checkpoint that started at m has completed: the
 // messages acknowledged before m are saved with the space, and dropped.
 func (h *Hub) CheckpointDone(space string, m Mark) {
+	h.dropAcked(space, func(pm *pendingMsg) bool { return pm.stamp <= uint64(m) })
+}
+
+// dropAcked drops space's acknowledged messages that covered says a checkpoint saved.
+func (h *Hub) dropAcked(space string, covered func(*pendingMsg) bool) {
 	h.mu.Lock()
 	if sc := h.spaces[space]; sc != nil {
 		sc.askedCheckpoint = false
@@ -223,7 +229,7 @@ func (h *Hub) CheckpointDone(space string, m Mark) {
 		c.mu.Lock()
 		kept := c.pending[:0]
 		for _, pm := range c.pending {
-			if pm.acked && pm.stamp <= uint64(m) {
+			if pm.acked && covered(pm) {
 				c.pendBytes -= len(pm.payload)
 				h.pendingBytes.Add(-int64(len(pm.payload)))
 				continue
@@ -235,6 +241,14 @@ func (h *Hub) CheckpointDone(space string, m Mark) {
 		c.mu.Unlock()
 		c.maybeDone()
 	}
+}
+
+// CheckpointCovered is CheckpointDone for an engine that reports a checkpoint when it has
+// completed, with the time it started: messages acknowledged before started are dropped.
+// started must not be later than the checkpoint's real start (an observer subtracts a
+// margin), or a message acknowledged just after it could be dropped unsaved.
+func (h *Hub) CheckpointCovered(space string, started time.Time) {
+	h.dropAcked(space, func(pm *pendingMsg) bool { return pm.ackAt.Before(started) })
 }
 
 // InstanceGone is called by the engine when space's instance has ended (stopped or

@@ -106,13 +106,14 @@ func newTestBox(t *testing.T, lim Limits, useTLS bool) *testBox {
 			space = "s1"
 		}
 		id := NewID()
-		if _, err := hub.Accept(w, r, space, id, tb.open, ""); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
+		// Recorded before the handshake completes: the client may ask for it as soon as
+		// it has the 101.
 		tb.mu.Lock()
 		tb.ids = append(tb.ids, id)
 		tb.mu.Unlock()
+		if _, err := hub.Accept(w, r, space, id, tb.open, ""); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+		}
 	}))
 	if useTLS {
 		tb.srv.StartTLS()
@@ -128,10 +129,21 @@ func newTestBox(t *testing.T, lim Limits, useTLS bool) *testBox {
 	return tb
 }
 
+// lastID is the id of the last connection accepted, once the hub holds it.
 func (tb *testBox) lastID() string {
 	tb.mu.Lock()
-	defer tb.mu.Unlock()
-	return tb.ids[len(tb.ids)-1]
+	id := tb.ids[len(tb.ids)-1]
+	tb.mu.Unlock()
+	for range 5000 {
+		tb.hub.mu.Lock()
+		c := tb.hub.conns[id]
+		tb.hub.mu.Unlock()
+		if c != nil {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return id
 }
 
 // dial opens a coder/websocket client connection.

@@ -342,3 +342,19 @@ func TestNewIDIsUnguessableShape(t *testing.T) {
 		seen[id] = true
 	}
 }
+
+func TestCheckpointCoveredByStartTime(t *testing.T) {
+	tb := newTestBox(t, Limits{}, false)
+	c := tb.dial(t, nil)
+	write(t, c, "a")
+	waitFor(t, "a acknowledged", func() bool { return tb.hub.Stats().Delivered == 1 })
+	started := time.Now()
+	write(t, c, "b")
+	waitFor(t, "b acknowledged", func() bool { return tb.hub.Stats().Delivered == 2 })
+	tb.hub.CheckpointCovered("s1", started)
+	tb.hub.InstanceGone("s1")
+	waitFor(t, "b redelivered", func() bool { return len(tb.app.all()) == 3 })
+	if ev := tb.app.all()[2]; string(ev.Payload) != "b" || !ev.Redelivery || ev.Seq != 2 {
+		t.Errorf("redelivered %+v, want b", ev)
+	}
+}
