@@ -94,6 +94,7 @@ type App struct {
 	kinds    map[string]engine.Kind
 	poolKey  string
 	box      *box.Box
+	conns    *conns        // the box's held connections; nil where they cannot be held
 	settings *box.Settings // what this config gives the box from its Start on
 	logger   *zap.Logger
 	// prevCurrent is what current pointed at before this config's Start; Stop puts it
@@ -201,12 +202,21 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// pooled is what outlives a reload: the box, one per registry path. The pool destructs
-// it when the last config using the registry lets go (box.Box.Close drains it).
-type pooled struct{ *box.Box }
+// pooled is what outlives a reload: the box, one per registry path, and its held
+// WebSocket connections (nil where they cannot be held). The pool destructs it when the
+// last config using the registry lets go (box.Box.Close drains it).
+type pooled struct {
+	*box.Box
+	conns *conns
+}
 
-// Destruct drains and closes the box.
-func (p pooled) Destruct() error { return p.Close() }
+// Destruct closes the held connections (1012), then drains and closes the box.
+func (p pooled) Destruct() error {
+	if p.conns != nil {
+		p.conns.close()
+	}
+	return p.Close()
+}
 
 var pool = caddy.NewUsagePool()
 
@@ -297,13 +307,21 @@ func (a *App) Provision(ctx caddy.Context) error {
 
 	val, loaded, err := pool.LoadOrNew(a.Registry, func() (caddy.Destructor, error) {
 		b, err := a.openBox(ctx, bkt, dataDir)
-		return pooled{b}, err
+		if err != nil {
+			return pooled{b, nil}, err
+		}
+		cs, cerr := newConns(b, a.logger)
+		if cerr != nil {
+			a.logger.Warn("WebSockets cannot be held on this box; every upgrade is tunnelled", zap.Error(cerr))
+		}
+		return pooled{b, cs}, nil
 	})
 	if err != nil {
 		return err
 	}
 	a.poolKey = a.Registry
 	a.box = val.(pooled).Box
+	a.conns = val.(pooled).conns
 	if loaded && bkt != nil && bkt.String() != a.box.Bucket().String() {
 		// The engine keeps running across the reload with the bucket it was opened on.
 		a.logger.Warn("bucket changed in config; the running engine keeps its bucket until the process restarts",

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
 )
@@ -140,7 +141,14 @@ func (p *proxying) Instance(use *engine.Use) error {
 	}
 	p.h.setInstanceHeader(p.w, use)
 	setUpstream(p.r, use.Dial())
-	err := p.h.proxy.ServeHTTP(p.w, p.r, p.next)
+	// Only the box names connections.
+	p.r.Header.Del(connhold.ConnIDHeader)
+	var err error
+	if cs := p.h.app.conns; cs != nil && connhold.IsUpgrade(p.r) {
+		err = p.instanceUpgrade(use, cs)
+	} else {
+		err = p.h.proxy.ServeHTTP(p.w, p.r, p.next)
+	}
 	if de := (reverseproxy.DialError{}); errors.As(err, &de) {
 		// The engine holds the space awake but its socket takes no connection: end
 		// that awake period so the next request wakes a working instance.

@@ -1,0 +1,202 @@
+package lchat
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/connhold"
+	"github.com/lchat/lchat-caddy/engine"
+)
+
+// conns is the glue between the box and connhold: the hub of this box's held WebSocket
+// connections, outliving reloads with the box (pooled). It delivers a connection's events
+// to its space's instance, waking the space (Deliver), and tells the hub what the engine
+// saved (observe).
+type conns struct {
+	hub    *connhold.Hub
+	box    *box.Box
+	cancel func()
+
+	mu      sync.Mutex
+	clients map[string]*http.Client // by socket path
+}
+
+// checkpointMargin is taken off a checkpoint's start as the engine reports it (its end
+// minus its duration, stamped a moment after its real start), so that a message
+// acknowledged just after the real start is never taken for saved.
+const checkpointMargin = time.Second
+
+func newConns(b *box.Box, log *zap.Logger) (*conns, error) {
+	c := &conns{box: b, clients: make(map[string]*http.Client)}
+	hub, err := connhold.NewHub(connhold.Limits{}, c, log.Named("conns"))
+	if err != nil {
+		return nil, err
+	}
+	c.hub = hub
+	c.cancel = b.Engine().Observe(c.observe)
+	return c, nil
+}
+
+// observe hears the engine: a completed checkpoint covers what was acknowledged before it
+// began; a crashed instance's uncovered messages go to the next one.
+func (c *conns) observe(ev engine.Event) {
+	switch ev.Type {
+	case engine.EventCheckpoint:
+		if ev.Err == "" {
+			c.hub.CheckpointCovered(ev.Host, ev.At.Add(-ev.Duration-checkpointMargin))
+		}
+	case engine.EventCrash:
+		c.hub.InstanceGone(ev.Host)
+	}
+}
+
+// Deliver carries ev to its space's instance, waking the space: the delivery is a use of
+// the space like any request, so the space sleeps its idle timeout after the last one.
+// A space awake on another box is not reached yet (mesh forwarding of events is to come):
+// the error leaves the event pending.
+func (c *conns) Deliver(ctx context.Context, ev connhold.Event) (connhold.Reply, error) {
+	rt, ok := c.box.Lookup(ev.Space)
+	if !ok {
+		return connhold.Reply{}, fmt.Errorf("no route for %s", ev.Space)
+	}
+	use, err := c.box.Acquire(ctx, rt)
+	if err != nil {
+		return connhold.Reply{}, err
+	}
+	defer use.Release()
+	reply, err := connhold.PostEvent(ctx, c.client(use.Socket()), "http://"+ev.Space, ev)
+	var ne *net.OpError
+	if errors.As(err, &ne) && ne.Op == "dial" {
+		use.Unreachable()
+	}
+	return reply, err
+}
+
+// client is an HTTP client dialing socket (the box's own link to the instance's socket).
+func (c *conns) client(socket string) *http.Client {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cl := c.clients[socket]; cl != nil {
+		return cl
+	}
+	var d net.Dialer
+	cl := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: 2 * time.Minute,
+	}}
+	c.clients[socket] = cl
+	return cl
+}
+
+// close ends every held connection with 1012 (the box is going away; clients reconnect
+// to another box) within a few seconds, and stops the hub.
+func (c *conns) close() {
+	c.cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c.hub.Shutdown(ctx, connhold.CloseServiceRestart)
+	c.mu.Lock()
+	for _, cl := range c.clients {
+		cl.CloseIdleConnections()
+	}
+	c.mu.Unlock()
+}
+
+// maxOpenAnswer bounds the opt-in answer the box reads before the handshake.
+const maxOpenAnswer = 1 << 20
+
+// holdWriter stands between Caddy's reverse proxy and the client for a WebSocket upgrade
+// request: an instance answer that opts in (connhold.Opted) is kept, not written, so the
+// box can complete the handshake itself; any other answer (a 101 and its tunnel included)
+// passes through.
+type holdWriter struct {
+	http.ResponseWriter
+	wrote  bool
+	held   bool
+	status int
+	header http.Header
+	body   bytes.Buffer
+}
+
+func (w *holdWriter) WriteHeader(code int) {
+	if w.wrote {
+		return
+	}
+	if code < 200 && code != http.StatusSwitchingProtocols {
+		w.ResponseWriter.WriteHeader(code) // informational: passed on, not the answer
+		return
+	}
+	w.wrote = true
+	if connhold.Opted(code, w.ResponseWriter.Header()) {
+		w.held, w.status, w.header = true, code, w.ResponseWriter.Header().Clone()
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *holdWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.held {
+		return w.ResponseWriter.Write(b)
+	}
+	if w.body.Len()+len(b) > maxOpenAnswer {
+		return 0, errors.New("opt-in answer too large")
+	}
+	return w.body.Write(b)
+}
+
+// Flush passes on unless the answer is kept.
+func (w *holdWriter) Flush() {
+	if !w.held {
+		http.NewResponseController(w.ResponseWriter).Flush()
+	}
+}
+
+// Unwrap lets Caddy's proxy hijack the connection for a tunnel.
+func (w *holdWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// instanceUpgrade proxies a WebSocket upgrade request to the instance with a fresh
+// connection id; if the instance opts in, the box holds the connection (connhold) and the
+// request, with its Use, ends at once: a held connection does not keep the space awake.
+func (p *proxying) instanceUpgrade(use *engine.Use, cs *conns) error {
+	id := connhold.NewID()
+	p.r.Header.Set(connhold.ConnIDHeader, id)
+	hw := &holdWriter{ResponseWriter: p.w}
+	err := p.h.proxy.ServeHTTP(hw, p.r, p.next)
+	if !hw.held {
+		return err
+	}
+	reply, perr := connhold.ParseReply(hw.header, hw.body.Bytes())
+	if perr != nil {
+		return caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("space %s: its answer holding a WebSocket: %w", p.host, perr))
+	}
+	for k := range p.w.Header() {
+		delete(p.w.Header(), k)
+	}
+	if _, err := cs.hub.Accept(p.w, p.r, p.host, id, reply, hw.header.Get("Sec-WebSocket-Protocol")); err != nil {
+		return caddyhttp.Error(http.StatusBadRequest, err)
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ connhold.Deliverer = (*conns)(nil)
+	_ http.Flusher       = (*holdWriter)(nil)
+)

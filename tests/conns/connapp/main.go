@@ -1,0 +1,48 @@
+// Command connapp is the smallest instance that opts its WebSockets in to being held by
+// the box (docs/connections.md), for tests/conns: it answers an upgrade of /ws with
+// "Lchat-Ws: hold" and a welcome naming its pid, and each text event with
+// "echo <text> from <pid>".
+package main
+
+import (
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+)
+
+func main() {
+	sock := os.Getenv("LCHAT_SOCKET")
+	os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		log.Fatal(err)
+	}
+	pid := os.Getpid()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {})
+	mux.HandleFunc("GET /ws", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Lchat-Conn-Id") == "" {
+			http.Error(w, "no connection id", http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Lchat-Ws", "hold")
+		w.Header().Set("Lchat-Set-Tags", "room")
+		w.Header().Set("Lchat-Auto-Request", "ping?")
+		w.Header().Set("Lchat-Auto-Response", "pong!")
+		fmt.Fprintf(w, "hello from %d", pid)
+	})
+	mux.HandleFunc("POST /.lchat/ws/event", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		log.Printf("event %s conn %s seq %s redelivery %s: %q", r.Header.Get("Lchat-Event"), r.Header.Get("Lchat-Conn-Id"),
+			r.Header.Get("Lchat-Seq"), r.Header.Get("Lchat-Redelivery"), body)
+		if r.Header.Get("Lchat-Event") != "text" {
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintf(w, "echo %s from %d seq %s", body, pid, r.Header.Get("Lchat-Seq"))
+	})
+	log.Fatal(http.Serve(ln, mux))
+}

@@ -1,0 +1,140 @@
+// Package conns runs a real box with an instance that opts its WebSockets in to being
+// held (connhold): the space sleeps while the client's WebSocket stays open, and a
+// client message wakes it and gets the new instance's answer on the same connection.
+package conns
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+func buildApp(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "connapp")
+	cmd := exec.Command("go", "build", "-o", out, "./connapp")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("building connapp: %v", err)
+	}
+	return out
+}
+
+type status struct {
+	Spaces []struct {
+		Host  string `json:"host"`
+		State string `json:"state"`
+		PID   int    `json:"pid"`
+	} `json:"spaces"`
+}
+
+func spaceState(t *testing.T, b *harness.Box, host string) (string, int) {
+	var st status
+	b.AdminJSON("GET", "/lchat/status", nil, 200, &st)
+	for _, s := range st.Spaces {
+		if s.Host == host {
+			return s.State, s.PID
+		}
+	}
+	return "", 0
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestHeldWebSocketLetsTheSpaceSleepAndWakesIt(t *testing.T) {
+	app := buildApp(t)
+	cfg := harness.Config{
+		Bucket: map[string]any{"backend": "file", "root": "{$LCHAT_TEST_DIR}/bucket"},
+		Lchat: map[string]any{"kinds": map[string]any{"hold": map[string]any{
+			"command": app, "ready_path": "/healthz", "stop_grace": "5s", "idle_timeout": "1s",
+			"isolation": "none", "network": "host", "replication": map[string]any{"class": "sleep"},
+		}}},
+	}
+	b := harness.StartBox(t, harness.BoxOptions{JSON: cfg.JSON()})
+	const host = "held.example.com"
+	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "hold"}, http.StatusCreated, nil)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws://"+b.HTTPAddr+"/ws", &websocket.DialOptions{Host: host})
+	if err != nil {
+		t.Fatalf("dialing through the box: %v", err)
+	}
+	defer c.CloseNow()
+	msgs := make(chan string, 16)
+	go func() {
+		defer close(msgs)
+		for {
+			_, b, err := c.Read(ctx)
+			if err != nil {
+				return
+			}
+			msgs <- string(b)
+		}
+	}()
+	next := func() string {
+		t.Helper()
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				t.Fatal("the connection ended")
+			}
+			return m
+		case <-time.After(30 * time.Second):
+			t.Fatal("no message within 30s")
+		}
+		return ""
+	}
+	_, pid1 := spaceState(t, b, host)
+	if got := next(); got != fmt.Sprintf("hello from %d", pid1) {
+		t.Fatalf("welcome %q, want the instance's (pid %d)", got, pid1)
+	}
+
+	// The open WebSocket does not keep the space awake.
+	waitFor(t, 30*time.Second, "the space asleep with its WebSocket open", func() bool {
+		st, _ := spaceState(t, b, host)
+		return st == "asleep"
+	})
+	// Pings and the auto-response are answered by the box; the space stays asleep.
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("ping while the space sleeps: %v", err)
+	}
+	if err := c.Write(ctx, websocket.MessageText, []byte("ping?")); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(); got != "pong!" {
+		t.Fatalf("auto-response %q", got)
+	}
+	if st, _ := spaceState(t, b, host); st != "asleep" {
+		t.Fatalf("after a ping and an auto-request the space is %s, want asleep", st)
+	}
+
+	// A message wakes the space and the new instance's answer arrives on the same connection.
+	if err := c.Write(ctx, websocket.MessageText, []byte("hi")); err != nil {
+		t.Fatalf("writing after the space slept: %v", err)
+	}
+	got := next()
+	_, pid2 := spaceState(t, b, host)
+	if want := fmt.Sprintf("echo hi from %d seq 1", pid2); got != want || pid2 == pid1 {
+		t.Fatalf("answer %q (instance pid %d, first %d), want %q from a new instance", got, pid2, pid1, want)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+}
