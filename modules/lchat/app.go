@@ -213,6 +213,7 @@ type pooled struct {
 // Destruct closes the held connections (1012), then drains and closes the box.
 func (p pooled) Destruct() error {
 	if p.conns != nil {
+		connsOf.Delete(p.Box)
 		p.conns.close()
 	}
 	return p.Close()
@@ -313,7 +314,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		cs, cerr := newConns(b, a.logger)
 		if cerr != nil {
 			a.logger.Warn("WebSockets cannot be held on this box; every upgrade is tunnelled", zap.Error(cerr))
+			return pooled{b, nil}, nil
 		}
+		connsOf.Store(b, cs)
 		return pooled{b, cs}, nil
 	})
 	if err != nil {

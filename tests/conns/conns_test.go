@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,6 +128,15 @@ func TestHeldWebSocketLetsTheSpaceSleepAndWakesIt(t *testing.T) {
 		t.Fatalf("after a ping and an auto-request the space is %s, want asleep", st)
 	}
 
+	// The metrics show the held connection, parked (its reader ends 10 ms after the last byte).
+	var metrics string
+	waitFor(t, 10*time.Second, "the metrics to show one parked connection", func() bool {
+		_, body, err := b.Admin("GET", "/metrics", nil)
+		metrics = grepLines(string(body), "lchat_conn")
+		return err == nil && strings.Contains(metrics, `lchat_conns{state="parked"} 1`) &&
+			strings.Contains(metrics, `lchat_conn_events_total{counter="pings"} 1`)
+	})
+
 	// A message wakes the space and the new instance's answer arrives on the same connection.
 	if err := c.Write(ctx, websocket.MessageText, []byte("hi")); err != nil {
 		t.Fatalf("writing after the space slept: %v", err)
@@ -137,4 +147,14 @@ func TestHeldWebSocketLetsTheSpaceSleepAndWakesIt(t *testing.T) {
 		t.Fatalf("answer %q (instance pid %d, first %d), want %q from a new instance", got, pid2, pid1, want)
 	}
 	c.Close(websocket.StatusNormalClosure, "")
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for l := range strings.SplitSeq(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
