@@ -28,7 +28,27 @@ type conns struct {
 	cancel func()
 
 	mu      sync.Mutex
-	clients map[string]*http.Client // by socket path
+	clients map[string]*http.Client  // by socket path
+	wakes   map[string]chan struct{} // by host: closed at the space's next wake
+	done    bool                     // close has run
+}
+
+// wakeSignal is a channel closed when host's space next finishes a wake here.
+func (c *conns) wakeSignal(host string) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := c.wakes[host]
+	if ch == nil {
+		ch = make(chan struct{})
+		c.wakes[host] = ch
+	}
+	return ch
+}
+
+func (c *conns) closed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.done
 }
 
 // checkpointMargin is taken off a checkpoint's start as the engine reports it (its end
@@ -37,7 +57,7 @@ type conns struct {
 const checkpointMargin = time.Second
 
 func newConns(b *box.Box, log *zap.Logger) (*conns, error) {
-	c := &conns{box: b, clients: make(map[string]*http.Client)}
+	c := &conns{box: b, clients: make(map[string]*http.Client), wakes: make(map[string]chan struct{})}
 	hub, err := connhold.NewHub(connhold.Limits{}, c, log.Named("conns"))
 	if err != nil {
 		return nil, err
@@ -48,7 +68,8 @@ func newConns(b *box.Box, log *zap.Logger) (*conns, error) {
 }
 
 // observe hears the engine: a completed checkpoint covers what was acknowledged before it
-// began; a crashed instance's uncovered messages go to the next one.
+// began; a crashed instance's uncovered messages go to the next one; a wake reopens the
+// resumable event streams waiting for it (sse.go).
 func (c *conns) observe(ev engine.Event) {
 	switch ev.Type {
 	case engine.EventCheckpoint:
@@ -57,6 +78,15 @@ func (c *conns) observe(ev engine.Event) {
 		}
 	case engine.EventCrash:
 		c.hub.InstanceGone(ev.Host)
+	case engine.EventWake:
+		if ev.Err == "" {
+			c.mu.Lock()
+			if ch := c.wakes[ev.Host]; ch != nil {
+				close(ch)
+				delete(c.wakes, ev.Host)
+			}
+			c.mu.Unlock()
+		}
 	}
 }
 
@@ -110,6 +140,7 @@ func (c *conns) close() {
 	defer cancel()
 	c.hub.Shutdown(ctx, connhold.CloseServiceRestart)
 	c.mu.Lock()
+	c.done = true
 	for _, cl := range c.clients {
 		cl.CloseIdleConnections()
 	}

@@ -144,9 +144,13 @@ func (p *proxying) Instance(use *engine.Use) error {
 	// Only the box names connections.
 	p.r.Header.Del(connhold.ConnIDHeader)
 	var err error
-	if cs := p.h.app.conns; cs != nil && connhold.IsUpgrade(p.r) {
+	cs := p.h.app.conns
+	switch {
+	case cs != nil && connhold.IsUpgrade(p.r):
 		err = p.instanceUpgrade(use, cs)
-	} else {
+	case cs != nil && connhold.AcceptsEventStream(p.r):
+		err = p.instanceSSE(use, cs)
+	default:
 		err = p.h.proxy.ServeHTTP(p.w, p.r, p.next)
 	}
 	if de := (reverseproxy.DialError{}); errors.As(err, &de) {

@@ -4,6 +4,7 @@
 package conns
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net/http"
@@ -60,7 +61,10 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
-func TestHeldWebSocketLetsTheSpaceSleepAndWakesIt(t *testing.T) {
+// startHoldBox starts a box whose kind "hold" runs connapp (idle timeout 1s) and adds a
+// space of that kind.
+func startHoldBox(t *testing.T) (*harness.Box, string) {
+	t.Helper()
 	app := buildApp(t)
 	cfg := harness.Config{
 		Bucket: map[string]any{"backend": "file", "root": "{$LCHAT_TEST_DIR}/bucket"},
@@ -72,7 +76,11 @@ func TestHeldWebSocketLetsTheSpaceSleepAndWakesIt(t *testing.T) {
 	b := harness.StartBox(t, harness.BoxOptions{JSON: cfg.JSON()})
 	const host = "held.example.com"
 	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "hold"}, http.StatusCreated, nil)
+	return b, host
+}
 
+func TestHeldWebSocketLetsTheSpaceSleepAndWakesIt(t *testing.T) {
+	b, host := startHoldBox(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, _, err := websocket.Dial(ctx, "ws://"+b.HTTPAddr+"/ws", &websocket.DialOptions{Host: host})
@@ -157,4 +165,64 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+func TestResumableEventStreamOutlivesItsInstance(t *testing.T) {
+	b, host := startHoldBox(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", b.URL(host, "/events"), nil)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := b.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Lchat-Sse") != "" {
+		t.Fatalf("status %d, Lchat-Sse %q (the box's own header must not reach the client)", resp.StatusCode, resp.Header.Get("Lchat-Sse"))
+	}
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	data := func() string {
+		t.Helper()
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatal("the stream ended")
+				}
+				if strings.Contains(l, "half") {
+					t.Fatalf("the client got half an event: %q", l)
+				}
+				if d, ok := strings.CutPrefix(l, "data: "); ok {
+					return d
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("no event within 30s")
+			}
+		}
+	}
+	_, pid1 := spaceState(t, b, host)
+	if got, want := data(), fmt.Sprintf(`1 from %d after ""`, pid1); got != want {
+		t.Fatalf("first event %q, want %q", got, want)
+	}
+	waitFor(t, 30*time.Second, "the space asleep with its event stream open", func() bool {
+		st, _ := spaceState(t, b, host)
+		return st == "asleep"
+	})
+	// Something else wakes the space; the stream goes on from the next instance.
+	if r, err := b.Client().Get(b.URL(host, "/healthz")); err != nil || r.StatusCode != 200 {
+		t.Fatalf("waking: %v %v", r, err)
+	}
+	got := data()
+	_, pid2 := spaceState(t, b, host)
+	if want := fmt.Sprintf(`2 from %d after "1"`, pid2); got != want || pid2 == pid1 {
+		t.Fatalf("resumed event %q (pid %d, first %d), want %q", got, pid2, pid1, want)
+	}
 }

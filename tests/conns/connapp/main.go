@@ -1,7 +1,7 @@
 // Command connapp is the smallest instance that opts its WebSockets in to being held by
 // the box (docs/connections.md), for tests/conns: it answers an upgrade of /ws with
 // "Lchat-Ws: hold" and a welcome naming its pid, and each text event with
-// "echo <text> from <pid>".
+// "echo <text> from <pid>"; /events is a resumable server-sent event stream.
 package main
 
 import (
@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 )
 
 func main() {
@@ -43,6 +44,18 @@ func main() {
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintf(w, "echo %s from %d seq %s", body, pid, r.Header.Get("Lchat-Seq"))
+	})
+	// A resumable event stream: one event numbered after Last-Event-ID, then half an
+	// event the box must never pass on (its instance goes before it is finished).
+	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Lchat-Sse", "resumable")
+		last := r.Header.Get("Last-Event-ID")
+		n, _ := strconv.Atoi(last)
+		fmt.Fprintf(w, "id: %d\ndata: %d from %d after %q\n\n", n+1, n+1, pid, last)
+		fmt.Fprint(w, "data: half")
+		http.NewResponseController(w).Flush()
+		<-r.Context().Done()
 	})
 	log.Fatal(http.Serve(ln, mux))
 }
