@@ -15,7 +15,7 @@ var ErrUnknownConn = errors.New("no such connection")
 // Send sends m to space's connection id.
 func (h *Hub) Send(space, id string, m Message) error {
 	c := h.lookup(space, id)
-	if c == nil || !c.send(m) {
+	if c == nil || !c.send(m, false) {
 		return ErrUnknownConn
 	}
 	return nil
@@ -28,7 +28,7 @@ func (h *Hub) SendTag(space, tag string, m Message) int {
 		c.mu.Lock()
 		has := slices.Contains(c.tags, tag)
 		c.mu.Unlock()
-		if has && c.send(m) {
+		if has && c.send(m, false) {
 			n++
 		}
 	}
@@ -58,7 +58,7 @@ func (h *Hub) Set(space, id string, r Reply) error {
 	c.mu.Lock()
 	c.applyLocked(r)
 	c.mu.Unlock()
-	c.sendReply(r)
+	c.sendReply(r, false)
 	return nil
 }
 

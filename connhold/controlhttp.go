@@ -42,7 +42,7 @@ func (h *Hub) ControlHandler(space string) http.Handler {
 			return
 		}
 		for _, m := range rep.Messages {
-			if !c.send(m) {
+			if !c.send(m, false) {
 				http.Error(w, ErrUnknownConn.Error(), http.StatusGone)
 				return
 			}

@@ -116,7 +116,7 @@ func (c *Conn) deliverLoop() {
 		m.acked, m.stamp, m.ackAt = true, stamp, time.Now()
 		c.applyLocked(reply)
 		c.mu.Unlock()
-		c.sendReply(reply)
+		c.sendReply(reply, true)
 		if ask && h.NeedCheckpoint != nil {
 			h.NeedCheckpoint(c.space)
 		}
@@ -170,10 +170,10 @@ func (c *Conn) applyLocked(r Reply) {
 	}
 }
 
-// sendReply sends an answer's messages, then its close.
-func (c *Conn) sendReply(r Reply) {
+// sendReply sends an answer's messages, then its close; inline as for enqueue.
+func (c *Conn) sendReply(r Reply, inline bool) {
 	for _, m := range r.Messages {
-		c.send(m)
+		c.send(m, inline)
 	}
 	if r.CloseCode != 0 {
 		c.closeWith(r.CloseCode, r.CloseReason)

@@ -170,7 +170,7 @@ func (h *Hub) Adopt(nc net.Conn, buffered []byte, space, id string, open Reply) 
 	c.mu.Lock()
 	c.applyLocked(open)
 	c.mu.Unlock()
-	c.sendReply(open)
+	c.sendReply(open, false)
 	// Read whatever came with the handshake, then park.
 	h.startReader(c)
 	return c, nil

@@ -129,7 +129,7 @@ func (c *Conn) frame(buf []byte) (n int, code int, why string) {
 	switch hd.OpCode {
 	case ws.OpPing:
 		c.h.st.pings.Add(1)
-		c.enqueue(serverFrame(ws.OpPong, payload))
+		c.enqueue(serverFrame(ws.OpPong, payload), false)
 	case ws.OpPong:
 	case ws.OpClose:
 		code, why := c.clientClose(payload)
@@ -195,7 +195,7 @@ func (c *Conn) message(binary bool, payload []byte) (int, string) {
 	c.mu.Unlock()
 	if auto {
 		c.h.st.autoResponses.Add(1)
-		c.enqueue(serverFrame(ws.OpText, []byte(resp)))
+		c.enqueue(serverFrame(ws.OpText, []byte(resp)), false)
 		return 0, ""
 	}
 	kind := KindText

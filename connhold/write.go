@@ -22,19 +22,20 @@ func closeFrame(code int, reason string) []byte {
 	return serverFrame(ws.OpClose, ws.NewCloseFrameBody(ws.StatusCode(code), reason))
 }
 
-// send queues m for the client.
-func (c *Conn) send(m Message) bool {
+// send queues m for the client; inline as for enqueue.
+func (c *Conn) send(m Message, inline bool) bool {
 	op := ws.OpText
 	if m.Binary {
 		op = ws.OpBinary
 	}
-	return c.enqueue(serverFrame(op, m.Payload))
+	return c.enqueue(serverFrame(op, m.Payload), inline)
 }
 
-// enqueue queues one frame for the client and starts a writer if none runs. A client
+// enqueue queues one frame for the client and starts a writer if none runs (inline: writes
+// it on this goroutine). A client
 // whose queue would pass MaxOutBytes (or the box's MaxBoxOutBytes) is a slow reader: its
 // queue is dropped and it is closed with 1008, so it cannot make the box hold more.
-func (c *Conn) enqueue(frame []byte) bool {
+func (c *Conn) enqueue(frame []byte, inline bool) bool {
 	h := c.h
 	c.mu.Lock()
 	if c.state != stateOpen {
@@ -50,8 +51,21 @@ func (c *Conn) enqueue(frame []byte) bool {
 	c.outq = append(c.outq, frame)
 	c.outBytes += len(frame)
 	h.outBytes.Add(int64(len(frame)))
-	c.startWriterLocked()
+	if c.writing {
+		c.mu.Unlock()
+		return true
+	}
+	if !inline {
+		c.startWriterLocked()
+		c.mu.Unlock()
+		return true
+	}
+	// inline (the connection's own delivery sending an answer): this goroutine writes
+	// itself, saving a goroutine hand-off per message. A client slow to take the bytes
+	// holds up only its own deliveries, up to WriteTimeout, then is cut.
+	c.writing = true
 	c.mu.Unlock()
+	c.writeLoop()
 	return true
 }
 

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+
+	"github.com/coder/websocket"
 )
 
 func main() {
@@ -56,6 +58,23 @@ func main() {
 		fmt.Fprint(w, "data: half")
 		http.NewResponseController(w).Flush()
 		<-r.Context().Done()
+	})
+	// Today's byte tunnel, for comparison: a WebSocket the instance terminates itself.
+	mux.HandleFunc("GET /tunnel", func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		for {
+			typ, b, err := c.Read(r.Context())
+			if err != nil {
+				return
+			}
+			if err := c.Write(r.Context(), typ, fmt.Appendf(nil, "echo %s from %d", b, pid)); err != nil {
+				return
+			}
+		}
 	})
 	log.Fatal(http.Serve(ln, mux))
 }
