@@ -37,8 +37,9 @@ const acceptGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 // Accept completes the WebSocket handshake of r itself (101, Sec-WebSocket-Accept, the
 // subprotocol the instance chose, which must be one the client offered), hijacks the
 // connection and holds it (Adopt). open is the instance's answer to the upgrade request;
-// protocol its Sec-WebSocket-Protocol. When the handshake cannot be made, nothing was
-// written: the caller answers the error.
+// protocol its Sec-WebSocket-Protocol. When the request is not a valid handshake nothing is
+// written and the caller answers the error; a connection that cannot be parked (a listener
+// wrapper without a file descriptor) is answered 503 here, after the hijack.
 func (h *Hub) Accept(w http.ResponseWriter, r *http.Request, space, id string, open Reply, protocol string) (*Conn, error) {
 	key := r.Header.Get("Sec-WebSocket-Key")
 	if raw, err := base64.StdEncoding.DecodeString(key); err != nil || len(raw) != 16 {
@@ -54,6 +55,14 @@ func (h *Hub) Accept(w http.ResponseWriter, r *http.Request, space, id string, o
 	nc, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		return nil, fmt.Errorf("hijacking: %w", err)
+	}
+	if _, err := connFD(nc); err != nil {
+		// A listener wrapper that buffers or transforms bytes (http_redirect, PROXY
+		// protocol) cannot be parked: refuse before the handshake, so the client is not
+		// told yes.
+		nc.Write([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
+		nc.Close()
+		return nil, err
 	}
 	var resp strings.Builder
 	resp.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ")

@@ -6,6 +6,8 @@ package conns
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net/http"
 	"os"
@@ -64,6 +66,11 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // startHoldBox starts a box whose kind "hold" runs connapp (idle timeout 1s) and adds a
 // space of that kind.
 func startHoldBox(t *testing.T) (*harness.Box, string) {
+	return startHoldBoxTLS(t, nil)
+}
+
+// startHoldBoxTLS is startHoldBox serving TLS with ca's certificate when ca is set.
+func startHoldBoxTLS(t *testing.T, ca *harness.TestCA) (*harness.Box, string) {
 	t.Helper()
 	app := buildApp(t)
 	cfg := harness.Config{
@@ -73,6 +80,12 @@ func startHoldBox(t *testing.T) (*harness.Box, string) {
 			"isolation": "none", "network": "host", "replication": map[string]any{"class": "sleep"},
 		}}},
 	}
+	if ca != nil {
+		cfg.CertFile, cfg.KeyFile = ca.CertFile, ca.KeyFile
+	}
+	if ca != nil {
+		cfg.CertFile, cfg.KeyFile = ca.CertFile, ca.KeyFile
+	}
 	b := harness.StartBox(t, harness.BoxOptions{JSON: cfg.JSON()})
 	const host = "held.example.com"
 	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "hold"}, http.StatusCreated, nil)
@@ -80,10 +93,30 @@ func startHoldBox(t *testing.T) (*harness.Box, string) {
 }
 
 func TestHeldWebSocketLetsTheSpaceSleepAndWakesIt(t *testing.T) {
-	b, host := startHoldBox(t)
+	for _, useTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", useTLS), func(t *testing.T) { heldWebSocket(t, useTLS) })
+	}
+}
+
+// heldWebSocket runs the test through the box's plain listener, or its TLS one (Caddy's
+// tls.Conn: the decrypted bytes it buffered are drained before the socket is parked).
+func heldWebSocket(t *testing.T, useTLS bool) {
+	var ca *harness.TestCA
+	scheme, client := "ws", http.DefaultClient
+	if useTLS {
+		ca = harness.NewTestCA(t, t.TempDir(), "example.com")
+		pool := x509.NewCertPool()
+		pem, err := os.ReadFile(ca.CAFile)
+		if err != nil || !pool.AppendCertsFromPEM(pem) {
+			t.Fatalf("reading the test CA: %v", err)
+		}
+		scheme = "wss"
+		client = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "held.example.com"}}}
+	}
+	b, host := startHoldBoxTLS(t, ca)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, _, err := websocket.Dial(ctx, "ws://"+b.HTTPAddr+"/ws", &websocket.DialOptions{Host: host})
+	c, _, err := websocket.Dial(ctx, scheme+"://"+b.HTTPAddr+"/ws", &websocket.DialOptions{Host: host, HTTPClient: client})
 	if err != nil {
 		t.Fatalf("dialing through the box: %v", err)
 	}
