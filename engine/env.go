@@ -8,9 +8,9 @@ import (
 )
 
 // instanceEnv builds an instance's environment: this box's PATH, the kind's env, the route
-// env names the kind allows, then the three LCHAT_ variables, which nothing can override.
+// env names the kind allows, then the LCHAT_ variables, which nothing can override.
 // It returns the names of route variables it dropped (names only: values are secrets).
-func instanceEnv(k Kind, sp Space, socket, dataDir string) (env, dropped []string) {
+func instanceEnv(k Kind, sp Space, socket, control, dataDir string) (env, dropped []string) {
 	if p, ok := os.LookupEnv("PATH"); ok {
 		env = append(env, "PATH="+p)
 	}
@@ -24,7 +24,7 @@ func instanceEnv(k Kind, sp Space, socket, dataDir string) (env, dropped []strin
 		}
 		env = append(env, n+"="+v)
 	}
-	env = append(env, "LCHAT_HOST="+sp.Host, "LCHAT_SOCKET="+socket, "LCHAT_DATA_DIR="+dataDir)
+	env = append(env, "LCHAT_HOST="+sp.Host, "LCHAT_SOCKET="+socket, "LCHAT_CONTROL_SOCKET="+control, "LCHAT_DATA_DIR="+dataDir)
 	slices.Sort(dropped)
 	return env, dropped
 }

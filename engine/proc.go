@@ -144,7 +144,7 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 		return nil, err
 	}
 	defer w.Close() // the child has its own descriptor
-	env, dropped := instanceEnv(kind, sp, in.socket, in.dataDir)
+	env, dropped := instanceEnv(kind, sp, in.socket, ControlSocketPath(in.e.cfg.StateDir, sp.Host), in.dataDir)
 	if len(dropped) > 0 {
 		in.logger().Warn("route env not allowed by kind; dropped", zap.Strings("names", dropped))
 	}

@@ -311,7 +311,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return pooled{b, nil}, err
 		}
-		cs, cerr := newConns(b, a.logger)
+		cs, cerr := newConns(b, a.StateDir, a.logger)
 		if cerr != nil {
 			a.logger.Warn("WebSockets cannot be held on this box; every upgrade is tunnelled", zap.Error(cerr))
 			return pooled{b, nil}, nil

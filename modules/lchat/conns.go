@@ -23,14 +23,17 @@ import (
 // to its space's instance, waking the space (Deliver), and tells the hub what the engine
 // saved (observe).
 type conns struct {
-	hub    *connhold.Hub
-	box    *box.Box
-	cancel func()
+	hub      *connhold.Hub
+	box      *box.Box
+	stateDir string
+	log      *zap.Logger
+	cancel   func()
 
-	mu      sync.Mutex
-	clients map[string]*http.Client  // by socket path
-	wakes   map[string]chan struct{} // by host: closed at the space's next wake
-	done    bool                     // close has run
+	mu       sync.Mutex
+	clients  map[string]*http.Client  // by socket path
+	wakes    map[string]chan struct{} // by host: closed at the space's next wake
+	done     bool                     // close has run
+	controls map[string]*http.Server  // by host: control endpoints (control.go)
 }
 
 // wakeSignal is a channel closed when host's space next finishes a wake here.
@@ -56,9 +59,11 @@ func (c *conns) closed() bool {
 // acknowledged just after the real start is never taken for saved.
 const checkpointMargin = time.Second
 
-func newConns(b *box.Box, log *zap.Logger) (*conns, error) {
-	c := &conns{box: b, clients: make(map[string]*http.Client), wakes: make(map[string]chan struct{})}
-	hub, err := connhold.NewHub(connhold.Limits{}, c, log.Named("conns"))
+func newConns(b *box.Box, stateDir string, log *zap.Logger) (*conns, error) {
+	log = log.Named("conns")
+	c := &conns{box: b, stateDir: stateDir, log: log, clients: make(map[string]*http.Client),
+		wakes: make(map[string]chan struct{}), controls: make(map[string]*http.Server)}
+	hub, err := connhold.NewHub(connhold.Limits{}, c, log)
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +146,7 @@ func (c *conns) close() {
 	c.hub.Shutdown(ctx, connhold.CloseServiceRestart)
 	c.mu.Lock()
 	c.done = true
+	c.closeControlsLocked()
 	for _, cl := range c.clients {
 		cl.CloseIdleConnections()
 	}
@@ -223,6 +229,7 @@ func (p *proxying) instanceUpgrade(use *engine.Use, cs *conns) error {
 	if _, err := cs.hub.Accept(p.w, p.r, p.host, id, reply, hw.header.Get("Sec-WebSocket-Protocol")); err != nil {
 		return caddyhttp.Error(http.StatusBadRequest, err)
 	}
+	cs.ensureControl(p.host)
 	return nil
 }
 

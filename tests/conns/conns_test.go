@@ -259,3 +259,30 @@ func TestResumableEventStreamOutlivesItsInstance(t *testing.T) {
 		t.Fatalf("resumed event %q (pid %d, first %d), want %q", got, pid2, pid1, want)
 	}
 }
+
+func TestInstanceBroadcastsThroughItsControlEndpoint(t *testing.T) {
+	b, host := startHoldBox(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var clients []*websocket.Conn
+	for range 2 {
+		c, _, err := websocket.Dial(ctx, "ws://"+b.HTTPAddr+"/ws", &websocket.DialOptions{Host: host})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		if _, _, err := c.Read(ctx); err != nil { // the welcome
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+	}
+	if err := clients[0].Write(ctx, websocket.MessageText, []byte("broadcast hi all")); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range clients {
+		_, got, err := c.Read(ctx)
+		if err != nil || string(got) != "hi all" {
+			t.Fatalf("client %d got %q, %v", i, got, err)
+		}
+	}
+}

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/coder/websocket"
 )
@@ -24,6 +26,10 @@ func main() {
 		log.Fatal(err)
 	}
 	pid := os.Getpid()
+	control := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", os.Getenv("LCHAT_CONTROL_SOCKET"))
+	}}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {})
 	mux.HandleFunc("GET /ws", func(w http.ResponseWriter, r *http.Request) {
@@ -42,6 +48,17 @@ func main() {
 		log.Printf("event %s conn %s seq %s redelivery %s: %q", r.Header.Get("Lchat-Event"), r.Header.Get("Lchat-Conn-Id"),
 			r.Header.Get("Lchat-Seq"), r.Header.Get("Lchat-Redelivery"), body)
 		if r.Header.Get("Lchat-Event") != "text" {
+			return
+		}
+		// "broadcast <text>": sent to every connection tagged room, through the box's
+		// control endpoint, and no answer inline.
+		if msg, ok := strings.CutPrefix(string(body), "broadcast "); ok {
+			resp, err := control.Post("http://box"+"/.lchat/ws/send?tag=room", "text/plain", strings.NewReader(msg))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			resp.Body.Close()
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
