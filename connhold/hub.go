@@ -102,6 +102,10 @@ type Conn struct {
 	frag     []byte // a fragmented message being reassembled
 	fragOp   byte   // its opcode
 	fragging bool
+	// inBuf is len(rbuf)+len(frag) as counted in the hub's pendingBytes: a client
+	// trickling in a large message cannot make the box hold more than its caps. Released
+	// by the reader that sees the connection gone, or by abort when none runs (parked).
+	inBuf int
 
 	mu                sync.Mutex
 	state             connState // written only by setStateLocked

@@ -358,3 +358,19 @@ func TestCheckpointCoveredByStartTime(t *testing.T) {
 		t.Errorf("redelivered %+v, want b", ev)
 	}
 }
+
+func TestTricklingLargeMessagesCannotFillTheBox(t *testing.T) {
+	tb := newTestBox(t, Limits{MaxBoxPendingBytes: 64 << 10}, false)
+	rc := tb.dialRaw(t)
+	// A 512 KiB message (within MaxMessage), of which only 100 KiB ever arrives.
+	h := ws.Header{Fin: true, OpCode: ws.OpBinary, Length: 512 << 10, Masked: true}
+	if err := ws.WriteHeader(rc.nc, h); err != nil {
+		t.Fatal(err)
+	}
+	rc.nc.Write(make([]byte, 100<<10))
+	if got := rc.readClose(t); got != CloseTryAgainLater {
+		t.Errorf("close %d, want 1013", got)
+	}
+	// What is left is the close event (its reason), kept like any event until a checkpoint.
+	waitFor(t, "the partial message's bytes released", func() bool { return tb.hub.Stats().PendingBytes < 1024 })
+}

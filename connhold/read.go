@@ -32,6 +32,9 @@ func (c *Conn) readLoop() {
 			*bp = buf[:0]
 			bufPool.Put(bp)
 		}
+		if !c.open() {
+			c.releaseInBuf()
+		}
 	}()
 	for {
 		// Handle every complete frame buffered.
@@ -48,6 +51,10 @@ func (c *Conn) readLoop() {
 			if !c.open() {
 				return
 			}
+		}
+		if !c.countInBuf(len(buf) + len(c.frag)) {
+			c.fail(CloseTryAgainLater, "box pending bytes full")
+			return
 		}
 		if len(buf) == cap(buf) {
 			buf = slicesGrow(buf, readChunk)
@@ -203,6 +210,21 @@ func (c *Conn) message(binary bool, payload []byte) (int, string) {
 		kind = KindBinary
 	}
 	return c.queueEvent(kind, payload, 0)
+}
+
+// countInBuf accounts the bytes the reader holds of unfinished messages; false when that
+// takes the box past MaxBoxPendingBytes.
+func (c *Conn) countInBuf(n int) bool {
+	h := c.h
+	delta := n - c.inBuf
+	c.inBuf = n
+	total := h.pendingBytes.Add(int64(delta))
+	return delta <= 0 || total <= h.lim.MaxBoxPendingBytes
+}
+
+func (c *Conn) releaseInBuf() {
+	c.h.pendingBytes.Add(-int64(c.inBuf))
+	c.inBuf = 0
 }
 
 // park puts the connection in the poller; a connection that cannot be parked is closed.

@@ -177,6 +177,8 @@ func (c *Conn) abort(code int, why string) {
 	c.mu.Unlock()
 	if wasParked {
 		h.st.parked.Add(-1)
+		c.releaseInBuf() // no reader runs: its partial frame goes with the socket
+		c.rbuf = nil
 	}
 	h.poll.remove(c)
 	c.nc.Close()
