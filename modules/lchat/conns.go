@@ -10,12 +10,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // conns is the glue between the box and connhold: the hub of this box's held WebSocket
@@ -68,8 +70,32 @@ func newConns(b *box.Box, stateDir string, log *zap.Logger) (*conns, error) {
 		return nil, err
 	}
 	c.hub = hub
-	c.cancel = b.Engine().Observe(c.observe)
+	cancelObs := b.Engine().Observe(c.observe)
+	stop := make(chan struct{})
+	c.cancel = func() { cancelObs(); close(stop) }
+	safego.Go(nil, log, "conns exit watch", func() { c.watchExit(stop) })
 	return c, nil
+}
+
+// watchExit closes every held connection with 1012 as soon as the process is shutting
+// down (caddy.Exiting, polled as the box's own drain does), so clients reconnect to
+// another box while this one drains its spaces, instead of after Caddy's servers stop.
+func (c *conns) watchExit(stop <-chan struct{}) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			if caddy.Exiting() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				c.hub.Shutdown(ctx, connhold.CloseServiceRestart)
+				cancel()
+				return
+			}
+		}
+	}
 }
 
 // observe hears the engine: a completed checkpoint covers what was acknowledged before it

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -284,5 +285,61 @@ func TestInstanceBroadcastsThroughItsControlEndpoint(t *testing.T) {
 		if err != nil || string(got) != "hi all" {
 			t.Fatalf("client %d got %q, %v", i, got, err)
 		}
+	}
+}
+
+// dialHeld opens a held WebSocket to host and reads its welcome.
+func dialHeld(t *testing.T, ctx context.Context, b *harness.Box, host string) *websocket.Conn {
+	t.Helper()
+	c, _, err := websocket.Dial(ctx, "ws://"+b.HTTPAddr+"/ws", &websocket.DialOptions{Host: host})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.CloseNow() })
+	if _, _, err := c.Read(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A message the instance acknowledged but no checkpoint saved is delivered again, with
+// its sequence number and marked, to the instance that follows a crash.
+func TestCrashRedeliversToTheNextInstance(t *testing.T) {
+	b, host := startHoldBox(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := dialHeld(t, ctx, b, host)
+	if err := c.Write(ctx, websocket.MessageText, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	_, got, err := c.Read(ctx)
+	_, pid1 := spaceState(t, b, host)
+	if err != nil || string(got) != fmt.Sprintf("echo x from %d seq 1", pid1) {
+		t.Fatalf("first answer %q, %v", got, err)
+	}
+	if err := syscall.Kill(pid1, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, got, err = c.Read(ctx)
+	_, pid2 := spaceState(t, b, host)
+	if err != nil || string(got) != fmt.Sprintf("echo x from %d seq 1 redelivered", pid2) || pid2 == pid1 {
+		t.Fatalf("after the crash: %q, %v (pids %d, %d)", got, err, pid1, pid2)
+	}
+}
+
+// A box shutting down closes its held WebSockets with 1012, so clients reconnect elsewhere.
+func TestShutdownClosesHeldWebSocketsWith1012(t *testing.T) {
+	b, host := startHoldBox(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := dialHeld(t, ctx, b, host)
+	done := make(chan error, 1)
+	go func() { done <- b.Stop() }()
+	_, _, err := c.Read(ctx)
+	if got := websocket.CloseStatus(err); got != websocket.StatusServiceRestart {
+		t.Errorf("close %v (%v), want 1012", got, err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("stopping the box: %v", err)
 	}
 }

@@ -62,7 +62,11 @@ func main() {
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintf(w, "echo %s from %d seq %s", body, pid, r.Header.Get("Lchat-Seq"))
+		redelivered := ""
+		if r.Header.Get("Lchat-Redelivery") == "1" {
+			redelivered = " redelivered"
+		}
+		fmt.Fprintf(w, "echo %s from %d seq %s%s", body, pid, r.Header.Get("Lchat-Seq"), redelivered)
 	})
 	// A resumable event stream: one event numbered after Last-Event-ID, then half an
 	// event the box must never pass on (its instance goes before it is finished).
