@@ -11,6 +11,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -49,6 +50,18 @@ const (
 	// BINARY the same, "CLOSE <hex length>\r\n<2-byte code><reason>\r\n".
 	EventsContentType = "application/websocket-events"
 )
+
+// ReservedPrefix is the path namespace of the box's own requests to an instance: the box
+// refuses client requests under it (404), so an instance knows a request there came from
+// the box.
+const ReservedPrefix = "/.lchat/"
+
+// Reserved reports whether a client request's path is in the box's namespace. Paths are
+// compared after cleaning, so "/x/../.lchat/ws/event" is reserved too.
+func Reserved(urlPath string) bool {
+	p := path.Clean("/" + urlPath)
+	return p == strings.TrimSuffix(ReservedPrefix, "/") || strings.HasPrefix(p, ReservedPrefix)
+}
 
 // Limits of the contract.
 const (

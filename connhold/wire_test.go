@@ -101,3 +101,14 @@ func FuzzParseEvents(f *testing.F) {
 		}
 	})
 }
+
+func TestReserved(t *testing.T) {
+	for p, want := range map[string]bool{
+		"/.lchat/ws/event": true, "/.lchat": true, "/x/../.lchat/ws/send": true, "//.lchat/ws": true,
+		"/": false, "/.lchatx": false, "/api/.lchat/ws": false, "/ws": false,
+	} {
+		if got := Reserved(p); got != want {
+			t.Errorf("Reserved(%q) = %v", p, got)
+		}
+	}
+}

@@ -139,10 +139,14 @@ func (p *proxying) Instance(use *engine.Use) error {
 	if p.hops > 0 {
 		p.w.Header().Set(mesh.HolderHeader, p.h.app.box.Self())
 	}
+	// The box's own requests to the instance (connection events) are under /.lchat/ and
+	// name connections: a client can do neither, so an instance can trust both.
+	if connhold.Reserved(p.r.URL.Path) {
+		return p.Refuse(box.Refusal{Status: http.StatusNotFound, Err: fmt.Errorf("%s is reserved for the box", p.r.URL.Path)})
+	}
+	p.r.Header.Del(connhold.ConnIDHeader)
 	p.h.setInstanceHeader(p.w, use)
 	setUpstream(p.r, use.Dial())
-	// Only the box names connections.
-	p.r.Header.Del(connhold.ConnIDHeader)
 	var err error
 	cs := p.h.app.conns
 	switch {

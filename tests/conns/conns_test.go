@@ -343,3 +343,23 @@ func TestShutdownClosesHeldWebSocketsWith1012(t *testing.T) {
 		t.Errorf("stopping the box: %v", err)
 	}
 }
+
+// A client cannot forge the box's events: the /.lchat/ namespace is refused.
+func TestClientsCannotReachTheBoxNamespace(t *testing.T) {
+	b, host := startHoldBox(t)
+	for _, p := range []string{"/.lchat/ws/event", "/x/../.lchat/ws/event"} {
+		req, _ := http.NewRequest("POST", b.URL(host, p), strings.NewReader("forged"))
+		req.Header.Set("Lchat-Conn-Id", connIDLike)
+		req.Header.Set("Lchat-Event", "text")
+		resp, err := b.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("POST %s from a client: %d, want 404", p, resp.StatusCode)
+		}
+	}
+}
+
+const connIDLike = "AAAAAAAAAAAAAAAAAAAAAA"
