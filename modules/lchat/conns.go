@@ -31,11 +31,12 @@ type conns struct {
 	log      *zap.Logger
 	cancel   func()
 
-	mu       sync.Mutex
-	clients  map[string]*http.Client  // by socket path
-	wakes    map[string]chan struct{} // by host: closed at the space's next wake
-	done     bool                     // close has run
-	controls map[string]*http.Server  // by host: control endpoints (control.go)
+	mu         sync.Mutex
+	clients    map[string]*http.Client  // by socket path
+	wakes      map[string]chan struct{} // by host: closed at the space's next wake
+	done       bool                     // close has run
+	controls   map[string]*http.Server  // by host: control endpoints (control.go)
+	lastCkptOK map[string]bool          // by host: whether the last checkpoint succeeded (observe)
 }
 
 // wakeSignal is a channel closed when host's space next finishes a wake here.
@@ -64,7 +65,7 @@ const checkpointMargin = time.Second
 func newConns(b *box.Box, stateDir string, log *zap.Logger) (*conns, error) {
 	log = log.Named("conns")
 	c := &conns{box: b, stateDir: stateDir, log: log, clients: make(map[string]*http.Client),
-		wakes: make(map[string]chan struct{}), controls: make(map[string]*http.Server)}
+		wakes: make(map[string]chan struct{}), controls: make(map[string]*http.Server), lastCkptOK: make(map[string]bool)}
 	hub, err := connhold.NewHub(connhold.Limits{}, c, log)
 	if err != nil {
 		return nil, err
@@ -104,8 +105,21 @@ func (c *conns) watchExit(stop <-chan struct{}) {
 func (c *conns) observe(ev engine.Event) {
 	switch ev.Type {
 	case engine.EventCheckpoint:
+		c.mu.Lock()
+		c.lastCkptOK[ev.Host] = ev.Err == ""
+		c.mu.Unlock()
 		if ev.Err == "" {
 			c.hub.CheckpointCovered(ev.Host, ev.At.Add(-ev.Duration-checkpointMargin))
+		}
+	case engine.EventSleep:
+		// A sleep's final checkpoint starts after the instance has exited, so it holds
+		// every message the instance acknowledged: when it succeeded, they are saved.
+		c.mu.Lock()
+		ok := c.lastCkptOK[ev.Host]
+		delete(c.lastCkptOK, ev.Host)
+		c.mu.Unlock()
+		if ok {
+			c.hub.CheckpointDone(ev.Host, c.hub.CheckpointStarted(ev.Host))
 		}
 	case engine.EventCrash:
 		c.hub.InstanceGone(ev.Host)
