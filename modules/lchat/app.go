@@ -21,6 +21,7 @@ import (
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/mesh"
@@ -60,6 +61,11 @@ type App struct {
 	// InstanceLog caps and rotates each space's instance.log. Default 10 MiB, 2 old
 	// files kept. Read when the process starts.
 	InstanceLog *InstanceLog `json:"instance_log,omitempty"`
+
+	// Connections bounds the WebSocket connections this box holds for instances that
+	// opt in (docs/connections.md). Read when the box opens: a reload keeps the running
+	// limits.
+	Connections *Connections `json:"connections,omitempty"`
 
 	// MaxAwake caps the awake spaces on this box; the least recently used sleeps
 	// first. Default 0: unlimited.
@@ -184,6 +190,38 @@ type InstanceLog struct {
 	MaxSizeMB int `json:"max_size_mb,omitempty"`
 	// Keep is how many rotated files each space keeps. Default 2.
 	Keep int `json:"keep,omitempty"`
+}
+
+// Connections bounds held WebSocket connections (connhold.Limits).
+type Connections struct {
+	// MaxMessage is the largest client message in bytes; larger closes with 1009.
+	// Default 1 MiB.
+	MaxMessage int `json:"max_message,omitempty"`
+	// MaxPending is the most client messages one connection keeps for its instance;
+	// one more closes it with 1013. Default 1024.
+	MaxPending int `json:"max_pending,omitempty"`
+	// MaxPendingBytes is the same bound in bytes. Default 4 MiB.
+	MaxPendingBytes int `json:"max_pending_bytes,omitempty"`
+	// MaxBoxPendingBytes bounds the pending bytes of every held connection together.
+	// Default 256 MiB.
+	MaxBoxPendingBytes int64 `json:"max_box_pending_bytes,omitempty"`
+	// MaxOutBytes is the most bytes queued towards one client; past it the client is
+	// closed with 1008. Default 1 MiB.
+	MaxOutBytes int `json:"max_out_bytes,omitempty"`
+	// MaxBoxOutBytes is the same bound for the whole box. Default 256 MiB.
+	MaxBoxOutBytes int64 `json:"max_box_out_bytes,omitempty"`
+	// WriteTimeout bounds one write to a client. Default 10s.
+	WriteTimeout caddy.Duration `json:"write_timeout,omitempty"`
+}
+
+// limits is c as connhold.Limits (zero fields: connhold's defaults).
+func (c *Connections) limits() connhold.Limits {
+	if c == nil {
+		return connhold.Limits{}
+	}
+	return connhold.Limits{MaxMessage: c.MaxMessage, MaxPending: c.MaxPending, MaxPendingBytes: c.MaxPendingBytes,
+		MaxBoxPendingBytes: c.MaxBoxPendingBytes, MaxOutBytes: c.MaxOutBytes, MaxBoxOutBytes: c.MaxBoxOutBytes,
+		WriteTimeout: time.Duration(c.WriteTimeout)}
 }
 
 // Replication is a kind's replication class.
@@ -311,7 +349,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return pooled{b, nil}, err
 		}
-		cs, cerr := newConns(b, a.StateDir, a.logger)
+		cs, cerr := newConns(b, a.StateDir, a.Connections.limits(), a.logger)
 		if cerr != nil {
 			a.logger.Warn("WebSockets cannot be held on this box; every upgrade is tunnelled", zap.Error(cerr))
 			return pooled{b, nil}, nil
@@ -404,6 +442,10 @@ func (a *App) checkConsistency() error {
 func (a *App) Validate() error {
 	if r := a.UIDRange; r != nil && (r.First == 0 && r.Count != 0 || uint64(r.First)+uint64(r.Count) >= 1<<32-1) {
 		return fmt.Errorf("uid_range: must start above 0 and end below 4294967295")
+	}
+	if c := a.Connections; c != nil && (c.MaxMessage < 0 || c.MaxPending < 0 || c.MaxPendingBytes < 0 ||
+		c.MaxBoxPendingBytes < 0 || c.MaxOutBytes < 0 || c.MaxBoxOutBytes < 0 || c.WriteTimeout < 0) {
+		return fmt.Errorf("connections: limits must be positive")
 	}
 	if l := a.InstanceLog; l != nil && (l.MaxSizeMB < 0 || l.Keep < 0) {
 		return fmt.Errorf("instance_log: size and keep must not be negative")

@@ -62,11 +62,11 @@ func (c *conns) closed() bool {
 // acknowledged just after the real start is never taken for saved.
 const checkpointMargin = time.Second
 
-func newConns(b *box.Box, stateDir string, log *zap.Logger) (*conns, error) {
+func newConns(b *box.Box, stateDir string, lim connhold.Limits, log *zap.Logger) (*conns, error) {
 	log = log.Named("conns")
 	c := &conns{box: b, stateDir: stateDir, log: log, clients: make(map[string]*http.Client),
 		wakes: make(map[string]chan struct{}), controls: make(map[string]*http.Server), lastCkptOK: make(map[string]bool)}
-	hub, err := connhold.NewHub(connhold.Limits{}, c, log)
+	hub, err := connhold.NewHub(lim, c, log)
 	if err != nil {
 		return nil, err
 	}
