@@ -29,7 +29,10 @@ Endpoints: GET / (the page), GET|POST /api/messages, GET /api/events
 POST /api/wake (or POST / with X-Lchat-Wake-Reason), GET /healthz.
 
 A reminder leaves its time in $LCHAT_DATA_DIR/.lchat/next-wake so the
-proxy can wake the space for it. SIGTERM or SIGINT stops it cleanly.`,
+proxy can wake the space for it. With DEMO_HOLD_CONNECTIONS=1 the box holds
+its WebSockets and resumes its event stream across sleeps, sending new
+messages through $LCHAT_CONTROL_SOCKET (docs/connections.md). SIGTERM or
+SIGINT stops it cleanly.`,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Flags().String("socket", "", "Unix socket to listen on (default $LCHAT_SOCKET)")
 			cmd.Flags().String("data-dir", "", "Data directory (default $LCHAT_DATA_DIR)")
@@ -41,10 +44,12 @@ proxy can wake the space for it. SIGTERM or SIGINT stops it cleanly.`,
 
 func cmdDemoSpace(fl caddycmd.Flags) (int, error) {
 	cfg := Config{
-		Socket:  flagOrEnv(fl, "socket", "LCHAT_SOCKET"),
-		DataDir: flagOrEnv(fl, "data-dir", "LCHAT_DATA_DIR"),
-		Host:    flagOrEnv(fl, "host", "LCHAT_HOST"),
-		Logger:  caddy.Log().Named("demo_space"),
+		Socket:        flagOrEnv(fl, "socket", "LCHAT_SOCKET"),
+		DataDir:       flagOrEnv(fl, "data-dir", "LCHAT_DATA_DIR"),
+		Host:          flagOrEnv(fl, "host", "LCHAT_HOST"),
+		Logger:        caddy.Log().Named("demo_space"),
+		Hold:          os.Getenv("DEMO_HOLD_CONNECTIONS") == "1",
+		ControlSocket: os.Getenv("LCHAT_CONTROL_SOCKET"),
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
