@@ -145,7 +145,7 @@ func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version strin
 	}
 	ms := &Mesh{
 		cfg:     cfg,
-		marker:  mesh.Marker{Token: cfg.Token},
+		marker:  mesh.Marker{Token: cfg.Token, Accept: cfg.Accept},
 		roots:   roots,
 		timeout: timeout,
 		version: version,

@@ -105,7 +105,11 @@ func (e *Engine) dropOpHeld(ctx context.Context, in *inst) error {
 		in.logw = nil
 	}
 	in.mu.Unlock()
-	err = os.RemoveAll(in.dir)
+	// The disk first: its mounts sit inside in.dir.
+	err = e.removeDisk(in)
+	if rerr := os.RemoveAll(in.dir); err == nil {
+		err = rerr
+	}
 	e.mu.Lock()
 	if e.spaces[in.host] == in {
 		delete(e.spaces, in.host)

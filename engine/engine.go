@@ -84,6 +84,9 @@ type Kind struct {
 	NetworkAllow []netip.Prefix
 	// Limits bound each instance of this kind; zero fields are unlimited.
 	Limits Limits
+	// Tmp is TmpAuto (default), TmpPrivate or TmpHost: whether instances get a /tmp of
+	// their own (disk.go).
+	Tmp string
 }
 
 // Space is one route the engine is asked to serve.
@@ -128,6 +131,14 @@ type Config struct {
 	// UIDFirst and UIDCount are the range isolated spaces get their uid and gid from.
 	// Default sandbox.DefaultUIDFirst (3000000) and sandbox.DefaultUIDCount (65536).
 	UIDFirst, UIDCount uint32
+	// PageReader is the lchat-pageread binary that reads an isolated space's SQLite
+	// databases for its checkpoints, under the space's uid (pageread.go, docs/parsers.md).
+	// Default $LCHAT_PAGEREAD, else lchat-pageread beside this process's executable.
+	PageReader string
+	// PageReadTimeout bounds each answer of lchat-pageread (an open, a scan, a batch of
+	// pages; not the uploads between them); the helper is killed at it and the checkpoint
+	// fails. Default spacestore.DefaultPageReadTimeout.
+	PageReadTimeout time.Duration
 	// LogMaxMB caps each space's instance.log, in MiB, before it rotates. Default 10.
 	LogMaxMB int
 	// LogBackups is how many rotated instance logs each space keeps. Default 2.
@@ -237,6 +248,13 @@ type Engine struct {
 	fw    *sandbox.Firewall
 	fwErr error        // why the filter could not be installed, until the next kind set
 	peers []netip.Addr // from SetNetworkPeers
+
+	// diskMu guards the spaces' disk images (disk.go), opened by the first wake of a kind
+	// with limits.disk and closed by Close.
+	diskMu sync.Mutex
+	disks  *sandbox.Disks
+	// tmpHidden caches hiddenByPrivateTmp by command: error, or nil.
+	tmpHidden sync.Map
 }
 
 // New validates cfg, applies defaults and returns an engine. Call Start for the background
@@ -265,6 +283,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.LogBackups <= 0 {
 		cfg.LogBackups = 2
 	}
+	cfg.PageReader = pageReaderPath(cfg.PageReader)
 	kinds, err := kindsWithDefaults(cfg.Kinds)
 	if err != nil {
 		return nil, err
@@ -291,6 +310,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.logIsolation(kinds)
 	e.kinds.Store(&kinds)
+	e.tidyDisks()
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e, nil
 }
@@ -317,6 +337,7 @@ func (e *Engine) Close() {
 	})
 	e.wg.Wait()
 	e.closeFirewall()
+	e.closeDisks()
 	if cgroupsOpened.Load() {
 		if cg, err := hostCgroups(); err == nil {
 			cg.Close() // only empty groups go: other engines of this process keep theirs

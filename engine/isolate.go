@@ -40,8 +40,14 @@ type Limits struct {
 	CPU float64
 	// Pids caps the instance's processes and threads.
 	Pids int64
+	// DiskBytes caps the space's data dir and its /tmp together: they live in a
+	// filesystem image of this size, mounted while the space is on this box (disk.go).
+	// A write past it fails with ENOSPC inside the instance. At least
+	// sandbox.MinDiskBytes; needs isolation and a private /tmp.
+	DiskBytes int64
 }
 
+// any reports a limit that needs a cgroup (DiskBytes needs none).
 func (l Limits) any() bool { return l.MemoryBytes > 0 || l.CPU > 0 || l.Pids > 0 }
 
 func (l Limits) sandbox() sandbox.Limits {
@@ -74,6 +80,9 @@ func checkIsolation(k Kind) error {
 	}
 	if k.Limits.MemoryBytes < 0 || k.Limits.CPU < 0 || k.Limits.Pids < 0 {
 		return errors.New("limits must not be negative")
+	}
+	if err := checkDisk(k); err != nil {
+		return err
 	}
 	if k.Limits.any() {
 		cg, err := hostCgroups()
@@ -111,6 +120,9 @@ func (e *Engine) whyNotIsolated(k Kind) error {
 		return err
 	}
 	if err := e.stateDirReachable(); err != nil {
+		return err
+	}
+	if err := e.pageReaderPresent(); err != nil {
 		return err
 	}
 	return commandReachable(k.Command)
@@ -173,8 +185,15 @@ func (e *Engine) checkKindsHere(kinds map[string]Kind) error {
 			if err := commandReachable(k.Command); err != nil {
 				return fmt.Errorf("engine: kind %s: %v", name, err)
 			}
+			if err := e.pageReaderPresent(); err != nil {
+				return fmt.Errorf("engine: kind %s: %v", name, err)
+			}
 		}
-		if _, _, err := e.network(k, e.isolated(k)); err != nil {
+		iso := e.isolated(k)
+		if _, _, err := e.network(k, iso); err != nil {
+			return fmt.Errorf("engine: kind %s: %v", name, err)
+		}
+		if err := e.checkDiskHere(k, iso); err != nil {
 			return fmt.Errorf("engine: kind %s: %v", name, err)
 		}
 	}
@@ -200,6 +219,14 @@ func (e *Engine) logIsolation(kinds map[string]Kind) {
 		}
 		if len(k.NetworkAllow) > 0 {
 			f = append(f, zap.Stringers("network_allow", k.NetworkAllow))
+		}
+		private, whyNotTmp := e.privateTmp(k, iso)
+		f = append(f, zap.Bool("private_tmp", private))
+		if whyNotTmp != nil {
+			f = append(f, zap.NamedError("tmp_why_not_private", whyNotTmp))
+		}
+		if k.Limits.DiskBytes > 0 {
+			f = append(f, zap.Int64("disk_bytes", k.Limits.DiskBytes))
 		}
 		e.log.Info("kind isolation", f...)
 	}
@@ -241,6 +268,8 @@ type sandboxPlan struct {
 	emptyNet bool
 	// netRelease ends the start's admission to the egress filter; nil: none.
 	netRelease func()
+	// tmpDir is the instance's own /tmp (sandbox.StartOptions.TmpDir); "": the box's.
+	tmpDir string
 }
 
 // release undoes what the plan readied, for a start that failed.
@@ -294,6 +323,17 @@ func (e *Engine) prepareSandbox(in *inst, k Kind) (sandboxPlan, error) {
 			return plan, fmt.Errorf("handing the socket dir to uid %d: %v", uid, err)
 		}
 		plan.cred = &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}
+		if private, _ := e.privateTmp(k, true); private {
+			// In the space's disk when it has one (mounted by the wake, before its
+			// restore), else beside its data dir; never the box's /tmp.
+			plan.tmpDir = filepath.Join(in.dir, "tmp")
+			if d := e.mountedDisk(in.host); d != nil {
+				plan.tmpDir = d.TmpDir()
+			}
+			if err := sandbox.PrepareTmpDir(plan.tmpDir, uid, uid); err != nil {
+				return plan, fmt.Errorf("preparing the space's /tmp: %v", err)
+			}
+		}
 	}
 	if iso || k.Limits.any() {
 		cg, err := hostCgroups()

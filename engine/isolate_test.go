@@ -17,6 +17,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/spacestore/pageread/pagereadtest"
 )
 
 // reachableInstance copies this test binary, the instance of the isolation tests, into a
@@ -63,7 +64,7 @@ func TestIsolatedSpaceOwnsItsDataAcrossSleeps(t *testing.T) {
 		Limits:      Limits{Pids: 100},
 	}
 	e, err := New(Config{Bucket: b, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
-		Kinds: map[string]Kind{"app": kind}, UIDFirst: 3200000, UIDCount: 100})
+		Kinds: map[string]Kind{"app": kind}, UIDFirst: 3200000, UIDCount: 100, PageReader: pagereadtest.Binary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func TestCheckpointOfARunningIsolatedInstanceFreezesIt(t *testing.T) {
 	e, err := New(Config{Bucket: probe, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
 		Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
 			Replication: Replication{Class: ReplicatePeriodic, Interval: 50 * time.Millisecond}, StopGrace: 5 * time.Second,
-			Isolation: IsolationOn, Network: NetworkHost}}, UIDFirst: 3200200, UIDCount: 100})
+			Isolation: IsolationOn, Network: NetworkHost}}, UIDFirst: 3200200, UIDCount: 100, PageReader: pagereadtest.Binary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +251,7 @@ func BenchmarkWakeSleepIsolation(b *testing.B) {
 			e, err := New(Config{Bucket: fb, StateDir: filepath.Join(dir, "state-"+mode), Holder: "box", Incarnation: "1",
 				Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
 					Replication: Replication{Class: ReplicateSleep}, StopGrace: 5 * time.Second, Isolation: mode, Network: NetworkHost}},
-				UIDFirst: 3200400, UIDCount: 100})
+				UIDFirst: 3200400, UIDCount: 100, PageReader: pagereadtest.Binary(b)})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -274,5 +275,40 @@ func BenchmarkWakeSleepIsolation(b *testing.B) {
 	if per[IsolationNone] > 0 && per[IsolationOn] > 0 {
 		b.Logf("wake+sleep: none %v, on %v: isolation costs x%.2f", per[IsolationNone], per[IsolationOn],
 			float64(per[IsolationOn])/float64(per[IsolationNone]))
+	}
+}
+
+// TestIsolationNeedsThePageReader: without lchat-pageread an isolated space's database
+// checkpoints would all fail, so `isolation on` refuses to start naming the binary, and an
+// unset isolation runs the kind as the box's user with that reason.
+func TestIsolationNeedsThePageReader(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CI runs as root)")
+	}
+	dir, inst := reachableInstance(t, "nopr")
+	fb, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "no-such-dir", "lchat-pageread")
+	kind := Kind{Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"}, Network: NetworkHost}
+	on := kind
+	on.Isolation = IsolationOn
+	_, err = New(Config{Bucket: fb, StateDir: filepath.Join(dir, "state-on"), Holder: "box", Incarnation: "1",
+		Kinds: map[string]Kind{"app": on}, UIDFirst: 3200600, UIDCount: 100, PageReader: missing})
+	if err == nil || !strings.Contains(err.Error(), "lchat-pageread is missing") {
+		t.Fatalf("isolation on without the page reader: %v, want a refusal naming lchat-pageread", err)
+	}
+	e, err := New(Config{Bucket: fb, StateDir: filepath.Join(dir, "state-auto"), Holder: "box", Incarnation: "1",
+		Kinds: map[string]Kind{"app": kind}, UIDFirst: 3200600, UIDCount: 100, PageReader: missing})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drainAtEnd(t, e)
+	if e.isolated(kind) {
+		t.Fatal("a kind with unset isolation is isolated without the page reader")
+	}
+	if why := e.whyNotIsolated(kind); why == nil || !strings.Contains(why.Error(), "lchat-pageread") {
+		t.Fatalf("why not isolated: %v, want lchat-pageread named", why)
 	}
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/internal/testnet"
+	"github.com/lchat/lchat-caddy/spacestore/pageread/pagereadtest"
 )
 
 // dialFromInstance is the test instance's POST /dial?addr=A: one TCP connection to A
@@ -148,7 +149,7 @@ func networkEngine(t *testing.T, kinds map[string]Kind, uidFirst uint32, log *za
 		t.Fatal(err)
 	}
 	e, err := New(Config{Bucket: b, StateDir: filepath.Join(dir, "state"), Holder: "box", Incarnation: "1",
-		Kinds: kinds, UIDFirst: uidFirst, UIDCount: 100, Logger: log})
+		Kinds: kinds, UIDFirst: uidFirst, UIDCount: 100, Logger: log, PageReader: pagereadtest.Binary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,8 +243,10 @@ func TestInstanceNetworkByKind(t *testing.T) {
 }
 
 // TestWakeCostByNetwork measures wakes (lease, restore, start, ready) of isolated spaces
-// with isolation alone (network host, on an engine that installs no egress filter) and
-// under network egress and none (on an engine that does), interleaved in one run, and
+// with isolation alone (network host, the box's /tmp, on an engine that installs no
+// egress filter), under network egress and none (on an engine that does), with a private
+// /tmp alone, and with all of egress, limits.disk and a private /tmp (the disk mounted by
+// the first, warm-up, round and kept), interleaved in one run, and
 // logs their p50 and p99: LCHAT_WAKE_COST_ROUNDS=200 go test ./engine -run WakeCost -v
 // (root). Without the variable it makes 15 rounds.
 func TestWakeCostByNetwork(t *testing.T) {
@@ -257,13 +260,24 @@ func TestWakeCostByNetwork(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("LCHAT_WAKE_COST_ROUNDS")); err == nil && n > 0 {
 		rounds = n
 	}
-	alone := networkEngine(t, map[string]Kind{NetworkHost: {Network: NetworkHost}}, 3200700, nil)
-	confined := networkEngine(t, map[string]Kind{NetworkEgress: {Network: NetworkEgress}, NetworkNone: {Network: NetworkNone}}, 3200800, nil)
+	alone := networkEngine(t, map[string]Kind{NetworkHost: {Network: NetworkHost, Tmp: TmpHost}}, 3200700, nil)
+	confined := networkEngine(t, map[string]Kind{NetworkEgress: {Network: NetworkEgress, Tmp: TmpHost}, NetworkNone: {Network: NetworkNone, Tmp: TmpHost}}, 3200800, nil)
 	if alone.openFirewall() != nil || confined.openFirewall() == nil {
 		t.Fatal("the isolation-alone engine has an egress filter, or the confined one has none")
 	}
-	modes := []string{NetworkHost, NetworkEgress, NetworkNone}
-	engines := map[string]*Engine{NetworkHost: alone, NetworkEgress: confined, NetworkNone: confined}
+	// A private /tmp hides /tmp, where reachableInstance keeps its engines: these two
+	// live outside it.
+	const privTmp, full = "tmp", "full"
+	tmpOnly, _ := diskEngine(t, nil, map[string]Kind{privTmp: {Network: NetworkHost, Tmp: TmpPrivate}}, 3201000)
+	fullEngine, _ := diskEngine(t, nil, map[string]Kind{full: {Network: NetworkEgress, Limits: Limits{DiskBytes: 64 << 20}}}, 3201100)
+	if p, why := tmpOnly.privateTmp(tmpOnly.Kinds()[privTmp], true); !p {
+		t.Fatalf("the private /tmp engine gives none: %v", why)
+	}
+	if p, _ := alone.privateTmp(alone.Kinds()[NetworkHost], true); p {
+		t.Fatal("the isolation-alone engine gives a private /tmp")
+	}
+	modes := []string{NetworkHost, NetworkEgress, NetworkNone, privTmp, full}
+	engines := map[string]*Engine{NetworkHost: alone, NetworkEgress: confined, NetworkNone: confined, privTmp: tmpOnly, full: fullEngine}
 	took := map[string][]time.Duration{}
 	for i := range rounds + 1 {
 		for j := range modes {
@@ -284,6 +298,9 @@ func TestWakeCostByNetwork(t *testing.T) {
 			}
 		}
 	}
+	if fullEngine.mountedDisk(full+".example.com") == nil {
+		t.Fatal("the full engine's space has no disk mounted")
+	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	pct := func(ds []time.Duration, p float64) time.Duration {
 		s := slices.Clone(ds)
@@ -292,12 +309,13 @@ func TestWakeCostByNetwork(t *testing.T) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "wake cost over %d interleaved rounds:\n", rounds)
-	names := map[string]string{NetworkHost: "isolation on alone", NetworkEgress: "+ network egress", NetworkNone: "+ network none"}
+	names := map[string]string{NetworkHost: "isolation on alone", NetworkEgress: "+ network egress", NetworkNone: "+ network none",
+		privTmp: "+ private /tmp", full: "+ egress, disk, private /tmp"}
 	for _, m := range modes {
-		fmt.Fprintf(&b, "  %-20s p50 %6.2f ms  p99 %6.2f ms\n", names[m], ms(pct(took[m], .5)), ms(pct(took[m], .99)))
+		fmt.Fprintf(&b, "  %-30s p50 %6.2f ms  p99 %6.2f ms\n", names[m], ms(pct(took[m], .5)), ms(pct(took[m], .99)))
 	}
 	for _, m := range modes[1:] {
-		fmt.Fprintf(&b, "  network %s costs: p50 %+.2f ms, p99 %+.2f ms\n", m,
+		fmt.Fprintf(&b, "  %-30s costs: p50 %+.2f ms, p99 %+.2f ms\n", names[m],
 			ms(pct(took[m], .5)-pct(took[NetworkHost], .5)), ms(pct(took[m], .99)-pct(took[NetworkHost], .99)))
 	}
 	t.Log(b.String())

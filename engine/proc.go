@@ -160,9 +160,11 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 		p.uid = int(plan.cred.Uid)
 		p.isolated = plan.group != nil
 	}
+	// Checkpoints read the databases as the instance runs: under its uid when it has one.
+	in.syncer.PageReader = e.pageReader(in, plan.cred)
 	in.unpinSocket()
 	if plan.group != nil {
-		p.release, err = plan.group.Start(cmd, sandbox.StartOptions{EmptyNetwork: plan.emptyNet})
+		p.release, err = plan.group.Start(cmd, sandbox.StartOptions{EmptyNetwork: plan.emptyNet, TmpDir: plan.tmpDir})
 	} else {
 		err = cmd.Start()
 	}

@@ -116,6 +116,11 @@ func (e *Engine) wake(in *inst, from State) (unsaved bool, err error) {
 			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
 	}
 	in.syncer.Retention, in.syncer.GCGrace = kind.Retention, kind.GCGrace
+	// The disk is mounted before the restore, which writes into it.
+	if _, err := e.attachDisk(in, kind); err != nil {
+		log.Error("attaching the space's disk", zap.Error(err))
+		return unsaved, &RetryError{After: 5 * time.Second, Reason: "disk unavailable"}
+	}
 	kept, err := e.restoreAndFence(ctx, in, etag, unsaved, &ph, phase)
 	unsaved = unsaved && kept
 	if err != nil {

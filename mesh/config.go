@@ -23,6 +23,9 @@ const (
 	EnvDomains = "LCHAT_MESH_DOMAINS"
 	EnvToken   = "LCHAT_MESH_TOKEN"
 	EnvRegion  = "LCHAT_MESH_REGION"
+	// EnvTokenAccept lists tokens a box accepts besides its own and never sends: the
+	// middle steps of a rolling token rotation.
+	EnvTokenAccept = "LCHAT_MESH_TOKEN_ACCEPT"
 )
 
 // Secret is a string that never prints: fmt verbs, %#v and JSON all show "[redacted]".
@@ -49,8 +52,10 @@ type Config struct {
 	// Domains are the mesh domains, lowercased; only hosts equal to or directly under
 	// one of them take part in placement.
 	Domains []string
-	// Token is the shared bearer secret of the mesh.
+	// Token is the shared bearer secret of the mesh: the one this box sends.
 	Token Secret
+	// Accept are tokens this box accepts from peers besides Token (LCHAT_MESH_TOKEN_ACCEPT).
+	Accept []Secret
 	// Region is this box's region label; empty means region-agnostic.
 	Region string
 }
@@ -67,8 +72,8 @@ func (c Config) String() string {
 	if c.Token != "" {
 		tok = redacted
 	}
-	return fmt.Sprintf("mesh self=%s region=%q domains=%s token=%s",
-		c.Self, c.Region, strings.Join(c.Domains, ","), tok)
+	return fmt.Sprintf("mesh self=%s region=%q domains=%s token=%s accepted_tokens=%d",
+		c.Self, c.Region, strings.Join(c.Domains, ","), tok, len(c.Accept))
 }
 
 // GoString is String, so %#v cannot leak the token either.
@@ -104,6 +109,9 @@ func ParseEnv(getenv func(string) string) (Config, error) {
 		return Config{}, err
 	}
 	cfg.Token = Secret(tok)
+	if cfg.Accept, err = parseAccept(getenv(EnvTokenAccept), cfg.Token); err != nil {
+		return Config{}, err
+	}
 	cfg.Region = strings.TrimSpace(getenv(EnvRegion))
 	if cfg.Region != "" {
 		// The same rule as a route's home_region, or no region-pinned space could

@@ -163,3 +163,35 @@ func TestInScope(t *testing.T) {
 		}
 	}
 }
+
+// TestParseEnvAcceptList: LCHAT_MESH_TOKEN_ACCEPT is read as a list of tokens, each as
+// long as the own token must be, the own token dropped; a short one is refused naming the
+// variable and its position, never a value; String counts them without showing them.
+func TestParseEnvAcceptList(t *testing.T) {
+	next := NewToken()
+	base := map[string]string{EnvSelf: "https://a.example.net", EnvDomains: "example.com", EnvToken: testToken}
+	env := func(accept string) func(string) string {
+		m := map[string]string{EnvTokenAccept: accept}
+		for k, v := range base {
+			m[k] = v
+		}
+		return envOf(m)
+	}
+	got, err := ParseEnv(env(next + ", " + testToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Accept) != 1 || got.Accept[0] != Secret(next) {
+		t.Fatalf("Accept = %d tokens, want the one that is not the own token", len(got.Accept))
+	}
+	if s := got.String(); strings.Contains(s, next) || !strings.Contains(s, "accepted_tokens=1") {
+		t.Fatalf("String = %q", s)
+	}
+	_, err = ParseEnv(env(next + ",short-secret-value"))
+	if err == nil || !strings.Contains(err.Error(), EnvTokenAccept) || !strings.Contains(err.Error(), "token 2") {
+		t.Fatalf("short accepted token: %v", err)
+	}
+	if strings.Contains(err.Error(), "short-secret-value") || strings.Contains(err.Error(), next) {
+		t.Fatalf("error leaks a token: %q", err)
+	}
+}

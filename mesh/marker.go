@@ -26,8 +26,10 @@ const DefaultMarkerWindow = 60 * time.Second
 // be replayed for the same host; that only makes a box serve the request itself instead
 // of forwarding, which the per-space lease already resolves.
 type Marker struct {
-	// Token is the mesh token. An empty token makes every marker invalid.
+	// Token is the mesh token, which signs. An empty token makes every marker invalid.
 	Token Secret
+	// Accept are further tokens whose markers verify (a token rotation in progress).
+	Accept []Secret
 	// Window bounds the clock difference accepted. Default: DefaultMarkerWindow.
 	Window time.Duration
 	// Now is the clock. Default: time.Now.
@@ -73,7 +75,11 @@ func (m Marker) SignHop(host string, t time.Time, hop int) string {
 }
 
 func (m Marker) mac(host, ts string, hop int) []byte {
-	h := hmac.New(sha256.New, []byte(m.Token))
+	return macWith(m.Token, host, ts, hop)
+}
+
+func macWith(token Secret, host, ts string, hop int) []byte {
+	h := hmac.New(sha256.New, []byte(token))
 	h.Write([]byte(host))
 	h.Write([]byte{'|'})
 	h.Write([]byte(ts))
@@ -127,7 +133,14 @@ func (m Marker) verify(value, host string) (int, error) {
 	if d := m.now().Sub(time.Unix(sec, 0)); d > m.window() || d < -m.window() {
 		return 0, ErrMarkerStale
 	}
-	if !hmac.Equal(got, m.mac(NormalizeHost(host), ts, hop)) {
+	host = NormalizeHost(host)
+	ok = hmac.Equal(got, m.mac(host, ts, hop))
+	for _, t := range m.Accept {
+		if t != "" && hmac.Equal(got, macWith(t, host, ts, hop)) {
+			ok = true
+		}
+	}
+	if !ok {
 		return 0, ErrMarkerBadMAC
 	}
 	return hop, nil

@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -88,5 +89,20 @@ func TestMarkerHops(t *testing.T) {
 		if got := m.StripHops(h, "a.example.com"); got != 0 || h.Get(ForwardedHeader) != "" {
 			t.Errorf("forged hop %q accepted as hop %d", forged, got)
 		}
+	}
+}
+
+// TestMarkerVerifiesAcceptedTokens: a marker signed with a token the box accepts (a
+// rotation in progress) verifies; one signed with any other token does not.
+func TestMarkerVerifiesAcceptedTokens(t *testing.T) {
+	oldTok, newTok := Secret(NewToken()), Secret(NewToken())
+	now := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { return now }
+	signedNew := Marker{Token: newTok, Now: clock}.SignHop("a.example.com", now, 2)
+	if err := (Marker{Token: oldTok, Accept: []Secret{newTok}, Now: clock}).Verify(signedNew, "a.example.com"); err != nil {
+		t.Fatalf("a marker of an accepted token: %v", err)
+	}
+	if err := (Marker{Token: oldTok, Now: clock}).Verify(signedNew, "a.example.com"); !errors.Is(err, ErrMarkerBadMAC) {
+		t.Fatalf("a marker of a token not accepted: %v, want ErrMarkerBadMAC", err)
 	}
 }

@@ -167,20 +167,25 @@ func (r RouteRow) InScopeFor(domains []string, region string) bool {
 	return RouteInScope(r.Host, r.HomeRegion, domains, region)
 }
 
-// Authorize reports whether r carries "Authorization: Bearer <token>". The comparison is
-// constant-time over SHA-256 digests, so neither the token nor its length leaks through
-// timing. An empty token authorizes nothing.
-func Authorize(r *http.Request, token Secret) bool {
-	if token == "" {
-		return false
-	}
+// Authorize reports whether r carries "Authorization: Bearer <t>" for token or one of
+// accept (the tokens of a rotation in progress). Each comparison is constant-time over
+// SHA-256 digests, and every candidate is compared, so neither a token, its length nor
+// which one matched leaks through timing. An empty token authorizes nothing.
+func Authorize(r *http.Request, token Secret, accept ...Secret) bool {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok {
 		return false
 	}
 	a := sha256.Sum256([]byte(strings.TrimSpace(got)))
-	b := sha256.Sum256([]byte(token))
-	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+	match := 0
+	for _, t := range append([]Secret{token}, accept...) {
+		if t == "" {
+			continue
+		}
+		b := sha256.Sum256([]byte(t))
+		match |= subtle.ConstantTimeCompare(a[:], b[:])
+	}
+	return match == 1
 }
 
 // HostFromPath extracts the host of a PathRoute request path.

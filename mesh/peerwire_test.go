@@ -160,3 +160,34 @@ func TestRouteRowNeverPrintsEnv(t *testing.T) {
 		t.Fatalf("Validate = %v", err)
 	}
 }
+
+// TestAuthorizeDuringARotation: every step of the documented three-step rotation leaves
+// each box accepting what every other box sends, and a token outside the lists is refused.
+func TestAuthorizeDuringARotation(t *testing.T) {
+	oldTok, newTok, other := Secret(NewToken()), Secret(NewToken()), Secret(NewToken())
+	type box struct {
+		send   Secret
+		accept []Secret
+	}
+	steps := [][]box{
+		{{oldTok, nil}, {oldTok, []Secret{newTok}}},              // step 1 rolling out
+		{{oldTok, []Secret{newTok}}, {newTok, []Secret{oldTok}}}, // step 2 rolling out
+		{{newTok, []Secret{oldTok}}, {newTok, nil}},              // step 3 rolling out
+	}
+	for i, fleet := range steps {
+		for _, from := range fleet {
+			for _, to := range fleet {
+				r := httptest.NewRequest(http.MethodGet, "/", nil)
+				r.Header.Set("Authorization", "Bearer "+string(from.send))
+				if !Authorize(r, to.send, to.accept...) {
+					t.Errorf("step %d: a box sending its token was refused", i+1)
+				}
+			}
+		}
+	}
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("Authorization", "Bearer "+string(other))
+	if Authorize(r, oldTok, newTok) {
+		t.Error("a token in neither list was accepted")
+	}
+}

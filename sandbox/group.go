@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -182,6 +181,12 @@ type StartOptions struct {
 	// EmptyNetwork starts the instance in a network namespace of its own whose only
 	// interface is an up loopback (network none; see CheckEmptyNetwork).
 	EmptyNetwork bool
+	// TmpDir, when set, is the instance's /tmp and /var/tmp: the forking thread enters a
+	// mount namespace of its own (a slave of the box's) and bind-mounts TmpDir on both,
+	// nosuid and nodev, so the instance never sees the box's /tmp nor another space's
+	// (see CheckPrivateTmp). The directory must be the space's and its parent the box's
+	// (PrepareTmpDir).
+	TmpDir string
 }
 
 // Start starts cmd with every process it will ever have inside the group.
@@ -195,17 +200,17 @@ type StartOptions struct {
 // called, because the kernel delivers SysProcAttr.Pdeathsig when the forking thread
 // ends, not the process: call release once the process has been reaped. With
 // opt.EmptyNetwork the thread moves into a new network namespace first, so the
-// instance starts inside it; the namespace ends with the instance's last process.
+// instance starts inside it; the namespace ends with the instance's last process. With
+// opt.TmpDir it then moves into a mount namespace of its own with TmpDir on /tmp.
 func (g *Group) Start(cmd *exec.Cmd, opt StartOptions) (release func(), err error) {
 	type result struct {
 		err     error
 		release chan struct{}
 	}
 	res := make(chan result, 1)
-	go func() {
-		// Never unlocked: the Go runtime ends a thread whose goroutine exits locked, so
-		// this thread's changed capabilities and groups die with it.
-		runtime.LockOSThread()
+	// The Go runtime ends a thread whose goroutine exits locked, so this thread's changed
+	// capabilities, groups and namespaces die with it (onOwnThread).
+	onOwnThread(func() {
 		if err := g.startLocked(cmd, opt); err != nil {
 			res <- result{err: err}
 			return
@@ -213,7 +218,7 @@ func (g *Group) Start(cmd *exec.Cmd, opt StartOptions) (release func(), err erro
 		r := make(chan struct{})
 		res <- result{release: r}
 		<-r
-	}()
+	})
 	r := <-res
 	if r.err != nil {
 		return nil, r.err
@@ -227,6 +232,11 @@ func (g *Group) startLocked(cmd *exec.Cmd, opt StartOptions) error {
 	}
 	if opt.EmptyNetwork {
 		if err := enterEmptyNetwork(); err != nil {
+			return err
+		}
+	}
+	if opt.TmpDir != "" {
+		if err := enterPrivateTmp(opt.TmpDir); err != nil {
 			return err
 		}
 	}

@@ -55,6 +55,8 @@ func TestMain(m *testing.M) {
 		ambientBox()
 	case "netprobe":
 		netProbe(strings.Fields(os.Getenv("SANDBOX_PROBE")))
+	case "mainthread":
+		mainThreadProbe()
 	}
 }
 

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"fmt"
-	"runtime"
 
 	"golang.org/x/sys/unix"
 )
@@ -49,11 +48,8 @@ func CheckEmptyNetwork() error {
 		return err
 	}
 	res := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread, now in the probe's namespace, ends with the goroutine.
-		runtime.LockOSThread()
-		res <- enterEmptyNetwork()
-	}()
+	// The thread, now in the probe's namespace, ends with the goroutine.
+	onOwnThread(func() { res <- enterEmptyNetwork() })
 	if err := <-res; err != nil {
 		return fmt.Errorf("network none: %v (under systemd, RestrictNamespaces= must allow net)", err)
 	}

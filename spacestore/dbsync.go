@@ -8,12 +8,18 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"math/bits"
 	"os"
 	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/superfly/ltx"
+
+	"github.com/lchat/lchat-caddy/spacestore/pageread"
 )
 
 // dbState is what this box knows of one database's last checkpointed image: per-page hashes
@@ -24,7 +30,7 @@ type dbState struct {
 	img        *DBImage
 	hashes     []uint64 // by pgno-1
 	sum        uint64
-	wal        walPos
+	wal        pageread.WALPos
 	deltaPages [][]uint32 // parallel to img.Deltas
 	// v1 is the format-1 manifest entry of a database restored from a whole-file blob: the
 	// image is that blob as a single base chunk, and while nothing changes the entry stays
@@ -45,15 +51,15 @@ type dbResult struct {
 // pages changed since prev, this box's last image of it (detectChanges); plan the new image
 // (planDB: the chain policy and what mode folds); upload what the plan writes (writeDB).
 func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *dbState, mode Mode, now time.Time, up *uploader) (dbResult, error) {
-	var since *walPos
+	var since *pageread.WALPos
 	if prev != nil && prev.wal.Frames > 0 {
 		since = &prev.wal
 	}
-	v, err := openView(ctx, abs, since)
+	v, err := s.openPages(ctx, abs, since)
 	if err != nil {
 		return dbResult{}, err
 	}
-	defer v.close()
+	defer v.Close()
 	ch, err := detectChanges(v, prev)
 	if err != nil {
 		return dbResult{}, err
@@ -91,42 +97,48 @@ func (ch dbChanges) size() int64 { return int64(ch.pages) * int64(ch.pageSize) }
 
 // detectChanges finds the pages of the view that differ from prev: from the WAL tail when
 // the WAL kept its identity since prev, else by one scan that hashes every page.
-func detectChanges(v *dbView, prev *dbState) (dbChanges, error) {
-	usable := prev != nil && prev.dev == v.dev && prev.ino == v.ino && prev.img.PageSize == v.pageSize
-	if !usable && v.tail {
-		if err := v.indexAll(); err != nil {
+func detectChanges(v pageread.Source, prev *dbState) (dbChanges, error) {
+	sh := v.Shape()
+	usable := prev != nil && prev.dev == sh.Dev && prev.ino == sh.Ino && prev.img.PageSize == sh.PageSize
+	if !usable && sh.Tail {
+		if err := v.IndexAll(); err != nil {
 			return dbChanges{}, err
 		}
+		sh = v.Shape()
 	}
-	ns := &dbState{dev: v.dev, ino: v.ino, wal: v.pos}
-	ch := dbChanges{state: ns, usable: usable, pages: v.pages, pageSize: v.pageSize}
-	if usable && v.tail {
+	ns := &dbState{dev: sh.Dev, ino: sh.Ino, wal: sh.Pos}
+	ch := dbChanges{state: ns, usable: usable, pages: sh.Pages, pageSize: sh.PageSize}
+	if usable && sh.Tail {
 		ns.hashes = slices.Clone(prev.hashes)
 		ns.sum = prev.sum
-		for i := int(v.pages); i < len(ns.hashes); i++ {
+		for i := int(sh.Pages); i < len(ns.hashes); i++ {
 			ns.sum ^= ns.hashes[i]
 		}
-		if int(v.pages) < len(ns.hashes) {
-			ns.hashes = ns.hashes[:v.pages]
+		if int(sh.Pages) < len(ns.hashes) {
+			ns.hashes = ns.hashes[:sh.Pages]
 		} else {
-			ns.hashes = append(ns.hashes, make([]uint64, int(v.pages)-len(ns.hashes))...)
+			ns.hashes = append(ns.hashes, make([]uint64, int(sh.Pages)-len(ns.hashes))...)
 		}
-		page := make([]byte, v.pageSize)
-		for _, pg := range v.changedSinceTail() {
-			if err := v.readPage(pg, page); err != nil {
-				return dbChanges{}, err
-			}
+		changed, err := v.ChangedSinceTail()
+		if err != nil {
+			return dbChanges{}, err
+		}
+		err = v.ReadPages(changed, func(pg uint32, page []byte) error {
 			if h := pageHash(pg, page); h != ns.hashes[pg-1] {
 				ns.sum ^= ns.hashes[pg-1] ^ h
 				ns.hashes[pg-1] = h
 				ch.changed = append(ch.changed, pg)
 			}
+			return nil
+		})
+		if err != nil {
+			return dbChanges{}, err
 		}
 		return ch, nil
 	}
 	ch.fullScan = true
-	ns.hashes = make([]uint64, v.pages)
-	err := v.scan(func(pg uint32, data []byte) error {
+	ns.hashes = make([]uint64, sh.Pages)
+	err := v.Scan(func(pg uint32, data []byte) error {
 		h := pageHash(pg, data)
 		ns.hashes[pg-1] = h
 		ns.sum ^= h
@@ -143,10 +155,10 @@ func detectChanges(v *dbView, prev *dbState) (dbChanges, error) {
 
 // writeDB uploads what plan p writes, read from the view, and fills in the references of
 // p.img.
-func (s *Syncer) writeDB(ctx context.Context, v *dbView, p dbPlan, gen int64, now time.Time, up *uploader) error {
+func (s *Syncer) writeDB(ctx context.Context, v pageread.Source, p dbPlan, gen int64, now time.Time, up *uploader) error {
 	switch p.step {
 	case stepNewBase, stepRebase:
-		if err := v.indexAll(); err != nil {
+		if err := v.IndexAll(); err != nil {
 			return err
 		}
 		return s.writeBase(ctx, v, p.img, p.oldBase, p.dirty, gen, up)
@@ -154,7 +166,7 @@ func (s *Syncer) writeDB(ctx context.Context, v *dbView, p dbPlan, gen int64, no
 		for i := range p.fresh {
 			if len(p.deltaPages[i]) > 0 && p.img.Deltas[i].Level > 0 {
 				// A merged delta holds pages older than the WAL's tail.
-				if err := v.indexAll(); err != nil {
+				if err := v.IndexAll(); err != nil {
 					return err
 				}
 			}
@@ -174,7 +186,7 @@ func (s *Syncer) writeDB(ctx context.Context, v *dbView, p dbPlan, gen int64, no
 
 // writeBase sets img.Base to raw page ranges of the view. A chunk whose pages are not in
 // dirty and whose extent is unchanged keeps its old object (old[i]); nil dirty rewrites all.
-func (s *Syncer) writeBase(ctx context.Context, v *dbView, img *DBImage, old []Ref, dirty map[uint32]bool, gen int64, up *uploader) error {
+func (s *Syncer) writeBase(ctx context.Context, v pageread.Source, img *DBImage, old []Ref, dirty map[uint32]bool, gen int64, up *uploader) error {
 	size := int64(img.Pages) * int64(img.PageSize)
 	per := uint32(img.ChunkBytes / int64(img.PageSize))
 	img.Base = nil
@@ -190,10 +202,16 @@ func (s *Syncer) writeBase(ctx context.Context, v *dbView, img *DBImage, old []R
 			continue
 		}
 		buf := make([]byte, int(n)*img.PageSize)
-		for j := uint32(0); j < n; j++ {
-			if err := v.readPage(first+j, buf[int(j)*img.PageSize:int(j+1)*img.PageSize]); err != nil {
-				return fmt.Errorf("reading pages: %w", err)
-			}
+		pgs := make([]uint32, n)
+		for j := range pgs {
+			pgs[j] = first + uint32(j)
+		}
+		err := v.ReadPages(pgs, func(pg uint32, data []byte) error {
+			copy(buf[int(pg-first)*img.PageSize:], data)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("reading pages: %w", err)
 		}
 		if int(i) < len(old) && old[i].SHA256 == sha256Hex(buf) {
 			img.Base = append(img.Base, old[i])
@@ -210,31 +228,40 @@ func (s *Syncer) writeBase(ctx context.Context, v *dbView, img *DBImage, old []R
 
 // encodeDelta writes pages of the view as one LTX file. Page checksums are off (the object's
 // SHA-256 and the image checksum guard the content); LTX's own file checksum stays.
-func encodeDelta(v *dbView, pages []uint32, minGen, maxGen int64, now time.Time) ([]byte, error) {
+func encodeDelta(v pageread.Source, pages []uint32, minGen, maxGen int64, now time.Time) ([]byte, error) {
+	sh := v.Shape()
 	var buf bytes.Buffer
 	enc, err := ltx.NewEncoder(&buf)
 	if err != nil {
 		return nil, err
 	}
 	err = enc.EncodeHeader(ltx.Header{
-		Version: ltx.Version, Flags: ltx.HeaderFlagNoChecksum, PageSize: uint32(v.pageSize),
-		Commit: v.pages, MinTXID: ltx.TXID(minGen), MaxTXID: ltx.TXID(maxGen), Timestamp: now.UnixMilli(),
+		Version: ltx.Version, Flags: ltx.HeaderFlagNoChecksum, PageSize: uint32(sh.PageSize),
+		Commit: sh.Pages, MinTXID: ltx.TXID(minGen), MaxTXID: ltx.TXID(maxGen), Timestamp: now.UnixMilli(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("encoding delta: %w", err)
 	}
-	page := make([]byte, v.pageSize)
-	lock := lockPgno(v.pageSize)
+	lock := lockPgno(sh.PageSize)
+	read := make([]uint32, 0, len(pages))
 	for _, pg := range pages {
-		if pg > v.pages || pg == lock {
-			continue
+		if pg <= sh.Pages && pg != lock {
+			read = append(read, pg)
 		}
-		if err := v.readPage(pg, page); err != nil {
-			return nil, fmt.Errorf("reading pages: %w", err)
-		}
+	}
+	var encErr error
+	err = v.ReadPages(read, func(pg uint32, page []byte) error {
 		if err := enc.EncodePage(ltx.PageHeader{Pgno: pg}, page); err != nil {
-			return nil, fmt.Errorf("encoding delta: %w", err)
+			encErr = fmt.Errorf("encoding delta: %w", err)
+			return encErr
 		}
+		return nil
+	})
+	if encErr != nil {
+		return nil, encErr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading pages: %w", err)
 	}
 	if err := enc.Close(); err != nil {
 		return nil, fmt.Errorf("encoding delta: %w", err)
@@ -336,4 +363,20 @@ func hashImage(p string, img *DBImage) (*dbState, error) {
 func sha256Hex(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
+}
+
+// pageHash identifies a page's content at its position; a database's checksum is the XOR of
+// its pages' hashes, so a delta updates it in time proportional to the pages it changes.
+func pageHash(pgno uint32, data []byte) uint64 {
+	return xxhash.Sum64(data) ^ bits.RotateLeft64(uint64(pgno)*0x9e3779b97f4a7c15, 29)
+}
+
+// lockPgno is the page holding SQLite's lock bytes (at 1 GiB), never written by SQLite.
+func lockPgno(pageSize int) uint32 { return uint32(0x40000000/pageSize) + 1 }
+
+func statID(fi os.FileInfo) (dev, ino uint64) {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Dev), st.Ino
+	}
+	return 0, 0
 }

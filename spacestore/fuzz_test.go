@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/lchat/lchat-caddy/spacestore/pageread"
 )
 
 // FuzzOpenView feeds arbitrary database and WAL bytes to the page reader: the instance
@@ -28,12 +30,12 @@ func FuzzOpenView(f *testing.F) {
 		if len(wal) > 0 {
 			os.WriteFile(p+"-wal", wal, 0o600)
 		}
-		v, err := openView(context.Background(), p, nil)
+		v, err := pageread.Open(context.Background(), p, nil)
 		if err != nil {
 			return
 		}
-		defer v.close()
-		v.scan(func(uint32, []byte) error { return nil })
+		defer v.Close()
+		v.Scan(func(uint32, []byte) error { return nil })
 	})
 }
 

@@ -16,7 +16,7 @@ import (
 )
 
 // fillDB makes a chat-like database: messages with an index, n rows of about rowBytes.
-func fillDB(t *testing.T, db *sql.DB, n, rowBytes int) {
+func fillDB(t testing.TB, db *sql.DB, n, rowBytes int) {
 	t.Helper()
 	for _, q := range []string{
 		"CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY, room INTEGER, created_at INTEGER, body BLOB)",

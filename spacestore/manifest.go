@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/spacestore/pageread"
 )
 
 // File is one file of a space's data directory, by content hash.
@@ -158,7 +159,7 @@ func (m *Manifest) check() error {
 	return nil
 }
 
-func validPageSize(n int) bool { return n >= 512 && n <= 65536 && n&(n-1) == 0 }
+func validPageSize(n int) bool { return pageread.ValidPageSize(n) }
 
 // validRefKey reports whether key is "blobs/<sum>" or "objs/<16 hex>/<sum>".
 func validRefKey(key, sum string) bool {

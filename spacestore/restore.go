@@ -38,34 +38,23 @@ func (s *Syncer) Restore(ctx context.Context) error {
 	if err := os.MkdirAll(s.WorkDir, 0o700); err != nil {
 		return err
 	}
-	fresh, err := os.MkdirTemp(s.WorkDir, "restore-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(fresh)
-	dbs := make(map[string]*dbState)
 	var files []File
 	if s.manifest != nil {
 		files = s.manifest.Files
-		if dbs, err = restoreFiles(ctx, s, fresh, files); err != nil {
+	}
+	var dbs map[string]*dbState
+	if ownFS, err := s.dataDirOnItsOwnFS(); err != nil {
+		return err
+	} else if ownFS {
+		dbs, err = s.restoreInPlace(ctx, files)
+		if err != nil {
 			return err
 		}
-	}
-	if err := os.Chmod(fresh, 0o700); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(s.DataDir), 0o700); err != nil {
-		return err
-	}
-	if _, err := os.Lstat(s.DataDir); err == nil {
-		old := filepath.Join(s.WorkDir, "old-"+randHex(6))
-		if err := os.Rename(s.DataDir, old); err != nil {
-			return fmt.Errorf("moving old data dir aside: %v", err)
+	} else {
+		dbs, err = s.restoreAndSwap(ctx, files)
+		if err != nil {
+			return err
 		}
-		defer os.RemoveAll(old)
-	}
-	if err := os.Rename(fresh, s.DataDir); err != nil {
-		return fmt.Errorf("swapping in restored data dir: %v", err)
 	}
 	// Seed the caches: the restored files are exactly the manifest's.
 	s.hashes, s.readAt = make(map[string]File), nil
@@ -81,6 +70,83 @@ func (s *Syncer) Restore(ctx context.Context) error {
 	}
 	s.dbs = dbs
 	return nil
+}
+
+// restoreAndSwap fetches files into a fresh directory in WorkDir and renames it over
+// DataDir: a crash leaves either the old data dir or the new one.
+func (s *Syncer) restoreAndSwap(ctx context.Context, files []File) (map[string]*dbState, error) {
+	fresh, err := os.MkdirTemp(s.WorkDir, "restore-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(fresh)
+	dbs := make(map[string]*dbState)
+	if len(files) > 0 {
+		if dbs, err = restoreFiles(ctx, s, fresh, files); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.Chmod(fresh, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(s.DataDir), 0o700); err != nil {
+		return nil, err
+	}
+	if _, err := os.Lstat(s.DataDir); err == nil {
+		old := filepath.Join(s.WorkDir, "old-"+randHex(6))
+		if err := os.Rename(s.DataDir, old); err != nil {
+			return nil, fmt.Errorf("moving old data dir aside: %v", err)
+		}
+		defer os.RemoveAll(old)
+	}
+	if err := os.Rename(fresh, s.DataDir); err != nil {
+		return nil, fmt.Errorf("swapping in restored data dir: %v", err)
+	}
+	return dbs, nil
+}
+
+// dataDirOnItsOwnFS reports whether DataDir is a directory on another filesystem than
+// WorkDir: a space's disk image, bind-mounted there, which a rename can neither move
+// aside nor replace, and whose size is the space's limit.
+func (s *Syncer) dataDirOnItsOwnFS() (bool, error) {
+	dfi, err := os.Lstat(s.DataDir)
+	if err != nil || !dfi.IsDir() {
+		return false, nil
+	}
+	wfi, err := os.Stat(s.WorkDir)
+	if err != nil {
+		return false, err
+	}
+	ddev, _ := statID(dfi)
+	wdev, _ := statID(wfi)
+	return ddev != wdev, nil
+}
+
+// restoreInPlace empties DataDir and fetches files straight into it. The old files go
+// first, so a space at its disk limit can be restored: they are worth nothing once
+// Restore runs (the caller keeps a data dir newer than the manifest rather than restore
+// over it), and the reuse record is already gone, so a crash or failure midway leaves a
+// data dir that the next wake restores again.
+func (s *Syncer) restoreInPlace(ctx context.Context, files []File) (map[string]*dbState, error) {
+	ents, err := os.ReadDir(s.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(s.DataDir, e.Name())); err != nil {
+			return nil, fmt.Errorf("emptying the data dir: %v", err)
+		}
+	}
+	dbs := make(map[string]*dbState)
+	if len(files) > 0 {
+		if dbs, err = restoreFiles(ctx, s, s.DataDir, files); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.Chmod(s.DataDir, 0o700); err != nil {
+		return nil, err
+	}
+	return dbs, nil
 }
 
 type fetch struct {

@@ -160,7 +160,7 @@ func TestManifestFencing(t *testing.T) {
 	})
 }
 
-func openDB(t *testing.T, p string) *sql.DB {
+func openDB(t testing.TB, p string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("sqlite", "file:"+p+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
 	if err != nil {
@@ -171,7 +171,7 @@ func openDB(t *testing.T, p string) *sql.DB {
 	return db
 }
 
-func newSyncer(t *testing.T, b bucket.Bucket, dir string) *Syncer {
+func newSyncer(t testing.TB, b bucket.Bucket, dir string) *Syncer {
 	return &Syncer{Bucket: b, Host: "s.test", DataDir: filepath.Join(dir, "data"), WorkDir: filepath.Join(dir, "work"), WrittenBy: "box"}
 }
 

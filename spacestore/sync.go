@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/spacestore/pageread"
 	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver for consistent snapshots
 )
 
@@ -72,6 +72,10 @@ type Syncer struct {
 	// GCGrace is how young an object or history entry must be to survive a collection this
 	// box runs regardless of references; default DefaultGCGrace.
 	GCGrace time.Duration
+	// PageReader, when set, reads the SQLite databases in lchat-pageread under the space's
+	// uid (pagereader.go); nil reads them in this process, for a space that runs as the
+	// box's own user.
+	PageReader *PageReader
 
 	manifest *Manifest
 	etag     string
@@ -386,14 +390,8 @@ func normalizeHeader(src, dst string) error {
 	return out.Close()
 }
 
-// sqliteURI names the database at path p for the driver. The path is escaped: the instance
-// picks its file names, and a raw '?', '#' or '%' in a "file:" URI would make SQLite open
-// (and create, empty) another file. mode=rw never creates a database that vanished. The
-// instance may hold write locks; busy_timeout waits for them rather than fail.
-func sqliteURI(p string) string {
-	u := url.URL{Scheme: "file", Path: p, RawQuery: "mode=rw&_pragma=busy_timeout(10000)"}
-	return u.String()
-}
+// sqliteURI names the database at path p for the driver (pageread.SQLiteURI).
+func sqliteURI(p string) string { return pageread.SQLiteURI(p) }
 
 func hashFile(p string) (File, error) {
 	f, err := os.Open(p)

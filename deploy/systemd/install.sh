@@ -1,5 +1,6 @@
 #!/bin/sh
-# install.sh installs lchat-caddy on one box from a checkout: the binary, the Caddyfile
+# install.sh installs lchat-caddy on one box from a checkout: the binary and lchat-pageread
+# (built beside it: go build -o <dir>/lchat-pageread ./cmd/lchat-pageread), the Caddyfile
 # with the snippet files it imports, and the systemd unit.
 #
 #   deploy/systemd/install.sh <lchat-caddy binary> [single|mesh]
@@ -8,6 +9,9 @@
 # beside it):
 #
 #   /usr/local/bin/lchat-caddy
+#   /usr/local/bin/lchat-pageread              reads an isolated space's SQLite databases
+#                                              for its checkpoints, under the space's uid
+#                                              (docs/parsers.md); found beside lchat-caddy
 #   /etc/lchat-caddy/Caddyfile                 caddyfiles/single.Caddyfile (or mesh.Caddyfile)
 #   /etc/lchat-caddy/dns-dnsimple.caddy        LCHAT_DNS_PROVIDER=dnsimple (default)
 #   /etc/lchat-caddy/dns-route53.caddy         LCHAT_DNS_PROVIDER=route53
@@ -41,8 +45,14 @@ esac
 	echo "$0: $bin is not an executable" >&2
 	exit 1
 }
+pageread=$(dirname "$bin")/lchat-pageread
+[ -x "$pageread" ] || {
+	echo "$0: $pageread is missing: build it beside lchat-caddy (go build -o $pageread ./cmd/lchat-pageread)" >&2
+	exit 1
+}
 
 install -D -m 0755 "$bin" "$dest/usr/local/bin/lchat-caddy"
+install -D -m 0755 "$pageread" "$dest/usr/local/bin/lchat-pageread"
 install -d -m 0755 "$dest/etc/lchat-caddy"
 install -m 0644 "$repo/caddyfiles/$flavor.Caddyfile" "$dest/etc/lchat-caddy/Caddyfile"
 for f in "$repo"/caddyfiles/dns-*.caddy "$repo"/caddyfiles/relocate-dns-*.caddy "$repo"/caddyfiles/cert-cache-*.caddy; do

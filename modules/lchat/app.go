@@ -161,6 +161,11 @@ type Kind struct {
 	// NetworkAllow re-opens ranges (CIDR, or an address) for network egress, such as a
 	// database on the private network. Default none.
 	NetworkAllow []string `json:"network_allow,omitempty"`
+	// Tmp is what an instance sees on /tmp and /var/tmp: "private" (a directory of the
+	// space's own, in its disk with limits.disk, emptied at each start; needs isolation
+	// and CAP_SYS_ADMIN), "host" (the box's /tmp, the opt-out), or empty (default):
+	// private when the kind is isolated and this box can, else host.
+	Tmp string `json:"tmp,omitempty"`
 }
 
 // Limits bound an instance through its cgroup; a kind asking for one the host cannot
@@ -174,6 +179,11 @@ type Limits struct {
 	CPU float64 `json:"cpu,omitempty"`
 	// Pids caps the processes and threads. Default 0: none.
 	Pids int64 `json:"pids,omitempty"`
+	// Disk caps the space's data dir and its /tmp together, in bytes (at least 16MiB):
+	// they live in an ext4 image of this size, mounted while the space is on this box.
+	// A write past it fails with ENOSPC. Needs isolation, CAP_SYS_ADMIN, loop devices
+	// and mkfs.ext4. Default 0: none.
+	Disk int64 `json:"disk,omitempty"`
 }
 
 // UIDRange is a range of uids.
@@ -526,6 +536,7 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		GCGrace:      time.Duration(kc.GCGrace),
 		Isolation:    kc.Isolation,
 		Network:      kc.Network,
+		Tmp:          kc.Tmp,
 	}
 	for _, a := range kc.NetworkAllow {
 		p, err := engine.ParseAllow(expand(a))
@@ -535,7 +546,7 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		k.NetworkAllow = append(k.NetworkAllow, p)
 	}
 	if l := kc.Limits; l != nil {
-		k.Limits = engine.Limits{MemoryBytes: l.Memory, CPU: l.CPU, Pids: l.Pids}
+		k.Limits = engine.Limits{MemoryBytes: l.Memory, CPU: l.CPU, Pids: l.Pids, DiskBytes: l.Disk}
 	}
 	if k.Command == "{self}" {
 		exe, err := os.Executable()

@@ -80,10 +80,12 @@ func init() {
 //			network none|egress|host {
 //				allow <cidr...>
 //			}
+//			tmp private|host
 //			limits {
 //				memory <size>
 //				cpu <cores>
 //				pids <n>
+//				disk <size>
 //			}
 //		}
 //	}
@@ -336,6 +338,10 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 				k.NetworkAllow = append(k.NetworkAllow, args...)
 			}
+		case "tmp":
+			if err := caddyfileutil.OneArg(d, &k.Tmp); err != nil {
+				return err
+			}
 		case "limits":
 			if d.NextArg() {
 				return d.ArgErr()
@@ -371,6 +377,12 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 						return d.Errf("pids: want a positive number, got %q", v)
 					}
 					k.Limits.Pids = n
+				case "disk":
+					n, err := sizeArg(d)
+					if err != nil {
+						return err
+					}
+					k.Limits.Disk = n
 				default:
 					return d.Errf("unrecognized subdirective %s", d.Val())
 				}

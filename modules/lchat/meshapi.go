@@ -62,7 +62,7 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if ms == nil {
 		return caddyhttp.Error(http.StatusNotFound, box.ErrMeshOff)
 	}
-	if !mesh.Authorize(r, ms.Config().Token) {
+	if cfg := ms.Config(); !mesh.Authorize(r, cfg.Token, cfg.Accept...) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="lchat mesh"`)
 		return caddyhttp.Error(http.StatusUnauthorized, errors.New("mesh token missing or wrong"))
 	}

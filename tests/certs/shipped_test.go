@@ -50,7 +50,8 @@ func installShipped(t *testing.T, dir string) string {
 
 // isolatedLayout makes dir what the shipped unit makes /var/lib/lchat-caddy: a state
 // directory the spaces' uids may traverse (0711), and returns a copy of bin inside it,
-// so "{self}" (the isolated kind's command) is reachable whatever the checkout's path.
+// so "{self}" (the isolated kind's command) is reachable whatever the checkout's path,
+// with a copy of lchat-pageread beside it.
 func isolatedLayout(t *testing.T, dir, bin string) string {
 	t.Helper()
 	for _, d := range []string{dir, filepath.Join(dir, "state")} {
@@ -59,15 +60,16 @@ func isolatedLayout(t *testing.T, dir, bin string) string {
 		}
 		os.Chmod(d, 0o711)
 	}
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
+	for _, p := range []string{harness.PageReader(t), bin} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(p)), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	self := filepath.Join(dir, filepath.Base(bin))
-	if err := os.WriteFile(self, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return self
+	return filepath.Join(dir, filepath.Base(bin))
 }
 
 func copyFile(t *testing.T, from, to string) {

@@ -84,10 +84,23 @@ func buildLocked(out, pkg, modfile string) error {
 	return os.Rename(tmp, out)
 }
 
-// Binary returns the path of a freshly built lchat-caddy.
+// Binary returns the path of a freshly built lchat-caddy, with lchat-pageread beside it
+// (an isolated space's checkpoints read its databases with it).
 func Binary(t testing.TB) string {
 	t.Helper()
+	PageReader(t)
 	p, err := build("lchat-caddy", "./cmd/lchat-caddy", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// PageReader returns the path of a freshly built lchat-pageread, in the directory every
+// lchat-caddy the harness builds is in.
+func PageReader(t testing.TB) string {
+	t.Helper()
+	p, err := build("lchat-pageread", "./cmd/lchat-pageread", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,6 +114,7 @@ func Binary(t testing.TB) string {
 // Go build cache makes that cheap), never taken stale from an earlier run.
 func CertsBinary(t testing.TB) string {
 	t.Helper()
+	PageReader(t)
 	const name = "lchat-caddy-certs"
 	buildMu.Lock()
 	defer buildMu.Unlock()

@@ -43,6 +43,8 @@ type boxOptions struct {
 	// adminTCP puts the admin API on this TCP address (as dev does, localhost:2019)
 	// instead of the 0600 Unix socket.
 	adminTCP string
+	// dir, when set, is the directory of a box that ran before (a restart); "": a new one.
+	dir string
 }
 
 // startBox runs lchat-caddy with caddyfile; {$DIR}, {$HTTP_PORT}, {$HTTPS_PORT} and the
@@ -55,11 +57,14 @@ func startBox(t *testing.T, caddyfile string, env ...string) *box {
 // startBoxWith is startBox with opts.
 func startBoxWith(t *testing.T, opts boxOptions, caddyfile string, env ...string) *box {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "iso")
-	if err != nil {
-		t.Fatal(err)
+	dir := opts.dir
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp(outsideTmp(t), "iso"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	for _, d := range []string{dir, filepath.Join(dir, "state")} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			t.Fatal(err)
@@ -238,6 +243,20 @@ func (b *box) status(host string) spaceStatus {
 	return spaceStatus{}
 }
 
+// outsideTmpBase holds the boxes' directories and the attacker: outside /tmp, which an
+// instance's private /tmp hides from it (as /var/lib/lchat-caddy is under the unit).
+const outsideTmpBase = "/var/lib/lchat-isolation-test"
+
+// outsideTmp returns outsideTmpBase, created 0711.
+func outsideTmp(t *testing.T) string {
+	t.Helper()
+	if err := os.MkdirAll(outsideTmpBase, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(outsideTmpBase, 0o711)
+	return outsideTmpBase
+}
+
 // attackerBinary builds the attacker into a directory every uid can reach.
 var attackerOnce struct {
 	sync.Once
@@ -247,7 +266,7 @@ var attackerOnce struct {
 
 func attackerBinary(t *testing.T) string {
 	attackerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "attacker")
+		dir, err := os.MkdirTemp(outsideTmp(t), "attacker")
 		if err != nil {
 			attackerOnce.err = err
 			return
@@ -284,4 +303,13 @@ func mustContain(t *testing.T, s, sub string) {
 	if !strings.Contains(s, sub) {
 		t.Fatalf("%q does not contain %q", s, sub)
 	}
+}
+
+// TestMain removes the attacker build once every test has run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if attackerOnce.path != "" {
+		os.RemoveAll(filepath.Dir(attackerOnce.path))
+	}
+	os.Exit(code)
 }

@@ -59,6 +59,16 @@ const isoCaddyfile = `{
 			stop_grace 2s
 			replication sleep
 		}
+		kind disk {
+			command {$ATTACKER}
+			isolation on
+			ready_path /healthz
+			stop_grace 2s
+			replication sleep
+			limits {
+				disk 32MiB
+			}
+		}
 		kind hog {
 			command {$ATTACKER}
 			isolation on
@@ -87,11 +97,16 @@ https://certs.localhost {
 // so their network is egress, and the box's nftables table must not land in the
 // machine's own network.
 func startIsoBox(t *testing.T) *box {
-	b := startBoxWith(t, boxOptions{ns: testnet.New(t, "iso")}, isoCaddyfile, "ATTACKER="+attackerBinary(t))
-	for host, kind := range map[string]string{"a.localhost": "attack", "b.localhost": "attack", "e.localhost": "escape", "h.localhost": "hog"} {
+	b := restartIsoBox(t, "")
+	for host, kind := range map[string]string{"a.localhost": "attack", "b.localhost": "attack", "e.localhost": "escape", "h.localhost": "hog", "d.localhost": "disk"} {
 		b.mustAdmin("POST", "/lchat/routes", map[string]any{"host": host, "kind": kind, "hibernate": true}, nil)
 	}
 	return b
+}
+
+// restartIsoBox starts an isolation box in dir, where one ran before ("": a new box).
+func restartIsoBox(t *testing.T, dir string) *box {
+	return startBoxWith(t, boxOptions{ns: testnet.New(t, "iso"), dir: dir}, isoCaddyfile, "ATTACKER="+attackerBinary(t))
 }
 
 func wake(t *testing.T, b *box, host string) {

@@ -181,4 +181,43 @@ func TestUnprivilegedBoxRunsWithNetworkHostAndSaysSo(t *testing.T) {
 		!strings.Contains(out.String(), `"network_why_not_egress":"the kind is not isolated: isolation needs CAP_SETUID`) {
 		t.Errorf("the box's log does not say the kind runs with network host because it is not isolated:\n%s", out.String())
 	}
+	if !strings.Contains(out.String(), `"private_tmp":false,"tmp_why_not_private":"the kind is not isolated: isolation needs CAP_SETUID`) {
+		t.Errorf("the box's log does not say the kind shares the box's /tmp because it is not isolated:\n%s", out.String())
+	}
+}
+
+// A root box without CAP_SYS_ADMIN refuses a kind that asks for a disk or a private /tmp,
+// naming the capability; a kind that sets no tmp starts with the box's /tmp and says why.
+func TestBoxWithoutSysAdminRefusesDiskAndPrivateTmp(t *testing.T) {
+	needRoot(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("no setpriv")
+	}
+	drop := []string{setpriv, "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"}
+	for name, c := range map[string]struct {
+		lines []string
+		want  string
+	}{
+		"disk":        {[]string{"isolation on", "limits {", "\tdisk 32MiB", "}"}, "limits.disk needs CAP_SYS_ADMIN"},
+		"tmp private": {[]string{"isolation on", "tmp private"}, "a private /tmp needs CAP_SYS_ADMIN"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if out := refusedAtStart(t, drop, oneKind(c.lines...)); !strings.Contains(out, c.want) {
+				t.Errorf("the refusal does not say %q:\n%s", c.want, out)
+			}
+		})
+	}
+	out, done := runPlain(t, drop, oneKind("isolation on", "network host"))
+	waitFor(t, "the kind's isolation logged", 60*time.Second, func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the box exited (%v):\n%s", err, out.String())
+		default:
+		}
+		return strings.Contains(out.String(), `"msg":"kind isolation"`)
+	})
+	if !strings.Contains(out.String(), `"private_tmp":false,"tmp_why_not_private":"a private /tmp needs CAP_SYS_ADMIN`) {
+		t.Errorf("the box's log does not say the kind shares the box's /tmp for want of CAP_SYS_ADMIN:\n%s", out.String())
+	}
 }

@@ -17,7 +17,12 @@
 //	                                server's first line; UDP: ok once a datagram is sent)
 //	POST /resolve?name=N[&server=S] look N up through /etc/resolv.conf's resolver, or S
 //	POST /interfaces                this instance's network interfaces
+//	POST /fill?path=P&mb=N          append zeros to P, 1 MiB at a time and synced, until
+//	                                a write fails or N MiB are written; out is the bytes
+//	                                written, err the failure
+//	POST /remove?path=P             remove P
 //
+// Paths may name $LCHAT_DATA_DIR.
 // Every answer carries ms, how long the attempt took.
 package main
 
@@ -98,7 +103,7 @@ func main() {
 		answer(w, strings.Join(lines, "\n"), err)
 	})
 	mux.HandleFunc("/read", func(w http.ResponseWriter, r *http.Request) {
-		p := r.URL.Query().Get("path")
+		p := os.ExpandEnv(r.URL.Query().Get("path"))
 		fi, err := os.Stat(p)
 		if err == nil && fi.IsDir() {
 			ents, err := os.ReadDir(p)
@@ -113,7 +118,7 @@ func main() {
 		answer(w, string(b), err)
 	})
 	mux.HandleFunc("/write", func(w http.ResponseWriter, r *http.Request) {
-		answer(w, "", os.WriteFile(r.URL.Query().Get("path"), []byte("written by "+os.Getenv("LCHAT_HOST")), 0o644))
+		answer(w, "", os.WriteFile(os.ExpandEnv(r.URL.Query().Get("path")), []byte("written by "+os.Getenv("LCHAT_HOST")), 0o644))
 	})
 	mux.HandleFunc("/dial", func(w http.ResponseWriter, r *http.Request) {
 		c, err := net.Dial("unix", r.URL.Query().Get("path"))
@@ -200,6 +205,32 @@ func main() {
 			names = append(names, i.Name)
 		}
 		answer(w, strings.Join(names, ","), err)
+	})
+	mux.HandleFunc("/fill", func(w http.ResponseWriter, r *http.Request) {
+		mb, _ := strconv.Atoi(r.URL.Query().Get("mb"))
+		f, err := os.OpenFile(os.ExpandEnv(r.URL.Query().Get("path")), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			answer(w, "0", err)
+			return
+		}
+		defer f.Close()
+		chunk := make([]byte, 1<<20)
+		var n int64
+		for range mb {
+			k, err := f.Write(chunk)
+			n += int64(k)
+			if err == nil {
+				err = f.Sync()
+			}
+			if err != nil {
+				answer(w, strconv.FormatInt(n, 10), err)
+				return
+			}
+		}
+		answer(w, strconv.FormatInt(n, 10), nil)
+	})
+	mux.HandleFunc("/remove", func(w http.ResponseWriter, r *http.Request) {
+		answer(w, "", os.Remove(os.ExpandEnv(r.URL.Query().Get("path"))))
 	})
 	var hijacked atomic.Bool
 	mux.HandleFunc("/hijack", func(w http.ResponseWriter, r *http.Request) {

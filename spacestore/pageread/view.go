@@ -1,4 +1,10 @@
-package spacestore
+// Package pageread reads a SQLite database's pages the way SQLite's own readers do: from
+// the newest committed WAL frame, else the main file, under the database's write lock. It is
+// the one implementation of page reading; the box runs it in-process for spaces that run as
+// its own user, and lchat-pageread runs it under a space's uid for isolated spaces, talking
+// to the box over a pipe (wire.go, serve.go, client.go). It imports no Caddy and nothing of
+// the box beyond the SQLite driver.
+package pageread
 
 import (
 	"context"
@@ -7,32 +13,33 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/bits"
+	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"syscall"
 
-	"github.com/cespare/xxhash/v2"
+	_ "modernc.org/sqlite" // the pure-Go "sqlite" driver: the write lock
 )
 
-// walPos is how far this box has read a database's WAL: the WAL's identity (file and salts)
+// WALPos is how far the box has read a database's WAL: the WAL's identity (file and salts)
 // and the end of its committed frames with the running checksum there. While the WAL keeps
-// its salts it only grows, so the pages changed since a walPos are exactly those of the
+// its salts it only grows, so the pages changed since a WALPos are exactly those of the
 // committed frames after it.
-type walPos struct {
+type WALPos struct {
 	Dev, Ino     uint64
 	Salt1, Salt2 uint32
 	Frames       int64
 	Ck1, Ck2     uint32
 }
 
-// dbView is one transactionally consistent, unchanging view of a SQLite database. It holds the
+// View is one transactionally consistent, unchanging view of a SQLite database. It holds the
 // database's write lock (BEGIN IMMEDIATE on its own connection) while pages are read, so no
 // commit, WAL restart or journal-mode change can happen meanwhile; a checkpoint of the WAL
 // into the main file may still run, but it only copies committed frames, which the view reads
 // from the WAL anyway. A page is read from its newest committed WAL frame, else from the main
 // file, exactly as SQLite's own readers do.
-type dbView struct {
+type View struct {
 	db   *sql.DB
 	conn *sql.Conn
 	main *os.File
@@ -42,29 +49,31 @@ type dbView struct {
 	pageSize int
 	pages    uint32
 	// frames maps a page to the offset of its newest committed frame's data in the WAL;
-	// with a usable prior walPos only frames after it are read (tail).
+	// with a usable prior WALPos only frames after it are read (tail).
 	frames  map[uint32]int64
-	pos     walPos
+	pos     WALPos
 	walBE   bool
 	walSize int64
 	hdrCk   [2]uint32
-	// tail is true when only the frames after the caller's walPos were read: the changed
+	// tail is true when only the frames after the caller's WALPos were read: the changed
 	// pages are then exactly the keys of frames.
 	tail bool
 }
 
-// openView locks the database at p and reads its shape. since, when non-nil, is the walPos
+// Open locks the database at p and reads its shape. since, when non-nil, is the WALPos
 // of the last view: if the WAL is the same file with the same salts, only the frames after it
 // are read and view.tail is set.
-func openView(ctx context.Context, p string, since *walPos) (v *dbView, err error) {
-	view := &dbView{frames: make(map[uint32]int64)}
+func Open(ctx context.Context, p string, since *WALPos) (v *View, err error) {
+	view := &View{frames: make(map[uint32]int64)}
 	defer func() {
 		if err != nil {
 			view.close() // v is nil by then
 		}
 	}()
 	v = view
-	if v.db, err = sql.Open("sqlite", sqliteURI(p)); err != nil {
+	// The connection only takes the write lock; no statement reads the schema. The pragmas
+	// are defence in depth should SQLite parse more than the header and the WAL index.
+	if v.db, err = sql.Open("sqlite", SQLiteURI(p)+hardening); err != nil {
 		return nil, err
 	}
 	v.db.SetMaxOpenConns(1)
@@ -74,7 +83,7 @@ func openView(ctx context.Context, p string, since *walPos) (v *dbView, err erro
 	if _, err = v.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		return nil, fmt.Errorf("locking database: %w", err)
 	}
-	if v.main, err = os.Open(p); err != nil {
+	if v.main, err = openRegular(p); err != nil {
 		return nil, err
 	}
 	fi, err := v.main.Stat()
@@ -92,7 +101,7 @@ func openView(ctx context.Context, p string, since *walPos) (v *dbView, err erro
 	if v.pageSize == 1 {
 		v.pageSize = 65536
 	}
-	if !validPageSize(v.pageSize) {
+	if !ValidPageSize(v.pageSize) {
 		return nil, fmt.Errorf("database header gives page size %d", v.pageSize)
 	}
 	v.pages = uint32(fi.Size() / int64(v.pageSize))
@@ -109,11 +118,44 @@ func openView(ctx context.Context, p string, since *walPos) (v *dbView, err erro
 	return v, nil
 }
 
+// openRegular opens p for reading only if it is a regular file: never through a symlink,
+// and never blocking (a FIFO named like the database or its WAL would stall the reader).
+func openRegular(p string) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a regular file (%v)", filepath.Base(p), fi.Mode().Type())
+	}
+	return f, nil
+}
+
+// SQLiteURI names the database at path p for the driver. The path is escaped: the instance
+// picks its file names, and a raw '?', '#' or '%' in a "file:" URI would make SQLite open
+// (and create, empty) another file. mode=rw never creates a database that vanished. The
+// instance may hold write locks; busy_timeout waits for them rather than fail.
+func SQLiteURI(p string) string {
+	u := url.URL{Scheme: "file", Path: p, RawQuery: "mode=rw&_pragma=busy_timeout(10000)"}
+	return u.String()
+}
+
+// hardening turns off what a crafted schema or page could lean on: schema-defined
+// functions and views run by triggers (trusted_schema), memory-mapped reads of a file the
+// tenant can truncate (mmap_size), and unchecked cell sizes (cell_size_check).
+const hardening = "&_pragma=trusted_schema(0)&_pragma=mmap_size(0)&_pragma=cell_size_check(1)"
+
 // readWAL indexes the committed frames of the WAL, validating salts and checksums the way
 // SQLite's recovery does: the first bad frame ends the log, and frames after the last commit
 // frame are not part of any transaction.
-func (v *dbView) readWAL(p string, since *walPos) error {
-	f, err := os.Open(p)
+func (v *View) readWAL(p string, since *WALPos) error {
+	f, err := openRegular(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -144,7 +186,7 @@ func (v *dbView) readWAL(p string, since *walPos) error {
 	}
 	salt1, salt2 := binary.BigEndian.Uint32(hdr[16:20]), binary.BigEndian.Uint32(hdr[20:24])
 	v.walBE, v.walSize, v.hdrCk = be, fi.Size(), [2]uint32{ck1, ck2}
-	v.pos = walPos{Dev: dev, Ino: ino, Salt1: salt1, Salt2: salt2, Ck1: ck1, Ck2: ck2}
+	v.pos = WALPos{Dev: dev, Ino: ino, Salt1: salt1, Salt2: salt2, Ck1: ck1, Ck2: ck2}
 	if since != nil && since.Dev == dev && since.Ino == ino && since.Salt1 == salt1 && since.Salt2 == salt2 && since.Frames > 0 {
 		v.tail = true
 		v.pos.Frames, v.pos.Ck1, v.pos.Ck2 = since.Frames, since.Ck1, since.Ck2
@@ -161,7 +203,7 @@ func (v *dbView) readWAL(p string, since *walPos) error {
 }
 
 // index reads the committed frames after v.pos into v.frames, advancing v.pos.
-func (v *dbView) index() error {
+func (v *View) index() error {
 	frameSize := int64(24 + v.pageSize)
 	buf := make([]byte, frameSize)
 	pending := make(map[uint32]int64)
@@ -195,8 +237,8 @@ func (v *dbView) index() error {
 	return nil
 }
 
-// changedSinceTail returns the pages written since the caller's walPos (tail views only).
-func (v *dbView) changedSinceTail() []uint32 {
+// changedSinceTail returns the pages written since the caller's WALPos (tail views only).
+func (v *View) changedSinceTail() []uint32 {
 	out := make([]uint32, 0, len(v.frames))
 	for pg := range v.frames {
 		if pg <= v.pages {
@@ -209,7 +251,7 @@ func (v *dbView) changedSinceTail() []uint32 {
 
 // indexAll makes every page readable: a tail view knows only the newest frames, but older
 // committed frames may not be in the main file yet.
-func (v *dbView) indexAll() error {
+func (v *View) indexAll() error {
 	if !v.tail {
 		return nil
 	}
@@ -232,7 +274,7 @@ func (v *dbView) indexAll() error {
 }
 
 // lastCommitSize reads the database size from the commit frame that ends at frame n.
-func (v *dbView) lastCommitSize(n int64) error {
+func (v *View) lastCommitSize(n int64) error {
 	b := make([]byte, 8)
 	if _, err := v.wal.ReadAt(b, 32+(n-1)*int64(24+v.pageSize)); err != nil {
 		return fmt.Errorf("reading WAL: %w", err)
@@ -258,7 +300,7 @@ func walChecksum(bigEndian bool, b []byte, s1, s2 uint32) (uint32, uint32) {
 }
 
 // readPage reads page pgno (1-based) into buf.
-func (v *dbView) readPage(pgno uint32, buf []byte) error {
+func (v *View) readPage(pgno uint32, buf []byte) error {
 	if off, ok := v.frames[pgno]; ok {
 		_, err := v.wal.ReadAt(buf, off)
 		return err
@@ -273,7 +315,7 @@ func (v *dbView) readPage(pgno uint32, buf []byte) error {
 
 // scan calls fn for every page in order, reading the main file in large blocks. data is
 // only valid during the call.
-func (v *dbView) scan(fn func(pgno uint32, data []byte) error) error {
+func (v *View) scan(fn func(pgno uint32, data []byte) error) error {
 	const block = 1 << 20
 	per := max(1, block/v.pageSize)
 	buf := make([]byte, per*v.pageSize)
@@ -300,7 +342,7 @@ func (v *dbView) scan(fn func(pgno uint32, data []byte) error) error {
 	return nil
 }
 
-func (v *dbView) close() {
+func (v *View) close() {
 	if v.conn != nil {
 		v.conn.ExecContext(context.Background(), "ROLLBACK")
 		v.conn.Close()
@@ -316,18 +358,75 @@ func (v *dbView) close() {
 	}
 }
 
-// pageHash identifies a page's content at its position; a database's checksum is the XOR of
-// its pages' hashes, so a delta updates it in time proportional to the pages it changes.
-func pageHash(pgno uint32, data []byte) uint64 {
-	return xxhash.Sum64(data) ^ bits.RotateLeft64(uint64(pgno)*0x9e3779b97f4a7c15, 29)
+// Shape is what a view found when it opened: the main file's identity, the page size, the
+// database's size in pages, how far the WAL was read, and whether only the frames after
+// the caller's WALPos were read (Tail; IndexAll clears it).
+type Shape struct {
+	Dev, Ino uint64
+	PageSize int
+	Pages    uint32
+	Pos      WALPos
+	Tail     bool
 }
 
-// lockPgno is the page holding SQLite's lock bytes (at 1 GiB), never written by SQLite.
-func lockPgno(pageSize int) uint32 { return uint32(0x40000000/pageSize) + 1 }
+// Source is one consistent view of a database, read in this process (View) or by
+// lchat-pageread under the space's uid (Client). Page data passed to fn is valid only
+// during the call.
+type Source interface {
+	Shape() Shape
+	// ChangedSinceTail lists the pages written since the caller's WALPos, ascending
+	// (tail views only).
+	ChangedSinceTail() ([]uint32, error)
+	// IndexAll makes every page readable in a tail view (older committed frames may not
+	// be in the main file yet).
+	IndexAll() error
+	// ReadPages reads the given pages (each in 1..Pages) in order.
+	ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) error) error
+	// Scan reads every page in order.
+	Scan(fn func(pgno uint32, data []byte) error) error
+	Close() error
+}
 
-func statID(fi os.FileInfo) (dev, ino uint64) {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return uint64(st.Dev), st.Ino
+// Shape returns what the view found.
+func (v *View) Shape() Shape {
+	return Shape{Dev: v.dev, Ino: v.ino, PageSize: v.pageSize, Pages: v.pages, Pos: v.pos, Tail: v.tail}
+}
+
+// ChangedSinceTail lists the pages written since the caller's WALPos.
+func (v *View) ChangedSinceTail() ([]uint32, error) { return v.changedSinceTail(), nil }
+
+// IndexAll makes every page readable.
+func (v *View) IndexAll() error { return v.indexAll() }
+
+// ReadPages reads pgnos in order.
+func (v *View) ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) error) error {
+	buf := make([]byte, v.pageSize)
+	for _, pg := range pgnos {
+		if pg < 1 || pg > v.pages {
+			return fmt.Errorf("page %d is outside the database (%d pages)", pg, v.pages)
+		}
+		if err := v.readPage(pg, buf); err != nil {
+			return fmt.Errorf("reading page %d: %w", pg, err)
+		}
+		if err := fn(pg, buf); err != nil {
+			return err
+		}
 	}
-	return 0, 0
+	return nil
 }
+
+// Scan reads every page in order.
+func (v *View) Scan(fn func(pgno uint32, data []byte) error) error { return v.scan(fn) }
+
+// Close ends the view and releases the write lock.
+func (v *View) Close() error {
+	v.close()
+	return nil
+}
+
+// Interface guards
+var _ Source = (*View)(nil)
+
+// ValidPageSize reports whether n is a page size SQLite can have: a power of two from 512
+// to 65536.
+func ValidPageSize(n int) bool { return n >= 512 && n <= 65536 && n&(n-1) == 0 }
