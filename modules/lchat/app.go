@@ -365,6 +365,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return pooled{b, nil}, nil
 		}
 		connsOf.Store(b, cs)
+		b.SetCounters(cs.counters)
 		return pooled{b, cs}, nil
 	})
 	if err != nil {

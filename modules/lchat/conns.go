@@ -135,6 +135,16 @@ func (c *conns) observe(ev engine.Event) {
 	}
 }
 
+// counters are the held connections' figures for the box's status, fleet and console.
+func (c *conns) counters() map[string]uint64 {
+	st := c.hub.Stats()
+	return map[string]uint64{
+		"conns_open": uint64(st.Held), "conns_parked": uint64(st.Parked),
+		"conn_pending_bytes": uint64(st.PendingBytes), "conn_events_delivered": st.Delivered,
+		"conn_events_redelivered": st.Redelivered,
+	}
+}
+
 // Deliver carries ev to its space's instance, waking the space: the delivery is a use of
 // the space like any request, so the space sleeps its idle timeout after the last one.
 // A space awake on another box is not reached yet (mesh forwarding of events is to come):

@@ -179,6 +179,15 @@ func heldWebSocket(t *testing.T, useTLS bool) {
 			strings.Contains(metrics, `lchat_conn_events_total{counter="pings"} 1`)
 	})
 
+	// The box's status (and so the fleet and the console) counts it too.
+	var st struct {
+		Counters map[string]uint64 `json:"counters"`
+	}
+	b.AdminJSON("GET", "/lchat/status", nil, 200, &st)
+	if st.Counters["conns_open"] != 1 || st.Counters["conns_parked"] != 1 {
+		t.Errorf("status counters %v: want one open, parked connection", st.Counters)
+	}
+
 	// A message wakes the space and the new instance's answer arrives on the same connection.
 	if err := c.Write(ctx, websocket.MessageText, []byte("hi")); err != nil {
 		t.Fatalf("writing after the space slept: %v", err)
