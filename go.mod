@@ -19,6 +19,7 @@ require (
 	github.com/coder/websocket v1.8.15
 	github.com/dnsimple/dnsimple-go/v8 v8.0.0
 	github.com/dustin/go-humanize v1.1.0
+	github.com/gobwas/ws v1.5.0
 	github.com/google/nftables v0.3.0
 	github.com/google/uuid v1.6.0
 	github.com/libdns/dnsimple v0.5.0
@@ -99,6 +100,7 @@ require (
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/go4org/hashtriemap v0.0.0-20251130024219-545ba229f689 // indirect
+	github.com/gobwas/httphead v0.1.0 // indirect
 	github.com/golang/groupcache v0.0.0-20241129210726-2c02b8208cf8 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/golang/snappy v1.0.0 // indirect

@@ -80,6 +80,10 @@ type Box struct {
 	// requests counts the requests the lchat handler took (Count); it only grows.
 	requests atomic.Uint64
 
+	// extraCounters, when set (SetCounters), adds counters of parts the box does not own
+	// (the held connections of modules/lchat) to its status, fleet entry and console.
+	extraCounters atomic.Pointer[func() map[string]uint64]
+
 	// setMu serializes Start and Stop; settings is what they set (the running
 	// config's) and prev what the running config replaced, put back by an unwind.
 	setMu    sync.Mutex

@@ -26,7 +26,7 @@ type Status struct {
 
 // Status reads this box's routes, spaces and counters, and its mesh status.
 func (b *Box) Status() Status {
-	st := Status{Routes: b.reg.Len(), Spaces: b.Spaces(), Counters: EngineCounters(b.eng.Counters())}
+	st := Status{Routes: b.reg.Len(), Spaces: b.Spaces(), Counters: b.counters()}
 	if b.mesh != nil {
 		ms := b.MeshStatus()
 		st.Mesh = &ms
@@ -91,8 +91,25 @@ func (b *Box) MeshStatus() MeshStatus {
 	for _, m := range ms.m.Live() {
 		st.Live = append(st.Live, m.Self)
 	}
-	maps.Copy(st.Counters, EngineCounters(b.eng.Counters()))
+	maps.Copy(st.Counters, b.counters())
 	return st
+}
+
+// SetCounters adds f's counters to the box's own (Status, MeshStatus, Fleet): the glue's
+// parts that the box does not own, such as held connections (conns_open, conns_parked).
+// Set once, when the box is opened.
+func (b *Box) SetCounters(f func() map[string]uint64) { b.extraCounters.Store(&f) }
+
+// counters is the engine's counters and the extra ones (SetCounters).
+func (b *Box) counters() map[string]uint64 {
+	c := EngineCounters(b.eng.Counters())
+	if f := b.extraCounters.Load(); f != nil {
+		if c == nil {
+			c = map[string]uint64{}
+		}
+		maps.Copy(c, (*f)())
+	}
+	return c
 }
 
 // awake lists the hosts awake on this box.
@@ -118,7 +135,7 @@ func (b *Box) Fleet(ctx context.Context) fleetview.Fleet {
 	if ms == nil {
 		host, _ := os.Hostname()
 		return fleetview.Fleet{Self: host, Boxes: []fleetview.Box{{
-			Self: host, This: true, Awake: b.awake(), Version: b.cfg.Version, Counters: EngineCounters(b.eng.Counters()),
+			Self: host, This: true, Awake: b.awake(), Version: b.cfg.Version, Counters: b.counters(),
 		}}}
 	}
 	live := ms.m.Live()

@@ -39,6 +39,12 @@ type Config struct {
 	Keepalive time.Duration
 	// Logger defaults to a no-op logger.
 	Logger *zap.Logger
+	// Hold asks the box to hold the room's WebSockets and resume its event stream
+	// across sleeps ($DEMO_HOLD_CONNECTIONS=1; docs/connections.md), so they do not keep
+	// the space awake. Default off: the streams stay the instance's.
+	Hold bool
+	// ControlSocket is the box's control endpoint ($LCHAT_CONTROL_SOCKET), used with Hold.
+	ControlSocket string
 
 	clock clock // tests drive time; default realClock
 }
@@ -59,6 +65,8 @@ type Server struct {
 	clock     clock
 	started   time.Time
 
+	hold    bool
+	control *http.Client // the box's control endpoint; nil without Hold
 	store   *store
 	ln      net.Listener
 	srv     *http.Server
@@ -106,6 +114,10 @@ func New(cfg Config) (*Server, error) {
 		clock:     cfg.clock,
 		started:   cfg.clock.Now(),
 		done:      make(chan struct{}),
+		hold:      cfg.Hold,
+	}
+	if cfg.Hold {
+		s.control = newControlClient(cfg.ControlSocket)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

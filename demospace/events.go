@@ -126,6 +126,9 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
+	if s.hold {
+		h.Set("Lchat-Sse", "resumable") // every event has its id: the box may resume it
+	}
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
@@ -190,6 +193,10 @@ func (s *Server) handleWS(w http.ResponseWriter, r *http.Request) {
 	last, err := resumeFrom(r)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if s.hold && r.Header.Get("Lchat-Conn-Id") != "" {
+		s.handleHeldWS(w, r, last)
 		return
 	}
 	// Hijacked connections are invisible to http.Server.Shutdown; count them

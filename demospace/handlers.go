@@ -38,6 +38,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/messages", s.handlePostMessage)
 	mux.HandleFunc("GET /api/events", s.handleEvents)
 	mux.HandleFunc("GET /api/ws", s.handleWS)
+	if s.hold {
+		mux.HandleFunc("POST /.lchat/ws/event", s.handleHeldEvent)
+	}
 	mux.HandleFunc("GET /api/reminders", s.handleListReminders)
 	mux.HandleFunc("POST /api/reminders", s.handlePostReminder)
 	mux.HandleFunc("POST /api/wake", s.handleWake)
@@ -130,6 +133,9 @@ func (s *Server) postMessage(r *http.Request, author, text string) (Message, err
 		return Message{}, err
 	}
 	s.hub.publish(m)
+	if s.hold {
+		s.sendHeldLocked(m)
+	}
 	return m, nil
 }
 

@@ -34,7 +34,10 @@ Endpoints: GET / (the page), GET|POST /api/messages, GET /api/events
 POST /api/wake (or POST / with X-Lchat-Wake-Reason), GET /healthz.
 
 A reminder leaves its time in $LCHAT_DATA_DIR/.lchat/next-wake so the
-proxy can wake the space for it. SIGTERM or SIGINT stops it cleanly.`
+proxy can wake the space for it. With DEMO_HOLD_CONNECTIONS=1 the box holds
+its WebSockets and resumes its event stream across sleeps, sending new
+messages through $LCHAT_CONTROL_SOCKET (docs/connections.md). SIGTERM or
+SIGINT stops it cleanly.`
 
 // Main is the demo space's command: it reads args (without the program name) and the
 // environment, serves until SIGTERM or SIGINT and returns nil after a clean stop. Both
@@ -64,6 +67,11 @@ func Main(args []string, stderr io.Writer, logger *zap.Logger) error {
 		DataDir: orEnv(*dataDir, "LCHAT_DATA_DIR"),
 		Host:    orEnv(*host, "LCHAT_HOST"),
 		Logger:  logger,
+		// The box holds the room's WebSockets and resumes its event stream across
+		// sleeps, and the room sends new messages through the control socket
+		// (docs/connections.md).
+		Hold:          os.Getenv("DEMO_HOLD_CONNECTIONS") == "1",
+		ControlSocket: os.Getenv("LCHAT_CONTROL_SOCKET"),
 	}
 	if *socket == "" {
 		ln, err := PassedListener()

@@ -40,14 +40,14 @@ func TestInstanceEnvFiltersRouteEnv(t *testing.T) {
 		"ADMIN_TOKEN": "s3cret", "NAME": "n", "PATH": "/evil", "LD_PRELOAD": "x.so",
 		"LCHAT_SOCKET": "/tmp/evil", "UNLISTED": "u",
 	}}
-	env, dropped := instanceEnv(k, sp, "/run/s.sock", "/data/h")
+	env, dropped := instanceEnv(k, sp, "/run/s.sock", "/run/c.sock", "/data/h")
 	last := map[string]string{}
 	for _, kv := range env {
 		n, v, _ := strings.Cut(kv, "=")
 		last[n] = v // exec uses the last value of a duplicated name
 	}
 	for n, want := range map[string]string{"KIND_VAR": "k", "ADMIN_TOKEN": "s3cret", "NAME": "n",
-		"LCHAT_HOST": "h.test", "LCHAT_SOCKET": "/run/s.sock", "LCHAT_DATA_DIR": "/data/h"} {
+		"LCHAT_HOST": "h.test", "LCHAT_SOCKET": "/run/s.sock", "LCHAT_CONTROL_SOCKET": "/run/c.sock", "LCHAT_DATA_DIR": "/data/h"} {
 		if last[n] != want {
 			t.Errorf("%s = %q, want %q", n, last[n], want)
 		}

@@ -11,7 +11,7 @@ import (
 // env names the kind allows, then the LCHAT_ variables, which nothing can override (no LCHAT_SOCKET when socket is
 // empty: a socket-activated instance is passed its listener).
 // It returns the names of route variables it dropped (names only: values are secrets).
-func instanceEnv(k Kind, sp Space, socket, dataDir string) (env, dropped []string) {
+func instanceEnv(k Kind, sp Space, socket, control, dataDir string) (env, dropped []string) {
 	if p, ok := os.LookupEnv("PATH"); ok {
 		env = append(env, "PATH="+p)
 	}
@@ -29,7 +29,7 @@ func instanceEnv(k Kind, sp Space, socket, dataDir string) (env, dropped []strin
 	if socket != "" {
 		env = append(env, "LCHAT_SOCKET="+socket)
 	}
-	env = append(env, "LCHAT_DATA_DIR="+dataDir)
+	env = append(env, "LCHAT_CONTROL_SOCKET="+control, "LCHAT_DATA_DIR="+dataDir)
 	slices.Sort(dropped)
 	return env, dropped
 }

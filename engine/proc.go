@@ -155,7 +155,7 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	if kind.SocketActivation {
 		socket = "" // the instance gets its listener, never a path to bind
 	}
-	env, dropped := instanceEnv(kind, sp, socket, in.dataDir)
+	env, dropped := instanceEnv(kind, sp, socket, ControlSocketPath(in.e.cfg.StateDir, sp.Host), in.dataDir)
 	if len(dropped) > 0 {
 		in.logger().Warn("route env not allowed by kind; dropped", zap.Strings("names", dropped))
 	}

@@ -21,6 +21,30 @@ func proxyPath(stateDir, host string) string {
 	return filepath.Join(stateDir, "proxy", hex.EncodeToString(sum[:8])+".sock")
 }
 
+// ControlSocketPath is where the box serves host's control endpoint for held connections
+// (docs/connections.md), in a directory only the box writes; the instance gets it as
+// LCHAT_CONTROL_SOCKET. The box checks each caller's uid (SO_PEERCRED) against the
+// instance's (InstanceUID).
+func ControlSocketPath(stateDir, host string) string {
+	sum := sha256.Sum256([]byte(host))
+	return filepath.Join(stateDir, "control", hex.EncodeToString(sum[:8])+".sock")
+}
+
+// InstanceUID is the uid host's instance runs as (the box's own when it is not isolated),
+// and false when no instance runs here.
+func (e *Engine) InstanceUID(host string) (int, bool) {
+	in := e.lookup(host)
+	if in == nil {
+		return 0, false
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.proc == nil || in.state != StateAwake {
+		return 0, false
+	}
+	return in.proc.uid, true
+}
+
 // errSocketMissing means the instance has not bound its socket yet.
 var errSocketMissing = errors.New("instance socket not bound yet")
 

@@ -21,6 +21,7 @@ import (
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/mesh"
@@ -61,6 +62,11 @@ type App struct {
 	// files kept. Read when the process starts.
 	InstanceLog *InstanceLog `json:"instance_log,omitempty"`
 
+	// Connections bounds the WebSocket connections this box holds for instances that
+	// opt in (docs/connections.md). Read when the box opens: a reload keeps the running
+	// limits.
+	Connections *Connections `json:"connections,omitempty"`
+
 	// MaxAwake caps the awake spaces on this box; the least recently used sleeps
 	// first. Default 0: unlimited.
 	MaxAwake int `json:"max_awake,omitempty"`
@@ -99,6 +105,7 @@ type App struct {
 	kinds    map[string]engine.Kind
 	poolKey  string
 	box      *box.Box
+	conns    *conns        // the box's held connections; nil where they cannot be held
 	settings *box.Settings // what this config gives the box from its Start on
 	logger   *zap.Logger
 	// prevCurrent is what current pointed at before this config's Start; Stop puts it
@@ -207,6 +214,38 @@ type InstanceLog struct {
 	Keep int `json:"keep,omitempty"`
 }
 
+// Connections bounds held WebSocket connections (connhold.Limits).
+type Connections struct {
+	// MaxMessage is the largest client message in bytes; larger closes with 1009.
+	// Default 1 MiB.
+	MaxMessage int `json:"max_message,omitempty"`
+	// MaxPending is the most client messages one connection keeps for its instance;
+	// one more closes it with 1013. Default 1024.
+	MaxPending int `json:"max_pending,omitempty"`
+	// MaxPendingBytes is the same bound in bytes. Default 4 MiB.
+	MaxPendingBytes int `json:"max_pending_bytes,omitempty"`
+	// MaxBoxPendingBytes bounds the pending bytes of every held connection together.
+	// Default 256 MiB.
+	MaxBoxPendingBytes int64 `json:"max_box_pending_bytes,omitempty"`
+	// MaxOutBytes is the most bytes queued towards one client; past it the client is
+	// closed with 1008. Default 1 MiB.
+	MaxOutBytes int `json:"max_out_bytes,omitempty"`
+	// MaxBoxOutBytes is the same bound for the whole box. Default 256 MiB.
+	MaxBoxOutBytes int64 `json:"max_box_out_bytes,omitempty"`
+	// WriteTimeout bounds one write to a client. Default 10s.
+	WriteTimeout caddy.Duration `json:"write_timeout,omitempty"`
+}
+
+// limits is c as connhold.Limits (zero fields: connhold's defaults).
+func (c *Connections) limits() connhold.Limits {
+	if c == nil {
+		return connhold.Limits{}
+	}
+	return connhold.Limits{MaxMessage: c.MaxMessage, MaxPending: c.MaxPending, MaxPendingBytes: c.MaxPendingBytes,
+		MaxBoxPendingBytes: c.MaxBoxPendingBytes, MaxOutBytes: c.MaxOutBytes, MaxBoxOutBytes: c.MaxBoxOutBytes,
+		WriteTimeout: time.Duration(c.WriteTimeout)}
+}
+
 // Replication is a kind's replication class.
 type Replication struct {
 	// Class is "sleep", "periodic" (default) or "continuous".
@@ -223,12 +262,22 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// pooled is what outlives a reload: the box, one per registry path. The pool destructs
-// it when the last config using the registry lets go (box.Box.Close drains it).
-type pooled struct{ *box.Box }
+// pooled is what outlives a reload: the box, one per registry path, and its held
+// WebSocket connections (nil where they cannot be held). The pool destructs it when the
+// last config using the registry lets go (box.Box.Close drains it).
+type pooled struct {
+	*box.Box
+	conns *conns
+}
 
-// Destruct drains and closes the box.
-func (p pooled) Destruct() error { return p.Close() }
+// Destruct closes the held connections (1012), then drains and closes the box.
+func (p pooled) Destruct() error {
+	if p.conns != nil {
+		connsOf.Delete(p.Box)
+		p.conns.close()
+	}
+	return p.Close()
+}
 
 var pool = caddy.NewUsagePool()
 
@@ -319,13 +368,24 @@ func (a *App) Provision(ctx caddy.Context) error {
 
 	val, loaded, err := pool.LoadOrNew(a.Registry, func() (caddy.Destructor, error) {
 		b, err := a.openBox(ctx, bkt, dataDir)
-		return pooled{b}, err
+		if err != nil {
+			return pooled{b, nil}, err
+		}
+		cs, cerr := newConns(b, a.StateDir, a.Connections.limits(), a.logger)
+		if cerr != nil {
+			a.logger.Warn("WebSockets cannot be held on this box; every upgrade is tunnelled", zap.Error(cerr))
+			return pooled{b, nil}, nil
+		}
+		connsOf.Store(b, cs)
+		b.SetCounters(cs.counters)
+		return pooled{b, cs}, nil
 	})
 	if err != nil {
 		return err
 	}
 	a.poolKey = a.Registry
 	a.box = val.(pooled).Box
+	a.conns = val.(pooled).conns
 	if loaded && bkt != nil && bkt.String() != a.box.Bucket().String() {
 		// The engine keeps running across the reload with the bucket it was opened on.
 		a.logger.Warn("bucket changed in config; the running engine keeps its bucket until the process restarts",
@@ -406,6 +466,10 @@ func (a *App) checkConsistency() error {
 func (a *App) Validate() error {
 	if r := a.UIDRange; r != nil && (r.First == 0 && r.Count != 0 || uint64(r.First)+uint64(r.Count) >= 1<<32-1) {
 		return fmt.Errorf("uid_range: must start above 0 and end below 4294967295")
+	}
+	if c := a.Connections; c != nil && (c.MaxMessage < 0 || c.MaxPending < 0 || c.MaxPendingBytes < 0 ||
+		c.MaxBoxPendingBytes < 0 || c.MaxOutBytes < 0 || c.MaxBoxOutBytes < 0 || c.WriteTimeout < 0) {
+		return fmt.Errorf("connections: limits must be positive")
 	}
 	if l := a.InstanceLog; l != nil && (l.MaxSizeMB < 0 || l.Keep < 0) {
 		return fmt.Errorf("instance_log: size and keep must not be negative")

@@ -174,3 +174,25 @@ func TestRequestHost(t *testing.T) {
 		t.Fatal("dialAddress")
 	}
 }
+
+func TestConnectionsCaddyfile(t *testing.T) {
+	var a App
+	err := a.UnmarshalCaddyfile(caddyfile.NewTestDispenser("lchat {\n connections {\n max_message 64KiB\n max_pending 16\n max_box_pending_bytes 1GiB\n write_timeout 3s\n }\n}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := a.Connections.limits()
+	if l.MaxMessage != 64<<10 || l.MaxPending != 16 || l.MaxBoxPendingBytes != 1<<30 || l.WriteTimeout != 3*time.Second || l.MaxOutBytes != 0 {
+		t.Errorf("limits %+v", l)
+	}
+	for _, bad := range []string{
+		"lchat {\n connections {\n nope 1\n }\n}",
+		"lchat {\n connections {\n max_pending -1\n }\n}",
+		"lchat {\n connections {\n max_message lots\n }\n}",
+		"lchat {\n connections extra {\n }\n}",
+	} {
+		if err := new(App).UnmarshalCaddyfile(caddyfile.NewTestDispenser(bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}

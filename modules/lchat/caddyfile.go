@@ -46,6 +46,15 @@ func init() {
 //			max_size <size>
 //			keep <n>
 //		}
+//		connections {
+//			max_message <size>
+//			max_pending <n>
+//			max_pending_bytes <size>
+//			max_box_pending_bytes <size>
+//			max_out_bytes <size>
+//			max_box_out_bytes <size>
+//			write_timeout <duration>
+//		}
 //		mesh {
 //			beat <duration>
 //			dead_after <duration>
@@ -200,6 +209,16 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				default:
 					return d.Errf("unrecognized subdirective %s", d.Val())
 				}
+			}
+		case "connections":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			if a.Connections == nil {
+				a.Connections = new(Connections)
+			}
+			if err := a.Connections.unmarshalCaddyfile(d); err != nil {
+				return err
 			}
 		case "mesh":
 			if a.Mesh == nil {
@@ -412,6 +431,54 @@ func sizeArg(d *caddyfile.Dispenser) (int64, error) {
 		return 0, d.Errf("%s: want a size such as 64MiB, got %q", name, v)
 	}
 	return int64(n), nil
+}
+
+// unmarshalCaddyfile reads a connections block (see App.UnmarshalCaddyfile).
+func (c *Connections) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch name := d.Val(); name {
+		case "max_message", "max_pending_bytes", "max_box_pending_bytes", "max_out_bytes", "max_box_out_bytes":
+			n, err := sizeArg(d)
+			if err != nil {
+				return err
+			}
+			switch name {
+			case "max_message":
+				c.MaxMessage = int(min(n, 1<<31-1))
+			case "max_pending_bytes":
+				c.MaxPendingBytes = int(min(n, 1<<31-1))
+			case "max_box_pending_bytes":
+				c.MaxBoxPendingBytes = n
+			case "max_out_bytes":
+				c.MaxOutBytes = int(min(n, 1<<31-1))
+			case "max_box_out_bytes":
+				c.MaxBoxOutBytes = n
+			}
+		case "max_pending":
+			var v string
+			if err := caddyfileutil.OneArg(d, &v); err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return d.Errf("max_pending: want a positive number, got %q", v)
+			}
+			c.MaxPending = n
+		case "write_timeout":
+			var v string
+			if err := caddyfileutil.OneArg(d, &v); err != nil {
+				return err
+			}
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("write_timeout: want a positive duration, got %q", v)
+			}
+			c.WriteTimeout = caddy.Duration(dur)
+		default:
+			return d.Errf("unrecognized subdirective %s", name)
+		}
+	}
+	return nil
 }
 
 // parseHandler sets up the handler from the `lchat` directive.

@@ -62,6 +62,9 @@ func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
 		"ready_path":   "/healthz",
 		"replication":  map[string]any{"class": "periodic", "interval": "10s"},
 		"wake_path":    "/",
+		// The room's WebSockets and event stream are held by the box, so an open tab
+		// does not keep the space awake (docs/connections.md).
+		"env": map[string]string{"DEMO_HOLD_CONNECTIONS": "1"},
 	}
 	if _, err := sandbox.CheckPIDNamespace(); err == nil {
 		// The socket passed to the room: a wake answers as soon as it accepts.

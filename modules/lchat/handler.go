@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
 )
@@ -138,9 +139,24 @@ func (p *proxying) Instance(use *engine.Use) error {
 	if p.hops > 0 {
 		p.w.Header().Set(mesh.HolderHeader, p.h.app.box.Self())
 	}
+	// The box's own requests to the instance (connection events) are under /.lchat/ and
+	// name connections: a client can do neither, so an instance can trust both.
+	if connhold.Reserved(p.r.URL.Path) {
+		return p.Refuse(box.Refusal{Status: http.StatusNotFound, Err: fmt.Errorf("%s is reserved for the box", p.r.URL.Path)})
+	}
+	p.r.Header.Del(connhold.ConnIDHeader)
 	p.h.setInstanceHeader(p.w, use)
 	setUpstream(p.r, use.Dial())
-	err := p.h.proxy.ServeHTTP(p.w, p.r, p.next)
+	var err error
+	cs := p.h.app.conns
+	switch {
+	case cs != nil && connhold.IsUpgrade(p.r):
+		err = p.instanceUpgrade(use, cs)
+	case cs != nil && connhold.AcceptsEventStream(p.r):
+		err = p.instanceSSE(use, cs)
+	default:
+		err = p.h.proxy.ServeHTTP(p.w, p.r, p.next)
+	}
 	if de := (reverseproxy.DialError{}); errors.As(err, &de) {
 		// The engine holds the space awake but its socket takes no connection: end
 		// that awake period so the next request wakes a working instance.

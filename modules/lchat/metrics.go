@@ -2,6 +2,8 @@ package lchat
 
 import (
 	"errors"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,12 +26,51 @@ var (
 	descEngine = prometheus.NewDesc("lchat_engine_events_total", "Engine counters (wakes, sleeps, crashes, lease conflicts, syncs, ...).", []string{"counter"}, nil)
 )
 
+// Held WebSocket connections (connhold), read from the hub of the current box.
+var (
+	descConns      = prometheus.NewDesc("lchat_conns", "Held WebSocket connections: open (socket up), parked (no goroutine, in the epoll set), readers (reader goroutines running).", []string{"state"}, nil)
+	descConnBytes  = prometheus.NewDesc("lchat_conn_bytes", "Bytes held for connections: pending (client messages kept for instances), out (queued to clients).", []string{"kind"}, nil)
+	descConnEvents = prometheus.NewDesc("lchat_conn_events_total", "Held connections' counters: pings and auto_responses answered by the box, delivered and redelivered events, delivery_errors, overflows (1013).", []string{"counter"}, nil)
+	descConnCloses = prometheus.NewDesc("lchat_conn_closes_total", "Close frames the box sent, by code.", []string{"code"}, nil)
+)
+
+// connsOf maps a box to its held connections (set when the pool opens the box).
+var connsOf sync.Map // *box.Box -> *conns
+
 type collector struct{}
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRoutes
 	ch <- descSpaces
 	ch <- descEngine
+	ch <- descConns
+	ch <- descConnBytes
+	ch <- descConnEvents
+	ch <- descConnCloses
+}
+
+// collectConns reports b's held connections, if it holds any.
+func collectConns(ch chan<- prometheus.Metric, b *box.Box) {
+	v, ok := connsOf.Load(b)
+	if !ok {
+		return
+	}
+	st := v.(*conns).hub.Stats()
+	gauge := func(d *prometheus.Desc, v float64, label string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, label)
+	}
+	gauge(descConns, float64(st.Held), "open")
+	gauge(descConns, float64(st.Parked), "parked")
+	gauge(descConns, float64(st.Readers), "readers")
+	gauge(descConnBytes, float64(st.PendingBytes), "pending")
+	gauge(descConnBytes, float64(st.OutBytes), "out")
+	for name, n := range map[string]uint64{"pings": st.Pings, "auto_responses": st.AutoResponses, "delivered": st.Delivered,
+		"redelivered": st.Redelivered, "delivery_errors": st.DeliveryErrors, "overflows": st.Overflows} {
+		ch <- prometheus.MustNewConstMetric(descConnEvents, prometheus.CounterValue, float64(n), name)
+	}
+	for code, n := range st.Closes {
+		ch <- prometheus.MustNewConstMetric(descConnCloses, prometheus.CounterValue, float64(n), strconv.Itoa(code))
+	}
 }
 
 func (collector) Collect(ch chan<- prometheus.Metric) {
@@ -48,6 +89,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 	for name, v := range box.EngineCounters(b.Engine().Counters()) {
 		ch <- prometheus.MustNewConstMetric(descEngine, prometheus.CounterValue, float64(v), name)
 	}
+	collectConns(ch, b)
 }
 
 // Histograms of the engine's wakes and checkpoints, fed by observeMetrics. They answer

@@ -1,0 +1,89 @@
+package connhold
+
+import (
+	"crypto/sha1"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// IsUpgrade reports whether r asks for a WebSocket over HTTP/1.1 (the only kind the box
+// holds; an HTTP/2 WebSocket is proxied as today).
+func IsUpgrade(r *http.Request) bool {
+	return r.ProtoMajor == 1 && r.Method == http.MethodGet &&
+		headerHasToken(r.Header, "Connection", "upgrade") && headerHasToken(r.Header, "Upgrade", "websocket")
+}
+
+// Opted reports whether an instance's answer to an upgrade request opts the connection in.
+func Opted(status int, h http.Header) bool {
+	return status/100 == 2 && strings.EqualFold(strings.TrimSpace(h.Get(HoldHeader)), HoldValue)
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+const acceptGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+// Accept completes the WebSocket handshake of r itself (101, Sec-WebSocket-Accept, the
+// subprotocol the instance chose, which must be one the client offered), hijacks the
+// connection and holds it (Adopt). open is the instance's answer to the upgrade request;
+// protocol its Sec-WebSocket-Protocol. When the request is not a valid handshake nothing is
+// written and the caller answers the error; a connection that cannot be parked (a listener
+// wrapper without a file descriptor) is answered 503 here, after the hijack.
+func (h *Hub) Accept(w http.ResponseWriter, r *http.Request, space, id string, open Reply, protocol string) (*Conn, error) {
+	key := r.Header.Get("Sec-WebSocket-Key")
+	if raw, err := base64.StdEncoding.DecodeString(key); err != nil || len(raw) != 16 {
+		return nil, errors.New("bad Sec-WebSocket-Key")
+	}
+	if r.Header.Get("Sec-WebSocket-Version") != "13" {
+		return nil, errors.New("unsupported Sec-WebSocket-Version")
+	}
+	if protocol != "" && !headerHasToken(r.Header, "Sec-WebSocket-Protocol", protocol) {
+		return nil, fmt.Errorf("the instance chose subprotocol %q, which the client did not offer", protocol)
+	}
+	sum := sha1.Sum([]byte(key + acceptGUID))
+	nc, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return nil, fmt.Errorf("hijacking: %w", err)
+	}
+	if _, err := connFD(nc); err != nil {
+		// A listener wrapper that buffers or transforms bytes (http_redirect, PROXY
+		// protocol) cannot be parked: refuse before the handshake, so the client is not
+		// told yes.
+		nc.Write([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
+		nc.Close()
+		return nil, err
+	}
+	var resp strings.Builder
+	resp.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ")
+	resp.WriteString(base64.StdEncoding.EncodeToString(sum[:]))
+	if protocol != "" {
+		resp.WriteString("\r\nSec-WebSocket-Protocol: " + protocol)
+	}
+	resp.WriteString("\r\n\r\n")
+	if _, err := nc.Write([]byte(resp.String())); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("writing the handshake: %w", err)
+	}
+	var buffered []byte
+	if n := brw.Reader.Buffered(); n > 0 {
+		buffered, _ = brw.Reader.Peek(n)
+	}
+	c, err := h.Adopt(nc, buffered, space, id, open)
+	if err != nil {
+		nc.Write(closeFrame(CloseServiceRestart, ""))
+		nc.Close()
+		return nil, err
+	}
+	return c, nil
+}

@@ -1,0 +1,24 @@
+package connhold
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+)
+
+// NewID is a fresh connection id: 128 random bits, base64url without padding (22
+// characters). Ids are unguessable, so knowing one is what lets a space address a
+// connection; the control endpoint still refuses another space's ids.
+func NewID() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// validID reports whether id has the shape NewID gives.
+func validID(id string) bool {
+	if len(id) != 22 {
+		return false
+	}
+	_, err := base64.RawURLEncoding.DecodeString(id)
+	return err == nil
+}

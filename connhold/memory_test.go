@@ -1,0 +1,280 @@
+package connhold
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"golang.org/x/sys/unix"
+)
+
+// TestHeldIdleMemory prints what one held idle WebSocket costs the box: N clients (in a
+// child process, so their memory is not counted) connect over TLS from source addresses
+// spread over 127.0.0.x, and the box's RSS and Go heap are read after a GC before and
+// after. N is 1000 unless LCHAT_CONNHOLD_N says more (100000 needs a RLIMIT_NOFILE hard
+// limit above it, raised here when the process may). LCHAT_CONNHOLD_VARIANT=coder holds
+// each connection with coder/websocket and a goroutine blocked in Read instead (the
+// measurement behind the choice of an own epoll set and gobwas/ws framing).
+func TestHeldIdleMemory(t *testing.T) {
+	if os.Getenv("LCHAT_CONNHOLD_CLIENT") != "" {
+		t.Skip("the client side runs in TestHeldIdleMemoryClient")
+	}
+	n := 1000
+	if v := os.Getenv("LCHAT_CONNHOLD_N"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n <= 0 {
+			t.Fatalf("LCHAT_CONNHOLD_N=%q", v)
+		}
+	}
+	if err := raiseNoFile(uint64(n) + 2000); err != nil {
+		t.Skipf("raising RLIMIT_NOFILE for %d connections: %v", n, err)
+	}
+	variant := os.Getenv("LCHAT_CONNHOLD_VARIANT")
+
+	var hub *Hub
+	var coderConns atomic.Int64
+	var handler http.HandlerFunc
+	switch variant {
+	case "", "connhold":
+		variant = "connhold"
+		var err error
+		if hub, err = NewHub(Limits{}, newFakeApp(), nil); err != nil {
+			t.Fatal(err)
+		}
+		handler = func(w http.ResponseWriter, r *http.Request) {
+			if _, err := hub.Accept(w, r, "s1", NewID(), Reply{}, ""); err != nil {
+				http.Error(w, err.Error(), 400)
+			}
+		}
+	case "coder":
+		handler = func(w http.ResponseWriter, r *http.Request) {
+			c, err := websocket.Accept(w, r, nil)
+			if err != nil {
+				return
+			}
+			coderConns.Add(1)
+			for {
+				if _, _, err := c.Read(context.Background()); err != nil {
+					return
+				}
+			}
+		}
+	default:
+		t.Fatalf("LCHAT_CONNHOLD_VARIANT=%q: connhold or coder", variant)
+	}
+	srv := httptest.NewUnstartedServer(handler)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ecdsaCert(t)}}
+	srv.StartTLS()
+	defer srv.Close()
+
+	held := func() int64 {
+		if hub != nil {
+			return hub.Stats().Parked
+		}
+		return coderConns.Load()
+	}
+	// Warm up: the first connections allocate the server's pools and TLS state.
+	runClients(t, srv.Listener.Addr().String(), 50, func() {
+		waitFor(t, "warm-up connections held", func() bool { return held() == 50 })
+	})
+	waitFor(t, "warm-up connections gone", func() bool {
+		if hub != nil {
+			return hub.Stats().Held == 0
+		}
+		return true
+	})
+	coderConns.Store(0)
+	rss0, heap0, g0 := settle()
+	start := time.Now()
+	runClients(t, srv.Listener.Addr().String(), n, func() {
+		waitFor(t, "every connection held", func() bool { return held() == int64(n) })
+		dial := time.Since(start)
+		rss1, heap1, g1 := settle()
+		t.Logf("variant=%s N=%d (TLS): RSS %+.1f MiB = %.1f KiB per held idle connection; Go heap %.1f KiB per connection; goroutines %d -> %d; connected in %v",
+			variant, n, float64(rss1-rss0)/(1<<20), float64(rss1-rss0)/float64(n)/1024,
+			float64(heap1-heap0)/float64(n)/1024, g0, g1, dial.Round(time.Millisecond))
+		if hub != nil {
+			if got := connholdGoroutines(); got != 0 {
+				t.Errorf("%d connection goroutines for %d idle connections", got, n)
+			}
+		}
+	})
+	if hub != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		hub.Shutdown(ctx, CloseGoingAway)
+	}
+}
+
+// ecdsaCert is a self-signed P-256 certificate (what Caddy issues by default; the
+// handshakes are much cheaper than httptest's RSA key).
+func ecdsaCert(t *testing.T) tls.Certificate {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// settle collects garbage, returns freed memory to the OS, and reads the RSS, the Go
+// heap in use and the goroutine count.
+func settle() (rss, heap uint64, goroutines int) {
+	for range 3 {
+		runtime.GC()
+		debug.FreeOSMemory()
+		time.Sleep(100 * time.Millisecond)
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b, _ := os.ReadFile("/proc/self/statm")
+	f := strings.Fields(string(b))
+	pages, _ := strconv.ParseUint(f[1], 10, 64)
+	return pages * uint64(os.Getpagesize()), ms.HeapInuse, runtime.NumGoroutine()
+}
+
+func raiseNoFile(need uint64) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return err
+	}
+	if lim.Cur >= need {
+		return nil
+	}
+	if lim.Max < need {
+		lim.Max = need
+	}
+	lim.Cur = need
+	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+}
+
+// runClients starts the child process holding n client connections to addr, calls
+// while once they are all connected, and ends the child.
+func runClients(t *testing.T, addr string, n int, while func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHeldIdleMemoryClient$", "-test.v")
+	cmd.Env = append(os.Environ(), "LCHAT_CONNHOLD_CLIENT="+addr, "LCHAT_CONNHOLD_CLIENT_N="+strconv.Itoa(n))
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "CLIENTS READY" {
+			break
+		}
+		if strings.HasPrefix(line, "CLIENT ERROR") {
+			t.Fatal(line)
+		}
+	}
+	while()
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+}
+
+// TestHeldIdleMemoryClient is the client side of TestHeldIdleMemory, run in a child
+// process: it connects, upgrades, then keeps only the socket's fd (the client's own TLS
+// state is dropped without a close_notify, so each client costs its process little),
+// until its stdin closes.
+func TestHeldIdleMemoryClient(t *testing.T) {
+	addr := os.Getenv("LCHAT_CONNHOLD_CLIENT")
+	if addr == "" {
+		t.Skip("run by TestHeldIdleMemory")
+	}
+	n, _ := strconv.Atoi(os.Getenv("LCHAT_CONNHOLD_CLIENT_N"))
+	var mu sync.Mutex
+	var fds []int
+	var failed atomic.Value
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || failed.Load() != nil {
+					return
+				}
+				// 127.0.0.2 .. : 20000 source ports per address.
+				src := &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i/20000))}
+				fd, err := clientConn(addr, src)
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				mu.Lock()
+				fds = append(fds, fd)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		fmt.Printf("CLIENT ERROR %v\n", err)
+		return
+	}
+	fmt.Println("CLIENTS READY")
+	os.Stdin.Read(make([]byte, 1))
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+func clientConn(addr string, src *net.TCPAddr) (int, error) {
+	d := &net.Dialer{LocalAddr: src, Timeout: 30 * time.Second}
+	tc, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		return -1, err
+	}
+	var k [16]byte
+	rand.Read(k[:])
+	fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: %s\r\n\r\n", base64.StdEncoding.EncodeToString(k[:]))
+	resp, err := http.ReadResponse(bufio.NewReaderSize(tc, 512), nil)
+	if err != nil {
+		tc.Close()
+		return -1, err
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		tc.Close()
+		return -1, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	raw := tc.NetConn().(*net.TCPConn)
+	rc, _ := raw.SyscallConn()
+	dup := -1
+	rc.Control(func(fd uintptr) { dup, err = unix.Dup(int(fd)) })
+	raw.Close()
+	return dup, err
+}

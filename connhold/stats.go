@@ -1,0 +1,56 @@
+package connhold
+
+import (
+	"maps"
+	"sync"
+	"sync/atomic"
+)
+
+// counters are the hub's figures, for the metrics and the console.
+type counters struct {
+	held, parked, readers                        atomic.Int64
+	pings, autoResponses, delivered, redelivered atomic.Uint64
+	deliveryErrors, overflows                    atomic.Uint64
+	mu                                           sync.Mutex
+	closes                                       map[int]uint64 // guarded by mu
+}
+
+func (c *counters) closed(code int) {
+	c.mu.Lock()
+	c.closes[code]++
+	c.mu.Unlock()
+}
+
+// Stats is a snapshot of the hub's figures.
+type Stats struct {
+	// Held is connections whose socket is open; Parked those of them with no goroutine,
+	// waiting in the epoll set; Readers the reader goroutines running.
+	Held, Parked, Readers int64
+	// PendingBytes is client message bytes kept for instances; OutBytes bytes queued to
+	// clients.
+	PendingBytes, OutBytes int64
+	// Pings and AutoResponses were answered by the box without an event.
+	Pings, AutoResponses uint64
+	// Delivered events were acknowledged (Redelivered of them as redeliveries);
+	// DeliveryErrors deliveries failed; Overflows messages closed their connection
+	// with 1013.
+	Delivered, Redelivered, DeliveryErrors, Overflows uint64
+	// Closes counts the close codes the box sent.
+	Closes map[int]uint64
+}
+
+// Stats reads the hub's figures.
+func (h *Hub) Stats() Stats {
+	s := &h.st
+	s.mu.Lock()
+	closes := maps.Clone(s.closes)
+	s.mu.Unlock()
+	return Stats{
+		Held: s.held.Load(), Parked: s.parked.Load(), Readers: s.readers.Load(),
+		PendingBytes: h.pendingBytes.Load(), OutBytes: h.outBytes.Load(),
+		Pings: s.pings.Load(), AutoResponses: s.autoResponses.Load(),
+		Delivered: s.delivered.Load(), Redelivered: s.redelivered.Load(),
+		DeliveryErrors: s.deliveryErrors.Load(), Overflows: s.overflows.Load(),
+		Closes: closes,
+	}
+}

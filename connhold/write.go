@@ -1,0 +1,203 @@
+package connhold
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"time"
+
+	"github.com/gobwas/ws"
+)
+
+// serverFrame is one unmasked, unfragmented frame.
+func serverFrame(op ws.OpCode, payload []byte) []byte {
+	var b bytes.Buffer
+	b.Grow(ws.MaxHeaderSize + len(payload))
+	ws.WriteHeader(&b, ws.Header{Fin: true, OpCode: op, Length: int64(len(payload))})
+	b.Write(payload)
+	return b.Bytes()
+}
+
+func closeFrame(code int, reason string) []byte {
+	return serverFrame(ws.OpClose, ws.NewCloseFrameBody(ws.StatusCode(code), reason))
+}
+
+// send queues m for the client; inline as for enqueue.
+func (c *Conn) send(m Message, inline bool) bool {
+	op := ws.OpText
+	if m.Binary {
+		op = ws.OpBinary
+	}
+	return c.enqueue(serverFrame(op, m.Payload), inline)
+}
+
+// enqueue queues one frame for the client and starts a writer if none runs (inline: writes
+// it on this goroutine). A client
+// whose queue would pass MaxOutBytes (or the box's MaxBoxOutBytes) is a slow reader: its
+// queue is dropped and it is closed with 1008, so it cannot make the box hold more.
+func (c *Conn) enqueue(frame []byte, inline bool) bool {
+	h := c.h
+	c.mu.Lock()
+	if c.state != stateOpen {
+		c.mu.Unlock()
+		return false
+	}
+	if c.outBytes+len(frame) > h.lim.MaxOutBytes || h.outBytes.Load()+int64(len(frame)) > h.lim.MaxBoxOutBytes {
+		c.dropOutLocked()
+		c.closeLocked(ClosePolicy, ClosePolicy, "slow reader")
+		c.mu.Unlock()
+		return false
+	}
+	c.outq = append(c.outq, frame)
+	c.outBytes += len(frame)
+	h.outBytes.Add(int64(len(frame)))
+	if c.writing {
+		c.mu.Unlock()
+		return true
+	}
+	if !inline {
+		c.startWriterLocked()
+		c.mu.Unlock()
+		return true
+	}
+	// inline (the connection's own delivery sending an answer): this goroutine writes
+	// itself, saving a goroutine hand-off per message. A client slow to take the bytes
+	// holds up only its own deliveries, up to WriteTimeout, then is cut.
+	c.writing = true
+	c.mu.Unlock()
+	c.writeLoop()
+	return true
+}
+
+func (c *Conn) dropOutLocked() {
+	c.h.outBytes.Add(-int64(c.outBytes))
+	c.outq, c.outBytes = nil, 0
+}
+
+func (c *Conn) startWriterLocked() {
+	if c.writing {
+		return
+	}
+	c.writing = true
+	c.h.wg.Add(1)
+	go func() {
+		defer c.h.wg.Done()
+		c.writeLoop()
+	}()
+}
+
+// writeLoop writes the queue until it is empty, then ends (an idle connection has no
+// writer). A close frame queued last ends the socket once written.
+func (c *Conn) writeLoop() {
+	h := c.h
+	for {
+		c.mu.Lock()
+		if len(c.outq) == 0 || c.state == stateGone {
+			c.writing = false
+			end := c.closeAfter && c.state == stateClosing
+			code, why := c.closeCode, c.closeWhy
+			c.mu.Unlock()
+			if end {
+				c.abort(code, why)
+			}
+			return
+		}
+		batch := net.Buffers(c.outq)
+		var n int
+		for _, f := range c.outq {
+			n += len(f)
+		}
+		c.outq = nil
+		c.mu.Unlock()
+		c.nc.SetWriteDeadline(time.Now().Add(h.lim.WriteTimeout))
+		_, err := batch.WriteTo(c.nc)
+		c.mu.Lock()
+		c.outBytes -= n
+		c.mu.Unlock()
+		h.outBytes.Add(-int64(n))
+		if err != nil {
+			c.mu.Lock()
+			c.writing = false
+			code, why := c.closeCode, c.closeWhy
+			c.mu.Unlock()
+			if code == 0 {
+				code, why = CloseAbnormal, "write failed"
+			}
+			c.abort(code, why)
+			return
+		}
+	}
+}
+
+// closeWith closes the connection from the box's side: the close frame goes after what is
+// queued, then the socket ends; the instance's close event carries code and why.
+func (c *Conn) closeWith(code int, why string) {
+	c.mu.Lock()
+	c.closeLocked(code, code, why)
+	c.mu.Unlock()
+}
+
+// closeWithEvent answers a client's close: echo is sent, the event reports the client's
+// code and reason.
+func (c *Conn) closeWithEvent(echo, code int, reason string) {
+	c.mu.Lock()
+	c.closeLocked(echo, code, reason)
+	c.mu.Unlock()
+}
+
+func (c *Conn) closeLocked(send, evCode int, evWhy string) {
+	if !c.setStateLocked(stateClosing) {
+		return
+	}
+	c.closeCode, c.closeWhy = evCode, evWhy
+	c.h.st.closed(send)
+	frame := closeFrame(send, "")
+	c.outq = append(c.outq, frame)
+	c.outBytes += len(frame)
+	c.h.outBytes.Add(int64(len(frame)))
+	c.closeAfter = true
+	c.startWriterLocked()
+}
+
+// abort ends the socket now: out of the poller, closed, the queue dropped; the instance
+// gets a close event with code (the box's close code when it was closing). Idempotent.
+func (c *Conn) abort(code int, why string) {
+	h := c.h
+	c.mu.Lock()
+	if c.state == stateClosing {
+		code, why = c.closeCode, c.closeWhy
+	}
+	if !c.setStateLocked(stateGone) {
+		c.mu.Unlock()
+		return
+	}
+	c.dropOutLocked()
+	wasParked := c.parked
+	c.parked = false
+	c.mu.Unlock()
+	if wasParked {
+		h.st.parked.Add(-1)
+		c.releaseInBuf() // no reader runs: its partial frame goes with the socket
+		c.rbuf = nil
+	}
+	h.poll.remove(c)
+	c.nc.Close()
+	h.st.held.Add(-1)
+	c.queueEvent(KindClose, []byte(why), code)
+}
+
+// waitGone waits until the socket has ended or ctx ends.
+func (c *Conn) waitGone(ctx context.Context) {
+	for ctx.Err() == nil {
+		c.mu.Lock()
+		gone := c.state >= stateGone
+		c.mu.Unlock()
+		if gone {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,290 @@
+package lchat
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/connhold"
+	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/internal/safego"
+)
+
+// conns is the glue between the box and connhold: the hub of this box's held WebSocket
+// connections, outliving reloads with the box (pooled). It delivers a connection's events
+// to its space's instance, waking the space (Deliver), and tells the hub what the engine
+// saved (observe).
+type conns struct {
+	hub      *connhold.Hub
+	box      *box.Box
+	stateDir string
+	log      *zap.Logger
+	cancel   func()
+
+	mu         sync.Mutex
+	clients    map[string]*http.Client  // by socket path
+	wakes      map[string]chan struct{} // by host: closed at the space's next wake
+	done       bool                     // close has run
+	controls   map[string]*http.Server  // by host: control endpoints (control.go)
+	lastCkptOK map[string]bool          // by host: whether the last checkpoint succeeded (observe)
+}
+
+// wakeSignal is a channel closed when host's space next finishes a wake here.
+func (c *conns) wakeSignal(host string) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := c.wakes[host]
+	if ch == nil {
+		ch = make(chan struct{})
+		c.wakes[host] = ch
+	}
+	return ch
+}
+
+func (c *conns) closed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.done
+}
+
+// checkpointMargin is taken off a checkpoint's start as the engine reports it (its end
+// minus its duration, stamped a moment after its real start), so that a message
+// acknowledged just after the real start is never taken for saved.
+const checkpointMargin = time.Second
+
+func newConns(b *box.Box, stateDir string, lim connhold.Limits, log *zap.Logger) (*conns, error) {
+	log = log.Named("conns")
+	c := &conns{box: b, stateDir: stateDir, log: log, clients: make(map[string]*http.Client),
+		wakes: make(map[string]chan struct{}), controls: make(map[string]*http.Server), lastCkptOK: make(map[string]bool)}
+	hub, err := connhold.NewHub(lim, c, log)
+	if err != nil {
+		return nil, err
+	}
+	c.hub = hub
+	cancelObs := b.Engine().Observe(c.observe)
+	stop := make(chan struct{})
+	c.cancel = func() { cancelObs(); close(stop) }
+	safego.Go(nil, log, "conns exit watch", func() { c.watchExit(stop) })
+	return c, nil
+}
+
+// watchExit closes every held connection with 1012 as soon as the process is shutting
+// down (caddy.Exiting, polled as the box's own drain does), so clients reconnect to
+// another box while this one drains its spaces, instead of after Caddy's servers stop.
+func (c *conns) watchExit(stop <-chan struct{}) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			if caddy.Exiting() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				c.hub.Shutdown(ctx, connhold.CloseServiceRestart)
+				cancel()
+				return
+			}
+		}
+	}
+}
+
+// observe hears the engine: a completed checkpoint covers what was acknowledged before it
+// began; a crashed instance's uncovered messages go to the next one; a wake reopens the
+// resumable event streams waiting for it (sse.go).
+func (c *conns) observe(ev engine.Event) {
+	switch ev.Type {
+	case engine.EventCheckpoint:
+		c.mu.Lock()
+		c.lastCkptOK[ev.Host] = ev.Err == ""
+		c.mu.Unlock()
+		if ev.Err == "" {
+			c.hub.CheckpointCovered(ev.Host, ev.At.Add(-ev.Duration-checkpointMargin))
+		}
+	case engine.EventSleep:
+		// A sleep's final checkpoint starts after the instance has exited, so it holds
+		// every message the instance acknowledged: when it succeeded, they are saved.
+		c.mu.Lock()
+		ok := c.lastCkptOK[ev.Host]
+		delete(c.lastCkptOK, ev.Host)
+		c.mu.Unlock()
+		if ok {
+			c.hub.CheckpointDone(ev.Host, c.hub.CheckpointStarted(ev.Host))
+		}
+	case engine.EventCrash:
+		c.hub.InstanceGone(ev.Host)
+	case engine.EventWake:
+		if ev.Err == "" {
+			c.mu.Lock()
+			if ch := c.wakes[ev.Host]; ch != nil {
+				close(ch)
+				delete(c.wakes, ev.Host)
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// counters are the held connections' figures for the box's status, fleet and console.
+func (c *conns) counters() map[string]uint64 {
+	st := c.hub.Stats()
+	return map[string]uint64{
+		"conns_open": uint64(st.Held), "conns_parked": uint64(st.Parked),
+		"conn_pending_bytes": uint64(st.PendingBytes), "conn_events_delivered": st.Delivered,
+		"conn_events_redelivered": st.Redelivered,
+	}
+}
+
+// Deliver carries ev to its space's instance, waking the space: the delivery is a use of
+// the space like any request, so the space sleeps its idle timeout after the last one.
+// A space awake on another box is not reached yet (mesh forwarding of events is to come):
+// the error leaves the event pending.
+func (c *conns) Deliver(ctx context.Context, ev connhold.Event) (connhold.Reply, error) {
+	rt, ok := c.box.Lookup(ev.Space)
+	if !ok {
+		return connhold.Reply{}, fmt.Errorf("no route for %s", ev.Space)
+	}
+	use, err := c.box.Acquire(ctx, rt)
+	if err != nil {
+		return connhold.Reply{}, err
+	}
+	defer use.Release()
+	reply, err := connhold.PostEvent(ctx, c.client(use.Socket()), "http://"+ev.Space, ev)
+	var ne *net.OpError
+	if errors.As(err, &ne) && ne.Op == "dial" {
+		use.Unreachable()
+	}
+	return reply, err
+}
+
+// client is an HTTP client dialing socket (the box's own link to the instance's socket).
+func (c *conns) client(socket string) *http.Client {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cl := c.clients[socket]; cl != nil {
+		return cl
+	}
+	var d net.Dialer
+	cl := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: 2 * time.Minute,
+	}}
+	c.clients[socket] = cl
+	return cl
+}
+
+// close ends every held connection with 1012 (the box is going away; clients reconnect
+// to another box) within a few seconds, and stops the hub.
+func (c *conns) close() {
+	c.cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c.hub.Shutdown(ctx, connhold.CloseServiceRestart)
+	c.mu.Lock()
+	c.done = true
+	c.closeControlsLocked()
+	for _, cl := range c.clients {
+		cl.CloseIdleConnections()
+	}
+	c.mu.Unlock()
+}
+
+// maxOpenAnswer bounds the opt-in answer the box reads before the handshake.
+const maxOpenAnswer = 1 << 20
+
+// holdWriter stands between Caddy's reverse proxy and the client for a WebSocket upgrade
+// request: an instance answer that opts in (connhold.Opted) is kept, not written, so the
+// box can complete the handshake itself; any other answer (a 101 and its tunnel included)
+// passes through.
+type holdWriter struct {
+	http.ResponseWriter
+	wrote  bool
+	held   bool
+	status int
+	header http.Header
+	body   bytes.Buffer
+}
+
+func (w *holdWriter) WriteHeader(code int) {
+	if w.wrote {
+		return
+	}
+	if code < 200 && code != http.StatusSwitchingProtocols {
+		w.ResponseWriter.WriteHeader(code) // informational: passed on, not the answer
+		return
+	}
+	w.wrote = true
+	if connhold.Opted(code, w.ResponseWriter.Header()) {
+		w.held, w.status, w.header = true, code, w.ResponseWriter.Header().Clone()
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *holdWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.held {
+		return w.ResponseWriter.Write(b)
+	}
+	if w.body.Len()+len(b) > maxOpenAnswer {
+		return 0, errors.New("opt-in answer too large")
+	}
+	return w.body.Write(b)
+}
+
+// Flush passes on unless the answer is kept.
+func (w *holdWriter) Flush() {
+	if !w.held {
+		http.NewResponseController(w.ResponseWriter).Flush()
+	}
+}
+
+// Unwrap lets Caddy's proxy hijack the connection for a tunnel.
+func (w *holdWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// instanceUpgrade proxies a WebSocket upgrade request to the instance with a fresh
+// connection id; if the instance opts in, the box holds the connection (connhold) and the
+// request, with its Use, ends at once: a held connection does not keep the space awake.
+func (p *proxying) instanceUpgrade(use *engine.Use, cs *conns) error {
+	id := connhold.NewID()
+	p.r.Header.Set(connhold.ConnIDHeader, id)
+	hw := &holdWriter{ResponseWriter: p.w}
+	err := p.h.proxy.ServeHTTP(hw, p.r, p.next)
+	if !hw.held {
+		return err
+	}
+	reply, perr := connhold.ParseReply(hw.header, hw.body.Bytes())
+	if perr != nil {
+		return caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("space %s: its answer holding a WebSocket: %w", p.host, perr))
+	}
+	for k := range p.w.Header() {
+		delete(p.w.Header(), k)
+	}
+	if _, err := cs.hub.Accept(p.w, p.r, p.host, id, reply, hw.header.Get("Sec-WebSocket-Protocol")); err != nil {
+		return caddyhttp.Error(http.StatusBadRequest, err)
+	}
+	cs.ensureControl(p.host)
+	return nil
+}
+
+// Interface guards
+var (
+	_ connhold.Deliverer = (*conns)(nil)
+	_ http.Flusher       = (*holdWriter)(nil)
+)

@@ -1,0 +1,216 @@
+package lchat
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/lchat/lchat-caddy/connhold"
+	"github.com/lchat/lchat-caddy/engine"
+)
+
+// sseKeepalive is how often a resumable stream whose space sleeps gets a comment line, so
+// that idle intermediaries keep it open (WHATWG HTML suggests about 15 s).
+const sseKeepalive = 15 * time.Second
+
+// sseRetry is the reconnection delay a stream ended by a shutting-down box asks for.
+const sseRetry = "retry: 1000\n\n"
+
+// sseWriter stands between Caddy's reverse proxy and the client for a request that asks
+// for server-sent events. An answer that is not a resumable stream passes through
+// untouched. A resumable one is passed on whole event by event (connhold.SSEEvents), its
+// Use released at once (the stream does not keep the space awake), and the writer can be
+// reopened on a later answer from the next instance: that answer's header is read, not
+// written, and its events go on in the same client response.
+type sseWriter struct {
+	w           http.ResponseWriter
+	hdr         http.Header // where the proxy puts the current answer's header
+	sent        bool        // the client's header is written
+	gotHeader   bool        // the current answer's status is in
+	passthrough bool        // the first answer was not resumable
+	resumable   bool        // the current answer is a resumable stream
+	release     func()      // ends the current answer's Use
+	ev          connhold.SSEEvents
+}
+
+func newSSEWriter(w http.ResponseWriter, release func()) *sseWriter {
+	return &sseWriter{w: w, hdr: w.Header(), release: release}
+}
+
+func (s *sseWriter) Header() http.Header { return s.hdr }
+
+func (s *sseWriter) WriteHeader(code int) {
+	if code < 200 {
+		if !s.sent {
+			s.w.WriteHeader(code)
+		}
+		return
+	}
+	if s.gotHeader {
+		return
+	}
+	s.gotHeader = true
+	s.resumable = connhold.Resumable(code, s.hdr)
+	if s.resumable {
+		s.release()
+	}
+	if !s.sent {
+		s.sent = true
+		s.passthrough = !s.resumable
+		s.hdr.Del(connhold.SSEHeader)
+		s.w.WriteHeader(code)
+	}
+}
+
+func (s *sseWriter) Write(b []byte) (int, error) {
+	if !s.gotHeader {
+		s.WriteHeader(http.StatusOK)
+	}
+	if s.passthrough {
+		return s.w.Write(b)
+	}
+	if !s.resumable {
+		return len(b), nil // a reopen answered with something else: the stream ends
+	}
+	out, err := s.ev.Feed(b)
+	if err != nil {
+		return 0, err
+	}
+	if len(out) > 0 {
+		if _, err := s.w.Write(out); err != nil {
+			return 0, err
+		}
+		http.NewResponseController(s.w).Flush()
+	}
+	return len(b), nil
+}
+
+// Flush passes on for an answer passed through; events are flushed as they are written.
+func (s *sseWriter) Flush() {
+	if s.passthrough {
+		http.NewResponseController(s.w).Flush()
+	}
+}
+
+// Unwrap lets Caddy's proxy reach the client's writer (full duplex, deadlines).
+func (s *sseWriter) Unwrap() http.ResponseWriter { return s.w }
+
+// reopen readies the writer for the next instance's answer.
+func (s *sseWriter) reopen(release func()) {
+	s.ev.Cut()
+	s.hdr, s.gotHeader, s.resumable, s.release = http.Header{}, false, false, release
+}
+
+// comment writes raw stream text (a keepalive, a retry hint) between events.
+func (s *sseWriter) comment(text string) error {
+	if _, err := s.w.Write([]byte(text)); err != nil {
+		return err
+	}
+	return http.NewResponseController(s.w).Flush()
+}
+
+// instanceSSE proxies a request for server-sent events. A stream the instance marks
+// resumable (connhold.Resumable) does not keep the space awake; when it ends with its
+// instance, the client's response stays open (comment keepalives) until the space is
+// awake again, and the stream is reopened there with Last-Event-ID, as a browser would
+// after a reconnect, without the client seeing a break. A reopen answered otherwise (204:
+// the instance ends the stream) ends the client's response.
+func (p *proxying) instanceSSE(use *engine.Use, cs *conns) error {
+	sw := newSSEWriter(p.w, use.Release)
+	err := p.proxySSE(sw, p.r)
+	if !sw.resumable || sw.passthrough {
+		return err
+	}
+	ctx := p.r.Context()
+	b := p.h.app.box
+	for {
+		sw.ev.Cut()
+		if !cs.awaitAwake(ctx, p.host, sw) {
+			return nil
+		}
+		rt, ok := b.Lookup(p.host)
+		if !ok {
+			return nil
+		}
+		use, err := b.Acquire(ctx, rt)
+		if err != nil {
+			continue
+		}
+		r2 := p.r.Clone(ctx)
+		if id, ok := sw.ev.LastID(); ok && id != "" {
+			r2.Header.Set("Last-Event-ID", id)
+		}
+		setUpstream(r2, use.Dial())
+		sw.reopen(use.Release)
+		p.proxySSE(sw, r2)
+		use.Release()
+		if !sw.resumable {
+			return nil
+		}
+	}
+}
+
+// errStreamCut is proxySSE's error for a resumable stream its instance ended mid-way.
+var errStreamCut = errors.New("event stream cut by its instance")
+
+// proxySSE proxies r through sw. Caddy's proxy panics with http.ErrAbortHandler when the
+// upstream ends a response it has begun (so that the client sees the response cut); a
+// resumable stream is not cut: the box goes on with the next instance.
+func (p *proxying) proxySSE(sw *sseWriter, r *http.Request) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler && sw.resumable {
+				err = errStreamCut
+				return
+			}
+			panic(v)
+		}
+	}()
+	return p.h.proxy.ServeHTTP(sw, r, p.next)
+}
+
+// awaitAwake waits until host's space is awake here, writing keepalives to sw meanwhile;
+// false when the client went away or the box is shutting down (the stream then ends with
+// a retry hint, so the client reconnects to another box).
+func (c *conns) awaitAwake(ctx context.Context, host string, sw *sseWriter) bool {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	lastWrite := time.Now()
+	for {
+		woke := c.wakeSignal(host)
+		if c.box.Engine().Awake(host) {
+			// The stream ended with its space awake: the instance ended it, or is being
+			// stopped. A moment's wait keeps an instance that ends its streams from being
+			// called in a loop.
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(time.Second):
+			}
+			if c.box.Engine().Awake(host) {
+				return true
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-woke:
+			return true
+		case <-tick.C:
+			if caddy.Exiting() || c.closed() {
+				sw.comment(sseRetry)
+				return false
+			}
+			if time.Since(lastWrite) >= sseKeepalive {
+				if sw.comment(": keepalive\n\n") != nil {
+					return false
+				}
+				lastWrite = time.Now()
+			}
+		}
+	}
+}
