@@ -57,6 +57,20 @@ func (in *inst) stopSyncLocked() {
 	}
 }
 
+// CheckpointNow checkpoints host's space at once if it is awake here, as its periodic
+// checkpoint would (whatever its replication class): held connections ask for one when
+// the messages their app acknowledged pile up, since a message is dropped by the box only
+// once a checkpoint that began after its acknowledgement completed. A space that is not
+// awake here is left alone (its sleep checkpointed it); the result is reported to
+// observers as every checkpoint is.
+func (e *Engine) CheckpointNow(ctx context.Context, host string) {
+	in := e.lookup(host)
+	if in == nil {
+		return
+	}
+	e.syncNow(ctx, in)
+}
+
 // syncNow checkpoints an awake space while it runs.
 func (e *Engine) syncNow(ctx context.Context, in *inst) {
 	if e.fenced.Load() {

@@ -71,6 +71,15 @@ func newConns(b *box.Box, stateDir string, lim connhold.Limits, log *zap.Logger)
 		return nil, err
 	}
 	c.hub = hub
+	// Asked at most once per space until a checkpoint completes (connhold.Hub); off the
+	// delivery goroutine, which must not wait for a checkpoint that freezes the instance.
+	hub.NeedCheckpoint = func(space string) {
+		safego.Go(nil, log, "checkpoint for held connections", func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			b.Engine().CheckpointNow(ctx, space)
+		})
+	}
 	cancelObs := b.Engine().Observe(c.observe)
 	stop := make(chan struct{})
 	c.cancel = func() { cancelObs(); close(stop) }

@@ -372,3 +372,41 @@ func TestClientsCannotReachTheBoxNamespace(t *testing.T) {
 }
 
 const connIDLike = "AAAAAAAAAAAAAAAAAAAAAA"
+
+// TestAcknowledgedBacklogIsCheckpointedNotClosed: a space that checkpoints only at sleep
+// keeps every acknowledged message pending until a checkpoint covers it; once they pile
+// up the box takes a checkpoint on demand, so a connection sending steadily never hits
+// its pending cap (1013) while the space stays awake.
+func TestAcknowledgedBacklogIsCheckpointedNotClosed(t *testing.T) {
+	app := buildApp(t)
+	cfg := harness.Config{
+		Bucket: map[string]any{"backend": "file", "root": "{$LCHAT_TEST_DIR}/bucket"},
+		Lchat: map[string]any{
+			"connections": map[string]any{"max_pending": 16},
+			"kinds": map[string]any{"hold": map[string]any{
+				"command": app, "ready_path": "/healthz", "stop_grace": "5s", "idle_timeout": "30s",
+				"isolation": "none", "network": "host", "replication": map[string]any{"class": "sleep"},
+			}}},
+	}
+	b := harness.StartBox(t, harness.BoxOptions{JSON: cfg.JSON()})
+	const host = "backlog.example.com"
+	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "hold"}, http.StatusCreated, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := dialHeld(t, ctx, b, host)
+	// Three times the cap, paced so that most acknowledgements are older than the
+	// checkpoint margin (1 s) when a checkpoint starts.
+	for i := 1; i <= 48; i++ {
+		if err := c.Write(ctx, websocket.MessageText, []byte(fmt.Sprint(i))); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		_, got, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("message %d: the connection closed (%v): the backlog was not checkpointed", i, err)
+		}
+		if want := fmt.Sprintf("echo %d from ", i); !strings.HasPrefix(string(got), want) {
+			t.Fatalf("message %d: answer %q", i, got)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
