@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,16 +18,6 @@ import (
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // devRun is one `lchat-caddy dev` process.
 type devRun struct {
 	cmd         *exec.Cmd
@@ -41,7 +30,7 @@ type devRun struct {
 // for the URLs it prints.
 func startDev(t *testing.T, dir, home string) *devRun {
 	t.Helper()
-	d := &devRun{listen: freeAddr(t), adm: freeAddr(t), done: make(chan error, 1), out: make(chan string, 1024)}
+	d := &devRun{listen: harness.FreeAddr(t, "127.0.0.1"), adm: harness.FreeAddr(t, "127.0.0.1"), done: make(chan error, 1), out: make(chan string, 1024)}
 	d.cmd = exec.Command(harness.Binary(t), "dev", "--dir", filepath.Join(dir, "lchat-dev"), "--listen", d.listen, "--admin", d.adm)
 	d.cmd.Dir = dir
 	env := []string{"HOME=" + home, "XDG_DATA_HOME=" + filepath.Join(home, "data"), "XDG_CONFIG_HOME=" + filepath.Join(home, "config")}
