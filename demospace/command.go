@@ -9,6 +9,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+
+	"github.com/lchat/lchat-caddy/internal/cli"
 )
 
 func init() {
@@ -34,7 +36,7 @@ proxy can wake the space for it. SIGTERM or SIGINT stops it cleanly.`,
 			cmd.Flags().String("socket", "", "Unix socket to listen on (default $LCHAT_SOCKET)")
 			cmd.Flags().String("data-dir", "", "Data directory (default $LCHAT_DATA_DIR)")
 			cmd.Flags().String("host", "", "Hostname shown on the page (default $LCHAT_HOST)")
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdDemoSpace)
+			cli.Command(cmd, nil, cmdDemoSpace)
 		},
 	})
 }

@@ -12,6 +12,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/lchat/lchat-caddy/internal/cli"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -29,12 +30,11 @@ console is served at console.localhost on the same port. Ctrl-C puts every awake
 space to sleep (its state saved in the bucket) and exits.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.NoArgs
 			cmd.Flags().String("dir", "", "Directory for the bucket, registry and instance state (default: lchat-dev in Caddy's data directory)")
 			cmd.Flags().String("listen", "localhost:8080", "HTTP listen address")
 			cmd.Flags().String("admin", caddy.DefaultAdminListen, "Admin API address (the CLI subcommands talk to it)")
 			cmd.Flags().String("idle-timeout", "2m", "Idle time before a demo space sleeps")
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdDev)
+			cli.Command(cmd, cobra.NoArgs, cmdDev)
 		},
 	})
 }
