@@ -28,6 +28,12 @@ HTTP is served on localhost:8080 (--listen), the kind "demo" runs this binary's
 demo-space, the space demo.localhost is created on first run, and the operator's
 console is served at console.localhost on the same port. Ctrl-C puts every awake
 space to sleep (its state saved in the bucket) and exits.
+
+Run as root, the demo space runs under a uid of its own (isolation): dev makes its
+directory searchable (0711) for that uid; every directory above it, and the binary,
+must be reachable too. When the space cannot be isolated, the first lines dev prints
+say why. The commands it prints name this binary as you invoked it (or go run and
+the package, for a go run build).
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Flags().String("dir", "", "Directory for the bucket, registry and instance state (default: lchat-dev in Caddy's data directory)")
