@@ -128,6 +128,19 @@ func (e *Engine) whyNotIsolated(k Kind) error {
 	return commandReachable(k.Command)
 }
 
+// WhyNotIsolated says why spaces of the named kind do not run under their own uid on
+// this box, nil when they do: the reason the start-up log gives as why_not.
+func (e *Engine) WhyNotIsolated(kind string) error {
+	k, ok := e.Kinds()[kind]
+	if !ok {
+		return fmt.Errorf("no kind %q", kind)
+	}
+	if e.isolated(k) {
+		return nil
+	}
+	return e.whyNotIsolated(k)
+}
+
 // commandReachable checks that a space's uid could execute command: the file and every
 // directory above it must be open to others (o+x).
 func commandReachable(command string) error {

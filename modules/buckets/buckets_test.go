@@ -213,7 +213,7 @@ func TestBucketFromFlags(t *testing.T) {
 	if _, err := bucketFromFlags(ctx, checkFlags{}, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "LCHAT_HIBERNATE_BUCKET") {
 		t.Fatalf("no bucket anywhere: %v", err)
 	}
-	if _, err := bucketFromFlags(ctx, checkFlags{Bucket: "b", Endpoint: "nonsense"}, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "endpoint") {
+	if _, err := bucketFromFlags(ctx, checkFlags{Bucket: "lchat-b", Endpoint: "nonsense"}, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "endpoint") {
 		t.Fatalf("bad endpoint: %v", err)
 	}
 }

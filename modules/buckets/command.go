@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -17,11 +18,9 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/check"
+	"github.com/lchat/lchat-caddy/bucket/s3bucket"
+	"github.com/lchat/lchat-caddy/internal/cli"
 )
-
-// Exit codes of bucket-check beyond Caddy's: the check ran and some race did not have
-// exactly one winner.
-const exitCheckFailed = 2
 
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
@@ -44,7 +43,8 @@ credentials from the standard AWS chain), or with --config from the lchat app's
 --bucket takes a bucket name, or file:///path for a local directory bucket.
 
 Exit status: 0 when every race had the right winners, 2 when one did not,
-1 when the check could not run.`,
+1 when the check could not run, 4 when the input is bad (a bucket name or URL
+refused before any request).`,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Flags().String("bucket", "", "bucket name, or file:///path (default $LCHAT_HIBERNATE_BUCKET)")
 			cmd.Flags().String("prefix", "", "key prefix (default $LCHAT_HIBERNATE_PREFIX)")
@@ -56,7 +56,7 @@ Exit status: 0 when every race had the right winners, 2 when one did not,
 			cmd.Flags().StringP("adapter", "a", "", "name of the config adapter for --config")
 			cmd.Flags().Int("racers", 32, "concurrent writers per race")
 			cmd.Flags().Int("rounds", 3, "races of each kind")
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdBucketCheck)
+			cli.Command(cmd, cobra.NoArgs, cmdBucketCheck)
 		},
 	})
 }
@@ -102,7 +102,7 @@ func cmdBucketCheck(fl caddycmd.Flags) (int, error) {
 		return caddy.ExitCodeFailedStartup, err
 	}
 	if !rep.OK() {
-		return exitCheckFailed, nil
+		return cli.ExitCheckFailed, nil
 	}
 	return caddy.ExitCodeSuccess, nil
 }
@@ -124,17 +124,26 @@ func runCheck(ctx context.Context, b bucket.Bucket, out io.Writer, opts check.Op
 // bucketFromFlags builds the bucket the flags (or, where a flag is empty, the
 // environment) describe, through the same modules a config would use.
 func bucketFromFlags(ctx caddy.Context, f checkFlags, getenv func(string) string) (bucket.Bucket, error) {
-	def := func(v *string, env string) {
+	from := map[string]string{}
+	def := func(v *string, flag, env string) {
+		from[flag] = flag
 		if *v == "" {
 			*v = getenv(env)
+			from[flag] = "$" + env
 		}
 	}
-	def(&f.Bucket, "LCHAT_HIBERNATE_BUCKET")
-	def(&f.Prefix, "LCHAT_HIBERNATE_PREFIX")
-	def(&f.Region, "AWS_REGION")
-	def(&f.Endpoint, "AWS_ENDPOINT_URL_S3")
+	def(&f.Bucket, "--bucket", "LCHAT_HIBERNATE_BUCKET")
+	def(&f.Prefix, "--prefix", "LCHAT_HIBERNATE_PREFIX")
+	def(&f.Region, "--region", "AWS_REGION")
+	def(&f.Endpoint, "--endpoint", "AWS_ENDPOINT_URL_S3")
 	if f.Bucket == "" {
-		return nil, errors.New("no bucket: pass --bucket or --config, or set LCHAT_HIBERNATE_BUCKET")
+		return nil, cli.Usagef("no bucket: pass --bucket or --config, or set LCHAT_HIBERNATE_BUCKET")
+	}
+	// Bad input is refused here, before any request: an S3 client given a bad name
+	// would first walk the AWS credential chain (the instance metadata service
+	// included) and then fail on the request.
+	if err := checkBucketFlags(f, from); err != nil {
+		return nil, cli.Usage(err)
 	}
 	var mod interface {
 		caddy.Provisioner
@@ -142,10 +151,7 @@ func bucketFromFlags(ctx caddy.Context, f checkFlags, getenv func(string) string
 		bucket.Bucket
 	}
 	if strings.HasPrefix(f.Bucket, "file:") {
-		root, err := fileBucketRoot(f.Bucket)
-		if err != nil {
-			return nil, fmt.Errorf("--bucket: %v", err)
-		}
+		root, _ := fileBucketRoot(f.Bucket) // checked by checkBucketFlags
 		mod = &File{Root: root, Prefix: f.Prefix}
 	} else {
 		mod = &S3{
@@ -161,6 +167,36 @@ func bucketFromFlags(ctx caddy.Context, f checkFlags, getenv func(string) string
 		return nil, err
 	}
 	return mod, nil
+}
+
+// checkBucketFlags refuses a bucket, prefix or endpoint no request could succeed
+// with; from names where each value came from (the flag or its variable).
+func checkBucketFlags(f checkFlags, from map[string]string) error {
+	if scheme, _, ok := strings.Cut(f.Bucket, ":"); ok {
+		switch {
+		case scheme == "file":
+			if _, err := fileBucketRoot(f.Bucket); err != nil {
+				return fmt.Errorf("%s: %v", from["--bucket"], err)
+			}
+		case scheme == "s3":
+			name, _, _ := strings.Cut(strings.TrimPrefix(f.Bucket, "s3://"), "/")
+			return fmt.Errorf("%s %q: give the S3 bucket's name alone (%s), its prefix with --prefix", from["--bucket"], f.Bucket, name)
+		default:
+			return fmt.Errorf("%s %q: not a bucket name, and %q is not a bucket URL scheme (file:///path is the only one)", from["--bucket"], f.Bucket, scheme+":")
+		}
+	} else if err := s3bucket.ValidateBucketName(f.Bucket); err != nil {
+		return fmt.Errorf("%s: %v", from["--bucket"], err)
+	}
+	if _, err := bucket.CleanPrefix(f.Prefix); err != nil {
+		return fmt.Errorf("%s: %v", from["--prefix"], err)
+	}
+	if f.Endpoint != "" {
+		u, err := url.Parse(f.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%s %q: endpoint must be http(s)://host[:port]", from["--endpoint"], f.Endpoint)
+		}
+	}
+	return nil
 }
 
 // bucketFromConfig loads the lchat app's bucket module from a Caddy JSON config,

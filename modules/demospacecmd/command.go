@@ -3,6 +3,7 @@
 package demospacecmd
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/caddyserver/caddy/v2"
@@ -10,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lchat/lchat-caddy/demospace"
+	"github.com/lchat/lchat-caddy/internal/cli"
 )
 
 func init() {
@@ -22,8 +24,13 @@ func init() {
 			// demospace.Main parses its flags, so both binaries take the same ones.
 			cmd.DisableFlagParsing = true
 			cmd.RunE = func(_ *cobra.Command, args []string) error {
-				// An error exits 1, caddy.ExitCodeFailedStartup.
-				return demospace.Main(args, os.Stderr, caddy.Log().Named("demo_space"))
+				// An error is one plain line and exit 1, as every lchat command's
+				// (internal/cli), not a JSON log line.
+				if err := demospace.Main(args, os.Stderr, caddy.Log().Named("demo_space")); err != nil {
+					fmt.Fprintln(os.Stderr, cli.Line(err))
+					os.Exit(cli.ExitFailed)
+				}
+				return nil
 			}
 		},
 	})

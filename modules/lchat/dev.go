@@ -12,6 +12,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/lchat/lchat-caddy/internal/cli"
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/sandbox"
 )
@@ -29,14 +30,19 @@ space (lchat-demo-space next to this binary, else its demo-space alias; with
 socket activation where this box can start PID namespaces), the space demo.localhost is created on first run, and the operator's
 console is served at console.localhost on the same port. Ctrl-C puts every awake
 space to sleep (its state saved in the bucket) and exits.
+
+Run as root, the demo space runs under a uid of its own (isolation): dev makes its
+directory searchable (0711) for that uid; every directory above it, and the binary,
+must be reachable too. When the space cannot be isolated, the first lines dev prints
+say why. The commands it prints name this binary as you invoked it (or go run and
+the package, for a go run build).
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.NoArgs
 			cmd.Flags().String("dir", "", "Directory for the bucket, registry and instance state (default: lchat-dev in Caddy's data directory)")
 			cmd.Flags().String("listen", "localhost:8080", "HTTP listen address")
 			cmd.Flags().String("admin", caddy.DefaultAdminListen, "Admin API address (the CLI subcommands talk to it)")
 			cmd.Flags().String("idle-timeout", "2m", "Idle time before a demo space sleeps")
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdDev)
+			cli.Command(cmd, cobra.NoArgs, cmdDev)
 		},
 	})
 }
@@ -113,14 +119,47 @@ func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
 	return json.MarshalIndent(cfg, "", "  ")
 }
 
+// makeDevDir creates dev's directory, private to this user (0700). As root it is 0711
+// instead, searchable though not listable (as the engine's state directories are): the
+// demo space's own uid must get through it to its state directory, or the engine runs
+// the space without isolation (engine.WhyNotIsolated). A directory that exists is made
+// searchable the same way, its other bits kept.
+func makeDevDir(dir string) error {
+	root := os.Geteuid() == 0
+	mode := os.FileMode(0o700)
+	if root {
+		mode = 0o711
+	}
+	if err := os.MkdirAll(dir, mode); err != nil {
+		return fmt.Errorf("creating %s: %v", dir, err)
+	}
+	if !root {
+		return nil
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if perm := fi.Mode().Perm(); perm&0o011 != 0o011 {
+		if err := os.Chmod(dir, perm|0o011); err != nil {
+			return fmt.Errorf("making %s searchable for the spaces' uids: %v", dir, err)
+		}
+	}
+	return nil
+}
+
 func cmdDev(fs caddycmd.Flags) (int, error) {
 	caddy.TrapSignals()
 	dir, listen, admin := fs.String("dir"), fs.String("listen"), fs.String("admin")
 	if dir == "" {
 		dir = filepath.Join(caddy.AppDataDir(), "lchat-dev")
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("creating %s: %v", dir, err)
+	_, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return cli.ExitUsage, cli.Usagef("--listen %s: %v", listen, err)
+	}
+	if err := makeDevDir(dir); err != nil {
+		return caddy.ExitCodeFailedStartup, err
 	}
 	cfgJSON, err := DevConfig(dir, listen, admin, fs.String("idle-timeout"))
 	if err != nil {
@@ -139,24 +178,13 @@ func cmdDev(fs caddycmd.Flags) (int, error) {
 			return caddy.ExitCodeFailedStartup, fmt.Errorf("creating %s: %v", demoHost, err)
 		}
 	}
-	_, port, err := net.SplitHostPort(listen)
-	if err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("--listen %s: %v", listen, err)
+	// As root the demo space is meant to run isolated; when it cannot, the reason is the
+	// first thing dev prints (the start-up log has it too, at info level, among much else).
+	var notIsolated error
+	if os.Geteuid() == 0 {
+		notIsolated = app.box.Engine().WhyNotIsolated("demo")
 	}
 	abs, _ := filepath.Abs(dir)
-	fmt.Printf(`
-lchat-caddy dev is running (state in %s)
-
-  demo space:   http://%s:%s/
-  console:      http://%s:%s/
-  admin API:    http://%s/lchat/status
-
-Add a space:    lchat-caddy add-instance chat.localhost --kind demo --address %s
-                then open http://chat.localhost:%s/
-List routes:    lchat-caddy routes --address %s
-
-Ctrl-C saves every awake space to the bucket and exits.
-
-`, abs, demoHost, port, consoleHost, port, admin, admin, port, admin)
+	devBanner(os.Stdout, selfCommand(), abs, port, admin, notIsolated)
 	select {}
 }

@@ -7,9 +7,7 @@
 package lchatcli
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lchat/lchat-caddy/adminapi"
+	"github.com/lchat/lchat-caddy/internal/cli"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -46,7 +45,6 @@ shared ledger of LCHAT_CLOUD_ID_LEDGER when the server has it set, so boxes
 minting at once never collide; otherwise from a counter of this box alone.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.RangeArgs(0, 1)
 			cmd.Flags().Bool("mint", false, "Name the host from the next id (<base36(id)>.<first wildcard domain>)")
 			cmd.Flags().String("kind", "", "Kind of the space (configured in the lchat app)")
 			cmd.Flags().String("version", "", "Version of the instance")
@@ -54,7 +52,7 @@ minting at once never collide; otherwise from a counter of this box alone.
 			cmd.Flags().String("home-region", "", "Home region of the space")
 			cmd.Flags().String("upstream", "", "Live route: dial address or Unix socket path")
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdAddInstance)
+			cli.Command(cmd, cobra.RangeArgs(0, 1), cmdAddInstance)
 		},
 	})
 	caddycmd.RegisterCommand(caddycmd.Command{
@@ -69,10 +67,9 @@ the command fails. --discard stops the space without saving what it wrote
 since its last checkpoint.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
 			cmd.Flags().Bool("discard", false, "Drop the space's writes since its last checkpoint instead of saving them")
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdRemove)
+			cli.Command(cmd, cobra.ExactArgs(1), cmdRemove)
 		},
 	})
 	caddycmd.RegisterCommand(caddycmd.Command{
@@ -80,10 +77,9 @@ since its last checkpoint.
 		Usage: "[--json] [--address <admin>]",
 		Short: "Lists the routes of the running server (env names only)",
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.NoArgs
 			cmd.Flags().Bool("json", false, "Print JSON lines instead of a table")
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdRoutes)
+			cli.Command(cmd, cobra.NoArgs, cmdRoutes)
 		},
 	})
 	caddycmd.RegisterCommand(caddycmd.Command{
@@ -96,12 +92,11 @@ since its last checkpoint.
 none); an awake space is put to sleep first.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
 			cmd.Flags().Bool("on", false, "Hibernate the route")
 			cmd.Flags().Bool("off", false, "Serve the route live")
 			cmd.Flags().String("upstream", "", "Live upstream for --off")
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdHibernate)
+			cli.Command(cmd, cobra.ExactArgs(1), cmdHibernate)
 		},
 	})
 }
@@ -110,51 +105,6 @@ func addAdminFlags(cmd *cobra.Command) {
 	cmd.Flags().String("address", "", "The address of the administration API endpoint (default: $LCHAT_ADMIN_LISTEN, else unix//run/lchat-caddy/admin.sock when it exists, else localhost:2019)")
 	cmd.Flags().StringP("config", "c", "", "Configuration file to find the admin address in")
 	cmd.Flags().StringP("adapter", "a", "", "Name of config adapter to apply")
-}
-
-// adminCall sends one request to the admin API and decodes a JSON answer into out.
-// An error answer becomes an error carrying the server's message.
-func adminCall(fs caddycmd.Flags, method, uri string, body, out any) error {
-	addr, err := adminAddress(fs)
-	if err != nil {
-		return fmt.Errorf("finding admin address: %v", err)
-	}
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	resp, err := caddycmd.AdminAPIRequest(addr, method, uri, http.Header{"Content-Type": {"application/json"}}, rd)
-	if err != nil {
-		return fmt.Errorf("calling the admin API at %s: %v", addr, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return fmt.Errorf("reading admin API response: %v", err)
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("decoding admin API response: %v", err)
-		}
-	}
-	return nil
-}
-
-// AdminAPIRequest already turns a >= 400 answer into an error with the server's
-// message; this strips the transport framing around it for a readable CLI error.
-func cliErr(err error) (int, error) {
-	msg := err.Error()
-	var apiMsg struct {
-		Error string `json:"error"`
-	}
-	if i := strings.Index(msg, "{"); i >= 0 && json.Unmarshal([]byte(msg[i:]), &apiMsg) == nil && apiMsg.Error != "" {
-		return caddy.ExitCodeFailedStartup, errors.New(apiMsg.Error)
-	}
-	return caddy.ExitCodeFailedStartup, err
 }
 
 func parseEnvFlags(vals []string) (map[string]string, error) {
@@ -180,19 +130,19 @@ func cmdAddInstance(fs caddycmd.Flags) (int, error) {
 	host, mint := fs.Arg(0), fs.Bool("mint")
 	switch {
 	case mint && host != "":
-		return caddy.ExitCodeFailedStartup, errors.New("give <host> or --mint, not both")
+		return cli.ExitUsage, cli.Usagef("give <host> or --mint, not both")
 	case !mint:
 		if err := registry.ValidateHost(host); err != nil {
-			return caddy.ExitCodeFailedStartup, err
+			return cli.ExitUsage, cli.Usage(err)
 		}
 	}
 	envVals, err := fs.GetStringArray("env")
 	if err != nil {
-		return caddy.ExitCodeFailedStartup, err
+		return cli.ExitUsage, cli.Usage(err)
 	}
 	env, err := parseEnvFlags(envVals)
 	if err != nil {
-		return caddy.ExitCodeFailedStartup, err
+		return cli.ExitUsage, cli.Usage(err)
 	}
 	req := adminapi.CreateRequest{
 		Mint:       mint,
@@ -204,11 +154,11 @@ func cmdAddInstance(fs caddycmd.Flags) (int, error) {
 		Upstream:   fs.String("upstream"),
 	}
 	if req.Kind == "" && req.Upstream == "" {
-		return caddy.ExitCodeFailedStartup, errors.New("--kind is required (or --upstream for a live route)")
+		return cli.ExitUsage, cli.Usagef("--kind is required (or --upstream for a live route)")
 	}
 	var out registry.Summary
 	if err := adminCall(fs, http.MethodPost, "/lchat/routes", req, &out); err != nil {
-		return cliErr(err)
+		return cli.ExitFailed, err
 	}
 	printSummary(os.Stdout, out)
 	return caddy.ExitCodeSuccess, nil
@@ -217,14 +167,14 @@ func cmdAddInstance(fs caddycmd.Flags) (int, error) {
 func cmdRemove(fs caddycmd.Flags) (int, error) {
 	host := fs.Arg(0)
 	if err := registry.ValidateHost(host); err != nil {
-		return caddy.ExitCodeFailedStartup, err
+		return cli.ExitUsage, cli.Usage(err)
 	}
 	uri := "/lchat/routes/" + host
 	if fs.Bool("discard") {
 		uri += "?discard=true"
 	}
 	if err := adminCall(fs, http.MethodDelete, uri, nil, nil); err != nil {
-		return cliErr(err)
+		return cli.ExitFailed, err
 	}
 	fmt.Printf("removed %s\n", host)
 	return caddy.ExitCodeSuccess, nil
@@ -245,7 +195,7 @@ func cmdRoutes(fs caddycmd.Flags) (int, error) {
 			uri += "&after=" + url.QueryEscape(after)
 		}
 		if err := adminCall(fs, http.MethodGet, uri, nil, &page); err != nil {
-			return cliErr(err)
+			return cli.ExitFailed, err
 		}
 		for _, s := range page.Routes {
 			if asJSON {
@@ -267,16 +217,16 @@ func cmdRoutes(fs caddycmd.Flags) (int, error) {
 func cmdHibernate(fs caddycmd.Flags) (int, error) {
 	host := fs.Arg(0)
 	if err := registry.ValidateHost(host); err != nil {
-		return caddy.ExitCodeFailedStartup, err
+		return cli.ExitUsage, cli.Usage(err)
 	}
 	on, off := fs.Bool("on"), fs.Bool("off")
 	if on == off {
-		return caddy.ExitCodeFailedStartup, errors.New("give exactly one of --on or --off")
+		return cli.ExitUsage, cli.Usagef("give exactly one of --on or --off")
 	}
 	var out registry.Summary
 	req := adminapi.HibernateRequest{Hibernate: &on, Upstream: fs.String("upstream")}
 	if err := adminCall(fs, http.MethodPost, "/lchat/routes/"+host+"/hibernate", req, &out); err != nil {
-		return cliErr(err)
+		return cli.ExitFailed, err
 	}
 	printSummary(os.Stdout, out)
 	return caddy.ExitCodeSuccess, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lchat/lchat-caddy/adminapi"
+	"github.com/lchat/lchat-caddy/internal/cli"
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/spacestore"
 )
@@ -22,10 +23,9 @@ func init() {
 		Usage: "<host> [--json] [--address <admin>]",
 		Short: "Lists a space's checkpoints (time, generation, size) within retention",
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
 			cmd.Flags().Bool("json", false, "Print JSON instead of a table")
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdHistory)
+			cli.Command(cmd, cobra.ExactArgs(1), cmdHistory)
 		},
 	})
 	caddycmd.RegisterCommand(caddycmd.Command{
@@ -39,10 +39,9 @@ the generation before it to undo. Refused, changing nothing, while the space is
 awake on any box.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
 			cmd.Flags().String("at", "", "RFC 3339 time or generation to restore")
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdRestore)
+			cli.Command(cmd, cobra.ExactArgs(1), cmdRestore)
 		},
 	})
 }
@@ -50,11 +49,11 @@ awake on any box.
 func cmdHistory(fs caddycmd.Flags) (int, error) {
 	host := fs.Arg(0)
 	if err := registry.ValidateHost(host); err != nil {
-		return caddy.ExitCodeFailedStartup, err
+		return cli.ExitUsage, cli.Usage(err)
 	}
 	var out adminapi.HistoryResponse
 	if err := adminCall(fs, http.MethodGet, "/lchat/routes/"+host+"/history", nil, &out); err != nil {
-		return cliErr(err)
+		return cli.ExitFailed, err
 	}
 	if fs.Bool("json") {
 		enc := json.NewEncoder(os.Stdout)
@@ -71,14 +70,14 @@ func cmdHistory(fs caddycmd.Flags) (int, error) {
 func cmdRestore(fs caddycmd.Flags) (int, error) {
 	host := fs.Arg(0)
 	if err := registry.ValidateHost(host); err != nil {
-		return caddy.ExitCodeFailedStartup, err
+		return cli.ExitUsage, cli.Usage(err)
 	}
 	if _, err := spacestore.ParseTarget(fs.String("at")); err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("--at: %v", err)
+		return cli.ExitUsage, cli.Usagef("--at: %v", err)
 	}
 	var out spacestore.RestoreResult
 	if err := adminCall(fs, http.MethodPost, "/lchat/routes/"+host+"/restore", adminapi.RestoreRequest{At: fs.String("at")}, &out); err != nil {
-		return cliErr(err)
+		return cli.ExitFailed, err
 	}
 	fmt.Printf("restored %s to generation %d (%s) as generation %d\n", host, out.From.Generation, out.From.At.UTC().Format(time.RFC3339), out.Generation)
 	return caddy.ExitCodeSuccess, nil

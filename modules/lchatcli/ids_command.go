@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lchat/lchat-caddy/adminapi"
+	"github.com/lchat/lchat-caddy/internal/cli"
 )
 
 func init() {
@@ -23,9 +24,8 @@ drawn from ledger/<namespace> in its bucket: unique across every box on that buc
 never reused. Fails when the server runs without LCHAT_CLOUD_ID_LEDGER.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.NoArgs
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdNextID)
+			cli.Command(cmd, cobra.NoArgs, cmdNextID)
 		},
 	})
 	caddycmd.RegisterCommand(caddycmd.Command{
@@ -38,9 +38,8 @@ afterwards is at least <min>: run it with one above the highest id minted before
 ledger was switched on. It refuses to lower the counter and then changes nothing.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdSeedIDs)
+			cli.Command(cmd, cobra.ExactArgs(1), cmdSeedIDs)
 		},
 	})
 }
@@ -48,7 +47,7 @@ ledger was switched on. It refuses to lower the counter and then changes nothing
 func cmdNextID(fs caddycmd.Flags) (int, error) {
 	var res adminapi.IDResult
 	if err := adminCall(fs, http.MethodPost, "/lchat/ids", nil, &res); err != nil {
-		return cliErr(err)
+		return cli.ExitFailed, err
 	}
 	fmt.Println(res.ID)
 	return caddy.ExitCodeSuccess, nil
@@ -57,11 +56,11 @@ func cmdNextID(fs caddycmd.Flags) (int, error) {
 func cmdSeedIDs(fs caddycmd.Flags) (int, error) {
 	min, err := strconv.ParseUint(fs.Arg(0), 10, 64)
 	if err != nil || min == 0 {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("<min> must be a positive integer, got %q", fs.Arg(0))
+		return cli.ExitUsage, cli.Usagef("<min> must be a positive integer, got %q", fs.Arg(0))
 	}
 	var res adminapi.SeedIDsResult
 	if err := adminCall(fs, http.MethodPost, "/lchat/ids/seed", adminapi.SeedIDsRequest{Min: min}, &res); err != nil {
-		return cliErr(err)
+		return cli.ExitFailed, err
 	}
 	fmt.Printf("id ledger %s: the next id is %d\n", res.Namespace, res.Next)
 	return caddy.ExitCodeSuccess, nil

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lchat/lchat-caddy/adminapi"
+	"github.com/lchat/lchat-caddy/internal/cli"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -40,12 +41,11 @@ never mass-delete a peer.
 /data/router.env, for the seed's scope and the peer's token.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
 			cmd.Flags().String("env-file", "", "Read LCHAT_MESH_* from this environment file")
 			cmd.Flags().String("region", "", "Also seed routes whose home_region is this region")
 			cmd.Flags().Bool("prune", false, "Tombstone peer rows this registry no longer has")
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdMeshSeed)
+			cli.Command(cmd, cobra.ExactArgs(1), cmdMeshSeed)
 		},
 	})
 	caddycmd.RegisterCommand(caddycmd.Command{
@@ -53,10 +53,9 @@ never mass-delete a peer.
 		Usage: "[--json] [--address <admin>]",
 		Short: "Shows every live box of the mesh",
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.NoArgs
 			cmd.Flags().Bool("json", false, "Print the raw JSON")
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdFleet)
+			cli.Command(cmd, cobra.NoArgs, cmdFleet)
 		},
 	})
 	caddycmd.RegisterCommand(caddycmd.Command{
@@ -80,11 +79,10 @@ Moves a hibernating space (asleep everywhere) to <region>, in three steps:
 Re-running a relocation is safe: each finished step is a no-op the second time.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.ExactArgs(1)
 			cmd.Flags().String("to", "", "Destination region")
 			cmd.Flags().Bool("move-dns", false, "Repoint the host's DNS record too")
 			addAdminFlags(cmd)
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdRelocate)
+			cli.Command(cmd, cobra.ExactArgs(1), cmdRelocate)
 		},
 	})
 }
@@ -92,7 +90,7 @@ Re-running a relocation is safe: each finished step is a no-op the second time.
 func cmdMeshSeed(fs caddycmd.Flags) (int, error) {
 	peer, err := mesh.ParseSelf(fs.Arg(0))
 	if err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("peer URL: %v", err)
+		return cli.ExitUsage, cli.Usagef("peer URL: %v", err)
 	}
 	req := adminapi.SeedRequest{Peer: peer, Region: fs.String("region"), Prune: fs.Bool("prune")}
 	if f := fs.String("env-file"); f != "" {
@@ -103,19 +101,14 @@ func cmdMeshSeed(fs caddycmd.Flags) (int, error) {
 		if !cfg.Enabled() {
 			// ParseEnv reads nothing else without SELF: the file's domains and token
 			// would be ignored without a word.
-			return caddy.ExitCodeFailedStartup, fmt.Errorf("--env-file: %s does not set %s", f, mesh.EnvSelf)
+			return cli.ExitUsage, cli.Usagef("--env-file: %s does not set %s", f, mesh.EnvSelf)
 		}
 		req.Domains, req.Token = cfg.Domains, string(cfg.Token)
 	}
-	addr, err := adminAddress(fs)
-	if err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("finding admin address: %v", err)
-	}
 	body, _ := json.Marshal(req)
-	resp, err := caddycmd.AdminAPIRequest(addr, http.MethodPost, "/lchat/mesh/seed",
-		http.Header{"Content-Type": {"application/json"}}, bytes.NewReader(body))
+	resp, err := adminRequest(fs, http.MethodPost, "/lchat/mesh/seed", bytes.NewReader(body))
 	if err != nil {
-		return cliErr(err)
+		return cli.ExitFailed, err
 	}
 	defer resp.Body.Close()
 	fmt.Printf("seeding %s\n", peer)
@@ -155,7 +148,7 @@ func cmdMeshSeed(fs caddycmd.Flags) (int, error) {
 func cmdFleet(fs caddycmd.Flags) (int, error) {
 	var f adminapi.Fleet
 	if err := adminCall(fs, http.MethodGet, "/lchat/fleet", nil, &f); err != nil {
-		return cliErr(err)
+		return cli.ExitFailed, err
 	}
 	if fs.Bool("json") {
 		enc := json.NewEncoder(os.Stdout)
@@ -190,13 +183,13 @@ func cmdRelocate(fs caddycmd.Flags) (int, error) {
 	host := strings.ToLower(fs.Arg(0))
 	to := fs.String("to")
 	if to == "" {
-		return caddy.ExitCodeFailedStartup, errors.New("--to <region> is required")
+		return cli.ExitUsage, cli.Usagef("--to <region> is required")
 	}
 	var res adminapi.RelocateResult
 	err := adminCall(fs, http.MethodPost, "/lchat/mesh/relocate/"+url.PathEscape(host),
 		adminapi.RelocateRequest{To: to, MoveDNS: fs.Bool("move-dns")}, &res)
 	if err != nil {
-		return cliErr(err)
+		return cli.ExitFailed, err
 	}
 	if res.Already {
 		fmt.Printf("%s already has home region %s; re-replicated\n", res.Host, res.To)

@@ -7,6 +7,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/lchat/lchat-caddy/internal/cli"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -20,8 +21,7 @@ LCHAT_MESH_TOKEN. Every box of a mesh needs the same value; a box refuses to sta
 with a token shorter than 32 characters.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.Args = cobra.NoArgs
-			cmd.RunE = caddycmd.WrapCommandFuncForCobra(func(caddycmd.Flags) (int, error) {
+			cli.Command(cmd, cobra.NoArgs, func(caddycmd.Flags) (int, error) {
 				fmt.Println(mesh.NewToken())
 				return caddy.ExitCodeSuccess, nil
 			})

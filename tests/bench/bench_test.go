@@ -132,9 +132,7 @@ func TestProxyOverhead(t *testing.T) {
 	if sock == "" {
 		t.Fatal("no instance socket under the state dir")
 	}
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	_, plainPort, _ := net.SplitHostPort(l.Addr().String())
-	l.Close()
+	plainPort := harness.FreePort(t, "127.0.0.1")
 	if err := b.Reload(config("unix/"+sock, plainPort), true); err != nil {
 		t.Fatal(err)
 	}

@@ -3,10 +3,12 @@ package bucket_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/lchat/lchat-caddy/bucket"
@@ -134,20 +136,21 @@ func TestBucketCheckCommand(t *testing.T) {
 		env  []string
 		args []string
 		want string
+		code int
 	}{
-		{"no bucket", creds, nil, "LCHAT_HIBERNATE_BUCKET"},
-		{"malformed endpoint", creds, []string{"--bucket", s3.Bucket, "--endpoint", "127.0.0.1:9"}, "endpoint must be http(s)://host[:port]"},
-		{"malformed endpoint in the environment", append([]string{"AWS_ENDPOINT_URL_S3=127.0.0.1:9"}, creds...), []string{"--bucket", s3.Bucket}, "endpoint must be http(s)://host[:port]"},
-		{"wrong secret", []string{"AWS_ACCESS_KEY_ID=" + s3.AccessKey, "AWS_SECRET_ACCESS_KEY=wrong-" + s3.SecretKey}, []string{"--bucket", s3.Bucket, "--endpoint", s3.Endpoint}, "writing a probe object"},
-		{"missing bucket", creds, []string{"--bucket", "no-such-bucket", "--endpoint", s3.Endpoint}, "writing a probe object"},
-		{"unwritable directory", nil, []string{"--bucket", "file:///proc/lchat-bucket-check"}, "lchat.buckets.file: root"},
-		{"config without a bucket", nil, []string{"--config", writeFile(t, "{\"apps\":{}}")}, "no apps.lchat.bucket"},
+		{"no bucket", creds, nil, "LCHAT_HIBERNATE_BUCKET", 4},
+		{"malformed endpoint", creds, []string{"--bucket", s3.Bucket, "--endpoint", "127.0.0.1:9"}, "endpoint must be http(s)://host[:port]", 4},
+		{"malformed endpoint in the environment", append([]string{"AWS_ENDPOINT_URL_S3=127.0.0.1:9"}, creds...), []string{"--bucket", s3.Bucket}, "$AWS_ENDPOINT_URL_S3 \"127.0.0.1:9\": endpoint must be http(s)://host[:port]", 4},
+		{"wrong secret", []string{"AWS_ACCESS_KEY_ID=" + s3.AccessKey, "AWS_SECRET_ACCESS_KEY=wrong-" + s3.SecretKey}, []string{"--bucket", s3.Bucket, "--endpoint", s3.Endpoint}, "writing a probe object", 1},
+		{"missing bucket", creds, []string{"--bucket", "no-such-bucket", "--endpoint", s3.Endpoint}, "writing a probe object", 1},
+		{"unwritable directory", nil, []string{"--bucket", "file:///proc/lchat-bucket-check"}, "lchat.buckets.file: root", 1},
+		{"config without a bucket", nil, []string{"--config", writeFile(t, "{\"apps\":{}}")}, "no apps.lchat.bucket", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, code := bucketCheck(t, tc.env, tc.args...)
 			t.Log("\n" + out)
-			if code != 1 {
-				t.Errorf("exit code %d, want 1 (the check could not run)", code)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d", code, tc.code)
 			}
 			if !strings.Contains(out, tc.want) {
 				t.Errorf("output does not contain %q", tc.want)
@@ -155,7 +158,86 @@ func TestBucketCheckCommand(t *testing.T) {
 			if strings.Contains(out, s3.SecretKey) {
 				t.Error("output shows the secret")
 			}
+			plainError(t, out)
 		})
+	}
+}
+
+// plainError fails unless out ends in one plain error line: "Error: ...", no error as
+// a JSON log line, no stack. (With --config, Caddy's config loader still logs which file
+// it read, at info level.)
+func plainError(t *testing.T, out string) {
+	t.Helper()
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	last := lines[len(lines)-1]
+	if !strings.HasPrefix(last, "Error: ") {
+		t.Errorf("the last line is %q, want one plain \"Error: ...\" line", last)
+	}
+	for _, l := range lines {
+		if strings.HasPrefix(l, "goroutine ") || strings.Contains(l, `"level":"error"`) {
+			t.Errorf("output has a log or stack line: %q", l)
+		}
+	}
+}
+
+// A bucket name or URL no request could succeed with is refused before any request:
+// bucket-check sends nothing to the endpoint, and does not walk the AWS credential chain
+// (whose last link is the instance metadata service).
+func TestBucketCheckRefusesBadBucketsBeforeAnyRequest(t *testing.T) {
+	var conns atomic.Int64
+	listen := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				conns.Add(1)
+				c.Close()
+			}
+		}()
+		return "http://" + ln.Addr().String()
+	}
+	// No credentials in the environment: a request would go to the metadata service,
+	// here a listener that counts.
+	env := []string{"AWS_ENDPOINT_URL_S3=" + listen(), "AWS_EC2_METADATA_SERVICE_ENDPOINT=" + listen(), "AWS_REGION=us-east-1"}
+	for _, tc := range []struct {
+		name   string
+		bucket string
+		want   string
+	}{
+		{"unknown URL scheme", "nope://x", `--bucket "nope://x": not a bucket name, and "nope:" is not a bucket URL scheme`},
+		{"s3 URL", "s3://lchat-spaces/prod", `give the S3 bucket's name alone (lchat-spaces)`},
+		{"uppercase", "Lchat", `bucket name "Lchat": must be lowercase`},
+		{"underscore", "my_bucket", `bucket name "my_bucket"`},
+		{"too short", "ab", `must be 3 to 63 characters long`},
+		{"IP address", "192.168.1.1", `must not be an IP address`},
+		{"file URL with a relative path", "file://data", `a file bucket is file:///absolute/path`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, code := bucketCheck(t, env, "--bucket", tc.bucket)
+			if code != 4 {
+				t.Errorf("exit code %d, want 4 (bad input)\n%s", code, out)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("output %q does not contain %q", out, tc.want)
+			}
+			plainError(t, out)
+		})
+	}
+	t.Run("from the environment", func(t *testing.T) {
+		out, code := bucketCheck(t, append([]string{"LCHAT_HIBERNATE_BUCKET=nope://x"}, env...))
+		if code != 4 || !strings.Contains(out, `$LCHAT_HIBERNATE_BUCKET "nope://x"`) {
+			t.Errorf("exit code %d, output %q: want 4 naming $LCHAT_HIBERNATE_BUCKET", code, out)
+		}
+	})
+	if n := conns.Load(); n != 0 {
+		t.Errorf("bucket-check made %d connections for a bucket it should have refused", n)
 	}
 }
 

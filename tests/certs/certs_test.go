@@ -67,22 +67,13 @@ type box struct {
 	done    chan struct{}
 }
 
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // startBox runs one lchat-caddy process serving *.mesh.test over HTTPS with a
 // certificate from pebble, its certificate storage in the fleet's bucket.
 func startBox(t *testing.T, acme *harness.ACME, s3 *harness.S3, o boxOpts) *box {
 	t.Helper()
 	bin := testBinary(t)
 	dir := t.TempDir()
-	httpsPort, httpPort := freePort(t), freePort(t)
+	httpsPort, httpPort := harness.FreePortNum(t), harness.FreePortNum(t)
 	b := &box{name: o.name, addr: fmt.Sprintf("127.0.0.1:%d", httpsPort), logFile: filepath.Join(dir, o.name+".log"), done: make(chan struct{})}
 	dnsChallenge := map[string]any{
 		"provider":            map[string]any{"name": "lchat_challtestsrv", "management_url": acme.ChallSrvURL},
@@ -93,7 +84,7 @@ func startBox(t *testing.T, acme *harness.ACME, s3 *harness.S3, o boxOpts) *box 
 		dnsChallenge["propagation_delay"] = o.propagationDelay.String()
 	}
 	cfg := map[string]any{
-		"admin":   map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", freePort(t))},
+		"admin":   map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", harness.FreePortNum(t))},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "DEBUG"}}},
 		"storage": map[string]any{
 			"module": "lchat",

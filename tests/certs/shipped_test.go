@@ -106,7 +106,7 @@ func TestShippedCaddyfileWildcards(t *testing.T) {
 	}))
 	t.Cleanup(upstream.Close)
 
-	httpsPort, httpPort, adminPort := freePort(t), freePort(t), freePort(t)
+	httpsPort, httpPort, adminPort := harness.FreePortNum(t), harness.FreePortNum(t), harness.FreePortNum(t)
 	admin := fmt.Sprintf("127.0.0.1:%d", adminPort)
 	logFile := filepath.Join(dir, "box.log")
 	logf, err := os.Create(logFile)

@@ -25,16 +25,6 @@ import (
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // dev is one `lchat-caddy dev` process.
 type dev struct {
 	listen, port, admin string
@@ -46,7 +36,7 @@ type dev struct {
 func startDev(t *testing.T, idle time.Duration) *dev {
 	t.Helper()
 	dir, home := t.TempDir(), t.TempDir()
-	d := &dev{listen: freeAddr(t), admin: freeAddr(t)}
+	d := &dev{listen: harness.FreeAddr(t, "127.0.0.1"), admin: harness.FreeAddr(t, "127.0.0.1")}
 	_, d.port, _ = net.SplitHostPort(d.listen)
 	cmd := exec.Command(harness.Binary(t), "dev", "--dir", filepath.Join(dir, "state"), "--listen", d.listen,
 		"--admin", d.admin, "--idle-timeout", idle.String())

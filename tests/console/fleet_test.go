@@ -28,12 +28,7 @@ type fleetBox struct {
 
 func startFleetBox(t *testing.T, ip, region string, s3 *harness.S3) *fleetBox {
 	t.Helper()
-	l, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := harness.FreeAddr(t, ip)
 	n := &fleetBox{addr: addr, self: "http://" + addr}
 	cfg := map[string]any{
 		"admin":   map[string]any{"listen": "{$LCHAT_TEST_ADMIN}"},

@@ -25,6 +25,7 @@ import (
 	_ "github.com/lchat/lchat-caddy/modules/buckets"
 	_ "github.com/lchat/lchat-caddy/modules/certstorage"
 	_ "github.com/lchat/lchat-caddy/modules/derpswitch"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // adminClient does not keep connections: a config load replaces the admin server.
@@ -36,15 +37,6 @@ type caddyBox struct {
 	t       *testing.T
 	admin   string
 	storage string
-}
-
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func (c *caddyBox) config(m *tailcfg.DERPMap, drain string) []byte {
@@ -137,7 +129,7 @@ func (c *caddyBox) waitHome(region int) {
 // persists too.
 func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 	regions, m := startRegions(t, 4)
-	c := &caddyBox{t: t, admin: freeAddr(t), storage: t.TempDir()}
+	c := &caddyBox{t: t, admin: harness.FreeAddr(t, "127.0.0.1"), storage: t.TempDir()}
 	cfg := c.config(m, "1s")
 	c.load(cfg)
 	t.Cleanup(func() { caddy.Stop() })
@@ -325,7 +317,7 @@ func TestNodeKeyStaysOnTheBox(t *testing.T) {
 	data := t.TempDir()
 	t.Setenv("XDG_DATA_HOME", data)
 	bucketDir := t.TempDir()
-	admin := freeAddr(t)
+	admin := harness.FreeAddr(t, "127.0.0.1")
 	load := func(extra string) {
 		t.Helper()
 		cfg := fmt.Sprintf(`{
@@ -362,7 +354,7 @@ func TestNodeKeyStaysOnTheBox(t *testing.T) {
 // where it is instead of reviving the old pin.
 func TestCaddyReloadDroppingPinnedRegion(t *testing.T) {
 	regions, m := startRegions(t, 4)
-	c := &caddyBox{t: t, admin: freeAddr(t), storage: t.TempDir()}
+	c := &caddyBox{t: t, admin: harness.FreeAddr(t, "127.0.0.1"), storage: t.TempDir()}
 	cfg := c.config(m, "1s")
 	c.load(cfg)
 	t.Cleanup(func() { caddy.Stop() })

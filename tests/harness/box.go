@@ -414,18 +414,6 @@ func (b *Box) URL(host, path string) string {
 	return "http://" + host + ":" + port + path
 }
 
-// FreePort is a port free on ip at the time of the call (a test box or server listens on it next).
-func FreePort(t testing.TB, ip string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatalf("finding a free port on %s: %v", ip, err)
-	}
-	defer l.Close()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
-	return port
-}
-
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {

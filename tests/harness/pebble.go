@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -75,32 +76,7 @@ func StartACME(t testing.TB, zones ...string) *ACME {
 
 	a.SOAResolver = startSOAServer(t, zones)
 
-	var err error
-	for range 3 {
-		mgmt, dnsAddr := freeAddr(), freeUDPTCPAddr(t)
-		a.ChallSrvURL, a.ChallSrvDNS = "http://"+mgmt, dnsAddr
-		var stop func()
-		stop, err = startProcess(a.ChallSrvLog, nil, challBin,
-			"-management", mgmt, "-dnsserver", dnsAddr,
-			"-http01", "", "-https01", "", "-tlsalpn01", "", "-doh", "", "-defaultIPv6", "")
-		if err == nil {
-			err = waitHTTP(func() error {
-				resp, err := http.Post(a.ChallSrvURL+"/set-default-ipv4", "application/json", strings.NewReader(`{"ip":"127.0.0.1"}`))
-				if err == nil {
-					resp.Body.Close()
-				}
-				return err
-			})
-		}
-		if err == nil {
-			t.Cleanup(stop)
-			break
-		}
-		stop()
-	}
-	if err != nil {
-		t.Fatalf("starting pebble-challtestsrv: %v\n%s", err, tail(a.ChallSrvLog, 20))
-	}
+	startChallSrv(t, a, challBin)
 
 	caPEM, certFile, keyFile := pebbleServerCert(t, dir)
 	a.ServerCAFile = filepath.Join(dir, "pebble-server-ca.pem")
@@ -111,46 +87,41 @@ func StartACME(t testing.TB, zones ...string) *ACME {
 	pool.AppendCertsFromPEM(caPEM)
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 
-	for range 3 {
-		listen, mgmt := freeAddr(), freeAddr()
-		a.Directory, a.mgmt = "https://"+listen+"/dir", mgmt
-		cfg := map[string]any{"pebble": map[string]any{
-			"listenAddress":                  listen,
-			"managementListenAddress":        mgmt,
-			"certificate":                    certFile,
-			"privateKey":                     keyFile,
-			"httpPort":                       5002,
-			"tlsPort":                        5001,
-			"ocspResponderURL":               "",
-			"externalAccountBindingRequired": false,
-			"retryAfter":                     map[string]int{"authz": 1, "order": 1},
-		}}
-		cfgFile := filepath.Join(dir, "pebble-config.json")
-		b, _ := json.Marshal(cfg)
-		if err = os.WriteFile(cfgFile, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		var stop func()
-		stop, err = startProcess(a.PebbleLog, []string{"PEBBLE_VA_NOSLEEP=1", "PEBBLE_WFE_NONCEREJECT=0"},
-			pebbleBin, "-config", cfgFile, "-dnsserver", a.ChallSrvDNS)
-		if err == nil {
-			err = waitHTTP(func() error {
-				resp, err := client.Get(a.Directory)
-				if err != nil {
-					return err
-				}
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					return fmt.Errorf("directory: %s", resp.Status)
-				}
-				return nil
-			})
-		}
-		if err == nil {
-			t.Cleanup(stop)
-			break
-		}
-		stop()
+	// Both ports stay reserved until the test ends (FreePort): no other process can take
+	// them before pebble binds them.
+	listen, mgmt := FreeAddr(t, "127.0.0.1"), FreeAddr(t, "127.0.0.1")
+	a.Directory, a.mgmt = "https://"+listen+"/dir", mgmt
+	cfg := map[string]any{"pebble": map[string]any{
+		"listenAddress":                  listen,
+		"managementListenAddress":        mgmt,
+		"certificate":                    certFile,
+		"privateKey":                     keyFile,
+		"httpPort":                       5002,
+		"tlsPort":                        5001,
+		"ocspResponderURL":               "",
+		"externalAccountBindingRequired": false,
+		"retryAfter":                     map[string]int{"authz": 1, "order": 1},
+	}}
+	cfgFile := filepath.Join(dir, "pebble-config.json")
+	b, _ := json.Marshal(cfg)
+	if err := os.WriteFile(cfgFile, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stop, err := startProcess(a.PebbleLog, []string{"PEBBLE_VA_NOSLEEP=1", "PEBBLE_WFE_NONCEREJECT=0"},
+		pebbleBin, "-config", cfgFile, "-dnsserver", a.ChallSrvDNS)
+	t.Cleanup(stop)
+	if err == nil {
+		err = waitHTTP(func() error {
+			resp, err := client.Get(a.Directory)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("directory: %s", resp.Status)
+			}
+			return nil
+		})
 	}
 	if err != nil {
 		t.Fatalf("starting pebble: %v\n%s", err, tail(a.PebbleLog, 40))
@@ -230,38 +201,95 @@ func waitHTTP(probe func() error) error {
 		if err = probe(); err == nil {
 			return nil
 		}
+		var stop backoffStop
+		if errors.As(err, &stop) {
+			return stop.err
+		}
 		time.Sleep(25 * time.Millisecond)
 	}
 	return err
 }
 
-// freeAddr returns a 127.0.0.1 TCP address that was free a moment ago.
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
+// startChallSrv starts pebble-challtestsrv: its management API on a reserved port
+// (FreePort), its DNS server on UDP and TCP on one port. The TCP side is reserved too; the
+// UDP side cannot be (challtestsrv's UDP socket sets no SO_REUSEADDR, so a reservation would
+// block it), so another process may have been given that UDP port: then, and only then (its
+// log says so), it is started again on a fresh port.
+func startChallSrv(t testing.TB, a *ACME, bin string) {
+	t.Helper()
+	for try := 1; ; try++ {
+		mgmt, dnsAddr := FreeAddr(t, "127.0.0.1"), FreeAddr(t, "127.0.0.1")
+		a.ChallSrvURL, a.ChallSrvDNS = "http://"+mgmt, dnsAddr
+		logStart := logSize(a.ChallSrvLog)
+		stop, err := startProcess(a.ChallSrvLog, nil, bin,
+			"-management", mgmt, "-dnsserver", dnsAddr,
+			"-http01", "", "-https01", "", "-tlsalpn01", "", "-doh", "", "-defaultIPv6", "")
+		if err == nil {
+			err = waitHTTP(func() error {
+				resp, err := http.Post(a.ChallSrvURL+"/set-default-ipv4", "application/json", strings.NewReader(`{"ip":"127.0.0.1"}`))
+				if err == nil {
+					resp.Body.Close()
+				}
+				return err
+			})
+		}
+		if err == nil {
+			// The DNS server answers once both its sockets are bound; a bind that failed is
+			// only logged.
+			err = waitHTTP(func() error { return probeDNS(dnsAddr, a.ChallSrvLog, logStart) })
+		}
+		if err == nil {
+			t.Cleanup(stop)
+			return
+		}
+		stop()
+		if !errors.Is(err, errUDPPortTaken) || try == 5 {
+			t.Fatalf("starting pebble-challtestsrv: %v\n%s", err, tail(a.ChallSrvLog, 20))
+		}
+		t.Logf("pebble-challtestsrv: UDP %s was taken by another process; starting it on another port", dnsAddr)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
-// freeUDPTCPAddr returns a 127.0.0.1 port free for both UDP and TCP.
-func freeUDPTCPAddr(t testing.TB) string {
-	for range 20 {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := pc.LocalAddr().String()
-		ln, err := net.Listen("tcp", addr)
-		pc.Close()
-		if err == nil {
-			ln.Close()
-			return addr
+// errUDPPortTaken is challtestsrv's UDP DNS socket failing to bind its port.
+var errUDPPortTaken = errors.New("UDP port taken")
+
+// probeDNS asks the DNS server at addr over UDP and TCP; when its log (past from) shows
+// that its UDP bind failed, it says so with errUDPPortTaken.
+func probeDNS(addr, logFile string, from int64) error {
+	if b, err := os.ReadFile(logFile); err == nil && int64(len(b)) >= from {
+		if bindFailed(string(b[from:]), "udp", addr) {
+			return backoffStop{errUDPPortTaken}
 		}
 	}
-	t.Fatal("no port free for both UDP and TCP")
-	return ""
+	for _, netw := range []string{"udp", "tcp"} {
+		c := &dns.Client{Net: netw, Timeout: time.Second}
+		m := new(dns.Msg)
+		m.SetQuestion("probe.lchat.test.", dns.TypeA)
+		if _, _, err := c.Exchange(m, addr); err != nil {
+			return fmt.Errorf("DNS over %s at %s: %v", netw, addr, err)
+		}
+	}
+	return nil
+}
+
+// bindFailed reports whether log holds Go's error for a failed bind of addr on netw
+// ("listen udp 127.0.0.1:5353: bind: address already in use").
+func bindFailed(log, netw, addr string) bool {
+	return strings.Contains(log, "listen "+netw+" "+addr+": bind: address already in use")
+}
+
+// backoffStop ends waitHTTP at once with its error.
+type backoffStop struct{ err error }
+
+func (b backoffStop) Error() string { return b.err.Error() }
+func (b backoffStop) Unwrap() error { return b.err }
+
+func logSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
 }
 
 // startSOAServer answers SOA queries for each zone apex authoritatively, and with an

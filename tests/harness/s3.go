@@ -57,14 +57,9 @@ func StartS3(t testing.TB) *S3 {
 	if err := os.Mkdir(s.Root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var lastErr error
-	// A free port found by listening can be taken before versitygw binds it; retry.
-	for range 3 {
-		if lastErr = s.start(bin); lastErr == nil {
-			break
-		}
-		s.stop()
-	}
+	// The port stays reserved (FreePort) until the test ends: no other process can take it
+	// before versitygw binds it.
+	lastErr := s.start(bin, FreeAddr(t, "127.0.0.1"))
 	t.Cleanup(func() {
 		s.stop()
 		if t.Failed() {
@@ -78,8 +73,7 @@ func StartS3(t testing.TB) *S3 {
 	return s
 }
 
-func (s *S3) start(bin string) error {
-	addr := freeAddr()
+func (s *S3) start(bin, addr string) error {
 	s.Endpoint = "http://" + addr
 	logf, err := os.OpenFile(s.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,14 +66,7 @@ func StartSeaweed(t testing.TB) *S3 {
 			t.Logf("weed log tail (%s):\n%s", s.LogFile, tail(s.LogFile, 60))
 		}
 	})
-	var lastErr error
-	for range 3 {
-		if lastErr = s.startSeaweed(bin, confPath); lastErr == nil {
-			break
-		}
-		s.stop()
-	}
-	if lastErr != nil {
+	if lastErr := s.startSeaweed(bin, confPath, freePorts(t, 12)); lastErr != nil {
 		t.Fatalf("starting weed mini: %v\n%s", lastErr, tail(s.LogFile, 60))
 	}
 	s.Bucket = s.CreateBucket(t)
@@ -82,31 +74,16 @@ func StartSeaweed(t testing.TB) *S3 {
 	return s
 }
 
-// freePorts returns n distinct free 127.0.0.1 ports (held together while chosen).
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+// freePorts returns n distinct ports, each reserved until the test ends (FreePort).
+func freePorts(t testing.TB, n int) []int {
+	ports := make([]int, n)
+	for i := range ports {
+		ports[i], _ = strconv.Atoi(FreePort(t, "127.0.0.1"))
 	}
-	return ports, nil
+	return ports
 }
 
-func (s *S3) startSeaweed(bin, confPath string) error {
-	p, err := freePorts(12)
-	if err != nil {
-		return err
-	}
+func (s *S3) startSeaweed(bin, confPath string, p []int) error {
 	s.Endpoint = fmt.Sprintf("http://127.0.0.1:%d", p[0])
 	logf, err := os.OpenFile(s.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -75,12 +74,7 @@ func (f *fleet) start(name, region string) *node {
 	t := f.t
 	t.Helper()
 	ip := fmt.Sprintf("127.0.0.%d", 21+len(f.nodes))
-	l, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatalf("listening on %s: %v", ip, err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := harness.FreeAddr(t, ip)
 	n := &node{name: name, ip: ip, region: region, addr: addr, self: "http://" + addr}
 	env := append(f.s3.Env(f.prefix), mesh.EnvSelf+"="+n.self, mesh.EnvDomains+"="+meshDomain,
 		mesh.EnvToken+"="+meshToken, "LCHAT_MESH_REGION="+region)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -128,12 +127,7 @@ type meshNode struct {
 
 func meshBox(t *testing.T, ip, region string, s3 *harness.S3, prefix string, meshOpts map[string]any) *meshNode {
 	t.Helper()
-	l, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := harness.FreeAddr(t, ip)
 	n := &meshNode{addr: addr, self: "http://" + addr}
 	meshOpts["beat"], meshOpts["dead_after"] = "1s", "3s"
 	raw := harness.Config{

@@ -32,16 +32,6 @@ type shippedBox struct {
 	logFile         string
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func startShipped(t *testing.T, ip, region string, env []string) *shippedBox {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "shp") // short: the state dir holds Unix sockets
@@ -70,8 +60,8 @@ func startShipped(t *testing.T, ip, region string, env []string) *shippedBox {
 			t.Fatal(err)
 		}
 	}
-	b := &shippedBox{ip: ip, httpPort: freePort(t), https: freePort(t), done: make(chan struct{}), logFile: filepath.Join(dir, "box.log")}
-	b.admin = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	b := &shippedBox{ip: ip, httpPort: harness.FreePortNum(t), https: harness.FreePortNum(t), done: make(chan struct{}), logFile: filepath.Join(dir, "box.log")}
+	b.admin = fmt.Sprintf("127.0.0.1:%d", harness.FreePortNum(t))
 	b.self = fmt.Sprintf("http://%s:%d", ip, b.httpPort)
 	bin := harness.IsolatedLayout(t, dir, harness.CertsBinary(t))
 	cmd := exec.Command(bin, "run", "--config", filepath.Join(dir, "Caddyfile"), "--adapter", "caddyfile")

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,31 +18,48 @@ import (
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // devRun is one `lchat-caddy dev` process.
 type devRun struct {
 	cmd         *exec.Cmd
 	done        chan error
 	out         chan string // stdout lines
 	listen, adm string
+	// banner is what dev printed on stdout up to its last banner line; stderr its log.
+	banner []string
+	stderr *harness.SyncBuffer
+}
+
+// devOpts says how a test runs `lchat-caddy dev`.
+type devOpts struct {
+	// bin is the command as a person types it (default: the built binary's path); cwd
+	// the directory it runs in (default dir).
+	bin, cwd string
+	// devDir is --dir (default dir/lchat-dev).
+	devDir string
 }
 
 // startDev runs `lchat-caddy dev` in dir, as the README tells a newcomer to, and waits
 // for the URLs it prints.
 func startDev(t *testing.T, dir, home string) *devRun {
 	t.Helper()
-	d := &devRun{listen: freeAddr(t), adm: freeAddr(t), done: make(chan error, 1), out: make(chan string, 1024)}
-	d.cmd = exec.Command(harness.Binary(t), "dev", "--dir", filepath.Join(dir, "lchat-dev"), "--listen", d.listen, "--admin", d.adm)
-	d.cmd.Dir = dir
+	return startDevWith(t, dir, home, devOpts{})
+}
+
+func startDevWith(t *testing.T, dir, home string, o devOpts) *devRun {
+	t.Helper()
+	if o.bin == "" {
+		o.bin = harness.Binary(t)
+	}
+	if o.cwd == "" {
+		o.cwd = dir
+	}
+	if o.devDir == "" {
+		o.devDir = filepath.Join(dir, "lchat-dev")
+	}
+	d := &devRun{listen: harness.FreeAddr(t, "127.0.0.1"), adm: harness.FreeAddr(t, "127.0.0.1"), done: make(chan error, 1),
+		out: make(chan string, 1024), stderr: new(harness.SyncBuffer)}
+	d.cmd = exec.Command(o.bin, "dev", "--dir", o.devDir, "--listen", d.listen, "--admin", d.adm)
+	d.cmd.Dir = o.cwd
 	env := []string{"HOME=" + home, "XDG_DATA_HOME=" + filepath.Join(home, "data"), "XDG_CONFIG_HOME=" + filepath.Join(home, "config")}
 	for _, kv := range os.Environ() {
 		if n, _, _ := strings.Cut(kv, "="); n == "PATH" || n == "TMPDIR" {
@@ -52,7 +68,7 @@ func startDev(t *testing.T, dir, home string) *devRun {
 	}
 	d.cmd.Env = env
 	stdout, _ := d.cmd.StdoutPipe()
-	d.cmd.Stderr = io.Discard
+	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -68,23 +84,34 @@ func startDev(t *testing.T, dir, home string) *devRun {
 	}()
 	t.Cleanup(func() { d.cmd.Process.Kill() })
 	deadline := time.After(60 * time.Second)
-	var printed []string
 	for {
 		select {
 		case line := <-d.out:
-			printed = append(printed, line)
-			if strings.Contains(line, "demo space:") {
-				if !strings.Contains(line, "http://demo.localhost:") {
-					t.Fatalf("dev printed %q, want the demo space URL", line)
-				}
+			d.banner = append(d.banner, line)
+			if strings.Contains(line, "demo space:") && !strings.Contains(line, "http://demo.localhost:") {
+				t.Fatalf("dev printed %q, want the demo space URL", line)
+			}
+			if strings.HasPrefix(line, "Ctrl-C saves") {
 				return d
 			}
 		case err := <-d.done:
-			t.Fatalf("lchat-caddy dev exited during start-up: %v\n%s", err, strings.Join(printed, "\n"))
+			t.Fatalf("lchat-caddy dev exited during start-up: %v\n%s", err, strings.Join(d.banner, "\n"))
 		case <-deadline:
-			t.Fatalf("lchat-caddy dev printed no URLs within 60s:\n%s", strings.Join(printed, "\n"))
+			t.Fatalf("lchat-caddy dev printed no URLs within 60s:\n%s", strings.Join(d.banner, "\n"))
 		}
 	}
+}
+
+// bannerCommand is the command dev printed after label ("Add a space:"), as fields.
+func (d *devRun) bannerCommand(t *testing.T, label string) []string {
+	t.Helper()
+	for _, l := range d.banner {
+		if rest, ok := strings.CutPrefix(l, label); ok {
+			return strings.Fields(rest)
+		}
+	}
+	t.Fatalf("dev printed no %q line:\n%s", label, strings.Join(d.banner, "\n"))
+	return nil
 }
 
 func (d *devRun) do(t *testing.T, method, path, body string) (int, string) {

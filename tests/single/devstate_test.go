@@ -23,8 +23,8 @@ func TestDevKeepsStateOutOfTheCheckout(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(home) })
-	listen := freeAddr(t)
-	cmd := exec.Command(harness.Binary(t), "dev", "--listen", listen, "--admin", freeAddr(t))
+	listen := harness.FreeAddr(t, "127.0.0.1")
+	cmd := exec.Command(harness.Binary(t), "dev", "--listen", listen, "--admin", harness.FreeAddr(t, "127.0.0.1"))
 	cmd.Dir = cwd
 	cmd.Env = []string{"HOME=" + home, "XDG_DATA_HOME=" + filepath.Join(home, "data"), "XDG_CONFIG_HOME=" + filepath.Join(home, "config"), "PATH=" + os.Getenv("PATH")}
 	stdout, _ := cmd.StdoutPipe()
