@@ -181,30 +181,11 @@ func mountsOfImages(match func(backing string) bool) ([]string, error) {
 			continue
 		}
 		if match(strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")) {
-			out = append(out, unescapeMountinfo(f[4]))
+			out = append(out, unescape(f[4]))
 		}
 	}
 	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return out, nil
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space, ...).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // unmount unmounts path; a path that is not a mount point is no error. Something still

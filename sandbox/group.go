@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -208,27 +207,8 @@ type StartOptions struct {
 // instance starts inside it; the namespace ends with the instance's last process. With
 // opt.TmpDir it then moves into a mount namespace of its own with TmpDir on /tmp.
 func (g *Group) Start(cmd *exec.Cmd, opt StartOptions) (release func(), err error) {
-	type result struct {
-		err     error
-		release chan struct{}
-	}
-	res := make(chan result, 1)
-	// The Go runtime ends a thread whose goroutine exits locked, so this thread's changed
-	// capabilities, groups and namespaces die with it (onOwnThread).
-	onOwnThread(func() {
-		if err := g.startLocked(cmd, opt); err != nil {
-			res <- result{err: err}
-			return
-		}
-		r := make(chan struct{})
-		res <- result{release: r}
-		<-r
-	})
-	r := <-res
-	if r.err != nil {
-		return nil, r.err
-	}
-	return sync.OnceFunc(func() { close(r.release) }), nil
+	// The thread's changed capabilities, groups and namespaces die with it.
+	return startParked(func() error { return g.startLocked(cmd, opt) })
 }
 
 func (g *Group) startLocked(cmd *exec.Cmd, opt StartOptions) error {

@@ -1,10 +1,6 @@
 package sandbox
 
-import (
-	"os/exec"
-	"runtime"
-	"sync"
-)
+import "os/exec"
 
 // StartHelper starts cmd, a short-lived helper the box runs under a space's uid (its
 // SysProcAttr carries the credentials), outside any space's cgroup: it stays in the box's
@@ -17,30 +13,10 @@ import (
 // SysProcAttr.Pdeathsig when the forking thread ends: call release once the helper has
 // been reaped.
 func StartHelper(cmd *exec.Cmd) (release func(), err error) {
-	type result struct {
-		err     error
-		release chan struct{}
-	}
-	res := make(chan result, 1)
-	go func() {
-		// Never unlocked: the Go runtime ends a thread whose goroutine exits locked, so
-		// this thread's changed capabilities die with it.
-		runtime.LockOSThread()
+	return startParked(func() error {
 		if err := dropInheritableCaps(); err != nil {
-			res <- result{err: err}
-			return
+			return err
 		}
-		if err := cmd.Start(); err != nil {
-			res <- result{err: err}
-			return
-		}
-		r := make(chan struct{})
-		res <- result{release: r}
-		<-r
-	}()
-	r := <-res
-	if r.err != nil {
-		return nil, r.err
-	}
-	return sync.OnceFunc(func() { close(r.release) }), nil
+		return cmd.Start()
+	})
 }

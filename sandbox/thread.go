@@ -2,9 +2,36 @@ package sandbox
 
 import (
 	"runtime"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
+
+// startParked runs start on a thread of its own (onOwnThread) and, once it succeeded,
+// keeps that thread parked until release is called: the kernel delivers
+// SysProcAttr.Pdeathsig when the forking thread ends, not the process, so release must
+// wait until the child has been reaped. Both Group.Start and StartHelper fork this way.
+func startParked(start func() error) (release func(), err error) {
+	type result struct {
+		err     error
+		release chan struct{}
+	}
+	res := make(chan result, 1)
+	onOwnThread(func() {
+		if err := start(); err != nil {
+			res <- result{err: err}
+			return
+		}
+		r := make(chan struct{})
+		res <- result{release: r}
+		<-r
+	})
+	r := <-res
+	if r.err != nil {
+		return nil, r.err
+	}
+	return sync.OnceFunc(func() { close(r.release) }), nil
+}
 
 // onOwnThread runs fn in a new goroutine locked to an OS thread that is not the
 // process's main thread, and never unlocks it, so the thread ends with fn's goroutine:
