@@ -311,6 +311,12 @@ func (s *Switcher) finishOp(o *op, err error) {
 	}
 	old := s.homePtr.Load()
 	oldUp := old != nil && old.connected.Load()
+	// Counted before the new home is visible: whoever sees the new home (Status, the
+	// liveHome a caller polls) also sees its commit counted.
+	s.ctr.mbbCommits.Add(1)
+	if ov := int(s.override.Load()); ov != 0 && ov == o.cmd.Target {
+		s.ctr.pinMBBCommits.Add(1)
+	}
 	s.setHome(o.aux)
 	now := s.clock.Now()
 	fromRegion := 0
@@ -318,10 +324,6 @@ func (s *Switcher) finishOp(o *op, err error) {
 		fromRegion = old.region
 		old.drainUntil = now.Add(cfg.Drain)
 		old.role.Store(RoleDraining)
-	}
-	s.ctr.mbbCommits.Add(1)
-	if ov := int(s.override.Load()); ov != 0 && ov == o.cmd.Target {
-		s.ctr.pinMBBCommits.Add(1)
 	}
 	s.setState(StateIdle)
 	s.logger().Info("MBB COMMIT (no teardown)", append([]zap.Field{zap.Int("from_region", fromRegion),
