@@ -224,7 +224,7 @@ func restoreFiles(ctx context.Context, s *Syncer, root string, files []File) (ma
 			return nil, err
 		}
 		outs = append(outs, out)
-		if err := out.Truncate(f.Size); err != nil {
+		if err := allocate(out, f.Size); err != nil {
 			return nil, err
 		}
 		if f.Content != nil && f.Content.DB != nil {

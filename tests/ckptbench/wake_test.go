@@ -40,11 +40,23 @@ func TestWakeLoop(t *testing.T) {
 		v2.checkpoint(t, spacestore.Final, now.Add(time.Duration(n)*time.Second))
 	}
 	var l1, l2 []time.Duration
-	for range 30 {
-		l1 = append(l1, restoreOnce(t, cb, "v1.bench"))
+	// own and s3 are the CPU time of this process and of versitygw, per format.
+	var own, srv [2]time.Duration
+	timed := func(k int, host string) time.Duration {
+		c0, s0 := selfCPU(), s3.CPU()
+		d := restoreOnce(t, cb, host)
+		own[k] += selfCPU() - c0
+		srv[k] += s3.CPU() - s0
+		return d
+	}
+	const wakes = 30
+	for range wakes {
+		l1 = append(l1, timed(0, "v1.bench"))
 		cb.reset()
-		l2 = append(l2, restoreOnce(t, cb, "v2.bench"))
+		l2 = append(l2, timed(1, "v2.bench"))
 	}
 	t.Logf("full-file p50 %s p99 %s | page-delta p50 %s p99 %s (%d GETs) | ratio p50 %.2f",
 		ms(pct(l1, .5)), ms(pct(l1, .99)), ms(pct(l2, .5)), ms(pct(l2, .99)), cb.gets.Load(), float64(pct(l2, .5))/float64(pct(l1, .5)))
+	t.Logf("CPU per restore, this process + versitygw: full-file %s + %s | page-delta %s + %s",
+		ms(own[0]/wakes), ms(srv[0]/wakes), ms(own[1]/wakes), ms(srv[1]/wakes))
 }
