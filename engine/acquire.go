@@ -60,6 +60,11 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 			in = e.get(sp.Host)
 			continue
 		case StateAwake:
+			if in.quiescing {
+				// Its drain waits for the Uses given out; a new one would be cut.
+				in.mu.Unlock()
+				return nil, ErrDraining
+			}
 			in.uses++
 			in.lastUsed = e.now()
 			u := &Use{in: in, gen: in.gen, socket: in.link, since: in.since}

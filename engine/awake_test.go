@@ -274,3 +274,49 @@ func TestDrainingServesAwakeSpaces(t *testing.T) {
 		t.Fatal("a draining box woke a space")
 	}
 }
+
+// TestDrainAnswersRequestsAlreadyIn: a request that got its space's instance just before
+// the drain reached that space is answered, not cut (the rolling restart of
+// TestEveryRequestReachesTheHolder saw two 503s "its instance gave no answer: EOF" when a
+// wake finished during the drain); requests after it get ErrDraining, so the mesh sends
+// them to the box that takes the space over.
+func TestDrainAnswersRequestsAlreadyIn(t *testing.T) {
+	e := newAwakeTestEngine(t, 0)
+	ctx := context.Background()
+	const host = "inflight.example.com"
+	u, err := e.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- e.Drain(ctx) }()
+	in := e.lookup(host)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		in.mu.Lock()
+		q := in.quiescing
+		in.mu.Unlock()
+		if q || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := e.Acquire(ctx, Space{Host: host, Kind: "app"}); !errors.Is(err, ErrDraining) {
+		t.Fatalf("a new request to the space being drained: %v, want ErrDraining", err)
+	}
+	select {
+	case err := <-drained:
+		t.Fatalf("the drain ended (%v) while a request still held the instance", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if code, _, err := rawGet(t, u.Socket(), "/info", 10*time.Second); err != nil || code != http.StatusOK {
+		t.Fatalf("the request already in: %d, %v; want it answered", code, err)
+	}
+	u.Release()
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	if e.Awake(host) {
+		t.Fatal("still awake after the drain")
+	}
+}

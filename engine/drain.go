@@ -4,12 +4,18 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // drainParallel bounds how many spaces sleep at once during a drain.
 const drainParallel = 8
+
+// drainUseGrace bounds how long a drain waits for the requests already in a space to
+// finish before it stops the instance: a request finishes in milliseconds, a stream that
+// outlives the grace (one not held by the box, see connhold) is cut.
+const drainUseGrace = 2 * time.Second
 
 // Drain sleeps every awake space (in parallel, bounded): checkpoint and lease release. New
 // Acquires are refused from the start.
@@ -35,6 +41,7 @@ func (e *Engine) Drain(ctx context.Context) error {
 			defer wg.Done()
 			defer func() { <-sem }()
 			safego.Run(e.log, "drain", func() {
+				e.quiesce(ctx, in)
 				err := e.sleep(ctx, in, "drain")
 				if err == nil {
 					err = e.flushDirty(ctx, in)
@@ -49,4 +56,33 @@ func (e *Engine) Drain(ctx context.Context) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// quiesce stops giving out Uses of in and waits, at most drainUseGrace or until ctx ends,
+// for those already given out (and the Acquires waiting on its wake, which then get
+// ErrDraining) to end: a request that got the instance just before its drain is answered,
+// not cut, and the ones after it go to the box that takes the space over.
+func (e *Engine) quiesce(ctx context.Context, in *inst) {
+	in.mu.Lock()
+	in.quiescing = true
+	in.mu.Unlock()
+	deadline := time.NewTimer(drainUseGrace)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		in.mu.Lock()
+		busy := in.uses > 0 || in.waiters > 0
+		in.mu.Unlock()
+		if !busy {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }

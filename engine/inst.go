@@ -47,6 +47,10 @@ type inst struct {
 	uses      int         // Uses held in the current awake period
 	gen       uint64      // awake period; a Use from an earlier one no longer counts
 	waiters   int         // Acquires waiting on trans
+	// quiescing is set when a drain is about to put this space to sleep: no new Use is
+	// given out (ErrDraining sends the request to the box that takes the space over),
+	// while those already given out finish.
+	quiescing bool
 	lastUsed  time.Time   // LRU order, and the idle clock: set by every Acquire and Release
 	trans     *transition // non-nil while waking or sleeping
 	proc      *proc
