@@ -39,14 +39,14 @@ type inst struct {
 	// awake. Written only by setStateLocked, with mu held.
 	here atomic.Bool
 
-	mu        sync.Mutex
-	sp        Space
-	kind      Kind
-	state     State // written only by setStateLocked (state.go)
-	since     time.Time
-	uses      int         // Uses held in the current awake period
-	gen       uint64      // awake period; a Use from an earlier one no longer counts
-	waiters   int         // Acquires waiting on trans
+	mu      sync.Mutex
+	sp      Space
+	kind    Kind
+	state   State // written only by setStateLocked (state.go)
+	since   time.Time
+	uses    int    // Uses held in the current awake period
+	gen     uint64 // awake period; a Use from an earlier one no longer counts
+	waiters int    // Acquires waiting on trans
 	// quiescing is set when a drain is about to put this space to sleep: no new Use is
 	// given out (ErrDraining sends the request to the box that takes the space over),
 	// while those already given out finish.
