@@ -281,6 +281,9 @@ func TestDrainingServesAwakeSpaces(t *testing.T) {
 // wake finished during the drain); requests after it get ErrDraining, so the mesh sends
 // them to the box that takes the space over.
 func TestDrainAnswersRequestsAlreadyIn(t *testing.T) {
+	// The drain must wait for the request, however slow the machine: no grace ends first.
+	defer func(g time.Duration) { drainUseGrace = g }(drainUseGrace)
+	drainUseGrace = 5 * time.Minute
 	e := newAwakeTestEngine(t, 0)
 	ctx := context.Background()
 	const host = "inflight.example.com"

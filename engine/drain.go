@@ -14,8 +14,9 @@ const drainParallel = 8
 
 // drainUseGrace bounds how long a drain waits for the requests already in a space to
 // finish before it stops the instance: a request finishes in milliseconds, a stream that
-// outlives the grace (one not held by the box, see connhold) is cut.
-const drainUseGrace = 2 * time.Second
+// outlives the grace (one not held by the box, see connhold) is cut. A variable so a
+// test can hold a request for as long as it needs.
+var drainUseGrace = 2 * time.Second
 
 // Drain sleeps every awake space (in parallel, bounded): checkpoint and lease release. New
 // Acquires are refused from the start.
