@@ -116,6 +116,12 @@ func (ms *Mesh) Membership() *mesh.Membership { return ms.m }
 // Box is this box's place in the mesh (placement, acceptance of rows).
 func (ms *Mesh) Box() *mesh.Box { return ms.box }
 
+// Client is the peer API's client (the mesh token, the peers' trusted roots).
+func (ms *Mesh) Client() *mesh.Client { return ms.client }
+
+// Incarnation names this box's process in the mesh (its heartbeat's incarnation).
+func (ms *Mesh) Incarnation() string { return ms.m.Config().Incarnation }
+
 // Marker signs and checks forwarded requests.
 func (ms *Mesh) Marker() mesh.Marker { return ms.marker }
 

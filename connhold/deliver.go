@@ -1,6 +1,7 @@
 package connhold
 
 import (
+	"slices"
 	"time"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
@@ -15,8 +16,10 @@ type pendingMsg struct {
 	closeCode  int
 	redelivery bool
 	acked      bool
-	stamp      uint64    // the space's ackClock at the acknowledgement
+	stamp      uint64    // the space's ackClock at the acknowledgement; remote: the mark on the other box's Relay
 	ackAt      time.Time // when it was acknowledged (monotonic)
+	at         At        // the instance that acknowledged it
+	remote     bool      // at is on another box: only its Notices cover it
 }
 
 // queueEvent appends an event in sequence order and starts a delivery if none runs. A
@@ -81,10 +84,15 @@ func (c *Conn) deliverLoop() {
 			return
 		}
 		ev := Event{Space: c.space, ConnID: c.id, Seq: m.seq, Kind: m.kind, Payload: m.payload,
-			CloseCode: m.closeCode, Redelivery: m.redelivery, Tags: c.tags, Meta: c.meta}
+			CloseCode: m.closeCode, Redelivery: m.redelivery, Tags: c.tags, Meta: c.meta, Prior: c.priorLocked()}
 		c.mu.Unlock()
 
 		reply, err := h.d.Deliver(h.ctx, ev)
+		if re, ok := IsReplay(err); ok {
+			// Not delivered: the messages the earlier instances acknowledged go first.
+			c.replay(func(pm *pendingMsg) bool { return slices.Contains(re.Stale, pm.at) })
+			continue
+		}
 		if err != nil {
 			if h.ctx.Err() != nil {
 				continue
@@ -111,16 +119,58 @@ func (c *Conn) deliverLoop() {
 			h.st.redelivered.Add(1)
 		}
 		h.st.delivered.Add(1)
-		stamp, ask := h.acked(c.space, c)
+		var stamp uint64
+		ask := false
+		if reply.Mark == 0 {
+			stamp, ask = h.acked(c.space, c)
+		}
 		c.mu.Lock()
-		m.acked, m.stamp, m.ackAt = true, stamp, time.Now()
+		m.acked, m.stamp, m.ackAt, m.at = true, stamp, time.Now(), reply.At
+		if reply.Mark != 0 {
+			m.stamp, m.remote = reply.Mark, true
+		}
 		c.applyLocked(reply)
 		c.mu.Unlock()
 		c.sendReply(reply, true)
+		if reply.Mark != 0 && reply.Covered != 0 {
+			h.RemoteCovered(c.space, reply.At, reply.Covered)
+		}
 		if ask && h.NeedCheckpoint != nil {
 			h.NeedCheckpoint(c.space)
 		}
 	}
+}
+
+// priorLocked is where c's acknowledged messages that no checkpoint is known to hold
+// were acknowledged (Event.Prior).
+func (c *Conn) priorLocked() []At {
+	var out []At
+	for _, m := range c.pending {
+		if m.acked && !m.at.IsZero() && !slices.Contains(out, m.at) {
+			out = append(out, m.at)
+		}
+	}
+	return out
+}
+
+// replay makes c's acknowledged messages that match undelivered again, marked as
+// redeliveries, and starts a delivery: the next one goes to whichever instance now runs
+// the space, before any later message.
+func (c *Conn) replay(match func(*pendingMsg) bool) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, pm := range c.pending {
+		if pm.acked && match(pm) {
+			pm.acked, pm.redelivery, pm.remote = false, true, false
+			n++
+		}
+	}
+	if n > 0 {
+		c.h.st.replays.Add(uint64(n))
+		c.startDeliveryLocked()
+	}
+	return n
 }
 
 func backoff(l Limits, attempts int) time.Duration {
@@ -215,7 +265,7 @@ func (h *Hub) CheckpointStarted(space string) Mark {
 // CheckpointDone is called once the checkpoint that started at m has completed: the
 // messages acknowledged before m are saved with the space, and dropped.
 func (h *Hub) CheckpointDone(space string, m Mark) {
-	h.dropAcked(space, func(pm *pendingMsg) bool { return pm.stamp <= uint64(m) })
+	h.dropAcked(space, func(pm *pendingMsg) bool { return !pm.remote && pm.stamp <= uint64(m) })
 }
 
 // dropAcked drops space's acknowledged messages that covered says a checkpoint saved.
@@ -248,7 +298,7 @@ func (h *Hub) dropAcked(space string, covered func(*pendingMsg) bool) {
 // started must not be later than the checkpoint's real start (an observer subtracts a
 // margin), or a message acknowledged just after it could be dropped unsaved.
 func (h *Hub) CheckpointCovered(space string, started time.Time) {
-	h.dropAcked(space, func(pm *pendingMsg) bool { return pm.ackAt.Before(started) })
+	h.dropAcked(space, func(pm *pendingMsg) bool { return !pm.remote && pm.ackAt.Before(started) })
 }
 
 // InstanceGone is called by the engine when space's instance has ended (stopped or
@@ -257,17 +307,51 @@ func (h *Hub) CheckpointCovered(space string, started time.Time) {
 // redelivery, with its sequence number; the next delivery wakes the space.
 func (h *Hub) InstanceGone(space string) {
 	for _, c := range h.spaceConnsOf(space) {
+		c.replay(func(pm *pendingMsg) bool { return !pm.remote })
+	}
+}
+
+// RemoteCovered drops space's messages that instance at, on another box, acknowledged
+// with a mark up to covered: a completed checkpoint there holds them (a Notice, or an
+// answer's CoveredHeader).
+func (h *Hub) RemoteCovered(space string, at At, covered uint64) {
+	h.dropAcked(space, func(pm *pendingMsg) bool { return pm.remote && pm.at == at && pm.stamp <= covered })
+}
+
+// RemoteGone is RemoteCovered up to covered, and then every other message instance at
+// acknowledged is delivered again: that instance ended without saving them.
+func (h *Hub) RemoteGone(space string, at At, covered uint64) {
+	h.RemoteCovered(space, at, covered)
+	for _, c := range h.spaceConnsOf(space) {
+		c.replay(func(pm *pendingMsg) bool { return pm.remote && pm.at == at })
+	}
+}
+
+// BoxGone delivers again every message an instance on box (in its process incarnation)
+// acknowledged and no Notice covered: that box is no longer a live member of the mesh,
+// and cannot tell what its last checkpoint held.
+func (h *Hub) BoxGone(box, incarnation string) int {
+	n := 0
+	for _, c := range h.allConns() {
+		n += c.replay(func(pm *pendingMsg) bool {
+			return pm.remote && pm.at.Box == box && pm.at.Incarnation == incarnation
+		})
+	}
+	return n
+}
+
+// RemoteBoxes are the (box, incarnation) pairs of other boxes whose instances hold
+// acknowledged messages of this box's connections that no Notice covered yet.
+func (h *Hub) RemoteBoxes() [][2]string {
+	var out [][2]string
+	for _, c := range h.allConns() {
 		c.mu.Lock()
-		n := 0
 		for _, pm := range c.pending {
-			if pm.acked {
-				pm.acked, pm.redelivery = false, true
-				n++
+			if k := [2]string{pm.at.Box, pm.at.Incarnation}; pm.acked && pm.remote && !slices.Contains(out, k) {
+				out = append(out, k)
 			}
-		}
-		if n > 0 {
-			c.startDeliveryLocked()
 		}
 		c.mu.Unlock()
 	}
+	return out
 }

@@ -248,6 +248,17 @@ func (h *Hub) spaceConnsOf(space string) []*Conn {
 	return out
 }
 
+// allConns is every connection not yet done.
+func (h *Hub) allConns() []*Conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*Conn, 0, len(h.conns))
+	for _, c := range h.conns {
+		out = append(out, c)
+	}
+	return out
+}
+
 // forget removes a done connection.
 func (h *Hub) forget(c *Conn) {
 	h.mu.Lock()

@@ -22,3 +22,6 @@ func validID(id string) bool {
 	_, err := base64.RawURLEncoding.DecodeString(id)
 	return err == nil
 }
+
+// ValidID reports whether id has the shape of a connection id (NewID).
+func ValidID(id string) bool { return validID(id) }

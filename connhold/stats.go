@@ -10,7 +10,7 @@ import (
 type counters struct {
 	held, parked, readers                        atomic.Int64
 	pings, autoResponses, delivered, redelivered atomic.Uint64
-	deliveryErrors, overflows                    atomic.Uint64
+	deliveryErrors, overflows, replays           atomic.Uint64
 	mu                                           sync.Mutex
 	closes                                       map[int]uint64 // guarded by mu
 }
@@ -35,6 +35,10 @@ type Stats struct {
 	// DeliveryErrors deliveries failed; Overflows messages closed their connection
 	// with 1013.
 	Delivered, Redelivered, DeliveryErrors, Overflows uint64
+	// Replayed messages were made undelivered again because the instance that
+	// acknowledged them ended, or another now runs the space, with no checkpoint known
+	// to hold them.
+	Replayed uint64
 	// Closes counts the close codes the box sent.
 	Closes map[int]uint64
 }
@@ -50,7 +54,7 @@ func (h *Hub) Stats() Stats {
 		PendingBytes: h.pendingBytes.Load(), OutBytes: h.outBytes.Load(),
 		Pings: s.pings.Load(), AutoResponses: s.autoResponses.Load(),
 		Delivered: s.delivered.Load(), Redelivered: s.redelivered.Load(),
-		DeliveryErrors: s.deliveryErrors.Load(), Overflows: s.overflows.Load(),
+		DeliveryErrors: s.deliveryErrors.Load(), Overflows: s.overflows.Load(), Replayed: s.replays.Load(),
 		Closes: closes,
 	}
 }

@@ -94,6 +94,10 @@ type Event struct {
 	Redelivery bool
 	Tags       []string
 	Meta       []byte
+	// Prior names the instances that acknowledged earlier messages of this connection
+	// that no completed checkpoint is known to hold (relay.go): a Deliverer whose instance
+	// is not one of them answers a ReplayError instead of delivering.
+	Prior []At
 }
 
 // Message is one message to send to a client.
@@ -117,6 +121,13 @@ type Reply struct {
 	// AutoRequest and AutoResponse (both set) make a text message equal to AutoRequest
 	// answered with AutoResponse by the box, without an event.
 	AutoRequest, AutoResponse string
+
+	// Set by the Deliverer: At is the instance that acknowledged the event. Mark, when
+	// non-zero, is the acknowledgement's mark on the Relay of the box At names (another
+	// box: a checkpoint there covers it by Notice); Covered is the highest mark there a
+	// checkpoint is known to hold.
+	At            At
+	Mark, Covered uint64
 }
 
 // Deliverer carries events to a space's instance, waking it if need be. The engine glue

@@ -100,6 +100,24 @@ func (c *Client) doHeader(ctx context.Context, method, base, path, op string, bo
 	return nil
 }
 
+// Call sends one request to the peer at base (its SELF URL) with the mesh token and
+// returns its answer, whatever the status: the caller reads and closes the body.
+func (c *Client) Call(ctx context.Context, method, base, path string, hdr http.Header, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(base, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	req.Header.Set("Authorization", "Bearer "+string(c.Token))
+	hc := c.HTTPClient
+	if hc == nil {
+		hc = defaultHTTPClient
+	}
+	return hc.Do(req)
+}
+
 // PutRoute replicates one row to the peer at base (its SELF URL).
 func (c *Client) PutRoute(ctx context.Context, base string, row RouteRow) error {
 	if err := row.Validate(); err != nil {

@@ -25,6 +25,11 @@ const (
 	PathRoute  = "/api/mesh/route/" // + host; PUT replicates, DELETE tombstones
 	PathRoutes = "/api/mesh/routes"
 	PathStatus = "/api/mesh/status"
+	// PathConns is held connections between boxes (docs/connections.md, "Across boxes"):
+	// POST PathConns+"notice" tells a holding box what became of its messages; PathConns
+	// + host + a control path (/ws/send, /ws/close, /ws/set, /ws/conns) acts on the
+	// connections of host this box holds.
+	PathConns = "/api/mesh/conns/"
 )
 
 // RevHeader carries a tombstone's revision on DELETE PathRoute.

@@ -37,6 +37,12 @@ type conns struct {
 	done       bool                     // close has run
 	controls   map[string]*http.Server  // by host: control endpoints (control.go)
 	lastCkptOK map[string]bool          // by host: whether the last checkpoint succeeded (observe)
+
+	// relay stamps what this box's instances acknowledge for connections other boxes
+	// hold (connsmesh.go).
+	relay  connhold.Relay
+	ptOnce sync.Once
+	pt     *box.PeerTransport
 }
 
 // wakeSignal is a channel closed when host's space next finishes a wake here.
@@ -84,6 +90,9 @@ func newConns(b *box.Box, stateDir string, lim connhold.Limits, log *zap.Logger)
 	stop := make(chan struct{})
 	c.cancel = func() { cancelObs(); close(stop) }
 	safego.Go(nil, log, "conns exit watch", func() { c.watchExit(stop) })
+	if b.Mesh() != nil {
+		safego.Go(nil, log, "conns peer watch", func() { c.watchPeers(stop) })
+	}
 	return c, nil
 }
 
@@ -118,7 +127,11 @@ func (c *conns) observe(ev engine.Event) {
 		c.lastCkptOK[ev.Host] = ev.Err == ""
 		c.mu.Unlock()
 		if ev.Err == "" {
-			c.hub.CheckpointCovered(ev.Host, ev.At.Add(-ev.Duration-checkpointMargin))
+			started := ev.At.Add(-ev.Duration - checkpointMargin)
+			c.hub.CheckpointCovered(ev.Host, started)
+			if n, entries, ok := c.relay.Checkpointed(ev.Host, started); ok {
+				c.tell(n, entries)
+			}
 		}
 	case engine.EventSleep:
 		// A sleep's final checkpoint starts after the instance has exited, so it holds
@@ -130,8 +143,14 @@ func (c *conns) observe(ev engine.Event) {
 		if ok {
 			c.hub.CheckpointDone(ev.Host, c.hub.CheckpointStarted(ev.Host))
 		}
+		if n, entries, told := c.relay.Ended(ev.Host, ok); told {
+			c.tell(n, entries)
+		}
 	case engine.EventCrash:
 		c.hub.InstanceGone(ev.Host)
+		if n, entries, ok := c.relay.Ended(ev.Host, false); ok {
+			c.tell(n, entries)
+		}
 	case engine.EventWake:
 		if ev.Err == "" {
 			c.mu.Lock()
@@ -150,30 +169,20 @@ func (c *conns) counters() map[string]uint64 {
 	return map[string]uint64{
 		"conns_open": uint64(st.Held), "conns_parked": uint64(st.Parked),
 		"conn_pending_bytes": uint64(st.PendingBytes), "conn_events_delivered": st.Delivered,
-		"conn_events_redelivered": st.Redelivered,
+		"conn_events_redelivered": st.Redelivered, "conn_events_replayed": st.Replayed,
 	}
 }
 
-// Deliver carries ev to its space's instance, waking the space: the delivery is a use of
-// the space like any request, so the space sleeps its idle timeout after the last one.
-// A space awake on another box is not reached yet (mesh forwarding of events is to come):
-// the error leaves the event pending.
+// Deliver carries ev through the request path's one door (box.Serve, connsmesh.go's
+// eventDoor) to its space's instance: here, waking the space, or on the peer that runs
+// it. The delivery is a use of the space like any request, so the space sleeps its idle
+// timeout after the last one. An error leaves the event pending.
 func (c *conns) Deliver(ctx context.Context, ev connhold.Event) (connhold.Reply, error) {
-	rt, ok := c.box.Lookup(ev.Space)
-	if !ok {
-		return connhold.Reply{}, fmt.Errorf("no route for %s", ev.Space)
-	}
-	use, err := c.box.Acquire(ctx, rt)
-	if err != nil {
+	d := &eventDoor{c: c, ctx: ctx, ev: ev}
+	if err := c.box.Serve(ctx, box.Request{Host: ev.Space}, d); err != nil {
 		return connhold.Reply{}, err
 	}
-	defer use.Release()
-	reply, err := connhold.PostEvent(ctx, c.client(use.Socket()), "http://"+ev.Space, ev)
-	var ne *net.OpError
-	if errors.As(err, &ne) && ne.Op == "dial" {
-		use.Unreachable()
-	}
-	return reply, err
+	return d.reply, d.err
 }
 
 // client is an HTTP client dialing socket (the box's own link to the instance's socket).

@@ -34,7 +34,11 @@ func (c *conns) ensureControl(host string) {
 		c.log.Error("serving a space's control endpoint", zap.String("host", host), zap.Error(err))
 		return
 	}
-	srv := &http.Server{Handler: c.hub.ControlHandler(host), ReadHeaderTimeout: 10 * time.Second,
+	var handler http.Handler = c.hub.ControlHandler(host)
+	if c.box.Mesh() != nil {
+		handler = &fanoutControl{c: c, host: host, local: handler}
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: zap.NewStdLog(c.log)}
 	c.controls[host] = srv
 	safego.Go(nil, c.log, "control endpoint", func() {

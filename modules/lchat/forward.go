@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -39,10 +40,22 @@ func (p *proxying) Forward(d mesh.Decision) (box.Forwarded, error) {
 	if err != nil {
 		return box.Answered, caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("forward: bad peer URL"))
 	}
+	if p.hops == 0 && connhold.Reserved(p.r.URL.Path) {
+		// As at the instance (Instance): a client never reaches the box's namespace.
+		return box.Answered, p.Refuse(box.Refusal{Status: http.StatusNotFound, Err: fmt.Errorf("%s is reserved for the box", p.r.URL.Path)})
+	}
 	ms.C.Forwards.Add(1)
 	caddyhttp.SetVar(p.r.Context(), peerAddrVar, mesh.DialAddr(u))
 	fr := p.r.WithContext(box.WithPeer(p.r.Context(), box.Peer{Self: d.Peer, Hint: d.Hint, Hops: p.hops}))
-	err = p.h.meshProxy.ServeHTTP(p.w, fr, p.next)
+	if cs := p.h.app.conns; cs != nil && connhold.IsUpgrade(p.r) {
+		// The client's socket is held here if the instance opts in (connsmesh.go).
+		var held bool
+		if held, err = p.forwardUpgrade(fr, cs); held {
+			return box.Answered, err
+		}
+	} else {
+		err = p.h.meshProxy.ServeHTTP(p.w, fr, p.next)
+	}
 	if err == nil {
 		return box.Answered, nil
 	}

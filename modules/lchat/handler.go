@@ -111,6 +111,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	b.Count()
 	host := requestHost(r)
 	hops, viaHint := b.Strip(r.Header, host)
+	if hops == 0 {
+		// Only a peer names connections and entry boxes (connsmesh.go).
+		connhold.StripPeerHeaders(r.Header)
+		r.Header.Del(connhold.ConnIDHeader)
+	}
 	p := &proxying{h: h, w: w, r: r, next: next, host: host, hops: hops}
 	return b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint}, p)
 }
@@ -140,16 +145,34 @@ func (p *proxying) Instance(use *engine.Use) error {
 		p.w.Header().Set(mesh.HolderHeader, p.h.app.box.Self())
 	}
 	// The box's own requests to the instance (connection events) are under /.lchat/ and
-	// name connections: a client can do neither, so an instance can trust both.
-	if connhold.Reserved(p.r.URL.Path) {
+	// name connections: a client can do neither, so an instance can trust both. A peer
+	// (a validly marked forward) sends the events of connections it holds.
+	cs := p.h.app.conns
+	fromPeer := p.hops > 0 && cs != nil
+	peerEvent := fromPeer && p.r.Method == http.MethodPost && p.r.URL.Path == connhold.EventPath
+	if connhold.Reserved(p.r.URL.Path) && !peerEvent {
 		return p.Refuse(box.Refusal{Status: http.StatusNotFound, Err: fmt.Errorf("%s is reserved for the box", p.r.URL.Path)})
 	}
-	p.r.Header.Del(connhold.ConnIDHeader)
+	peerHolds := fromPeer && p.r.Header.Get(connhold.EntryHeader) != ""
+	if !peerHolds {
+		p.r.Header.Del(connhold.ConnIDHeader)
+	}
+	if !fromPeer {
+		// A forward that fell back to serving here set them (forwardUpgrade).
+		connhold.StripPeerHeaders(p.r.Header)
+	}
+	if cs != nil && p.h.app.box.Mesh() != nil {
+		// Its instance may send to connections held at any box (connsmesh.go).
+		cs.ensureControl(p.host)
+	}
 	p.h.setInstanceHeader(p.w, use)
 	setUpstream(p.r, use.Dial())
 	var err error
-	cs := p.h.app.conns
 	switch {
+	case peerEvent:
+		err = p.instanceEvent(use, cs)
+	case peerHolds && connhold.IsUpgrade(p.r):
+		err = p.instanceUpgradeForEntry(use, cs)
 	case cs != nil && connhold.IsUpgrade(p.r):
 		err = p.instanceUpgrade(use, cs)
 	case cs != nil && connhold.AcceptsEventStream(p.r):

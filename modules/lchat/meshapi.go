@@ -20,7 +20,8 @@ func init() {
 // MeshAPI serves the peer endpoints of the mesh on this box's SELF site, each behind
 // the mesh token (bearer, constant-time compare): PUT and DELETE /api/mesh/route/{host}
 // (replicate a row, tombstone it), GET /api/mesh/routes (this box's in-scope rows) and
-// GET /api/mesh/status. Other paths go to the next handler. A row or tombstone is
+// GET /api/mesh/status, and the held connections' calls under /api/mesh/conns/
+// (connsmesh.go). Other paths go to the next handler. A row or tombstone is
 // answered once the box has carried it out (box.Box.ApplyRow, ApplyTombstone): an error
 // status says it failed, and the sending box logs it and retries.
 type MeshAPI struct {
@@ -54,7 +55,7 @@ func (h *MeshAPI) Provision(ctx caddy.Context) error {
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	p := r.URL.Path
-	if p != mesh.PathRoutes && p != mesh.PathStatus && !strings.HasPrefix(p, mesh.PathRoute) {
+	if p != mesh.PathRoutes && p != mesh.PathStatus && !strings.HasPrefix(p, mesh.PathRoute) && !strings.HasPrefix(p, mesh.PathConns) {
 		return next.ServeHTTP(w, r)
 	}
 	b := h.app.box
@@ -67,6 +68,12 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(http.StatusUnauthorized, errors.New("mesh token missing or wrong"))
 	}
 	switch {
+	case strings.HasPrefix(p, mesh.PathConns):
+		cs := h.app.conns
+		if cs == nil {
+			return caddyhttp.Error(http.StatusNotFound, errors.New("this box holds no connections"))
+		}
+		return cs.servePeerConns(w, r)
 	case p == mesh.PathRoutes && r.Method == http.MethodGet:
 		rows, err := ms.Box().InScopeRows(b.Registry())
 		if err != nil {

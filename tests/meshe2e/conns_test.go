@@ -1,0 +1,229 @@
+package meshe2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// Held connections across boxes (docs/connections.md, "Across boxes"): the box a client
+// reached holds its WebSocket; the space runs on another box; that box is killed; the
+// space wakes on a survivor and the client's socket, never closed, keeps working.
+
+// heldClient is one client's WebSocket, read by a goroutine into a channel.
+type heldClient struct {
+	ws   *websocket.Conn
+	msgs chan string
+	done chan error
+}
+
+func dialHeld(t *testing.T, c *cluster, entry *node, host, path string) *heldClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ws, resp, err := websocket.Dial(ctx, "wss://"+host+path, &websocket.DialOptions{HTTPClient: c.client(entry)})
+	if err != nil {
+		t.Fatalf("WebSocket to %s via %s: %v (%v)", host, entry.self, err, resp)
+	}
+	ws.SetReadLimit(1 << 20)
+	hc := &heldClient{ws: ws, msgs: make(chan string, 256), done: make(chan error, 1)}
+	go func() {
+		for {
+			_, b, err := ws.Read(context.Background())
+			if err != nil {
+				hc.done <- err
+				return
+			}
+			hc.msgs <- string(b)
+		}
+	}()
+	t.Cleanup(func() { ws.CloseNow() })
+	return hc
+}
+
+// next is the client's next message; the test fails if the socket closed or nothing came.
+func (hc *heldClient) next(t *testing.T, timeout time.Duration, what string) string {
+	t.Helper()
+	select {
+	case m := <-hc.msgs:
+		return m
+	case err := <-hc.done:
+		t.Fatalf("waiting for %s: the WebSocket ended: %v", what, err)
+	case <-time.After(timeout):
+		t.Fatalf("waiting for %s: nothing in %v", what, timeout)
+	}
+	return ""
+}
+
+// until reads messages until one contains want, and returns those read before it.
+func (hc *heldClient) until(t *testing.T, timeout time.Duration, want string) []string {
+	t.Helper()
+	var before []string
+	deadline := time.Now().Add(timeout)
+	for {
+		m := hc.next(t, time.Until(deadline), fmt.Sprintf("a message with %q (had %q)", want, before))
+		if strings.Contains(m, want) {
+			return before
+		}
+		before = append(before, m)
+	}
+}
+
+func (hc *heldClient) send(t *testing.T, text string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := hc.ws.Write(ctx, websocket.MessageText, []byte(text)); err != nil {
+		t.Fatalf("sending %q: %v", text, err)
+	}
+}
+
+func counter(t *testing.T, n *node, name string) uint64 {
+	t.Helper()
+	var st struct {
+		Counters map[string]uint64 `json:"counters"`
+	}
+	n.AdminJSON("GET", "/lchat/status", nil, 200, &st)
+	return st.Counters[name]
+}
+
+// TestHeldRoomAcrossBoxes is the chat room of the demo with held connections on three
+// boxes: tabs on two boxes, the room awake on the third. A post reaches every tab (the
+// instance's tag send goes through the peer API to the boxes holding them); the room's
+// box is killed; the next post wakes the room on a survivor and reaches the same tabs on
+// the same sockets.
+func TestHeldRoomAcrossBoxes(t *testing.T) {
+	c := newCluster(t)
+	c.kind = map[string]any{"env": map[string]string{"DEMO_HOLD_CONNECTIONS": "1"}}
+	a, b, cc := c.start(false), c.start(false), c.start(false)
+	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
+	host := hostOwnedBy(t, "room", b, a, b, cc)
+	c.createSpace(a, host)
+	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+	c.post(b, host, "before any tab")
+	if got := awakeOn(t, host, a, b, cc); len(got) != 1 || got[0] != b.self {
+		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
+	}
+
+	tabA := dialHeld(t, c, a, host, "/api/ws?after=0")
+	tabC := dialHeld(t, c, cc, host, "/api/ws?after=0")
+	for name, tab := range map[string]*heldClient{"tab on a": tabA, "tab on c": tabC} {
+		if m := tab.next(t, 10*time.Second, name+"'s backlog"); !strings.Contains(m, "before any tab") {
+			t.Fatalf("%s: first message %q, want the backlog", name, m)
+		}
+	}
+	if got := counter(t, a, "conns_open") + counter(t, cc, "conns_open"); got != 2 {
+		t.Fatalf("the entry boxes hold %d connections, want 2", got)
+	}
+	if got := counter(t, b, "conns_open"); got != 0 {
+		t.Fatalf("the room's box holds %d connections, want 0: the entry boxes hold them", got)
+	}
+
+	c.post(a, host, "while the room is on b")
+	for name, tab := range map[string]*heldClient{"tab on a": tabA, "tab on c": tabC} {
+		tab.until(t, 10*time.Second, "while the room is on b")
+		_ = name
+	}
+
+	waitSynced(t, b, host, time.Now())
+	b.Kill()
+	var code int
+	waitFor(t, deadAfter+30*time.Second, "a post after the kill", func() bool {
+		code, _, _ = c.do(a, "POST", host, "/api/messages", `{"author":"test","text":"after the kill"}`, nil)
+		return code == 201
+	}, func() string { return fmt.Sprintf("last status %d", code) })
+	for name, tab := range map[string]*heldClient{"tab on a": tabA, "tab on c": tabC} {
+		if skipped := tab.until(t, 20*time.Second, "after the kill"); len(skipped) > 0 {
+			t.Errorf("%s got %q before the post after the kill", name, skipped)
+		}
+	}
+	survivors := awakeOn(t, host, a, cc)
+	if len(survivors) != 1 {
+		t.Fatalf("after the kill %s awake on %v, want one survivor", host, survivors)
+	}
+	t.Logf("room moved from %s to %s; both tabs kept their sockets", b.self, survivors[0])
+}
+
+// buildConnApp builds tests/conns/connapp, the smallest instance that holds its
+// WebSockets and echoes each event with its sequence number.
+func buildConnApp(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "connapp")
+	cmd := exec.Command("go", "build", "-o", out, "../conns/connapp")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("building connapp: %v", err)
+	}
+	return out
+}
+
+// TestHeldEventsFollowTheSpace: a client holds a WebSocket at one box, its messages go
+// to the instance on another; that box is killed before any checkpoint holds what its
+// instance acknowledged; the survivor's instance gets the acknowledged message again,
+// marked as a redelivery with its sequence number, before the next one, on the same
+// socket.
+func TestHeldEventsFollowTheSpace(t *testing.T) {
+	c := newCluster(t)
+	c.kind = map[string]any{"command": buildConnApp(t), "args": []string{}, "ready_path": "/healthz", "isolation": "none", "network": "host",
+		"replication": map[string]any{"class": "sleep"}}
+	a, b, cc := c.start(false), c.start(false), c.start(false)
+	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
+	host := hostOwnedBy(t, "echo", b, a, b, cc)
+	c.createSpace(a, host)
+	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+
+	cl := dialHeld(t, c, a, host, "/ws")
+	hello := cl.next(t, 20*time.Second, "the welcome")
+	if got := awakeOn(t, host, a, b, cc); len(got) != 1 || got[0] != b.self {
+		t.Fatalf("%s awake on %v, want its owner %s", host, got, b.self)
+	}
+	cl.send(t, "one")
+	first := cl.next(t, 10*time.Second, "the echo of one")
+	pidB := strings.TrimPrefix(hello, "hello from ")
+	if want := "echo one from " + pidB + " seq 1"; first != want {
+		t.Fatalf("echo %q, want %q", first, want)
+	}
+	cl.send(t, "ping?")
+	if m := cl.next(t, 5*time.Second, "the auto-response"); m != "pong!" {
+		t.Fatalf("auto-response %q, want pong!", m)
+	}
+	cl.send(t, "broadcast to all")
+	if m := cl.next(t, 10*time.Second, "the broadcast"); m != "to all" {
+		t.Fatalf("broadcast %q, want %q", m, "to all")
+	}
+
+	b.Kill()
+	cl.send(t, "two")
+	got := []string{cl.next(t, deadAfter+40*time.Second, "the redelivery of one"), cl.next(t, 10*time.Second, "the echo of two")}
+	var pid string
+	if _, err := fmt.Sscanf(got[0], "echo one from %s seq 1 redelivered", &pid); err != nil || pid == pidB {
+		t.Fatalf("after the kill, first %q: want one again, redelivered, from a new instance", got[0])
+	}
+	// "broadcast to all" (seq 2) was acknowledged at b too: it is delivered again, and
+	// its answer is the broadcast again.
+	rest := got[1:]
+	if got[1] == "to all" {
+		rest = []string{cl.next(t, 10*time.Second, "the echo of two")}
+	}
+	if want := "echo two from " + pid + " seq 3"; rest[0] != want {
+		t.Fatalf("after the kill, then %q, want %q", rest[0], want)
+	}
+	t.Logf("after the kill of %s the client got %q then %q on the same socket", b.self, got, rest)
+	if n := counter(t, a, "conn_events_replayed"); n == 0 {
+		t.Errorf("the entry box counts no replayed events")
+	}
+	var list []map[string]any
+	code, body, err := c.do(a, "GET", host, "/.lchat/ws/conns", "", nil)
+	if err != nil || code != 404 {
+		t.Errorf("a client's GET of the box's namespace through the mesh: %d %v, want 404", code, err)
+	}
+	_ = json.Unmarshal([]byte(body), &list)
+}
