@@ -56,7 +56,9 @@ type eventDoor struct {
 // stays pending.
 type errEventRefused struct{ ref box.Refusal }
 
-func (e errEventRefused) Error() string { return fmt.Sprintf("event refused (%d): %v", e.ref.Status, e.ref.Err) }
+func (e errEventRefused) Error() string {
+	return fmt.Sprintf("event refused (%d): %v", e.ref.Status, e.ref.Err)
+}
 
 func (d *eventDoor) Instance(use *engine.Use) error {
 	c, ev := d.c, d.ev
