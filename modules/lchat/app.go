@@ -270,11 +270,13 @@ type pooled struct {
 	conns *conns
 }
 
-// Destruct closes the held connections (1012), then drains and closes the box.
+// Destruct closes the held connections (1012), then drains and closes the box, telling
+// the boxes that hold connections of its spaces what the drain saved.
 func (p pooled) Destruct() error {
 	if p.conns != nil {
 		connsOf.Delete(p.Box)
 		p.conns.close()
+		defer p.conns.finish()
 	}
 	return p.Close()
 }

@@ -43,6 +43,7 @@ type conns struct {
 	relay  connhold.Relay
 	ptOnce sync.Once
 	pt     *box.PeerTransport
+	tells  sync.WaitGroup // notices being sent
 }
 
 // wakeSignal is a channel closed when host's space next finishes a wake here.
@@ -205,10 +206,23 @@ func (c *conns) client(socket string) *http.Client {
 	return cl
 }
 
+// finish stops hearing the engine, once the box has drained (its last sleeps are told
+// to the boxes holding their connections: connsmesh.go), and waits a little for those
+// notices to be sent.
+func (c *conns) finish() {
+	c.cancel()
+	done := make(chan struct{})
+	go func() { c.tells.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		c.log.Warn("some held-connection notices were not sent before the box closed; those boxes deliver the messages again")
+	}
+}
+
 // close ends every held connection with 1012 (the box is going away; clients reconnect
 // to another box) within a few seconds, and stops the hub.
 func (c *conns) close() {
-	c.cancel()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c.hub.Shutdown(ctx, connhold.CloseServiceRestart)

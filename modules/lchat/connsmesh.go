@@ -309,7 +309,7 @@ func (c *conns) tell(n connhold.Notice, entries []string) {
 		if entry == c.box.Self() || !ms.Box().IsLiveMember(entry) {
 			continue
 		}
-		safego.Go(nil, c.log, "held-connection notice", func() {
+		safego.Go(&c.tells, c.log, "held-connection notice", func() {
 			for attempt, wait := 0, 200*time.Millisecond; attempt < 4; attempt, wait = attempt+1, wait*2 {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				resp, err := ms.Client().Call(ctx, http.MethodPost, entry, mesh.PathConns+"notice",

@@ -2,7 +2,6 @@ package meshe2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/lchat/lchat-caddy/mesh"
 )
 
 // Held connections across boxes (docs/connections.md, "Across boxes"): the box a client
@@ -173,10 +174,19 @@ func buildConnApp(t *testing.T) string {
 func TestHeldEventsFollowTheSpace(t *testing.T) {
 	c := newCluster(t)
 	c.kind = map[string]any{"command": buildConnApp(t), "args": []string{}, "ready_path": "/healthz", "isolation": "none", "network": "host",
-		"replication": map[string]any{"class": "sleep"}}
+		"replication": map[string]any{"class": "sleep"}, "idle_timeout": "5s"}
 	a, b, cc := c.start(false), c.start(false), c.start(false)
 	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
-	host := hostOwnedBy(t, "echo", b, a, b, cc)
+	// Owned by b; once b is gone, by cc: the space moves away from the client's box twice.
+	var host string
+	for i := 0; host == ""; i++ {
+		h := fmt.Sprintf("echo%d.%s", i, meshDomain)
+		o3, _ := mesh.Owner(h, members(a, b, cc), "")
+		o2, _ := mesh.Owner(h, members(a, cc), "")
+		if o3.Self == b.self && o2.Self == cc.self {
+			host = h
+		}
+	}
 	c.createSpace(a, host)
 	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 
@@ -220,10 +230,58 @@ func TestHeldEventsFollowTheSpace(t *testing.T) {
 	if n := counter(t, a, "conn_events_replayed"); n == 0 {
 		t.Errorf("the entry box counts no replayed events")
 	}
-	var list []map[string]any
-	code, body, err := c.do(a, "GET", host, "/.lchat/ws/conns", "", nil)
-	if err != nil || code != 404 {
+	if code, _, err := c.do(a, "GET", host, "/.lchat/ws/conns", "", nil); err != nil || code != 404 {
 		t.Errorf("a client's GET of the box's namespace through the mesh: %d %v, want 404", code, err)
 	}
-	_ = json.Unmarshal([]byte(body), &list)
+
+	// The survivor that took the space over lets it sleep: the next message wakes it
+	// on its owner, cc. Then cc drains: its last checkpoint holds every message; the
+	// client's socket stays open and the next message reaches the instance on a. Whatever
+	// comes before an answer is a redelivery of an earlier message, never a new one.
+	waitFor(t, 30*time.Second, "the space asleep after its idle timeout", func() bool { return len(awakeOn(t, host, a, cc)) == 0 })
+	for i, step := range []struct {
+		text string
+		seq  int
+		on   *node
+	}{{"three", 4, cc}, {"four", 5, a}} {
+		if i == 1 {
+			if err := cc.Stop(); err != nil {
+				t.Fatalf("stopping %s: %v", cc.self, err)
+			}
+		}
+		cl.send(t, step.text)
+		before := cl.until(t, 30*time.Second, "echo "+step.text+" from ")
+		for _, m := range before {
+			if !strings.HasSuffix(m, " redelivered") && m != "to all" {
+				t.Errorf("before %s's answer, %q: not a redelivery", step.text, m)
+			}
+		}
+		up := []*node{a, cc}
+		if i == 1 {
+			up = []*node{a}
+		}
+		if got := awakeOn(t, host, up...); len(got) != 1 || got[0] != step.on.self {
+			t.Errorf("%s answered by an instance on %v, want %s", step.text, got, step.on.self)
+		}
+		t.Logf("%s: %d redeliveries before its answer", step.text, len(before))
+		if i == 1 && len(before) > 0 {
+			// The drained box told the client's box, before it exited, that its last
+			// checkpoint holds every message: nothing is delivered twice.
+			t.Errorf("after a graceful drain, %q delivered again", before)
+		}
+	}
+
+	// The client's own box drains: it closes the socket with 1012 (service restart), so
+	// the client comes back through another box.
+	if err := a.Stop(); err != nil {
+		t.Fatalf("stopping %s: %v", a.self, err)
+	}
+	select {
+	case err := <-cl.done:
+		if websocket.CloseStatus(err) != websocket.StatusServiceRestart {
+			t.Errorf("the entry box's drain ended the socket with %v, want 1012", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Errorf("the entry box stopped and the socket is still open")
+	}
 }
