@@ -218,7 +218,7 @@ func waitHTTP(probe func() error) error {
 func startChallSrv(t testing.TB, a *ACME, bin string) {
 	t.Helper()
 	for try := 1; ; try++ {
-		mgmt, dnsAddr := FreeAddr(t, "127.0.0.1"), FreeAddr(t, "127.0.0.1")
+		mgmt, dnsAddr := FreeAddr(t, "127.0.0.1"), freeAddrTCP(t, "127.0.0.1")
 		a.ChallSrvURL, a.ChallSrvDNS = "http://"+mgmt, dnsAddr
 		logStart := logSize(a.ChallSrvLog)
 		stop, err := startProcess(a.ChallSrvLog, nil, bin,

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // takePort binds ip:port the way any other process handed that port would: a plain
@@ -139,5 +140,70 @@ func mustAnswer(t *testing.T, url string) {
 	resp.Body.Close()
 	if got := fmt.Sprintf("%d %s", resp.StatusCode, body); got != "200 up" {
 		t.Fatalf("GET %s: %s, want 200 up", url, got)
+	}
+}
+
+// A box's HTTP/3 listener binds the UDP port of its HTTPS address. FreePort holds that UDP
+// port too: another program's bind fails, the kernel hands it to no bind on port 0, and a
+// server that binds it as Caddy does (SO_REUSEPORT), on one address or on all, binds beside
+// the reservation and receives every datagram sent to it.
+func TestFreePortHoldsUDPForHTTP3(t *testing.T) {
+	port, _ := strconv.Atoi(FreePort(t, "127.0.0.1"))
+	if pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+		pc.Close()
+		t.Fatalf("another program bound UDP %d while it was reserved", port)
+	}
+	for range 2000 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := pc.LocalAddr().(*net.UDPAddr).Port
+		pc.Close()
+		if got == port {
+			t.Fatalf("the kernel handed out the reserved UDP port %d", port)
+		}
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, soReusePort, 1) })
+		return serr
+	}}
+	for _, addr := range []string{fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf(":%d", port)} {
+		pc, err := lc.ListenPacket(t.Context(), "udp", addr)
+		if err != nil {
+			t.Fatalf("a server with SO_REUSEPORT could not bind %s: %v", addr, err)
+		}
+		const n = 200
+		got := make(chan int)
+		go func() {
+			buf, c := make([]byte, 16), 0
+			for c < n {
+				if _, _, err := pc.ReadFrom(buf); err != nil {
+					break
+				}
+				c++
+			}
+			got <- c
+		}()
+		for range n {
+			c, err := net.Dial("udp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Write([]byte("x"))
+			c.Close()
+		}
+		// Every datagram reaches the server; one the reservation took would leave it waiting.
+		go func() { <-t.Context().Done(); pc.Close() }()
+		select {
+		case c := <-got:
+			if c != n {
+				t.Fatalf("the server on %s got %d of %d datagrams", addr, c, n)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the server on %s did not get every datagram: the reservation took some", addr)
+		}
+		pc.Close()
 	}
 }
