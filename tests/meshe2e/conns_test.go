@@ -285,3 +285,59 @@ func TestHeldEventsFollowTheSpace(t *testing.T) {
 		t.Errorf("the entry box stopped and the socket is still open")
 	}
 }
+
+// TestHeldConnectionSurvivesARelocation: a client holds a WebSocket at a box in region
+// us; its space runs on another us box, then sleeps; the operator relocates it to eu. The
+// client's socket stays open and its next message is answered by the instance in eu, after
+// nothing but redeliveries.
+func TestHeldConnectionSurvivesARelocation(t *testing.T) {
+	c := newCluster(t)
+	c.kind = map[string]any{"command": buildConnApp(t), "args": []string{}, "ready_path": "/healthz", "isolation": "none",
+		"network": "host", "replication": map[string]any{"class": "sleep"}, "idle_timeout": "3s"}
+	c.env = []string{mesh.EnvRegion + "=us"}
+	a, b := c.start(false), c.start(false)
+	c.env = []string{mesh.EnvRegion + "=eu"}
+	eu := c.start(false)
+	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
+	host := hostOwnedBy(t, "rel", b, a, b)
+	a.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo", "home_region": "us"}, 201, nil)
+	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(eu, host) })
+
+	cl := dialHeld(t, c, a, host, "/ws")
+	hello := cl.next(t, 20*time.Second, "the welcome")
+	cl.send(t, "one")
+	if m, want := cl.next(t, 10*time.Second, "the echo of one"), "echo one from "+strings.TrimPrefix(hello, "hello from ")+" seq 1"; m != want {
+		t.Fatalf("echo %q, want %q", m, want)
+	}
+	if got := awakeOn(t, host, a, b, eu); len(got) != 1 || got[0] != b.self {
+		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
+	}
+	// A space is relocated while it sleeps; its client's socket stays open meanwhile.
+	waitFor(t, 20*time.Second, "the space asleep", func() bool { return len(awakeOn(t, host, a, b, eu)) == 0 })
+	if out, err := a.CLI("relocate", host, "--to", "eu"); err != nil {
+		t.Fatalf("relocate: %v\n%s", err, out)
+	}
+	waitFor(t, 10*time.Second, "every box sees the new home region", func() bool {
+		for _, n := range []*node{a, b, eu} {
+			var sum struct {
+				HomeRegion string `json:"home_region"`
+			}
+			n.AdminJSON("GET", "/lchat/routes/"+host, nil, 200, &sum)
+			if sum.HomeRegion != "eu" {
+				return false
+			}
+		}
+		return true
+	})
+	cl.send(t, "two")
+	before := cl.until(t, 30*time.Second, "echo two from ")
+	for _, m := range before {
+		if !strings.HasSuffix(m, " redelivered") {
+			t.Errorf("before two's answer, %q: not a redelivery", m)
+		}
+	}
+	if got := awakeOn(t, host, a, b, eu); len(got) != 1 || got[0] != eu.self {
+		t.Errorf("after the relocation two was answered with %s awake on %v, want %s", host, got, eu.self)
+	}
+	t.Logf("relocated with the socket held: %d redeliveries before two's answer", len(before))
+}
