@@ -119,11 +119,7 @@ func (c *Conn) deliverLoop() {
 			h.st.redelivered.Add(1)
 		}
 		h.st.delivered.Add(1)
-		var stamp uint64
-		ask := false
-		if reply.Mark == 0 {
-			stamp, ask = h.acked(c.space, c)
-		}
+		stamp, ask := h.acked(c.space, c)
 		c.mu.Lock()
 		m.acked, m.stamp, m.ackAt, m.at = true, stamp, time.Now(), reply.At
 		if reply.Mark != 0 {
@@ -136,7 +132,7 @@ func (c *Conn) deliverLoop() {
 			h.RemoteCovered(c.space, reply.At, reply.Covered)
 		}
 		if ask && h.NeedCheckpoint != nil {
-			h.NeedCheckpoint(c.space)
+			h.NeedCheckpoint(c.space, reply.At)
 		}
 	}
 }

@@ -29,8 +29,10 @@ type Hub struct {
 
 	// NeedCheckpoint, when set, is called (from a delivery goroutine) when a space's
 	// acknowledged messages awaiting a checkpoint pass half a connection's pending caps, so
-	// the glue can take a checkpoint before the caps close connections. Set before use.
-	NeedCheckpoint func(space string)
+	// the glue can take a checkpoint before the caps close connections: of the instance at
+	// names, which acknowledged the last of them (on this box, or on another: relay.go).
+	// Set before use.
+	NeedCheckpoint func(space string, at At)
 
 	pendingBytes atomic.Int64 // every connection's pending bytes
 	outBytes     atomic.Int64 // every connection's queued outbound bytes

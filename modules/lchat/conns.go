@@ -80,10 +80,14 @@ func newConns(b *box.Box, stateDir string, lim connhold.Limits, log *zap.Logger)
 	c.hub = hub
 	// Asked at most once per space until a checkpoint completes (connhold.Hub); off the
 	// delivery goroutine, which must not wait for a checkpoint that freezes the instance.
-	hub.NeedCheckpoint = func(space string) {
+	hub.NeedCheckpoint = func(space string, at connhold.At) {
 		safego.Go(nil, log, "checkpoint for held connections", func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
+			if at.Box != "" && at.Box != b.Self() {
+				c.askCheckpoint(ctx, space, at.Box) // connsmesh.go
+				return
+			}
 			b.Engine().CheckpointNow(ctx, space)
 		})
 	}

@@ -332,6 +332,22 @@ func (c *conns) tell(n connhold.Notice, entries []string) {
 	}
 }
 
+// askCheckpoint asks the box named peer for a checkpoint of space, whose instance there
+// acknowledged messages of connections held here that pile up (connhold.Hub's
+// NeedCheckpoint); the notice that follows its checkpoint frees them.
+func (c *conns) askCheckpoint(ctx context.Context, space, peer string) {
+	ms := c.box.Mesh()
+	if ms == nil || !ms.Box().IsLiveMember(peer) {
+		return
+	}
+	resp, err := ms.Client().Call(ctx, http.MethodPost, peer, mesh.PathConns+url.PathEscape(space)+"/checkpoint", nil, nil)
+	if err != nil {
+		c.log.Warn("asking a box for a checkpoint of held connections' messages", zap.String("host", space), zap.String("box", peer), zap.Error(err))
+		return
+	}
+	resp.Body.Close()
+}
+
 // notice applies a Notice a peer sent about this box's connections.
 func (c *conns) notice(n connhold.Notice) error {
 	at, err := connhold.ParseAt(n.At)
@@ -556,6 +572,19 @@ func (c *conns) servePeerConns(w http.ResponseWriter, r *http.Request) error {
 	host, err := url.PathUnescape(host)
 	if err != nil || mesh.NormalizeHost(host) != host {
 		return caddyhttp.Error(http.StatusBadRequest, errors.New("bad host in the path"))
+	}
+	if op == "checkpoint" {
+		if r.Method != http.MethodPost {
+			return caddyhttp.Error(http.StatusMethodNotAllowed, errors.New("POST a checkpoint request"))
+		}
+		// Off the request: the asking box does not wait for it (its notice will come).
+		safego.Go(nil, c.log, "checkpoint for another box's held connections", func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			c.box.Engine().CheckpointNow(ctx, host)
+		})
+		w.WriteHeader(http.StatusAccepted)
+		return nil
 	}
 	r2 := r.Clone(r.Context())
 	r2.URL.Path = "/.lchat/" + op
