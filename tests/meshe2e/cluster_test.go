@@ -50,6 +50,8 @@ type cluster struct {
 	kind map[string]any
 	// mesh adds options to the mesh block of boxes started from now on.
 	mesh map[string]any
+	// lchat adds options to the lchat app of boxes started from now on.
+	lchat map[string]any
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -89,13 +91,17 @@ func (c *cluster) boxConfig(n *node) string {
 	for k, v := range c.mesh {
 		meshOpts[k] = v
 	}
+	app := map[string]any{
+		"wake_scan_interval": "1s",
+		"mesh":               meshOpts,
+		"kinds":              map[string]any{"demo": harness.DemoKind(c.kindOpts())},
+	}
+	for k, v := range c.lchat {
+		app[k] = v
+	}
 	return harness.Config{
-		Listen: n.addr,
-		Lchat: map[string]any{
-			"wake_scan_interval": "1s",
-			"mesh":               meshOpts,
-			"kinds":              map[string]any{"demo": harness.DemoKind(c.kindOpts())},
-		},
+		Listen:      n.addr,
+		Lchat:       app,
 		MeshAPIHost: n.ip,
 		CertFile:    c.ca.CertFile,
 		KeyFile:     c.ca.KeyFile,

@@ -341,3 +341,32 @@ func TestHeldConnectionSurvivesARelocation(t *testing.T) {
 	}
 	t.Logf("relocated with the socket held: %d redeliveries before two's answer", len(before))
 }
+
+// TestRemoteBacklogIsCheckpointedNotClosed: a space that checkpoints only at sleep runs on
+// another box than its client's; the messages its instance acknowledged pile up at the
+// client's box until a checkpoint there holds them. The client's box asks the space's box
+// for a checkpoint (as it takes one itself for a local space), so a connection sending
+// three times its pending cap is never closed with 1013.
+func TestRemoteBacklogIsCheckpointedNotClosed(t *testing.T) {
+	c := newCluster(t)
+	c.kind = map[string]any{"command": buildConnApp(t), "args": []string{}, "ready_path": "/healthz", "isolation": "none",
+		"network": "host", "replication": map[string]any{"class": "sleep"}}
+	c.lchat = map[string]any{"connections": map[string]any{"max_pending": 16}}
+	a, b := c.start(false), c.start(false)
+	waitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	host := hostOwnedBy(t, "backlog", b, a, b)
+	c.createSpace(a, host)
+	waitFor(t, 5*time.Second, "the row on b", func() bool { return hasRoute(b, host) })
+	cl := dialHeld(t, c, a, host, "/ws")
+	cl.next(t, 20*time.Second, "the welcome")
+	for i := 1; i <= 48; i++ {
+		cl.send(t, fmt.Sprint(i))
+		if m := cl.next(t, 10*time.Second, fmt.Sprintf("the echo of %d (a 1013 would end the socket)", i)); !strings.HasPrefix(m, fmt.Sprintf("echo %d from ", i)) {
+			t.Fatalf("message %d: answer %q", i, m)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got := awakeOn(t, host, a, b); len(got) != 1 || got[0] != b.self {
+		t.Errorf("%s awake on %v, want %s (the test is about a space on another box)", host, got, b.self)
+	}
+}
