@@ -37,11 +37,15 @@ const (
 	// ReplayHeader, on a 409 answer to a forwarded event: the priors the box's instance is
 	// not, one value each. The event was not delivered.
 	ReplayHeader = "Lchat-Ws-Replay"
+	// ReopenHeader, on a forwarded request for server-sent events: the entry box reopens a
+	// resumable stream it holds; a box where the space is not awake answers 409 at once
+	// (a held stream never wakes its space).
+	ReopenHeader = "Lchat-Sse-Reopen"
 )
 
 // StripPeerHeaders removes the box-to-box headers from a client's request.
 func StripPeerHeaders(h map[string][]string) {
-	for _, k := range []string{EntryHeader, PriorHeader, AckAtHeader, AckMarkHeader, CoveredHeader, ReplayHeader} {
+	for _, k := range []string{EntryHeader, PriorHeader, AckAtHeader, AckMarkHeader, CoveredHeader, ReplayHeader, ReopenHeader} {
 		delete(h, k)
 	}
 }
@@ -204,6 +208,16 @@ func (r *Relay) Ended(space string, saved bool) (n Notice, entries []string, ok 
 		n.Gone = true
 	}
 	return n, s.entryList(), true
+}
+
+// Entries are the boxes holding connections of space's instance here.
+func (r *Relay) Entries(space string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.spaces[space]; s != nil {
+		return s.entryList()
+	}
+	return nil
 }
 
 func (s *relayed) entryList() []string {

@@ -44,9 +44,14 @@ type conns struct {
 	ptOnce sync.Once
 	pt     *box.PeerTransport
 	tells  sync.WaitGroup // notices being sent
+
+	announceMu sync.Mutex
+	announced  map[string]struct{} // hosts woken here since the last announcement
+	awakeAt    map[string]string   // by host: the peer that last announced it awake; guarded by mu
 }
 
-// wakeSignal is a channel closed when host's space next finishes a wake here.
+// wakeSignal is a channel closed when host's space next finishes a wake here, or a peer
+// announces that it woke there.
 func (c *conns) wakeSignal(host string) <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -97,6 +102,7 @@ func newConns(b *box.Box, stateDir string, lim connhold.Limits, log *zap.Logger)
 	safego.Go(nil, log, "conns exit watch", func() { c.watchExit(stop) })
 	if b.Mesh() != nil {
 		safego.Go(nil, log, "conns peer watch", func() { c.watchPeers(stop) })
+		safego.Go(nil, log, "conns wake announcements", func() { c.announceLoop(stop) })
 	}
 	return c, nil
 }
@@ -158,13 +164,19 @@ func (c *conns) observe(ev engine.Event) {
 		}
 	case engine.EventWake:
 		if ev.Err == "" {
-			c.mu.Lock()
-			if ch := c.wakes[ev.Host]; ch != nil {
-				close(ch)
-				delete(c.wakes, ev.Host)
-			}
-			c.mu.Unlock()
+			c.signalWake(ev.Host)
+			c.announce(ev.Host) // to the peers holding its streams (connsmesh.go)
 		}
+	}
+}
+
+// signalWake closes host's wake signal: its space is awake, here or (announced) at a peer.
+func (c *conns) signalWake(host string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch := c.wakes[host]; ch != nil {
+		close(ch)
+		delete(c.wakes, host)
 	}
 }
 

@@ -348,6 +348,77 @@ func (c *conns) askCheckpoint(ctx context.Context, space, peer string) {
 	resp.Body.Close()
 }
 
+// announceEvery is how often the hosts woken here are announced to the peers, which
+// reopen the event streams they hold for them (sse.go): wakes are batched into one call
+// per peer.
+const announceEvery = 200 * time.Millisecond
+
+// announce queues host, woken here, for the next announcement.
+func (c *conns) announce(host string) {
+	if c.box.Mesh() == nil {
+		return
+	}
+	c.announceMu.Lock()
+	if c.announced == nil {
+		c.announced = make(map[string]struct{})
+	}
+	c.announced[host] = struct{}{}
+	c.announceMu.Unlock()
+}
+
+// announcement is the body of POST PathConns+"awake".
+type announcement struct {
+	At    string   `json:"at"`
+	Hosts []string `json:"hosts"`
+}
+
+func (c *conns) announceLoop(stop <-chan struct{}) {
+	t := time.NewTicker(announceEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		c.announceMu.Lock()
+		hosts := make([]string, 0, len(c.announced))
+		for h := range c.announced {
+			hosts = append(hosts, h)
+		}
+		clear(c.announced)
+		c.announceMu.Unlock()
+		if len(hosts) == 0 {
+			continue
+		}
+		ms := c.box.Mesh()
+		body, _ := json.Marshal(announcement{At: c.box.Self(), Hosts: hosts})
+		for _, m := range ms.Membership().Live() {
+			if m.Self == c.box.Self() {
+				continue
+			}
+			safego.Go(nil, c.log, "wake announcement", func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				resp, err := ms.Client().Call(ctx, http.MethodPost, m.Self, mesh.PathConns+"awake",
+					http.Header{"Content-Type": {"application/json"}}, body)
+				if err != nil {
+					c.log.Debug("announcing wakes", zap.String("peer", m.Self), zap.Error(err))
+					return
+				}
+				resp.Body.Close()
+			})
+		}
+	}
+}
+
+// announcedAt is the peer that last announced host's space awake; "" when none did.
+func (c *conns) announcedAt(host string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.awakeAt[host]
+}
+
 // notice applies a Notice a peer sent about this box's connections.
 func (c *conns) notice(n connhold.Notice) error {
 	at, err := connhold.ParseAt(n.At)
@@ -454,7 +525,8 @@ func (f *fanoutControl) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// peers are the other live boxes.
+// peers are the other live boxes, and the boxes that hold connections of the space's
+// instance here (a box that has just joined holds them before every view lists it).
 func (f *fanoutControl) peers() []string {
 	ms := f.c.box.Mesh()
 	if ms == nil {
@@ -464,6 +536,11 @@ func (f *fanoutControl) peers() []string {
 	for _, m := range ms.Membership().Live() {
 		if m.Self != f.c.box.Self() {
 			out = append(out, m.Self)
+		}
+	}
+	for _, e := range f.c.relay.Entries(f.host) {
+		if e != f.c.box.Self() && !slices.Contains(out, e) {
+			out = append(out, e)
 		}
 	}
 	return out
@@ -494,7 +571,7 @@ func (f *fanoutControl) callPeers(r *http.Request, body []byte, peers []string) 
 			defer cancel()
 			resp, err := ms.Client().Call(ctx, r.Method, peer, path, hdr, body)
 			if err != nil {
-				f.c.log.Debug("a peer's part of a control call", zap.String("peer", peer), zap.Error(err))
+				f.c.log.Warn("a peer's part of a control call failed", zap.String("host", f.host), zap.String("peer", peer), zap.Error(err))
 				return
 			}
 			defer resp.Body.Close()
@@ -561,6 +638,34 @@ func (c *conns) servePeerConns(w http.ResponseWriter, r *http.Request) error {
 		}
 		if err := c.notice(n); err != nil {
 			return caddyhttp.Error(http.StatusBadRequest, err)
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	if rest == "awake" {
+		if r.Method != http.MethodPost {
+			return caddyhttp.Error(http.StatusMethodNotAllowed, errors.New("POST an announcement"))
+		}
+		var an announcement
+		if err := json.NewDecoder(io.LimitReader(r.Body, 4<<20)).Decode(&an); err != nil || an.At == "" {
+			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("announcement: %v", err))
+		}
+		if !c.box.Mesh().Box().IsLiveMember(an.At) {
+			return caddyhttp.Error(http.StatusBadRequest, errors.New("announcement from a box that is not a live member"))
+		}
+		for _, h := range an.Hosts {
+			if mesh.NormalizeHost(h) != h {
+				continue
+			}
+			// Where it is awake, for the streams held here (sse.go); not a holder
+			// hint for requests, which would go stale when the space sleeps there.
+			c.mu.Lock()
+			if c.awakeAt == nil {
+				c.awakeAt = make(map[string]string)
+			}
+			c.awakeAt[h] = an.At
+			c.mu.Unlock()
+			c.signalWake(h)
 		}
 		w.WriteHeader(http.StatusNoContent)
 		return nil

@@ -47,13 +47,20 @@ func (p *proxying) Forward(d mesh.Decision) (box.Forwarded, error) {
 	ms.C.Forwards.Add(1)
 	caddyhttp.SetVar(p.r.Context(), peerAddrVar, mesh.DialAddr(u))
 	fr := p.r.WithContext(box.WithPeer(p.r.Context(), box.Peer{Self: d.Peer, Hint: d.Hint, Hops: p.hops}))
-	if cs := p.h.app.conns; cs != nil && connhold.IsUpgrade(p.r) {
+	switch cs := p.h.app.conns; {
+	case cs != nil && connhold.IsUpgrade(p.r):
 		// The client's socket is held here if the instance opts in (connsmesh.go).
 		var held bool
 		if held, err = p.forwardUpgrade(fr, cs); held {
 			return box.Answered, err
 		}
-	} else {
+	case cs != nil && p.hops == 0 && connhold.AcceptsEventStream(p.r):
+		// A resumable stream is held here, whichever box runs the space (sse.go).
+		var res box.Forwarded
+		if res, err = p.forwardSSE(fr, cs); res == box.Answered {
+			return box.Answered, err
+		}
+	default:
 		err = p.h.meshProxy.ServeHTTP(p.w, fr, p.next)
 	}
 	if err == nil {

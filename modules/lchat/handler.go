@@ -115,6 +115,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// Only a peer names connections and entry boxes (connsmesh.go).
 		connhold.StripPeerHeaders(r.Header)
 		r.Header.Del(connhold.ConnIDHeader)
+	} else if r.Header.Get(connhold.ReopenHeader) != "" && !b.Engine().Awake(host) {
+		// A peer reopening an event stream it holds: never a wake (sse.go).
+		return caddyhttp.Error(http.StatusConflict, fmt.Errorf("space %s is not awake here", host))
 	}
 	p := &proxying{h: h, w: w, r: r, next: next, host: host, hops: hops}
 	return b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint}, p)
@@ -129,6 +132,9 @@ type proxying struct {
 	next caddyhttp.Handler
 	host string
 	hops int // forwards before this box
+	// sse, on a reopen of a resumable event stream this box holds (holdSSE), is the
+	// stream's writer: the request is one pass of it.
+	sse *sseWriter
 }
 
 // Live proxies to a live route's upstream.

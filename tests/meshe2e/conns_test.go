@@ -1,8 +1,10 @@
 package meshe2e
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,6 +109,8 @@ func TestHeldRoomAcrossBoxes(t *testing.T) {
 	a, b, cc := c.start(false), c.start(false), c.start(false)
 	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 	host := hostOwnedBy(t, "room", b, a, b, cc)
+	// The tab on c joins the room before b's view may list c: b reaches it all the same
+	// (it knows which boxes hold its instance's connections).
 	c.createSpace(a, host)
 	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 	c.post(b, host, "before any tab")
@@ -368,5 +372,105 @@ func TestRemoteBacklogIsCheckpointedNotClosed(t *testing.T) {
 	}
 	if got := awakeOn(t, host, a, b); len(got) != 1 || got[0] != b.self {
 		t.Errorf("%s awake on %v, want %s (the test is about a space on another box)", host, got, b.self)
+	}
+}
+
+// sseReader reads one server-sent event stream's lines into a channel.
+func sseLines(t *testing.T, c *cluster, entry *node, host, path string) (<-chan string, <-chan error) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "https://"+host+path, nil)
+	req.Header.Set("Accept", "text/event-stream")
+	cl := c.client(entry)
+	cl.Timeout = 0
+	resp, err := cl.Do(req)
+	if err != nil {
+		t.Fatalf("event stream via %s: %v", entry.self, err)
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("event stream via %s: %d", entry.self, resp.StatusCode)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	lines, done := make(chan string, 256), make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		done <- fmt.Errorf("the stream ended: %v", sc.Err())
+	}()
+	return lines, done
+}
+
+// nextData is the next "data:" line of the stream.
+func nextData(t *testing.T, lines <-chan string, done <-chan error, timeout time.Duration, what string) string {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case l := <-lines:
+			if d, ok := strings.CutPrefix(l, "data: "); ok {
+				return d
+			}
+		case err := <-done:
+			t.Fatalf("waiting for %s: %v", what, err)
+		case <-deadline:
+			t.Fatalf("waiting for %s: nothing in %v", what, timeout)
+		}
+	}
+}
+
+// TestHeldEventStreamAcrossBoxes: a resumable event stream entered at one box, its space
+// on another. The stream does not keep the space awake; the space's box is killed; when
+// the space next wakes, on a survivor, because of another client's request, the same
+// response goes on with the next event, reopened with Last-Event-ID. Then the space
+// sleeps and wakes on yet another box: the stream goes on again.
+func TestHeldEventStreamAcrossBoxes(t *testing.T) {
+	c := newCluster(t)
+	c.kind = map[string]any{"command": buildConnApp(t), "args": []string{}, "ready_path": "/healthz", "isolation": "none",
+		"network": "host", "replication": map[string]any{"class": "sleep"}, "idle_timeout": "3s"}
+	a, b, cc := c.start(false), c.start(false), c.start(false)
+	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
+	var host string
+	for i := 0; host == ""; i++ {
+		h := fmt.Sprintf("sse%d.%s", i, meshDomain)
+		o3, _ := mesh.Owner(h, members(a, b, cc), "")
+		o2, _ := mesh.Owner(h, members(a, cc), "")
+		if o3.Self == b.self && o2.Self == cc.self {
+			host = h
+		}
+	}
+	c.createSpace(a, host)
+	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+
+	lines, done := sseLines(t, c, a, host, "/events")
+	first := nextData(t, lines, done, 20*time.Second, "the first event")
+	if !strings.HasPrefix(first, "1 from ") || !strings.HasSuffix(first, `after ""`) {
+		t.Fatalf("first event %q", first)
+	}
+	if got := awakeOn(t, host, a, b, cc); len(got) != 1 || got[0] != b.self {
+		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
+	}
+	b.Kill()
+	// Another client wakes the space on a survivor (its owner now, cc, or the box that
+	// takes the dead box's lease first).
+	waitFor(t, deadAfter+30*time.Second, "a request after the kill", func() bool {
+		code, _, _ := c.do(cc, "GET", host, "/healthz", "", nil)
+		return code == 200
+	})
+	second := nextData(t, lines, done, 20*time.Second, "the event after the kill")
+	if !strings.HasPrefix(second, "2 from ") || !strings.HasSuffix(second, `after "1"`) {
+		t.Fatalf("after the kill, event %q: want 2, reopened after 1", second)
+	}
+	// The stream does not keep the space awake: it sleeps, then wakes on cc.
+	waitFor(t, 30*time.Second, "the space asleep", func() bool { return len(awakeOn(t, host, a, cc)) == 0 })
+	if code, _, err := c.do(a, "GET", host, "/healthz", "", nil); err != nil || code != 200 {
+		t.Fatalf("waking the space: %d %v", code, err)
+	}
+	third := nextData(t, lines, done, 20*time.Second, "the event after a sleep")
+	if !strings.HasPrefix(third, "3 from ") || !strings.HasSuffix(third, `after "2"`) {
+		t.Fatalf("after a sleep, event %q: want 3, reopened after 2", third)
+	}
+	if got := awakeOn(t, host, a, cc); len(got) != 1 || got[0] != cc.self {
+		t.Errorf("the third event came with %s awake on %v, want %s", host, got, cc.self)
 	}
 }
