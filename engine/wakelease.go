@@ -42,13 +42,18 @@ type pendingLease struct {
 	werr    error // the wake's error for the lease: a *LeaseHeldError or a *RetryError
 }
 
-// acquireLeaseAsync starts writing in's lease (spacestore.AcquireLease).
+// acquireLeaseAsync starts writing in's lease (spacestore.AcquireLeaseAfter: one write
+// when this box released it last).
 func (e *Engine) acquireLeaseAsync(in *inst) *pendingLease {
 	pl := &pendingLease{done: make(chan struct{}), err: errors.New("lease write did not finish")}
 	now := e.now()
+	in.mu.Lock()
+	released := in.releasedETag
+	in.releasedETag = "" // one try: whatever happens now, it is no longer the lease
+	in.mu.Unlock()
 	safego.Go(&e.wg, e.log, "lease", func() {
 		defer close(pl.done)
-		pl.etag, pl.err = spacestore.AcquireLease(e.ctx, e.cfg.Bucket, in.host, e.holder, now)
+		pl.etag, pl.err = spacestore.AcquireLeaseAfter(e.ctx, e.cfg.Bucket, in.host, e.holder, now, released)
 	})
 	return pl
 }

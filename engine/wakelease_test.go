@@ -152,3 +152,39 @@ func TestRefusedLeaseEvictsNobody(t *testing.T) {
 		t.Fatalf("the idle space is %s after a wake that was refused its lease, want awake", st)
 	}
 }
+
+// TestWakeAfterSleepTakesLeaseInOneRequest: a wake of a space this box put to sleep takes
+// the lease it released with one conditional write, not a failed create, a read and a
+// swap (on S3 each is a round trip of the wake).
+func TestWakeAfterSleepTakesLeaseInOneRequest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	e, c := forgetTestEngine(t)
+	ctx := context.Background()
+	sp := Space{Host: "lease-once.example.com", Kind: "app"}
+	u, err := e.Acquire(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Release()
+	if err := e.Sleep(ctx, sp.Host); err != nil {
+		t.Fatal(err)
+	}
+	var leaseOps atomic.Int32
+	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {
+		if strings.HasSuffix(key, "/lease") {
+			leaseOps.Add(1)
+		}
+		return nil
+	})
+	u, err = e.Acquire(ctx, sp)
+	c.SetFail(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Release()
+	if n := leaseOps.Load(); n != 1 {
+		t.Fatalf("the wake made %d lease requests, want 1", n)
+	}
+}
