@@ -189,7 +189,7 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 		in.mu.Unlock()
 		p, leave = nil, nil
 	}
-	kept, err := e.restoreAndFence(ctx, in, held, unsaved, &ph, phase, start, undo)
+	kept, err := e.restoreAndFence(ctx, in, pl, held, unsaved, &ph, phase, start, undo)
 	unsaved = unsaved && kept
 	if err != nil {
 		return unsaved, err
@@ -237,10 +237,10 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 // landed, and there are only as many of those as holders paused mid-checkpoint.
 const maxFenceTries = 3
 
-// restoreAndFence runs with in.op held and the lease taken or in flight (held waits for it
-// and returns its ETag): read the manifest, restore the data dir from it (or keep the
-// local one, below), start the instance (start), wait for the lease, and fence the
-// manifest (spacestore.Syncer.Fence), so that no earlier holder's pending
+// restoreAndFence runs with in.op held and the lease taken or in flight (pl; held waits
+// for it on the wake's goroutine): read the manifest, restore the data dir from it (or keep
+// the local one, below), start the instance (start) and, once the lease is held, beside
+// the start, fence the manifest (spacestore.Syncer.Fence), so that no earlier holder's pending
 // manifest write can land once this instance may acknowledge writes. A late write that
 // lands between the read and the fence makes the fence fail: its state is newer, so the
 // instance is ended (undo) and the manifest read and restored again. Every error return
@@ -249,7 +249,7 @@ const maxFenceTries = 3
 // With keepLocal (a wake from StateUnsaved) the local data dir is kept when nobody wrote
 // the manifest since this box last did: it is the newest state. kept reports that the data
 // dir was kept, not restored over.
-func (e *Engine) restoreAndFence(ctx context.Context, in *inst, held func() (string, error), keepLocal bool, ph *WakePhases, phase func(*time.Duration),
+func (e *Engine) restoreAndFence(ctx context.Context, in *inst, pl *pendingLease, held func() (string, error), keepLocal bool, ph *WakePhases, phase func(*time.Duration),
 	start func() error, undo func()) (kept bool, err error) {
 	log := in.logger()
 	_, lastETag := in.syncer.Manifest()
@@ -278,15 +278,19 @@ func (e *Engine) restoreAndFence(ctx context.Context, in *inst, held func() (str
 		if e.fenced.Load() {
 			return kept, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
+		// The fence is written as soon as the lease is held, while the instance starts;
+		// the syncer is the fence's until it ends, so every path waits for it.
+		fence := e.fenceAsync(ctx, in, pl)
 		if err := start(); err != nil {
+			<-fence
 			return kept, err
 		}
-		leaseETag, err := held()
-		if err != nil {
+		if _, err := held(); err != nil {
+			<-fence
 			undo() // refused: the instance ran on nothing this box may serve
 			return kept, err
 		}
-		err = in.syncer.Fence(ctx, spacestore.Claim{Holder: e.holder.ID, Incarnation: e.holder.Incarnation, Lease: leaseETag, At: e.now()})
+		err := <-fence
 		phase(&ph.Fence)
 		if err == nil {
 			return kept, nil

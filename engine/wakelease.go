@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -21,7 +22,8 @@ import (
 //     its lease first, as does every wake with Config.LeaseBeforeStart;
 //   - the instance may start, but nothing is proxied to it before the wake ends, and the
 //     wake ends only after the lease and then the fence are written (the fence carries the
-//     lease's ETag, so it cannot go first);
+//     lease's ETag, so it cannot go first; it is written the moment the lease is held,
+//     beside the start, fenceAsync);
 //   - a refused lease ends the instance and waits for it to exit before the wake returns.
 //     Whatever it changed in the data dir is not kept: the restore took the reuse record
 //     before it started (reuse.go), so the next wake restores in full;
@@ -83,3 +85,24 @@ func (e *Engine) leaseResult(in *inst, pl *pendingLease, onWait func()) error {
 	}
 	return pl.werr
 }
+
+// fenceAsync writes the fence (spacestore.Syncer.Fence, stamped with the lease) once pl
+// is held, and sends its error; a refused lease writes nothing (errNoLease). The caller
+// leaves the syncer to it until the answer arrives.
+func (e *Engine) fenceAsync(ctx context.Context, in *inst, pl *pendingLease) <-chan error {
+	ch := make(chan error, 1)
+	safego.Go(&e.wg, e.log, "fence", func() {
+		res := errors.New("fence write did not finish")
+		defer func() { ch <- res }()
+		<-pl.done
+		if pl.err != nil {
+			res = errNoLease
+			return
+		}
+		res = in.syncer.Fence(ctx, spacestore.Claim{Holder: e.holder.ID, Incarnation: e.holder.Incarnation, Lease: pl.etag, At: e.now()})
+	})
+	return ch
+}
+
+// errNoLease is a fence not written because the lease was refused.
+var errNoLease = errors.New("lease not held: fence not written")
