@@ -31,7 +31,8 @@ import (
 //     refused lease never puts another space to sleep (capacity.go).
 //
 // An app that acts outside its data dir as it starts (sends mail, calls a webhook) may so
-// act twice when two boxes race for one space; such a box sets LeaseBeforeStart.
+// act twice when two boxes race for one space (as it already could beside a lost fence);
+// Config.LeaseBeforeStart restores the old order for a whole box (no directive sets it yet).
 
 // pendingLease is a wake's lease write, in flight beside its restore and start. Its
 // fields are written by the lease goroutine before done closes; checked, etag and err
