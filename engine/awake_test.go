@@ -36,6 +36,15 @@ func TestMain(m *testing.M) {
 			}
 			os.WriteFile(filepath.Join(os.Getenv("LCHAT_DATA_DIR"), "child.pid"), []byte(strconv.Itoa(child.Process.Pid)), 0o600)
 		}
+		if os.Getenv("START_NOTE") == "1" {
+			// A change to the data dir before the first request, as an app's migration
+			// at start makes one.
+			f, err := os.OpenFile(filepath.Join(os.Getenv("LCHAT_DATA_DIR"), "notes.txt"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+			if err == nil {
+				fmt.Fprintf(f, "start %d\n", os.Getpid())
+				f.Close()
+			}
+		}
 		if ms, _ := strconv.Atoi(os.Getenv("START_DELAY_MS")); ms > 0 {
 			time.Sleep(time.Duration(ms) * time.Millisecond)
 		}

@@ -75,6 +75,33 @@ func (e *Engine) checkRoom(self *inst) error {
 	return newCapError()
 }
 
+// admitFree admits self under MaxAwake when there is room without sleeping anyone, and
+// reports whether it did. A wake whose lease is still in flight takes only such room: an
+// eviction waits until the lease is held (makeRoom), so a refused lease costs no other
+// space.
+func (e *Engine) admitFree(self *inst) bool {
+	if e.cfg.MaxAwake <= 0 {
+		return true
+	}
+	e.capMu.Lock()
+	defer e.capMu.Unlock()
+	return e.admitLocked(self)
+}
+
+// admitLocked admits self when the count leaves room. capMu is held.
+func (e *Engine) admitLocked(self *inst) bool {
+	n, _ := e.countAwakeCapHeld(self)
+	if n >= e.cfg.MaxAwake {
+		return false
+	}
+	self.mu.Lock()
+	if self.trans != nil {
+		self.trans.admitted = true
+	}
+	self.mu.Unlock()
+	return true
+}
+
 // makeRoom admits self under MaxAwake, sleeping least recently used idle spaces as
 // needed. When every awake space is in use it refuses.
 func (e *Engine) makeRoom(self *inst) error {
@@ -83,16 +110,11 @@ func (e *Engine) makeRoom(self *inst) error {
 	}
 	for {
 		e.capMu.Lock()
-		n, victim := e.countAwakeCapHeld(self)
-		if n < e.cfg.MaxAwake {
-			self.mu.Lock()
-			if self.trans != nil {
-				self.trans.admitted = true
-			}
-			self.mu.Unlock()
+		if e.admitLocked(self) {
 			e.capMu.Unlock()
 			return nil
 		}
+		_, victim := e.countAwakeCapHeld(self)
 		e.capMu.Unlock()
 		if victim == nil {
 			e.c.capRefusals.Add(1)

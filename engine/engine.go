@@ -153,7 +153,12 @@ type Config struct {
 	// answer), admitted in the order of their first requests (startgate.go). Default
 	// twice the CPUs this process may use.
 	MaxStarting int
-	Logger      *zap.Logger
+	// LeaseBeforeStart has every wake hold its lease before it restores the data dir and
+	// starts the instance. Default false: the lease is written while they run and held
+	// before anything is proxied (wakelease.go); the figures (tests/wake) set it to
+	// measure the difference side by side.
+	LeaseBeforeStart bool
+	Logger           *zap.Logger
 }
 
 // errFencedNoWrite is why a fenced box writes nothing.

@@ -13,7 +13,7 @@ import (
 )
 
 // TestInstanceStartsWhileTheFenceIsInFlight: the wake's instance runs while its fence is
-// written (the fence does not wait in front of the start), and when that fence finds a
+// written (the start does not wait for the fence), and when that fence finds a
 // newer manifest (another writer's late write landed first) the instance is ended, the
 // newer state restored and a new instance started on it before anything is proxied.
 func TestInstanceStartsWhileTheFenceIsInFlight(t *testing.T) {
@@ -40,10 +40,15 @@ func TestInstanceStartsWhileTheFenceIsInFlight(t *testing.T) {
 		if op != membucket.OpPut || !strings.HasSuffix(key, "/manifest") || stateOf(e.lookup(sp.Host)) != StateWaking {
 			return nil
 		}
+		// The fence write waits for the instance to run: a wake that fences before
+		// it starts the instance never gets there.
 		in := e.lookup(sp.Host)
-		in.mu.Lock()
-		p := in.proc
-		in.mu.Unlock()
+		var p *proc
+		for deadline := time.Now().Add(20 * time.Second); p == nil && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			in.mu.Lock()
+			p = in.proc
+			in.mu.Unlock()
+		}
 		running <- p != nil && !p.done()
 		if fences.Add(1) == 1 {
 			if p != nil {

@@ -55,6 +55,10 @@ type inst struct {
 	trans     *transition // non-nil while waking or sleeping
 	proc      *proc
 	leaseETag string // "" when this box does not hold the lease
+	// releasedETag is the ETag of the lease as this box last released it (""
+	// unknown): the next wake takes it with one write while nobody wrote it since
+	// (spacestore.AcquireLeaseAfter).
+	releasedETag string
 	// unreachableGen is the awake period last reported unreachable (Use.Unreachable), so
 	// a period's many failing requests put it to sleep once.
 	unreachableGen uint64

@@ -353,7 +353,11 @@ func (e *Engine) releaseLease(in *inst) {
 	// Release even when the caller's context is ending (drain): a bounded write of our own.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 30*time.Second)
 	defer cancel()
-	if err := spacestore.ReleaseLease(ctx, e.cfg.Bucket, in.host, etag, e.holder, e.now()); err != nil {
+	released, err := spacestore.ReleaseLease(ctx, e.cfg.Bucket, in.host, etag, e.holder, e.now())
+	if err != nil {
 		in.logger().Warn("releasing lease", zap.Error(err))
 	}
+	in.mu.Lock()
+	in.releasedETag = released
+	in.mu.Unlock()
 }

@@ -52,7 +52,8 @@ func (e *Engine) runWake(in *inst, t *transition) {
 	in.op.Unlock()
 }
 
-// wake runs with in.op held: make room, lease, restore, fence, start, await readiness.
+// wake runs with in.op held: make room; lease, beside restore and start; fence; await
+// readiness.
 // from is the state the wake started from. unsaved reports, for a failed wake from
 // StateUnsaved, that the data dir still holds state the bucket lacks (nothing was restored
 // over it): the lease is kept then, as it was before the wake. ticket orders the start
@@ -73,12 +74,14 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 	}
 	unsaved = from == StateUnsaved
 
-	// Observers hear each phase's duration, for "why was that wake slow".
+	// Observers hear each phase's duration, for "why was that wake slow". The phases
+	// partition the wake's time: one that overlaps an earlier one (the lease beside the
+	// restore and start, the fence beside the start) counts what remained of it.
 	var ph WakePhases
 	mark := e.now()
 	phase := func(d *time.Duration) {
 		now := e.now()
-		*d, mark = now.Sub(mark), now
+		*d, mark = *d+now.Sub(mark), now
 	}
 	defer func() {
 		ev := Event{Type: EventWake, Host: in.host, Phases: ph}
@@ -91,24 +94,32 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 		e.emit(ev)
 	}()
 
-	etag, err := spacestore.AcquireLease(ctx, e.cfg.Bucket, in.host, e.holder, e.now())
-	phase(&ph.Lease)
-	var held *spacestore.LeaseHeldError
-	if errors.As(err, &held) {
-		e.c.leaseConflicts.Add(1)
-		return false, &LeaseHeldError{Holder: held.Holder}
+	// The lease is written while the data dir is restored and the instance started
+	// (wakelease.go says why that is safe); the fence waits for it, and so does every
+	// return. A wake from unsaved, or on a box with LeaseBeforeStart, holds it first.
+	pl := e.acquireLeaseAsync(in)
+	held := func() (string, error) {
+		err := e.leaseResult(in, pl, func() { phase(&ph.Lease) })
+		return pl.etag, err
 	}
-	if err != nil {
-		log.Error("acquiring lease", zap.Error(err))
-		return unsaved, &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
+	if unsaved || e.cfg.LeaseBeforeStart {
+		if _, err := held(); err != nil {
+			var lh *LeaseHeldError
+			return unsaved && !errors.As(err, &lh), err
+		}
 	}
-	in.mu.Lock()
-	in.leaseETag = etag
-	in.mu.Unlock()
-	// Any failure from here on gives the lease back (unless fenced: no writes then; or
-	// the data dir still holds unsaved state: the lease protects it).
+	// Any failure from here on gives the lease back once it is held (unless fenced: no
+	// writes then; or the data dir still holds unsaved state: the lease protects it). A
+	// refused lease is the wake's error, whatever else failed beside it.
 	defer func() {
-		if err != nil && !e.fenced.Load() && !unsaved {
+		if err == nil {
+			return
+		}
+		if _, lerr := held(); lerr != nil {
+			err = lerr
+			return
+		}
+		if !e.fenced.Load() && !unsaved {
 			e.releaseLease(in)
 		}
 	}()
@@ -123,11 +134,12 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 		log.Error("attaching the space's disk", zap.Error(err))
 		return unsaved, &RetryError{After: 5 * time.Second, Reason: "disk unavailable"}
 	}
-	// The instance starts once its state is restored, while the fence's conditional PUT is
-	// in flight: it is proxied nothing before the wake ends, so it acknowledges no write
-	// the fence has not made safe, and a fence that finds a newer manifest ends it before
-	// restoring again. The start waits for a start slot (startGate), held until the
-	// instance first answers; that wait counts in the start phase.
+	// The instance starts once its state is restored, while the lease (when not held yet)
+	// and then the fence's conditional PUT are in flight: it is proxied nothing before the
+	// wake ends, so it acknowledges no write the lease and fence have not made safe, and
+	// a refused lease or a fence that finds a newer manifest ends it first. The start
+	// waits for a start slot (startGate), held until the instance first answers; that
+	// wait counts in the start phase.
 	var (
 		p     *proc
 		leave func()
@@ -135,8 +147,15 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 	)
 	start := func() error {
 		if !room {
-			if err := e.makeRoom(in); err != nil {
-				return err
+			if !e.admitFree(in) {
+				// Room here means sleeping another space: only for a wake that holds
+				// its lease.
+				if _, err := held(); err != nil {
+					return err
+				}
+				if err := e.makeRoom(in); err != nil {
+					return err
+				}
 			}
 			room = true
 		}
@@ -170,7 +189,7 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 		in.mu.Unlock()
 		p, leave = nil, nil
 	}
-	kept, err := e.restoreAndFence(ctx, in, etag, unsaved, &ph, phase, start, undo)
+	kept, err := e.restoreAndFence(ctx, in, pl, held, unsaved, &ph, phase, start, undo)
 	unsaved = unsaved && kept
 	if err != nil {
 		return unsaved, err
@@ -218,9 +237,10 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 // landed, and there are only as many of those as holders paused mid-checkpoint.
 const maxFenceTries = 3
 
-// restoreAndFence runs with in.op held and the lease taken (leaseETag): read the manifest,
-// restore the data dir from it (or keep the local one, below), start the instance (start)
-// and fence the manifest (spacestore.Syncer.Fence), so that no earlier holder's pending
+// restoreAndFence runs with in.op held and the lease taken or in flight (pl; held waits
+// for it on the wake's goroutine): read the manifest, restore the data dir from it (or keep
+// the local one, below), start the instance (start) and, once the lease is held, beside
+// the start, fence the manifest (spacestore.Syncer.Fence), so that no earlier holder's pending
 // manifest write can land once this instance may acknowledge writes. A late write that
 // lands between the read and the fence makes the fence fail: its state is newer, so the
 // instance is ended (undo) and the manifest read and restored again. Every error return
@@ -229,7 +249,7 @@ const maxFenceTries = 3
 // With keepLocal (a wake from StateUnsaved) the local data dir is kept when nobody wrote
 // the manifest since this box last did: it is the newest state. kept reports that the data
 // dir was kept, not restored over.
-func (e *Engine) restoreAndFence(ctx context.Context, in *inst, leaseETag string, keepLocal bool, ph *WakePhases, phase func(*time.Duration),
+func (e *Engine) restoreAndFence(ctx context.Context, in *inst, pl *pendingLease, held func() (string, error), keepLocal bool, ph *WakePhases, phase func(*time.Duration),
 	start func() error, undo func()) (kept bool, err error) {
 	log := in.logger()
 	_, lastETag := in.syncer.Manifest()
@@ -258,10 +278,19 @@ func (e *Engine) restoreAndFence(ctx context.Context, in *inst, leaseETag string
 		if e.fenced.Load() {
 			return kept, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
+		// The fence is written as soon as the lease is held, while the instance starts;
+		// the syncer is the fence's until it ends, so every path waits for it.
+		fence := e.fenceAsync(ctx, in, pl)
 		if err := start(); err != nil {
+			<-fence
 			return kept, err
 		}
-		err := in.syncer.Fence(ctx, spacestore.Claim{Holder: e.holder.ID, Incarnation: e.holder.Incarnation, Lease: leaseETag, At: e.now()})
+		if _, err := held(); err != nil {
+			<-fence
+			undo() // refused: the instance ran on nothing this box may serve
+			return kept, err
+		}
+		err := <-fence
 		phase(&ph.Fence)
 		if err == nil {
 			return kept, nil

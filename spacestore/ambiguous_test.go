@@ -110,7 +110,7 @@ func TestLeaseReleaseWithLostAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 		lb.armed.Store(1)
-		if err := ReleaseLease(ctx, lb, "l.test", etag, h, time.Now()); err != nil {
+		if _, err := ReleaseLease(ctx, lb, "l.test", etag, h, time.Now()); err != nil {
 			t.Fatalf("release whose answer was lost: %v, want success", err)
 		}
 		if l, _, _ := ReadLease(ctx, b, "l.test"); !l.Released {

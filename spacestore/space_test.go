@@ -15,6 +15,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -64,10 +65,10 @@ func TestLeaseRules(t *testing.T) {
 		if err != nil {
 			t.Fatalf("re-acquire by same incarnation: %v", err)
 		}
-		if err := ReleaseLease(ctx, b, "x.test", etagA, a, now); !errors.Is(err, ErrLeaseLost) {
+		if _, err := ReleaseLease(ctx, b, "x.test", etagA, a, now); !errors.Is(err, ErrLeaseLost) {
 			t.Fatalf("release with a stale etag = %v, want ErrLeaseLost", err)
 		}
-		if err := ReleaseLease(ctx, b, "x.test", etagA2, a, now); err != nil {
+		if _, err := ReleaseLease(ctx, b, "x.test", etagA2, a, now); err != nil {
 			t.Fatalf("release: %v", err)
 		}
 		l, _, err := ReadLease(ctx, b, "x.test")
@@ -636,4 +637,64 @@ func TestCheckpointRefusesAnUnknownMode(t *testing.T) {
 	if m, _, err := ReadManifest(context.Background(), b, s.Host); err != nil || m != nil {
 		t.Fatalf("manifest after a refused checkpoint: %v, %v", m, err)
 	}
+}
+
+// TestAcquireLeaseAfterOwnRelease: a box that released the lease takes it back with one
+// request while nobody wrote it since; when another box wrote it meanwhile the kept ETag
+// is stale and the lease rules decide as for AcquireLease (a live holder keeps it; a
+// released lease is taken).
+func TestAcquireLeaseAfterOwnRelease(t *testing.T) {
+	forEachBucket(t, func(t *testing.T, raw bucket.Bucket) {
+		ctx := context.Background()
+		now := time.Now()
+		live := map[string]bool{"https://a|1": true, "https://b|1": true}
+		liveFn := func(h, i string) bool { return live[h+"|"+i] }
+		a := Holder{ID: "https://a", Incarnation: "1", Live: liveFn}
+		bb := Holder{ID: "https://b", Incarnation: "1", Live: liveFn}
+		b := membucket.NewCounting(raw)
+
+		etag, err := AcquireLease(ctx, b, "r.test", a, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		released, err := ReleaseLease(ctx, b, "r.test", etag, a, now)
+		if err != nil || released == "" {
+			t.Fatalf("release: %q, %v", released, err)
+		}
+		b.Reset()
+		etag, err = AcquireLeaseAfter(ctx, b, "r.test", a, now.Add(time.Second), released)
+		if err != nil {
+			t.Fatalf("acquire after own release: %v", err)
+		}
+		if n := b.Total(); n != 1 {
+			t.Fatalf("acquire after own release took %d requests (%v), want 1", n, b.Counts())
+		}
+		if l, cur, _ := ReadLease(ctx, b, "r.test"); cur != etag || l.Released || l.Holder != a.ID {
+			t.Fatalf("lease %+v (%s), want held by a (%s)", l, cur, etag)
+		}
+		released, err = ReleaseLease(ctx, b, "r.test", etag, a, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		// b takes it meanwhile: a's kept ETag is stale, and b is live.
+		etagB, err := AcquireLease(ctx, b, "r.test", bb, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var held *LeaseHeldError
+		if _, err := AcquireLeaseAfter(ctx, b, "r.test", a, now, released); !errors.As(err, &held) || held.Holder != bb.ID {
+			t.Fatalf("acquire with a stale kept ETag while b holds it: %v, want LeaseHeldError from b", err)
+		}
+		// b releases: the stale ETag still gets a the lease, through the lease rules.
+		if _, err := ReleaseLease(ctx, b, "r.test", etagB, bb, now); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := AcquireLeaseAfter(ctx, b, "r.test", a, now, released); err != nil {
+			t.Fatalf("acquire with a stale kept ETag of a released lease: %v", err)
+		}
+		if l, _, _ := ReadLease(ctx, b, "r.test"); l.Released || l.Holder != a.ID {
+			t.Fatalf("lease %+v, want held by a", l)
+		}
+	})
 }

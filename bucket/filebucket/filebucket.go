@@ -276,10 +276,17 @@ func (c ctxReader) Read(p []byte) (int, error) {
 }
 
 // Put streams body into a temporary file, syncs it, then under the key's lock checks
-// cond and renames the file into place. The body is never held in memory.
+// cond and renames the file into place. The body is never held in memory. A conditional
+// write is checked once before all that too: one that already fails costs no temporary
+// file and no sync (the answer is the key's state while Put ran, as S3's is).
 func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, size int64, cond bucket.Cond) (bucket.Info, error) {
 	rel, path, err := b.full(key)
 	if err != nil {
+		return bucket.Info{}, err
+	}
+	if err := b.checkCond(key, path, cond); errors.Is(err, bucket.ErrPreconditionFailed) {
+		// Without the lock: a failed precondition seen is one, and one that passes
+		// here is checked again under the lock below.
 		return bucket.Info{}, err
 	}
 	tmp, err := os.CreateTemp(b.tmpDir(), "put-*")
@@ -326,7 +333,7 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, size int64
 		return bucket.Info{}, err
 	}
 	defer unlock()
-	if err := b.checkLocked(key, path, cond); err != nil {
+	if err := b.checkCond(key, path, cond); err != nil {
 		return bucket.Info{}, err
 	}
 	if err := b.publishLocked(key, tmp.Name(), path); err != nil {
@@ -336,8 +343,9 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, size int64
 	return bucket.Info{Key: key, Size: n, ETag: etag, LastModified: fi.ModTime()}, nil
 }
 
-// checkLocked evaluates cond against the key's current state. The key's lock is held.
-func (b *Bucket) checkLocked(key, path string, cond bucket.Cond) error {
+// checkCond evaluates cond against the key's current state. Writes and deletes hold the
+// key's lock around it and their rename or remove, so the answer holds for that.
+func (b *Bucket) checkCond(key, path string, cond bucket.Cond) error {
 	if !cond.IfNoneMatch && cond.IfMatch == "" {
 		return nil
 	}
@@ -436,7 +444,7 @@ func (b *Bucket) Delete(ctx context.Context, key string, cond bucket.Cond) error
 		return err
 	}
 	defer unlock()
-	if err := b.checkLocked(key, path, bucket.Cond{IfMatch: cond.IfMatch}); err != nil {
+	if err := b.checkCond(key, path, bucket.Cond{IfMatch: cond.IfMatch}); err != nil {
 		return err
 	}
 	if fi, err := os.Lstat(path); err == nil && fi.IsDir() {

@@ -1,6 +1,9 @@
 package filebucket_test
 
 import (
+	"context"
+	"errors"
+	"io"
 	"io/fs"
 	"path/filepath"
 	"strings"
@@ -83,5 +86,44 @@ func TestOwnerOnly(t *testing.T) {
 	}
 	if n < 10 {
 		t.Fatalf("walked only %d paths", n)
+	}
+}
+
+// countingReader counts the bytes read from it.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+// TestFailingConditionalPutCostsNoWrite: a conditional write whose precondition already
+// fails is refused before its body is read (no temporary file, no sync: a wake's lease
+// create on a released lease, or a swap that lost, costs no disk flush).
+func TestFailingConditionalPutCostsNoWrite(t *testing.T) {
+	b, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	info, err := b.Put(ctx, "k", strings.NewReader("v1"), 2, bucket.Cond{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cond := range []bucket.Cond{{IfNoneMatch: true}, {IfMatch: `"0123"`}} {
+		body := &countingReader{r: strings.NewReader("v2")}
+		if _, err := b.Put(ctx, "k", body, 2, cond); !errors.Is(err, bucket.ErrPreconditionFailed) {
+			t.Fatalf("%+v: %v, want ErrPreconditionFailed", cond, err)
+		}
+		if body.n != 0 {
+			t.Fatalf("%+v: the refused write read %d bytes of its body", cond, body.n)
+		}
+	}
+	if _, err := b.Put(ctx, "k", strings.NewReader("v2"), 2, bucket.Cond{IfMatch: info.ETag}); err != nil {
+		t.Fatalf("a swap that holds: %v", err)
 	}
 }

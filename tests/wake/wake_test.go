@@ -139,7 +139,7 @@ func stateDir(t *testing.T) string {
 // newEngine is an engine over a bucket of the kind named (file: a directory, every
 // write fsynced, as `lchat-caddy dev` keeps it; mem: in memory, so the figures are the
 // engine's and the processes').
-func newEngine(t *testing.T, bucketKind string, kinds map[string]engine.Kind) *engine.Engine {
+func newEngine(t *testing.T, bucketKind string, kinds map[string]engine.Kind, mod ...func(*engine.Config)) *engine.Engine {
 	t.Helper()
 	dir := stateDir(t)
 	var b bucket.Bucket = membucket.New()
@@ -150,8 +150,12 @@ func newEngine(t *testing.T, bucketKind string, kinds map[string]engine.Kind) *e
 		}
 		b = fb
 	}
-	e, err := engine.New(engine.Config{Bucket: b, StateDir: filepath.Join(dir, "s"), Holder: "box", Incarnation: "1", Kinds: kinds,
-		MaxStarting: envInt("LCHAT_WAKE_MAX_STARTING", 0), PageReader: harness.PageReader(t)})
+	cfg := engine.Config{Bucket: b, StateDir: filepath.Join(dir, "s"), Holder: "box", Incarnation: "1", Kinds: kinds,
+		MaxStarting: envInt("LCHAT_WAKE_MAX_STARTING", 0), PageReader: harness.PageReader(t)}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	e, err := engine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,32 +214,44 @@ func TestWakeFigures(t *testing.T) {
 		"polling": demoKind(demo, nil, false),
 		"before":  demoKind(big, []string{"demo-space"}, false),
 	})
+	// The same socket-activated kind on a box whose wakes hold the lease before they
+	// restore and start (as before the lease overlapped the start), for the side-by-side.
+	serial := newEngine(t, bk, map[string]engine.Kind{"serial": demoKind(demo, nil, true)},
+		func(c *engine.Config) { c.LeaseBeforeStart = true })
 	var phases = map[string]*engine.WakePhases{}
 	var phaseMu sync.Mutex
-	defer e.Observe(func(ev engine.Event) {
+	note := func(ev engine.Event) {
 		if ev.Type == engine.EventWake && ev.Err == "" {
 			phaseMu.Lock()
 			p := ev.Phases
 			phases[ev.Host] = &p
 			phaseMu.Unlock()
 		}
-	})()
+	}
+	defer e.Observe(note)()
+	defer serial.Observe(note)()
+	engineOf := func(k string) *engine.Engine {
+		if k == "serial" {
+			return serial
+		}
+		return e
+	}
 	type series struct {
 		name string
 		d    dist
 	}
-	var floor, floorNS, demoExec, overhead dist
+	var floor, floorNS, demoExec, overhead, overheadSerial dist
 	wakes := map[string]*dist{}
 	phaseSum := map[string][]engine.WakePhases{}
-	order := []string{"small", "alias", "polling", "before"}
+	order := []string{"small", "serial", "alias", "polling", "before"}
 	for _, k := range order {
 		wakes[k] = &dist{}
 		// The first wake of a space creates its database; the figures are of wakes of a
 		// space that has state.
-		if _, err := wakeToAnswer(e, engine.Space{Host: k + ".test", Kind: k}, "/"); err != nil {
+		if _, err := wakeToAnswer(engineOf(k), engine.Space{Host: k + ".test", Kind: k}, "/"); err != nil {
 			t.Fatalf("%s: first wake: %v", k, err)
 		}
-		if err := e.Sleep(context.Background(), k+".test"); err != nil {
+		if err := engineOf(k).Sleep(context.Background(), k+".test"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -250,20 +266,23 @@ func TestWakeFigures(t *testing.T) {
 		demoExec = append(demoExec, de)
 		for _, k := range order {
 			host := k + ".test"
-			d, err := wakeToAnswer(e, engine.Space{Host: host, Kind: k}, "/")
+			d, err := wakeToAnswer(engineOf(k), engine.Space{Host: host, Kind: k}, "/")
 			if err != nil {
 				t.Fatalf("%s wake: %v", k, err)
 			}
 			*wakes[k] = append(*wakes[k], d)
-			if k == "small" {
+			switch k {
+			case "small":
 				overhead = append(overhead, d-de)
+			case "serial":
+				overheadSerial = append(overheadSerial, d-de)
 			}
 			phaseMu.Lock()
 			if p := phases[host]; p != nil {
 				phaseSum[k] = append(phaseSum[k], *p)
 			}
 			phaseMu.Unlock()
-			if err := e.Sleep(ctx, host); err != nil {
+			if err := engineOf(k).Sleep(ctx, host); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -274,6 +293,7 @@ func TestWakeFigures(t *testing.T) {
 	fmt.Printf("  lchat-demo-space alone, exec to first answer (pid 1)  %s\n", demoExec)
 	names := map[string]string{
 		"small":   "demo room wake: lchat-demo-space, socket activation",
+		"serial":  "  the same, lease held before restore and start (old)",
 		"alias":   "demo room wake: lchat-caddy demo-space, socket act.",
 		"polling": "demo room wake: lchat-demo-space, polled readiness",
 		"before":  "demo room wake: lchat-caddy demo-space, polled (old)",
@@ -285,9 +305,10 @@ func TestWakeFigures(t *testing.T) {
 		for _, p := range phaseSum[k] {
 			le, re, fe, st = append(le, p.Lease), append(re, p.Restore), append(fe, p.Fence), append(st, p.Start)
 		}
-		fmt.Printf("      phases p50: lease %.2f  restore %.2f  fence %.2f  start %.2f ms\n", ms(le.q(.5)), ms(re.q(.5)), ms(fe.q(.5)), ms(st.q(.5)))
+		fmt.Printf("      phases p50: restore %.2f  start %.2f  lease %.2f  fence %.2f ms (each what remained beyond the ones before it)\n", ms(re.q(.5)), ms(st.q(.5)), ms(le.q(.5)), ms(fe.q(.5)))
 	}
-	fmt.Printf("  engine overhead (socket-activated wake minus the demo binary's own exec to answer, per round): p50 %.2f ms\n\n", ms(overhead.q(0.5)))
+	fmt.Printf("  engine overhead (socket-activated wake minus the demo binary's own exec to answer, per round): p50 %.2f ms; lease before start (old): p50 %.2f ms\n\n",
+		ms(overhead.q(0.5)), ms(overheadSerial.q(0.5)))
 }
 
 func cpuTime(who int) time.Duration {
