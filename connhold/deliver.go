@@ -1,6 +1,7 @@
 package connhold
 
 import (
+	"errors"
 	"slices"
 	"time"
 
@@ -98,9 +99,11 @@ func (c *Conn) deliverLoop() {
 				continue
 			}
 			h.st.deliveryErrors.Add(1)
-			c.mu.Lock()
-			m.redelivery = true
-			c.mu.Unlock()
+			if !errors.Is(err, ErrNotDelivered) {
+				c.mu.Lock()
+				m.redelivery = true
+				c.mu.Unlock()
+			}
 			attempts++
 			if attempts >= h.lim.MaxAttempts {
 				h.log.Warn("instance kept refusing a connection's event; closing it")

@@ -37,6 +37,9 @@ const (
 	// ReplayHeader, on a 409 answer to a forwarded event: the priors the box's instance is
 	// not, one value each. The event was not delivered.
 	ReplayHeader = "Lchat-Ws-Replay"
+	// RefusedHeader, on a non-2xx answer to a forwarded event: the box refused it before
+	// any instance saw it (not a redelivery when tried again).
+	RefusedHeader = "Lchat-Ws-Refused"
 	// ReopenHeader, on a forwarded request for server-sent events: the entry box reopens a
 	// resumable stream it holds; a box where the space is not awake answers 409 at once
 	// (a held stream never wakes its space).
@@ -45,7 +48,7 @@ const (
 
 // StripPeerHeaders removes the box-to-box headers from a client's request.
 func StripPeerHeaders(h map[string][]string) {
-	for _, k := range []string{EntryHeader, PriorHeader, AckAtHeader, AckMarkHeader, CoveredHeader, ReplayHeader, ReopenHeader} {
+	for _, k := range []string{EntryHeader, PriorHeader, AckAtHeader, AckMarkHeader, CoveredHeader, ReplayHeader, RefusedHeader, ReopenHeader} {
 		delete(h, k)
 	}
 }

@@ -176,6 +176,11 @@ func NewEventRequest(ctx context.Context, base string, ev Event) (*http.Request,
 // maxReplyBody bounds what the box reads of an answer.
 const maxReplyBody = 16 << 20
 
+// ErrNotDelivered, wrapped in a Deliverer's error, says no instance can have seen the
+// event (the box refused it, the instance's socket took no connection): its next delivery
+// is not marked as a redelivery.
+var ErrNotDelivered = errors.New("event not delivered")
+
 // ErrNotAcknowledged is a Deliverer's error for an answer that was not a 2xx.
 var ErrNotAcknowledged = errors.New("instance did not acknowledge the event")
 

@@ -60,6 +60,9 @@ func (e errEventRefused) Error() string {
 	return fmt.Sprintf("event refused (%d): %v", e.ref.Status, e.ref.Err)
 }
 
+// Is: a refused event reached no instance.
+func (e errEventRefused) Is(t error) bool { return t == connhold.ErrNotDelivered }
+
 func (d *eventDoor) Instance(use *engine.Use) error {
 	c, ev := d.c, d.ev
 	now := c.at(use)
@@ -72,6 +75,7 @@ func (d *eventDoor) Instance(use *engine.Use) error {
 	var ne *net.OpError
 	if errors.As(err, &ne) && ne.Op == "dial" {
 		use.Unreachable()
+		err = fmt.Errorf("%w: %w", connhold.ErrNotDelivered, err)
 	}
 	reply.At = now
 	d.reply, d.err = reply, err
@@ -138,7 +142,11 @@ func readForwardedAnswer(resp *http.Response) (connhold.Reply, error) {
 	}
 	if resp.StatusCode/100 != 2 {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return connhold.Reply{}, fmt.Errorf("%w: status %d from the peer", connhold.ErrNotAcknowledged, resp.StatusCode)
+		err := fmt.Errorf("%w: status %d from the peer", connhold.ErrNotAcknowledged, resp.StatusCode)
+		if resp.Header.Get(connhold.RefusedHeader) != "" {
+			err = fmt.Errorf("%w: %w", connhold.ErrNotDelivered, err)
+		}
+		return connhold.Reply{}, err
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxOpenAnswer+1))
 	if err != nil {

@@ -196,6 +196,16 @@ func (p *proxying) Instance(use *engine.Use) error {
 
 // Refuse answers ref, with Retry-After on a 503.
 func (p *proxying) Refuse(ref box.Refusal) error {
+	if p.hops > 0 && p.r.URL.Path == connhold.EventPath {
+		// The box's own refusal, before any instance: the holding box's next try is not
+		// a redelivery (connsmesh.go).
+		p.w.Header().Set(connhold.RefusedHeader, "1")
+	}
+	return p.refuse(ref)
+}
+
+// refuse is Refuse without saying that no instance saw the request.
+func (p *proxying) refuse(ref box.Refusal) error {
 	if ref.Status == http.StatusServiceUnavailable {
 		after := ref.RetryAfter
 		if after <= 0 {
@@ -215,7 +225,7 @@ func (p *proxying) noAnswer(err error, who string) error {
 		return err
 	}
 	p.w.Header().Del(InstanceHeader)
-	return p.Refuse(box.Refusal{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("%s gave no answer: %w", who, he.Err)})
+	return p.refuse(box.Refusal{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("%s gave no answer: %w", who, he.Err)})
 }
 
 // setUpstream tells the embedded reverse proxy where to dial for this request.
