@@ -32,9 +32,9 @@ func envInt(t *testing.T, name string, def int) int {
 	return n
 }
 
-// startKindBox starts a box whose kind "hold" runs connapp with idle timeout idle and the
-// connections block conns (nil: defaults), and adds the spaces hosts of that kind.
-func startKindBox(t *testing.T, idle string, conns map[string]any, hosts ...string) *harness.Box {
+// kindConfig is the config of a box whose kind "hold" runs connapp with idle timeout idle
+// and the connections block conns (nil: defaults).
+func kindConfig(t *testing.T, idle string, conns map[string]any) harness.Config {
 	t.Helper()
 	app := buildApp(t)
 	lchat := map[string]any{"kinds": map[string]any{"hold": map[string]any{
@@ -44,7 +44,18 @@ func startKindBox(t *testing.T, idle string, conns map[string]any, hosts ...stri
 	if conns != nil {
 		lchat["connections"] = conns
 	}
-	cfg := harness.Config{Bucket: map[string]any{"backend": "file", "root": "{$LCHAT_TEST_DIR}/bucket"}, Lchat: lchat}
+	return harness.Config{Bucket: map[string]any{"backend": "file", "root": "{$LCHAT_TEST_DIR}/bucket"}, Lchat: lchat}
+}
+
+// startKindBox starts a box of kindConfig and adds the spaces hosts of its kind.
+func startKindBox(t *testing.T, idle string, conns map[string]any, hosts ...string) *harness.Box {
+	t.Helper()
+	return startBoxOf(t, kindConfig(t, idle, conns), hosts...)
+}
+
+// startBoxOf starts a box of cfg and adds the spaces hosts of its kind "hold".
+func startBoxOf(t *testing.T, cfg harness.Config, hosts ...string) *harness.Box {
+	t.Helper()
 	b := harness.StartBox(t, harness.BoxOptions{JSON: cfg.JSON()})
 	for _, h := range hosts {
 		b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": h, "kind": "hold"}, http.StatusCreated, nil)
