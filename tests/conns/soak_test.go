@@ -201,7 +201,7 @@ func TestSleepWakeCyclesApplyEveryMessageOnce(t *testing.T) {
 	start := time.Now()
 	c0 := counters(t, b)
 	var sent []string
-	crashAt := cycles / 2
+	crashAt := cycles / 2 // and the cycles after it, until the kill made a crash
 	for cycle := range cycles {
 		waitUntil(t, 30*time.Second, func() string { return fmt.Sprintf("cycle %d: the space asleep (it is %s)", cycle, state()) },
 			func() bool { return state() == "asleep" })
@@ -226,20 +226,20 @@ func TestSleepWakeCyclesApplyEveryMessageOnce(t *testing.T) {
 			}
 		}
 		sent = append(sent, want...)
-		if cycle == crashAt {
-			// Kill the instance while the cycle's messages are being applied.
+		if cycle >= crashAt && counters(t, b)["crashes"] == c0["crashes"] {
+			// Kill the instance while the cycle's messages are being applied. (Should the
+			// kill meet an instance already stopping for its sleep, a stalled machine, it
+			// is no crash: the next cycle tries again.)
 			before := len(sent) - len(want) // every earlier message has its ack
 			waitUntil(t, 30*time.Second, func() string { return "a first answer before the crash" }, func() bool {
 				s.mu.Lock()
 				defer s.mu.Unlock()
 				return len(s.acks) > before
 			})
-			_, pid := spaceState(t, b, host)
-			if pid == 0 {
-				t.Fatalf("cycle %d: no instance to kill", cycle)
-			}
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-				t.Fatalf("killing the instance: %v", err)
+			if _, pid := spaceState(t, b, host); pid != 0 {
+				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+					t.Fatalf("killing the instance: %v", err)
+				}
 			}
 		}
 		done := func() bool {
