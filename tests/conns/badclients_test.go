@@ -179,7 +179,8 @@ func TestBadClientsCloseOnlyTheirConnection(t *testing.T) {
 
 	t.Run("slow reader 1008", func(t *testing.T) {
 		// A client with a small receive buffer that stops reading while the instance
-		// sends it 16 MiB: the box's queue towards it passes max_out_bytes (64 KiB).
+		// sends it up to 64 MiB (more than the sockets' buffers hold): the box's queue
+		// towards it passes max_out_bytes (64 KiB).
 		small := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 				var serr error
@@ -189,7 +190,7 @@ func TestBadClientsCloseOnlyTheirConnection(t *testing.T) {
 			return d.DialContext(ctx, network, addr)
 		}}}
 		hc := dialHeldClient(t, ctx, b, host, &websocket.DialOptions{HTTPClient: small})
-		if err := hc.c.Write(ctx, websocket.MessageText, []byte("flood 1024 16384")); err != nil {
+		if err := hc.c.Write(ctx, websocket.MessageText, []byte("flood 4096 16384")); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, 60*time.Second, "the box to close the slow reader (lchat_conn_closes_total 1008)", func() bool {

@@ -110,8 +110,8 @@ func (c *closeLog) note(conn, code string) {
 //	apply <x>   record x once; answer "ack <x>", or "dup <x>" for a redelivery dropped
 //	bcast <x>   the same, and send "bcast <x>" to the tag room first
 //	slow <x>    answer "ack <x>" after 100 ms (a flood outruns it)
-//	flood <n> <size>  send n messages of size bytes to this connection through the
-//	            control endpoint; answer the statuses
+//	flood <n> <size>  send up to n messages of size bytes to this connection through
+//	            the control endpoint, until one is refused; answer the statuses
 //	ctl <method> <path>  call the control endpoint; answer "<status> <body>"
 //	whoami      answer "id <conn>"
 func soakEvent(w http.ResponseWriter, r *http.Request, body []byte, control *http.Client) bool {
@@ -162,6 +162,9 @@ func soakEvent(w http.ResponseWriter, r *http.Request, body []byte, control *htt
 			}
 			resp.Body.Close()
 			codes = append(codes, strconv.Itoa(resp.StatusCode))
+			if resp.StatusCode != http.StatusNoContent {
+				break // the connection is gone
+			}
 		}
 		answer("flooded %s", strings.Join(codes, ","))
 	case "ctl":
