@@ -181,10 +181,12 @@ func TestSleepWakeCyclesApplyEveryMessageOnce(t *testing.T) {
 		go s.read(ctx, i, c)
 	}
 	streams := make([]*soakStream, ns)
+	streamClient := b.Client()
+	streamClient.Timeout = 0 // the streams last the whole run; ctx ends them
 	for i := range streams {
 		req, _ := http.NewRequestWithContext(ctx, "GET", b.URL(host, "/soak/events"), nil)
 		req.Header.Set("Accept", "text/event-stream")
-		resp, err := b.Client().Do(req)
+		resp, err := streamClient.Do(req)
 		if err != nil || resp.StatusCode != 200 {
 			t.Fatalf("opening stream %d: %v %v", i, resp, err)
 		}
