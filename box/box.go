@@ -25,6 +25,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/check"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/ledger"
 	"github.com/lchat/lchat-caddy/mesh"
@@ -83,6 +84,8 @@ type Box struct {
 	// extraCounters, when set (SetCounters), adds counters of parts the box does not own
 	// (the held connections of modules/lchat) to its status, fleet entry and console.
 	extraCounters atomic.Pointer[func() map[string]uint64]
+	// spaceConns, when set (SetSpaceConns), reads the held connections by space.
+	spaceConns atomic.Pointer[func() map[string]fleetview.Conns]
 
 	// setMu serializes Start and Stop; settings is what they set (the running
 	// config's) and prev what the running config replaced, put back by an unwind.

@@ -30,6 +30,7 @@ func (c Console) Spaces(ctx context.Context, search string, limit int) ([]fleetv
 	for _, s := range c.b.eng.Status() {
 		byHost[s.Host] = s
 	}
+	conns := c.b.SpaceConns()
 	var out []fleetview.Space
 	after := ""
 	for {
@@ -44,6 +45,9 @@ func (c Console) Spaces(ctx context.Context, search string, limit int) ([]fleetv
 			sp := fleetview.Space{Host: rt.Host, Kind: rt.Kind, Hibernate: rt.Hibernate, HomeRegion: rt.HomeRegion}
 			if st, ok := byHost[rt.Host]; ok {
 				sp.State, sp.Since, sp.LastSync, sp.LastSyncError, sp.Size = string(st.State), st.Since, st.LastSync, st.LastSyncError, st.Size
+			}
+			if n, ok := conns[rt.Host]; ok {
+				sp.Conns = &n
 			}
 			out = append(out, sp)
 			if limit > 0 && len(out) >= limit {

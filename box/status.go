@@ -21,12 +21,15 @@ type Status struct {
 	Routes   int                  `json:"routes"`
 	Spaces   []engine.SpaceStatus `json:"spaces"`
 	Counters map[string]uint64    `json:"counters"`
-	Mesh     *MeshStatus          `json:"mesh,omitempty"`
+	// Conns is the WebSocket connections this box holds, by space (host); a space with
+	// none is left out.
+	Conns map[string]fleetview.Conns `json:"conns,omitempty"`
+	Mesh  *MeshStatus                `json:"mesh,omitempty"`
 }
 
 // Status reads this box's routes, spaces and counters, and its mesh status.
 func (b *Box) Status() Status {
-	st := Status{Routes: b.reg.Len(), Spaces: b.Spaces(), Counters: b.counters()}
+	st := Status{Routes: b.reg.Len(), Spaces: b.Spaces(), Counters: b.counters(), Conns: b.SpaceConns()}
 	if b.mesh != nil {
 		ms := b.MeshStatus()
 		st.Mesh = &ms
@@ -99,6 +102,25 @@ func (b *Box) MeshStatus() MeshStatus {
 // parts that the box does not own, such as held connections (conns_open, conns_parked).
 // Set once, when the box is opened.
 func (b *Box) SetCounters(f func() map[string]uint64) { b.extraCounters.Store(&f) }
+
+// SetSpaceConns sets where the box reads the WebSocket connections it holds, by space
+// (Status, the console): the glue's hub, which the box does not own. Set once, when the
+// box is opened.
+func (b *Box) SetSpaceConns(f func() map[string]fleetview.Conns) { b.spaceConns.Store(&f) }
+
+// SpaceConns is the WebSocket connections this box holds, by space; nil when it holds
+// none.
+func (b *Box) SpaceConns() map[string]fleetview.Conns {
+	f := b.spaceConns.Load()
+	if f == nil {
+		return nil
+	}
+	m := (*f)()
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
 
 // counters is the engine's counters and the extra ones (SetCounters).
 func (b *Box) counters() map[string]uint64 {

@@ -58,3 +58,46 @@ func (h *Hub) Stats() Stats {
 		Closes: closes,
 	}
 }
+
+// SpaceStats is one space's held connections on this box.
+type SpaceStats struct {
+	// Open is connections whose socket is open (a closing one included), as Stats.Held;
+	// Parked those of them with no goroutine, in the epoll set.
+	Open, Parked int
+	// PendingBytes is the bytes of the space's client messages kept for its instances
+	// (undelivered, or acknowledged and not yet covered by a checkpoint). Unlike
+	// Stats.PendingBytes it leaves out messages still arriving.
+	PendingBytes int64
+}
+
+// SpaceStats reads each space's held connections, by space. A space with none open and
+// nothing pending is left out.
+func (h *Hub) SpaceStats() map[string]SpaceStats {
+	h.mu.Lock()
+	by := make(map[string][]*Conn, len(h.spaces))
+	for space, sc := range h.spaces {
+		for _, c := range sc.conns {
+			by[space] = append(by[space], c)
+		}
+	}
+	h.mu.Unlock()
+	out := make(map[string]SpaceStats, len(by))
+	for space, cs := range by {
+		var s SpaceStats
+		for _, c := range cs {
+			c.mu.Lock()
+			if c.state == stateOpen || c.state == stateClosing {
+				s.Open++
+			}
+			if c.parked {
+				s.Parked++
+			}
+			s.PendingBytes += int64(c.pendBytes)
+			c.mu.Unlock()
+		}
+		if s != (SpaceStats{}) {
+			out[space] = s
+		}
+	}
+	return out
+}

@@ -91,6 +91,18 @@ type Space struct {
 	Size int64 `json:"size,omitempty"`
 	// AwakeOn names the boxes where the space is awake (filled by Join).
 	AwakeOn []string `json:"awake_on,omitempty"`
+	// Conns is the space's WebSocket connections held by this box; nil when none.
+	Conns *Conns `json:"conns,omitempty"`
+}
+
+// Conns counts one space's WebSocket connections held by a box (docs/connections.md).
+type Conns struct {
+	// Open connections have their socket up; Parked of them wait with no goroutine.
+	Open   int `json:"open"`
+	Parked int `json:"parked"`
+	// PendingBytes is the bytes of client messages the box keeps for the space's
+	// instances (undelivered, or acknowledged and not yet checkpointed).
+	PendingBytes int64 `json:"pending_bytes"`
 }
 
 // Stored is a space's state in the bucket, from its manifest: what any box would

@@ -30,7 +30,11 @@ func (f *fakeSource) Spaces(_ context.Context, q string, limit int) ([]fleetview
 	var out []fleetview.Space
 	for _, h := range []string{"a.example.com", "b.example.com"} {
 		if fleetview.Match(h, q) {
-			out = append(out, fleetview.Space{Host: h, Hibernate: true, State: "awake"})
+			sp := fleetview.Space{Host: h, Hibernate: true, State: "awake"}
+			if h == "a.example.com" {
+				sp.Conns = &fleetview.Conns{Open: 3, Parked: 2, PendingBytes: 2048}
+			}
+			out = append(out, sp)
 		}
 	}
 	return out, nil
@@ -100,6 +104,25 @@ func TestIndexWorksWithoutScriptAndSearches(t *testing.T) {
 	}
 	if w := serve(h, httptest.NewRequest("GET", "/static/index.html", nil)); w.Code != 404 {
 		t.Fatalf("templates must not be served as assets: %d", w.Code)
+	}
+}
+
+// The spaces table and a space's page show the WebSocket connections the box holds for
+// each space; the JSON has them too.
+func TestHeldConnectionsShownPerSpace(t *testing.T) {
+	h := newHandler(&fakeSource{}, false)
+	const a = `<td class="conns">3 open, 2 parked, 2.0 KiB pending</td>`
+	const b = `<td class="conns">none</td>`
+	if w := serve(h, httptest.NewRequest("GET", "/", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), a) || !strings.Contains(w.Body.String(), b) {
+		t.Fatalf("index: %d, want %q and %q\n%s", w.Code, a, b, w.Body.String())
+	}
+	const page = `<dt>Held connections on this box</dt><dd class="conns">3 open, 2 parked, 2.0 KiB pending</dd>`
+	if w := serve(h, httptest.NewRequest("GET", "/space/a.example.com", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), page) {
+		t.Fatalf("space page: %d, want %q\n%s", w.Code, page, w.Body.String())
+	}
+	const js = `"conns":{"open":3,"parked":2,"pending_bytes":2048}`
+	if w := serve(h, httptest.NewRequest("GET", "/api/spaces", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), js) {
+		t.Fatalf("/api/spaces: %d, want %s\n%s", w.Code, js, w.Body.String())
 	}
 }
 

@@ -380,6 +380,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		}
 		connsOf.Store(b, cs)
 		b.SetCounters(cs.counters)
+		b.SetSpaceConns(cs.spaceConns)
 		return pooled{b, cs}, nil
 	})
 	if err != nil {

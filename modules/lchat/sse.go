@@ -95,9 +95,12 @@ func (s *sseWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// Flush passes on for an answer passed through; events are flushed as they are written.
+// Flush passes on once the client's header is written: for an answer passed through,
+// and for a resumable one, whose events are written whole (so a flush never sends half
+// of one) and which must reach the client at once even before its first event, or an
+// EventSource stays connecting until the first keepalive.
 func (s *sseWriter) Flush() {
-	if s.passthrough {
+	if s.sent {
 		http.NewResponseController(s.w).Flush()
 	}
 }

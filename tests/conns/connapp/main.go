@@ -1,7 +1,9 @@
 // Command connapp is the smallest instance that opts its WebSockets in to being held by
 // the box (docs/connections.md), for tests/conns: it answers an upgrade of /ws with
 // "Lchat-Ws: hold" and a welcome naming its pid, and each text event with
-// "echo <text> from <pid>"; /events is a resumable server-sent event stream.
+// "echo <text> from <pid>"; /events is a resumable server-sent event stream. soak.go adds
+// the soak tests' durable record (apply, bcast, a resumable stream of the record) and the
+// bad-client tests' helpers.
 package main
 
 import (
@@ -47,7 +49,13 @@ func main() {
 		body, _ := io.ReadAll(r.Body)
 		log.Printf("event %s conn %s seq %s redelivery %s: %q", r.Header.Get("Lchat-Event"), r.Header.Get("Lchat-Conn-Id"),
 			r.Header.Get("Lchat-Seq"), r.Header.Get("Lchat-Redelivery"), body)
+		if r.Header.Get("Lchat-Event") == "close" {
+			closes.note(r.Header.Get("Lchat-Conn-Id"), r.Header.Get("Lchat-Close-Code"))
+		}
 		if r.Header.Get("Lchat-Event") != "text" {
+			return
+		}
+		if soakEvent(w, r, body, control) {
 			return
 		}
 		// "broadcast <text>": sent to every connection tagged room, through the box's
@@ -68,6 +76,7 @@ func main() {
 		}
 		fmt.Fprintf(w, "echo %s from %d seq %s%s", body, pid, r.Header.Get("Lchat-Seq"), redelivered)
 	})
+	soakRoutes(mux)
 	// A resumable event stream: one event numbered after Last-Event-ID, then half an
 	// event the box must never pass on (its instance goes before it is finished).
 	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) {
