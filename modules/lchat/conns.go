@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box"
@@ -317,18 +315,7 @@ func (p *proxying) instanceUpgrade(use *engine.Use, cs *conns) error {
 	if !hw.held {
 		return err
 	}
-	reply, perr := connhold.ParseReply(hw.header, hw.body.Bytes())
-	if perr != nil {
-		return caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("space %s: its answer holding a WebSocket: %w", p.host, perr))
-	}
-	for k := range p.w.Header() {
-		delete(p.w.Header(), k)
-	}
-	if _, err := cs.hub.Accept(p.w, p.r, p.host, id, reply, hw.header.Get("Sec-WebSocket-Protocol")); err != nil {
-		return caddyhttp.Error(http.StatusBadRequest, err)
-	}
-	cs.ensureControl(p.host)
-	return nil
+	return p.hold(hw, id, cs)
 }
 
 // Interface guards

@@ -160,6 +160,33 @@ func TestHeldRoomAcrossBoxes(t *testing.T) {
 	t.Logf("room moved from %s to %s; both tabs kept their sockets", b.self, survivors[0])
 }
 
+// hostMoving finds a fresh host owned by b among a, b and c, and by c once b is gone: a
+// space that leaves the client's box (a) twice as boxes go.
+func hostMoving(t *testing.T, tag string, a, b, c *node) string {
+	t.Helper()
+	for i := 0; i < 10000; i++ {
+		h := fmt.Sprintf("%s%d.%s", tag, i, meshDomain)
+		o3, _ := mesh.Owner(h, members(a, b, c), "")
+		o2, _ := mesh.Owner(h, members(a, c), "")
+		if o3.Self == b.self && o2.Self == c.self {
+			return h
+		}
+	}
+	t.Fatalf("no host owned by %s, then by %s", b.self, c.self)
+	return ""
+}
+
+// connAppKind is the demo kind running tests/conns/connapp (under the box's uid, so the
+// test can call a space's control endpoint as its instance does), with extra fields.
+func connAppKind(t *testing.T, extra map[string]any) map[string]any {
+	k := map[string]any{"command": buildConnApp(t), "args": []string{}, "ready_path": "/healthz",
+		"isolation": "none", "network": "host", "replication": map[string]any{"class": "sleep"}}
+	for key, v := range extra {
+		k[key] = v
+	}
+	return k
+}
+
 // buildConnApp builds tests/conns/connapp, the smallest instance that holds its
 // WebSockets and echoes each event with its sequence number.
 func buildConnApp(t *testing.T) string {
@@ -180,20 +207,11 @@ func buildConnApp(t *testing.T) string {
 // socket.
 func TestHeldEventsFollowTheSpace(t *testing.T) {
 	c := newCluster(t)
-	c.kind = map[string]any{"command": buildConnApp(t), "args": []string{}, "ready_path": "/healthz", "isolation": "none", "network": "host",
-		"replication": map[string]any{"class": "sleep"}, "idle_timeout": "5s"}
+	c.kind = connAppKind(t, map[string]any{"idle_timeout": "5s"})
 	a, b, cc := c.start(false), c.start(false), c.start(false)
 	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 	// Owned by b; once b is gone, by cc: the space moves away from the client's box twice.
-	var host string
-	for i := 0; host == ""; i++ {
-		h := fmt.Sprintf("echo%d.%s", i, meshDomain)
-		o3, _ := mesh.Owner(h, members(a, b, cc), "")
-		o2, _ := mesh.Owner(h, members(a, cc), "")
-		if o3.Self == b.self && o2.Self == cc.self {
-			host = h
-		}
-	}
+	host := hostMoving(t, "echo", a, b, cc)
 	c.createSpace(a, host)
 	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 
@@ -302,8 +320,7 @@ func TestHeldEventsFollowTheSpace(t *testing.T) {
 // nothing but redeliveries.
 func TestHeldConnectionSurvivesARelocation(t *testing.T) {
 	c := newCluster(t)
-	c.kind = map[string]any{"command": buildConnApp(t), "args": []string{}, "ready_path": "/healthz", "isolation": "none",
-		"network": "host", "replication": map[string]any{"class": "sleep"}, "idle_timeout": "3s"}
+	c.kind = connAppKind(t, map[string]any{"idle_timeout": "3s"})
 	c.env = []string{mesh.EnvRegion + "=us"}
 	a, b := c.start(false), c.start(false)
 	c.env = []string{mesh.EnvRegion + "=eu"}
@@ -359,8 +376,7 @@ func TestHeldConnectionSurvivesARelocation(t *testing.T) {
 // three times its pending cap is never closed with 1013.
 func TestRemoteBacklogIsCheckpointedNotClosed(t *testing.T) {
 	c := newCluster(t)
-	c.kind = map[string]any{"command": buildConnApp(t), "args": []string{}, "ready_path": "/healthz", "isolation": "none",
-		"network": "host", "replication": map[string]any{"class": "sleep"}}
+	c.kind = connAppKind(t, nil)
 	c.lchat = map[string]any{"connections": map[string]any{"max_pending": 16}}
 	a, b := c.start(false), c.start(false)
 	waitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
@@ -432,19 +448,10 @@ func nextData(t *testing.T, lines <-chan string, done <-chan error, timeout time
 // sleeps and wakes on yet another box: the stream goes on again.
 func TestHeldEventStreamAcrossBoxes(t *testing.T) {
 	c := newCluster(t)
-	c.kind = map[string]any{"command": buildConnApp(t), "args": []string{}, "ready_path": "/healthz", "isolation": "none",
-		"network": "host", "replication": map[string]any{"class": "sleep"}, "idle_timeout": "3s"}
+	c.kind = connAppKind(t, map[string]any{"idle_timeout": "3s"})
 	a, b, cc := c.start(false), c.start(false), c.start(false)
 	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
-	var host string
-	for i := 0; host == ""; i++ {
-		h := fmt.Sprintf("sse%d.%s", i, meshDomain)
-		o3, _ := mesh.Owner(h, members(a, b, cc), "")
-		o2, _ := mesh.Owner(h, members(a, cc), "")
-		if o3.Self == b.self && o2.Self == cc.self {
-			host = h
-		}
-	}
+	host := hostMoving(t, "sse", a, b, cc)
 	c.createSpace(a, host)
 	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 

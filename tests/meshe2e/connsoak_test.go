@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-
-	"github.com/lchat/lchat-caddy/mesh"
 )
 
 // TestHeldMessagesAppliedOnceAcrossKillAndDrain: clients on one box send messages on held
@@ -38,15 +36,7 @@ func TestHeldMessagesAppliedOnceAcrossKillAndDrain(t *testing.T) {
 	a, b, cc := c.start(false), c.start(false), c.start(false)
 	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 	// Owned by b; with b gone, by cc; with both gone, a: each phase moves the space.
-	var host string
-	for i := 0; host == ""; i++ {
-		h := fmt.Sprintf("ledger%d.%s", i, meshDomain)
-		o3, _ := mesh.Owner(h, members(a, b, cc), "")
-		o2, _ := mesh.Owner(h, members(a, cc), "")
-		if o3.Self == b.self && o2.Self == cc.self {
-			host = h
-		}
-	}
+	host := hostMoving(t, "ledger", a, b, cc)
 	c.createSpace(a, host)
 	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 
