@@ -187,7 +187,7 @@ var ErrNotAcknowledged = errors.New("instance did not acknowledge the event")
 // PostEvent delivers ev with client (which dials the instance), and decodes the answer:
 // a 2xx acknowledges the event and its body and headers are the Reply (ParseReply); any
 // other status, or no answer, is an error and leaves the event pending.
-func PostEvent(ctx context.Context, client *http.Client, base string, ev Event) (Reply, error) {
+func PostEvent(ctx context.Context, client Doer, base string, ev Event) (Reply, error) {
 	req, err := NewEventRequest(ctx, base, ev)
 	if err != nil {
 		return Reply{}, err

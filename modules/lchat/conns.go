@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -30,11 +29,11 @@ type conns struct {
 	cancel   func()
 
 	mu         sync.Mutex
-	clients    map[string]*http.Client  // by socket path
-	wakes      map[string]chan struct{} // by host: closed at the space's next wake
-	done       bool                     // close has run
-	controls   map[string]*http.Server  // by host: control endpoints (control.go)
-	lastCkptOK map[string]bool          // by host: whether the last checkpoint succeeded (observe)
+	clients    map[string]*connhold.EventClient // by socket path
+	wakes      map[string]chan struct{}         // by host: closed at the space's next wake
+	done       bool                             // close has run
+	controls   map[string]*http.Server          // by host: control endpoints (control.go)
+	lastCkptOK map[string]bool                  // by host: whether the last checkpoint succeeded (observe)
 
 	// relay stamps what this box's instances acknowledge for connections other boxes
 	// hold (connsmesh.go).
@@ -74,7 +73,7 @@ const checkpointMargin = time.Second
 
 func newConns(b *box.Box, stateDir string, lim connhold.Limits, log *zap.Logger) (*conns, error) {
 	log = log.Named("conns")
-	c := &conns{box: b, stateDir: stateDir, log: log, clients: make(map[string]*http.Client),
+	c := &conns{box: b, stateDir: stateDir, log: log, clients: make(map[string]*connhold.EventClient),
 		wakes: make(map[string]chan struct{}), controls: make(map[string]*http.Server), lastCkptOK: make(map[string]bool)}
 	hub, err := connhold.NewHub(lim, c, log)
 	if err != nil {
@@ -200,22 +199,14 @@ func (c *conns) Deliver(ctx context.Context, ev connhold.Event) (connhold.Reply,
 	return d.reply, d.err
 }
 
-// client is an HTTP client dialing socket (the box's own link to the instance's socket).
-func (c *conns) client(socket string) *http.Client {
+// client is the HTTP client dialing socket (the box's own link to the instance's socket).
+func (c *conns) client(socket string) *connhold.EventClient {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if cl := c.clients[socket]; cl != nil {
 		return cl
 	}
-	var d net.Dialer
-	cl := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, "unix", socket)
-		},
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       30 * time.Second,
-		ResponseHeaderTimeout: 2 * time.Minute,
-	}}
+	cl := &connhold.EventClient{Socket: socket, MaxIdle: 4, HeaderTimeout: 2 * time.Minute}
 	c.clients[socket] = cl
 	return cl
 }

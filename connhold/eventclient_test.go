@@ -1,0 +1,86 @@
+package connhold
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+// TestEventClientReusesAndRedials checks that events reach the instance as HTTP requests
+// with their headers, over one kept-alive connection, and that a connection the instance
+// closed while idle is not reused (the next event is delivered, not failed).
+func TestEventClientReusesAndRedials(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seqs []string
+	remotes := map[string]bool{}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seqs = append(seqs, r.Header.Get(SeqHeader))
+		remotes[r.RemoteAddr+r.Context().Value(http.LocalAddrContextKey).(net.Addr).String()] = true
+		mu.Unlock()
+		if r.Method != http.MethodPost || r.URL.Path != EventPath || r.Header.Get(EventHeader) != "text" || r.Host != "s1" {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		w.Write([]byte("ok"))
+	})}
+	conns := 0
+	srv.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	go srv.Serve(ln)
+	defer srv.Close()
+
+	cl := &EventClient{Socket: sock}
+	post := func(seq uint64) {
+		t.Helper()
+		r, err := PostEvent(context.Background(), cl, "http://s1", Event{ConnID: "c", Seq: seq, Kind: KindText, Payload: []byte("x")})
+		if err != nil {
+			t.Fatalf("event %d: %v", seq, err)
+		}
+		if len(r.Messages) != 1 || string(r.Messages[0].Payload) != "ok" {
+			t.Fatalf("event %d: answer %+v", seq, r)
+		}
+	}
+	post(1)
+	post(2)
+	post(3)
+	mu.Lock()
+	if conns != 1 {
+		t.Errorf("3 events used %d connections, want 1 kept alive", conns)
+	}
+	mu.Unlock()
+
+	// The instance closes its idle connections (as at its idle timeout).
+	srv.SetKeepAlivesEnabled(false)
+	srv.SetKeepAlivesEnabled(true)
+	for {
+		cl.mu.Lock()
+		c := cl.idle[0]
+		cl.mu.Unlock()
+		if !alive(c) {
+			break
+		}
+	}
+	post(4)
+	mu.Lock()
+	defer mu.Unlock()
+	if conns != 2 {
+		t.Errorf("after the instance closed the idle connection: %d connections, want 2", conns)
+	}
+	if len(seqs) != 4 || seqs[3] != "4" {
+		t.Errorf("instance saw sequence numbers %v, want 1..4", seqs)
+	}
+}
