@@ -152,6 +152,26 @@ func (ec *EventClient) put(c *eventConn) {
 	c.nc.SetDeadline(time.Time{})
 }
 
+// DropIdle closes the idle connections and keeps serving: the instance behind them has
+// ended (a sleep or a crash), and an idle connection to it would hold a descriptor in the
+// box until the space's next event.
+func (ec *EventClient) DropIdle() {
+	ec.mu.Lock()
+	idle := ec.idle
+	ec.idle = nil
+	ec.mu.Unlock()
+	for _, c := range idle {
+		c.nc.Close()
+	}
+}
+
+// Idle is how many idle connections the client keeps.
+func (ec *EventClient) Idle() int {
+	ec.mu.Lock()
+	defer ec.mu.Unlock()
+	return len(ec.idle)
+}
+
 // CloseIdleConnections closes the idle connections; later ones are closed as they go idle.
 func (ec *EventClient) CloseIdleConnections() {
 	ec.mu.Lock()

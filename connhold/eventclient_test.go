@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestEventClientReusesAndRedials checks that events reach the instance as HTTP requests
@@ -73,6 +74,7 @@ func TestEventClientReusesAndRedials(t *testing.T) {
 		if !alive(c) {
 			break
 		}
+		time.Sleep(time.Millisecond)
 	}
 	post(4)
 	mu.Lock()

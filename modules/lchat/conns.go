@@ -29,7 +29,7 @@ type conns struct {
 	cancel   func()
 
 	mu         sync.Mutex
-	clients    map[string]*connhold.EventClient // by socket path
+	clients    map[string]*connhold.EventClient // by host: the link to its instance's socket
 	wakes      map[string]chan struct{}         // by host: closed at the space's next wake
 	done       bool                             // close has run
 	controls   map[string]*http.Server          // by host: control endpoints (control.go)
@@ -142,6 +142,7 @@ func (c *conns) observe(ev engine.Event) {
 			}
 		}
 	case engine.EventSleep:
+		c.dropIdle(ev.Host)
 		// A sleep's final checkpoint starts after the instance has exited, so it holds
 		// every message the instance acknowledged: when it succeeded, they are saved.
 		c.mu.Lock()
@@ -155,6 +156,7 @@ func (c *conns) observe(ev engine.Event) {
 			c.tell(n, entries)
 		}
 	case engine.EventCrash:
+		c.dropIdle(ev.Host)
 		c.hub.InstanceGone(ev.Host)
 		if n, entries, ok := c.relay.Ended(ev.Host, false); ok {
 			c.tell(n, entries)
@@ -199,16 +201,29 @@ func (c *conns) Deliver(ctx context.Context, ev connhold.Event) (connhold.Reply,
 	return d.reply, d.err
 }
 
-// client is the HTTP client dialing socket (the box's own link to the instance's socket).
-func (c *conns) client(socket string) *connhold.EventClient {
+// client is the HTTP client of host's instance, dialing socket (the box's own link to the
+// instance's socket, one path per host).
+func (c *conns) client(host, socket string) *connhold.EventClient {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cl := c.clients[socket]; cl != nil {
+	if cl := c.clients[host]; cl != nil && cl.Socket == socket {
 		return cl
+	} else if cl != nil {
+		cl.CloseIdleConnections()
 	}
 	cl := &connhold.EventClient{Socket: socket, MaxIdle: 4, HeaderTimeout: 2 * time.Minute}
-	c.clients[socket] = cl
+	c.clients[host] = cl
 	return cl
+}
+
+// dropIdle closes the connections kept to host's instance, which has ended.
+func (c *conns) dropIdle(host string) {
+	c.mu.Lock()
+	cl := c.clients[host]
+	c.mu.Unlock()
+	if cl != nil {
+		cl.DropIdle()
+	}
 }
 
 // finish stops hearing the engine, once the box has drained (its last sleeps are told

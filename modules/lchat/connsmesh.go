@@ -71,7 +71,7 @@ func (d *eventDoor) Instance(use *engine.Use) error {
 		return nil
 	}
 	c.ensureControl(ev.Space)
-	reply, err := connhold.PostEvent(d.ctx, c.client(use.Socket()), "http://"+ev.Space, ev)
+	reply, err := connhold.PostEvent(d.ctx, c.client(ev.Space, use.Socket()), "http://"+ev.Space, ev)
 	var ne *net.OpError
 	if errors.As(err, &ne) && ne.Op == "dial" {
 		use.Unreachable()
