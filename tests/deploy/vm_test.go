@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -188,6 +189,11 @@ type vm struct {
 // restrict=on: the guest reaches nothing outside, and the host reaches the agent through
 // one forward bound to 127.0.0.1.
 func bootVM(t *testing.T, img, payloadDir, token string) *vm {
+	return bootVMSized(t, img, payloadDir, token, 2048, 2)
+}
+
+// bootVMSized is bootVM with memMiB of memory and cpus virtual CPUs.
+func bootVMSized(t *testing.T, img, payloadDir, token string, memMiB, cpus int) *vm {
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "disk.img")
 	if out, err := exec.Command("cp", "--sparse=always", filepath.Join(img, "disk.img"), disk).CombinedOutput(); err != nil {
@@ -210,7 +216,7 @@ func bootVM(t *testing.T, img, payloadDir, token string) *vm {
 	v := &vm{t: t, dir: dir, agent: fmt.Sprintf("http://127.0.0.1:%d", port), token: token,
 		exited: make(chan struct{}), console: filepath.Join(dir, "console.log")}
 	args := []string{
-		"-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "2",
+		"-accel", "tcg", "-cpu", "max", "-m", strconv.Itoa(memMiB), "-smp", strconv.Itoa(cpus),
 		"-display", "none", "-monitor", "none", "-serial", "file:" + v.console,
 		"-kernel", filepath.Join(img, "vmlinuz"), "-initrd", filepath.Join(img, "initrd.img"),
 		"-append", "root=/dev/vda rw console=ttyS0 quiet",
