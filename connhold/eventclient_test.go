@@ -64,17 +64,18 @@ func TestEventClientReusesAndRedials(t *testing.T) {
 	}
 	mu.Unlock()
 
-	// The instance closes its idle connections (as at its idle timeout).
-	srv.SetKeepAlivesEnabled(false)
-	srv.SetKeepAlivesEnabled(true)
-	for {
-		cl.mu.Lock()
-		c := cl.idle[0]
-		cl.mu.Unlock()
-		if !alive(c) {
-			break
+	// The instance closes its idle connections (as at its idle timeout). Its side of the
+	// connection turns idle only after the answer was written, which may be after the
+	// client read it: close idle connections until the client's one is found closed.
+	cl.mu.Lock()
+	c := cl.idle[0]
+	cl.mu.Unlock()
+	for deadline := time.Now().Add(10 * time.Second); alive(c); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the instance's server never closed the idle connection")
 		}
-		time.Sleep(time.Millisecond)
+		srv.SetKeepAlivesEnabled(false)
+		srv.SetKeepAlivesEnabled(true)
 	}
 	post(4)
 	mu.Lock()
