@@ -341,6 +341,12 @@ func TestNewIDIsUnguessableShape(t *testing.T) {
 		}
 		seen[id] = true
 	}
+	id := NewID()
+	for _, bad := range []string{id[:21], id + "A", id[:10] + "\r\n" + id[12:], id[:20] + "\n\n", "!" + id[1:]} {
+		if validID(bad) {
+			t.Errorf("validID(%q) accepted", bad)
+		}
+	}
 }
 
 func TestCheckpointCoveredByStartTime(t *testing.T) {

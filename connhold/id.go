@@ -19,8 +19,10 @@ func validID(id string) bool {
 	if len(id) != 22 {
 		return false
 	}
-	_, err := base64.RawURLEncoding.DecodeString(id)
-	return err == nil
+	// Strict and 16 bytes: the decoder skips CR and LF, so "22 characters that decode"
+	// alone would let a second spelling through.
+	b, err := base64.RawURLEncoding.Strict().DecodeString(id)
+	return err == nil && len(b) == 16
 }
 
 // ValidID reports whether id has the shape of a connection id (NewID).

@@ -21,9 +21,11 @@ func HeartbeatKey(self string) string {
 
 // SelfFromKey decodes a heartbeat key (with or without MembersPrefix) back to its SELF.
 func SelfFromKey(key string) (string, bool) {
-	// Strict: one SELF has exactly one key (no second spelling with other padding bits).
-	b, err := base64.RawURLEncoding.Strict().DecodeString(strings.TrimPrefix(key, MembersPrefix))
-	if err != nil || len(b) == 0 {
+	// One SELF has exactly one key: Strict refuses other padding bits, and the encoding
+	// must be the canonical one, since the decoder skips CR and LF even when strict.
+	enc := strings.TrimPrefix(key, MembersPrefix)
+	b, err := base64.RawURLEncoding.Strict().DecodeString(enc)
+	if err != nil || len(b) == 0 || base64.RawURLEncoding.EncodeToString(b) != enc {
 		return "", false
 	}
 	self, err := ParseSelf(string(b))
