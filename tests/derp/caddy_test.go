@@ -73,23 +73,23 @@ func (c *caddyBox) post(path, body string) (int, string) {
 
 func (c *caddyBox) load(cfg []byte) {
 	c.t.Helper()
-	if err := caddy.Load(cfg, true); err != nil {
+	if err := c.try(cfg); err != nil {
 		c.t.Fatalf("loading config: %v", err)
 	}
 }
 
+// try loads cfg and, whether it was accepted or not, waits until the admin server it
+// replaced has closed its listener (see harness.WaitOldAdminClosed).
+func (c *caddyBox) try(cfg []byte) error {
+	c.t.Helper()
+	err := caddy.Load(cfg, true)
+	harness.WaitOldAdminClosed(c.t, c.admin, 15*time.Second)
+	return err
+}
+
 func (c *caddyBox) status() derpswitch.Status {
 	c.t.Helper()
-	// Right after a config load the old admin server may still accept a connection
-	// it is about to close (the new one listens on the same port): retry that briefly.
-	var resp *http.Response
-	var err error
-	for try := 0; try < 20; try++ {
-		if resp, err = adminClient.Get("http://" + c.admin + "/derp_switch/status"); err == nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	resp, err := adminClient.Get("http://" + c.admin + "/derp_switch/status")
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 		c.configWith(m2, "2s", 9, ""),
 		c.configWith(m2, "2s", 1, `, "retry_backoff": [0]`),
 	} {
-		if err := caddy.Load(bad, true); err == nil {
+		if err := c.try(bad); err == nil {
 			t.Fatalf("bad config accepted:\n%s", bad)
 		}
 	}
@@ -252,7 +252,7 @@ func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 	failing := bytes.Replace(c.configWith(m2, "2s", 1, `, "mode": "legacy"`), []byte(`"apps": {`),
 		[]byte(fmt.Sprintf(`"apps": {"http": {"servers": {"s": {"listen": [%q]}}}, `, taken.Addr().String())), 1)
 	for try := 0; try < 6; try++ { // apps start in random order: derp_switch first about half the time
-		if err := caddy.Load(failing, true); err == nil {
+		if err := c.try(failing); err == nil {
 			t.Fatal("config with a taken port accepted")
 		}
 		st = c.status()
@@ -328,6 +328,7 @@ func TestNodeKeyStaysOnTheBox(t *testing.T) {
 		if err := caddy.Load([]byte(cfg), true); err != nil {
 			t.Fatalf("loading config: %v", err)
 		}
+		harness.WaitOldAdminClosed(t, admin, 15*time.Second)
 	}
 	load("")
 	t.Cleanup(func() { caddy.Stop() })

@@ -320,6 +320,7 @@ func (b *Box) Reload(config string, isJSON bool) error {
 		args = append(args, "--adapter", adapter)
 	}
 	out, err := b.run(args...)
+	WaitOldAdminClosed(b.t, b.AdminAddr, 15*time.Second)
 	if err != nil {
 		return fmt.Errorf("lchat-caddy reload: %v\n%s", err, out)
 	}

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -205,5 +206,54 @@ func TestFreePortHoldsUDPForHTTP3(t *testing.T) {
 			t.Fatalf("the server on %s did not get every datagram: the reservation took some", addr)
 		}
 		pc.Close()
+	}
+}
+
+// TestListenersCounts: Listeners sees a listener appear and go, on IPv4 and IPv6, and
+// two SO_REUSEPORT listeners on one port as two (the state right after a Caddy load).
+func TestListenersCounts(t *testing.T) {
+	port := FreePortNum(t)
+	count := func() int {
+		t.Helper()
+		n, err := Listeners(port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("reserved, not listening: %d listeners; want 0", n)
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, soReusePort, 1) })
+		return serr
+	}}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	a, err := lc.Listen(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("one listener: counted %d", n)
+	}
+	b, err := lc.Listen(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("two SO_REUSEPORT listeners: counted %d", n)
+	}
+	a.Close()
+	WaitOldAdminClosed(t, addr, time.Second)
+	b.Close()
+	if n := count(); n != 0 {
+		t.Fatalf("all closed: counted %d", n)
+	}
+	if c, err := net.Listen("tcp6", net.JoinHostPort("::1", strconv.Itoa(port))); err == nil {
+		defer c.Close()
+		if n := count(); n != 1 {
+			t.Fatalf("IPv6 listener: counted %d", n)
+		}
 	}
 }
