@@ -79,7 +79,11 @@ func (c Console) Stored(ctx context.Context, host string) (fleetview.Stored, boo
 
 // Stats reads this box's totals.
 func (c Console) Stats() fleetview.Stats {
-	return fleetview.Stats{Awake: len(c.b.awake()), Requests: c.b.requests.Load(), BucketRequests: c.b.bucket.Requests()}
+	st := fleetview.Stats{Awake: len(c.b.awake()), Requests: c.b.requests.Load(), BucketRequests: c.b.bucket.Requests()}
+	for _, n := range c.b.SpaceConns() {
+		st.Held += n.Open
+	}
+	return st
 }
 
 // Subscribe relays the engine's events.

@@ -70,7 +70,10 @@ type MeshStatus struct {
 	Awake        []string          `json:"awake"`
 	Live         []string          `json:"live_members"`
 	Counters     map[string]uint64 `json:"counters"`
-	Membership   any               `json:"membership"`
+	// Conns is the WebSocket connections this box holds, by space, as in Status: the
+	// console sums a space's over the fleet.
+	Conns      map[string]fleetview.Conns `json:"conns,omitempty"`
+	Membership any                        `json:"membership"`
 }
 
 // MeshStatus reads this box's mesh status document; its counters are the mesh's and the
@@ -89,6 +92,7 @@ func (b *Box) MeshStatus() MeshStatus {
 		Routes:       b.reg.Len(),
 		Awake:        b.awake(),
 		Counters:     ms.Counters(),
+		Conns:        b.SpaceConns(),
 		Membership:   ms.m.Stats(),
 	}
 	for _, m := range ms.m.Live() {
@@ -157,7 +161,7 @@ func (b *Box) Fleet(ctx context.Context) fleetview.Fleet {
 	if ms == nil {
 		host, _ := os.Hostname()
 		return fleetview.Fleet{Self: host, Boxes: []fleetview.Box{{
-			Self: host, This: true, Awake: b.awake(), Version: b.cfg.Version, Counters: b.counters(),
+			Self: host, This: true, Awake: b.awake(), Version: b.cfg.Version, Counters: b.counters(), Conns: b.SpaceConns(),
 		}}}
 	}
 	live := ms.m.Live()
@@ -168,7 +172,7 @@ func (b *Box) Fleet(ctx context.Context) fleetview.Fleet {
 		fb.Self, fb.Region, fb.Version, fb.HeartbeatAge, fb.Draining = m.Self, m.Region, m.Version, m.Age, m.Draining
 		if m.Self == ms.cfg.Self {
 			st := b.MeshStatus()
-			fb.This, fb.Fenced, fb.Draining, fb.Awake, fb.Counters = true, st.Fenced, st.Draining, st.Awake, st.Counters
+			fb.This, fb.Fenced, fb.Draining, fb.Awake, fb.Counters, fb.Conns = true, st.Fenced, st.Draining, st.Awake, st.Counters, st.Conns
 			continue
 		}
 		safego.Go(&wg, b.logger.With(zap.String("peer", m.Self)), "fleet status read", func() {
@@ -185,7 +189,7 @@ func (b *Box) Fleet(ctx context.Context) fleetview.Fleet {
 				fb.Error = fmt.Sprintf("decoding status: %v", err)
 				return
 			}
-			fb.Fenced, fb.Awake, fb.Counters, fb.Error = st.Fenced, st.Awake, st.Counters, ""
+			fb.Fenced, fb.Awake, fb.Counters, fb.Conns, fb.Error = st.Fenced, st.Awake, st.Counters, st.Conns, ""
 		})
 	}
 	wg.Wait()

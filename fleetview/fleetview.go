@@ -23,6 +23,9 @@ type Box struct {
 	Version      string            `json:"version,omitempty"`
 	Awake        []string          `json:"awake"`
 	Counters     map[string]uint64 `json:"counters,omitempty"`
+	// Conns is the WebSocket connections the box holds, by space; a space with none is
+	// left out.
+	Conns map[string]Conns `json:"conns,omitempty"`
 	// Error is why the box's status could not be read (its heartbeat is still live).
 	Error string `json:"error,omitempty"`
 }
@@ -93,6 +96,11 @@ type Space struct {
 	AwakeOn []string `json:"awake_on,omitempty"`
 	// Conns is the space's WebSocket connections held by this box; nil when none.
 	Conns *Conns `json:"conns,omitempty"`
+	// FleetConns sums the space's held connections over every live box whose status
+	// was read, and HeldOn names those boxes (filled by Join); nil and empty when none.
+	// A client's socket is held by the box it connected to, wherever the space is awake.
+	FleetConns *Conns   `json:"fleet_conns,omitempty"`
+	HeldOn     []string `json:"held_on,omitempty"`
 }
 
 // Conns counts one space's WebSocket connections held by a box (docs/connections.md).
@@ -116,10 +124,34 @@ type Stored struct {
 	NextWake   time.Time `json:"next_wake,omitzero"` // zero: none
 }
 
-// Join fills each space's AwakeOn from the fleet.
+// HeldOn sums host's held connections over the fleet's boxes and names the boxes that
+// hold any, sorted; zero and nil when none does.
+func (f Fleet) HeldOn(host string) (Conns, []string) {
+	var sum Conns
+	var on []string
+	for _, b := range f.Boxes {
+		c, ok := b.Conns[host]
+		if !ok {
+			continue
+		}
+		sum.Open += c.Open
+		sum.Parked += c.Parked
+		sum.PendingBytes += c.PendingBytes
+		on = append(on, b.Self)
+	}
+	slices.Sort(on)
+	return sum, on
+}
+
+// Join fills each space's AwakeOn, FleetConns and HeldOn from the fleet.
 func Join(spaces []Space, f Fleet) {
 	for i := range spaces {
-		spaces[i].AwakeOn = f.AwakeOn(spaces[i].Host)
+		sp := &spaces[i]
+		sp.AwakeOn = f.AwakeOn(sp.Host)
+		sp.FleetConns, sp.HeldOn = nil, nil
+		if sum, on := f.HeldOn(sp.Host); len(on) > 0 {
+			sp.FleetConns, sp.HeldOn = &sum, on
+		}
 	}
 }
 
@@ -131,6 +163,8 @@ type Stats struct {
 	BucketRequests uint64 `json:"bucket_requests"`
 	// Awake is the number of spaces awake on this box.
 	Awake int `json:"awake"`
+	// Held is the WebSocket connections this box holds (open, every space).
+	Held int `json:"held"`
 }
 
 // DERP is the DERP region-switch app's state, for the chart of the home region.

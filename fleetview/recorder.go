@@ -42,6 +42,7 @@ type Sample struct {
 	RequestsPerMin float64 `json:"requests_per_min"`
 	BucketPerMin   float64 `json:"bucket_requests_per_min"`
 	Awake          int     `json:"awake"`
+	Held           int     `json:"held"` // WebSocket connections held by this box
 	DERPHome       int     `json:"derp_home,omitempty"`
 }
 
@@ -321,7 +322,7 @@ func (r *Recorder) Sample(ctx context.Context, now time.Time) {
 
 	r.mu.Lock()
 	prev := r.prev
-	s := Sample{At: now, Awake: cur.stats.Awake, DERPHome: cur.derp.Home}
+	s := Sample{At: now, Awake: cur.stats.Awake, Held: cur.stats.Held, DERPHome: cur.derp.Home}
 	if prev != nil {
 		if el := now.Sub(prev.at).Minutes(); el > 0 {
 			s.RequestsPerMin = rate(prev.stats.Requests, cur.stats.Requests, el)

@@ -141,6 +141,22 @@ func TestRegionsAndJoin(t *testing.T) {
 	if !slices.Equal(sp[0].AwakeOn, []string{"b", "c"}) || sp[1].AwakeOn != nil {
 		t.Fatalf("join = %+v", sp)
 	}
+	// A space's held connections are summed over the boxes that hold them, wherever it
+	// is awake; a second Join with fewer boxes forgets the old sums.
+	f.Boxes[0].Conns = map[string]Conns{"y": {Open: 2, Parked: 1, PendingBytes: 10}}
+	f.Boxes[1].Conns = map[string]Conns{"y": {Open: 3, Parked: 3, PendingBytes: 5}, "x": {Open: 1}}
+	Join(sp, f)
+	if sp[1].FleetConns == nil || *sp[1].FleetConns != (Conns{Open: 5, Parked: 4, PendingBytes: 15}) || !slices.Equal(sp[1].HeldOn, []string{"a", "b"}) {
+		t.Fatalf("held in the fleet = %+v on %q; want 5 open, 4 parked, 15 bytes on a, b", sp[1].FleetConns, sp[1].HeldOn)
+	}
+	if sp[0].FleetConns == nil || sp[0].FleetConns.Open != 1 || !slices.Equal(sp[0].HeldOn, []string{"a"}) {
+		t.Fatalf("x held in the fleet = %+v on %q", sp[0].FleetConns, sp[0].HeldOn)
+	}
+	f.Boxes[1].Conns = nil
+	Join(sp, f)
+	if sp[0].FleetConns != nil || sp[0].HeldOn != nil || sp[1].FleetConns.Open != 2 {
+		t.Fatalf("after box a let go: x %+v on %q, y %+v", sp[0].FleetConns, sp[0].HeldOn, sp[1].FleetConns)
+	}
 	if !Match("Chat.Example.com", " chat") || Match("a.b", "z") {
 		t.Fatal("Match")
 	}

@@ -19,6 +19,7 @@ type chartsView struct {
 	Latency  template.HTML
 	Requests template.HTML
 	Awake    template.HTML
+	Held     template.HTML
 	DERP     template.HTML // empty without the derp_switch app
 }
 
@@ -43,16 +44,18 @@ type point struct {
 func buildCharts(c fleetview.Charts, now time.Time) chartsView {
 	var out chartsView
 	out.Latency = histogram("chart-latency", "Wake latency", c.WakeLatency)
-	var req, bkt, awake, home series
+	var req, bkt, awake, held, home series
 	req = series{name: "requests/min", class: "s1"}
 	bkt = series{name: "bucket requests/min", class: "s2"}
 	awake = series{name: "awake spaces", class: "s1", step: true}
+	held = series{name: "held connections", class: "s2", step: true}
 	home = series{name: "DERP home region", class: "s3", step: true}
 	for i, s := range c.Samples {
 		if i > 0 {
 			req.pts = append(req.pts, point{s.At, s.RequestsPerMin})
 			bkt.pts = append(bkt.pts, point{s.At, s.BucketPerMin})
 		}
+		held.pts = append(held.pts, point{s.At, float64(s.Held)})
 		home.pts = append(home.pts, point{s.At, float64(s.DERPHome)})
 	}
 	for _, p := range c.Awake {
@@ -60,6 +63,7 @@ func buildCharts(c fleetview.Charts, now time.Time) chartsView {
 	}
 	out.Requests = lineChart("chart-requests", "Requests and bucket requests per minute", now, nil, req, bkt)
 	out.Awake = lineChart("chart-awake", "Awake spaces over time", now, nil, awake)
+	out.Held = lineChart("chart-held", "Held WebSocket connections over time", now, nil, held)
 	if c.DERP {
 		var marks []time.Time
 		for _, ev := range c.DERPSwitches {

@@ -24,7 +24,10 @@ type fakeSource struct {
 }
 
 func (f *fakeSource) Fleet(context.Context) (fleetview.Fleet, error) {
-	return fleetview.Fleet{Self: "box", Boxes: []fleetview.Box{{Self: "box", This: true, Awake: []string{"a.example.com"}}}}, nil
+	return fleetview.Fleet{Self: "box", Boxes: []fleetview.Box{
+		{Self: "box", This: true, Awake: []string{"a.example.com"}, Conns: map[string]fleetview.Conns{"a.example.com": {Open: 3, Parked: 2, PendingBytes: 2048}}},
+		{Self: "box-2", Conns: map[string]fleetview.Conns{"a.example.com": {Open: 1, PendingBytes: 1024}}},
+	}}, nil
 }
 func (f *fakeSource) Spaces(_ context.Context, q string, limit int) ([]fleetview.Space, error) {
 	var out []fleetview.Space
@@ -39,7 +42,7 @@ func (f *fakeSource) Spaces(_ context.Context, q string, limit int) ([]fleetview
 	}
 	return out, nil
 }
-func (f *fakeSource) Stats() fleetview.Stats { return fleetview.Stats{} }
+func (f *fakeSource) Stats() fleetview.Stats { return fleetview.Stats{Held: 3} }
 func (f *fakeSource) Stored(context.Context, string) (fleetview.Stored, bool, error) {
 	return fleetview.Stored{Generation: 7, Files: 2, Size: 2048, WrittenBy: "http://box-2"}, true, nil
 }
@@ -116,13 +119,29 @@ func TestHeldConnectionsShownPerSpace(t *testing.T) {
 	if w := serve(h, httptest.NewRequest("GET", "/", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), a) || !strings.Contains(w.Body.String(), b) {
 		t.Fatalf("index: %d, want %q and %q\n%s", w.Code, a, b, w.Body.String())
 	}
-	const page = `<dt>Held connections on this box</dt><dd class="conns">3 open, 2 parked, 2.0 KiB pending</dd>`
-	if w := serve(h, httptest.NewRequest("GET", "/space/a.example.com", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), page) {
-		t.Fatalf("space page: %d, want %q\n%s", w.Code, page, w.Body.String())
+	// The space's page: this box's, and the sum over the boxes that hold its sockets.
+	for _, page := range []string{
+		`<dt>Held connections on this box</dt><dd class="conns">3 open, 2 parked, 2.0 KiB pending</dd>`,
+		`<dt>Held connections in the fleet</dt><dd class="fleet-conns">4 open, 2 parked, 3.0 KiB pending on box, box-2</dd>`,
+	} {
+		if w := serve(h, httptest.NewRequest("GET", "/space/a.example.com", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), page) {
+			t.Fatalf("space page: %d, want %q\n%s", w.Code, page, w.Body.String())
+		}
 	}
-	const js = `"conns":{"open":3,"parked":2,"pending_bytes":2048}`
+	const none = `<dd class="fleet-conns">none</dd>`
+	if w := serve(h, httptest.NewRequest("GET", "/space/b.example.com", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), none) {
+		t.Fatalf("space page of b: %d, want %q\n%s", w.Code, none, w.Body.String())
+	}
+	const js = `"conns":{"open":3,"parked":2,"pending_bytes":2048},"fleet_conns":{"open":4,"parked":2,"pending_bytes":3072},"held_on":["box","box-2"]`
 	if w := serve(h, httptest.NewRequest("GET", "/api/spaces", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), js) {
 		t.Fatalf("/api/spaces: %d, want %s\n%s", w.Code, js, w.Body.String())
+	}
+	// The charts draw this box's held connections over time, from the samples.
+	h.rec.Sample(context.Background(), time.Now().Add(-time.Minute))
+	h.rec.Sample(context.Background(), time.Now())
+	const chart = `<desc id="chart-held-d">held connections now 3.</desc>`
+	if w := serve(h, httptest.NewRequest("GET", "/", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), chart) {
+		t.Fatalf("index: %d, want %q\n%s", w.Code, chart, w.Body.String())
 	}
 }
 

@@ -88,18 +88,29 @@
 
   if (!window.EventSource) return;
   var after = list ? list.dataset.last : "";
-  var es = new EventSource(base + "events" + (after && after !== "0" ? "?after=" + after : ""));
-  es.onopen = function () { setLive(true); };
-  es.onerror = function () { setLive(false); };
-  es.onmessage = function (m) {
-    var ev;
-    try { ev = JSON.parse(m.data); } catch (e) { return; }
-    addEvent(ev);
-    if (!index) return;
-    var names = ["spaces", "fleet"];
-    if (["wake", "sleep", "crash", "fence", "derp_switch"].indexOf(ev.type) >= 0) names.push("charts");
-    refresh(names);
-  };
+  var es = null;
+  function openStream() {
+    es = new EventSource(base + "events" + (after && after !== "0" ? "?after=" + after : ""));
+    es.onopen = function () { setLive(true); };
+    es.onerror = function () { setLive(false); };
+    es.onmessage = function (m) {
+      var ev;
+      try { ev = JSON.parse(m.data); } catch (e) { return; }
+      if (m.lastEventId) after = m.lastEventId;
+      addEvent(ev);
+      if (!index) return;
+      var names = ["spaces", "fleet"];
+      if (["wake", "sleep", "crash", "fence", "derp_switch"].indexOf(ev.type) >= 0) names.push("charts");
+      refresh(names);
+    };
+  }
+  openStream();
+  // A page the browser keeps in its back/forward cache would keep its stream open, and a
+  // browser gives one HTTP/1.1 host six connections: after six pages the console's next
+  // request would wait forever. Close the stream when the page is hidden; reopen it,
+  // from the last event seen, when the page comes back.
+  window.addEventListener("pagehide", function () { if (es) { es.close(); es = null; } setLive(false); });
+  window.addEventListener("pageshow", function (e) { if (e.persisted && !es) openStream(); });
   // Heartbeat ages and boxes joining or leaving show within 5 s even when no event comes.
   if (index) setInterval(function () { refresh(["fleet", "charts"]); }, 5000);
 })();
