@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -288,6 +289,9 @@ type sseStream struct {
 	t    *testing.T
 	body io.ReadCloser
 	r    *bufio.Reader
+	// opened is the first block: the connected comment, and the stream's position when
+	// it opened with none.
+	opened sseEvent
 }
 
 type sseEvent struct {
@@ -310,8 +314,8 @@ func openEvents(t *testing.T, s *space, path string, hdr ...string) *sseStream {
 	}
 	st := &sseStream{t: t, body: resp.Body, r: bufio.NewReader(resp.Body)}
 	t.Cleanup(func() { resp.Body.Close() })
-	if ev := st.next(); len(ev.comments) == 0 || ev.comments[0] != "connected" {
-		t.Fatalf("first event = %+v, want the connected comment", ev)
+	if st.opened = st.next(); len(st.opened.comments) == 0 || st.opened.comments[0] != "connected" {
+		t.Fatalf("first event = %+v, want the connected comment", st.opened)
 	}
 	return st
 }
@@ -424,6 +428,33 @@ func TestEventsStreamMessagesKeepaliveAndResume(t *testing.T) {
 	}
 	if n := clk.liveTickers(); n != 0 {
 		t.Fatalf("%d keepalive tickers still running after shutdown", n)
+	}
+}
+
+// A stream opened with no position carries one from its first block (an id with no
+// data, which sets a client's last event id): reopened with it, as the box does when the
+// space wakes (the request that woke it may post before the stream is reopened) or a
+// browser after a drop, it gets every message posted since it opened, none from before.
+func TestEventsStreamStartsWhereItOpened(t *testing.T) {
+	clk := newFakeClock(t0)
+	s := startSpace(t, t.TempDir(), clk)
+	empty := openEvents(t, s, "/api/events")
+	if empty.opened.id != "0" || empty.opened.data != "" || empty.opened.event != "" {
+		t.Fatalf("first block of a stream on an empty room = %+v, want id 0 and no data", empty.opened)
+	}
+	before := s.postMessage("ada", "before the stream")
+	st := openEvents(t, s, "/api/events")
+	if want := strconv.FormatInt(before.ID, 10); st.opened.id != want || st.opened.data != "" {
+		t.Fatalf("first block = %+v, want id %s and no data", st.opened, want)
+	}
+	st.body.Close() // the client goes; a message is posted before it comes back
+	missed := s.postMessage("bob", "while the stream was down")
+	re := openEvents(t, s, "/api/events", "Last-Event-ID", st.opened.id)
+	if got := re.nextMessage(); got != missed {
+		t.Fatalf("reopened stream delivered %+v, want %+v (and not %+v)", got, missed, before)
+	}
+	if re.opened.id != "" {
+		t.Fatalf("a resumed stream's first block has id %q; it has its position already", re.opened.id)
 	}
 }
 

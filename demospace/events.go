@@ -122,6 +122,22 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// A stream opened with no position starts at the newest message, and says so in its
+	// first block (an id field with no data: it sets the client's last event id and
+	// dispatches nothing). A client that reconnects before any message came, or the box
+	// resuming the stream after the space slept, then gets every message posted since
+	// it opened, the one that woke the space among them; without it the reopened stream
+	// would have no Last-Event-ID and start from whatever is newest by then.
+	opening := ""
+	if last < 0 {
+		id, err := s.store.latestID(r.Context())
+		if err != nil {
+			s.logger.Error("reading the latest message id", zap.Error(err))
+			writeError(w, http.StatusInternalServerError, "reading messages failed")
+			return
+		}
+		last, opening = id, fmt.Sprintf("id: %d\n", id)
+	}
 
 	rc := http.NewResponseController(w)
 	h := w.Header()
@@ -157,7 +173,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 
 	tick := s.clock.NewTicker(s.keepalive)
 	defer tick.Stop()
-	if !write("retry: 3000\n: connected\n\n") {
+	if !write("retry: 3000\n%s: connected\n\n", opening) {
 		return
 	}
 	for _, m := range backlog {

@@ -120,6 +120,15 @@ func insertMessage(ctx context.Context, db execer, author, text, kind string, no
 	return Message{ID: id, Author: author, Text: text, Kind: kind, CreatedAt: now}, nil
 }
 
+// latestID is the id of the newest message, 0 when there is none.
+func (s *store) latestID(ctx context.Context) (int64, error) {
+	var id int64
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) FROM messages`).Scan(&id); err != nil {
+		return 0, fmt.Errorf("reading the latest message id: %v", err)
+	}
+	return id, nil
+}
+
 // messages returns up to limit messages with id > after, oldest first. With
 // after < 0 it returns the latest limit messages, oldest first.
 func (s *store) messages(ctx context.Context, after int64, limit int) ([]Message, error) {
