@@ -29,11 +29,15 @@ type Status struct {
 
 // Status reads this box's routes, spaces and counters, and its mesh status.
 func (b *Box) Status() Status {
-	st := Status{Routes: b.reg.Len(), Spaces: b.Spaces(), Counters: b.counters(), Conns: b.SpaceConns()}
-	if b.mesh != nil {
-		ms := b.MeshStatus()
-		st.Mesh = &ms
+	st := Status{Routes: b.reg.Len(), Spaces: b.Spaces(), Counters: b.counters()}
+	if b.mesh == nil {
+		st.Conns = b.SpaceConns()
+		return st
 	}
+	// One walk of the held connections: the mesh document's, said once, at the top.
+	ms := b.MeshStatus()
+	st.Conns, ms.Conns = ms.Conns, nil
+	st.Mesh = &ms
 	return st
 }
 
