@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -50,6 +51,11 @@ type node struct {
 
 	mu      sync.Mutex
 	stopped bool // SIGSTOPped: the admin poller leaves it alone
+
+	// impaired counts the starts and heals of faults that take the box or its bucket
+	// away (odd: one is on). An admin call made through the box while it changed, or
+	// while it is odd, may fail without the product being at fault.
+	impaired atomic.Int64
 }
 
 type cluster struct {

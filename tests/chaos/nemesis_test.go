@@ -29,6 +29,11 @@ func (nm *nemesis) run(kind string, n *node, rng *rand.Rand, overlapping bool) {
 	t, c, hosts := nm.t, nm.c, nm.hosts
 	f := fault{kind: kind, box: n.i, start: time.Now()}
 	switch kind {
+	case "sigkill", "sigstop", "sigterm", "cut", "blackhole", "latency", "droplost":
+		n.impaired.Add(1)
+		defer n.impaired.Add(1)
+	}
+	switch kind {
 	case "sigkill":
 		f.hard = true
 		n.Kill()
@@ -161,7 +166,9 @@ func (nm *nemesis) relocate(n *node, host string, quiet bool) {
 	if cur.HomeRegion == regions[0] {
 		to = regions[1]
 	}
+	before := n.impaired.Load()
 	code, body, err := n.adminDo("POST", "/lchat/mesh/relocate/"+host, map[string]any{"to": to})
+	after := n.impaired.Load()
 	switch {
 	case err == nil && code == http.StatusOK:
 		nm.count("relocated")
@@ -169,6 +176,13 @@ func (nm *nemesis) relocate(n *node, host string, quiet bool) {
 		// Awake (a wake won the race), or no live box of the region: refused, and
 		// nothing changed.
 		nm.count("relocate refused (409)")
+	case before%2 == 1 || after != before:
+		// Another fault had the box or its bucket away during the call (a
+		// repldelay's relocation goes through a box the fault beside it is on): a
+		// failure is that fault's doing. What the relocation changed, if anything,
+		// the history and the final agreement check.
+		nm.count("relocate failed, box impaired")
+		nm.logf("box %d (impaired): relocate %s to %s: %d %s %v", n.i, host, to, code, body, err)
 	default:
 		nm.t.Errorf("box %d: relocate %s to %s: %d %s %v", n.i, host, to, code, body, err)
 	}
