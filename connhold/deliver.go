@@ -21,6 +21,48 @@ type pendingMsg struct {
 	ackAt      time.Time // when it was acknowledged (monotonic)
 	at         At        // the instance that acknowledged it
 	remote     bool      // at is on another box: only its Notices cover it
+	dropped    bool      // no longer in pending (dropAll): an acknowledgement changes nothing
+}
+
+// priorCount is one instance that acknowledged n of a connection's pending messages.
+type priorCount struct {
+	at At
+	n  int
+}
+
+// ackLocked marks m acknowledged by at and counts it.
+func (c *Conn) ackLocked(m *pendingMsg, at At) {
+	m.acked, m.at = true, at
+	c.ackedN++
+	c.ackedBytes += len(m.payload)
+	if at.IsZero() {
+		return
+	}
+	for i := range c.priors {
+		if c.priors[i].at == at {
+			c.priors[i].n++
+			return
+		}
+	}
+	c.priors = append(c.priors, priorCount{at: at, n: 1})
+}
+
+// unackLocked takes m's acknowledgement out of the counts: m is delivered again, or
+// dropped. The caller changes m.acked (or drops m).
+func (c *Conn) unackLocked(m *pendingMsg) {
+	c.ackedN--
+	c.ackedBytes -= len(m.payload)
+	if m.at.IsZero() {
+		return
+	}
+	for i := range c.priors {
+		if c.priors[i].at == m.at {
+			if c.priors[i].n--; c.priors[i].n == 0 {
+				c.priors = slices.Delete(c.priors, i, i+1)
+			}
+			return
+		}
+	}
 }
 
 // queueEvent appends an event in sequence order and starts a delivery if none runs. A
@@ -58,12 +100,15 @@ func (c *Conn) startDeliveryLocked() {
 	safego.Go(&c.h.wg, c.h.log, "connhold delivery", c.deliverLoop)
 }
 
-// nextLocked is the first event not acknowledged, in sequence order.
+// nextLocked is the first event not acknowledged, in sequence order. Every message
+// below c.scan is acknowledged: acknowledgements go in order, and whatever takes one
+// back (replay) or moves the messages (dropAcked) starts the scan over.
 func (c *Conn) nextLocked() *pendingMsg {
-	for _, m := range c.pending {
-		if !m.acked {
-			return m
-		}
+	for c.scan < len(c.pending) && c.pending[c.scan].acked {
+		c.scan++
+	}
+	if c.scan < len(c.pending) {
+		return c.pending[c.scan]
 	}
 	return nil
 }
@@ -124,9 +169,12 @@ func (c *Conn) deliverLoop() {
 		h.st.delivered.Add(1)
 		stamp, ask := h.acked(c.space, c)
 		c.mu.Lock()
-		m.acked, m.stamp, m.ackAt, m.at = true, stamp, time.Now(), reply.At
-		if reply.Mark != 0 {
-			m.stamp, m.remote = reply.Mark, true
+		if !m.dropped {
+			m.stamp, m.ackAt = stamp, time.Now()
+			if reply.Mark != 0 {
+				m.stamp, m.remote = reply.Mark, true
+			}
+			c.ackLocked(m, reply.At)
 		}
 		c.applyLocked(reply)
 		c.mu.Unlock()
@@ -143,11 +191,12 @@ func (c *Conn) deliverLoop() {
 // priorLocked is where c's acknowledged messages that no checkpoint is known to hold
 // were acknowledged (Event.Prior).
 func (c *Conn) priorLocked() []At {
-	var out []At
-	for _, m := range c.pending {
-		if m.acked && !m.at.IsZero() && !slices.Contains(out, m.at) {
-			out = append(out, m.at)
-		}
+	if len(c.priors) == 0 {
+		return nil
+	}
+	out := make([]At, len(c.priors))
+	for i, p := range c.priors {
+		out[i] = p.at
 	}
 	return out
 }
@@ -161,11 +210,13 @@ func (c *Conn) replay(match func(*pendingMsg) bool) int {
 	n := 0
 	for _, pm := range c.pending {
 		if pm.acked && match(pm) {
+			c.unackLocked(pm)
 			pm.acked, pm.redelivery, pm.remote = false, true, false
 			n++
 		}
 	}
 	if n > 0 {
+		c.scan = 0
 		c.h.st.replays.Add(uint64(n))
 		c.startDeliveryLocked()
 	}
@@ -184,13 +235,7 @@ func backoff(l Limits, attempts int) time.Duration {
 // checkpoint: c's acknowledged-but-uncovered backlog passed half its caps.
 func (h *Hub) acked(space string, c *Conn) (uint64, bool) {
 	c.mu.Lock()
-	n, bytes := 0, 0
-	for _, m := range c.pending {
-		if m.acked {
-			n++
-			bytes += len(m.payload)
-		}
-	}
+	n, bytes := c.ackedN, c.ackedBytes
 	c.mu.Unlock()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -233,7 +278,11 @@ func (c *Conn) sendReply(r Reply, inline bool) {
 func (c *Conn) dropAll() {
 	c.mu.Lock()
 	c.h.pendingBytes.Add(-int64(c.pendBytes))
+	for _, pm := range c.pending {
+		pm.dropped = true
+	}
 	c.pending, c.pendBytes = nil, 0
+	c.ackedN, c.ackedBytes, c.priors, c.scan = 0, 0, nil, 0
 	c.mu.Unlock()
 }
 
@@ -279,6 +328,8 @@ func (h *Hub) dropAcked(space string, covered func(*pendingMsg) bool) {
 		kept := c.pending[:0]
 		for _, pm := range c.pending {
 			if pm.acked && covered(pm) {
+				c.unackLocked(pm)
+				pm.dropped = true
 				c.pendBytes -= len(pm.payload)
 				h.pendingBytes.Add(-int64(len(pm.payload)))
 				continue
@@ -286,7 +337,7 @@ func (h *Hub) dropAcked(space string, covered func(*pendingMsg) bool) {
 			kept = append(kept, pm)
 		}
 		clear(c.pending[len(kept):])
-		c.pending = kept
+		c.pending, c.scan = kept, 0
 		c.mu.Unlock()
 		c.maybeDone()
 	}

@@ -117,11 +117,18 @@ type Conn struct {
 	parked            bool
 
 	// Client messages for the instance (deliver.go).
-	nextSeq     uint64
-	pending     []*pendingMsg
-	pendBytes   int
-	delivering  bool
-	closeQueued bool // the close event is in pending
+	nextSeq   uint64
+	pending   []*pendingMsg
+	pendBytes int
+	// What the acknowledged ones of pending add up to, kept as they change so that an
+	// event costs no walk of a backlog that can be MaxPending long: how many, their bytes,
+	// the instances that acknowledged them (Event.Prior) and how many each, and scan, an
+	// index below which every message is acknowledged (where nextLocked starts).
+	ackedN, ackedBytes int
+	priors             []priorCount
+	scan               int
+	delivering         bool
+	closeQueued        bool // the close event is in pending
 
 	// Frames towards the client (write.go).
 	outq       [][]byte

@@ -120,7 +120,9 @@ func TestHeldIdleMemory(t *testing.T) {
 				if hub != nil {
 					st = fmt.Sprintf("%+v", hub.Stats())
 				}
-				t.Fatalf("timed out waiting for every connection held: %d of %d; hub: %v", held(), n, st)
+				k := readKernelMem()
+				t.Fatalf("timed out waiting for every connection held: %d of %d; hub: %v; TCP sockets in use %d -> %d; kernel: %s",
+					held(), n, st, k0.tcpInUse, k.tcpInUse, k.tcpChange(k0))
 			}
 		}
 		dial := time.Since(start)
@@ -132,6 +134,7 @@ func TestHeldIdleMemory(t *testing.T) {
 		t.Logf("kernel, both ends of each loopback connection (the clients' sockets are on this kernel too): Slab %+.1f MiB (SUnreclaim %+.1f MiB) = %.1f KiB per connection; TCP buffer pages %d -> %d; TCP sockets in use %d -> %d",
 			float64(k1.slab-k0.slab)/(1<<20), float64(k1.sunreclaim-k0.sunreclaim)/(1<<20), float64(k1.slab-k0.slab)/float64(n)/1024,
 			k0.tcpMemPages, k1.tcpMemPages, k0.tcpInUse, k1.tcpInUse)
+		t.Logf("kernel counters: %s", k1.tcpChange(k0))
 		if hub != nil {
 			t.Logf("hub: %+v", hub.Stats())
 			if got := connholdGoroutines(); got != 0 {
@@ -184,10 +187,55 @@ func settle() (rss, heap uint64, goroutines int) {
 type kernelMem struct {
 	slab, sunreclaim      int64 // bytes
 	tcpInUse, tcpMemPages int64
+	// tcp is what the kernel counts of connections it ended or packets it dropped
+	// (/proc/net/netstat, /proc/net/snmp, /proc/net/softnet_stat): where connections
+	// that vanished without the hub closing them went.
+	tcp map[string]int64
+}
+
+// tcpCounters are the kernel's counters kernelMem.tcp keeps.
+var tcpCounters = []string{"TcpExt:TCPAbortOnTimeout", "TcpExt:TCPAbortOnMemory", "TcpExt:TCPAbortOnData",
+	"TcpExt:TCPAbortOnClose", "TcpExt:TCPMemoryPressures", "TcpExt:TCPBacklogDrop", "TcpExt:ListenDrops",
+	"TcpExt:ListenOverflows", "TcpExt:TCPKeepAlive", "Tcp:EstabResets", "Tcp:OutRsts", "Tcp:AttemptFails", "softnet:dropped"}
+
+// tcpChange is what changed in the kernel's counters from k0 to k.
+func (k kernelMem) tcpChange(k0 kernelMem) string {
+	var out []string
+	for _, name := range tcpCounters {
+		out = append(out, fmt.Sprintf("%s %+d", name, k.tcp[name]-k0.tcp[name]))
+	}
+	return strings.Join(out, ", ")
+}
+
+// readCounters reads the "Name: a b c" / "Name: 1 2 3" line pairs of /proc/net/netstat
+// and /proc/net/snmp, and the dropped column of /proc/net/softnet_stat (hex, per CPU).
+func readCounters(into map[string]int64) {
+	for _, file := range []string{"/proc/net/netstat", "/proc/net/snmp"} {
+		b, _ := os.ReadFile(file)
+		lines := strings.Split(string(b), "\n")
+		for i := 0; i+1 < len(lines); i += 2 {
+			names, vals := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+			if len(names) == 0 || len(names) != len(vals) || names[0] != vals[0] {
+				continue
+			}
+			for j := 1; j < len(names); j++ {
+				v, _ := strconv.ParseInt(vals[j], 10, 64)
+				into[names[0]+names[j]] = v
+			}
+		}
+	}
+	b, _ := os.ReadFile("/proc/net/softnet_stat")
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 1 {
+			v, _ := strconv.ParseInt(f[1], 16, 64)
+			into["softnet:dropped"] += v
+		}
+	}
 }
 
 func readKernelMem() kernelMem {
-	var k kernelMem
+	k := kernelMem{tcp: map[string]int64{}}
+	readCounters(k.tcp)
 	b, _ := os.ReadFile("/proc/meminfo")
 	for l := range strings.SplitSeq(string(b), "\n") {
 		f := strings.Fields(l)

@@ -2,7 +2,9 @@ package connhold
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -150,5 +152,86 @@ func TestRelayMarksCoverAndEnd(t *testing.T) {
 	}
 	if _, err := ParseAt("only two"); err == nil {
 		t.Errorf("ParseAt took two fields")
+	}
+}
+
+// checkCounts compares c's kept counts of its acknowledged messages (ackedN, ackedBytes,
+// priors, scan) with a walk of pending.
+func checkCounts(t *testing.T, c *Conn) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, bytes := 0, 0
+	var prior []At
+	for i, pm := range c.pending {
+		if !pm.acked {
+			if i < c.scan {
+				t.Errorf("message %d (seq %d) is not acknowledged, below scan %d", i, pm.seq, c.scan)
+			}
+			continue
+		}
+		n++
+		bytes += len(pm.payload)
+		if !pm.at.IsZero() && !slices.Contains(prior, pm.at) {
+			prior = append(prior, pm.at)
+		}
+	}
+	got := c.priorLocked()
+	slices.SortFunc(got, func(a, b At) int { return strings.Compare(a.String(), b.String()) })
+	slices.SortFunc(prior, func(a, b At) int { return strings.Compare(a.String(), b.String()) })
+	if n != c.ackedN || bytes != c.ackedBytes || !slices.Equal(got, prior) {
+		t.Errorf("kept counts: %d acknowledged, %d bytes, prior %v; pending says %d, %d, %v",
+			c.ackedN, c.ackedBytes, got, n, bytes, prior)
+	}
+}
+
+// The counts an event reads instead of walking the backlog (how many acknowledged, their
+// bytes, the instances in Event.Prior) stay what the backlog says through moves,
+// replays, local and remote checkpoints and a box that left.
+func TestAcknowledgedCountsFollowTheBacklog(t *testing.T) {
+	b := At{Box: "https://b", Incarnation: "i1", Instance: "10@1"}
+	cb := At{Box: "https://c", Incarnation: "i2", Instance: "20@2"}
+	tb, ra := newRemoteBox(t, b)
+	ws := tb.dial(t, nil)
+	var c *Conn
+	waitFor(t, "the connection held", func() bool {
+		all := tb.hub.allConns()
+		c = nil
+		if len(all) == 1 {
+			c = all[0]
+		}
+		return c != nil
+	})
+	delivered := func(n uint64) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("%d delivered", n), func() bool { return tb.hub.Stats().Delivered == n })
+		checkCounts(t, c)
+	}
+	for _, m := range []string{"a", "bb", "ccc"} {
+		write(t, ws, m)
+	}
+	delivered(3)
+	if p := tb.app.all()[2].Prior; !slices.Equal(p, []At{b}) {
+		t.Errorf("third event's Prior %v, want [b]", p)
+	}
+	ra.move(cb) // the next event is refused until a, bb, ccc are delivered again at c
+	write(t, ws, "dddd")
+	delivered(7)
+	tb.hub.RemoteCovered("s1", cb, 2)
+	checkCounts(t, c)
+	if l := tb.hub.List("s1", ""); l[0].Pending != 2 {
+		t.Fatalf("after c covered marks 1-2: %d pending, want 2", l[0].Pending)
+	}
+	tb.hub.BoxGone(cb.Box, cb.Incarnation)
+	delivered(9)
+	tb.hub.RemoteGone("s1", cb, 100)
+	checkCounts(t, c)
+	if l := tb.hub.List("s1", ""); l[0].Pending != 0 {
+		t.Fatalf("after c covered everything: %d pending, want 0", l[0].Pending)
+	}
+	write(t, ws, "e")
+	delivered(10)
+	if p := tb.app.all()[len(tb.app.all())-1].Prior; len(p) != 0 {
+		t.Errorf("after everything was covered, Prior %v, want none", p)
 	}
 }
