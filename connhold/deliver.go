@@ -345,8 +345,9 @@ func (h *Hub) dropAcked(space string, covered func(*pendingMsg) bool) {
 
 // CheckpointCovered is CheckpointDone for an engine that reports a checkpoint when it has
 // completed, with the time it started: messages acknowledged before started are dropped.
-// started must not be later than the checkpoint's real start (an observer subtracts a
-// margin), or a message acknowledged just after it could be dropped unsaved.
+// started must not be later than the checkpoint's real start (the engine stamps it
+// before it reads a file), or a message acknowledged just after it could be dropped
+// unsaved.
 func (h *Hub) CheckpointCovered(space string, started time.Time) {
 	h.dropAcked(space, func(pm *pendingMsg) bool { return !pm.remote && pm.ackAt.Before(started) })
 }

@@ -39,6 +39,10 @@ type Event struct {
 	Phases WakePhases `json:"phases,omitzero"`
 	// Duration of a checkpoint.
 	Duration time.Duration `json:"duration,omitempty"`
+	// Started is when a checkpoint began, before it read anything of the space's files
+	// (on this process's monotonic clock when read in it): what was written before it is
+	// in the checkpoint.
+	Started time.Time `json:"started,omitzero"`
 	// Bytes uploaded by a checkpoint.
 	Bytes int64 `json:"bytes,omitempty"`
 	// Size of the space's files after a wake or checkpoint.

@@ -36,6 +36,7 @@ func TestObserverHearsWakePhasesAndCheckpoint(t *testing.T) {
 	if err := os.WriteFile(data, []byte("twelve bytes"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	wrote := time.Now() // what connhold's CheckpointCovered compares with Started
 	u.Release()
 	if err := e.Sleep(context.Background(), host); err != nil {
 		t.Fatal(err)
@@ -72,6 +73,11 @@ func TestObserverHearsWakePhasesAndCheckpoint(t *testing.T) {
 	c := byType[EventCheckpoint]
 	if c.Err != "" || c.Bytes < 12 || c.Size < 12 || c.Duration <= 0 {
 		t.Errorf("checkpoint %+v: want >= 12 bytes uploaded and size, a duration", c)
+	}
+	// Started is the checkpoint's start, which held the write: after it, and not after
+	// the end minus the duration (stamped once the checkpoint had read the files).
+	if !c.Started.After(wrote) || c.Started.After(c.At.Add(-c.Duration)) {
+		t.Errorf("checkpoint started %v: want after the write (%v), not after its end %v minus its duration %v", c.Started, wrote, c.At, c.Duration)
 	}
 	if s := byType[EventSleep]; s.Reason != "requested" {
 		t.Errorf("sleep reason %q, want requested", s.Reason)

@@ -301,7 +301,7 @@ func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, mode spacestore
 		}
 	}
 	st, err := in.syncer.Checkpoint(ctx, mode, next, e.now())
-	ev := Event{Type: EventCheckpoint, Host: in.host, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}
+	ev := Event{Type: EventCheckpoint, Host: in.host, Started: began, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}
 	e.noteSkipped(in, st.Skipped)
 	in.mu.Lock()
 	if err == nil {

@@ -66,11 +66,6 @@ func (c *conns) closed() bool {
 	return c.done
 }
 
-// checkpointMargin is taken off a checkpoint's start as the engine reports it (its end
-// minus its duration, stamped a moment after its real start), so that a message
-// acknowledged just after the real start is never taken for saved.
-const checkpointMargin = time.Second
-
 func newConns(b *box.Box, stateDir string, lim connhold.Limits, log *zap.Logger) (*conns, error) {
 	log = log.Named("conns")
 	c := &conns{box: b, stateDir: stateDir, log: log, clients: make(map[string]*connhold.EventClient),
@@ -135,7 +130,13 @@ func (c *conns) observe(ev engine.Event) {
 		c.lastCkptOK[ev.Host] = ev.Err == ""
 		c.mu.Unlock()
 		if ev.Err == "" {
-			started := ev.At.Add(-ev.Duration - checkpointMargin)
+			// The engine's own stamp, taken before it read a file: a message
+			// acknowledged before it was written before it, and is in the checkpoint.
+			// (It once was the end minus the duration, a moment after the real start,
+			// with a second taken off: a connection sending more than its cap within a
+			// second was closed, and one sending half its cap a second had its space
+			// checkpointed back to back.)
+			started := ev.Started
 			c.hub.CheckpointCovered(ev.Host, started)
 			if n, entries, ok := c.relay.Checkpointed(ev.Host, started); ok {
 				c.tell(n, entries)

@@ -376,13 +376,16 @@ const connIDLike = "AAAAAAAAAAAAAAAAAAAAAA"
 // TestAcknowledgedBacklogIsCheckpointedNotClosed: a space that checkpoints only at sleep
 // keeps every acknowledged message pending until a checkpoint covers it; once they pile
 // up the box takes a checkpoint on demand, so a connection sending steadily never hits
-// its pending cap (1013) while the space stays awake.
+// its pending cap (1013) while the space stays awake. Steadily here is 128 messages in
+// about a second on a cap of 128: a checkpoint covers what was acknowledged before it
+// began, so it frees a connection that sends its cap within any second (when the box
+// took a second off a checkpoint's start, this connection was closed with 1013).
 func TestAcknowledgedBacklogIsCheckpointedNotClosed(t *testing.T) {
 	app := buildApp(t)
 	cfg := harness.Config{
 		Bucket: map[string]any{"backend": "file", "root": "{$LCHAT_TEST_DIR}/bucket"},
 		Lchat: map[string]any{
-			"connections": map[string]any{"max_pending": 16},
+			"connections": map[string]any{"max_pending": 128},
 			"kinds": map[string]any{"hold": map[string]any{
 				"command": app, "ready_path": "/healthz", "stop_grace": "5s", "idle_timeout": "30s",
 				"isolation": "none", "network": "host", "replication": map[string]any{"class": "sleep"},
@@ -394,9 +397,9 @@ func TestAcknowledgedBacklogIsCheckpointedNotClosed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := dialHeld(t, ctx, b, host)
-	// Three times the cap, paced so that most acknowledgements are older than the
-	// checkpoint margin (1 s) when a checkpoint starts.
-	for i := 1; i <= 48; i++ {
+	// Three times the cap, 2 ms apart: 200 to 400 a second here (a checkpoint of this
+	// space takes a few milliseconds).
+	for i := 1; i <= 384; i++ {
 		if err := c.Write(ctx, websocket.MessageText, []byte(fmt.Sprint(i))); err != nil {
 			t.Fatalf("message %d: %v", i, err)
 		}
@@ -407,6 +410,6 @@ func TestAcknowledgedBacklogIsCheckpointedNotClosed(t *testing.T) {
 		if want := fmt.Sprintf("echo %d from ", i); !strings.HasPrefix(string(got), want) {
 			t.Fatalf("message %d: answer %q", i, got)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
 	}
 }
