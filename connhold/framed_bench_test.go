@@ -6,14 +6,8 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
 	"net/textproto"
-	"net/url"
-	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,56 +21,32 @@ import (
 // answers. Not the contract: the measurement behind not building it (see
 // BenchmarkFramedRoundTrip).
 func framedInstance(tb testing.TB) string {
-	sock := filepath.Join(tb.TempDir(), "f.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /.lchat/ws/stream", func(w http.ResponseWriter, r *http.Request) {
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		c.SetReadLimit(-1)
-		defer c.CloseNow()
-		for {
-			_, b, err := c.Read(context.Background())
+	return roundTripInstance(tb, func(mux *http.ServeMux) {
+		mux.HandleFunc("GET /.lchat/ws/stream", func(w http.ResponseWriter, r *http.Request) {
+			c, err := websocket.Accept(w, r, nil)
 			if err != nil {
 				return
 			}
-			// Answered inline, one at a time (a goroutine per message cost more).
-			tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(b)))
-			h, _ := tp.ReadMIMEHeader()
-			i := bytes.Index(b, []byte("\r\n\r\n"))
-			var out bytes.Buffer
-			out.WriteString("Lchat-Conn-Id: " + h.Get("Lchat-Conn-Id") + "\r\nLchat-Seq: " + h.Get("Lchat-Seq") + "\r\nStatus: 200\r\n\r\n")
-			out.Write(b[i+4:])
-			if c.Write(context.Background(), websocket.MessageBinary, out.Bytes()) != nil {
-				return
+			c.SetReadLimit(-1)
+			defer c.CloseNow()
+			for {
+				_, b, err := c.Read(context.Background())
+				if err != nil {
+					return
+				}
+				// Answered inline, one at a time (a goroutine per message cost more).
+				tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(b)))
+				h, _ := tp.ReadMIMEHeader()
+				i := bytes.Index(b, []byte("\r\n\r\n"))
+				var out bytes.Buffer
+				out.WriteString("Lchat-Conn-Id: " + h.Get("Lchat-Conn-Id") + "\r\nLchat-Seq: " + h.Get("Lchat-Seq") + "\r\nStatus: 200\r\n\r\n")
+				out.Write(b[i+4:])
+				if c.Write(context.Background(), websocket.MessageBinary, out.Bytes()) != nil {
+					return
+				}
 			}
-		}
+		})
 	})
-	mux.HandleFunc("GET /tunnel", func(w http.ResponseWriter, r *http.Request) {
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer c.CloseNow()
-		for {
-			typ, b, err := c.Read(context.Background())
-			if err != nil {
-				return
-			}
-			if c.Write(context.Background(), typ, b) != nil {
-				return
-			}
-		}
-	})
-	srv := &http.Server{Handler: mux}
-	go srv.Serve(ln)
-	tb.Cleanup(func() { srv.Close() })
-	return sock
 }
 
 // framedDeliverer sends each event as a message of one WebSocket to the instance, and a
@@ -147,55 +117,7 @@ func (f *framedDeliverer) Deliver(ctx context.Context, ev Event) (Reply, error) 
 //	go test ./connhold -run '^$' -bench 'HeldRoundTrip|FramedRoundTrip' -benchtime 5000x -count 3
 func BenchmarkFramedRoundTrip(b *testing.B) {
 	sock := framedInstance(b)
-	var d net.Dialer
-	dialInstance := func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", sock) }
-	fd := newFramed(b, sock)
-	hub, err := NewHub(Limits{}, fd, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	hub.NeedCheckpoint = func(space string, _ At) {
-		go hub.CheckpointDone(space, hub.CheckpointStarted(space))
-	}
-	up, _ := url.Parse("http://instance")
-	tunnel := httputil.NewSingleHostReverseProxy(up)
-	tunnel.Transport = &http.Transport{DialContext: dialInstance}
-	box := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/tunnel" {
-			tunnel.ServeHTTP(w, r)
-			return
-		}
-		if _, err := hub.Accept(w, r, "s1", NewID(), Reply{}, ""); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-		}
-	}))
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		hub.Shutdown(ctx, CloseServiceRestart)
-		box.Close()
-	})
-	ctx := context.Background()
-	dial := func(path string) *websocket.Conn {
-		c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(box.URL, "http")+path, nil)
-		if err != nil {
-			b.Fatalf("dialing %s: %v", path, err)
-		}
-		b.Cleanup(func() { c.CloseNow() })
-		return c
-	}
-	held, tun := dial("/held"), dial("/tunnel")
-	msg := []byte("x")
-	roundTrip := func(c *websocket.Conn) time.Duration {
-		start := time.Now()
-		if err := c.Write(ctx, websocket.MessageText, msg); err != nil {
-			b.Fatal(err)
-		}
-		if _, got, err := c.Read(ctx); err != nil || string(got) != "x" {
-			b.Fatalf("answer %q, %v", got, err)
-		}
-		return time.Since(start)
-	}
+	roundTrip, held, tun := roundTripRig(b, sock, newFramed(b, sock))
 	for range 100 {
 		roundTrip(held)
 		roundTrip(tun)
@@ -207,11 +129,7 @@ func BenchmarkFramedRoundTrip(b *testing.B) {
 		ts = append(ts, roundTrip(tun))
 	}
 	b.StopTimer()
-	med := func(d []time.Duration) float64 {
-		slices.Sort(d)
-		return float64(d[len(d)/2].Nanoseconds()) / 1e3
-	}
-	h, t := med(hs), med(ts)
+	h, t := medianMicros(hs), medianMicros(ts)
 	b.ReportMetric(h, "framed-µs")
 	b.ReportMetric(t, "tunnel-µs")
 	b.ReportMetric(h/t, "framed/tunnel")

@@ -19,8 +19,8 @@ import (
 
 // roundTripInstance is an instance on a Unix socket that answers each event POST inline
 // with its message, and echoes the messages of a WebSocket it terminates itself (the
-// tunnel's far end).
-func roundTripInstance(tb testing.TB) string {
+// tunnel's far end); more adds handlers.
+func roundTripInstance(tb testing.TB, more func(*http.ServeMux)) string {
 	sock := filepath.Join(tb.TempDir(), "i.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -31,6 +31,9 @@ func roundTripInstance(tb testing.TB) string {
 		b, _ := io.ReadAll(r.Body)
 		w.Write(b)
 	})
+	if more != nil {
+		more(mux)
+	}
 	mux.HandleFunc("GET /tunnel", func(w http.ResponseWriter, r *http.Request) {
 		c, err := websocket.Accept(w, r, nil)
 		if err != nil {
@@ -71,11 +74,50 @@ func (d postDeliverer) Deliver(ctx context.Context, ev Event) (Reply, error) {
 //
 //	go test ./connhold -run '^$' -bench HeldRoundTrip -benchtime 5000x
 func BenchmarkHeldRoundTrip(b *testing.B) {
-	sock := roundTripInstance(b)
-	var d net.Dialer
-	dialInstance := func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", sock) }
+	sock := roundTripInstance(b, nil)
+	roundTrip, held, tun := roundTripRig(b, sock, postDeliverer{&EventClient{Socket: sock}})
+	ctx := context.Background()
+	msg := []byte("x")
+	// The event POST alone, as the hub sends it, with a client of its own.
+	post := postDeliverer{&EventClient{Socket: sock}}
+	ev := Event{Space: "s1", ConnID: NewID(), Kind: KindText, Payload: msg}
+	postOnly := func() time.Duration {
+		start := time.Now()
+		ev.Seq++
+		if r, err := post.Deliver(ctx, ev); err != nil || len(r.Messages) != 1 {
+			b.Fatalf("POST: %+v %v", r, err)
+		}
+		return time.Since(start)
+	}
+	for range 100 { // warm all three: connections to the instance, buffers
+		roundTrip(held)
+		roundTrip(tun)
+		postOnly()
+	}
+	var hs, ts, ps []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		hs = append(hs, roundTrip(held))
+		ts = append(ts, roundTrip(tun))
+		ps = append(ps, postOnly())
+	}
+	b.StopTimer()
+	h, t, p := medianMicros(hs), medianMicros(ts), medianMicros(ps)
+	b.ReportMetric(h, "held-µs")
+	b.ReportMetric(t, "tunnel-µs")
+	b.ReportMetric(p, "post-µs")
+	b.ReportMetric(h/t, "held/tunnel")
+	b.ReportMetric((t+p)/t, "(tunnel+post)/tunnel")
+	b.ReportMetric(0, "ns/op")
+}
 
-	hub, err := NewHub(Limits{}, postDeliverer{&EventClient{Socket: sock}}, nil)
+// roundTripRig is a box for the round-trip benchmarks: a hub delivering with d, and
+// today's tunnel (a reverse proxy to the instance at sock); held and tun are a client's
+// WebSocket through each, and roundTrip times one message's answer on either.
+func roundTripRig(b *testing.B, sock string, d Deliverer) (roundTrip func(*websocket.Conn) time.Duration, held, tun *websocket.Conn) {
+	var dl net.Dialer
+	dialInstance := func(ctx context.Context, _, _ string) (net.Conn, error) { return dl.DialContext(ctx, "unix", sock) }
+	hub, err := NewHub(Limits{}, d, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -111,9 +153,9 @@ func BenchmarkHeldRoundTrip(b *testing.B) {
 		b.Cleanup(func() { c.CloseNow() })
 		return c
 	}
-	held, tun := dial("/held"), dial("/tunnel")
+	held, tun = dial("/held"), dial("/tunnel")
 	msg := []byte("x")
-	roundTrip := func(c *websocket.Conn) time.Duration {
+	roundTrip = func(c *websocket.Conn) time.Duration {
 		start := time.Now()
 		if err := c.Write(ctx, websocket.MessageText, msg); err != nil {
 			b.Fatal(err)
@@ -123,39 +165,11 @@ func BenchmarkHeldRoundTrip(b *testing.B) {
 		}
 		return time.Since(start)
 	}
-	// The event POST alone, as the hub sends it, with a client of its own.
-	post := postDeliverer{&EventClient{Socket: sock}}
-	ev := Event{Space: "s1", ConnID: NewID(), Kind: KindText, Payload: msg}
-	postOnly := func() time.Duration {
-		start := time.Now()
-		ev.Seq++
-		if r, err := post.Deliver(ctx, ev); err != nil || len(r.Messages) != 1 {
-			b.Fatalf("POST: %+v %v", r, err)
-		}
-		return time.Since(start)
-	}
-	for range 100 { // warm all three: connections to the instance, buffers
-		roundTrip(held)
-		roundTrip(tun)
-		postOnly()
-	}
-	var hs, ts, ps []time.Duration
-	b.ResetTimer()
-	for b.Loop() {
-		hs = append(hs, roundTrip(held))
-		ts = append(ts, roundTrip(tun))
-		ps = append(ps, postOnly())
-	}
-	b.StopTimer()
-	med := func(d []time.Duration) float64 {
-		slices.Sort(d)
-		return float64(d[len(d)/2].Nanoseconds()) / 1e3
-	}
-	h, t, p := med(hs), med(ts), med(ps)
-	b.ReportMetric(h, "held-µs")
-	b.ReportMetric(t, "tunnel-µs")
-	b.ReportMetric(p, "post-µs")
-	b.ReportMetric(h/t, "held/tunnel")
-	b.ReportMetric((t+p)/t, "(tunnel+post)/tunnel")
-	b.ReportMetric(0, "ns/op")
+	return roundTrip, held, tun
+}
+
+// medianMicros is d's median in µs.
+func medianMicros(d []time.Duration) float64 {
+	slices.Sort(d)
+	return float64(d[len(d)/2].Nanoseconds()) / 1e3
 }
