@@ -112,7 +112,7 @@ func (f *framedDeliverer) Deliver(ctx context.Context, ev Event) (Reply, error) 
 // of one kept WebSocket to the instance instead of an HTTP POST: what a framed awake
 // transport (a second contract for apps) would reach, against the tunnel, side by side.
 // It is the measurement behind not building one (docs/connections.md, "Not yet"): it
-// reached 1.5-1.7x the tunnel where the POST reached 1.9-2.1x, in the same runs.
+// reached 1.5-1.9x the tunnel where the POST reached 1.8-2.2x, in the same runs.
 //
 //	go test ./connhold -run '^$' -bench 'HeldRoundTrip|FramedRoundTrip' -benchtime 5000x -count 3
 func BenchmarkFramedRoundTrip(b *testing.B) {

@@ -397,8 +397,9 @@ func TestAcknowledgedBacklogIsCheckpointedNotClosed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := dialHeld(t, ctx, b, host)
-	// Three times the cap, 2 ms apart: 200 to 400 a second here (a checkpoint of this
-	// space takes a few milliseconds).
+	// Three times the cap, 2 ms apart: 150 to 200 a second here, so a checkpoint asked
+	// for at half the cap has 64 messages' time (300 ms or more) to complete; one of this
+	// space takes a few milliseconds.
 	for i := 1; i <= 384; i++ {
 		if err := c.Write(ctx, websocket.MessageText, []byte(fmt.Sprint(i))); err != nil {
 			t.Fatalf("message %d: %v", i, err)
