@@ -1,6 +1,6 @@
 #!/bin/sh
 # install.sh installs lchat-caddy on one box from a checkout: the binary and lchat-pageread
-# (built beside it: go build -o <dir>/lchat-pageread ./cmd/lchat-pageread), the demo
+# (built beside it: CGO_ENABLED=0 go build -o <dir>/lchat-pageread ./cmd/lchat-pageread), the demo
 # space's own binary when it sits beside it, the Caddyfile with the snippet files it
 # imports, and the systemd unit.
 #
@@ -13,8 +13,8 @@
 #   /usr/local/bin/lchat-pageread              reads an isolated space's SQLite databases
 #                                              for its checkpoints, under the space's uid
 #                                              (docs/parsers.md); found beside lchat-caddy
-#   /usr/local/bin/lchat-demo-space            from beside the given binary (go build -o
-#                                              bin/lchat-demo-space ./cmd/lchat-demo-space);
+#   /usr/local/bin/lchat-demo-space            from beside the given binary (CGO_ENABLED=0
+#                                              go build -o bin/lchat-demo-space ./cmd/lchat-demo-space);
 #                                              without it the demo kind runs the slower
 #                                              `lchat-caddy demo-space` alias
 #   /etc/lchat-caddy/Caddyfile                 caddyfiles/single.Caddyfile (or mesh.Caddyfile)
@@ -52,7 +52,7 @@ esac
 }
 pageread=$(dirname "$bin")/lchat-pageread
 [ -x "$pageread" ] || {
-	echo "$0: $pageread is missing: build it beside lchat-caddy (go build -o $pageread ./cmd/lchat-pageread)" >&2
+	echo "$0: $pageread is missing: build it beside lchat-caddy (CGO_ENABLED=0 go build -o $pageread ./cmd/lchat-pageread)" >&2
 	exit 1
 }
 

@@ -35,8 +35,11 @@ var (
 )
 
 // build runs `go build` once per process for one binary, with the Go build cache
-// making repeat builds cheap. modfile selects tools/go.mod for the test servers.
-func build(name, pkg, modfile string) (string, error) {
+// making repeat builds cheap. modfile selects tools/go.mod for the test servers. static
+// builds without cgo (CGO_ENABLED=0, as scripts/test builds the programs a box execs at
+// each wake or checkpoint): a statically linked binary does not run the dynamic loader at
+// every exec.
+func build(name, pkg, modfile string, static bool) (string, error) {
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	out := filepath.Join(binDir(), name)
@@ -49,14 +52,14 @@ func build(name, pkg, modfile string) (string, error) {
 			return out, nil
 		}
 	}
-	err := buildLocked(out, pkg, modfile)
+	err := buildLocked(out, pkg, modfile, static)
 	buildDone[name] = err
 	return out, err
 }
 
 // buildLocked builds pkg into out under a file lock shared by every test process, writing a
 // temp file and renaming it so a concurrent reader never sees a half-written binary.
-func buildLocked(out, pkg, modfile string) error {
+func buildLocked(out, pkg, modfile string, static bool) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
@@ -77,6 +80,9 @@ func buildLocked(out, pkg, modfile string) error {
 	tmp := fmt.Sprintf("%s.tmp%d", out, os.Getpid())
 	cmd := exec.Command("go", "build", "-o", tmp, pkg)
 	cmd.Dir = dir
+	if static {
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	}
 	if output, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("building %s: %v\n%s", pkg, err, output)
@@ -89,7 +95,9 @@ func buildLocked(out, pkg, modfile string) error {
 func Binary(t testing.TB) string {
 	t.Helper()
 	PageReader(t)
-	p, err := build("lchat-caddy", "./cmd/lchat-caddy", "")
+	// With cgo: os/user then asks NSS, so an LDAP or systemd account's uid is never
+	// handed to a space (sandbox.accountExists).
+	p, err := build("lchat-caddy", "./cmd/lchat-caddy", "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +108,7 @@ func Binary(t testing.TB) string {
 // lchat-caddy the harness builds is in.
 func PageReader(t testing.TB) string {
 	t.Helper()
-	p, err := build("lchat-pageread", "./cmd/lchat-pageread", "")
+	p, err := build("lchat-pageread", "./cmd/lchat-pageread", "", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +129,7 @@ func CertsBinary(t testing.TB) string {
 	out := filepath.Join(binDir(), name)
 	err, ok := buildDone[name]
 	if !ok {
-		err = buildLocked(out, "./tests/certs/cmd", "")
+		err = buildLocked(out, "./tests/certs/cmd", "", false)
 		buildDone[name] = err
 	}
 	if err != nil {
@@ -144,7 +152,7 @@ func Tool(t testing.TB, name string) string {
 	if !ok {
 		t.Fatalf("unknown tool %q", name)
 	}
-	p, err := build(name, pkg, "tools/go.mod")
+	p, err := build(name, pkg, "tools/go.mod", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +163,7 @@ func Tool(t testing.TB, name string) string {
 // (cmd/lchat-demo-space), which scripts/test builds beside lchat-caddy.
 func DemoSpaceBinary(t testing.TB) string {
 	t.Helper()
-	p, err := build("lchat-demo-space", "./cmd/lchat-demo-space", "")
+	p, err := build("lchat-demo-space", "./cmd/lchat-demo-space", "", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,10 +171,22 @@ func DemoSpaceBinary(t testing.TB) string {
 }
 
 // Program returns the path of a small test program built from pkg (a path below the
-// repository, "./tests/..."), named name in the binaries' directory.
+// repository, "./tests/..."), named name in the binaries' directory, without cgo like the
+// demo space it is measured against.
 func Program(t testing.TB, name, pkg string) string {
 	t.Helper()
-	p, err := build(name, pkg, "")
+	p, err := build(name, pkg, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// ProgramWithCgo is Program built with cgo (dynamically linked, go build's default), for
+// a figure that sets the two side by side.
+func ProgramWithCgo(t testing.TB, name, pkg string) string {
+	t.Helper()
+	p, err := build(name, pkg, "", false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ const SeaweedPkg = "github.com/seaweedfs/seaweedfs/weed"
 // minutes cold on two cores: only opt-in tests use it).
 func SeaweedBinary(t testing.TB) string {
 	t.Helper()
-	p, err := build("weed", SeaweedPkg, "tools/s3second/go.mod")
+	p, err := build("weed", SeaweedPkg, "tools/s3second/go.mod", false)
 	if err != nil {
 		t.Fatal(err)
 	}

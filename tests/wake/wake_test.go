@@ -78,7 +78,9 @@ func get(socket, path string, timeout time.Duration) (int, error) {
 // it as fd 3 (as pid 1 of a PID namespace when pidNS, so LISTEN_PID=1 holds), send one GET
 // and read the answer. It returns the time from the exec to the answer. dataDir is
 // $LCHAT_DATA_DIR ("": a fresh one).
-func execToAnswer(t *testing.T, bin string, args, env []string, dataDir, path string, pidNS bool) time.Duration {
+// execToAnswer execs bin on a listener passed as fd 3 and returns the time from the exec to
+// its first answer, and the CPU the process spent in that time (it is killed at once).
+func execToAnswer(t *testing.T, bin string, args, env []string, dataDir, path string, pidNS bool) (wall, cpu time.Duration) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "floor")
 	if err != nil {
@@ -122,7 +124,7 @@ func execToAnswer(t *testing.T, bin string, args, env []string, dataDir, path st
 	if err != nil || code != 200 {
 		t.Fatalf("%s: first answer %d %v", bin, code, err)
 	}
-	return d
+	return d, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 }
 
 // stateDir is a short state dir the spaces' uids can traverse.
@@ -203,6 +205,9 @@ func TestWakeFigures(t *testing.T) {
 	rounds := envInt("LCHAT_WAKE_ROUNDS", 5)
 	minimal := harness.Program(t, "lchat-test-minimal", "./tests/wake/minimal")
 	demo := harness.DemoSpaceBinary(t)
+	// The same binary built with cgo (dynamically linked), as `go build` makes it by
+	// default: what building it without cgo saves at each exec.
+	demoCgo := harness.ProgramWithCgo(t, "lchat-test-demo-space-cgo", "./cmd/lchat-demo-space")
 	big := harness.Binary(t)
 	bk := os.Getenv("LCHAT_WAKE_BUCKET")
 	if bk == "" {
@@ -210,6 +215,7 @@ func TestWakeFigures(t *testing.T) {
 	}
 	e := newEngine(t, bk, map[string]engine.Kind{
 		"small":   demoKind(demo, nil, true),
+		"cgo":     demoKind(demoCgo, nil, true),
 		"alias":   demoKind(big, []string{"demo-space"}, true),
 		"polling": demoKind(demo, nil, false),
 		"before":  demoKind(big, []string{"demo-space"}, false),
@@ -240,10 +246,11 @@ func TestWakeFigures(t *testing.T) {
 		name string
 		d    dist
 	}
-	var floor, floorNS, demoExec, overhead, overheadSerial dist
+	var floor, floorNS, demoExec, demoCgoExec, overhead, overheadSerial dist
+	var floorCPU, demoCPU, demoCgoCPU dist
 	wakes := map[string]*dist{}
 	phaseSum := map[string][]engine.WakePhases{}
-	order := []string{"small", "serial", "alias", "polling", "before"}
+	order := []string{"small", "serial", "cgo", "alias", "polling", "before"}
 	for _, k := range order {
 		wakes[k] = &dist{}
 		// The first wake of a space creates its database; the figures are of wakes of a
@@ -260,10 +267,14 @@ func TestWakeFigures(t *testing.T) {
 	demoData := filepath.Join(stateDir(t), "data")
 	execToAnswer(t, demo, nil, nil, demoData, "/", true)
 	for range rounds {
-		floor = append(floor, execToAnswer(t, minimal, nil, nil, "", "/", false))
-		floorNS = append(floorNS, execToAnswer(t, minimal, nil, nil, "", "/", true))
-		de := execToAnswer(t, demo, nil, nil, demoData, "/", true)
-		demoExec = append(demoExec, de)
+		fw, fc := execToAnswer(t, minimal, nil, nil, "", "/", false)
+		floor, floorCPU = append(floor, fw), append(floorCPU, fc)
+		fw, _ = execToAnswer(t, minimal, nil, nil, "", "/", true)
+		floorNS = append(floorNS, fw)
+		de, dc := execToAnswer(t, demo, nil, nil, demoData, "/", true)
+		demoExec, demoCPU = append(demoExec, de), append(demoCPU, dc)
+		cw, cc := execToAnswer(t, demoCgo, nil, nil, demoData, "/", true)
+		demoCgoExec, demoCgoCPU = append(demoCgoExec, cw), append(demoCgoCPU, cc)
 		for _, k := range order {
 			host := k + ".test"
 			d, err := wakeToAnswer(engineOf(k), engine.Space{Host: host, Kind: k}, "/")
@@ -291,9 +302,13 @@ func TestWakeFigures(t *testing.T) {
 	fmt.Printf("  floor: minimal Go server, exec to first answer        %s\n", floor)
 	fmt.Printf("  floor in a PID namespace (as socket activation runs)  %s\n", floorNS)
 	fmt.Printf("  lchat-demo-space alone, exec to first answer (pid 1)  %s\n", demoExec)
+	fmt.Printf("    the same binary built with cgo (dynamically linked)  %s\n", demoCgoExec)
+	fmt.Printf("  CPU from exec to first answer, p50: floor %.2f ms, lchat-demo-space %.2f ms, with cgo %.2f ms\n",
+		ms(floorCPU.q(.5)), ms(demoCPU.q(.5)), ms(demoCgoCPU.q(.5)))
 	names := map[string]string{
 		"small":   "demo room wake: lchat-demo-space, socket activation",
 		"serial":  "  the same, lease held before restore and start (old)",
+		"cgo":     "  the same, lchat-demo-space built with cgo",
 		"alias":   "demo room wake: lchat-caddy demo-space, socket act.",
 		"polling": "demo room wake: lchat-demo-space, polled readiness",
 		"before":  "demo room wake: lchat-caddy demo-space, polled (old)",

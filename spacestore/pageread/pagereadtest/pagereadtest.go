@@ -48,6 +48,7 @@ func build() (string, error) {
 	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
 	cmd := exec.Command("go", "build", "-o", out, "./cmd/lchat-pageread")
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as scripts/test builds it
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building lchat-pageread: %v\n%s", err, b)
 	}
