@@ -94,7 +94,6 @@ func openStore(ctx context.Context, path string) (*store, error) {
 // into chat.db, so a stopped instance leaves a single self-contained file.
 func (s *store) Close() error { return s.db.Close() }
 
-func (s *store) ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 
 // insertMessage stores a message and returns it with its id.
 func (s *store) insertMessage(ctx context.Context, author, text, kind string, now time.Time) (Message, error) {
