@@ -94,7 +94,6 @@ func openStore(ctx context.Context, path string) (*store, error) {
 // into chat.db, so a stopped instance leaves a single self-contained file.
 func (s *store) Close() error { return s.db.Close() }
 
-
 // insertMessage stores a message and returns it with its id.
 func (s *store) insertMessage(ctx context.Context, author, text, kind string, now time.Time) (Message, error) {
 	return insertMessage(ctx, s.db, author, text, kind, now)
