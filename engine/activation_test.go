@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"golang.org/x/sys/unix"
+
 	"github.com/lchat/lchat-caddy/sandbox"
 	"github.com/lchat/lchat-caddy/spacestore/pageread/pagereadtest"
 )
@@ -297,5 +299,145 @@ func TestWithoutSocketActivationTheInstanceBindsItsSocket(t *testing.T) {
 	got := info(t, u.Socket())
 	if got.PID == 1 || got.ListenFDs != "" || got.ListenPID != "" || got.LchatSocket == "" {
 		t.Errorf("instance sees %+v; want its own socket path and no activation", got)
+	}
+}
+
+// listenerID identifies the socket the box passed to host's running instance: the inode
+// of its listener in sockfs, unique while the socket exists (a socket file's inode number
+// in the filesystem may be reused at once by the next bind).
+func listenerID(t *testing.T, e *Engine, host string) uint64 {
+	t.Helper()
+	in := e.lookup(host)
+	in.mu.Lock()
+	p := in.proc
+	in.mu.Unlock()
+	if p == nil || p.ln == nil {
+		t.Fatalf("%s: no running socket-activated instance", host)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(p.ln.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// TestCleanSleepParksTheActivatedSocket: a socket-activated space that the engine put to
+// sleep gets the same listening socket at its next wake (no new socket file: no inode to
+// allocate), while asleep its path is gone (a dial is refused at once, never queued), and
+// a connection that reached the parked socket is closed, never answered by the next
+// instance. A crash, or an app that shut its listener down, gets a fresh socket that
+// answers.
+func TestCleanSleepParksTheActivatedSocket(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only an instance in a cgroup parks its socket (CI runs as root)")
+	}
+	dir, instBin := reachableInstance(t, "actpark")
+	k := testKind(t, nil)
+	k.Command, k.Isolation = instBin, IsolationOn
+	shut := k
+	shut.Env = map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1", "SHUTDOWN_LISTENER_AT_TERM": "1"}
+	e := activationEngine(t, dir, map[string]Kind{"app": k, "shut": shut})
+	ctx := context.Background()
+	wake := func(sp Space) (string, instanceInfo) {
+		t.Helper()
+		var u *Use
+		var err error
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			var re *RetryError
+			if u, err = e.Acquire(ctx, sp); !errors.As(err, &re) || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer u.Release()
+		got := info(t, u.Socket())
+		// The probe beside the first request (watchFirstAnswer) marks the start good.
+		waitFor(t, "the first-answer probe", func() bool {
+			in := e.lookup(sp.Host)
+			in.mu.Lock()
+			defer in.mu.Unlock()
+			return in.proc != nil && in.proc.answered.Load()
+		})
+		return u.Socket(), got
+	}
+	sp := Space{Host: "park.test", Kind: "app"}
+	sock, first := wake(sp)
+	id := listenerID(t, e, sp.Host)
+	in := e.lookup(sp.Host)
+	if err := e.Sleep(ctx, sp.Host); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("asleep, the socket path is there (%v): a dial would queue for nobody", err)
+	}
+	if c, err := net.DialTimeout("unix", sock, time.Second); err == nil {
+		c.Close()
+		t.Fatal("a dial to a sleeping space's socket connected")
+	}
+	if in.parked.f == nil {
+		t.Fatal("a clean sleep did not park the socket")
+	}
+	// A dialer that reached the parked socket (beside its rename) is closed at the wake.
+	stale, err := net.DialTimeout("unix", in.parkedPath(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Close()
+	_, second := wake(sp)
+	if got := listenerID(t, e, sp.Host); got != id {
+		t.Errorf("the wake after a clean sleep passed a new socket (%d, was %d)", got, id)
+	}
+	if second.PID != 1 || second.Requests != 1 || first.UID != second.UID {
+		t.Errorf("second instance %+v after %+v", second, first)
+	}
+	stale.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := stale.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("a connection queued on the parked socket was not closed at the wake (read %d, %v)", n, err)
+	}
+
+	// A crash: the socket is not parked; the next wake binds a fresh one that answers.
+	u, err := e.Acquire(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("unix", u.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /crash HTTP/1.1\r\nHost: instance\r\nContent-Length: 0\r\n\r\n")
+	io.ReadAll(c)
+	c.Close()
+	u.Release()
+	waitFor(t, "the crash", func() bool {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		return in.proc == nil
+	})
+	if in.parked.f != nil {
+		t.Fatal("a crashed instance's socket was parked")
+	}
+	wake(sp)
+	if got := listenerID(t, e, sp.Host); got == id {
+		t.Errorf("after a crash the wake passed the crashed instance's socket (%d)", got)
+	}
+
+	// An app that shut its listener down as it stopped: parked, found dead at the wake,
+	// replaced by a fresh socket that answers.
+	shutSp := Space{Host: "shut.test", Kind: "shut"}
+	wake(shutSp)
+	id = listenerID(t, e, shutSp.Host)
+	if err := e.Sleep(ctx, shutSp.Host); err != nil {
+		t.Fatal(err)
+	}
+	if e.lookup(shutSp.Host).parked.f == nil {
+		t.Fatal("the shut-down listener was not parked (nothing to check at the wake)")
+	}
+	if _, got := wake(shutSp); got.PID != 1 {
+		t.Errorf("after a shut-down listener: %+v", got)
+	}
+	if listenerID(t, e, shutSp.Host) == id {
+		t.Errorf("the wake passed on a listener the last instance had shut down")
 	}
 }
