@@ -175,18 +175,19 @@ func DemoSpaceBinary(t testing.TB) string {
 // demo space it is measured against.
 func Program(t testing.TB, name, pkg string) string {
 	t.Helper()
-	p, err := build(name, pkg, "", true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return program(t, name, pkg, true)
 }
 
 // ProgramWithCgo is Program built with cgo (dynamically linked, go build's default), for
 // a figure that sets the two side by side.
 func ProgramWithCgo(t testing.TB, name, pkg string) string {
 	t.Helper()
-	p, err := build(name, pkg, "", false)
+	return program(t, name, pkg, false)
+}
+
+func program(t testing.TB, name, pkg string, static bool) string {
+	t.Helper()
+	p, err := build(name, pkg, "", static)
 	if err != nil {
 		t.Fatal(err)
 	}
