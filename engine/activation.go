@@ -51,14 +51,10 @@ func (e *Engine) checkActivation(k Kind) error {
 
 // listenActivated binds and listens on the space's socket, the box's own file in the
 // box's proxy directory (0700), and returns the listener as a file to pass to the
-// instance: the one parked at the space's last clean stop when there is one (parked.go),
-// else a new one. The box keeps its copy while the instance runs; when the instance's
-// last process is gone the socket is closed, or parked with its path removed: a request
-// then is refused, never queued for nobody.
+// instance. The box closes its copy once the instance has it, so the listener closes
+// when the instance's last process exits: a request then is refused, never queued
+// for nobody.
 func (in *inst) listenActivated() (*os.File, error) {
-	if f := in.unpark(); f != nil {
-		return f, nil
-	}
 	if err := os.MkdirAll(filepath.Dir(in.link), 0o700); err != nil {
 		return nil, err
 	}

@@ -91,15 +91,6 @@ func TestMain(m *testing.M) {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM)
 		<-sig
-		if os.Getenv("SHUTDOWN_LISTENER_AT_TERM") == "1" {
-			// An app that shuts its passed listener down as it stops: the socket it
-			// shared with the box accepts no more.
-			if ul, ok := ln.(*net.UnixListener); ok {
-				if f, err := ul.File(); err == nil { // a descriptor of the same socket
-					syscall.Shutdown(int(f.Fd()), syscall.SHUT_RDWR)
-				}
-			}
-		}
 		ln.Close()
 		os.Exit(0)
 	}

@@ -99,7 +99,6 @@ func (e *Engine) dropOpHeld(ctx context.Context, in *inst) error {
 	}
 	os.RemoveAll(filepath.Dir(in.socket))
 	in.unpinSocket()
-	in.discardParked()
 	in.mu.Lock()
 	if in.logw != nil {
 		in.logw.Close()

@@ -158,11 +158,7 @@ type Config struct {
 	// before anything is proxied (wakelease.go); the figures (tests/wake) set it to
 	// measure the difference side by side.
 	LeaseBeforeStart bool
-	// FreshSocketEachStart has every socket-activated start bind a new socket. Default
-	// false: a clean stop parks the listener for the next wake (parked.go); the figures
-	// (tests/wake) set it to measure the difference side by side.
-	FreshSocketEachStart bool
-	Logger               *zap.Logger
+	Logger           *zap.Logger
 }
 
 // errFencedNoWrite is why a fenced box writes nothing.
@@ -243,9 +239,7 @@ type Engine struct {
 	start  sync.Once
 	close  sync.Once
 	c      counters
-	// parkedN counts the listeners parked across a sleep (parked.go), at most maxParked.
-	parkedN atomic.Int64
-	obs     observers
+	obs    observers
 
 	kinds    atomic.Pointer[map[string]Kind] // written by New and SetKinds only
 	fenced   atomic.Bool                     // written by SetFenced only
@@ -364,9 +358,6 @@ func (e *Engine) Close() {
 		e.mu.Unlock()
 	})
 	e.wg.Wait()
-	for _, in := range e.all() {
-		in.discardParked()
-	}
 	e.closeFirewall()
 	e.closeDisks()
 	if cgroupsOpened.Load() {

@@ -26,8 +26,6 @@ type inst struct {
 	dataDir string
 	socket  string
 	link    string // the box's link to the socket the instance bound (socket.go)
-	// parked is a socket-activated space's listener kept across a clean stop (parked.go).
-	parked  parkedSocket
 	dial    string // "unix/" + link: the reverse proxy's dial address
 	logPath string
 

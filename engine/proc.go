@@ -47,11 +47,7 @@ type proc struct {
 	isolated bool   // under the space's own uid (and so in group)
 	uid      int    // the owner the instance's socket must have
 	link     string // the proxy's link to the instance's socket, removed at the reap
-	// ln is the box's copy of a socket-activated instance's listener, closed or parked
-	// (park) at the reap.
-	ln      *os.File
-	park    func(*os.File) bool
-	release func() // frees the thread that forked the instance (sandbox.Group.Start); nil without a group
+	release  func() // frees the thread that forked the instance (sandbox.Group.Start); nil without a group
 	// netRelease ends the instance's admission to the egress filter; nil: none.
 	netRelease func()
 	oomKills   int // set by reap before exited is closed
@@ -109,24 +105,9 @@ func (p *proc) reap() error {
 	if p.netRelease != nil {
 		p.netRelease() // every process of the uid is gone (the group was killed)
 	}
-	p.retireSocket() // before exited: the next wake pins or binds its own
+	os.Remove(p.link) // before exited: the next wake pins its own
 	close(p.exited)
 	return err
-}
-
-// retireSocket removes the proxy's path to the reaped instance. A socket-activated
-// instance's listener is parked for the next wake when the engine stopped it, it had
-// answered on it and its cgroup was killed (parked.go); else it is closed.
-func (p *proc) retireSocket() {
-	if p.ln == nil {
-		os.Remove(p.link)
-		return
-	}
-	if p.group != nil && p.stopping.Load() && p.answered.Load() && p.park != nil && p.park(p.ln) {
-		return
-	}
-	p.ln.Close()
-	os.Remove(p.link)
 }
 
 // done reports whether the process has been reaped (its cgroup is gone then too).
@@ -171,10 +152,6 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	}
 	defer w.Close() // the child has its own descriptor
 	socket := in.socket
-	var activated *os.File // the listener passed as fd 3, under socket activation
-	if !kind.SocketActivation {
-		in.discardParked() // the kind stopped using activation since it parked one
-	}
 	if kind.SocketActivation {
 		socket = "" // the instance gets its listener, never a path to bind
 	}
@@ -198,24 +175,15 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 		if err != nil {
 			return nil, err
 		}
-		// The box keeps its copy while the instance runs, to close or park at the reap
-		// (retireSocket); a start that fails closes it here.
-		activated = ln
-		defer func() {
-			if !started {
-				ln.Close()
-			}
-		}()
+		// The box keeps no copy once the instance has its own (see listenActivated).
+		defer ln.Close()
 		cmd.ExtraFiles = []*os.File{ln} // fd 3 (listenFD)
 		cmd.Env = append(cmd.Env, activationEnv()...)
 		ns.Apply(cmd.SysProcAttr)
 	}
 	fmt.Fprintf(logw, "--- %s starting %s (version %q)\n", time.Now().UTC().Format(time.RFC3339), kind.Name, sp.Version)
 	p := &proc{cmd: cmd, exited: make(chan struct{}), group: plan.group, uid: os.Geteuid(), link: in.link, netRelease: plan.netRelease,
-		pidNS: kind.SocketActivation, ln: activated}
-	if activated != nil && !e.cfg.FreshSocketEachStart {
-		p.park = in.park
-	}
+		pidNS: kind.SocketActivation}
 	if plan.cred != nil {
 		p.uid = int(plan.cred.Uid)
 		p.isolated = plan.group != nil

@@ -224,10 +224,6 @@ func TestWakeFigures(t *testing.T) {
 	// restore and start (as before the lease overlapped the start), for the side-by-side.
 	serial := newEngine(t, bk, map[string]engine.Kind{"serial": demoKind(demo, nil, true)},
 		func(c *engine.Config) { c.LeaseBeforeStart = true })
-	// And on a box that binds a new socket at every start (as before a clean stop parked
-	// the listener for the next wake).
-	fresh := newEngine(t, bk, map[string]engine.Kind{"fresh": demoKind(demo, nil, true)},
-		func(c *engine.Config) { c.FreshSocketEachStart = true })
 	var phases = map[string]*engine.WakePhases{}
 	var phaseMu sync.Mutex
 	note := func(ev engine.Event) {
@@ -240,13 +236,9 @@ func TestWakeFigures(t *testing.T) {
 	}
 	defer e.Observe(note)()
 	defer serial.Observe(note)()
-	defer fresh.Observe(note)()
 	engineOf := func(k string) *engine.Engine {
-		switch k {
-		case "serial":
+		if k == "serial" {
 			return serial
-		case "fresh":
-			return fresh
 		}
 		return e
 	}
@@ -254,11 +246,11 @@ func TestWakeFigures(t *testing.T) {
 		name string
 		d    dist
 	}
-	var floor, floorNS, demoExec, demoCgoExec, overhead, overheadSerial, overheadFresh dist
+	var floor, floorNS, demoExec, demoCgoExec, overhead, overheadSerial dist
 	var floorCPU, demoCPU, demoCgoCPU dist
 	wakes := map[string]*dist{}
 	phaseSum := map[string][]engine.WakePhases{}
-	order := []string{"small", "serial", "fresh", "cgo", "alias", "polling", "before"}
+	order := []string{"small", "serial", "cgo", "alias", "polling", "before"}
 	for _, k := range order {
 		wakes[k] = &dist{}
 		// The first wake of a space creates its database; the figures are of wakes of a
@@ -295,8 +287,6 @@ func TestWakeFigures(t *testing.T) {
 				overhead = append(overhead, d-de)
 			case "serial":
 				overheadSerial = append(overheadSerial, d-de)
-			case "fresh":
-				overheadFresh = append(overheadFresh, d-de)
 			}
 			phaseMu.Lock()
 			if p := phases[host]; p != nil {
@@ -318,7 +308,6 @@ func TestWakeFigures(t *testing.T) {
 	names := map[string]string{
 		"small":   "demo room wake: lchat-demo-space, socket activation",
 		"serial":  "  the same, lease held before restore and start (old)",
-		"fresh":   "  the same, a new socket bound at each start (old)",
 		"cgo":     "  the same, lchat-demo-space built with cgo",
 		"alias":   "demo room wake: lchat-caddy demo-space, socket act.",
 		"polling": "demo room wake: lchat-demo-space, polled readiness",
@@ -333,8 +322,8 @@ func TestWakeFigures(t *testing.T) {
 		}
 		fmt.Printf("      phases p50: restore %.2f  start %.2f  lease %.2f  fence %.2f ms (each what remained beyond the ones before it)\n", ms(re.q(.5)), ms(st.q(.5)), ms(le.q(.5)), ms(fe.q(.5)))
 	}
-	fmt.Printf("  engine overhead (socket-activated wake minus the demo binary's own exec to answer, per round): p50 %.2f ms; lease before start (old): p50 %.2f ms; a new socket at each start (old): p50 %.2f ms\n\n",
-		ms(overhead.q(0.5)), ms(overheadSerial.q(0.5)), ms(overheadFresh.q(0.5)))
+	fmt.Printf("  engine overhead (socket-activated wake minus the demo binary's own exec to answer, per round): p50 %.2f ms; lease before start (old): p50 %.2f ms\n\n",
+		ms(overhead.q(0.5)), ms(overheadSerial.q(0.5)))
 }
 
 func cpuTime(who int) time.Duration {
@@ -402,11 +391,7 @@ func TestWakeStorm(t *testing.T) {
 }
 
 func storm(t *testing.T, demo, bk string, n int) {
-	e := newEngine(t, bk, map[string]engine.Kind{"demo": demoKind(demo, nil, true)}, func(c *engine.Config) {
-		// LCHAT_WAKE_FRESH_SOCKET=1: a new socket at every start, for a side by side with
-		// the listener a clean stop parks (engine/parked.go).
-		c.FreshSocketEachStart = os.Getenv("LCHAT_WAKE_FRESH_SOCKET") == "1"
-	})
+	e := newEngine(t, bk, map[string]engine.Kind{"demo": demoKind(demo, nil, true)})
 	ctx := context.Background()
 	hosts := make([]string, n)
 	for i := range hosts {
