@@ -4,7 +4,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -49,7 +48,7 @@ func TestForwardedHolderDiesIs503(t *testing.T) {
 
 	// b stops answering; a request reaches a, which forwards it to b (still live for
 	// dead_after); then b dies.
-	syscall.Kill(b.PID(), syscall.SIGSTOP)
+	b.Pause() // every thread stopped: none still answers the request below
 	type answer struct {
 		code     int
 		retry    string

@@ -77,11 +77,11 @@ func TestLateCheckpointAfterTakeoverLosesNothing(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the holder sent no manifest write in 20 s")
 	}
-	syscall.Kill(old.PID(), syscall.SIGSTOP)
 	old.mu.Lock()
 	old.stopped = true
 	old.mu.Unlock()
-	defer syscall.Kill(old.PID(), syscall.SIGCONT)
+	old.Pause()
+	defer old.Resume()
 
 	// The other box takes over once the paused one's heartbeat is older than dead_after.
 	var acked []string

@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -44,9 +43,9 @@ func (nm *nemesis) run(kind string, n *node, rng *rand.Rand, overlapping bool) {
 		n.mu.Lock()
 		n.stopped = true
 		n.mu.Unlock()
-		syscall.Kill(n.PID(), syscall.SIGSTOP)
+		n.Pause()
 		time.Sleep(deadAfter + time.Duration(1+rng.IntN(3))*time.Second)
-		syscall.Kill(n.PID(), syscall.SIGCONT)
+		n.Resume()
 		n.mu.Lock()
 		n.stopped = false
 		n.mu.Unlock()

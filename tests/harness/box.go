@@ -258,6 +258,51 @@ func (b *Box) PID() int {
 	return b.cmd.Process.Pid
 }
 
+// Pause freezes the box with SIGSTOP and returns once every one of its threads has
+// stopped. kill(2) returns before that: the kernel wakes one thread to begin the group
+// stop, and the others run on (and may answer a request) until it has been scheduled,
+// which on a loaded machine takes milliseconds. A box that exits meanwhile ends the wait.
+func (b *Box) Pause() {
+	pid := b.PID()
+	syscall.Kill(pid, syscall.SIGSTOP)
+	deadline := time.Now().Add(10 * time.Second)
+	for !allThreadsStopped(pid) {
+		if b.Exited() {
+			return
+		}
+		if time.Now().After(deadline) {
+			// Errorf, not Fatalf: the fault campaign pauses boxes from its own goroutines.
+			b.t.Errorf("lchat-caddy %d: not every thread stopped within 10 s of SIGSTOP", pid)
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Resume continues a paused box (SIGCONT).
+func (b *Box) Resume() { syscall.Kill(b.PID(), syscall.SIGCONT) }
+
+// allThreadsStopped reports whether every thread of pid is in the stopped state ("T" in
+// /proc/<pid>/task/<tid>/stat; "t" is a tracing stop).
+func allThreadsStopped(pid int) bool {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, p := range tasks {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return false
+		}
+		// The state follows the command's closing parenthesis: "pid (comm) S ...".
+		i := bytes.LastIndexByte(data, ')')
+		if i < 0 || i+2 >= len(data) || (data[i+2] != 'T' && data[i+2] != 't') {
+			return false
+		}
+	}
+	return true
+}
+
 // Stop sends SIGTERM (a drain) and waits for the process to exit.
 func (b *Box) Stop() error {
 	b.t.Helper()
