@@ -358,6 +358,24 @@ func loadavg() string {
 	return strings.Join(f[:3], " ")
 }
 
+// cpuTicks reads the machine's CPU time from /proc/stat's first line, in clock ticks:
+// all of it, and what the hypervisor stole (the 8th field: time this VM's vCPUs were
+// runnable but not run; a thread's schedstat counts that time as its own).
+func cpuTicks() (total, steal int64) {
+	b, _ := os.ReadFile("/proc/stat")
+	line, _, _ := strings.Cut(string(b), "\n")
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseInt(f, 10, 64)
+		if i < 8 { // guest time is counted in user already
+			total += v
+		}
+		if i == 7 {
+			steal = v
+		}
+	}
+	return total, steal
+}
+
 // TestWakeStorm prints what a storm of concurrent first requests to as many sleeping demo
 // spaces costs on one box: every request is answered (the assertion), within what time,
 // and at what rate; and how far the answers kept the order of the requests.
@@ -458,9 +476,11 @@ func storm(t *testing.T, demo, bk string, n int) {
 	}
 	ready.Wait()
 	selfBefore, kidsBefore := cpuTime(syscall.RUSAGE_SELF), cpuTime(syscall.RUSAGE_CHILDREN)
+	totalBefore, stealBefore := cpuTicks()
 	t0 = time.Now()
 	fire.Done()
 	wg.Wait()
+	totalAfter, stealAfter := cpuTicks()
 	selfCPU := cpuTime(syscall.RUSAGE_SELF) - selfBefore
 	// The instances' CPU from their exec to now (they run on): every instance is a
 	// child of this process, reaped ones counted by the kernel, running ones read from
@@ -468,15 +488,19 @@ func storm(t *testing.T, demo, bk string, n int) {
 	// /proc/<pid>/schedstat is the main thread's alone, and a Go program's start runs on
 	// several).
 	kidsCPU := cpuTime(syscall.RUSAGE_CHILDREN) - kidsBefore
+	var instCPU dist
 	for _, st := range e.Status() {
 		if st.PID > 0 {
-			kidsCPU += processCPU(st.PID)
+			c := processCPU(st.PID)
+			kidsCPU += c
+			instCPU = append(instCPU, c)
 		}
 	}
 	var lat dist
-	var last time.Duration
+	var last, lastSent time.Duration
 	failed := 0
 	for _, a := range answers {
+		lastSent = max(lastSent, a.sent)
 		if a.err != nil {
 			failed++
 			t.Errorf("a storm request failed: %v", a.err)
@@ -504,11 +528,15 @@ func storm(t *testing.T, demo, bk string, n int) {
 	fmt.Printf("\nwake storm: %d concurrent first requests (GET /api/messages) to %d sleeping demo spaces (lchat-demo-space, socket activation), one box, %s bucket, load %s\n", n, n, bk, loadavg())
 	fmt.Printf("  all answered within %.0f ms of the first sent; per request %s  max %.0f ms; %.0f wakes/s; %d failed; answer order inverted for %.1f%% of pairs sent >1 ms apart\n\n",
 		ms(last), lat, ms(lat.q(1)), float64(n-failed)/last.Seconds(), failed, inv)
+	fmt.Printf("  the requests were sent over %.1f ms; %d instances still running, CPU each %s\n", ms(lastSent), len(instCPU), instCPU)
 	perWake := (selfCPU + kidsCPU) / time.Duration(n)
 	fmt.Printf("  CPU per wake: %.1f ms (the box %.1f ms, the instance %.1f ms from its exec to the storm's end): %d CPUs bound a storm to %.0f wakes/s\n",
 		ms(perWake), ms(selfCPU/time.Duration(n)), ms(kidsCPU/time.Duration(n)), runtime.NumCPU(), float64(runtime.NumCPU())/perWake.Seconds())
 	fmt.Printf("  the storm had %.0f%% of this machine's %d CPUs (the rest went to other work: load %s)\n",
 		100*float64(selfCPU+kidsCPU)/float64(last*time.Duration(runtime.NumCPU())), runtime.NumCPU(), loadavg())
+	if d := totalAfter - totalBefore; d > 0 {
+		fmt.Printf("  the hypervisor stole %.1f%% of the machine's CPU time during the storm (/proc/stat)\n", 100*float64(stealAfter-stealBefore)/float64(d))
+	}
 	phaseMu.Lock()
 	defer phaseMu.Unlock()
 	fmt.Printf("  engine phases (prep and storm wakes), p50/p99 ms: lease %.1f/%.1f  restore %.1f/%.1f  fence %.1f/%.1f  start %.1f/%.1f\n\n",
