@@ -127,7 +127,8 @@ func (m Marker) verify(value, host string) (int, error) {
 		return 0, ErrMarkerMalformed
 	}
 	got, err := hex.DecodeString(sig)
-	if err != nil {
+	if err != nil || hex.EncodeToString(got) != sig {
+		// Only the lowercase hex Sign makes: one spelling per marker.
 		return 0, ErrMarkerMalformed
 	}
 	if d := m.now().Sub(time.Unix(sec, 0)); d > m.window() || d < -m.window() {

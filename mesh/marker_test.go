@@ -37,6 +37,7 @@ func TestMarker(t *testing.T) {
 		{"signed ts swapped", "1800000001" + good[len("1800000000"):], "8oe.example.com", verifier, ErrMarkerBadMAC},
 		{"leading plus", "+" + good, "8oe.example.com", verifier, ErrMarkerMalformed},
 		{"truncated mac", good[:len(good)-2], "8oe.example.com", verifier, ErrMarkerMalformed},
+		{"uppercase mac", strings.ToUpper(good), "8oe.example.com", verifier, ErrMarkerMalformed},
 	} {
 		if err := tc.v.Verify(tc.value, tc.host); err != tc.want {
 			t.Errorf("%s: Verify = %v, want %v", tc.name, err, tc.want)
