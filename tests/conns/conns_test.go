@@ -11,8 +11,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,13 +23,7 @@ import (
 
 func buildApp(t *testing.T) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "connapp")
-	cmd := exec.Command("go", "build", "-o", out, "./connapp")
-	cmd.Stderr = os.Stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("building connapp: %v", err)
-	}
-	return out
+	return harness.Program(t, "lchat-test-connapp", "./tests/conns/connapp")
 }
 
 type status struct {
@@ -80,9 +72,6 @@ func startHoldBoxTLS(t *testing.T, ca *harness.TestCA) (*harness.Box, string) {
 			"command": app, "ready_path": "/healthz", "stop_grace": "5s", "idle_timeout": "1s",
 			"isolation": "none", "network": "host", "replication": map[string]any{"class": "sleep"},
 		}}},
-	}
-	if ca != nil {
-		cfg.CertFile, cfg.KeyFile = ca.CertFile, ca.KeyFile
 	}
 	if ca != nil {
 		cfg.CertFile, cfg.KeyFile = ca.CertFile, ca.KeyFile

@@ -155,7 +155,12 @@ func dialRaw(ctx context.Context, addr, host string, src net.IP) (net.Conn, erro
 		nd := net.Dialer{LocalAddr: &net.TCPAddr{IP: src}, Timeout: 30 * time.Second}
 		return nd.DialContext(ctx, "tcp", addr)
 	}, Timeout: 30 * time.Second}
-	c, br, _, err := d.Dial(ctx, "ws://"+host+"/ws")
+	return readWelcome(d, ctx, "ws://"+host+"/ws")
+}
+
+// readWelcome dials url with d and reads the instance's welcome (a text frame).
+func readWelcome(d ws.Dialer, ctx context.Context, url string) (net.Conn, error) {
+	c, br, _, err := d.Dial(ctx, url)
 	if err != nil {
 		return nil, err
 	}

@@ -21,6 +21,10 @@ import (
 // own. Opt-in (LCHAT_CONNHOLD_VM=1, root); LCHAT_CONNHOLD_N sets the number of
 // connections (100000), LCHAT_CONNHOLD_VM_MEM the guest's memory in MiB (8192). Under
 // TCG it takes tens of minutes: see docs/deploy-test.md.
+//
+// LCHAT_CONNHOLD_VM_VIA=box runs tests/conns' TestHeldIdleMemoryThroughTheBox instead: a
+// real lchat-caddy process holding the connections behind Caddy's TLS listener, for a
+// space of connapp that sleeps, the clients in the test process.
 func TestHeldConnectionsVM(t *testing.T) {
 	if os.Getenv("LCHAT_CONNHOLD_VM") == "" {
 		t.Skip("set LCHAT_CONNHOLD_VM=1 to hold LCHAT_CONNHOLD_N (100000) idle WebSockets in a Debian 12 VM (root, tens of minutes)")
@@ -40,11 +44,28 @@ func TestHeldConnectionsVM(t *testing.T) {
 
 	ph.begin("binaries")
 	payload := t.TempDir()
-	cmd := exec.Command("go", "test", "-c", "-o", filepath.Join(payload, "connhold.test"), "./connhold")
+	// The test to run in the guest: its binary, the test's name and its N variable.
+	pkg, name, nVar := "./connhold", "TestHeldIdleMemory", "LCHAT_CONNHOLD_N"
+	guestEnv := ""
+	switch via := os.Getenv("LCHAT_CONNHOLD_VM_VIA"); via {
+	case "", "hub":
+	case "box":
+		pkg, name, nVar = "./tests/conns", "TestHeldIdleMemoryThroughTheBox", "LCHAT_CONN_BOX_N"
+		// The box and the programs it runs, from the harness's directory; the guest's
+		// glibc is the host's (Debian 12), so lchat-caddy keeps cgo.
+		bin := filepath.Join(payload, "bin")
+		copyFile(t, harness.Binary(t), filepath.Join(bin, "lchat-caddy"), 0o755)
+		copyFile(t, harness.PageReader(t), filepath.Join(bin, "lchat-pageread"), 0o755)
+		copyFile(t, harness.Program(t, "lchat-test-connapp", "./tests/conns/connapp"), filepath.Join(bin, "lchat-test-connapp"), 0o755)
+		guestEnv = "LCHAT_TEST_BIN=/srv/payload/bin LCHAT_TEST_NO_BUILD=1 "
+	default:
+		t.Fatalf("LCHAT_CONNHOLD_VM_VIA=%q: want hub or box", via)
+	}
+	cmd := exec.Command("go", "test", "-c", "-o", filepath.Join(payload, "held.test"), pkg)
 	cmd.Dir = harness.RepoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the connhold test binary: %v\n%s", err, out)
+		t.Fatalf("building the %s test binary: %v\n%s", pkg, err, out)
 	}
 	goBuild(t, filepath.Join(payload, "vmagent"), "./tests/deploy/vmagent", "CGO_ENABLED=0")
 	token := randHex(16)
@@ -69,8 +90,8 @@ func TestHeldConnectionsVM(t *testing.T) {
 	v.run(time.Minute, fmt.Sprintf(`
 		cd /root
 		setsid sh -c 'ulimit -Hn 400000 && ulimit -Sn 400000 &&
-			LCHAT_CONNHOLD_N=%d /srv/payload/connhold.test -test.run "TestHeldIdleMemory$" -test.v -test.timeout 4h \
-				>/root/connhold.log 2>&1; echo $? >/root/connhold.rc' </dev/null >/dev/null 2>&1 &`, n))
+			%s%s=%d /srv/payload/held.test -test.run "%s$" -test.v -test.timeout 4h \
+				>/root/connhold.log 2>&1; echo $? >/root/connhold.rc' </dev/null >/dev/null 2>&1 &`, guestEnv, nVar, n, name))
 	start := time.Now()
 	lastLog := time.Time{}
 	for {
@@ -86,9 +107,9 @@ func TestHeldConnectionsVM(t *testing.T) {
 		time.Sleep(10 * time.Second)
 	}
 	out := v.run(2*time.Minute, `cat /root/connhold.log; echo "exit $(cat /root/connhold.rc)"`)
-	t.Logf("connhold.test in the guest (%s):\n%s", time.Since(start).Round(time.Second), out)
-	if !strings.Contains(out, "--- PASS: TestHeldIdleMemory ") {
-		t.Fatalf("TestHeldIdleMemory did not pass in the guest")
+	t.Logf("%s in the guest (%s):\n%s", name, time.Since(start).Round(time.Second), out)
+	if !strings.Contains(out, "--- PASS: "+name+" ") {
+		t.Fatalf("%s did not pass in the guest", name)
 	}
 	for l := range strings.SplitSeq(out, "\n") {
 		if strings.Contains(l, "per held idle connection") || strings.Contains(l, "kernel, both ends") {

@@ -23,6 +23,9 @@ type Config struct {
 	CertFile, KeyFile string
 	// Servers are more HTTP servers, by name.
 	Servers map[string]any
+	// Main holds more fields of the main HTTP server (keepalive_interval, ...); they
+	// override the defaults.
+	Main map[string]any
 	// LogLevel sets the default log's level. Empty: Caddy's default.
 	LogLevel string
 }
@@ -82,6 +85,9 @@ func (c Config) JSON() string {
 		apps["tls"] = map[string]any{"certificates": map[string]any{"load_files": []any{
 			map[string]any{"certificate": c.CertFile, "key": c.KeyFile},
 		}}}
+	}
+	for k, v := range c.Main {
+		main[k] = v
 	}
 	servers := map[string]any{"main": main}
 	for k, v := range c.Servers {

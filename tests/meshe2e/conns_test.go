@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // Held connections across boxes (docs/connections.md, "Across boxes"): the box a client
@@ -191,13 +190,7 @@ func connAppKind(t *testing.T, extra map[string]any) map[string]any {
 // WebSockets and echoes each event with its sequence number.
 func buildConnApp(t *testing.T) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "connapp")
-	cmd := exec.Command("go", "build", "-o", out, "../conns/connapp")
-	cmd.Stderr = os.Stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("building connapp: %v", err)
-	}
-	return out
+	return harness.Program(t, "lchat-test-connapp", "./tests/conns/connapp")
 }
 
 // TestHeldEventsFollowTheSpace: a client holds a WebSocket at one box, its messages go
