@@ -252,9 +252,10 @@ func TestBadClientsCloseOnlyTheirConnection(t *testing.T) {
 // TestControlEndpointRefusesAnotherSpacesConnections: an instance that names another
 // space's connection id on its control endpoint is answered 404 (send, close, set), and
 // its list holds only its own space's connections; the other space's client is untouched.
-// (The uid check that keeps an isolated instance off another space's control socket is
-// TestControlEndpointChecksThePeerUID in modules/lchat: these kinds run without
-// isolation, every instance as the box's user.)
+// (These kinds run without isolation, every instance as the box's user. The uid check that
+// keeps an isolated instance off another space's control socket is
+// TestControlEndpointRefusesAnotherSpacesInstance in tests/isolation, with real isolated
+// instances, and TestControlEndpointChecksThePeerUID in modules/lchat.)
 func TestControlEndpointRefusesAnotherSpacesConnections(t *testing.T) {
 	const hostA, hostB = "a.example.com", "b.example.com"
 	b := startKindBox(t, "1m", nil, hostA, hostB)

@@ -6,7 +6,10 @@
 package isolation
 
 import (
+	"context"
 	"io/fs"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -16,8 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"golang.org/x/sys/unix"
 
+	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/internal/testnet"
 )
 
@@ -258,6 +263,49 @@ func TestInstanceCannotReachOtherSpacesOrTheBox(t *testing.T) {
 	}
 	if a := b.try("b.localhost", "read", url.Values{"path": {filepath.Join(bData, "secret")}}); !a.OK || a.Out != "written by b.localhost" {
 		t.Errorf("B's secret after A's attempts: %+v", a)
+	}
+}
+
+// TestControlEndpointRefusesAnotherSpacesInstance: each isolated instance runs as its own
+// uid, and a space's control endpoint (the box's API for its held connections, on a
+// socket any uid may connect to, at a path that is no secret) hangs up on a caller whose
+// uid is not its instance's before reading a request. A's instance is answered on its own
+// endpoint and refused on B's, which answers B's instance.
+func TestControlEndpointRefusesAnotherSpacesInstance(t *testing.T) {
+	needRoot(t)
+	b := startIsoBox(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return b.dial(ctx, network, b.httpAddr)
+	}}}
+	// A space's control endpoint is served from its first held connection.
+	for _, host := range []string{"a.localhost", "b.localhost"} {
+		c, _, err := websocket.Dial(ctx, "ws://"+host+"/hold", &websocket.DialOptions{HTTPClient: client})
+		if err != nil {
+			t.Fatalf("holding a WebSocket of %s: %v", host, err)
+		}
+		defer c.CloseNow()
+	}
+	bPath := engine.ControlSocketPath(filepath.Join(b.dir, "state", "spaces"), "b.localhost")
+	own := url.Values{"path": {"$LCHAT_CONTROL_SOCKET"}}
+	var a attempt
+	waitFor(t, "A's and B's control endpoints answering their own instances", 30*time.Second, func() bool {
+		a = b.try("a.localhost", "control", own)
+		ab := b.try("b.localhost", "control", own)
+		return a.OK && strings.HasPrefix(a.Out, "200 ") && ab.OK && strings.HasPrefix(ab.Out, "200 ")
+	})
+	// The path A tries is the one B's instance was given (and reached above).
+	if env := b.try("b.localhost", "read", url.Values{"path": {"/proc/self/environ"}}); !strings.Contains(env.Out, "LCHAT_CONTROL_SOCKET="+bPath+"\x00") {
+		t.Fatalf("B's instance was not given %s as its control socket; refusing A on it would prove nothing", bPath)
+	}
+	if got := b.try("a.localhost", "control", url.Values{"path": {bPath}}); got.OK {
+		t.Errorf("A's instance on B's control endpoint: answered %.200q, want hung up on", got.Out)
+	} else {
+		t.Logf("A's instance on B's control endpoint: %s", got.Err)
+	}
+	if got := b.try("b.localhost", "control", own); !got.OK || !strings.HasPrefix(got.Out, "200 ") {
+		t.Errorf("B's instance on its own endpoint after A's attempt: %+v", got)
 	}
 }
 

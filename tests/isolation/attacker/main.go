@@ -21,6 +21,10 @@
 //	                                a write fails or N MiB are written; out is the bytes
 //	                                written, err the failure
 //	POST /remove?path=P             remove P
+//	GET  /hold                      a WebSocket upgrade: held by the box (Lchat-Ws: hold);
+//	                                its events (POST /.lchat/ws/event) are acknowledged
+//	POST /control?path=P            GET /.lchat/ws/conns from the control endpoint at P
+//	                                (a held connection's box API): out is "<status> <body>"
 //
 // Paths may name $LCHAT_DATA_DIR.
 // Every answer carries ms, how long the attempt took.
@@ -30,6 +34,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -119,6 +124,25 @@ func main() {
 	})
 	mux.HandleFunc("/write", func(w http.ResponseWriter, r *http.Request) {
 		answer(w, "", os.WriteFile(os.ExpandEnv(r.URL.Query().Get("path")), []byte("written by "+os.Getenv("LCHAT_HOST")), 0o644))
+	})
+	mux.HandleFunc("/hold", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Lchat-Ws", "hold")
+	})
+	mux.HandleFunc("/.lchat/ws/event", func(w http.ResponseWriter, r *http.Request) {})
+	mux.HandleFunc("/control", func(w http.ResponseWriter, r *http.Request) {
+		p := os.ExpandEnv(r.URL.Query().Get("path"))
+		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "unix", p)
+			}}}
+		resp, err := c.Get("http://control/.lchat/ws/conns")
+		if err != nil {
+			answer(w, "", err)
+			return
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answer(w, fmt.Sprintf("%d %s", resp.StatusCode, body), err)
 	})
 	mux.HandleFunc("/dial", func(w http.ResponseWriter, r *http.Request) {
 		c, err := net.Dial("unix", r.URL.Query().Get("path"))
