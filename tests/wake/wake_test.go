@@ -565,8 +565,8 @@ func storm(t *testing.T, demo, bk string, n int) {
 		inv = 100 * float64(inverted) / float64(pairs)
 	}
 	fmt.Printf("\nwake storm: %d concurrent first requests (GET /api/messages) to %d sleeping demo spaces (lchat-demo-space, socket activation), one box, %s bucket, load %s\n", n, n, bk, loadavg())
-	fmt.Printf("  all answered within %.0f ms of the first sent; per request %s  max %.0f ms; %.0f wakes/s; %d failed; answer order inverted for %.1f%% of pairs sent >1 ms apart\n\n",
-		ms(last), lat, ms(lat.q(1)), float64(n-failed)/last.Seconds(), failed, inv)
+	fmt.Printf("  all answered within %.0f ms of the first sent; per request %s  max %.0f ms; %.0f wakes/s; %d failed; answer order inverted for %.1f%% of the %d pairs sent >1 ms apart\n\n",
+		ms(last), lat, ms(lat.q(1)), float64(n-failed)/last.Seconds(), failed, inv, pairs)
 	fmt.Printf("  the requests were sent over %.1f ms; %d instances still running, CPU each %s\n", ms(lastSent), len(instCPU), instCPU)
 	if split {
 		fmt.Printf("  of that, from exec to the first answer %s (sum %.0f ms); from the first answer to the storm's end %s (sum %.0f ms); the box's CPU below includes these reads\n",
