@@ -21,9 +21,10 @@ import (
 // behind Caddy's TLS listener (a `tls_connection_policies` server, a certificate of the
 // test CA), to a space that opts in and then sleeps. Every connection is held and parked
 // and the space sleeps (the assertions); it prints the box's RSS and goroutines per held
-// connection, settled after a GC (boxMemory) with one connection open and with all N. LCHAT_CONN_BOX_N sets N (default 200; as many as
-// RLIMIT_NOFILE lets the test and the box open: 18,000 on the development machine, and
-// 100,000 in the VM of TestHeldConnectionsVM with LCHAT_CONNHOLD_VM_VIA=box). The
+// connection, settled after a GC (boxMemory) with one connection open and with all N.
+// LCHAT_CONN_BOX_N sets N (default 200; as many as RLIMIT_NOFILE lets the test and the box
+// open: 18,000 on the development machine, and 100,000 in the VM of TestHeldConnectionsVM
+// with LCHAT_CONNHOLD_VM_VIA=box). The
 // clients run in this process (the box's memory is what is read) with no TCP keepalive
 // probe during the test at either end: a probe costs no memory, and under TCG the probes
 // of 100,000 loopback connections were dropped and aborted connections
