@@ -171,8 +171,9 @@ func newEngine(t *testing.T, bucketKind string, kinds map[string]engine.Kind, mo
 }
 
 // wakeToAnswer wakes host and times Acquire plus one GET of path on a new connection:
-// the first answer through the box's socket.
-func wakeToAnswer(e *engine.Engine, sp engine.Space, path string) (time.Duration, error) {
+// the first answer through the box's socket. answered, when set, is called with the use
+// right after a 200, before it is released.
+func wakeToAnswer(e *engine.Engine, sp engine.Space, path string, answered ...func(*engine.Use)) (time.Duration, error) {
 	start := time.Now()
 	u, err := e.Acquire(context.Background(), sp)
 	if err != nil {
@@ -182,6 +183,11 @@ func wakeToAnswer(e *engine.Engine, sp engine.Space, path string) (time.Duration
 	code, err := get(u.Socket(), path, 60*time.Second)
 	if err == nil && code != 200 {
 		err = fmt.Errorf("status %d", code)
+	}
+	if err == nil {
+		for _, f := range answered {
+			f(u)
+		}
 	}
 	return time.Since(start), err
 }
@@ -484,13 +490,7 @@ func storm(t *testing.T, demo, bk string, n int) {
 			fire.Wait()
 			sent := time.Since(t0)
 			a := answer{sent: sent}
-			u, err := e.Acquire(ctx, engine.Space{Host: h, Kind: "demo"})
-			if err == nil {
-				var code int
-				code, err = get(u.Socket(), "/api/messages", 60*time.Second)
-				if err == nil && code != 200 {
-					err = fmt.Errorf("status %d", code)
-				}
+			_, a.err = wakeToAnswer(e, engine.Space{Host: h, Kind: "demo"}, "/api/messages", func(u *engine.Use) {
 				a.done = time.Since(t0)
 				if split {
 					// The instance's CPU at its first answer, against the storm's end
@@ -499,9 +499,7 @@ func storm(t *testing.T, demo, bk string, n int) {
 					a.pid, _ = strconv.Atoi(strings.SplitN(u.Instance(), "@", 2)[0])
 					a.cpu = processCPU(a.pid)
 				}
-				u.Release()
-			}
-			a.err = err
+			})
 			answers[i] = a
 		}()
 	}
