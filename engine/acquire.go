@@ -109,6 +109,7 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 			}
 			in.sp, in.kind = sp, kind
 			t := &transition{done: make(chan struct{}), from: in.state, ticket: e.wakeSeq.Add(1)}
+			e.gate.begin(t.ticket)
 			in.trans = t
 			in.setStateLocked(StateWaking)
 			in.waiters++

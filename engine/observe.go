@@ -37,6 +37,9 @@ type Event struct {
 	At   time.Time `json:"at"`
 	// Phases of a wake.
 	Phases WakePhases `json:"phases,omitzero"`
+	// Order of a wake: its place among this box's wakes by when their first request
+	// reached the engine (the start gate admits by it).
+	Order uint64 `json:"order,omitempty"`
 	// Duration of a checkpoint.
 	Duration time.Duration `json:"duration,omitempty"`
 	// Started is when a checkpoint began, before it read anything of the space's files

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"time"
 )
 
 // startGate admits instance starts at most n at a time, in the order their wakes began
@@ -14,12 +15,21 @@ import (
 // and leaves the box's own goroutines (leases, restores, the proxy) CPU to run.
 // Everything before the start (admission, lease, restore, fence) is not gated: it waits
 // on the bucket, not on the cores.
+//
+// The order covers the wakes still before the gate too. Their bucket calls end in the
+// bucket's order, not the wakes' (a file bucket's fsyncs finish as the disk has them), so
+// a slot that frees while a lower ticket is still restoring is kept for it, for at most
+// hold from that wake's begin: one slow bucket call delays the starts behind it by no
+// more than that, and never stalls the box.
 type startGate struct {
-	n int // slots; set once by New
+	n    int           // slots; set once by New
+	hold time.Duration // how long a slot waits for a lower ticket still before the gate
 
 	mu      sync.Mutex
 	busy    int
-	waiting []*gateWaiter // by ticket, lowest first
+	waiting []*gateWaiter // at the gate, by ticket, lowest first
+	ahead   []gateAhead   // begun and not at the gate yet, by ticket, lowest first
+	timer   *time.Timer   // dispatches again when the oldest hold ends
 }
 
 type gateWaiter struct {
@@ -27,26 +37,54 @@ type gateWaiter struct {
 	admit  chan struct{} // closed when the waiter holds a slot
 }
 
-// enter waits for a slot, behind every waiter with a lower ticket. The returned release
-// gives the slot back (idempotent); on a ctx error no slot is held.
-func (g *startGate) enter(ctx context.Context, ticket uint64) (release func(), err error) {
+// gateAhead is a wake that has begun and not reached the gate.
+type gateAhead struct {
+	ticket uint64
+	since  time.Time
+}
+
+// defaultStartHold is startGate.hold unless set: a restore of a small space on a bucket
+// on the same machine takes a few milliseconds, and under a storm tens.
+const defaultStartHold = 50 * time.Millisecond
+
+// begin records that the wake with ticket has begun: until it reaches the gate (enter)
+// or ends before it (end), a free slot is kept for it rather than given to a higher
+// ticket, for at most hold.
+func (g *startGate) begin(ticket uint64) {
 	g.mu.Lock()
-	if g.busy < g.n && len(g.waiting) == 0 {
-		g.busy++
-		g.mu.Unlock()
-		return sync.OnceFunc(g.leave), nil
+	defer g.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(g.ahead, ticket, func(a gateAhead, t uint64) int { return cmpTicket(a.ticket, t) })
+	g.ahead = slices.Insert(g.ahead, i, gateAhead{ticket: ticket, since: time.Now()})
+}
+
+// end records that the wake with ticket will not come to the gate (it failed, or was
+// dropped, before its start). It is harmless after enter.
+func (g *startGate) end(ticket uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.dropAheadLocked(ticket) {
+		g.dispatchLocked()
 	}
+}
+
+func (g *startGate) dropAheadLocked(ticket uint64) bool {
+	i, ok := slices.BinarySearchFunc(g.ahead, ticket, func(a gateAhead, t uint64) int { return cmpTicket(a.ticket, t) })
+	if ok {
+		g.ahead = slices.Delete(g.ahead, i, i+1)
+	}
+	return ok
+}
+
+// enter waits for a slot, behind every waiter with a lower ticket, and behind every wake
+// with a lower ticket not at the gate yet for at most hold from its begin. The returned
+// release gives the slot back (idempotent); on a ctx error no slot is held.
+func (g *startGate) enter(ctx context.Context, ticket uint64) (release func(), err error) {
 	w := &gateWaiter{ticket: ticket, admit: make(chan struct{})}
-	i, _ := slices.BinarySearchFunc(g.waiting, ticket, func(w *gateWaiter, t uint64) int {
-		switch {
-		case w.ticket < t:
-			return -1
-		case w.ticket > t:
-			return 1
-		}
-		return 0
-	})
+	g.mu.Lock()
+	g.dropAheadLocked(ticket)
+	i, _ := slices.BinarySearchFunc(g.waiting, ticket, func(w *gateWaiter, t uint64) int { return cmpTicket(w.ticket, t) })
 	g.waiting = slices.Insert(g.waiting, i, w)
+	g.dispatchLocked()
 	g.mu.Unlock()
 	select {
 	case <-w.admit:
@@ -55,6 +93,7 @@ func (g *startGate) enter(ctx context.Context, ticket uint64) (release func(), e
 		g.mu.Lock()
 		if i := slices.Index(g.waiting, w); i >= 0 {
 			g.waiting = slices.Delete(g.waiting, i, i+1)
+			g.dispatchLocked()
 			g.mu.Unlock()
 			return nil, ctx.Err()
 		}
@@ -64,15 +103,59 @@ func (g *startGate) enter(ctx context.Context, ticket uint64) (release func(), e
 	}
 }
 
-// leave frees a slot, handing it to the lowest waiting ticket.
+// leave frees a slot and hands it on.
 func (g *startGate) leave() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(g.waiting) > 0 {
-		w := g.waiting[0]
-		g.waiting = slices.Delete(g.waiting, 0, 1)
-		close(w.admit) // the slot moves to w: busy is unchanged
-		return
-	}
 	g.busy--
+	g.dispatchLocked()
+}
+
+// dispatchLocked admits the lowest waiting tickets into the free slots, unless a lower
+// ticket is still before the gate and its hold has not run out: then a timer dispatches
+// again when it does.
+func (g *startGate) dispatchLocked() {
+	hold := g.hold
+	if hold == 0 {
+		hold = defaultStartHold
+	}
+	for g.busy < g.n && len(g.waiting) > 0 {
+		w := g.waiting[0]
+		// The lowest wake before the gate whose hold is left: the ones below it have
+		// used theirs, and the ones above it began after it.
+		for _, a := range g.ahead {
+			if a.ticket > w.ticket {
+				break
+			}
+			if wait := hold - time.Since(a.since); wait > 0 {
+				g.armLocked(wait)
+				return
+			}
+		}
+		g.waiting = slices.Delete(g.waiting, 0, 1)
+		g.busy++
+		close(w.admit)
+	}
+}
+
+// armLocked has dispatch run again after d (one timer, the earliest wins).
+func (g *startGate) armLocked(d time.Duration) {
+	if g.timer != nil {
+		g.timer.Stop()
+	}
+	g.timer = time.AfterFunc(d, func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.dispatchLocked()
+	})
+}
+
+func cmpTicket(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }

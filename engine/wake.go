@@ -14,6 +14,7 @@ import (
 
 // runWake performs one wake and publishes its result to the waiters.
 func (e *Engine) runWake(in *inst, t *transition) {
+	defer e.gate.end(t.ticket) // a wake that failed before its start holds no slot back
 	in.op.Lock()
 	in.mu.Lock()
 	dropped := in.state == StateDropped // a Discard took op before this wake did
@@ -84,7 +85,7 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 		*d, mark = *d+now.Sub(mark), now
 	}
 	defer func() {
-		ev := Event{Type: EventWake, Host: in.host, Phases: ph}
+		ev := Event{Type: EventWake, Host: in.host, Phases: ph, Order: ticket}
 		in.mu.Lock()
 		ev.Size = in.size
 		in.mu.Unlock()
