@@ -69,6 +69,12 @@ func (c *Conn) unackLocked(m *pendingMsg) {
 // client message past the pending caps closes the connection with 1013; the close event
 // itself is always queued.
 func (c *Conn) queueEvent(kind Kind, payload []byte, code int) (int, string) {
+	return c.queue(kind, payload, code, false)
+}
+
+// queue is queueEvent; byReader (the connection's reader, with a client message) has the
+// reader run the delivery itself when none runs (readLoop), instead of a new goroutine.
+func (c *Conn) queue(kind Kind, payload []byte, code int, byReader bool) (int, string) {
 	h := c.h
 	c.mu.Lock()
 	if kind == KindClose {
@@ -87,9 +93,22 @@ func (c *Conn) queueEvent(kind Kind, payload []byte, code int) (int, string) {
 	c.pending = append(c.pending, &pendingMsg{seq: c.nextSeq, kind: kind, payload: payload, closeCode: code})
 	c.pendBytes += len(payload)
 	h.pendingBytes.Add(int64(len(payload)))
-	c.startDeliveryLocked()
+	if byReader && !c.delivering {
+		c.delivering, c.readerDelivers = true, true
+	} else {
+		c.startDeliveryLocked()
+	}
 	c.mu.Unlock()
 	return 0, ""
+}
+
+// takeReaderDelivery reports whether the reader owes a delivery run, and clears it.
+func (c *Conn) takeReaderDelivery() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	owed := c.readerDelivers
+	c.readerDelivers = false
+	return owed
 }
 
 func (c *Conn) startDeliveryLocked() {

@@ -128,6 +128,7 @@ type Conn struct {
 	priors             []priorCount
 	scan               int
 	delivering         bool
+	readerDelivers     bool // the reader owes the delivery run it asked for (read.go)
 	closeQueued        bool // the close event is in pending
 
 	// Frames towards the client (write.go).

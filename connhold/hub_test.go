@@ -380,3 +380,62 @@ func TestTricklingLargeMessagesCannotFillTheBox(t *testing.T) {
 	// What is left is the close event (its reason), kept like any event until a checkpoint.
 	waitFor(t, "the partial message's bytes released", func() bool { return tb.hub.Stats().PendingBytes < 1024 })
 }
+
+// TestPingsAnsweredWhileTheReaderDeliversSlowly: the reader delivers a message itself when
+// no delivery runs (read.go); one the instance is slow to answer gets a new reader beside
+// it, so the client's pings are answered meanwhile, and what the client sends then is
+// delivered after it, in order.
+func TestPingsAnsweredWhileTheReaderDeliversSlowly(t *testing.T) {
+	tb := newTestBox(t, Limits{}, false)
+	entered, release := make(chan struct{}), make(chan struct{})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	tb.app.mu.Lock()
+	tb.app.fail = func(ev Event) bool {
+		if string(ev.Payload) == "slow" {
+			close(entered)
+			<-release
+		}
+		return false
+	}
+	tb.app.mu.Unlock()
+	c := tb.dial(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c.CloseRead(ctx) // the client reads (pongs) in the background
+	if err := c.Write(ctx, websocket.MessageText, []byte("slow")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal("the instance never got the first message")
+	}
+	pingCtx, pingCancel := context.WithTimeout(ctx, 3*time.Second)
+	defer pingCancel()
+	if err := c.Ping(pingCtx); err != nil {
+		t.Fatalf("ping while the instance held a delivery: %v", err)
+	}
+	if err := c.Write(ctx, websocket.MessageText, []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	var got []string
+	waitFor(t, "both messages delivered", func() bool {
+		got = got[:0]
+		for _, ev := range tb.app.all() {
+			if ev.Kind == KindText {
+				got = append(got, string(ev.Payload))
+			}
+		}
+		return len(got) == 2
+	})
+	if got[0] != "slow" || got[1] != "after" {
+		t.Errorf("delivered %q, want [slow after]", got)
+	}
+}

@@ -22,15 +22,28 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, readChunk); retur
 // readLoop reads and handles frames until no byte has come for ParkAfter, then parks the
 // connection (no goroutine until the poller sees bytes again) and returns. It also returns
 // when the connection ends. One reader runs at a time.
+//
+// A client message that finds no delivery running is delivered by the reader itself once
+// the frames buffered are handled (deliverInline): on an awake space that saves a
+// goroutine hand-off per message. A delivery that takes longer than readerHandOff (a
+// wake, a slow instance) gets a new reader started beside it, so pings, auto-responses
+// and the caps are served as before.
 func (c *Conn) readLoop() {
 	h := c.h
 	bp := bufPool.Get().(*[]byte)
 	buf := append((*bp)[:0], c.rbuf...)
 	c.rbuf = nil
+	handedOff := false
 	defer func() {
 		if cap(buf) <= 4*readChunk {
 			*bp = buf[:0]
 			bufPool.Put(bp)
+		}
+		if handedOff {
+			return // the reader's state is the new reader's
+		}
+		if c.takeReaderDelivery() {
+			c.startDelivery() // a return below before the reader could deliver
 		}
 		if !c.open() {
 			c.releaseInBuf()
@@ -49,6 +62,13 @@ func (c *Conn) readLoop() {
 			}
 			buf = buf[:copy(buf, buf[n:])]
 			if !c.open() {
+				return
+			}
+		}
+		if c.takeReaderDelivery() {
+			if len(buf) > 0 || c.fragging {
+				c.startDelivery() // a frame half read: it stays with this reader
+			} else if handedOff = c.deliverInline(); handedOff {
 				return
 			}
 		}
@@ -86,6 +106,27 @@ func (c *Conn) readLoop() {
 			return
 		}
 	}
+}
+
+// readerHandOff is how long a reader delivers before a new reader takes its place.
+const readerHandOff = time.Millisecond
+
+// deliverInline runs the connection's deliveries on the reader, with nothing of a frame
+// buffered; after readerHandOff a new reader starts beside it. It reports whether that
+// happened: the caller is then no longer the reader and returns.
+func (c *Conn) deliverInline() (handedOff bool) {
+	c.countInBuf(0)
+	t := time.AfterFunc(readerHandOff, func() { c.h.startReader(c) })
+	c.deliverLoop()
+	return !t.Stop()
+}
+
+// startDelivery starts the delivery run the reader owed.
+func (c *Conn) startDelivery() {
+	c.mu.Lock()
+	c.delivering = false
+	c.startDeliveryLocked()
+	c.mu.Unlock()
 }
 
 func slicesGrow(b []byte, n int) []byte {
@@ -209,7 +250,7 @@ func (c *Conn) message(binary bool, payload []byte) (int, string) {
 	if binary {
 		kind = KindBinary
 	}
-	return c.queueEvent(kind, payload, 0)
+	return c.queue(kind, payload, 0, true)
 }
 
 // countInBuf accounts the bytes the reader holds of unfinished messages; false when that

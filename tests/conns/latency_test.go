@@ -57,10 +57,28 @@ func TestLatencyFigures(t *testing.T) {
 			tunnelRTT = append(tunnelRTT, roundTrip(tunnel))
 		}
 	}
-	tunnel.Close(websocket.StatusNormalClosure, "")
 	hp, tp := pct(heldRTT, 50), pct(tunnelRTT, 50)
 	t.Logf("awake round trip, %d messages each: held p50 %v p99 %v; tunnel p50 %v p99 %v; held/tunnel p50 %.2fx",
 		n, hp, pct(heldRTT, 99), tp, pct(tunnelRTT, 99), float64(hp)/float64(tp))
+
+	// The CPU each costs the box and the instance, in blocks (a process's CPU cannot be
+	// split between interleaved messages), alternated.
+	_, pid := spaceState(t, b, host)
+	var boxCPU, appCPU [2]time.Duration
+	for range 3 {
+		for k, c := range []*websocket.Conn{held, tunnel} {
+			b0, a0 := harness.ProcessCPU(b.PID()), harness.ProcessCPU(pid)
+			for range n {
+				roundTrip(c)
+			}
+			boxCPU[k] += harness.ProcessCPU(b.PID()) - b0
+			appCPU[k] += harness.ProcessCPU(pid) - a0
+		}
+	}
+	per := func(d time.Duration) time.Duration { return d / (3 * n) }
+	t.Logf("CPU per awake round trip, %d blocks of %d alternated: the box held %v, tunnel %v (%.2fx); the instance held %v, tunnel %v",
+		6, n, per(boxCPU[0]), per(boxCPU[1]), float64(boxCPU[0])/float64(boxCPU[1]), per(appCPU[0]), per(appCPU[1]))
+	tunnel.Close(websocket.StatusNormalClosure, "")
 
 	const k = 10
 	var wakeReq, wakeMsg []time.Duration
@@ -84,7 +102,6 @@ func TestLatencyFigures(t *testing.T) {
 	}
 	t.Logf("asleep, %d each: request that wakes the space p50 %v; message on a held WebSocket that wakes it, answered, p50 %v (%+v over the wake)",
 		k, pct(wakeReq, 50), pct(wakeMsg, 50), pct(wakeMsg, 50)-pct(wakeReq, 50))
-	_ = harness.Config{}
 }
 
 func pct(d []time.Duration, p int) time.Duration {

@@ -344,23 +344,6 @@ func cpuTime(who int) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// processCPU is the CPU time pid's threads have spent, from their schedstat.
-func processCPU(pid int) time.Duration {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-	var sum time.Duration
-	for _, p := range tasks {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		if f := strings.Fields(string(b)); len(f) > 0 {
-			ns, _ := strconv.ParseInt(f[0], 10, 64)
-			sum += time.Duration(ns)
-		}
-	}
-	return sum
-}
-
 func loadavg() string {
 	b, _ := os.ReadFile("/proc/loadavg")
 	f := strings.Fields(string(b))
@@ -499,7 +482,7 @@ func storm(t *testing.T, demo, bk string, n int) {
 					// below: an awake instance that keeps spending while the others
 					// start shows there.
 					a.pid, _ = strconv.Atoi(strings.SplitN(u.Instance(), "@", 2)[0])
-					a.cpu = processCPU(a.pid)
+					a.cpu = harness.ProcessCPU(a.pid)
 				}
 			})
 			answers[i] = a
@@ -523,7 +506,7 @@ func storm(t *testing.T, demo, bk string, n int) {
 	running := map[int]time.Duration{}
 	for _, st := range e.Status() {
 		if st.PID > 0 {
-			c := processCPU(st.PID)
+			c := harness.ProcessCPU(st.PID)
 			kidsCPU += c
 			instCPU = append(instCPU, c)
 			running[st.PID] = c
