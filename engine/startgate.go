@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -53,7 +54,7 @@ const defaultStartHold = 50 * time.Millisecond
 func (g *startGate) begin(ticket uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(g.ahead, ticket, func(a gateAhead, t uint64) int { return cmpTicket(a.ticket, t) })
+	i, _ := slices.BinarySearchFunc(g.ahead, ticket, func(a gateAhead, t uint64) int { return cmp.Compare(a.ticket, t) })
 	g.ahead = slices.Insert(g.ahead, i, gateAhead{ticket: ticket, since: time.Now()})
 }
 
@@ -68,7 +69,7 @@ func (g *startGate) end(ticket uint64) {
 }
 
 func (g *startGate) dropAheadLocked(ticket uint64) bool {
-	i, ok := slices.BinarySearchFunc(g.ahead, ticket, func(a gateAhead, t uint64) int { return cmpTicket(a.ticket, t) })
+	i, ok := slices.BinarySearchFunc(g.ahead, ticket, func(a gateAhead, t uint64) int { return cmp.Compare(a.ticket, t) })
 	if ok {
 		g.ahead = slices.Delete(g.ahead, i, i+1)
 	}
@@ -82,7 +83,7 @@ func (g *startGate) enter(ctx context.Context, ticket uint64) (release func(), e
 	w := &gateWaiter{ticket: ticket, admit: make(chan struct{})}
 	g.mu.Lock()
 	g.dropAheadLocked(ticket)
-	i, _ := slices.BinarySearchFunc(g.waiting, ticket, func(w *gateWaiter, t uint64) int { return cmpTicket(w.ticket, t) })
+	i, _ := slices.BinarySearchFunc(g.waiting, ticket, func(w *gateWaiter, t uint64) int { return cmp.Compare(w.ticket, t) })
 	g.waiting = slices.Insert(g.waiting, i, w)
 	g.dispatchLocked()
 	g.mu.Unlock()
@@ -138,24 +139,16 @@ func (g *startGate) dispatchLocked() {
 	}
 }
 
-// armLocked has dispatch run again after d (one timer, the earliest wins).
+// armLocked has dispatch run again after d. One timer serves: each dispatch finds the
+// hold that ends first and sets it anew.
 func (g *startGate) armLocked(d time.Duration) {
-	if g.timer != nil {
-		g.timer.Stop()
+	if g.timer == nil {
+		g.timer = time.AfterFunc(d, func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			g.dispatchLocked()
+		})
+		return
 	}
-	g.timer = time.AfterFunc(d, func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		g.dispatchLocked()
-	})
-}
-
-func cmpTicket(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	g.timer.Reset(d)
 }
