@@ -64,8 +64,9 @@ func TestLatencyFigures(t *testing.T) {
 	// The CPU each costs the box and the instance, in blocks (a process's CPU cannot be
 	// split between interleaved messages), alternated.
 	_, pid := spaceState(t, b, host)
+	const rounds = 3
 	var boxCPU, appCPU [2]time.Duration
-	for range 3 {
+	for range rounds {
 		for k, c := range []*websocket.Conn{held, tunnel} {
 			b0, a0 := harness.ProcessCPU(b.PID()), harness.ProcessCPU(pid)
 			for range n {
@@ -75,9 +76,9 @@ func TestLatencyFigures(t *testing.T) {
 			appCPU[k] += harness.ProcessCPU(pid) - a0
 		}
 	}
-	per := func(d time.Duration) time.Duration { return d / (3 * n) }
+	per := func(d time.Duration) time.Duration { return d / (rounds * n) }
 	t.Logf("CPU per awake round trip, %d blocks of %d alternated: the box held %v, tunnel %v (%.2fx); the instance held %v, tunnel %v",
-		6, n, per(boxCPU[0]), per(boxCPU[1]), float64(boxCPU[0])/float64(boxCPU[1]), per(appCPU[0]), per(appCPU[1]))
+		2*rounds, n, per(boxCPU[0]), per(boxCPU[1]), float64(boxCPU[0])/float64(boxCPU[1]), per(appCPU[0]), per(appCPU[1]))
 	tunnel.Close(websocket.StatusNormalClosure, "")
 
 	const k = 10

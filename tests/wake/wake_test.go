@@ -535,13 +535,18 @@ func storm(t *testing.T, demo, bk string, n int) {
 	// (the wake's Order), how many were answered the other way; and the same by the
 	// order this process's goroutines stamped them sent (pairs at least 1 ms apart),
 	// which this process's own scheduler reorders on their way to the engine.
+	ticket := make([]uint64, n)
 	phaseMu.Lock()
-	before := func(i, j int) bool { return order[hosts[i]] < order[hosts[j]] }
+	for i, h := range hosts {
+		ticket[i] = order[h]
+	}
 	phaseMu.Unlock()
-	inv, pairs := invertedPairs(answers, func(i, j int) bool { return answers[i].err == nil && answers[j].err == nil && before(i, j) },
-		func(i, j int) bool { return answers[i].done > answers[j].done })
+	answeredLater := func(i, j int) bool { return answers[i].done > answers[j].done }
+	inv, pairs := invertedPairs(answers, func(i, j int) bool {
+		return answers[i].err == nil && answers[j].err == nil && ticket[i] < ticket[j]
+	}, answeredLater)
 	invSent, pairsSent := invertedPairs(answers, func(i, j int) bool { return answers[i].sent+time.Millisecond < answers[j].sent },
-		func(i, j int) bool { return answers[i].done > answers[j].done })
+		answeredLater)
 	fmt.Printf("\nwake storm: %d concurrent first requests (GET /api/messages) to %d sleeping demo spaces (lchat-demo-space, socket activation), one box, %s bucket, load %s\n", n, n, bk, loadavg())
 	fmt.Printf("  all answered within %.0f ms of the first sent; per request %s  max %.0f ms; %.0f wakes/s; %d failed; answer order inverted for %.2f%% of the %d pairs by their first requests' order at the engine (%.1f%% of the %d pairs by the order this process's goroutines sent them, >1 ms apart)\n\n",
 		ms(last), lat, ms(lat.q(1)), float64(n-failed)/last.Seconds(), failed, inv, pairs, invSent, pairsSent)
