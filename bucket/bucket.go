@@ -23,6 +23,14 @@ var (
 	ErrConflict = errors.New("conditional request conflict")
 )
 
+// LostRace reports whether err says a conditional write or delete lost to another
+// writer: ErrPreconditionFailed (the key was not in the state the condition named) or
+// ErrConflict (a concurrent conditional write to the key won). Either way the write did
+// not happen, and the caller reads the key again before deciding what to do.
+func LostRace(err error) bool {
+	return errors.Is(err, ErrPreconditionFailed) || errors.Is(err, ErrConflict)
+}
+
 // Info describes one stored object.
 type Info struct {
 	Key          string    `json:"key"`
@@ -62,9 +70,16 @@ type Bucket interface {
 	// Head returns an object's metadata.
 	Head(ctx context.Context, key string) (Info, error)
 	// Put stores body under key, streaming it. size is the body length, or -1 when unknown.
+	//
+	// Errors: a lost condition (cond.IfNoneMatch on an existing key, cond.IfMatch on a
+	// missing key or another ETag) is ErrPreconditionFailed, and a concurrent conditional
+	// write that the store refused is ErrConflict; in both the write did not happen
+	// (LostRace). Any other error, a timeout or a cut connection among them, may have
+	// been applied: the caller that must know reads the key back (Landed).
 	Put(ctx context.Context, key string, body io.Reader, size int64, cond Cond) (Info, error)
 	// Delete removes key. An unconditional delete of a missing key succeeds;
-	// with cond.IfMatch set, a missing key or another ETag is ErrPreconditionFailed.
+	// with cond.IfMatch set, a missing key or another ETag is ErrPreconditionFailed, and a
+	// concurrent conditional write is ErrConflict (LostRace). Other errors may have been applied.
 	Delete(ctx context.Context, key string, cond Cond) error
 	// List returns one page of the keys under prefix, in lexical order, starting after token.
 	List(ctx context.Context, prefix, token string) (ListPage, error)

@@ -195,7 +195,7 @@ func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
 	case err == nil:
 		l.start(key, name, hold, info.ETag)
 		return true, nil
-	case errors.Is(err, bucket.ErrPreconditionFailed), errors.Is(err, bucket.ErrConflict):
+	case bucket.LostRace(err):
 	default:
 		l.mu.Lock()
 		if l.unsure == nil {
@@ -229,7 +229,7 @@ func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
 		l.logger().Info("took over stale lock", zap.String("lock", name))
 		l.start(key, name, hold, info.ETag)
 		return true, nil
-	case errors.Is(err, bucket.ErrPreconditionFailed), errors.Is(err, bucket.ErrConflict):
+	case bucket.LostRace(err):
 		return false, nil // someone else refreshed, released or took it first
 	default:
 		return false, fmt.Errorf("taking over lock %s: %w", key, err)
@@ -322,7 +322,7 @@ func (l *Locker) refreshLoop(ctx context.Context, name string, h *heldLock) {
 			h.etag, h.unconfirmed = info.ETag, nil
 		case ctx.Err() != nil:
 			return
-		case errors.Is(err, bucket.ErrPreconditionFailed):
+		case bucket.LostRace(err):
 			if etag, ok := l.landed(ctx, h); ok {
 				// An earlier refresh reported as failed reached the bucket after all.
 				h.etag = etag
@@ -366,13 +366,13 @@ func (l *Locker) Unlock(ctx context.Context, name string) error {
 		return fmt.Errorf("unlocking %s: %w", name, ErrLost)
 	}
 	err := l.Bucket.Delete(ctx, h.key, bucket.Cond{IfMatch: h.etag})
-	if errors.Is(err, bucket.ErrPreconditionFailed) {
+	if bucket.LostRace(err) {
 		// The last refresh, cancelled or reported as failed, may have landed.
 		if etag, ok := l.landed(ctx, h); ok {
 			err = l.Bucket.Delete(ctx, h.key, bucket.Cond{IfMatch: etag})
 		}
 	}
-	if errors.Is(err, bucket.ErrPreconditionFailed) {
+	if bucket.LostRace(err) {
 		return fmt.Errorf("unlocking %s: %w", name, ErrLost)
 	}
 	if err != nil {

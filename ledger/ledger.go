@@ -177,7 +177,7 @@ func (a *Allocator) reserveLocked(ctx context.Context) (uint64, error) {
 		// win is ever used -- and a block it did win is recognized by its bytes.
 		sent, starts = append(sent, body), append(starts, cur.Next)
 		lastErr = err
-		if !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) && ctx.Err() != nil {
+		if !bucket.LostRace(err) && ctx.Err() != nil {
 			break
 		}
 	}
@@ -256,7 +256,7 @@ func encode(s state) ([]byte, error) {
 }
 
 // put stores body over the counter read with etag, or creates the counter when etag is
-// empty (read found none); a lost race is bucket.ErrPreconditionFailed.
+// empty (read found none); a lost race is one bucket.LostRace reports.
 func put(ctx context.Context, b bucket.Bucket, key string, body []byte, etag string) error {
 	cond := bucket.Cond{IfMatch: etag}
 	if etag == "" {
@@ -320,7 +320,7 @@ func Seed(ctx context.Context, b bucket.Bucket, namespace string, max uint64) er
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) {
+		if !bucket.LostRace(err) {
 			return fmt.Errorf("ledger %s: seeding: %v", namespace, err)
 		}
 	}

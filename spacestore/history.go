@@ -36,7 +36,7 @@ func WriteHistory(ctx context.Context, b bucket.Bucket, host string, m *Manifest
 		return err
 	}
 	_, err = b.Put(ctx, HistoryKey(host, m.Generation, m.WrittenAt, m.Size()), bytes.NewReader(body), int64(len(body)), bucket.Cond{IfNoneMatch: true})
-	if err != nil && !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) {
+	if err != nil && !bucket.LostRace(err) {
 		return fmt.Errorf("writing history: %w", err)
 	}
 	return nil

@@ -95,7 +95,7 @@ func AcquireLeaseAfter(ctx context.Context, b bucket.Bucket, host string, h Hold
 		if err == nil {
 			return info.ETag, nil
 		}
-		if !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) {
+		if !bucket.LostRace(err) {
 			return "", fmt.Errorf("taking the released lease: %w", err)
 		}
 		// Written since: look at it.
@@ -109,7 +109,7 @@ func AcquireLeaseAfter(ctx context.Context, b bucket.Bucket, host string, h Hold
 		if err == nil {
 			return info.ETag, nil
 		}
-		if !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) {
+		if !bucket.LostRace(err) {
 			return "", fmt.Errorf("creating lease: %w", err)
 		}
 		cur, etag, err := ReadLease(ctx, b, host)
@@ -129,7 +129,7 @@ func AcquireLeaseAfter(ctx context.Context, b bucket.Bucket, host string, h Hold
 			}
 			return info.ETag, nil
 		}
-		if !errors.Is(err, bucket.ErrPreconditionFailed) && !errors.Is(err, bucket.ErrConflict) {
+		if !bucket.LostRace(err) {
 			return "", fmt.Errorf("taking over lease: %w", err)
 		}
 		lastErr = err // someone else raced us: look again
@@ -146,7 +146,7 @@ func ReleaseLease(ctx context.Context, b bucket.Bucket, host, etag string, h Hol
 		return "", err
 	}
 	info, err := b.Put(ctx, LeaseKey(host), bytes.NewReader(body), int64(len(body)), bucket.Cond{IfMatch: etag})
-	if errors.Is(err, bucket.ErrPreconditionFailed) || errors.Is(err, bucket.ErrConflict) {
+	if bucket.LostRace(err) {
 		if cur, _, ok := bucket.Landed(ctx, b, LeaseKey(host), body); ok {
 			return cur, nil // this release landed; its answer was lost
 		}

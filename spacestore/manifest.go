@@ -210,7 +210,7 @@ func WriteManifest(ctx context.Context, b bucket.Bucket, host string, m *Manifes
 		cond = bucket.Cond{IfNoneMatch: true}
 	}
 	info, err := b.Put(ctx, ManifestKey(host), bytes.NewReader(body), int64(len(body)), cond)
-	if errors.Is(err, bucket.ErrPreconditionFailed) || errors.Is(err, bucket.ErrConflict) {
+	if bucket.LostRace(err) {
 		// The store may have applied this very write and lost its answer, and a retry
 		// (the SDK's or ours) then fails its own condition: that is not another writer.
 		if etag, _, ok := bucket.Landed(ctx, b, ManifestKey(host), body); ok {

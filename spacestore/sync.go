@@ -199,7 +199,7 @@ func (s *Syncer) upload(ctx context.Context, f File, staged string) (int64, erro
 	}
 	defer in.Close()
 	_, err = s.Bucket.Put(ctx, key, in, f.Size, bucket.Cond{IfNoneMatch: true})
-	if errors.Is(err, bucket.ErrPreconditionFailed) || errors.Is(err, bucket.ErrConflict) {
+	if bucket.LostRace(err) {
 		return 0, nil // content-addressed: someone stored the same bytes
 	}
 	if err != nil {

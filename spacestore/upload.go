@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -76,7 +75,7 @@ func (u *uploader) put(ctx context.Context, gen int64, data []byte) (Ref, error)
 		defer u.wg.Done()
 		defer func() { <-u.sem }()
 		_, err := u.b.Put(ctx, RefKey(u.host, ref), bytes.NewReader(data), ref.Size, bucket.Cond{IfNoneMatch: true})
-		if errors.Is(err, bucket.ErrPreconditionFailed) || errors.Is(err, bucket.ErrConflict) {
+		if bucket.LostRace(err) {
 			err = nil // content-addressed: the same bytes are there already
 		}
 		u.mu.Lock()

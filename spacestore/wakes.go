@@ -92,7 +92,7 @@ func DeleteWake(ctx context.Context, b bucket.Bucket, host, etag string) error {
 	if err == nil || errors.Is(err, bucket.ErrNotFound) {
 		return nil
 	}
-	if errors.Is(err, bucket.ErrPreconditionFailed) && etag != "" {
+	if bucket.LostRace(err) && etag != "" {
 		if _, herr := b.Head(ctx, WakeKey(host)); errors.Is(herr, bucket.ErrNotFound) {
 			return nil
 		}
