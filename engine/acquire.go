@@ -33,6 +33,7 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 		if waiting {
 			in.mu.Lock()
 			in.waiters--
+			in.changedLocked()
 			in.mu.Unlock()
 		}
 	}()
@@ -46,6 +47,7 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 		in.mu.Lock()
 		if waiting {
 			in.waiters--
+			in.changedLocked()
 			waiting = false
 		}
 		switch in.state {
@@ -141,6 +143,7 @@ func (in *inst) wait(ctx context.Context, t *transition) error {
 	case <-ctx.Done():
 		in.mu.Lock()
 		in.waiters--
+		in.changedLocked()
 		in.mu.Unlock()
 		return ctx.Err()
 	}

@@ -69,17 +69,16 @@ func (e *Engine) quiesce(ctx context.Context, in *inst) {
 	in.mu.Unlock()
 	deadline := time.NewTimer(drainUseGrace)
 	defer deadline.Stop()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
 	for {
 		in.mu.Lock()
 		busy := in.uses > 0 || in.waiters > 0
+		changed := in.changesLocked()
 		in.mu.Unlock()
 		if !busy {
 			return
 		}
 		select {
-		case <-tick.C:
+		case <-changed:
 		case <-deadline.C:
 			return
 		case <-ctx.Done():

@@ -158,7 +158,12 @@ type Config struct {
 	// before anything is proxied (wakelease.go); the figures (tests/wake) set it to
 	// measure the difference side by side.
 	LeaseBeforeStart bool
-	Logger           *zap.Logger
+	// Now is the engine's clock: every time the engine reads (a state's since, the last
+	// use, the backoffs, the start gate's holds, checkpoint and lease times, events) is
+	// Now's. Default time.Now. The engine's waits use the runtime's timers: a test drives
+	// both with testing/synctest, or sets Now to read a clock of its own.
+	Now    func() time.Time
+	Logger *zap.Logger
 }
 
 // errFencedNoWrite is why a fenced box writes nothing.
@@ -313,6 +318,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	e := &Engine{
 		cfg:    cfg,
 		log:    cfg.Logger,
@@ -321,7 +329,7 @@ func New(cfg Config) (*Engine, error) {
 
 		wakeSlots:     make(map[string]*wakeSlot),
 		wakeRetryBase: wakeRetryBase,
-		gate:          startGate{n: cfg.MaxStarting},
+		gate:          startGate{n: cfg.MaxStarting, now: cfg.Now},
 	}
 	e.holder.OnTakeover = func(host string, prev spacestore.Lease) {
 		e.log.Warn("took over the lease of a holder that was not live", zap.String("host", host),
@@ -367,7 +375,8 @@ func (e *Engine) Close() {
 	}
 }
 
-func (e *Engine) now() time.Time { return time.Now() }
+// now reads the engine's clock (Config.Now).
+func (e *Engine) now() time.Time { return e.cfg.Now() }
 
 // Status reports every space this engine knows, sorted by host.
 func (e *Engine) Status() []SpaceStatus {

@@ -170,7 +170,7 @@ func TestContinuousDebounce(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			debounce(ctx, 0, func() (uint64, error) { return state.Load(), nil }, func() { mu.Lock(); syncList = append(syncList, time.Since(start)); mu.Unlock() })
+			debounce(ctx, time.Now, 0, func() (uint64, error) { return state.Load(), nil }, func() { mu.Lock(); syncList = append(syncList, time.Since(start)); mu.Unlock() })
 		}()
 
 		// One change: synced within about a second, once.
@@ -223,7 +223,7 @@ func TestContinuousSyncSeesAWriteBeforeTheLoopRuns(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			debounce(ctx, base, func() (uint64, error) { return state.Load(), nil }, func() { syncs.Add(1) })
+			debounce(ctx, time.Now, base, func() (uint64, error) { return state.Load(), nil }, func() { syncs.Add(1) })
 		}()
 		time.Sleep(2 * time.Second)
 		if n := syncs.Load(); n != 1 {
@@ -267,5 +267,24 @@ func TestSetKinds(t *testing.T) {
 	_, err = e.Acquire(context.Background(), Space{Host: "a.example.com", Kind: "old"})
 	if !errors.Is(err, ErrUnknownKind) {
 		t.Fatalf("Acquire of a removed kind: %v, want ErrUnknownKind", err)
+	}
+}
+
+// TestEngineReadsItsClock: the times the engine records are its clock's (Config.Now),
+// not the machine's: a space's since in Status, and the idle clock a release stamps.
+func TestEngineReadsItsClock(t *testing.T) {
+	at := time.Date(2031, 5, 4, 3, 2, 1, 0, time.UTC)
+	e, _ := newCountingEngine(t, Config{Now: func() time.Time { return at }})
+	defer e.Close()
+	in := awakeNoProcess(e, "clock.example.com", time.Hour)
+	in.mu.Lock()
+	in.setStateLocked(StateSleeping)
+	in.setStateLocked(StateAsleep)
+	in.mu.Unlock()
+	if st := e.Status(); len(st) != 1 || !st[0].Since.Equal(at) {
+		t.Fatalf("status %+v, want since %v", st, at)
+	}
+	if in.lastUsed != at {
+		t.Fatalf("last used %v, want %v", in.lastUsed, at)
 	}
 }

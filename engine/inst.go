@@ -47,6 +47,10 @@ type inst struct {
 	uses    int    // Uses held in the current awake period
 	gen     uint64 // awake period; a Use from an earlier one no longer counts
 	waiters int    // Acquires waiting on trans
+	// changed is closed, and cleared, at the next change of uses, waiters or state
+	// (changedLocked): what a wait for the space to settle (quiesce) selects on. nil
+	// while nobody waits, so the request path makes no channel.
+	changed chan struct{}
 	// quiescing is set when a drain is about to put this space to sleep: no new Use is
 	// given out (ErrDraining sends the request to the box that takes the space over),
 	// while those already given out finish.
@@ -149,9 +153,28 @@ func (u *Use) Release() {
 	in.mu.Lock()
 	if u.gen == in.gen {
 		in.uses--
+		in.changedLocked()
 	}
 	in.lastUsed = now
 	in.mu.Unlock()
+}
+
+// changedLocked tells whoever waits for the space's uses, waiters or state to change
+// that they did (in.mu held). Nothing is done when nobody waits.
+func (in *inst) changedLocked() {
+	if in.changed != nil {
+		close(in.changed)
+		in.changed = nil
+	}
+}
+
+// changesLocked returns a channel closed at the next change of the space's uses, waiters
+// or state (in.mu held).
+func (in *inst) changesLocked() <-chan struct{} {
+	if in.changed == nil {
+		in.changed = make(chan struct{})
+	}
+	return in.changed
 }
 
 // Unreachable reports that the proxy could not dial this Use's instance (its socket gone

@@ -181,7 +181,7 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 		cmd.Env = append(cmd.Env, activationEnv()...)
 		ns.Apply(cmd.SysProcAttr)
 	}
-	fmt.Fprintf(logw, "--- %s starting %s (version %q)\n", time.Now().UTC().Format(time.RFC3339), kind.Name, sp.Version)
+	fmt.Fprintf(logw, "--- %s starting %s (version %q)\n", e.now().UTC().Format(time.RFC3339), kind.Name, sp.Version)
 	p := &proc{cmd: cmd, exited: make(chan struct{}), group: plan.group, uid: os.Geteuid(), link: in.link, netRelease: plan.netRelease,
 		pidNS: kind.SocketActivation}
 	if plan.cred != nil {

@@ -104,13 +104,13 @@ func (e *Engine) syncNow(ctx context.Context, in *inst) {
 // change seen, whichever is sooner.
 // base is the data dir's stamp as of the wake.
 func (e *Engine) continuousLoop(ctx context.Context, in *inst, base uint64) {
-	debounce(ctx, base, func() (uint64, error) { return dirStamp(in.dataDir) }, func() { e.syncNow(ctx, in) })
+	debounce(ctx, e.now, base, func() (uint64, error) { return dirStamp(in.dataDir) }, func() { e.syncNow(ctx, in) })
 }
 
 // debounce calls sync after stamp changes from synced (the stamp of what was last saved):
 // once it is stable for one poll, or continuousMaxDelay after the first change seen,
-// whichever is sooner.
-func debounce(ctx context.Context, synced uint64, stamp func() (uint64, error), sync func()) {
+// whichever is sooner. now is the engine's clock.
+func debounce(ctx context.Context, now func() time.Time, synced uint64, stamp func() (uint64, error), sync func()) {
 	t := time.NewTicker(continuousPoll)
 	defer t.Stop()
 	var last uint64
@@ -129,12 +129,12 @@ func debounce(ctx context.Context, synced uint64, stamp func() (uint64, error), 
 			dirtySince = time.Time{}
 			continue
 		}
-		now := time.Now()
+		at := now()
 		if dirtySince.IsZero() {
-			dirtySince, last = now, cur
+			dirtySince, last = at, cur
 			continue
 		}
-		if cur != last && now.Sub(dirtySince) < continuousMaxDelay {
+		if cur != last && at.Sub(dirtySince) < continuousMaxDelay {
 			last = cur
 			continue
 		}

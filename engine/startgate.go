@@ -23,8 +23,9 @@ import (
 // hold from that wake's begin: one slow bucket call delays the starts behind it by no
 // more than that, and never stalls the box.
 type startGate struct {
-	n    int           // slots; set once by New
-	hold time.Duration // how long a slot waits for a lower ticket still before the gate
+	n    int              // slots; set once by New
+	hold time.Duration    // how long a slot waits for a lower ticket still before the gate
+	now  func() time.Time // the engine's clock (Config.Now)
 
 	mu      sync.Mutex
 	busy    int
@@ -55,7 +56,7 @@ func (g *startGate) begin(ticket uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	i, _ := slices.BinarySearchFunc(g.ahead, ticket, func(a gateAhead, t uint64) int { return cmp.Compare(a.ticket, t) })
-	g.ahead = slices.Insert(g.ahead, i, gateAhead{ticket: ticket, since: time.Now()})
+	g.ahead = slices.Insert(g.ahead, i, gateAhead{ticket: ticket, since: g.now()})
 }
 
 // end records that the wake with ticket will not come to the gate (it failed, or was
@@ -120,6 +121,7 @@ func (g *startGate) dispatchLocked() {
 	if hold == 0 {
 		hold = defaultStartHold
 	}
+	now := g.now()
 	for g.busy < g.n && len(g.waiting) > 0 {
 		w := g.waiting[0]
 		// The lowest wake before the gate whose hold is left: the ones below it have
@@ -128,7 +130,7 @@ func (g *startGate) dispatchLocked() {
 			if a.ticket > w.ticket {
 				break
 			}
-			if wait := hold - time.Since(a.since); wait > 0 {
+			if wait := hold - now.Sub(a.since); wait > 0 {
 				g.armLocked(wait)
 				return
 			}

@@ -14,7 +14,7 @@ import (
 // ends leaves the queue without taking a slot.
 func TestStartGateAdmitsInTicketOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := &startGate{n: 2}
+		g := &startGate{n: 2, now: time.Now}
 		a, _ := g.enter(context.Background(), 1)
 		b, _ := g.enter(context.Background(), 2)
 		var mu sync.Mutex
@@ -77,7 +77,7 @@ func TestStartGateAdmitsInTicketOrder(t *testing.T) {
 func TestStartGateKeepsASlotForALowerTicketBeforeIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const hold = 50 * time.Millisecond
-		g := &startGate{n: 1, hold: hold}
+		g := &startGate{n: 1, hold: hold, now: time.Now}
 		var mu sync.Mutex
 		var admitted []uint64
 		enter := func(ticket uint64) {

@@ -95,5 +95,6 @@ func (in *inst) setStateLocked(s State) error {
 	in.state = s
 	in.since = in.e.now()
 	in.here.Store(s == StateAwake || s == StateWaking)
+	in.changedLocked()
 	return nil
 }
