@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -237,19 +236,11 @@ func setRetryAfter(w http.ResponseWriter, d time.Duration) {
 	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(d, time.Second).Seconds()))))
 }
 
-// requestHost is the request's host without port or trailing dot, lowercased.
+// requestHost is the request's host in the form every comparison of hosts uses
+// (mesh.NormalizeHost), so that the lookup here, the marker a peer signed and the
+// placement agree on it.
 func requestHost(r *http.Request) string {
-	host := r.Host
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	host = strings.TrimSuffix(host, ".")
-	for i := 0; i < len(host); i++ {
-		if c := host[i]; c >= 'A' && c <= 'Z' {
-			return strings.ToLower(host)
-		}
-	}
-	return host
+	return mesh.NormalizeHost(r.Host)
 }
 
 // dialAddress turns a live route's upstream into a Caddy network address: a path is
