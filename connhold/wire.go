@@ -1,7 +1,6 @@
 package connhold
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -308,32 +307,31 @@ func parseTags(s string) ([]string, error) {
 // ParseEvents decodes a body in Pushpin's WebSocket-over-HTTP encoding (EventsContentType):
 // TEXT and BINARY events become messages; a CLOSE event (its payload a 2-byte code and a
 // reason) ends the list and returns its code. OPEN, PING and PONG events are accepted and
-// ignored (the box answers pings itself).
+// ignored (the box answers pings itself). An event's length is checked against what is
+// left of the body, so an event of any size the body holds is read whole.
 func ParseEvents(body []byte) (msgs []Message, closeCode int, reason string, err error) {
-	br := bufio.NewReader(bytes.NewReader(body))
-	for {
-		line, err := br.ReadString('\n')
-		if err == io.EOF && line == "" {
-			return msgs, 0, "", nil
-		}
-		if err != nil {
+	for len(body) > 0 {
+		nl := bytes.IndexByte(body, '\n')
+		if nl < 0 {
 			return nil, 0, "", errors.New("websocket-events: truncated event line")
 		}
-		line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
+		line := string(bytes.TrimSuffix(body[:nl], []byte("\r")))
+		body = body[nl+1:]
 		name, hexLen, hasLen := strings.Cut(line, " ")
 		var payload []byte
 		if hasLen {
 			n, err := strconv.ParseUint(hexLen, 16, 31)
-			if err != nil || int(n) > br.Buffered() {
+			if err != nil || n > uint64(len(body)) {
 				return nil, 0, "", fmt.Errorf("websocket-events: bad length in %q", truncate(line))
 			}
-			payload = make([]byte, n)
-			io.ReadFull(br, payload)
-			if crlf, _ := br.Peek(2); string(crlf) == "\r\n" {
-				br.Discard(2)
-			} else {
+			payload = bytes.Clone(body[:n])
+			if payload == nil {
+				payload = []byte{}
+			}
+			if !bytes.HasPrefix(body[n:], []byte("\r\n")) {
 				return nil, 0, "", errors.New("websocket-events: payload not followed by CRLF")
 			}
+			body = body[n+2:]
 		}
 		switch name {
 		case "TEXT":
@@ -358,6 +356,7 @@ func ParseEvents(body []byte) (msgs []Message, closeCode int, reason string, err
 			return nil, 0, "", fmt.Errorf("websocket-events: unknown event %q", truncate(name))
 		}
 	}
+	return msgs, 0, "", nil
 }
 
 // AppendEvent appends m in the websocket-events encoding (for apps and tests written in Go).
@@ -368,6 +367,14 @@ func AppendEvent(b []byte, m Message) []byte {
 	}
 	b = fmt.Appendf(b, "%s %x\r\n", name, len(m.Payload))
 	b = append(b, m.Payload...)
+	return append(b, '\r', '\n')
+}
+
+// AppendClose appends a CLOSE event with code and reason in the websocket-events encoding.
+func AppendClose(b []byte, code int, reason string) []byte {
+	b = fmt.Appendf(b, "CLOSE %x\r\n", 2+len(reason))
+	b = binary.BigEndian.AppendUint16(b, uint16(code))
+	b = append(b, reason...)
 	return append(b, '\r', '\n')
 }
 

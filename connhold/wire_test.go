@@ -1,8 +1,10 @@
 package connhold
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -83,12 +85,63 @@ func TestParseReply(t *testing.T) {
 	}
 }
 
+// TestParseEventsAnyLength: an event is read whole whatever its length and wherever it
+// falls in the body; the box once compared the length with what one 4 KiB read had
+// buffered, and refused every event longer than what was left of it.
+func TestParseEventsAnyLength(t *testing.T) {
+	for _, n := range []int{0, 1, 4096 - 10, 4096 - 9, 4096, 4097, 5000, 256 << 10, 256<<10 + 1, 1 << 20, 1<<20 + 1} {
+		for _, lead := range []int{0, 2000, 4090} {
+			t.Run(fmt.Sprintf("%d after %d", n, lead), func(t *testing.T) {
+				first := Message{Payload: bytes.Repeat([]byte("a"), lead)}
+				bin := Message{Binary: true, Payload: patterned(n)}
+				text := Message{Payload: bytes.Repeat([]byte("é"), n/2)}
+				body := AppendEvent(AppendEvent(AppendEvent(nil, first), bin), text)
+				body = AppendClose(body, 4001, "done")
+				msgs, code, reason, err := ParseEvents(body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(msgs) != 3 || !bytes.Equal(msgs[0].Payload, first.Payload) || !msgs[1].Binary ||
+					!bytes.Equal(msgs[1].Payload, bin.Payload) || msgs[2].Binary || !bytes.Equal(msgs[2].Payload, text.Payload) {
+					t.Errorf("%d messages, not the three sent", len(msgs))
+				}
+				if code != 4001 || reason != "done" {
+					t.Errorf("close %d %q", code, reason)
+				}
+			})
+		}
+	}
+	// One byte short of what the length says is refused, not read past the body.
+	body := AppendEvent(nil, Message{Payload: patterned(5000)})
+	if _, _, _, err := ParseEvents(body[:len(body)-3]); err == nil {
+		t.Error("an event cut short was accepted")
+	}
+}
+
+// patterned is n bytes that differ along their length, so a payload shifted or cut shows.
+func patterned(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + i/251)
+	}
+	return b
+}
+
+// FuzzParseEvents: ParseEvents never panics, never makes up bytes, reads any bytes back
+// from one BINARY event, and what it parses re-encodes (AppendEvent, AppendClose) to a
+// body that parses to the same events. The seed corpus (testdata/fuzz/FuzzParseEvents)
+// holds bodies whose events span 4 KiB reads.
 func FuzzParseEvents(f *testing.F) {
 	f.Add([]byte("TEXT 2\r\nhi\r\n"))
 	f.Add([]byte("BINARY 3\r\n\x00\x01\x02\r\nCLOSE 2\r\n\x03\xe8\r\n"))
 	f.Add([]byte("OPEN\r\nTEXT 0\r\n\r\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		msgs, code, _, err := ParseEvents(b)
+		// Any bytes, as one BINARY event, come back whole (the seeds are over 4 KiB).
+		wrapped, _, _, err := ParseEvents(AppendEvent(nil, Message{Binary: true, Payload: b}))
+		if err != nil || len(wrapped) != 1 || !bytes.Equal(wrapped[0].Payload, b) {
+			t.Fatalf("%d bytes as one BINARY event: %d messages, %v", len(b), len(wrapped), err)
+		}
+		msgs, code, reason, err := ParseEvents(b)
 		if err != nil {
 			return
 		}
@@ -98,6 +151,25 @@ func FuzzParseEvents(f *testing.F) {
 		}
 		if total > len(b) || (code != 0 && !sendableCode(code)) {
 			t.Fatalf("%d bytes of messages from %d, code %d", total, len(b), code)
+		}
+		var again []byte
+		for _, m := range msgs {
+			again = AppendEvent(again, m)
+		}
+		if code != 0 {
+			again = AppendClose(again, code, reason)
+		}
+		msgs2, code2, reason2, err := ParseEvents(again)
+		if err != nil {
+			t.Fatalf("re-encoded events do not parse: %v", err)
+		}
+		if code2 != code || reason2 != reason || len(msgs2) != len(msgs) {
+			t.Fatalf("re-encoded: %d messages close %d %q, want %d close %d %q", len(msgs2), code2, reason2, len(msgs), code, reason)
+		}
+		for i := range msgs {
+			if msgs2[i].Binary != msgs[i].Binary || !bytes.Equal(msgs2[i].Payload, msgs[i].Payload) {
+				t.Fatalf("message %d changed in re-encoding", i)
+			}
 		}
 	})
 }
