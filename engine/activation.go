@@ -114,7 +114,7 @@ func (e *Engine) watchFirstAnswer(in *inst, p *proc, kind Kind) {
 		DisableKeepAlives: true,
 	}}
 	defer client.CloseIdleConnections()
-	delay := 5 * time.Millisecond
+	delay := firstAnswerBackoff.Next(0)
 	for {
 		if answered(ctx, client, kind.ReadyPath) {
 			p.answered.Store(true)
@@ -132,7 +132,7 @@ func (e *Engine) watchFirstAnswer(in *inst, p *proc, kind Kind) {
 			return
 		case <-time.After(delay):
 		}
-		delay = min(delay*2, 100*time.Millisecond)
+		delay = firstAnswerBackoff.Next(delay)
 	}
 }
 

@@ -17,11 +17,36 @@ import (
 	"github.com/lchat/lchat-caddy/spacestore"
 )
 
-func TestWakeBackoff(t *testing.T) {
-	for n, want := range map[int]time.Duration{0: 0, 1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second,
-		7: 64 * time.Second, 8: wakeBackoffMax, 64: wakeBackoffMax} {
-		if got := wakeBackoff(n); got != want {
-			t.Errorf("wakeBackoff(%d) = %v, want %v", n, got, want)
+// TestBackoffCurves: each thing that backs off waits by its own curve, as documented and
+// as Retry-After tells clients: a table of failures counted to the wait that follows.
+func TestBackoffCurves(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		curve Backoff
+		waits map[int]time.Duration // consecutive failures: the wait after them
+	}{
+		{"failed wake", failedWakeBackoff, map[int]time.Duration{0: 0, 1: time.Second, 2: 2 * time.Second,
+			3: 4 * time.Second, 7: 64 * time.Second, 8: 2 * time.Minute, 64: 2 * time.Minute, 1 << 20: 2 * time.Minute}},
+		// The first crash wakes on the next request.
+		{"crash", crashBackoff, map[int]time.Duration{0: 0, 1: 0, 2: time.Second, 3: 2 * time.Second,
+			4: 4 * time.Second, 7: 32 * time.Second, 8: time.Minute, 50: time.Minute}},
+		{"wake record", wakeRecordBackoff, map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 7: time.Minute}},
+		{"wake delivery", wakeDeliveryBackoff, map[int]time.Duration{1: time.Second, 9: 256 * time.Second, 10: 5 * time.Minute}},
+		{"ready probe", readyBackoff, map[int]time.Duration{1: 2 * time.Millisecond, 5: 32 * time.Millisecond, 6: 50 * time.Millisecond}},
+		{"first answer", firstAnswerBackoff, map[int]time.Duration{1: 5 * time.Millisecond, 5: 80 * time.Millisecond, 6: 100 * time.Millisecond}},
+	} {
+		for n, want := range tc.waits {
+			if got := tc.curve.After(n); got != want {
+				t.Errorf("%s: after %d failures %v, want %v", tc.name, n, got, want)
+			}
+		}
+		// A loop that keeps its last wait steps along the same curve.
+		var d time.Duration
+		for n := tc.curve.Free + 1; n < tc.curve.Free+40; n++ {
+			d = tc.curve.Next(d)
+			if want := tc.curve.After(n); d != want {
+				t.Fatalf("%s: wait %d by Next %v, by After %v", tc.name, n-tc.curve.Free, d, want)
+			}
 		}
 	}
 }
@@ -157,7 +182,7 @@ func TestFailedWakeBacksOff(t *testing.T) {
 	errs = flood(e, broken, 2*time.Second)
 	checkRefusals(t, errs, 8*time.Second)
 	if n := leaseOps.Load(); n != 1 {
-		t.Fatalf("bucket cut: %d wake attempts under %d requests in 2 s with a %v backoff, want 1", n, len(errs), wakeBackoff(4))
+		t.Fatalf("bucket cut: %d wake attempts under %d requests in 2 s with a %v backoff, want 1", n, len(errs), failedWakeBackoff.After(4))
 	}
 	if got := e.Counters().WakeFailures; got < 3 {
 		t.Fatalf("wake_failures = %d, want at least 3", got)
@@ -181,5 +206,45 @@ func TestFailedWakeBacksOff(t *testing.T) {
 	in.mu.Unlock()
 	if fails != 0 {
 		t.Fatalf("consecutive failures after a successful wake = %d, want 0", fails)
+	}
+}
+
+// TestNotReadyWakeGetsOneCurve: a wake whose instance never gets ready is a failed wake and
+// waits failedWakeBackoff's step, whatever crashes the space had before: not the crash
+// curve as well (both were applied, and the longer won: a minute after ten crashes).
+func TestNotReadyWakeGetsOneCurve(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a real instance")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _ := newCountingEngine(t, Config{Kinds: map[string]Kind{"app": {
+		Command:      self,
+		Env:          map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1", "START_DELAY_MS": "600000"},
+		ReadyTimeout: 200 * time.Millisecond,
+		Replication:  Replication{Class: ReplicateSleep},
+	}}})
+	defer e.Close()
+	sp := Space{Host: "slow.example.com", Kind: "app"}
+	in := e.get(sp.Host)
+	in.mu.Lock()
+	in.crashes = 10 // the crash curve would wait a minute now
+	in.mu.Unlock()
+	_, err = e.Acquire(context.Background(), sp)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Reason != "instance not ready" {
+		t.Fatalf("wake of an instance that never gets ready: %v, want a RetryError (instance not ready)", err)
+	}
+	if want := failedWakeBackoff.After(1); re.After != want {
+		t.Fatalf("Retry-After %v after the first failed wake, want %v (failedWakeBackoff only)", re.After, want)
+	}
+	_, err = e.Acquire(context.Background(), sp)
+	if !errors.As(err, &re) || re.After > failedWakeBackoff.After(1) {
+		t.Fatalf("the next request: %v, want refused for at most %v", err, failedWakeBackoff.After(1))
+	}
+	if st := stateOf(in); st != StateFailed {
+		t.Fatalf("state %s, want failed", st)
 	}
 }

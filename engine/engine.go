@@ -258,9 +258,9 @@ type Engine struct {
 	wakeSeq atomic.Uint64 // tickets of wakes, in the order of their first requests
 	gate    startGate
 
-	wakeMu        sync.Mutex
-	wakeSlots     map[string]*wakeSlot // by host; see setWakeRecord
-	wakeRetryBase time.Duration        // first backoff of a failed wake record write
+	wakeMu            sync.Mutex
+	wakeSlots         map[string]*wakeSlot // by host; see setWakeRecord
+	wakeRecordBackoff Backoff              // of a failed wake record write: the package's, or a test's
 
 	uidMu sync.Mutex
 	uids  *sandbox.UIDs // opened by uidAlloc on the first isolated wake
@@ -327,9 +327,9 @@ func New(cfg Config) (*Engine, error) {
 		holder: spacestore.Holder{ID: cfg.Holder, Incarnation: cfg.Incarnation, Live: cfg.HolderLive},
 		spaces: make(map[string]*inst),
 
-		wakeSlots:     make(map[string]*wakeSlot),
-		wakeRetryBase: wakeRetryBase,
-		gate:          startGate{n: cfg.MaxStarting, now: cfg.Now},
+		wakeSlots:         make(map[string]*wakeSlot),
+		wakeRecordBackoff: wakeRecordBackoff,
+		gate:              startGate{n: cfg.MaxStarting, now: cfg.Now},
 	}
 	e.holder.OnTakeover = func(host string, prev spacestore.Lease) {
 		e.log.Warn("took over the lease of a holder that was not live", zap.String("host", host),
@@ -450,16 +450,6 @@ func (e *Engine) all() []*inst {
 		out = append(out, in)
 	}
 	return out
-}
-
-// crashBackoff is the wait before waking again after n consecutive crashes: the first crash
-// wakes on the next request, then 1s, 2s, 4s ... capped at a minute.
-func crashBackoff(n int) time.Duration {
-	if n <= 1 {
-		return 0
-	}
-	d := time.Second << min(n-2, 6)
-	return min(d, time.Minute)
 }
 
 // validHost guards the paths derived from a host.

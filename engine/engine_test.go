@@ -16,24 +16,6 @@ import (
 	"github.com/lchat/lchat-caddy/spacestore"
 )
 
-func TestCrashBackoff(t *testing.T) {
-	for _, tc := range []struct {
-		crashes int
-		want    time.Duration
-	}{
-		{1, 0}, // the first crash: the next request wakes it
-		{2, time.Second},
-		{3, 2 * time.Second},
-		{4, 4 * time.Second},
-		{8, time.Minute},
-		{50, time.Minute},
-	} {
-		if got := crashBackoff(tc.crashes); got != tc.want {
-			t.Errorf("crashBackoff(%d) = %v, want %v", tc.crashes, got, tc.want)
-		}
-	}
-}
-
 func TestInstanceEnvFiltersRouteEnv(t *testing.T) {
 	k := Kind{Env: map[string]string{"KIND_VAR": "k"}, AllowedEnv: []string{"ADMIN_TOKEN", "NAME"}}
 	sp := Space{Host: "h.test", Env: map[string]string{

@@ -143,7 +143,7 @@ func TestScheduledWakeRecordSurvivesFailedWrite(t *testing.T) {
 		StopGrace:   5 * time.Second,
 	}}})
 	defer e.Close()
-	e.wakeRetryBase = 10 * time.Millisecond
+	e.wakeRecordBackoff.First = 10 * time.Millisecond
 	// Writes of wake records fail while these count down.
 	var failPuts, failDeletes atomic.Int64
 	c.SetFail(func(ctx context.Context, op membucket.Op, key string) error {

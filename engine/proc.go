@@ -243,7 +243,7 @@ func (e *Engine) awaitReady(ctx context.Context, in *inst, p *proc, kind Kind) e
 		Timeout: 2 * time.Second,
 	}
 	defer client.CloseIdleConnections()
-	delay := 2 * time.Millisecond
+	delay := readyBackoff.Next(0)
 	for {
 		switch err := in.pinSocket(p.uid); {
 		case errors.Is(err, errSocketMissing):
@@ -259,7 +259,7 @@ func (e *Engine) awaitReady(ctx context.Context, in *inst, p *proc, kind Kind) e
 			return fmt.Errorf("not ready after %s", kind.ReadyTimeout)
 		case <-time.After(delay):
 		}
-		delay = min(delay*2, 50*time.Millisecond)
+		delay = readyBackoff.Next(delay)
 	}
 }
 

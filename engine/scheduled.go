@@ -78,7 +78,7 @@ func (e *Engine) resolve(host string) (Space, bool) {
 // record (only if it is still the one that fired).
 func (e *Engine) fireWake(ctx context.Context, r spacestore.WakeRecord) {
 	log := e.log.With(zap.String("host", r.Host))
-	delay := time.Second
+	delay := wakeDeliveryBackoff.Next(0)
 	for attempt := 1; ; attempt++ {
 		sp, ok := e.resolve(r.Host)
 		if !ok {
@@ -113,7 +113,7 @@ func (e *Engine) fireWake(ctx context.Context, r spacestore.WakeRecord) {
 			return
 		case <-time.After(delay):
 		}
-		delay = min(delay*2, 5*time.Minute)
+		delay = wakeDeliveryBackoff.Next(delay)
 	}
 }
 

@@ -189,7 +189,7 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 				zap.Int("consecutive_crashes", n), zap.String("log", in.logPath))
 		},
 		end: func(State) {
-			if b := crashBackoff(n); b > 0 {
+			if b := crashBackoff.After(n); b > 0 {
 				in.retryAt = e.now().Add(b)
 				in.retryWhy = "instance crashing"
 			}

@@ -215,16 +215,13 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 		<-p.exited
 		in.mu.Lock()
 		in.proc = nil
-		in.crashes++
+		in.mu.Unlock()
 		if p.cmd.ProcessState != nil && !p.cmd.ProcessState.Success() {
 			e.c.crashes.Add(1)
 		}
-		backoff := max(crashBackoff(in.crashes), time.Second)
-		in.retryAt = e.now().Add(backoff)
-		in.retryWhy = "instance not ready"
-		in.mu.Unlock()
 		log.Error("instance not ready; killed", zap.Error(err), zap.Int("pid", p.pid))
-		return unsaved, &RetryError{After: backoff, Reason: "instance not ready"}
+		// A failed wake: runWake backs it off on failedWakeBackoff, the one curve it gets.
+		return unsaved, &RetryError{After: failedWakeBackoff.First, Reason: "instance not ready"}
 	}
 	e.c.wakes.Add(1)
 	e.startSync(in, kind)

@@ -12,12 +12,6 @@ import (
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
-// Backoff of a scheduled-wake record write that failed.
-const (
-	wakeRetryBase = time.Second
-	wakeRetryMax  = time.Minute
-)
-
 // wakeSlot orders the writes of one host's wakes/<host> record: each new intent (record
 // a time, or delete) bumps gen, and a background retry of an older intent gives up.
 type wakeSlot struct {
@@ -67,15 +61,14 @@ func (e *Engine) setWakeRecord(ctx context.Context, host string, at *time.Time) 
 
 func (e *Engine) retryWakeRecord(s *wakeSlot, host string, gen uint64, at *time.Time) {
 	log := e.log.With(zap.String("host", host), zap.Bool("delete", at == nil))
-	delay := e.wakeRetryBase
 	for attempt := 2; ; attempt++ {
+		delay := e.wakeRecordBackoff.After(attempt - 1)
 		select {
 		case <-e.ctx.Done():
 			log.Error("scheduled wake record not written before the engine closed")
 			return
 		case <-time.After(delay):
 		}
-		delay = min(delay*2, wakeRetryMax)
 		s.mu.Lock()
 		if s.gen != gen {
 			s.mu.Unlock()
@@ -93,7 +86,7 @@ func (e *Engine) retryWakeRecord(s *wakeSlot, host string, gen uint64, at *time.
 			log.Info("scheduled wake record written", zap.Int("attempts", attempt))
 			return
 		}
-		log.Warn("writing scheduled wake record failed; retrying", zap.Error(err), zap.Duration("in", delay))
+		log.Warn("writing scheduled wake record failed; retrying", zap.Error(err), zap.Duration("in", e.wakeRecordBackoff.After(attempt)))
 	}
 }
 
