@@ -1,6 +1,7 @@
-// Package space is the bucket side of a hibernating space: the lease that says who may write it,
-// the manifest that names its current state, the content-addressed blobs that hold its files,
-// consistent snapshots and restores of its data directory, and scheduled-wake records.
+// Package spacestore is the bucket side of a hibernating space: the lease that says who may
+// write it, the manifest that names its current state, the content-addressed blobs that hold
+// its files, consistent snapshots and restores of its data directory, and scheduled-wake
+// records.
 //
 // Layout (keys relative to the bucket's prefix):
 //
