@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -91,9 +89,9 @@ func activationEnv() []string {
 // errNoFirstAnswer is why a socket-activated instance that never answered was killed.
 var errNoFirstAnswer = errors.New("never answered on the socket passed to it (fd 3, LISTEN_FDS=1) within ready_timeout: does it take a passed listener?")
 
-// watchFirstAnswer runs off the wake's path, once per socket-activated start: it asks the
-// instance what the readiness check asks (GET ReadyPath, else "OPTIONS *", whose answer
-// is any status) until it answers or ReadyTimeout passes. An instance that ignores the
+// watchFirstAnswer runs off the wake's path, once per socket-activated start: it sends the
+// readiness probe on the box's listener (instanceClient.ready: GET ReadyPath, else
+// "OPTIONS *", whose answer is any status) until it answers or ReadyTimeout passes. An instance that ignores the
 // passed socket (or never gets ready) is killed then, and its exit is a crash with that
 // reason; one that exits first is a crash already (onExit).
 func (e *Engine) watchFirstAnswer(in *inst, p *proc, kind Kind) {
@@ -106,17 +104,11 @@ func (e *Engine) watchFirstAnswer(in *inst, p *proc, kind Kind) {
 		case <-ctx.Done():
 		}
 	})
-	client := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", in.link)
-		},
-		DisableKeepAlives: true,
-	}}
-	defer client.CloseIdleConnections()
+	client := newInstanceClient(in.link, 0)
+	defer client.Close()
 	delay := firstAnswerBackoff.Next(0)
 	for {
-		if answered(ctx, client, kind.ReadyPath) {
+		if client.ready(ctx, kind.ReadyPath, true) {
 			p.answered.Store(true)
 			return
 		}
@@ -134,28 +126,6 @@ func (e *Engine) watchFirstAnswer(in *inst, p *proc, kind Kind) {
 		}
 		delay = firstAnswerBackoff.Next(delay)
 	}
-}
-
-// answered sends one probe over the passed socket: GET path must answer 2xx; without a
-// path any answer to "OPTIONS *" will do (the app took the connection and spoke HTTP).
-func answered(ctx context.Context, client *http.Client, path string) bool {
-	method, url := http.MethodGet, "http://instance"+path
-	if path == "" {
-		method, url = http.MethodOptions, "http://instance"
-	}
-	req, err := http.NewRequestWithContext(ctx, method, url, nil)
-	if err != nil {
-		return false
-	}
-	if path == "" {
-		req.URL.Opaque = "*"
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return path == "" || resp.StatusCode >= 200 && resp.StatusCode < 300
 }
 
 // stopSignalFutile reports whether sig cannot stop p: p is pid 1 of its own PID

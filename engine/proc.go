@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"sync"
@@ -227,29 +225,20 @@ func (e *Engine) startProcess(in *inst, kind Kind, sp Space) (*proc, error) {
 	return p, nil
 }
 
-// awaitReady polls the socket (or ReadyPath over it) until ready, the process exits, or
-// ReadyTimeout passes.
+// awaitReady sends the readiness probe (instanceClient.ready) on the socket the instance
+// bound, once it is pinned, until it is ready, the process exits, or ReadyTimeout passes.
 func (e *Engine) awaitReady(ctx context.Context, in *inst, p *proc, kind Kind) error {
 	ctx, cancel := context.WithTimeout(ctx, kind.ReadyTimeout)
 	defer cancel()
-	client := &http.Client{
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "unix", in.link)
-			},
-			DisableKeepAlives: true,
-		},
-		Timeout: 2 * time.Second,
-	}
-	defer client.CloseIdleConnections()
+	client := newInstanceClient(in.link, 2*time.Second)
+	defer client.Close()
 	delay := readyBackoff.Next(0)
 	for {
 		switch err := in.pinSocket(p.uid); {
 		case errors.Is(err, errSocketMissing):
 		case err != nil:
 			return err
-		case ready(ctx, client, in.link, kind.ReadyPath):
+		case client.ready(ctx, kind.ReadyPath, false):
 			return nil
 		}
 		select {
@@ -261,28 +250,6 @@ func (e *Engine) awaitReady(ctx context.Context, in *inst, p *proc, kind Kind) e
 		}
 		delay = readyBackoff.Next(delay)
 	}
-}
-
-func ready(ctx context.Context, client *http.Client, socket, path string) bool {
-	if path == "" {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", socket)
-		if err != nil {
-			return false
-		}
-		c.Close()
-		return true
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://instance"+path, nil)
-	if err != nil {
-		return false
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode >= 200 && resp.StatusCode < 300
 }
 
 // stopProcess signals the instance, waits StopGrace, then kills its process group.

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -124,14 +123,8 @@ func (e *Engine) postWake(ctx context.Context, sp Space) error {
 	}
 	defer u.Release()
 	kind, _ := e.kind(sp.Kind)
-	client := &http.Client{
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", u.Socket())
-		}},
-		Timeout: time.Minute,
-	}
-	defer client.CloseIdleConnections()
+	client := newInstanceClient(u.Socket(), time.Minute)
+	defer client.Close()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+sp.Host+kind.WakePath, nil)
 	if err != nil {
 		return err
