@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
 // Doer sends one HTTP request and returns its answer (an *http.Client, or an
@@ -57,6 +59,12 @@ const freshIdle = 500 * time.Millisecond
 // answer's body was read to its end and closed. A request on a reused connection that
 // fails is not sent again (an event POST is not idempotent: the caller marks it a
 // redelivery).
+//
+// An answer counts whenever it comes: an instance may answer before it has read the whole
+// body (or without reading it at all), and then stop reading or close the connection (Go's
+// server closes it past 256 KiB unread). A body over inlineBody is therefore written on a
+// goroutine of its own while the answer is read; a connection whose body was not taken
+// whole is not reused.
 func (ec *EventClient) Do(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	c, err := ec.get(ctx)
@@ -64,34 +72,72 @@ func (ec *EventClient) Do(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
-	resp, err := ec.roundTrip(c, req)
+	resp, wrote, err := ec.roundTrip(c, req)
 	if err != nil {
 		stop()
 		c.nc.Close()
+		if wrote != nil {
+			<-wrote // the writer ends on the closed connection
+		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		return nil, err
 	}
-	resp.Body = &eventBody{ReadCloser: resp.Body, ec: ec, c: c, stop: stop, keep: !resp.Close}
+	resp.Body = &eventBody{ReadCloser: resp.Body, ec: ec, c: c, stop: stop, keep: !resp.Close, wrote: wrote}
 	return resp, nil
 }
 
-func (ec *EventClient) roundTrip(c *eventConn, req *http.Request) (*http.Response, error) {
+// inlineBody is the largest request body written on the calling goroutine before the
+// answer is read: it fits in the socket's send buffer, so the write returns whether or not
+// the instance reads it. A larger one may not (an instance that answers without reading
+// it), and is written beside the read.
+const inlineBody = 32 << 10
+
+// roundTrip writes req and reads its answer's header. wrote, when not nil, receives the
+// body write's result once the writer goroutine ends: the answer came first, or the write
+// still runs.
+func (ec *EventClient) roundTrip(c *eventConn, req *http.Request) (resp *http.Response, wrote chan error, err error) {
 	timeout := ec.HeaderTimeout
 	if timeout <= 0 {
 		timeout = 2 * time.Minute
 	}
 	if err := c.nc.SetDeadline(time.Now().Add(timeout)); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	if req.ContentLength >= 0 && req.ContentLength <= inlineBody {
+		if err := writeRequest(c, req); err != nil {
+			return nil, nil, err
+		}
+		resp, err := http.ReadResponse(c.br, req)
+		return resp, nil, err
+	}
+	wrote = make(chan error, 1)
+	safego.Go(nil, nil, "connhold event body", func() {
+		err := errors.New("writing the event panicked")
+		defer func() { wrote <- err }()
+		err = writeRequest(c, req)
+	})
+	resp, err = http.ReadResponse(c.br, req)
+	if err != nil {
+		return nil, wrote, err
+	}
+	select {
+	case werr := <-wrote:
+		if werr != nil {
+			resp.Close = true // answered, and stopped taking the body: not reused
+		}
+		wrote = nil
+	default:
+	}
+	return resp, wrote, nil
+}
+
+func writeRequest(c *eventConn, req *http.Request) error {
 	if err := req.Write(c.bw); err != nil {
-		return nil, err
+		return err
 	}
-	if err := c.bw.Flush(); err != nil {
-		return nil, err
-	}
-	return http.ReadResponse(c.br, req)
+	return c.bw.Flush()
 }
 
 // get is an idle connection that the instance has not closed, or a new one.
@@ -193,15 +239,17 @@ func (ec *EventClient) CloseIdleConnections() {
 	}
 }
 
-// eventBody gives the connection back once the answer's body was read to its end.
+// eventBody gives the connection back once the answer's body was read to its end, and
+// the request's body was written whole.
 type eventBody struct {
 	io.ReadCloser
-	ec   *EventClient
-	c    *eventConn
-	stop func() bool
-	keep bool
-	eof  bool
-	done bool
+	ec    *EventClient
+	c     *eventConn
+	stop  func() bool
+	keep  bool
+	wrote chan error // the body's writer, when it had not ended at the answer
+	eof   bool
+	done  bool
 }
 
 func (b *eventBody) Read(p []byte) (int, error) {
@@ -218,10 +266,23 @@ func (b *eventBody) Close() error {
 	}
 	b.done = true
 	err := b.ReadCloser.Close()
-	if b.stop() && b.keep && b.eof && err == nil {
+	written := true
+	if b.wrote != nil {
+		select {
+		case werr := <-b.wrote:
+			written = werr == nil
+			b.wrote = nil
+		default:
+			written = false // the instance answered and is not taking the rest
+		}
+	}
+	if b.stop() && b.keep && b.eof && written && err == nil {
 		b.ec.put(b.c)
-	} else {
-		b.c.nc.Close()
+		return err
+	}
+	b.c.nc.Close()
+	if b.wrote != nil {
+		<-b.wrote // the writer ends on the closed connection
 	}
 	return err
 }

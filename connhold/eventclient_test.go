@@ -1,7 +1,10 @@
 package connhold
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -89,5 +92,71 @@ func TestEventClientReusesAndRedials(t *testing.T) {
 	}
 	if len(seqs) != 4 || seqs[3] != "4" {
 		t.Errorf("instance saw sequence numbers %v, want 1..4", seqs)
+	}
+}
+
+// TestEventClientTakesAnAnswerBeforeTheBody: an instance that answers an event without
+// reading its body (or before reading all of it) has acknowledged it. Go's server closes
+// such a connection past 256 KiB unread; another server may say it will close and stop
+// reading at once. Either way the answer is the event's, whole, the client does not wait
+// for the rest of the body to be taken, and the next event goes through.
+func TestEventClientTakesAnAnswerBeforeTheBody(t *testing.T) {
+	answer := patterned(300 << 10)
+	goServer := unixInstance(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Write(answer)
+	}))
+	// stalled reads a request's header, answers that it will close the connection, and
+	// then neither reads nor closes it.
+	stalled := filepath.Join(t.TempDir(), "stalled.sock")
+	ln, err := net.Listen("unix", stalled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var held []net.Conn
+	var heldMu sync.Mutex
+	defer func() {
+		heldMu.Lock()
+		defer heldMu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			heldMu.Lock()
+			held = append(held, nc)
+			heldMu.Unlock()
+			go func() {
+				if _, err := http.ReadRequest(bufio.NewReader(nc)); err != nil {
+					return
+				}
+				fmt.Fprintf(nc, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", len(answer))
+				nc.Write(answer)
+			}()
+		}
+	}()
+	for _, sock := range []struct{ name, path string }{{"go server", goServer}, {"stalled", stalled}} {
+		cl := &EventClient{Socket: sock.path}
+		for _, n := range []int{inlineBody, inlineBody + 1, 256 << 10, 256<<10 + 1, 1 << 20} {
+			t.Run(fmt.Sprintf("%s/%d", sock.name, n), func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				for seq := uint64(1); seq <= 2; seq++ {
+					r, err := PostEvent(ctx, cl, "http://s1", Event{ConnID: "c", Seq: seq, Kind: KindBinary, Payload: patterned(n)})
+					if err != nil {
+						t.Fatalf("event %d: %v", seq, err)
+					}
+					if len(r.Messages) != 1 || !bytes.Equal(r.Messages[0].Payload, answer) {
+						t.Fatalf("event %d: the answer did not come back whole", seq)
+					}
+				}
+			})
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -285,4 +286,18 @@ func closeStatusOf(t *testing.T, c *websocket.Conn) websocket.StatusCode {
 			return websocket.CloseStatus(err)
 		}
 	}
+}
+
+// unixInstance serves h on a Unix socket as an instance does, and returns the socket.
+func unixInstance(tb testing.TB, h http.Handler) string {
+	tb.Helper()
+	sock := filepath.Join(tb.TempDir(), "i.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	tb.Cleanup(func() { srv.Close() })
+	return sock
 }

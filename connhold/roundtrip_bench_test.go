@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -21,11 +20,6 @@ import (
 // with its message, and echoes the messages of a WebSocket it terminates itself (the
 // tunnel's far end); more adds handlers.
 func roundTripInstance(tb testing.TB, more func(*http.ServeMux)) string {
-	sock := filepath.Join(tb.TempDir(), "i.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+EventPath, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -50,10 +44,7 @@ func roundTripInstance(tb testing.TB, more func(*http.ServeMux)) string {
 			}
 		}
 	})
-	srv := &http.Server{Handler: mux}
-	go srv.Serve(ln)
-	tb.Cleanup(func() { srv.Close() })
-	return sock
+	return unixInstance(tb, mux)
 }
 
 // postDeliverer is the box's awake path without the engine: each event POSTed to the
