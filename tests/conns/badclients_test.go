@@ -110,7 +110,7 @@ func (hc *heldClient) closedWith(t *testing.T, ctx context.Context) websocket.St
 func instanceCloses(t *testing.T, b *harness.Box, host, conn string) string {
 	t.Helper()
 	var code string
-	waitFor(t, 30*time.Second, "the instance's close event for "+conn, func() bool {
+	harness.WaitFor(t, 30*time.Second, "the instance's close event for "+conn, func() bool {
 		resp, err := b.Client().Get(b.URL(host, "/closes"))
 		if err != nil {
 			return false
@@ -193,7 +193,7 @@ func TestBadClientsCloseOnlyTheirConnection(t *testing.T) {
 		if err := hc.c.Write(ctx, websocket.MessageText, []byte("flood 4096 16384")); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 60*time.Second, "the box to close the slow reader (lchat_conn_closes_total 1008)", func() bool {
+		harness.WaitFor(t, 60*time.Second, "the box to close the slow reader (lchat_conn_closes_total 1008)", func() bool {
 			return metric(t, b, `lchat_conn_closes_total{code="1008"}`) >= 1
 		})
 		hc.startReading(ctx) // the client reads again: what was written, then the close

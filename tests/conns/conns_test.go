@@ -45,17 +45,6 @@ func spaceState(t *testing.T, b *harness.Box, host string) (string, int) {
 	return "", 0
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // startHoldBox starts a box whose kind "hold" runs connapp (idle timeout 1s) and adds a
 // space of that kind.
 func startHoldBox(t *testing.T) (*harness.Box, string) {
@@ -141,7 +130,7 @@ func heldWebSocket(t *testing.T, useTLS bool) {
 	}
 
 	// The open WebSocket does not keep the space awake.
-	waitFor(t, 30*time.Second, "the space asleep with its WebSocket open", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the space asleep with its WebSocket open", func() bool {
 		st, _ := spaceState(t, b, host)
 		return st == "asleep"
 	})
@@ -161,7 +150,7 @@ func heldWebSocket(t *testing.T, useTLS bool) {
 
 	// The metrics show the held connection, parked (its reader ends 10 ms after the last byte).
 	var metrics string
-	waitFor(t, 10*time.Second, "the metrics to show one parked connection", func() bool {
+	harness.WaitFor(t, 10*time.Second, "the metrics to show one parked connection", func() bool {
 		_, body, err := b.Admin("GET", "/metrics", nil)
 		metrics = grepLines(string(body), "lchat_conn")
 		return err == nil && strings.Contains(metrics, `lchat_conns{state="parked"} 1`) &&
@@ -244,7 +233,7 @@ func TestResumableEventStreamOutlivesItsInstance(t *testing.T) {
 	if got, want := data(), fmt.Sprintf(`1 from %d after ""`, pid1); got != want {
 		t.Fatalf("first event %q, want %q", got, want)
 	}
-	waitFor(t, 30*time.Second, "the space asleep with its event stream open", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the space asleep with its event stream open", func() bool {
 		st, _ := spaceState(t, b, host)
 		return st == "asleep"
 	})

@@ -55,7 +55,7 @@ func TestDemoRoomStreamsLetTheSpaceSleep(t *testing.T) {
 	}
 	defer ws.CloseNow()
 
-	waitFor(t, 30*time.Second, "the room asleep with a WebSocket and an event stream open", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the room asleep with a WebSocket and an event stream open", func() bool {
 		st, _ := spaceState(t, b, host)
 		return st == "asleep"
 	})

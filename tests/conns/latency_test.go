@@ -84,7 +84,7 @@ func TestLatencyFigures(t *testing.T) {
 	const k = 10
 	var wakeReq, wakeMsg []time.Duration
 	asleep := func() {
-		waitFor(t, 30*time.Second, "the space asleep", func() bool {
+		harness.WaitFor(t, 30*time.Second, "the space asleep", func() bool {
 			st, _ := spaceState(t, b, host)
 			return st == "asleep"
 		})

@@ -81,7 +81,7 @@ func TestHeldIdleMemoryThroughTheBox(t *testing.T) {
 	if err := dial(0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the space asleep with one connection held", parked(1))
+	harness.WaitFor(t, 60*time.Second, "the space asleep with one connection held", parked(1))
 	rss0, g0 := boxMemory(t, b)
 
 	var dialErr atomic.Pointer[error]
@@ -119,7 +119,7 @@ func TestHeldIdleMemoryThroughTheBox(t *testing.T) {
 		t.Fatalf("after %d connected: %v", done.Load(), *e)
 	}
 	connected := time.Since(start)
-	waitFor(t, 10*time.Minute, fmt.Sprintf("the space asleep with %d connections held and parked", n+1), parked(n+1))
+	harness.WaitFor(t, 10*time.Minute, fmt.Sprintf("the space asleep with %d connections held and parked", n+1), parked(n+1))
 	rss1, g1 := boxMemory(t, b)
 	t.Logf("N=%d held idle WebSockets through the box's TLS listener: box RSS %+.1f MiB = %.1f KiB per held idle connection; goroutines %d -> %d; connected in %v",
 		n, float64(int64(rss1)-int64(rss0))/(1<<20), float64(int64(rss1)-int64(rss0))/1024/float64(n), g0, g1, connected.Round(time.Second))

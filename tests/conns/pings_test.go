@@ -83,11 +83,11 @@ func TestHeldPingsCauseNoWakes(t *testing.T) {
 		t.Fatal(*e)
 	}
 	dialed := time.Since(start)
-	waitFor(t, 60*time.Second, "the space asleep with its connections held", func() bool {
+	harness.WaitFor(t, 60*time.Second, "the space asleep with its connections held", func() bool {
 		st, _ := spaceState(t, b, host)
 		return st == "asleep"
 	})
-	waitFor(t, 60*time.Second, "every connection parked", func() bool {
+	harness.WaitFor(t, 60*time.Second, "every connection parked", func() bool {
 		c := counters(t, b)
 		return c["conns_open"] == uint64(n) && c["conns_parked"] == uint64(n)
 	})

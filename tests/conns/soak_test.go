@@ -63,18 +63,6 @@ func startBoxOf(t *testing.T, cfg harness.Config, hosts ...string) *harness.Box 
 	return b
 }
 
-// waitUntil polls cond every 5 ms (a cheap in-process check) until it holds.
-func waitUntil(t *testing.T, timeout time.Duration, what func() string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func counters(t *testing.T, b *harness.Box) map[string]uint64 {
 	var st struct {
 		Counters map[string]uint64 `json:"counters"`
@@ -205,8 +193,8 @@ func TestSleepWakeCyclesApplyEveryMessageOnce(t *testing.T) {
 	var sent []string
 	crashAt := cycles / 2 // and the cycles after it, until the kill made a crash
 	for cycle := range cycles {
-		waitUntil(t, 30*time.Second, func() string { return fmt.Sprintf("cycle %d: the space asleep (it is %s)", cycle, state()) },
-			func() bool { return state() == "asleep" })
+		harness.WaitFor(t, 30*time.Second, fmt.Sprintf("cycle %d: the space asleep", cycle),
+			func() bool { return state() == "asleep" }, func() string { return "it is " + state() })
 		if e := clientErr(); e != "" {
 			t.Fatalf("cycle %d: %s", cycle, e)
 		}
@@ -233,7 +221,7 @@ func TestSleepWakeCyclesApplyEveryMessageOnce(t *testing.T) {
 			// kill meet an instance already stopping for its sleep, a stalled machine, it
 			// is no crash: the next cycle tries again.)
 			before := len(sent) - len(want) // every earlier message has its ack
-			waitUntil(t, 30*time.Second, func() string { return "a first answer before the crash" }, func() bool {
+			harness.WaitFor(t, 30*time.Second, "a first answer before the crash", func() bool {
 				s.mu.Lock()
 				defer s.mu.Unlock()
 				return len(s.acks) > before
@@ -259,9 +247,7 @@ func TestSleepWakeCyclesApplyEveryMessageOnce(t *testing.T) {
 			}
 			return len(s.errs) == 0
 		}
-		waitUntil(t, 60*time.Second, func() string {
-			return fmt.Sprintf("cycle %d: every answer and broadcast (%s)", cycle, clientErr())
-		}, done)
+		harness.WaitFor(t, 60*time.Second, fmt.Sprintf("cycle %d: every answer and broadcast", cycle), done, clientErr)
 	}
 	elapsed := time.Since(start)
 	c1 := counters(t, b)
@@ -319,14 +305,14 @@ func TestSleepWakeCyclesApplyEveryMessageOnce(t *testing.T) {
 
 	// Every stream has the whole record, in order, on the response it opened.
 	for i, st := range streams {
-		waitUntil(t, 30*time.Second, func() string {
-			st.mu.Lock()
-			defer st.mu.Unlock()
-			return fmt.Sprintf("stream %d: %d of %d events (%s)", i, len(st.lines), len(lines), st.err)
-		}, func() bool {
+		harness.WaitFor(t, 30*time.Second, fmt.Sprintf("stream %d: every event", i), func() bool {
 			st.mu.Lock()
 			defer st.mu.Unlock()
 			return len(st.lines) >= len(lines) || st.err != ""
+		}, func() string {
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			return fmt.Sprintf("%d of %d events (%s)", len(st.lines), len(lines), st.err)
 		})
 		st.mu.Lock()
 		if st.err != "" {

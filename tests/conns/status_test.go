@@ -71,7 +71,7 @@ func TestStatusAndConsoleCountHeldConnectionsPerSpace(t *testing.T) {
 	}
 	want := map[string]conns{hostA: {2, 2, 6 + 6 + 11}, hostB: {1, 1, 6}}
 	var got map[string]conns
-	waitFor(t, 30*time.Second, "the status to count each space's connections", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the status to count each space's connections", func() bool {
 		got = status()
 		return reflect.DeepEqual(got, want)
 	})
@@ -80,7 +80,7 @@ func TestStatusAndConsoleCountHeldConnectionsPerSpace(t *testing.T) {
 	}
 	bc.c.CloseNow()
 	want[hostB] = conns{0, 0, 6}
-	waitFor(t, 30*time.Second, "space B's socket counted closed", func() bool {
+	harness.WaitFor(t, 30*time.Second, "space B's socket counted closed", func() bool {
 		got = status()
 		return reflect.DeepEqual(got, want)
 	})
