@@ -67,7 +67,7 @@ func TestMaxAwakeWithSSEHolders(t *testing.T) {
 		t.Fatalf("%d spaces awake (h1 %s) under max_awake 2 with two streams open", awake, st1)
 	}
 	cancels[0]() // h1's stream closes: h1 is idle and may sleep for h3
-	waitFor(t, 30*time.Second, "h3 to wake once h1 is idle", func() bool {
+	harness.WaitFor(t, 30*time.Second, "h3 to wake once h1 is idle", func() bool {
 		code, _ := do(t, b, "GET", hosts[2], "/api/messages", "")
 		return code == 200
 	})
@@ -165,7 +165,7 @@ func TestFailedWakeBacksOffOnS3(t *testing.T) {
 		t.Fatalf("bucket cut: %d wake attempts under a 2.5s flood, want 1 or 2", n)
 	}
 	// Healed: the space wakes once its backoff has passed.
-	waitFor(t, 30*time.Second, "the cut space to wake after the bucket is back", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the cut space to wake after the bucket is back", func() bool {
 		code, _ := do(t, b, "GET", cut, "/api/messages", "")
 		return code == 200
 	})
@@ -221,7 +221,7 @@ func TestInstanceDiesMidRequestIs503(t *testing.T) {
 	if a.resp.StatusCode != http.StatusServiceUnavailable || a.resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("write to a dying instance: %d Retry-After %q, want 503 with Retry-After", a.resp.StatusCode, a.resp.Header.Get("Retry-After"))
 	}
-	waitFor(t, 30*time.Second, "the space answers again", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the space answers again", func() bool {
 		code, _ := do(t, b, "GET", host, "/api/messages", "")
 		return code == 200
 	})
@@ -277,7 +277,7 @@ func TestUnreachableInstanceIsReplaced(t *testing.T) {
 	if codes[http.StatusServiceUnavailable] == 0 || noRetryAfter > 0 || codes[http.StatusBadGateway] > 0 {
 		t.Fatalf("requests once the socket is gone: %v (%d 503s without Retry-After), want 503s with Retry-After", codes, noRetryAfter)
 	}
-	waitFor(t, 30*time.Second, "the space answers again from a new instance", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the space answers again from a new instance", func() bool {
 		code, _ := do(t, b, "GET", host, "/api/messages", "")
 		_, now := space(t, b, host)
 		return code == 200 && now != 0 && now != pid

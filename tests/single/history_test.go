@@ -12,6 +12,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	lspace "github.com/lchat/lchat-caddy/spacestore"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 func manifestGen(t *testing.T, bkt bucket.Bucket, host string) (int64, int64) {
@@ -34,10 +35,10 @@ func TestHistoryAndPointInTimeRestore(t *testing.T) {
 	asleep := func() bool { st, _ := space(t, b, host); return st == "asleep" }
 
 	postMessage(t, b, host, "first")
-	waitFor(t, 30*time.Second, "space asleep", asleep)
+	harness.WaitFor(t, 30*time.Second, "space asleep", asleep)
 	first, _ := manifestGen(t, e.bkt, host)
 	postMessage(t, b, host, "second")
-	waitFor(t, 30*time.Second, "space asleep", asleep)
+	harness.WaitFor(t, 30*time.Second, "space asleep", asleep)
 
 	out, err := b.CLI("history", host, "--json")
 	if err != nil {
@@ -70,14 +71,14 @@ func TestHistoryAndPointInTimeRestore(t *testing.T) {
 			t.Fatalf("restore %v = %d %s, want 400", bad, code, body)
 		}
 	}
-	waitFor(t, 30*time.Second, "space asleep", asleep)
+	harness.WaitFor(t, 30*time.Second, "space asleep", asleep)
 	if _, from := manifestGen(t, e.bkt, host); from != 0 {
 		t.Fatal("a refused restore changed the space")
 	}
 	if got := messages(t, b, host); !strings.Contains(got, "third") {
 		t.Fatalf("after the refused restore the space lost a message: %s", got)
 	}
-	waitFor(t, 30*time.Second, "space asleep", asleep)
+	harness.WaitFor(t, 30*time.Second, "space asleep", asleep)
 
 	out, err = b.CLI("restore", host, "--at", fmt.Sprint(first))
 	if err != nil || !strings.Contains(out, "restored "+host) {
@@ -90,7 +91,7 @@ func TestHistoryAndPointInTimeRestore(t *testing.T) {
 	if got := messages(t, b, host); !strings.Contains(got, "first") || strings.Contains(got, "second") || strings.Contains(got, "third") {
 		t.Fatalf("after restoring generation %d the space holds %s", first, got)
 	}
-	waitFor(t, 30*time.Second, "space asleep", asleep)
+	harness.WaitFor(t, 30*time.Second, "space asleep", asleep)
 	// Undo: the generation before the restore.
 	if out, err := b.CLI("restore", host, "--at", fmt.Sprint(restored-1)); err != nil {
 		t.Fatalf("undo: %v %s", err, out)
@@ -135,7 +136,7 @@ func TestGCBesideRealWakes(t *testing.T) {
 			want = append(want, msg)
 			time.Sleep(400 * time.Millisecond) // a periodic checkpoint while awake
 		}
-		waitFor(t, 30*time.Second, "space asleep", asleep)
+		harness.WaitFor(t, 30*time.Second, "space asleep", asleep)
 	}
 	cancel()
 	<-done

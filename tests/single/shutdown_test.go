@@ -103,7 +103,7 @@ func TestShutdownWithOpenStreams(t *testing.T) {
 				t.Fatalf("lchat-caddy stop: %v %s", err, out)
 			}
 		}
-		waitFor(t, 2*time.Minute, "the box to exit", b.Exited)
+		harness.WaitFor(t, 2*time.Minute, "the box to exit", b.Exited)
 		took := time.Since(began)
 		t.Logf("%s with an open SSE stream and WebSocket: exited in %v", how, took.Round(time.Millisecond))
 		if took > shutdownBound {

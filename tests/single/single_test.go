@@ -108,19 +108,6 @@ func space(t *testing.T, b *harness.Box, host string) (string, int) {
 	return "", 0
 }
 
-// waitFor polls cond until it holds or the deadline passes: the box's own timers
-// (idle, sync, scheduled wakes) run in another process, so there is no clock to drive.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func createSpace(t *testing.T, b *harness.Box, host string) {
 	t.Helper()
 	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}, http.StatusCreated, nil)
@@ -248,7 +235,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	postMessage(t, b, host, "hello from the lifecycle test")
 
-	waitFor(t, 30*time.Second, "space asleep after idle", func() bool {
+	harness.WaitFor(t, 30*time.Second, "space asleep after idle", func() bool {
 		st, pid := space(t, b, host)
 		return st == "asleep" && pid == 0
 	})
@@ -332,7 +319,7 @@ func TestConcurrentFirstRequests(t *testing.T) {
 	const sleeper = "herd2.example.com"
 	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": sleeper, "kind": "nap"}, http.StatusCreated, nil)
 	postMessage(t, b, sleeper, "said before the herd")
-	waitFor(t, 30*time.Second, "space asleep after idle", func() bool {
+	harness.WaitFor(t, 30*time.Second, "space asleep after idle", func() bool {
 		st, pid := space(t, b, sleeper)
 		return st == "asleep" && pid == 0
 	})
@@ -352,7 +339,7 @@ func TestForeignManifestFencesBox(t *testing.T) {
 	createSpace(t, b, host)
 	postMessage(t, b, host, "first")
 	key := "spaces/" + host + "/manifest"
-	waitFor(t, 30*time.Second, "first checkpoint", func() bool {
+	harness.WaitFor(t, 30*time.Second, "first checkpoint", func() bool {
 		_, err := e.bkt.Head(context.Background(), key)
 		return err == nil
 	})
@@ -372,7 +359,7 @@ func TestForeignManifestFencesBox(t *testing.T) {
 	postMessage(t, b, host, "second, after the takeover")
 
 	_, pid := space(t, b, host)
-	waitFor(t, 30*time.Second, "the box to stop the fenced instance", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the box to stop the fenced instance", func() bool {
 		st, p := space(t, b, host)
 		return st != "awake" && p == 0 && syscall.Kill(pid, 0) != nil
 	})
@@ -401,7 +388,7 @@ func TestCrashAndRecovery(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "crash detected", func() bool {
+	harness.WaitFor(t, 30*time.Second, "crash detected", func() bool {
 		st, p := space(t, b, host)
 		return st != "awake" && p == 0
 	})
@@ -423,14 +410,14 @@ func TestCrashAndRecovery(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 30*time.Second, "crash detected", func() bool {
+		harness.WaitFor(t, 30*time.Second, "crash detected", func() bool {
 			st, p := space(t, b, host)
 			return st != "awake" && p == 0
 		})
 	}
 	crashAndWait(pid2)
 	var pid3 int
-	waitFor(t, 30*time.Second, "wake after the first backoff", func() bool {
+	harness.WaitFor(t, 30*time.Second, "wake after the first backoff", func() bool {
 		code, _ := do(t, b, "GET", host, "/healthz", "")
 		_, pid3 = space(t, b, host)
 		return code == 200 && pid3 != 0
@@ -449,7 +436,7 @@ func TestCrashAndRecovery(t *testing.T) {
 	if c := getStatus(t, b).Counters; c["crashes"] != 3 {
 		t.Fatalf("crashes = %v, want 3", c["crashes"])
 	}
-	waitFor(t, 30*time.Second, "wake after the backoff", func() bool {
+	harness.WaitFor(t, 30*time.Second, "wake after the backoff", func() bool {
 		code, _ := do(t, b, "GET", host, "/healthz", "")
 		return code == 200
 	})
@@ -532,7 +519,7 @@ func TestSIGTERMDrains(t *testing.T) {
 	if out, err := b2.CLI("stop"); err != nil {
 		t.Fatalf("lchat-caddy stop: %v %s", err, out)
 	}
-	waitFor(t, 2*time.Minute, "the box to exit after stop", b2.Exited)
+	harness.WaitFor(t, 2*time.Minute, "the box to exit after stop", b2.Exited)
 	if err := syscall.Kill(pid2, 0); err == nil {
 		t.Fatalf("instance %d still running after lchat-caddy stop", pid2)
 	}
@@ -555,7 +542,7 @@ func TestScheduledWake(t *testing.T) {
 	if code != http.StatusCreated {
 		t.Fatalf("posting reminder: %d %s", code, body)
 	}
-	waitFor(t, 30*time.Second, "space asleep before its wake time", func() bool {
+	harness.WaitFor(t, 30*time.Second, "space asleep before its wake time", func() bool {
 		st, _ := space(t, b, host)
 		return st == "asleep"
 	})
@@ -564,7 +551,7 @@ func TestScheduledWake(t *testing.T) {
 	}
 	// No request from here on until the box has woken the space by itself and its POST
 	// was answered 2xx: only then is the record deleted.
-	waitFor(t, 60*time.Second, "the scheduled wake delivered", func() bool {
+	harness.WaitFor(t, 60*time.Second, "the scheduled wake delivered", func() bool {
 		_, err := e.bkt.Head(context.Background(), "wakes/"+host)
 		return errors.Is(err, bucket.ErrNotFound)
 	})
@@ -575,7 +562,7 @@ func TestScheduledWake(t *testing.T) {
 	if data, _ := os.ReadFile(instanceLog(b, host)); !strings.Contains(string(data), `"reason":"scheduled"`) {
 		t.Fatalf("instance never saw a POST with X-Lchat-Wake-Reason: scheduled; its log:\n%s", data)
 	}
-	waitFor(t, 30*time.Second, "the reminder delivered", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the reminder delivered", func() bool {
 		return strings.Contains(messages(t, b, host), "wake-up call")
 	})
 }

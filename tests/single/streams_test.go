@@ -10,6 +10,8 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/coder/websocket/wsjson"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // An open server-sent-events stream or WebSocket keeps a space awake past its idle
@@ -89,7 +91,7 @@ func TestOpenStreamsKeepSpaceAwake(t *testing.T) {
 		t.Fatalf("with the WebSocket still open the space is %s pid %d, want awake", st, p)
 	}
 	ws.Close(websocket.StatusNormalClosure, "")
-	waitFor(t, 30*time.Second, "sleep once every stream closed", func() bool {
+	harness.WaitFor(t, 30*time.Second, "sleep once every stream closed", func() bool {
 		st, p := space(t, b, host)
 		return st == "asleep" && p == 0
 	})
