@@ -120,7 +120,7 @@ func members(nodes ...*node) []mesh.Member {
 func waitView(t *testing.T, viewers []*node, want ...*node) {
 	t.Helper()
 	w := selves(want...)
-	waitFor(t, 20*time.Second, fmt.Sprintf("views of %v", w), func() bool {
+	harness.WaitFor(t, 20*time.Second, fmt.Sprintf("views of %v", w), func() bool {
 		for _, n := range viewers {
 			if !slices.Equal(live(n), w) {
 				return false
@@ -134,21 +134,6 @@ func waitView(t *testing.T, viewers []*node, want ...*node) {
 		}
 		return strings.Join(out, "; ")
 	})
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool, diag ...func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			var extra []string
-			for _, d := range diag {
-				extra = append(extra, d())
-			}
-			t.Fatalf("timed out after %v waiting for %s %s", timeout, what, strings.Join(extra, "; "))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // do sends a request for host through box n.
@@ -278,7 +263,7 @@ func TestHomeRegionPlacement(t *testing.T) {
 		ie1.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo", "home_region": "fi"}, http.StatusCreated, nil)
 	}
 	for _, h := range hosts {
-		waitFor(t, 10*time.Second, h+" replicated to every box", func() bool {
+		harness.WaitFor(t, 10*time.Second, h+" replicated to every box", func() bool {
 			for _, n := range all {
 				if !hasRoute(n, h) {
 					return false
@@ -316,7 +301,7 @@ func TestHomeRegionPlacement(t *testing.T) {
 		// already dropped it, so the first wake may still find the lease and retry.
 		var code int
 		var body string
-		waitFor(t, 20*time.Second, h+" served while fi has no live box", func() bool {
+		harness.WaitFor(t, 20*time.Second, h+" served while fi has no live box", func() bool {
 			var err error
 			code, body, err = do(ie2, "POST", h, "/api/messages", `{"author":"t","text":"fallback"}`)
 			return err == nil && code == http.StatusCreated
@@ -348,7 +333,7 @@ func TestHomeRegionPlacement(t *testing.T) {
 	back := []*node{fi1, ie1, ie2}
 	waitView(t, back, back...)
 	for _, h := range hosts {
-		waitFor(t, idle+20*time.Second, h+" asleep after the fallback", func() bool {
+		harness.WaitFor(t, idle+20*time.Second, h+" asleep after the fallback", func() bool {
 			l, ok := f.lease(h)
 			return ok && l.Released && len(awakeOn(h, back...)) == 0
 		})
@@ -393,12 +378,12 @@ func TestRowsFanOutByHomeRegion(t *testing.T) {
 		before, _ := fanouts(c.origin)
 		c.origin.AdminJSON("POST", "/lchat/routes", map[string]any{"host": c.host, "kind": "demo", "home_region": c.region}, http.StatusCreated, nil)
 		for _, n := range c.want {
-			waitFor(t, 10*time.Second, c.host+" replicated to "+n.name, func() bool { return hasRoute(n, c.host) })
+			harness.WaitFor(t, 10*time.Second, c.host+" replicated to "+n.name, func() bool { return hasRoute(n, c.host) })
 		}
 		// The origin sent the row to exactly the wanted peers: one result each, no
 		// refusal (a peer outside the row's scope answers 400). Results arrive
 		// asynchronously; a beat is ample for a stray one to show.
-		waitFor(t, 10*time.Second, "fan-out results of "+c.host, func() bool {
+		harness.WaitFor(t, 10*time.Second, "fan-out results of "+c.host, func() bool {
 			n, _ := fanouts(c.origin)
 			return n >= before+uint64(len(c.want))
 		})
@@ -434,7 +419,7 @@ func TestRowsFanOutByHomeRegion(t *testing.T) {
 	odd := "c.elsewhere.test"
 	ie1.AdminJSON("POST", "/lchat/routes", map[string]any{"host": odd, "kind": "demo", "home_region": "fi"}, http.StatusCreated, nil)
 	for _, n := range []*node{fi1, fi2} {
-		waitFor(t, 10*time.Second, odd+" replicated to "+n.name, func() bool { return hasRoute(n, odd) })
+		harness.WaitFor(t, 10*time.Second, odd+" replicated to "+n.name, func() bool { return hasRoute(n, odd) })
 	}
 	oddOwner, _ := mesh.Owner(odd, members(all...), "fi")
 	post(t, ie1, odd, "via ie1")
@@ -450,7 +435,7 @@ func TestRowsFanOutByHomeRegion(t *testing.T) {
 	if err != nil {
 		t.Fatalf("mesh-seed --region fi: %v\n%s", err, out)
 	}
-	waitFor(t, 10*time.Second, host+" seeded to fi3", func() bool { return hasRoute(fi3, host) })
+	harness.WaitFor(t, 10*time.Second, host+" seeded to fi3", func() bool { return hasRoute(fi3, host) })
 	if hasRoute(fi3, cases[1].host) {
 		t.Errorf("mesh-seed --region fi gave fi3 %s, homed in ie", cases[1].host)
 	}
