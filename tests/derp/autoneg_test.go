@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/derpswitch"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // TestAutonegByDERPLatency: autonegotiation measures DERP ping/pong, not TCP connect
@@ -24,7 +25,7 @@ func TestAutonegByDERPLatency(t *testing.T) {
 		c.TickInterval = 200 * time.Millisecond
 	})
 	b.waitHome(t, 1, 10*time.Second)
-	waitFor(t, 15*time.Second, "every region measured", func() bool { return len(b.sw.Status().Latencies) == 3 })
+	harness.WaitFor(t, 15*time.Second, "every region measured", func() bool { return len(b.sw.Status().Latencies) == 3 })
 	time.Sleep(3 * time.Second) // two stability windows
 	st := b.sw.Status()
 	if st.HomeRegion != 1 || st.MBBCommits != 0 {

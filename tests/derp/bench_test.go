@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/derpswitch"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // TestBenchHomeBlipRecovery prints how long the home takes to come back after a blip
@@ -27,7 +28,7 @@ func TestBenchHomeBlipRecovery(t *testing.T) {
 	waitEcho(t, peer)
 	regions[2].proxy.SetRefuse(true, true)
 	b.pin(t, 3)
-	waitFor(t, 10*time.Second, "pin pending", func() bool { return b.sw.Counters().Rollbacks >= 1 })
+	harness.WaitFor(t, 10*time.Second, "pin pending", func() bool { return b.sw.Counters().Rollbacks >= 1 })
 	var rec, gaps []time.Duration
 	for i := 0; i < n; i++ {
 		mark := peer.mark()

@@ -117,7 +117,7 @@ func (c *caddyBox) pin(region int) (int, string) {
 
 func (c *caddyBox) waitHome(region int) {
 	c.t.Helper()
-	waitFor(c.t, 10*time.Second, fmt.Sprintf("home region %d", region), func() bool {
+	harness.WaitFor(c.t, 10*time.Second, fmt.Sprintf("home region %d", region), func() bool {
 		st := c.status()
 		return st.HomeRegion == region && st.HomeConnected
 	})
@@ -365,7 +365,7 @@ func TestCaddyReloadDroppingPinnedRegion(t *testing.T) {
 	if code, body := c.pin(4); code != http.StatusOK {
 		t.Fatalf("pin 4: %d %s", code, body)
 	}
-	waitFor(t, 5*time.Second, "switch to 4 opening", func() bool {
+	harness.WaitFor(t, 5*time.Second, "switch to 4 opening", func() bool {
 		st := c.status()
 		return st.Switch.Target == 4 && st.Switch.State == derpswitch.StateAuxOpening
 	})

@@ -402,14 +402,3 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	i := int(float64(len(s)-1) * p)
 	return s[i]
 }
-
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}

@@ -15,6 +15,7 @@ import (
 	"tailscale.com/types/logger"
 
 	"github.com/lchat/lchat-caddy/derpswitch"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // box is a derpswitch engine with a real derphttp dialer, as the derp_switch app runs it.
@@ -65,7 +66,7 @@ func startBox(t testing.TB, m *tailcfg.DERPMap, mutate func(*derpswitch.Config))
 
 func (b *box) waitHome(t testing.TB, region int, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, fmt.Sprintf("home region %d connected", region), func() bool {
+	harness.WaitFor(t, timeout, fmt.Sprintf("home region %d connected", region), func() bool {
 		st := b.sw.Status()
 		return st.HomeRegion == region && st.HomeConnected
 	})
@@ -88,7 +89,7 @@ func (b *box) logCount(msg string) int {
 func waitEcho(t testing.TB, e *echoPeer) {
 	t.Helper()
 	n := e.count()
-	waitFor(t, 5*time.Second, "echo replies", func() bool { return e.count() >= n+3 })
+	harness.WaitFor(t, 5*time.Second, "echo replies", func() bool { return e.count() >= n+3 })
 }
 
 // TestPreemptionWhileProving pins A and, while A's connection is up and being proven
@@ -102,7 +103,7 @@ func TestPreemptionWhileProving(t *testing.T) {
 	b.waitHome(t, 1, 10*time.Second)
 	before := b.sw.Counters()
 	b.pin(t, 2)
-	waitFor(t, 5*time.Second, "aux to 2 proving", func() bool {
+	harness.WaitFor(t, 5*time.Second, "aux to 2 proving", func() bool {
 		st := b.sw.Status()
 		return st.Switch.Target == 2 && st.Switch.State == derpswitch.StateProving
 	})
@@ -149,7 +150,7 @@ func TestBenchPinToCommit(t *testing.T) {
 			nc := len(b.commits)
 			b.mu.Unlock()
 			at := b.pin(t, target)
-			waitFor(t, 15*time.Second, "commit", func() bool {
+			harness.WaitFor(t, 15*time.Second, "commit", func() bool {
 				b.mu.Lock()
 				defer b.mu.Unlock()
 				return len(b.commits) > nc

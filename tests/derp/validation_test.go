@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/lchat/lchat-caddy/derpswitch"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // The design's triage lines: "DERP reconnect requested" is the flush path (the home
@@ -66,7 +67,7 @@ func TestValidation81LiveSwitchMatrix(t *testing.T) {
 		before := b.sw.Counters()
 		b.pin(t, r)
 		b.waitHome(t, r, 10*time.Second)
-		waitFor(t, 5*time.Second, "pin_mbb_commits +1", func() bool {
+		harness.WaitFor(t, 5*time.Second, "pin_mbb_commits +1", func() bool {
 			return b.sw.Counters().PinMBBCommits == before.PinMBBCommits+1
 		})
 		if after := b.sw.Counters(); after.DERPReconnects != before.DERPReconnects || after.RehomeApplied != before.RehomeApplied {
@@ -104,9 +105,9 @@ func TestValidation82NegativeProve(t *testing.T) {
 	start := peer.mark()
 
 	b.pin(t, 4)
-	waitFor(t, 10*time.Second, "rollback", func() bool { return b.sw.Counters().Rollbacks == 1 })
+	harness.WaitFor(t, 10*time.Second, "rollback", func() bool { return b.sw.Counters().Rollbacks == 1 })
 	for i, step := range []time.Duration{5 * time.Second, 15 * time.Second, 60 * time.Second, 60 * time.Second} {
-		waitFor(t, 5*time.Second, "retry scheduled", func() bool { return b.sw.Status().PinRetries == i+1 })
+		harness.WaitFor(t, 5*time.Second, "retry scheduled", func() bool { return b.sw.Status().PinRetries == i+1 })
 		st := b.sw.Status()
 		if !st.PinPending || st.HomeRegion != 1 || !st.HomeConnected {
 			t.Fatalf("attempt %d: status %+v", i, st)
@@ -118,10 +119,10 @@ func TestValidation82NegativeProve(t *testing.T) {
 			t.Fatalf("attempt %d: retried before %v", i, step)
 		}
 		clock.Advance(200 * time.Millisecond)
-		waitFor(t, 5*time.Second, fmt.Sprintf("retry after %v", step), func() bool {
+		harness.WaitFor(t, 5*time.Second, fmt.Sprintf("retry after %v", step), func() bool {
 			return b.sw.Counters().PinMBBRetries == retries+1
 		})
-		waitFor(t, 10*time.Second, "rollback", func() bool { return b.sw.Counters().Rollbacks == uint64(i+2) })
+		harness.WaitFor(t, 10*time.Second, "rollback", func() bool { return b.sw.Counters().Rollbacks == uint64(i+2) })
 		waitEcho(t, peer) // the old home answers throughout
 	}
 	if n := b.logCount("pin MBB retry"); n != 4 {
@@ -135,7 +136,7 @@ func TestValidation82NegativeProve(t *testing.T) {
 	}
 	// Pin back to the serving home: satisfied at once, no switch, no wait for backoff.
 	b.pin(t, 1)
-	waitFor(t, 2*time.Second, "pin_pending cleared", func() bool {
+	harness.WaitFor(t, 2*time.Second, "pin_pending cleared", func() bool {
 		st := b.sw.Status()
 		return !st.PinPending && st.PinRetryIn == ""
 	})
@@ -156,7 +157,7 @@ func TestValidation83Preemption(t *testing.T) {
 	b.waitHome(t, 9, 10*time.Second)
 	regions[1].proxy.SetDelay(1500 * time.Millisecond)
 	b.pin(t, 2)
-	waitFor(t, 5*time.Second, "aux to 2 opening", func() bool {
+	harness.WaitFor(t, 5*time.Second, "aux to 2 opening", func() bool {
 		st := b.sw.Status()
 		return st.Switch.Target == 2 && st.Switch.State == derpswitch.StateAuxOpening
 	})
@@ -210,7 +211,7 @@ func TestValidation85RealFlushOverlay(t *testing.T) {
 	// Flush 1, between switches.
 	acc := regions[1].proxy.accepted.Load()
 	regions[1].proxy.Flush()
-	waitFor(t, 10*time.Second, "home reconnected in place", func() bool {
+	harness.WaitFor(t, 10*time.Second, "home reconnected in place", func() bool {
 		st := b.sw.Status()
 		return st.HomeRegion == 2 && st.HomeConnected && regions[1].proxy.accepted.Load() > acc
 	})
@@ -219,12 +220,12 @@ func TestValidation85RealFlushOverlay(t *testing.T) {
 	// Flush 2, while the switch to 3 is opening (region 3 takes 2 s to open).
 	regions[2].proxy.SetDelay(2 * time.Second)
 	b.pin(t, 3)
-	waitFor(t, 5*time.Second, "aux to 3 opening", func() bool {
+	harness.WaitFor(t, 5*time.Second, "aux to 3 opening", func() bool {
 		return b.sw.Status().Switch.State == derpswitch.StateAuxOpening
 	})
 	acc = regions[1].proxy.accepted.Load()
 	regions[1].proxy.Flush()
-	waitFor(t, 10*time.Second, "home reconnected in place", func() bool {
+	harness.WaitFor(t, 10*time.Second, "home reconnected in place", func() bool {
 		return regions[1].proxy.accepted.Load() > acc && b.logCount("home DERP connection re-established") == 2
 	})
 	b.waitHome(t, 3, 10*time.Second)
@@ -264,7 +265,7 @@ func TestEdgeCase6HomeFlushedMidMBB(t *testing.T) {
 			b.waitHome(t, 1, 10*time.Second)
 			regions[1].proxy.SetDelay(2 * time.Second)
 			b.pin(t, 2)
-			waitFor(t, 5*time.Second, phase, func() bool { return b.sw.Status().Switch.State == phase })
+			harness.WaitFor(t, 5*time.Second, phase, func() bool { return b.sw.Status().Switch.State == phase })
 			b.blipHome(t, regions[0], 1, 50*time.Millisecond)
 			b.waitHome(t, 2, 10*time.Second)
 			if c := b.sw.Counters(); c.PinMBBCommits != 1 || c.RehomeApplied != 0 || c.Rollbacks != 0 {
@@ -284,7 +285,7 @@ func (b *box) blipHome(t testing.TB, r *region, home int, d time.Duration) time.
 	lost := b.logCount(flushLog)
 	at := time.Now()
 	r.proxy.Blip(d)
-	waitFor(t, 10*time.Second, "home back on its region", func() bool {
+	harness.WaitFor(t, 10*time.Second, "home back on its region", func() bool {
 		st := b.sw.Status()
 		if st.HomeRegion != home {
 			t.Fatalf("home moved to %d during the blip: %+v", st.HomeRegion, st)
@@ -313,7 +314,7 @@ func TestEdgeCase7UnreachablePinHomeBlip(t *testing.T) {
 	waitEcho(t, peer)
 	regions[3].proxy.SetRefuse(true, true)
 	b.pin(t, 4)
-	waitFor(t, 10*time.Second, "rollback", func() bool { return b.sw.Counters().Rollbacks >= 1 })
+	harness.WaitFor(t, 10*time.Second, "rollback", func() bool { return b.sw.Counters().Rollbacks >= 1 })
 	for i := 0; i < 3; i++ {
 		b.blipHome(t, regions[0], 1, 50*time.Millisecond)
 		waitEcho(t, peer)
@@ -321,7 +322,7 @@ func TestEdgeCase7UnreachablePinHomeBlip(t *testing.T) {
 			t.Fatalf("blip %d: %+v", i, st)
 		}
 	}
-	waitFor(t, 10*time.Second, "retries go on", func() bool { return b.sw.Counters().PinMBBRetries >= 2 })
+	harness.WaitFor(t, 10*time.Second, "retries go on", func() bool { return b.sw.Counters().PinMBBRetries >= 2 })
 	// The region comes back: the next retry lands the pin make-before-break.
 	regions[3].proxy.SetRefuse(false, false)
 	b.waitHome(t, 4, 10*time.Second)
@@ -367,7 +368,7 @@ func TestHomeBlipEveryPhase(t *testing.T) {
 			waitEcho(t, peer)
 			p.setup(regions)
 			b.pin(t, 2)
-			waitFor(t, 10*time.Second, p.name, func() bool { return p.reach(b.sw.Status()) })
+			harness.WaitFor(t, 10*time.Second, p.name, func() bool { return p.reach(b.sw.Status()) })
 			b.blipHome(t, regions[p.blipOn-1], p.blipOn, 50*time.Millisecond)
 			waitEcho(t, peer)
 			if p.after != nil {
