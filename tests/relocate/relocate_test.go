@@ -162,17 +162,6 @@ func (n *meshNode) do(t *testing.T, method, host, path, body string) (int, strin
 	return resp.StatusCode, string(b)
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func asleep(t *testing.T, n *meshNode, host string) bool {
 	var st struct {
 		Spaces []struct {
@@ -231,7 +220,7 @@ func TestRelocateAcrossRegionBuckets(t *testing.T) {
 	}
 	ieBkt, fiBkt := s3ie.NewBucket(t, "ie/"), s3fi.NewBucket(t, "fi/")
 	ctx := context.Background()
-	waitFor(t, 30*time.Second, "the space to sleep and checkpoint in ie", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the space to sleep and checkpoint in ie", func() bool {
 		m, _, err := spacestore.ReadManifest(ctx, ieBkt, host)
 		l, _, lerr := spacestore.ReadLease(ctx, ieBkt, host)
 		return err == nil && m != nil && lerr == nil && l.Released && asleep(t, ie, host)
@@ -267,7 +256,7 @@ func TestRelocateAcrossRegionBuckets(t *testing.T) {
 	if _, err := fiBkt.Head(ctx, spacestore.LeaseKey(host)); !errors.Is(err, bucket.ErrNotFound) {
 		t.Errorf("the lease was copied to fi (err=%v)", err)
 	}
-	waitFor(t, 10*time.Second, "the fi box to get the route with home_region fi", func() bool {
+	harness.WaitFor(t, 10*time.Second, "the fi box to get the route with home_region fi", func() bool {
 		code, body, _ := fi.Admin("GET", "/lchat/routes/"+host, nil)
 		var got struct {
 			HomeRegion string `json:"home_region"`
@@ -285,7 +274,7 @@ func TestRelocateAcrossRegionBuckets(t *testing.T) {
 		t.Errorf("relocate while awake in fi: err=%v\n%s", err, out)
 	}
 	// Asleep again: a re-run copies nothing (fi has the same or a newer generation).
-	waitFor(t, 30*time.Second, "the space to sleep in fi", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the space to sleep in fi", func() bool {
 		l, _, err := spacestore.ReadLease(ctx, fiBkt, host)
 		return err == nil && l.Released
 	})

@@ -101,7 +101,7 @@ func startShipped(t *testing.T, ip, region string, env []string) *shippedBox {
 			t.Errorf("%s logged a token", b.self)
 		}
 	})
-	waitFor(t, 60*time.Second, b.self+" admin API", func() bool {
+	harness.WaitFor(t, 60*time.Second, b.self+" admin API", func() bool {
 		select {
 		case <-b.done:
 			out, _ := os.ReadFile(b.logFile)
@@ -183,7 +183,7 @@ func TestShippedMeshRelocateMoveDNS(t *testing.T) {
 
 	// Both boxes see each other before the route is created, so it fans out to fi.
 	for _, b := range []*shippedBox{ie, fi} {
-		waitFor(t, 30*time.Second, b.self+" sees both boxes", func() bool {
+		harness.WaitFor(t, 30*time.Second, b.self+" sees both boxes", func() bool {
 			out, err := b.cli(t, "fleet", "--json")
 			return err == nil && strings.Contains(out, ie.self) && strings.Contains(out, fi.self)
 		})
@@ -192,7 +192,7 @@ func TestShippedMeshRelocateMoveDNS(t *testing.T) {
 	if out, err := ie.cli(t, "add-instance", host, "--kind", "demo", "--home-region", "ie"); err != nil {
 		t.Fatalf("add-instance: %v\n%s", err, out)
 	}
-	waitFor(t, 30*time.Second, "the row on fi", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the row on fi", func() bool {
 		out, err := fi.cli(t, "routes")
 		return err == nil && strings.Contains(out, host)
 	})
@@ -210,7 +210,7 @@ func TestShippedMeshRelocateMoveDNS(t *testing.T) {
 	ieHTTPS := fmt.Sprintf("%s:%d", ie.ip, ie.https)
 	var status int
 	var body string
-	waitFor(t, 90*time.Second, "the space through ie's HTTPS", func() bool {
+	harness.WaitFor(t, 90*time.Second, "the space through ie's HTTPS", func() bool {
 		status, body, err = httpsGet(ieHTTPS, roots, host, "/")
 		return err == nil && status == http.StatusOK
 	})
