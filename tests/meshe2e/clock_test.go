@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // TestSkewedClocksForward: two boxes whose wall clocks differ by five minutes (the
@@ -21,13 +23,13 @@ func TestSkewedClocksForward(t *testing.T) {
 	if !strings.Contains(b.Logs(), "test-only clock offset in effect") {
 		t.Fatal("b does not run with the clock offset: the test would show nothing")
 	}
-	waitFor(t, 10*time.Second, "two live members on both boxes", func() bool {
+	harness.WaitFor(t, 10*time.Second, "two live members on both boxes", func() bool {
 		return len(status(t, a).Mesh.Live) == 2 && len(status(t, b).Mesh.Live) == 2
 	})
 	for _, tc := range []struct{ via, owner *node }{{b, a}, {a, b}} {
 		host := hostOwnedBy(t, "skew", tc.owner, a, b)
 		c.createSpace(tc.owner, host)
-		waitFor(t, 10*time.Second, "the row on both boxes", func() bool { return hasRoute(a, host) && hasRoute(b, host) })
+		harness.WaitFor(t, 10*time.Second, "the row on both boxes", func() bool { return hasRoute(a, host) && hasRoute(b, host) })
 		before := status(t, tc.owner).Mesh.Counters
 		c.mustDo(tc.via, "GET", host, "/api/messages", "", http.StatusOK)
 		after := status(t, tc.owner).Mesh.Counters

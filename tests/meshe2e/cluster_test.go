@@ -219,31 +219,13 @@ func (st boxStatus) lastSync(host string) time.Time {
 	return time.Time{}
 }
 
-// waitFor polls cond every 50ms until it holds; on timeout it fails the test, with what
-// each diag reports (the last answer seen, say) so a failure names its cause.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool, diag ...func() string) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			var extra []string
-			for _, d := range diag {
-				extra = append(extra, d())
-			}
-			t.Fatalf("timed out after %v waiting for %s %s", timeout, what, strings.Join(extra, "; "))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // waitSynced waits until n has checkpointed host with a snapshot taken after since. The
 // first sync to finish after since may have taken its snapshot before it (a sync's time
 // is when it ended), so it waits for the next one, which started after that.
 func waitSynced(t *testing.T, n *node, host string, since time.Time) {
 	t.Helper()
 	var first time.Time
-	waitFor(t, 10*time.Second, "a sync of "+host+" that started after the write", func() bool {
+	harness.WaitFor(t, 10*time.Second, "a sync of "+host+" that started after the write", func() bool {
 		ls := status(t, n).lastSync(host)
 		if first.IsZero() {
 			if ls.After(since) {

@@ -109,12 +109,12 @@ func TestHeldRoomAcrossBoxes(t *testing.T) {
 	c := newCluster(t)
 	c.kind = map[string]any{"env": map[string]string{"DEMO_HOLD_CONNECTIONS": "1"}}
 	a, b, cc := c.start(false), c.start(false), c.start(false)
-	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
+	harness.WaitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 	host := hostOwnedBy(t, "room", b, a, b, cc)
 	// The tab on c joins the room before b's view may list c: b reaches it all the same
 	// (it knows which boxes hold its instance's connections).
 	c.createSpace(a, host)
-	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+	harness.WaitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 	c.post(b, host, "before any tab")
 	if got := awakeOn(t, host, a, b, cc); len(got) != 1 || got[0] != b.self {
 		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
@@ -143,7 +143,7 @@ func TestHeldRoomAcrossBoxes(t *testing.T) {
 	waitSynced(t, b, host, time.Now())
 	b.Kill()
 	var code int
-	waitFor(t, deadAfter+30*time.Second, "a post after the kill", func() bool {
+	harness.WaitFor(t, deadAfter+30*time.Second, "a post after the kill", func() bool {
 		code, _, _ = c.do(a, "POST", host, "/api/messages", `{"author":"test","text":"after the kill"}`, nil)
 		return code == 201
 	}, func() string { return fmt.Sprintf("last status %d", code) })
@@ -202,11 +202,11 @@ func TestHeldEventsFollowTheSpace(t *testing.T) {
 	c := newCluster(t)
 	c.kind = connAppKind(t, map[string]any{"idle_timeout": "5s"})
 	a, b, cc := c.start(false), c.start(false), c.start(false)
-	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
+	harness.WaitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 	// Owned by b; once b is gone, by cc: the space moves away from the client's box twice.
 	host := hostMoving(t, "echo", a, b, cc)
 	c.createSpace(a, host)
-	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+	harness.WaitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 
 	cl := dialHeld(t, c, a, host, "/ws")
 	hello := cl.next(t, 20*time.Second, "the welcome")
@@ -259,7 +259,7 @@ func TestHeldEventsFollowTheSpace(t *testing.T) {
 	// on its owner, cc. Then cc drains: its last checkpoint holds every message; the
 	// client's socket stays open and the next message reaches the instance on a. Whatever
 	// comes before an answer is a redelivery of an earlier message, never a new one.
-	waitFor(t, 30*time.Second, "the space asleep after its idle timeout", func() bool { return len(awakeOn(t, host, a, cc)) == 0 })
+	harness.WaitFor(t, 30*time.Second, "the space asleep after its idle timeout", func() bool { return len(awakeOn(t, host, a, cc)) == 0 })
 	for i, step := range []struct {
 		text string
 		seq  int
@@ -327,10 +327,10 @@ func TestHeldConnectionSurvivesARelocation(t *testing.T) {
 	a, b := c.start(false), c.start(false)
 	c.env = []string{mesh.EnvRegion + "=eu"}
 	eu := c.start(false)
-	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
+	harness.WaitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 	host := hostOwnedBy(t, "rel", b, a, b)
 	a.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo", "home_region": "us"}, 201, nil)
-	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(eu, host) })
+	harness.WaitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(eu, host) })
 
 	cl := dialHeld(t, c, a, host, "/ws")
 	hello := cl.next(t, 20*time.Second, "the welcome")
@@ -342,11 +342,11 @@ func TestHeldConnectionSurvivesARelocation(t *testing.T) {
 		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
 	}
 	// A space is relocated while it sleeps; its client's socket stays open meanwhile.
-	waitFor(t, 20*time.Second, "the space asleep", func() bool { return len(awakeOn(t, host, a, b, eu)) == 0 })
+	harness.WaitFor(t, 20*time.Second, "the space asleep", func() bool { return len(awakeOn(t, host, a, b, eu)) == 0 })
 	if out, err := a.CLI("relocate", host, "--to", "eu"); err != nil {
 		t.Fatalf("relocate: %v\n%s", err, out)
 	}
-	waitFor(t, 10*time.Second, "every box sees the new home region", func() bool {
+	harness.WaitFor(t, 10*time.Second, "every box sees the new home region", func() bool {
 		for _, n := range []*node{a, b, eu} {
 			var sum struct {
 				HomeRegion string `json:"home_region"`
@@ -381,10 +381,10 @@ func TestRemoteBacklogIsCheckpointedNotClosed(t *testing.T) {
 	c.kind = connAppKind(t, nil)
 	c.lchat = map[string]any{"connections": map[string]any{"max_pending": 16}}
 	a, b := c.start(false), c.start(false)
-	waitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
 	host := hostOwnedBy(t, "backlog", b, a, b)
 	c.createSpace(a, host)
-	waitFor(t, 5*time.Second, "the row on b", func() bool { return hasRoute(b, host) })
+	harness.WaitFor(t, 5*time.Second, "the row on b", func() bool { return hasRoute(b, host) })
 	cl := dialHeld(t, c, a, host, "/ws")
 	cl.next(t, 20*time.Second, "the welcome")
 	for i := 1; i <= 48; i++ {
@@ -452,10 +452,10 @@ func TestHeldEventStreamAcrossBoxes(t *testing.T) {
 	c := newCluster(t)
 	c.kind = connAppKind(t, map[string]any{"idle_timeout": "3s"})
 	a, b, cc := c.start(false), c.start(false), c.start(false)
-	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
+	harness.WaitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 	host := hostMoving(t, "sse", a, b, cc)
 	c.createSpace(a, host)
-	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+	harness.WaitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 
 	lines, done := sseLines(t, c, a, host, "/events")
 	first := nextData(t, lines, done, 20*time.Second, "the first event")
@@ -468,7 +468,7 @@ func TestHeldEventStreamAcrossBoxes(t *testing.T) {
 	b.Kill()
 	// Another client wakes the space on a survivor (its owner now, cc, or the box that
 	// takes the dead box's lease first).
-	waitFor(t, deadAfter+30*time.Second, "a request after the kill", func() bool {
+	harness.WaitFor(t, deadAfter+30*time.Second, "a request after the kill", func() bool {
 		code, _, _ := c.do(cc, "GET", host, "/healthz", "", nil)
 		return code == 200
 	})
@@ -477,7 +477,7 @@ func TestHeldEventStreamAcrossBoxes(t *testing.T) {
 		t.Fatalf("after the kill, event %q: want 2, reopened after 1", second)
 	}
 	// The stream does not keep the space awake: it sleeps, then wakes on cc.
-	waitFor(t, 30*time.Second, "the space asleep", func() bool { return len(awakeOn(t, host, a, cc)) == 0 })
+	harness.WaitFor(t, 30*time.Second, "the space asleep", func() bool { return len(awakeOn(t, host, a, cc)) == 0 })
 	if code, _, err := c.do(a, "GET", host, "/healthz", "", nil); err != nil || code != 200 {
 		t.Fatalf("waking the space: %d %v", code, err)
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // TestHeldMessagesAppliedOnceAcrossKillAndDrain: clients on one box send messages on held
@@ -34,11 +36,11 @@ func TestHeldMessagesAppliedOnceAcrossKillAndDrain(t *testing.T) {
 	c.kind = map[string]any{"command": app, "args": []string{}, "ready_path": "/healthz", "isolation": "none",
 		"network": "host", "idle_timeout": "2s", "replication": map[string]any{"class": "periodic", "interval": "1s"}}
 	a, b, cc := c.start(false), c.start(false), c.start(false)
-	waitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
+	harness.WaitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 	// Owned by b; with b gone, by cc; with both gone, a: each phase moves the space.
 	host := hostMoving(t, "ledger", a, b, cc)
 	c.createSpace(a, host)
-	waitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+	harness.WaitFor(t, 5*time.Second, "the row on every box", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 
 	// Each client sends "c<k>-<i>" and waits for its "ok" before the next; an ok may come
 	// twice (a message applied by an instance whose box died before its checkpoint is
@@ -89,7 +91,7 @@ func TestHeldMessagesAppliedOnceAcrossKillAndDrain(t *testing.T) {
 		step++
 		limit.Store(step * int64(perPhase))
 		n := step * int64(perPhase) * clients
-		waitFor(t, 3*time.Minute, what, func() bool {
+		harness.WaitFor(t, 3*time.Minute, what, func() bool {
 			select {
 			case err := <-errs:
 				t.Fatal(err)
@@ -107,7 +109,7 @@ func TestHeldMessagesAppliedOnceAcrossKillAndDrain(t *testing.T) {
 				up = append(up, n)
 			}
 		}
-		waitFor(t, 30*time.Second, "the space asleep", func() bool { return len(awakeOn(t, host, up...)) == 0 })
+		harness.WaitFor(t, 30*time.Second, "the space asleep", func() bool { return len(awakeOn(t, host, up...)) == 0 })
 	}
 	onlyOn := func(want *node, what string) {
 		t.Helper()
@@ -125,7 +127,7 @@ func TestHeldMessagesAppliedOnceAcrossKillAndDrain(t *testing.T) {
 		if r > 0 {
 			b.Start()
 			cc.Start()
-			waitFor(t, 30*time.Second, "three live members again", func() bool { return len(status(t, a).Mesh.Live) == 3 })
+			harness.WaitFor(t, 30*time.Second, "three live members again", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 			untilAsleep() // the next message wakes it on its owner, b
 		}
 		phaseDone("the messages to b")

@@ -68,7 +68,7 @@ func TestReplicationConvergesThroughReorderingLinks(t *testing.T) {
 	a := c.start(false)
 	b, _ := c.startBehindProxy()
 	cc, _ := c.startBehindProxy()
-	waitFor(t, 10*time.Second, "three live members everywhere", func() bool {
+	harness.WaitFor(t, 10*time.Second, "three live members everywhere", func() bool {
 		for _, n := range []*node{a, b, cc} {
 			if len(status(t, n).Mesh.Live) != 3 {
 				return false
@@ -120,7 +120,7 @@ func TestReplicationConvergesThroughReorderingLinks(t *testing.T) {
 		sort.Strings(diffs)
 		return strings.Join(diffs, "; ")
 	}
-	d := waitFor(t, 60*time.Second, "every peer's registry equal to the issuer's", func() bool {
+	d := harness.WaitFor(t, 60*time.Second, "every peer's registry equal to the issuer's", func() bool {
 		return describe(b) == "" && describe(cc) == ""
 	}, func() string { return "b: " + describe(b) + " | c: " + describe(cc) })
 	t.Logf("FIGURE 200 changes through 0-1.5s reordering links: peers equal to the issuer %v after the last change", d)
@@ -152,12 +152,12 @@ func TestPeerCatchesUpAfterDowntime(t *testing.T) {
 	a := c.start(false)
 	b := c.start(false)
 	both := func() bool { return len(status(t, a).Mesh.Live) == 2 && len(status(t, b).Mesh.Live) == 2 }
-	waitFor(t, 10*time.Second, "two live members everywhere", both)
+	harness.WaitFor(t, 10*time.Second, "two live members everywhere", both)
 	h := func(s string) string { return s + "." + meshDomain }
 	for _, host := range []string{h("deleted"), h("recreated"), h("flipped")} {
 		a.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}, http.StatusCreated, nil)
 	}
-	waitFor(t, 10*time.Second, "b has a's rows", func() bool {
+	harness.WaitFor(t, 10*time.Second, "b has a's rows", func() bool {
 		return fmt.Sprint(routeRevs(t, a)) == fmt.Sprint(routeRevs(t, b))
 	})
 	if err := b.Stop(); err != nil {
@@ -170,7 +170,7 @@ func TestPeerCatchesUpAfterDowntime(t *testing.T) {
 	a.AdminJSON("POST", "/lchat/routes/"+h("flipped")+"/hibernate", map[string]any{"hibernate": false, "upstream": "127.0.0.1:9"}, http.StatusOK, nil)
 	b.Start()
 	want := routeRevs(t, a)
-	d := waitFor(t, 20*time.Second, "b's registry equal to a's after its restart", func() bool {
+	d := harness.WaitFor(t, 20*time.Second, "b's registry equal to a's after its restart", func() bool {
 		return fmt.Sprint(routeRevs(t, b)) == fmt.Sprint(want)
 	}, func() string { return fmt.Sprintf("a %v, b %v", want, routeRevs(t, b)) })
 	t.Logf("FIGURE a peer restarted after 4 changes it missed: equal to the issuer %v after it started", d)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/spacestore"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // TestGCBesideTwoBoxes: two real boxes on one versitygw wake, write, checkpoint and sleep
@@ -22,11 +23,11 @@ func TestGCBesideTwoBoxes(t *testing.T) {
 	c.kind = map[string]any{"idle_timeout": "1s", "gc_grace": "1s",
 		"replication": map[string]any{"class": "periodic", "interval": "300ms"}}
 	a, b := c.start(false), c.start(false)
-	waitFor(t, 10*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	harness.WaitFor(t, 10*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
 	hosts := map[*node]string{a: hostOwnedBy(t, "gca", a, a, b), b: hostOwnedBy(t, "gcb", b, a, b)}
 	for _, h := range hosts {
 		c.createSpace(a, h)
-		waitFor(t, 5*time.Second, "row on the peer", func() bool { return hasRoute(b, h) })
+		harness.WaitFor(t, 5*time.Second, "row on the peer", func() bool { return hasRoute(b, h) })
 	}
 	bkt := c.s3.NewBucket(t, c.prefix)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -80,7 +81,7 @@ func TestGCBesideTwoBoxes(t *testing.T) {
 			t.FailNow()
 		}
 		for owner, h := range hosts {
-			waitFor(t, 30*time.Second, h+" asleep", func() bool { return !status(t, owner).awake(h) })
+			harness.WaitFor(t, 30*time.Second, h+" asleep", func() bool { return !status(t, owner).awake(h) })
 		}
 	}
 	cancel()

@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // load sends requests for hosts through every box that is up, until stopped, and counts
@@ -109,7 +110,7 @@ func TestEveryRequestReachesTheHolder(t *testing.T) {
 
 	check := func(t *testing.T, size int) {
 		nodes := c.nodes[:size]
-		waitFor(t, 10*time.Second, fmt.Sprintf("every box to see %d live boxes", size), func() bool {
+		harness.WaitFor(t, 10*time.Second, fmt.Sprintf("every box to see %d live boxes", size), func() bool {
 			for _, n := range nodes {
 				st, ok := tryStatus(n)
 				if !ok || len(st.Mesh.Live) != size {
@@ -235,7 +236,7 @@ func TestEveryRequestReachesTheHolder(t *testing.T) {
 			restarts.Add(1)
 			t.Logf("restarted %s in %v", n.self, time.Since(start).Round(time.Millisecond))
 			// Let the restarted box join everyone's view before the next one goes.
-			waitFor(t, 10*time.Second, "every box to see 5 live boxes", func() bool {
+			harness.WaitFor(t, 10*time.Second, "every box to see 5 live boxes", func() bool {
 				for _, b := range c.nodes {
 					st, ok := tryStatus(b)
 					if !ok || len(st.Mesh.Live) != len(c.nodes) {

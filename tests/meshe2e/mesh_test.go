@@ -77,7 +77,7 @@ func TestMesh(t *testing.T) {
 	all := []*node{a, b, cc}
 
 	// Membership converges within one beat of the last box's start.
-	conv := waitFor(t, 5*time.Second, "every box sees three live members", func() bool {
+	conv := harness.WaitFor(t, 5*time.Second, "every box sees three live members", func() bool {
 		for _, n := range all {
 			if len(status(t, n).Mesh.Live) != 3 {
 				return false
@@ -94,7 +94,7 @@ func TestMesh(t *testing.T) {
 	t.Run("replication", func(t *testing.T) {
 		host := "rep." + meshDomain
 		c.createSpace(a, host)
-		d := waitFor(t, 5*time.Second, "row replicated to both peers", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+		d := harness.WaitFor(t, 5*time.Second, "row replicated to both peers", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 		t.Logf("FIGURE create fan-out reached both peers in %v", d)
 		var sum struct {
 			EnvNames []string `json:"env_names"`
@@ -104,7 +104,7 @@ func TestMesh(t *testing.T) {
 			t.Errorf("replicated row env names = %v, want [DEMO_SECRET]", sum.EnvNames)
 		}
 		a.AdminJSON("DELETE", "/lchat/routes/"+host, nil, 200, nil)
-		d = waitFor(t, 5*time.Second, "tombstone on both peers", func() bool { return !hasRoute(b, host) && !hasRoute(cc, host) })
+		d = harness.WaitFor(t, 5*time.Second, "tombstone on both peers", func() bool { return !hasRoute(b, host) && !hasRoute(cc, host) })
 		t.Logf("FIGURE delete tombstones reached both peers in %v", d)
 		for _, n := range all {
 			if strings.Contains(n.Logs(), "s3cr3t-env-value") || strings.Contains(n.Logs(), meshToken) {
@@ -216,7 +216,7 @@ func TestMesh(t *testing.T) {
 				t.Fatal("test placement broken")
 			}
 			c.createSpace(a, host)
-			waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+			harness.WaitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 			for _, entry := range all {
 				before, ob := status(t, entry).Mesh.Counters, status(t, owner).Mesh.Counters
 				c.mustDo(entry, "GET", host, "/api/messages", "", 200)
@@ -269,7 +269,7 @@ func TestMesh(t *testing.T) {
 		// once more, to the winner that holds the lease, and count it.
 		host := hostOwnedBy(t, "race", b, all...)
 		c.createSpace(a, host)
-		waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+		harness.WaitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 		before := map[string]map[string]uint64{}
 		for _, n := range all {
 			before[n.self] = status(t, n).Mesh.Counters
@@ -342,7 +342,7 @@ func TestMesh(t *testing.T) {
 		// marked request stays there), then b, its owner, gets a plain request for it.
 		h2 := hostOwnedBy(t, "held", b, all...)
 		c.createSpace(a, h2)
-		waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, h2) && hasRoute(cc, h2) })
+		harness.WaitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, h2) && hasRoute(cc, h2) })
 		if code, _, body, err := c.doH(a, "GET", h2, "/api/messages", "", marked(h2)); err != nil || code != 200 {
 			t.Fatalf("marked request to a: %d %v %.200s", code, err, body)
 		}
@@ -480,10 +480,10 @@ func TestMesh(t *testing.T) {
 		defer up.Close()
 		host := hostOwnedBy(t, "flip", b, all...) // b would own it while it hibernates
 		c.createSpace(a, host)
-		waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+		harness.WaitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 		a.AdminJSON("POST", "/lchat/routes/"+host+"/hibernate",
 			map[string]any{"hibernate": false, "upstream": strings.TrimPrefix(up.URL, "http://")}, 200, nil)
-		waitFor(t, 5*time.Second, "peers store the lives-elsewhere row", func() bool {
+		harness.WaitFor(t, 5*time.Second, "peers store the lives-elsewhere row", func() bool {
 			for _, n := range []*node{b, cc} {
 				var sum struct {
 					Hibernate bool   `json:"hibernate"`
@@ -510,7 +510,7 @@ func TestMesh(t *testing.T) {
 	t.Run("relocate", func(t *testing.T) {
 		host := "rel." + meshDomain
 		c.createSpace(a, host)
-		waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+		harness.WaitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 		if out, err := a.CLI("relocate", host, "--to", "eu", "--move-dns"); err == nil || !strings.Contains(out, "DNS provider") {
 			t.Errorf("relocate --move-dns without a provider: err=%v\n%s", err, out)
 		}
@@ -521,7 +521,7 @@ func TestMesh(t *testing.T) {
 		if err != nil || !strings.Contains(out, "relocated "+host) || !strings.Contains(out, "no copy") {
 			t.Fatalf("relocate: %v\n%s", err, out)
 		}
-		waitFor(t, 5*time.Second, "peers see the new home region", func() bool {
+		harness.WaitFor(t, 5*time.Second, "peers see the new home region", func() bool {
 			for _, n := range []*node{b, cc} {
 				var sum struct {
 					HomeRegion string `json:"home_region"`
@@ -582,18 +582,18 @@ func TestMesh(t *testing.T) {
 		cut := time.Now()
 		cc.bucketProxy.SetDown(true)
 		defer cc.bucketProxy.SetDown(false) // also when a check fails, so later subtests keep three boxes
-		fenced := waitFor(t, 10*time.Second, "the cut-off box fences itself", func() bool {
+		fenced := harness.WaitFor(t, 10*time.Second, "the cut-off box fences itself", func() bool {
 			st := status(t, cc)
 			return st.Mesh.Fenced && !st.awake(host)
 		})
 		var last string
-		served := waitFor(t, 20*time.Second, "a survivor serves the space with its data", func() bool {
+		served := harness.WaitFor(t, 20*time.Second, "a survivor serves the space with its data", func() bool {
 			code, body, err := c.do(a, "GET", host, "/api/messages", "", nil)
 			last = fmt.Sprintf("%d %v %.300s", code, err, body)
 			return err == nil && code == 200 && strings.Contains(body, "before the cut")
 		}, func() string { return "(last answer via " + a.self + ": " + last + ")" })
 		// Let the watcher see the survivor's instance before it stops watching.
-		waitFor(t, 5*time.Second, "the watcher sees the survivor run the space", func() bool {
+		harness.WaitFor(t, 5*time.Second, "the watcher sees the survivor run the space", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return !otherAwake.IsZero()
@@ -614,7 +614,7 @@ func TestMesh(t *testing.T) {
 			t.Errorf("the fenced box did not say so in its log")
 		}
 		cc.bucketProxy.SetDown(false)
-		waitFor(t, 15*time.Second, "the box rejoins", func() bool {
+		harness.WaitFor(t, 15*time.Second, "the box rejoins", func() bool {
 			for _, n := range all {
 				st := status(t, n)
 				if st.Mesh.Fenced || len(st.Mesh.Live) != 3 {
@@ -631,10 +631,10 @@ func TestMesh(t *testing.T) {
 	t.Run("graceful failover", func(t *testing.T) {
 		host := hostOwnedBy(t, "fo", b, all...)
 		c.createSpace(a, host)
-		waitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
+		harness.WaitFor(t, 5*time.Second, "row everywhere", func() bool { return hasRoute(b, host) && hasRoute(cc, host) })
 		c.post(a, host, "survives a drain")
 		since := time.Now()
-		waitFor(t, 10*time.Second, "a sync after the post", func() bool { return status(t, b).lastSync(host).After(since) })
+		harness.WaitFor(t, 10*time.Second, "a sync after the post", func() bool { return status(t, b).lastSync(host).After(since) })
 		if got := awakeOn(t, host, all...); len(got) != 1 || got[0] != b.self {
 			t.Fatalf("%s awake on %v, want %s", host, got, b.self)
 		}
@@ -646,7 +646,7 @@ func TestMesh(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- b.Stop() }()
 		var survivorBody string
-		d := waitFor(t, 30*time.Second, "a survivor serves the drained box's space", func() bool {
+		d := harness.WaitFor(t, 30*time.Second, "a survivor serves the drained box's space", func() bool {
 			code, body, err := c.do(a, "GET", host, "/api/messages", "", nil)
 			survivorBody = body
 			return err == nil && code == 200 && strings.Contains(body, "survives a drain")
@@ -674,7 +674,7 @@ func TestMesh(t *testing.T) {
 		var owner *node
 		// The first answer may have come from the draining box itself (it serves its awake
 		// spaces until its drain puts them to sleep): requests wake it on a survivor.
-		waitFor(t, 10*time.Second, "the space awake on one survivor", func() bool {
+		harness.WaitFor(t, 10*time.Second, "the space awake on one survivor", func() bool {
 			c.do(a, "GET", host, "/api/messages", "", nil)
 			on := awakeOn(t, host, survivors...)
 			for _, n := range survivors {
@@ -686,7 +686,7 @@ func TestMesh(t *testing.T) {
 		})
 		c.post(a, host, "written on the survivor")
 		since = time.Now()
-		waitFor(t, 10*time.Second, "a sync on the survivor after the post", func() bool { return status(t, owner).lastSync(host).After(since) })
+		harness.WaitFor(t, 10*time.Second, "a sync on the survivor after the post", func() bool { return status(t, owner).lastSync(host).After(since) })
 		time.Sleep(1500 * time.Millisecond) // one more periodic sync
 		if body := c.mustDo(a, "GET", host, "/api/messages", "", 200); !strings.Contains(body, "written on the survivor") ||
 			!strings.Contains(body, "posted just before SIGTERM") {
@@ -699,10 +699,10 @@ func TestMesh(t *testing.T) {
 
 	t.Run("hard failover", func(t *testing.T) {
 		live := []*node{a, cc}
-		waitFor(t, 10*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+		harness.WaitFor(t, 10*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
 		host := hostOwnedBy(t, "kill", cc, live...)
 		c.createSpace(a, host)
-		waitFor(t, 5*time.Second, "row on the peer", func() bool { return hasRoute(cc, host) })
+		harness.WaitFor(t, 5*time.Second, "row on the peer", func() bool { return hasRoute(cc, host) })
 		c.post(a, host, "survives a kill")
 		waitSynced(t, cc, host, time.Now())
 		cc.Kill()
@@ -711,7 +711,7 @@ func TestMesh(t *testing.T) {
 		// without the synced data.
 		busy := 0
 		var bad []string
-		d := waitFor(t, deadAfter+20*time.Second, "a survivor serves the killed box's space", func() bool {
+		d := harness.WaitFor(t, deadAfter+20*time.Second, "a survivor serves the killed box's space", func() bool {
 			code, hdr, body, err := c.doH(a, "GET", host, "/api/messages", "", nil)
 			switch {
 			case err == nil && code == 200 && strings.Contains(body, "survives a kill"):
@@ -742,7 +742,7 @@ func TestCloudRegionStampsHomeRegion(t *testing.T) {
 	a := c.start(false)
 	c.env = nil
 	b := c.start(false)
-	waitFor(t, 5*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	harness.WaitFor(t, 5*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
 	homeRegion := func(n *node, host string) string {
 		var sum struct {
 			HomeRegion string `json:"home_region"`
@@ -758,7 +758,7 @@ func TestCloudRegionStampsHomeRegion(t *testing.T) {
 	if got := homeRegion(a, "explicit."+meshDomain); got != "ie" {
 		t.Errorf("explicit home_region = %q, want ie", got)
 	}
-	waitFor(t, 5*time.Second, "the stamped row on the peer", func() bool { return hasRoute(b, "stamped."+meshDomain) })
+	harness.WaitFor(t, 5*time.Second, "the stamped row on the peer", func() bool { return hasRoute(b, "stamped."+meshDomain) })
 	if got := homeRegion(b, "stamped."+meshDomain); got != "fi" {
 		t.Errorf("the peer's copy has home_region %q, want fi", got)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // The mixed fleet's two domains (besides meshDomain, which the other tests use).
@@ -32,7 +33,7 @@ func TestMixedDomainsPlaceOnBoxesWithTheRow(t *testing.T) {
 	}
 	a, b, cc := c.nodes[0], c.nodes[1], c.nodes[2]
 	covering := map[string][]*node{xDomain: {a, b}, yDomain: {a, cc}}
-	waitFor(t, 30*time.Second, "every box sees three live boxes", func() bool {
+	harness.WaitFor(t, 30*time.Second, "every box sees three live boxes", func() bool {
 		for _, n := range c.nodes {
 			if st, ok := tryStatus(n); !ok || st.Mesh == nil || len(st.Mesh.Live) != 3 {
 				return false
@@ -66,7 +67,7 @@ func TestMixedDomainsPlaceOnBoxesWithTheRow(t *testing.T) {
 		via := covering[domainOf[h]][i%2]
 		c.createSpace(via, h)
 	}
-	waitFor(t, 30*time.Second, "every covering box has every row", func() bool {
+	harness.WaitFor(t, 30*time.Second, "every covering box has every row", func() bool {
 		for _, h := range hosts {
 			for _, n := range covering[domainOf[h]] {
 				if !hasRoute(n, h) {
