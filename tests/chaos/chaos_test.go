@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 const instanceHeader = "X-Lchat-Instance"
@@ -147,7 +149,7 @@ func campaign(t *testing.T, seed uint64, p params) {
 		hosts = append(hosts, h)
 		c.nodes[i%len(c.nodes)].AdminJSON("POST", "/lchat/routes", map[string]any{"host": h, "kind": "demo"}, http.StatusCreated, nil)
 	}
-	waitUntil(t, 30*time.Second, "every box has every route", func() bool {
+	harness.WaitFor(t, 30*time.Second, "every box to have every route", func() bool {
 		for _, n := range c.nodes {
 			rs, err := n.routes()
 			if err != nil || len(rs) != len(hosts) {
@@ -399,17 +401,6 @@ func readAll(n *node, host string) (map[string]bool, error) {
 		if len(msgs) < 1000 {
 			return out, nil
 		}
-	}
-}
-
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("timed out after %v waiting until %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -163,7 +163,7 @@ func (c *cluster) start() *node {
 // waitAllLive waits until every box sees every box live.
 func (c *cluster) waitAllLive() {
 	c.t.Helper()
-	waitUntil(c.t, 30*time.Second, "every box sees every box live", func() bool {
+	harness.WaitFor(c.t, 30*time.Second, "every box to see every box live", func() bool {
 		for _, n := range c.nodes {
 			var st struct {
 				Mesh struct {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // A request forwarded to the box holding a space, which then dies without answering
@@ -17,7 +19,7 @@ func TestForwardedHolderDiesIs503(t *testing.T) {
 	c.waitAllLive()
 	host := "dies." + meshDomain
 	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}, http.StatusCreated, nil)
-	waitUntil(t, 10*time.Second, "a has the route", func() bool {
+	harness.WaitFor(t, 10*time.Second, "a to have the route", func() bool {
 		rs, err := a.routes()
 		return err == nil && rs[host] != ""
 	})
@@ -25,7 +27,7 @@ func TestForwardedHolderDiesIs503(t *testing.T) {
 	// Wake the space wherever placement puts it (b, say), then send through the other
 	// box (a) until a forwards to b: a now knows b as the holder.
 	var holder string
-	waitUntil(t, 30*time.Second, "the space answers", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the space to answer", func() bool {
 		resp, err := post(a, "wake")
 		if err != nil {
 			return false
@@ -37,7 +39,7 @@ func TestForwardedHolderDiesIs503(t *testing.T) {
 	if strings.Contains(holder, a.self) {
 		a, b = b, a
 	}
-	waitUntil(t, 10*time.Second, "a forwards to b", func() bool {
+	harness.WaitFor(t, 10*time.Second, "a to forward to b", func() bool {
 		resp, err := post(a, "via a")
 		if err != nil {
 			return false

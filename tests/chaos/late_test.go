@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // A holder's checkpoint is held in flight on its bucket link (its manifest PUT caught by the
@@ -23,7 +25,7 @@ func TestLateCheckpointAfterTakeoverLosesNothing(t *testing.T) {
 	c.waitAllLive()
 	host := "late." + meshDomain
 	c.nodes[0].AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}, http.StatusCreated, nil)
-	waitUntil(t, 10*time.Second, "both boxes have the route", func() bool {
+	harness.WaitFor(t, 10*time.Second, "both boxes to have the route", func() bool {
 		for _, n := range c.nodes {
 			if rs, err := n.routes(); err != nil || rs[host] == "" {
 				return false
@@ -42,7 +44,7 @@ func TestLateCheckpointAfterTakeoverLosesNothing(t *testing.T) {
 		return resp.Header.Get(instanceHeader), resp.StatusCode == http.StatusCreated
 	}
 	var inst string
-	waitUntil(t, 30*time.Second, "the space answers", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the space to answer", func() bool {
 		var ok bool
 		inst, ok = ack(c.nodes[0], "wake")
 		return ok && inst != ""
@@ -60,7 +62,7 @@ func TestLateCheckpointAfterTakeoverLosesNothing(t *testing.T) {
 	// the bucket. The next checkpoint after one more post is caught on its way.
 	posted := time.Now()
 	var syncs []time.Time
-	waitUntil(t, 20*time.Second, "the holder checkpoints twice after the posts", func() bool {
+	harness.WaitFor(t, 20*time.Second, "the holder to checkpoint twice after the posts", func() bool {
 		if at := old.lastSync(host); at.After(posted) && (len(syncs) == 0 || at.After(syncs[len(syncs)-1])) {
 			syncs = append(syncs, at)
 		}
@@ -85,7 +87,7 @@ func TestLateCheckpointAfterTakeoverLosesNothing(t *testing.T) {
 
 	// The other box takes over once the paused one's heartbeat is older than dead_after.
 	var acked []string
-	waitUntil(t, 60*time.Second, "the other box serves the space", func() bool {
+	harness.WaitFor(t, 60*time.Second, "the other box to serve the space", func() bool {
 		inst, ok := ack(nu, "takeover")
 		return ok && strings.Contains(inst, nu.self)
 	})
@@ -118,7 +120,7 @@ func TestLateCheckpointAfterTakeoverLosesNothing(t *testing.T) {
 			acked = append(acked, text)
 		}
 	}
-	waitUntil(t, 30*time.Second, "the new holder checkpoints after the late write, or is fenced out", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the new holder to checkpoint after the late write, or to be fenced out", func() bool {
 		var st boxStatus
 		if nu.adminGet("/lchat/status", &st) != nil {
 			return false
