@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // diskLimit is the disk kind's limits.disk in isoCaddyfile.
@@ -284,7 +286,7 @@ func TestDiskAfterABoxCrash(t *testing.T) {
 	if onOwnDisk(t, data) {
 		t.Fatal("the next box did not unmount the dead box's disk")
 	}
-	waitFor(t, "the dead box's loop device to clear", 10*time.Second, func() bool { return len(loopsBackedBy(image)) == 0 })
+	harness.WaitFor(t, 10*time.Second, "the dead box's loop device to clear", func() bool { return len(loopsBackedBy(image)) == 0 })
 	wake(t, b2, host)
 	if a := b2.try(host, "read", url.Values{"path": {"$LCHAT_DATA_DIR/marker"}}); a.Out != "written by "+host {
 		t.Fatalf("after the crash: %+v", a)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/internal/testnet"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 func needRoot(t *testing.T) {
@@ -184,7 +185,7 @@ func TestInstanceCannotReachOtherSpacesOrTheBox(t *testing.T) {
 
 	// The certificate keys the box holds: wait for the internal CA and the site's key.
 	var keys []string
-	waitFor(t, "certificate keys on disk", 60*time.Second, func() bool {
+	harness.WaitFor(t, 60*time.Second, "certificate keys on disk", func() bool {
 		keys = nil
 		filepath.WalkDir(filepath.Join(b.dir, "state", "caddy"), func(p string, d fs.DirEntry, err error) error {
 			if err == nil && strings.HasSuffix(p, ".key") {
@@ -290,7 +291,7 @@ func TestControlEndpointRefusesAnotherSpacesInstance(t *testing.T) {
 	bPath := engine.ControlSocketPath(filepath.Join(b.dir, "state", "spaces"), "b.localhost")
 	own := url.Values{"path": {"$LCHAT_CONTROL_SOCKET"}}
 	var a attempt
-	waitFor(t, "A's and B's control endpoints answering their own instances", 30*time.Second, func() bool {
+	harness.WaitFor(t, 30*time.Second, "A's and B's control endpoints answering their own instances", func() bool {
 		a = b.try("a.localhost", "control", own)
 		ab := b.try("b.localhost", "control", own)
 		return a.OK && strings.HasPrefix(a.Out, "200 ") && ab.OK && strings.HasPrefix(ab.Out, "200 ")
@@ -330,8 +331,8 @@ func TestStopEndsEscapedDescendants(t *testing.T) {
 	}
 	// The kind sleeps after 2s idle: the stop signal goes to the instance's process group,
 	// which the escaped process left; the cgroup must end it anyway.
-	waitFor(t, "e.localhost asleep", 60*time.Second, func() bool { return b.status("e.localhost").State == "asleep" })
-	waitFor(t, "the escaped process ended", 5*time.Second, func() bool { return !alive(leaf) })
+	harness.WaitFor(t, 60*time.Second, "e.localhost asleep", func() bool { return b.status("e.localhost").State == "asleep" })
+	harness.WaitFor(t, 5*time.Second, "the escaped process ended", func() bool { return !alive(leaf) })
 }
 
 func TestMemoryHogKilledReportedAndWakesAgain(t *testing.T) {
@@ -342,7 +343,7 @@ func TestMemoryHogKilledReportedAndWakesAgain(t *testing.T) {
 	if st == 200 {
 		t.Fatal("the hog answered: it was not killed")
 	}
-	waitFor(t, "the hog reported as an out-of-memory crash", 60*time.Second, func() bool {
+	harness.WaitFor(t, 60*time.Second, "the hog reported as an out-of-memory crash", func() bool {
 		s := b.status("h.localhost")
 		return s.State == "asleep" && strings.Contains(s.LastCrash, "out of memory")
 	})
@@ -369,7 +370,7 @@ func TestInstanceLogStaysUnderItsCap(t *testing.T) {
 	}
 	dir := filepath.Join(b.dir, "state", "spaces", "spaces", "a.localhost")
 	const capBytes, keep = 1 << 20, 2
-	waitFor(t, "the log pump to catch up and old logs to be pruned", 30*time.Second, func() bool {
+	harness.WaitFor(t, 30*time.Second, "the log pump to catch up and old logs to be pruned", func() bool {
 		files, _ := filepath.Glob(filepath.Join(dir, "instance*"))
 		return len(files) <= keep+1
 	})

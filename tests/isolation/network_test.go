@@ -13,6 +13,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/internal/testnet"
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // netCaddyfile is a box of the network tests: its admin API on TCP localhost:2019 (as in
@@ -199,7 +200,7 @@ func TestMeshPeersRefusedToEgress(t *testing.T) {
 	if _, err := bkt.Put(context.Background(), mesh.HeartbeatKey("https://peer.lchat.test"), strings.NewReader(string(hb)), int64(len(hb)), bucket.Cond{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the peer's address refused to the egress space", 30*time.Second, func() bool {
+	harness.WaitFor(t, 30*time.Second, "the peer's address refused to the egress space", func() bool {
 		a := connect(t, b, "egress.localhost", "tcp", peer)
 		return !a.OK && a.MS < 1000
 	})

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	_ "modernc.org/sqlite"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 // TestCraftedDatabaseFailsOnlyItsCheckpoint: a real box reads its isolated spaces'
@@ -62,7 +64,7 @@ func TestCraftedDatabaseFailsOnlyItsCheckpoint(t *testing.T) {
 
 	// The kind sleeps its spaces after 2 s idle.
 	var st map[string]syncStatus
-	waitFor(t, "the three spaces to stop", time.Minute, func() bool {
+	harness.WaitFor(t, time.Minute, "the three spaces to stop", func() bool {
 		st = syncStatuses(b)
 		for _, h := range hosts {
 			if s := st[h].State; s == "awake" || s == "sleeping" || s == "" {

@@ -169,7 +169,7 @@ func TestBoxWithoutCapabilitiesRefusesNetworkConfinement(t *testing.T) {
 func TestUnprivilegedBoxRunsWithNetworkHostAndSaysSo(t *testing.T) {
 	needRoot(t)
 	out, done := runPlain(t, unprivileged(t), oneKind())
-	waitFor(t, "the kind's isolation logged", 60*time.Second, func() bool {
+	harness.WaitFor(t, 60*time.Second, "the kind's isolation logged", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("the unprivileged box exited (%v):\n%s", err, out.String())
@@ -209,7 +209,7 @@ func TestBoxWithoutSysAdminRefusesDiskAndPrivateTmp(t *testing.T) {
 		})
 	}
 	out, done := runPlain(t, drop, oneKind("isolation on", "network host"))
-	waitFor(t, "the kind's isolation logged", 60*time.Second, func() bool {
+	harness.WaitFor(t, 60*time.Second, "the kind's isolation logged", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("the box exited (%v):\n%s", err, out.String())
