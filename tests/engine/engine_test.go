@@ -133,17 +133,9 @@ func status(e *engine.Engine, host string) engine.SpaceStatus {
 	return engine.SpaceStatus{}
 }
 
-// eventually polls cond (an observable outcome, not a timing assertion) up to a deadline.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// settle bounds a wait for an observable outcome of the engine's own timers (an idle
+// sleep, a sync, a fence): generous, as it is not a timing assertion.
+const settle = 20 * time.Second
 
 func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
 
@@ -185,7 +177,7 @@ func TestWakeServeIdleSleepWake(t *testing.T) {
 		t.Fatalf("space slept while a Use was held: %+v", st)
 	}
 	u.Release()
-	eventually(t, "idle sleep", func() bool { return status(e, "one.test").State == engine.StateAsleep })
+	harness.WaitFor(t, settle, "idle sleep", func() bool { return status(e, "one.test").State == engine.StateAsleep })
 	if alive(pid) {
 		t.Fatalf("instance %d still running after sleep", pid)
 	}
@@ -256,7 +248,7 @@ func TestForeignManifestFencesOut(t *testing.T) {
 	u := acquire(t, e, sp)
 	defer u.Release()
 	call(t, u, "POST", "/msg?body=first")
-	eventually(t, "first continuous sync", func() bool { return !status(e, "fence.test").LastSync.IsZero() })
+	harness.WaitFor(t, settle, "first continuous sync", func() bool { return !status(e, "fence.test").LastSync.IsZero() })
 	pid := status(e, "fence.test").PID
 
 	ctx := context.Background()
@@ -269,7 +261,7 @@ func TestForeignManifestFencesOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	call(t, u, "POST", "/msg?body=second") // the next sync must lose its swap
-	eventually(t, "fence-out", func() bool { return e.Counters().Fenced == 1 })
+	harness.WaitFor(t, settle, "fence-out", func() bool { return e.Counters().Fenced == 1 })
 	if alive(pid) {
 		t.Fatalf("instance %d still running after fence-out", pid)
 	}
@@ -293,7 +285,7 @@ func TestCrashRecoveryAndBackoff(t *testing.T) {
 	pid := status(e, "crashy.test").PID
 	crash(u)
 	u.Release()
-	eventually(t, "crash handled", func() bool {
+	harness.WaitFor(t, settle, "crash handled", func() bool {
 		return e.Counters().Crashes == 1 && status(e, "crashy.test").State == engine.StateAsleep
 	})
 	if l := readLease(t, f.bucket, "crashy.test"); !l.Released {
@@ -309,9 +301,9 @@ func TestCrashRecoveryAndBackoff(t *testing.T) {
 	}
 	crash(u)
 	u.Release()
-	eventually(t, "second crash handled", func() bool { return e.Counters().Crashes == 2 })
+	harness.WaitFor(t, settle, "second crash handled", func() bool { return e.Counters().Crashes == 2 })
 	var re *engine.RetryError
-	eventually(t, "backoff refusal", func() bool {
+	harness.WaitFor(t, settle, "backoff refusal", func() bool {
 		u, err := e.Acquire(context.Background(), sp)
 		if err == nil {
 			u.Release()
@@ -323,7 +315,7 @@ func TestCrashRecoveryAndBackoff(t *testing.T) {
 		t.Fatalf("retry after %v, want at least 1s", re.After)
 	}
 	starts := f.startCount()
-	eventually(t, "wake after backoff", func() bool {
+	harness.WaitFor(t, settle, "wake after backoff", func() bool {
 		u, err := e.Acquire(context.Background(), sp)
 		if err != nil {
 			return false
@@ -355,11 +347,11 @@ func TestScheduledWakeFires(t *testing.T) {
 	due := time.Now().Add(2 * time.Second).UTC().Format(time.RFC3339Nano)
 	call(t, u, "POST", "/next-wake?at="+url.QueryEscape(due))
 	u.Release()
-	eventually(t, "sleep", func() bool { return status(e, "remind.test").State == engine.StateAsleep })
+	harness.WaitFor(t, settle, "sleep", func() bool { return status(e, "remind.test").State == engine.StateAsleep })
 	if _, err := f.bucket.Head(context.Background(), spacestore.WakeKey("remind.test")); err != nil {
 		t.Fatalf("wake record after sleep: %v", err)
 	}
-	eventually(t, "scheduled wake delivered and record deleted", func() bool {
+	harness.WaitFor(t, settle, "scheduled wake delivered and record deleted", func() bool {
 		_, err := f.bucket.Head(context.Background(), spacestore.WakeKey("remind.test"))
 		return errors.Is(err, bucket.ErrNotFound)
 	})
@@ -449,7 +441,7 @@ func TestReadinessTimeout(t *testing.T) {
 	for _, line := range bytes.Fields(data) {
 		pid = atoiOr0(string(line))
 	}
-	eventually(t, "hung instance killed", func() bool { return !alive(pid) })
+	harness.WaitFor(t, settle, "hung instance killed", func() bool { return !alive(pid) })
 	if l := readLease(t, f.bucket, "hang.test"); !l.Released {
 		t.Fatalf("lease after readiness failure = %+v, want released", l)
 	}

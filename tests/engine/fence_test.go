@@ -8,6 +8,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/spacestore"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 func TestHeartbeatFenceStopsWritesAndRechecksLease(t *testing.T) {
@@ -25,7 +26,7 @@ func TestHeartbeatFenceStopsWritesAndRechecksLease(t *testing.T) {
 	_, etagBefore, _ := spacestore.ReadManifest(ctx, f.bucket, "mine.test")
 
 	e.SetFenced(true)
-	eventually(t, "instances stopped by fence", func() bool {
+	harness.WaitFor(t, settle, "instances stopped by fence", func() bool {
 		return status(e, "mine.test").State == engine.StateHeld && status(e, "lost.test").State == engine.StateHeld
 	})
 	if alive(pid) {
@@ -54,7 +55,7 @@ func TestHeartbeatFenceStopsWritesAndRechecksLease(t *testing.T) {
 	}
 
 	e.SetFenced(false)
-	eventually(t, "lease re-read after unfence", func() bool {
+	harness.WaitFor(t, settle, "lease re-read after unfence", func() bool {
 		return status(e, "mine.test").State == engine.StateAsleep && status(e, "lost.test").State == engine.StateAsleep
 	})
 	if l := readLease(t, f.bucket, "mine.test"); !l.Released {
@@ -87,7 +88,7 @@ func TestFenceStopIsBoundedByFenceStopGrace(t *testing.T) {
 
 	start := time.Now()
 	e.SetFenced(true)
-	eventually(t, "stubborn instance stopped by fence", func() bool { return !alive(pid) })
+	harness.WaitFor(t, settle, "stubborn instance stopped by fence", func() bool { return !alive(pid) })
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("fence stop took %v; the kind's one-minute grace was not capped", took)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
 func TestMaxAwakeSleepsLeastRecentlyUsed(t *testing.T) {
@@ -107,7 +108,7 @@ func TestStaleUseDoesNotPinNextWake(t *testing.T) {
 	}
 	u := acquire(t, e, sp)
 	u.Release()
-	eventually(t, "idle sleep although an earlier period's Use is still open", func() bool {
+	harness.WaitFor(t, settle, "idle sleep although an earlier period's Use is still open", func() bool {
 		return status(e, "stale.test").State == engine.StateAsleep
 	})
 	old.Release() // a late release must not make the count negative
