@@ -36,18 +36,6 @@ func startMember(t *testing.T, b bucket.Bucket, self, region string, onFence fun
 	return m
 }
 
-// eventually polls cond every 50ms until it holds or d passes.
-func eventually(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return cond()
-}
-
 func liveSet(m *mesh.Membership) string {
 	s := ""
 	for _, mem := range m.Live() {
@@ -65,9 +53,9 @@ func membershipSuite(t *testing.T, store bucket.Bucket) {
 	c := startMember(t, store, "https://c.example.net", "fi", nil)
 	want := "https://a.example.net https://b.example.net https://c.example.net "
 	// Within one beat (plus request latency) every member sees all three.
-	if !eventually(beat+500*time.Millisecond, func() bool { return liveSet(a) == want && liveSet(b) == want && liveSet(c) == want }) {
-		t.Fatalf("no convergence within a beat: a=%q b=%q c=%q", liveSet(a), liveSet(b), liveSet(c))
-	}
+	harness.WaitFor(t, beat+500*time.Millisecond, "convergence within a beat", func() bool {
+		return liveSet(a) == want && liveSet(b) == want && liveSet(c) == want
+	}, func() string { return fmt.Sprintf("a=%q b=%q c=%q", liveSet(a), liveSet(b), liveSet(c)) })
 	for _, mem := range a.Live() {
 		if mem.Incarnation == "" || mem.Region == "" || mem.Version != "it" {
 			t.Fatalf("member body missing: %+v", mem)
@@ -100,9 +88,7 @@ func membershipSuite(t *testing.T, store bucket.Bucket) {
 	bInc := b.Config().Incarnation
 	b.Close()
 	killed := time.Now()
-	if !eventually(deadAfter+3*time.Second, func() bool { return !a.IsLive("https://b.example.net", bInc) }) {
-		t.Fatal("killed member still live")
-	}
+	harness.WaitFor(t, deadAfter+3*time.Second, "the killed member to be dead", func() bool { return !a.IsLive("https://b.example.net", bInc) })
 	if since := time.Since(killed); since < deadAfter-time.Second {
 		t.Fatalf("killed member dead after only %s", since)
 	}
@@ -113,9 +99,8 @@ func membershipSuite(t *testing.T, store bucket.Bucket) {
 		t.Fatal(err)
 	}
 	left := time.Now()
-	if !eventually(beat+500*time.Millisecond, func() bool { return liveSet(a) == "https://a.example.net " }) {
-		t.Fatalf("drained member still listed: %q", liveSet(a))
-	}
+	harness.WaitFor(t, beat+500*time.Millisecond, "the drained member to go", func() bool { return liveSet(a) == "https://a.example.net " },
+		func() string { return fmt.Sprintf("a lists %q", liveSet(a)) })
 	t.Logf("%s: drained member gone for peers after %s", store, time.Since(left).Round(10*time.Millisecond))
 }
 
@@ -150,24 +135,20 @@ func TestFenceBeforeTakeoverVersityGW(t *testing.T) {
 		}
 	})
 	peer := startMember(t, s3.NewBucket(t, "mesh-fence"), "https://p.example.net", "", nil)
-	if !eventually(2*beat, func() bool { return peer.IsLive("https://a.example.net", a.Config().Incarnation) }) {
-		t.Fatal("peer never saw a")
-	}
+	harness.WaitFor(t, 2*beat, "the peer to see a", func() bool { return peer.IsLive("https://a.example.net", a.Config().Incarnation) })
 	if v := <-fences; v {
 		t.Fatal("first fence event is not the lift after the first write")
 	}
 	proxy.SetDown(true)
 	cut := time.Now()
 	var deadAt time.Time
-	if !eventually(deadAfter+4*time.Second, func() bool {
+	harness.WaitFor(t, deadAfter+4*time.Second, "the peer to count the cut-off box dead", func() bool {
 		if !peer.IsLive("https://a.example.net", a.Config().Incarnation) {
 			deadAt = time.Now()
 			return true
 		}
 		return false
-	}) {
-		t.Fatal("peer never counted the cut-off box dead")
-	}
+	})
 	var fa time.Time
 	select {
 	case fa = <-fencedAt:
@@ -180,7 +161,7 @@ func TestFenceBeforeTakeoverVersityGW(t *testing.T) {
 	t.Logf("cut at 0: box fenced at +%s, peer counted it dead at +%s (margin %s; fence_after %s after the last good write was sent)",
 		fa.Sub(cut).Round(10*time.Millisecond), deadAt.Sub(cut).Round(10*time.Millisecond), deadAt.Sub(fa).Round(10*time.Millisecond), a.FenceAfter())
 	proxy.SetDown(false)
-	if !eventually(3*beat, func() bool { return !a.Fenced() && peer.IsLive("https://a.example.net", a.Config().Incarnation) }) {
-		t.Fatal("box did not resume after the bucket came back")
-	}
+	harness.WaitFor(t, 3*beat, "the box to resume after the bucket came back", func() bool {
+		return !a.Fenced() && peer.IsLive("https://a.example.net", a.Config().Incarnation)
+	})
 }
