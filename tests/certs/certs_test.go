@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -207,25 +208,24 @@ func (b *box) waitServing(t *testing.T, roots *x509.CertPool, timeout time.Durat
 	deadline := time.Now().Add(timeout)
 	var leaf *x509.Certificate
 	for _, host := range hosts {
-		for {
-			body, cert, err := b.get(roots, host)
-			if err == nil {
+		var err error
+		harness.WaitFor(t, time.Until(deadline), fmt.Sprintf("%s to serve %s with a certificate from pebble", b.name, host), func() bool {
+			var body string
+			var cert *x509.Certificate
+			if body, cert, err = b.get(roots, host); err == nil {
 				if want := "served by " + b.name; body != want {
 					t.Fatalf("%s answered %q for %s, want %q", b.name, body, host, want)
 				}
 				leaf = cert
-				break
+				return true
 			}
 			select {
 			case <-b.done:
 				t.Fatalf("%s exited before serving %s", b.name, host)
 			default:
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not serve %s with a certificate from pebble within %v: %v", b.name, host, timeout, err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return false
+		}, func() string { return fmt.Sprintf("last error: %v", err) })
 	}
 	return leaf
 }
@@ -310,17 +310,7 @@ func TestKilledHolderLockExpires(t *testing.T) {
 	fleet := s3.NewBucket(t, "fleet")
 
 	holder := startBox(t, acme, s3, boxOpts{name: "holder", prefix: "fleet", lockTTL: 3 * time.Second, propagationDelay: 5 * time.Minute})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		page, err := fleet.List(context.Background(), "certs/locks/", "")
-		if err == nil && len(page.Objects) > 0 && acme.Orders(t) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("holder never took the issuance lock and started an order (err %v)", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitHolderOrdering(t, fleet, acme)
 	holder.kill()
 
 	other := startBox(t, acme, s3, boxOpts{name: "other", prefix: "fleet", lockTTL: 3 * time.Second})
@@ -331,6 +321,18 @@ func TestKilledHolderLockExpires(t *testing.T) {
 	if n := acme.Orders(t); n != 2 {
 		t.Fatalf("pebble saw %d orders, want 2 (the dead holder's and the other box's)", n)
 	}
+}
+
+// waitHolderOrdering waits until the holder has taken the issuance lock and started
+// its order with pebble.
+func waitHolderOrdering(t *testing.T, fleet bucket.Bucket, acme *harness.ACME) {
+	t.Helper()
+	var err error
+	harness.WaitFor(t, 60*time.Second, "the holder to take the issuance lock and start an order", func() bool {
+		var page bucket.ListPage
+		page, err = fleet.List(context.Background(), "certs/locks/", "")
+		return err == nil && len(page.Objects) > 0 && acme.Orders(t) == 1
+	}, func() string { return fmt.Sprintf("last listing error: %v", err) })
 }
 
 // A box stopped with SIGTERM in the middle of an order releases its lock on the
@@ -344,17 +346,7 @@ func TestStoppedHolderReleasesLock(t *testing.T) {
 	fleet := s3.NewBucket(t, "fleet")
 
 	holder := startBox(t, acme, s3, boxOpts{name: "holder", prefix: "fleet", lockTTL: time.Minute, propagationDelay: 5 * time.Minute})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		page, err := fleet.List(context.Background(), "certs/locks/", "")
-		if err == nil && len(page.Objects) > 0 && acme.Orders(t) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("holder never took the issuance lock and started an order (err %v)", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitHolderOrdering(t, fleet, acme)
 	syscall.Kill(-holder.cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-holder.done:

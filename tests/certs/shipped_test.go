@@ -162,52 +162,49 @@ func TestShippedCaddyfileWildcards(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for _, host := range []string{"a.mesh.test", "x.other.test"} {
 		body, _ := json.Marshal(map[string]string{"host": host, "upstream": strings.TrimPrefix(upstream.URL, "http://")})
-		for {
-			resp, err := http.Post("http://"+admin+"/lchat/routes", "application/json", bytes.NewReader(body))
-			if err == nil {
+		var err error
+		harness.WaitFor(t, time.Until(deadline), "the admin API at "+admin+" to add "+host, func() bool {
+			var resp *http.Response
+			if resp, err = http.Post("http://"+admin+"/lchat/routes", "application/json", bytes.NewReader(body)); err == nil {
 				msg, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				if resp.StatusCode/100 == 2 {
-					break
+				if resp.StatusCode/100 != 2 {
+					t.Fatalf("adding %s: %s %s", host, resp.Status, msg)
 				}
-				t.Fatalf("adding %s: %s %s", host, resp.Status, msg)
+				return true
 			}
 			select {
 			case <-done:
 				t.Fatal("the box exited before its admin API answered")
 			default:
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("admin API at %s never answered: %v", admin, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return false
+		}, func() string { return fmt.Sprintf("last error: %v", err) })
 	}
 
 	addr := fmt.Sprintf("127.0.0.1:%d", httpsPort)
 	for _, c := range []struct{ host, wildcard string }{{"a.mesh.test", "*.mesh.test"}, {"x.other.test", "*.other.test"}} {
-		deadline := time.Now().Add(90 * time.Second)
-		for {
-			status, body, names, err := httpsGet(addr, roots, c.host)
-			if err == nil {
+		var err error
+		harness.WaitFor(t, 90*time.Second, "verified TLS to "+c.host, func() bool {
+			var status int
+			var body string
+			var names []string
+			if status, body, names, err = httpsGet(addr, roots, c.host); err == nil {
 				if !slices.Equal(names, []string{c.wildcard}) {
 					t.Fatalf("%s presented a certificate for %v, want exactly %s", c.host, names, c.wildcard)
 				}
 				if want := "space " + c.host; status != http.StatusOK || body != want {
 					t.Fatalf("%s answered %d %q, want 200 %q from its upstream", c.host, status, body, want)
 				}
-				break
+				return true
 			}
 			select {
 			case <-done:
 				t.Fatalf("the box exited before serving %s", c.host)
 			default:
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no verified TLS to %s within 90s: %v", c.host, err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return false
+		}, func() string { return fmt.Sprintf("last error: %v", err) })
 	}
 	if n := acme.Orders(t); n != 2 {
 		t.Errorf("pebble saw %d orders for two wildcards, want 2", n)
