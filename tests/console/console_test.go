@@ -149,20 +149,18 @@ func (b *browser) do(what string, actions ...chromedp.Action[chromedp.Void]) {
 // it survives the navigations a form submit or a redirect makes.
 func (b *browser) wait(what, predicate string, timeout time.Duration) {
 	b.t.Helper()
-	deadline := time.Now().Add(timeout)
 	var last error
-	for time.Now().Before(deadline) {
+	harness.WaitFor(b.t, timeout, what+" ("+predicate+")", func() bool {
 		ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+		defer cancel()
 		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("(() => { try { return !!("+predicate+") } catch (e) { return false } })()"))
-		cancel()
-		if err == nil && ok {
-			return
-		}
 		last = err
-		time.Sleep(100 * time.Millisecond)
-	}
-	b.shot("failed-" + strings.ReplaceAll(what, " ", "-"))
-	b.t.Fatalf("waiting for %s (%s): not true within %v (last error: %v)", what, predicate, timeout, last)
+		return err == nil && ok
+	}, func() string {
+		// Asked only on a failure: the screenshot shows the page that never got there.
+		b.shot("failed-" + strings.ReplaceAll(what, " ", "-"))
+		return fmt.Sprintf("last error: %v", last)
+	})
 }
 
 func eval[T any](b *browser, expr string) T {

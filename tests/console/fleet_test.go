@@ -90,20 +90,13 @@ func TestConsoleFleet(t *testing.T) {
 		startFleetBox(t, "127.0.0.3", "de", s3),
 	}
 	// Create the route once box 0 sees every box, so its fan-out reaches them.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var f struct {
-			Members []any `json:"members"`
-		}
-		boxes[0].AdminJSON(http.MethodGet, "/lchat/fleet", nil, http.StatusOK, &f)
-		if len(f.Members) == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("box 0 sees %d boxes, want 3", len(f.Members))
-		}
-		time.Sleep(100 * time.Millisecond)
+	var f struct {
+		Members []any `json:"members"`
 	}
+	harness.WaitFor(t, 30*time.Second, "box 0 to see 3 boxes", func() bool {
+		boxes[0].AdminJSON(http.MethodGet, "/lchat/fleet", nil, http.StatusOK, &f)
+		return len(f.Members) == 3
+	}, func() string { return fmt.Sprintf("it sees %d", len(f.Members)) })
 	const host = "chat." + fleetDomain
 	body := fmt.Sprintf(`{"host":%q,"kind":"demo","home_region":"de"}`, host)
 	if status, out, err := boxes[0].Admin(http.MethodPost, "/lchat/routes", json.RawMessage(body)); err != nil || status != http.StatusCreated {
@@ -112,18 +105,12 @@ func TestConsoleFleet(t *testing.T) {
 
 	// The row replicates to the other boxes asynchronously (after their heartbeats
 	// are seen).
-	deadline = time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for _, bx := range boxes[1:] {
-		for {
+		harness.WaitFor(t, time.Until(deadline), bx.self+" to get the row of "+host, func() bool {
 			status, _, _ := bx.Admin(http.MethodGet, "/lchat/routes/"+host, nil)
-			if status == http.StatusOK {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never got the row of %s", bx.self, host)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return status == http.StatusOK
+		})
 	}
 
 	_, port, _ := net.SplitHostPort(boxes[0].addr)
@@ -175,13 +162,11 @@ func TestConsoleFleet(t *testing.T) {
 		page, _ := io.ReadAll(resp.Body)
 		return string(page)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		if page := spacePage(); strings.Contains(page, `<dd class="fleet-conns">2 open, `) && strings.Contains(page, wantOn+"</dd>") {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the space's page never showed 2 connections held%s:\n%s", wantOn, page)
-		}
-	}
+	var page string
+	harness.WaitFor(t, 30*time.Second, "the space's page to show 2 connections held"+wantOn, func() bool {
+		page = spacePage()
+		return strings.Contains(page, `<dd class="fleet-conns">2 open, `) && strings.Contains(page, wantOn+"</dd>")
+	}, func() string { return "the page:\n" + page })
 	b.do("open "+host, chromedp.Navigate("http://console.test:"+port+"/space/"+host))
 	if held := eval[string](b, `document.querySelector('dd.fleet-conns').textContent`); !strings.HasPrefix(held, "2 open, ") || !strings.HasSuffix(held, wantOn) {
 		t.Fatalf("held connections in the fleet: %q; want 2 open%s", held, wantOn)
