@@ -163,23 +163,17 @@ func ownedBy(want string, selves []string, tag string) string {
 }
 
 func waitLive(t *testing.T, n int, boxes ...*box) {
-	deadline := time.Now().Add(10 * time.Second)
+	t.Helper()
 	for _, b := range boxes {
-		for {
-			var st struct {
-				Mesh struct {
-					Live []string `json:"live_members"`
-				} `json:"mesh"`
-			}
-			b.AdminJSON("GET", "/lchat/status", nil, 200, &st)
-			if len(st.Mesh.Live) == n {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("membership did not converge")
-			}
-			time.Sleep(100 * time.Millisecond)
+		var st struct {
+			Mesh struct {
+				Live []string `json:"live_members"`
+			} `json:"mesh"`
 		}
+		harness.WaitFor(t, 10*time.Second, fmt.Sprintf("%s to see %d live members", b.self, n), func() bool {
+			b.AdminJSON("GET", "/lchat/status", nil, 200, &st)
+			return len(st.Mesh.Live) == n
+		}, func() string { return fmt.Sprintf("it sees %v", st.Mesh.Live) })
 	}
 }
 
@@ -238,7 +232,10 @@ func TestForwardedVsDirect(t *testing.T) {
 	waitLive(t, 2, a, b)
 	host := ownedBy(a.self, []string{a.self, b.self}, "fw")
 	a.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}, 201, nil)
-	time.Sleep(200 * time.Millisecond) // fan-out
+	harness.WaitFor(t, 10*time.Second, "the route's fan-out to b", func() bool {
+		code, _, err := b.Admin("GET", "/lchat/routes/"+host, nil)
+		return err == nil && code == http.StatusOK
+	})
 	if code, err := a.get(host, "/healthz"); err != nil || code != 200 {
 		t.Fatalf("waking: %d %v", code, err)
 	}
