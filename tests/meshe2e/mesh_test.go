@@ -686,8 +686,9 @@ func TestMesh(t *testing.T) {
 		})
 		c.post(a, host, "written on the survivor")
 		since = time.Now()
-		harness.WaitFor(t, 10*time.Second, "a sync on the survivor after the post", func() bool { return status(t, owner).lastSync(host).After(since) })
-		time.Sleep(1500 * time.Millisecond) // one more periodic sync
+		// A sync after the post, then one more periodic sync: either would fence the
+		// survivor out had the draining box written after the takeover.
+		waitSynced(t, owner, host, since)
 		if body := c.mustDo(a, "GET", host, "/api/messages", "", 200); !strings.Contains(body, "written on the survivor") ||
 			!strings.Contains(body, "posted just before SIGTERM") {
 			t.Errorf("after the survivor's syncs the space lacks a message: %.300s", body)
