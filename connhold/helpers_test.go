@@ -96,11 +96,26 @@ type testBox struct {
 func newTestBox(t *testing.T, lim Limits, useTLS bool) *testBox {
 	t.Helper()
 	app := newFakeApp()
-	hub, err := NewHub(lim, app, nil)
+	tb := newTestBoxWith(t, lim, useTLS, app)
+	tb.app = app
+	return tb
+}
+
+// newPostBox is a testBox whose hub delivers as the box does to an awake instance: each
+// event POSTed with an EventClient to instance, served on a Unix socket (tb.app is nil).
+func newPostBox(t *testing.T, lim Limits, instance http.Handler) *testBox {
+	t.Helper()
+	return newTestBoxWith(t, lim, false, postDeliverer{&EventClient{Socket: unixInstance(t, instance)}})
+}
+
+// newTestBoxWith is a testBox whose hub delivers with d.
+func newTestBoxWith(t *testing.T, lim Limits, useTLS bool, d Deliverer) *testBox {
+	t.Helper()
+	hub, err := NewHub(lim, d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tb := &testBox{hub: hub, app: app}
+	tb := &testBox{hub: hub}
 	tb.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		space := r.Header.Get("X-Space")
 		if space == "" {
@@ -300,4 +315,12 @@ func unixInstance(tb testing.TB, h http.Handler) string {
 	go srv.Serve(ln)
 	tb.Cleanup(func() { srv.Close() })
 	return sock
+}
+
+// postDeliverer is the box's awake path without the engine: each event POSTed to the
+// instance with an EventClient, its inline answer the reply.
+type postDeliverer struct{ ec *EventClient }
+
+func (d postDeliverer) Deliver(ctx context.Context, ev Event) (Reply, error) {
+	return PostEvent(ctx, d.ec, "http://s1", ev)
 }

@@ -132,8 +132,13 @@ type Conn struct {
 	closeQueued        bool // the close event is in pending
 
 	// Frames towards the client (write.go).
-	outq       [][]byte
-	outBytes   int
+	outq     [][]byte
+	outBytes int // queued or being written: the box's memory for this client
+	queued   int // of outBytes, what no write has taken yet, pongs aside: the slow-reader cap's count
+	pongAt   int // 1 + the index in outq of the one pong queued; 0: none
+	// room is signalled (with mu) when the writer takes the queue or the state changes:
+	// a delivery's answer waits on it for the client to catch up.
+	room       sync.Cond
 	writing    bool
 	closeAfter bool // end the socket once outq is written
 	closeCode  int  // the code the box closed with (sent or, for a slow reader, meant)
@@ -159,6 +164,7 @@ func (h *Hub) Adopt(nc net.Conn, buffered []byte, space, id string, open Reply) 
 		return nil, err
 	}
 	c := &Conn{h: h, id: id, space: space, nc: nc, fd: fd, tags: []string{}}
+	c.room.L = &c.mu
 	if len(buffered) > 0 {
 		c.rbuf = slices.Clone(buffered)
 	}

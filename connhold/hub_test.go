@@ -215,32 +215,38 @@ func TestFloodIs1013(t *testing.T) {
 	}
 }
 
+// TestSlowReaderIsCutWithBoundedMemory: a client that reads nothing is closed with 1008
+// once what it has not read behind the write in progress would pass MaxOutBytes, so the
+// box holds at most that write and MaxOutBytes (or one larger message) for it.
 func TestSlowReaderIsCutWithBoundedMemory(t *testing.T) {
 	const maxOut = 64 << 10
-	tb := newTestBox(t, Limits{MaxOutBytes: maxOut}, false)
-	rc := tb.dialRaw(t) // never reads
-	id := tb.lastID()
-	msg := Message{Payload: bytes.Repeat([]byte("x"), 4096)}
-	var peak int64
-	sent := 0
-	for tb.hub.Send("s1", id, msg) == nil {
-		sent++
-		peak = max(peak, tb.hub.Stats().OutBytes)
-		if sent > 100000 {
-			t.Fatal("the box kept queueing for a client that does not read")
-		}
+	for _, size := range []int{4096, 100 << 10} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			tb := newTestBox(t, Limits{MaxOutBytes: maxOut}, false)
+			tb.dialRaw(t) // never reads
+			id := tb.lastID()
+			msg := Message{Payload: bytes.Repeat([]byte("x"), size)}
+			var peak int64
+			sent := 0
+			for tb.hub.Send("s1", id, msg) == nil {
+				sent++
+				peak = max(peak, tb.hub.Stats().OutBytes)
+				if sent > 100000 {
+					t.Fatal("the box kept queueing for a client that does not read")
+				}
+			}
+			if bound := int64(2 * max(maxOut, size+ws.MaxHeaderSize)); peak > bound {
+				t.Errorf("queued %d bytes for one client, over %d", peak, bound)
+			}
+			if got := tb.hub.Stats().Closes[ClosePolicy]; got != 1 {
+				t.Errorf("1008 closes %d, want 1", got)
+			}
+			ev := tb.app.next(t)
+			if ev.Kind != KindClose || ev.CloseCode != ClosePolicy {
+				t.Errorf("close event %+v", ev)
+			}
+		})
 	}
-	if peak > maxOut {
-		t.Errorf("queued %d bytes for one client, over %d", peak, maxOut)
-	}
-	if got := tb.hub.Stats().Closes[ClosePolicy]; got != 1 {
-		t.Errorf("1008 closes %d, want 1", got)
-	}
-	ev := tb.app.next(t)
-	if ev.Kind != KindClose || ev.CloseCode != ClosePolicy {
-		t.Errorf("close event %+v", ev)
-	}
-	_ = rc
 }
 
 func TestMalformedFramesCloseOnlyTheirConnection(t *testing.T) {

@@ -16,8 +16,10 @@ type Limits struct {
 	// MaxBoxPendingBytes bounds the pending bytes of every connection of the box
 	// together; a message past it closes its connection with 1013. Default 256 MiB.
 	MaxBoxPendingBytes int64
-	// MaxOutBytes is the most bytes queued towards one client; past it the client is a
-	// slow reader: its queue is dropped and it is closed with 1008. Default 1 MiB.
+	// MaxOutBytes is the most bytes queued towards one client behind the write in
+	// progress (what it has not read); a message that would pass it makes the client a
+	// slow reader: its queue is dropped and it is closed with 1008. A message that finds
+	// nothing queued is sent whatever its size. Default 1 MiB.
 	MaxOutBytes int
 	// MaxBoxOutBytes is the same bound for the whole box. Default 256 MiB.
 	MaxBoxOutBytes int64

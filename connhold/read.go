@@ -177,7 +177,7 @@ func (c *Conn) frame(buf []byte) (n int, code int, why string) {
 	switch hd.OpCode {
 	case ws.OpPing:
 		c.h.st.pings.Add(1)
-		c.enqueue(serverFrame(ws.OpPong, payload), false)
+		c.pong(payload)
 	case ws.OpPong:
 	case ws.OpClose:
 		code, why := c.clientClose(payload)

@@ -47,14 +47,6 @@ func roundTripInstance(tb testing.TB, more func(*http.ServeMux)) string {
 	return unixInstance(tb, mux)
 }
 
-// postDeliverer is the box's awake path without the engine: each event POSTed to the
-// instance with an EventClient, its inline answer the reply.
-type postDeliverer struct{ ec *EventClient }
-
-func (d postDeliverer) Deliver(ctx context.Context, ev Event) (Reply, error) {
-	return PostEvent(ctx, d.ec, "http://s1", ev)
-}
-
 // BenchmarkHeldRoundTrip is a message's round trip to an awake instance through a held
 // connection (the hub reads the frame, POSTs the event, writes the inline answer) against
 // today's tunnel (a reverse proxy copying bytes to the instance's own WebSocket), side by

@@ -52,5 +52,6 @@ func (c *Conn) setStateLocked(s connState) bool {
 		return false
 	}
 	c.state = s
+	c.room.Broadcast() // a delivery waiting for its client to catch up stops waiting
 	return true
 }

@@ -32,25 +32,36 @@ func (c *Conn) send(m Message, inline bool) bool {
 }
 
 // enqueue queues one frame for the client and starts a writer if none runs (inline: writes
-// it on this goroutine). A client
-// whose queue would pass MaxOutBytes (or the box's MaxBoxOutBytes) is a slow reader: its
-// queue is dropped and it is closed with 1008, so it cannot make the box hold more.
+// it on this goroutine).
+//
+// The per-client cap counts what the client has not read behind the write in progress:
+// the bytes queued that no write has taken yet (a pong aside: see pong). A frame that
+// would take them past MaxOutBytes (or the box's bytes towards all clients past
+// MaxBoxOutBytes) makes the client a slow reader: its queue is dropped and it is closed
+// with 1008, so it cannot make the box hold more. A frame is never refused for its own
+// size: one with nothing queued before it passes whatever its length, so a message of the
+// largest size reaches a client that reads, and what the box holds for a client is the
+// write in progress plus at most MaxOutBytes (or one larger frame). inline (the
+// connection's own delivery sending an answer) waits for the writer to take what is
+// queued instead of refusing: the next event waits for the client, which is cut if it
+// takes no bytes for WriteTimeout.
 func (c *Conn) enqueue(frame []byte, inline bool) bool {
 	h := c.h
 	c.mu.Lock()
+	for inline && c.state == stateOpen && c.writing && c.overCapLocked(len(frame)) {
+		c.room.Wait()
+	}
 	if c.state != stateOpen {
 		c.mu.Unlock()
 		return false
 	}
-	if c.outBytes+len(frame) > h.lim.MaxOutBytes || h.outBytes.Load()+int64(len(frame)) > h.lim.MaxBoxOutBytes {
+	if c.overCapLocked(len(frame)) || h.outBytes.Load()+int64(len(frame)) > h.lim.MaxBoxOutBytes {
 		c.dropOutLocked()
 		c.closeLocked(ClosePolicy, ClosePolicy, "slow reader")
 		c.mu.Unlock()
 		return false
 	}
-	c.outq = append(c.outq, frame)
-	c.outBytes += len(frame)
-	h.outBytes.Add(int64(len(frame)))
+	c.queueLocked(frame)
 	if c.writing {
 		c.mu.Unlock()
 		return true
@@ -62,16 +73,57 @@ func (c *Conn) enqueue(frame []byte, inline bool) bool {
 	}
 	// inline (the connection's own delivery sending an answer): this goroutine writes
 	// itself, saving a goroutine hand-off per message. A client slow to take the bytes
-	// holds up only its own deliveries, up to WriteTimeout, then is cut.
-	c.writing = true
+	// holds up only its own deliveries, up to WriteTimeout, then is cut. The frame is
+	// this write's from now on: not queued behind it.
+	c.writing, c.queued = true, 0
 	c.mu.Unlock()
 	c.writeLoop()
 	return true
 }
 
+// pong queues the answer to a client's ping. It is not counted against the slow-reader
+// cap: a connection has at most one pong queued (a later ping's replaces it, as RFC 6455
+// section 5.5.3 allows), so a client's pings cannot make the box hold more, and a client
+// that pings while a large message is written to it is not taken for a slow reader.
+func (c *Conn) pong(payload []byte) {
+	frame := serverFrame(ws.OpPong, payload)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state != stateOpen {
+		return
+	}
+	if c.pongAt > 0 {
+		delta := len(frame) - len(c.outq[c.pongAt-1])
+		c.outq[c.pongAt-1] = frame
+		c.outBytes += delta
+		c.h.outBytes.Add(int64(delta))
+		return
+	}
+	c.outq = append(c.outq, frame)
+	c.pongAt = len(c.outq)
+	c.outBytes += len(frame)
+	c.h.outBytes.Add(int64(len(frame)))
+	c.startWriterLocked()
+}
+
+// overCapLocked reports whether n more bytes queued would make the client a slow reader:
+// something is queued already, and the two pass MaxOutBytes.
+func (c *Conn) overCapLocked(n int) bool {
+	return c.queued > 0 && c.queued+n > c.h.lim.MaxOutBytes
+}
+
+// queueLocked appends frame to the queue and counts it.
+func (c *Conn) queueLocked(frame []byte) {
+	c.outq = append(c.outq, frame)
+	c.outBytes += len(frame)
+	c.queued += len(frame)
+	c.h.outBytes.Add(int64(len(frame)))
+}
+
 func (c *Conn) dropOutLocked() {
 	c.h.outBytes.Add(-int64(c.outBytes))
-	c.outq, c.outBytes = nil, 0
+	c.outq, c.outBytes, c.queued, c.pongAt = nil, 0, 0, 0
+	c.room.Broadcast()
 }
 
 func (c *Conn) startWriterLocked() {
@@ -107,7 +159,8 @@ func (c *Conn) writeLoop() {
 		for _, f := range c.outq {
 			n += len(f)
 		}
-		c.outq = nil
+		c.outq, c.queued, c.pongAt = nil, 0, 0
+		c.room.Broadcast()
 		c.mu.Unlock()
 		c.nc.SetWriteDeadline(time.Now().Add(h.lim.WriteTimeout))
 		_, err := batch.WriteTo(c.nc)
@@ -151,10 +204,7 @@ func (c *Conn) closeLocked(send, evCode int, evWhy string) {
 	}
 	c.closeCode, c.closeWhy = evCode, evWhy
 	c.h.st.closed(send)
-	frame := closeFrame(send, "")
-	c.outq = append(c.outq, frame)
-	c.outBytes += len(frame)
-	c.h.outBytes.Add(int64(len(frame)))
+	c.queueLocked(closeFrame(send, ""))
 	c.closeAfter = true
 	c.startWriterLocked()
 }
