@@ -9,6 +9,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/mesh"
 )
 
 // actionNames maps an action's path to its title on the confirmation page.
@@ -21,7 +24,9 @@ var actionNames = map[string]string{
 // serveAction runs a write action. Every action is a POST from the console's own pages
 // (a cross-site form cannot ride the operator's credentials), and runs only once the
 // operator confirmed it: a first POST renders the confirmation page, whose form repeats
-// it with confirm=<host>.
+// it with confirm=<host>. A refused or failed action answers the status the box gives its
+// error (box.StatusOf), as the admin API does: 404 no such route, 409 not now, 500 an
+// unexpected failure.
 func (h *Handler) serveAction(w http.ResponseWriter, r *http.Request, name string) error {
 	if h.actions == nil {
 		return caddyhttp.Error(http.StatusNotFound, errors.New("console actions are off (enable them with `actions` in lchat_console)"))
@@ -40,11 +45,15 @@ func (h *Handler) serveAction(w http.ResponseWriter, r *http.Request, name strin
 	if err := r.ParseForm(); err != nil {
 		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the form: %v", err))
 	}
-	host := strings.ToLower(strings.TrimSpace(r.PostForm.Get("host")))
+	rawHost := r.PostForm.Get("host")
+	host := mesh.NormalizeHost(rawHost)
 	region := strings.TrimSpace(r.PostForm.Get("region"))
 	moveDNS := r.PostForm.Get("move_dns") == "on"
-	if host == "" {
+	if strings.TrimSpace(rawHost) == "" {
 		return caddyhttp.Error(http.StatusBadRequest, errors.New("host: required"))
+	}
+	if host == "" {
+		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("host: %q is not a host name", rawHost))
 	}
 	if name == "relocate" && region == "" {
 		return caddyhttp.Error(http.StatusBadRequest, errors.New("region: required to relocate"))
@@ -64,7 +73,7 @@ func (h *Handler) serveAction(w http.ResponseWriter, r *http.Request, name strin
 		err = h.actions.Remove(r.Context(), host)
 	}
 	if err != nil {
-		return caddyhttp.Error(http.StatusConflict, fmt.Errorf("%s %s: %v", strings.ToLower(title), host, err))
+		return caddyhttp.Error(box.StatusOf(err), fmt.Errorf("%s %s: %w", strings.ToLower(title), host, err))
 	}
 	h.logger.Info("console action", zap.String("action", name), zap.String("host", host), zap.String("region", region))
 	next := "../space/" + url.PathEscape(host) + "?done=" + name

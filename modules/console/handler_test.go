@@ -21,6 +21,7 @@ import (
 // lchat app, this one checks the handler's own rules.
 type fakeSource struct {
 	hibernated []string
+	actionErr  error // what every action returns
 }
 
 func (f *fakeSource) Fleet(context.Context) (fleetview.Fleet, error) {
@@ -48,19 +49,19 @@ func (f *fakeSource) Stored(context.Context, string) (fleetview.Stored, bool, er
 }
 func (f *fakeSource) Subscribe(func(fleetview.Event)) func() { return func() {} }
 func (f *fakeSource) Hibernate(_ context.Context, host string) error {
+	if f.actionErr != nil {
+		return f.actionErr
+	}
 	f.hibernated = append(f.hibernated, host)
 	return nil
 }
-func (f *fakeSource) Relocate(context.Context, string, string, bool) error { return nil }
-func (f *fakeSource) Remove(context.Context, string) error                 { return nil }
+func (f *fakeSource) Relocate(context.Context, string, string, bool) error { return f.actionErr }
+func (f *fakeSource) Remove(context.Context, string) error                 { return f.actionErr }
 
-func newHandler(src *fakeSource, actions bool) *Handler {
-	h := &Handler{src: src, PageSize: 100, logger: zap.NewNop()}
-	if actions {
-		h.actions = src
-	}
-	h.rec = &recorder{Recorder: fleetview.NewRecorder(src, nil)}
-	return h
+// newHandler is a console over src, with actions (nil: actions off).
+func newHandler(src fleetview.Source, actions fleetview.Actions) *Handler {
+	return &Handler{src: src, actions: actions, PageSize: 100, logger: zap.NewNop(),
+		rec: &recorder{Recorder: fleetview.NewRecorder(src, nil)}}
 }
 
 func serve(h *Handler, r *http.Request) *httptest.ResponseRecorder {
@@ -81,7 +82,7 @@ func statusOf(err error) int {
 }
 
 func TestIndexWorksWithoutScriptAndSearches(t *testing.T) {
-	h := newHandler(&fakeSource{}, false)
+	h := newHandler(&fakeSource{}, nil)
 	w := serve(h, httptest.NewRequest("GET", "/?q=b.ex", nil))
 	body := w.Body.String()
 	if w.Code != 200 || !strings.Contains(body, `data-host="b.example.com"`) || strings.Contains(body, `data-host="a.example.com"`) {
@@ -99,6 +100,9 @@ func TestIndexWorksWithoutScriptAndSearches(t *testing.T) {
 	if w := serve(h, httptest.NewRequest("GET", "/space/zzz.example.com", nil)); w.Code != 404 {
 		t.Fatalf("unknown space: %d", w.Code)
 	}
+	if w := serve(h, httptest.NewRequest("GET", "/space/A.Example.COM.", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), "<h1>a.example.com") {
+		t.Fatalf("a space's page under its host as typed (normalized as a Host header is): %d", w.Code)
+	}
 	if w := serve(h, httptest.NewRequest("DELETE", "/", nil)); w.Code != 405 {
 		t.Fatalf("DELETE: %d", w.Code)
 	}
@@ -113,7 +117,7 @@ func TestIndexWorksWithoutScriptAndSearches(t *testing.T) {
 // The spaces table and a space's page show the WebSocket connections the box holds for
 // each space; the JSON has them too.
 func TestHeldConnectionsShownPerSpace(t *testing.T) {
-	h := newHandler(&fakeSource{}, false)
+	h := newHandler(&fakeSource{}, nil)
 	const a = `<td class="conns">3 open, 2 parked, 2.0 KiB pending</td>`
 	const b = `<td class="conns">none</td>`
 	if w := serve(h, httptest.NewRequest("GET", "/", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), a) || !strings.Contains(w.Body.String(), b) {
@@ -156,11 +160,11 @@ func postAction(h *Handler, name string, form url.Values, site string) *httptest
 
 func TestActionsAreOffConfirmedAndSameOrigin(t *testing.T) {
 	src := &fakeSource{}
-	off := newHandler(src, false)
+	off := newHandler(src, nil)
 	if w := postAction(off, "hibernate", url.Values{"host": {"a.example.com"}, "confirm": {"a.example.com"}}, "same-origin"); w.Code != 404 || len(src.hibernated) != 0 {
 		t.Fatalf("actions off: %d, hibernated %v", w.Code, src.hibernated)
 	}
-	on := newHandler(src, true)
+	on := newHandler(src, src)
 	if w := postAction(on, "hibernate", url.Values{"host": {"a.example.com"}, "confirm": {"a.example.com"}}, "cross-site"); w.Code != 403 || len(src.hibernated) != 0 {
 		t.Fatalf("cross-site: %d, hibernated %v", w.Code, src.hibernated)
 	}
@@ -184,7 +188,7 @@ func TestActionsAreOffConfirmedAndSameOrigin(t *testing.T) {
 // missed, then live ones.
 func TestEventStreamResumes(t *testing.T) {
 	src := &fakeSource{}
-	h := newHandler(src, false)
+	h := newHandler(src, nil)
 	for i := 0; i < 3; i++ {
 		h.rec.Record(fleetview.Event{Type: "wake", Host: "a.example.com"})
 	}
@@ -229,7 +233,7 @@ func (d *fakeDERP) DERP() (fleetview.DERP, bool) { return fleetview.DERP{Home: d
 // the home region over time with a mark at each switch; without it, a note says so.
 func TestChartsDrawTheDERPHomeAndItsSwitches(t *testing.T) {
 	src := &fakeSource{}
-	h := newHandler(src, false)
+	h := newHandler(src, nil)
 	if w := serve(h, httptest.NewRequest("GET", "/fragment/charts", nil)); !strings.Contains(w.Body.String(), "not configured") {
 		t.Fatalf("charts without the DERP app:\n%s", w.Body.String())
 	}

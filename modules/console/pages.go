@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/lchat/lchat-caddy/fleetview"
+	"github.com/lchat/lchat-caddy/mesh"
 )
 
 //go:embed assets
@@ -105,7 +106,7 @@ func (h *Handler) serveIndex(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *Handler) serveSpace(w http.ResponseWriter, r *http.Request, host string) error {
-	host = strings.ToLower(host)
+	host = mesh.NormalizeHost(host)
 	p := &page{Base: "../", Title: host, Notice: doneNotices[r.URL.Query().Get("done")]}
 	h.load(r.Context(), p, host)
 	for i := range p.Spaces {
