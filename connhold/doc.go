@@ -28,4 +28,12 @@ const (
 	CloseTryAgainLater  = 1013 // pending caps: the space cannot keep up, or the box is full
 )
 
+// peerCloseCode reports whether a peer may send code in a close frame (RFC 6455 section
+// 7.4 and IANA's registry): 1000-1003, 1007-1014 and 3000-4999. 1004-1006 and 1015 are
+// reserved, the rest below 3000 unassigned, 5000 and above not defined: a close frame
+// with one of those is a protocol error (1002).
+func peerCloseCode(code int) bool {
+	return (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1014) || (code >= 3000 && code <= 4999)
+}
+
 var _ = ws.OpText

@@ -445,3 +445,36 @@ func TestPingsAnsweredWhileTheReaderDeliversSlowly(t *testing.T) {
 		t.Errorf("delivered %q, want [slow after]", got)
 	}
 }
+
+// TestClientCloseCodes: a client's close code that RFC 6455 (section 7.4, and IANA's
+// registry) lets a peer send is echoed and reported to the instance; any other is a
+// protocol error: the box closes with 1002 and the instance hears 1002.
+func TestClientCloseCodes(t *testing.T) {
+	tb := newTestBox(t, Limits{}, false)
+	for _, tc := range []struct {
+		code  int
+		valid bool
+	}{
+		{0, false}, {999, false}, {1000, true}, {1001, true}, {1002, true}, {1003, true},
+		{1004, false}, {1005, false}, {1006, false}, {1007, true}, {1008, true}, {1009, true},
+		{1010, true}, {1011, true}, {1012, true}, {1013, true}, {1014, true}, {1015, false},
+		{1016, false}, {2999, false}, {3000, true}, {4000, true}, {4999, true}, {5000, false},
+		{65535, false},
+	} {
+		t.Run(fmt.Sprint(tc.code), func(t *testing.T) {
+			rc := tb.dialRaw(t)
+			rc.write(t, ws.OpClose, true, ws.NewCloseFrameBody(ws.StatusCode(tc.code), "bye"), false)
+			want := tc.code
+			if !tc.valid {
+				want = CloseProtocolError
+			}
+			if got := rc.readClose(t); got != want {
+				t.Errorf("the box closed with %d, want %d", got, want)
+			}
+			ev := tb.app.next(t)
+			if ev.Kind != KindClose || ev.CloseCode != want {
+				t.Errorf("the instance got %s with code %d, want a close with %d", ev.Kind, ev.CloseCode, want)
+			}
+		})
+	}
+}

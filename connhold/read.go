@@ -2,6 +2,7 @@ package connhold
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -214,14 +215,13 @@ func (c *Conn) clientClose(payload []byte) (int, string) {
 	}
 	code, reason := CloseNoStatus, ""
 	if len(payload) >= 2 {
-		sc, r := ws.ParseCloseFrameData(payload)
-		if err := ws.CheckCloseFrameData(sc, r); err != nil {
-			if !utf8.ValidString(r) {
-				return CloseInvalidData, "close reason not UTF-8"
-			}
+		code, reason = int(binary.BigEndian.Uint16(payload)), string(payload[2:])
+		if !peerCloseCode(code) {
 			return CloseProtocolError, "bad close code"
 		}
-		code, reason = int(sc), r
+		if !utf8.ValidString(reason) {
+			return CloseInvalidData, "close reason not UTF-8"
+		}
 	}
 	echo := code
 	if echo == CloseNoStatus {
