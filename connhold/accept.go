@@ -38,7 +38,8 @@ const acceptGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 // subprotocol the instance chose, which must be one the client offered), hijacks the
 // connection and holds it (Adopt). open is the instance's answer to the upgrade request;
 // protocol its Sec-WebSocket-Protocol. When the request is not a valid handshake nothing is
-// written and the caller answers the error; a connection that cannot be parked (a listener
+// written and the caller answers the error (with a 4xx: for a version other than 13 the
+// header RFC 6455 section 4.4 asks for, Sec-WebSocket-Version: 13, is set on w); a connection that cannot be parked (a listener
 // wrapper without a file descriptor) is answered 503 here, after the hijack.
 func (h *Hub) Accept(w http.ResponseWriter, r *http.Request, space, id string, open Reply, protocol string) (*Conn, error) {
 	key := r.Header.Get("Sec-WebSocket-Key")
@@ -46,6 +47,8 @@ func (h *Hub) Accept(w http.ResponseWriter, r *http.Request, space, id string, o
 		return nil, errors.New("bad Sec-WebSocket-Key")
 	}
 	if r.Header.Get("Sec-WebSocket-Version") != "13" {
+		// RFC 6455 section 4.4: the refusal names the version the box speaks.
+		w.Header().Set("Sec-WebSocket-Version", "13")
 		return nil, errors.New("unsupported Sec-WebSocket-Version")
 	}
 	if protocol != "" && !headerHasToken(r.Header, "Sec-WebSocket-Protocol", protocol) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -476,5 +477,29 @@ func TestClientCloseCodes(t *testing.T) {
 				t.Errorf("the instance got %s with code %d, want a close with %d", ev.Kind, ev.CloseCode, want)
 			}
 		})
+	}
+}
+
+// TestHandshakeOfAnotherVersionNamesVersion13: a handshake with a Sec-WebSocket-Version
+// the box does not speak is refused with the version it does (RFC 6455 section 4.4), so
+// the client can retry with it.
+func TestHandshakeOfAnotherVersionNamesVersion13(t *testing.T) {
+	tb := newTestBox(t, Limits{}, false)
+	for _, version := range []string{"8", ""} {
+		req, _ := http.NewRequest(http.MethodGet, tb.srv.URL, nil)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		if version != "" {
+			req.Header.Set("Sec-WebSocket-Version", version)
+		}
+		resp, err := tb.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Sec-WebSocket-Version") != "13" {
+			t.Errorf("version %q: %d with Sec-WebSocket-Version %q, want 400 naming 13", version, resp.StatusCode, resp.Header.Get("Sec-WebSocket-Version"))
+		}
 	}
 }
