@@ -265,17 +265,10 @@ func (b *Box) PID() int {
 func (b *Box) Pause() {
 	pid := b.PID()
 	syscall.Kill(pid, syscall.SIGSTOP)
-	deadline := time.Now().Add(10 * time.Second)
-	for !allThreadsStopped(pid) {
-		if b.Exited() {
-			return
-		}
-		if time.Now().After(deadline) {
-			// Errorf, not Fatalf: the fault campaign pauses boxes from its own goroutines.
-			b.t.Errorf("lchat-caddy %d: not every thread stopped within 10 s of SIGSTOP", pid)
-			return
-		}
-		time.Sleep(time.Millisecond)
+	if !poll(10*time.Second, func() bool { return b.Exited() || allThreadsStopped(pid) }) {
+		// Errorf, not Fatalf (WaitFor): the fault campaign pauses boxes from its own
+		// goroutines.
+		b.t.Errorf("lchat-caddy %d: not every thread stopped within 10 s of SIGSTOP", pid)
 	}
 }
 

@@ -32,20 +32,13 @@ func WaitOldAdminClosed(t testing.TB, addr string, timeout time.Duration) {
 	if err != nil {
 		t.Fatalf("WaitOldAdminClosed(%q): %v", addr, err)
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		n, err := Listeners(port)
-		if err != nil {
+	var n int
+	WaitFor(t, timeout, fmt.Sprintf("at most 1 socket listening on port %d", port), func() bool {
+		if n, err = Listeners(port); err != nil {
 			t.Fatal(err)
 		}
-		if n <= 1 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d sockets listen on port %d after %v; want at most 1", n, port, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return n <= 1
+	}, func() string { return fmt.Sprintf("%d listen", n) })
 }
 
 // Listeners counts the TCP sockets in LISTEN state on port in this network namespace,

@@ -193,20 +193,19 @@ func startProcess(logFile string, env []string, bin string, args ...string) (sto
 	return stop, nil
 }
 
-// waitHTTP retries probe for up to 20s.
+// waitHTTP retries probe on WaitFor's curve for up to 20s, and returns its last error
+// (nil once it succeeded); a backoffStop ends the wait at once with the error it wraps.
 func waitHTTP(probe func() error) error {
-	deadline := time.Now().Add(20 * time.Second)
 	var err error
-	for time.Now().Before(deadline) {
-		if err = probe(); err == nil {
-			return nil
-		}
+	poll(20*time.Second, func() bool {
+		err = probe()
 		var stop backoffStop
 		if errors.As(err, &stop) {
-			return stop.err
+			err = stop.err
+			return true
 		}
-		time.Sleep(25 * time.Millisecond)
-	}
+		return err == nil
+	})
 	return err
 }
 

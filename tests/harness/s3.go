@@ -35,8 +35,11 @@ type S3 struct {
 	// LogFile receives the server's output; its tail is printed when the test fails.
 	LogFile string
 
-	cmd      *exec.Cmd
-	stopped  atomic.Bool
+	cmd *exec.Cmd
+	// exited is closed once the server's process has exited (its only writer is the
+	// goroutine that waits for it), after exitErr is set.
+	exited   chan struct{}
+	exitErr  error
 	nBuckets atomic.Int64
 }
 
@@ -88,47 +91,73 @@ func (s *S3) start(bin, addr string) error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	s.cmd = cmd
-	s.stopped.Store(false)
-	exited := make(chan error, 1)
-	go func() {
-		err := cmd.Wait()
-		s.stopped.Store(true)
-		exited <- err
-	}()
+	s.watch(cmd)
 	// Ready when a request signed with this server's random credentials succeeds: a
 	// bare HTTP answer could come from another test's server that took the port first.
 	client, err := s.rawClient()
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	var lastErr error
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("versitygw exited: %v", err)
-		default:
-		}
+	return s.waitReady("versitygw", 20*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, lastErr = client.ListBuckets(ctx, &s3.ListBucketsInput{})
-		cancel()
-		if lastErr == nil {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("versitygw did not accept a signed request on %s within 20s: %v", addr, lastErr)
+		defer cancel()
+		_, err := client.ListBuckets(ctx, &s3.ListBucketsInput{})
+		return err
+	})
 }
 
-// stop kills the server's process group and waits for it to go.
+// watch records cmd, started, as the server's process and closes s.exited when it exits.
+func (s *S3) watch(cmd *exec.Cmd) {
+	s.cmd = cmd
+	s.exited = make(chan struct{})
+	go func() {
+		s.exitErr = cmd.Wait()
+		close(s.exited)
+	}()
+}
+
+// waitReady asks probe on WaitFor's curve until it succeeds (nil), the server exits, or
+// timeout passes (the error then carries probe's last answer).
+func (s *S3) waitReady(name string, timeout time.Duration, probe func() error) error {
+	var lastErr error
+	up := false
+	poll(timeout, func() bool {
+		select {
+		case <-s.exited:
+			return true
+		default:
+		}
+		lastErr = probe()
+		up = lastErr == nil
+		return up
+	})
+	switch {
+	case up:
+		return nil
+	case s.hasExited():
+		return fmt.Errorf("%s exited: %v", name, s.exitErr)
+	}
+	return fmt.Errorf("%s did not accept a signed request on %s within %v: %v", name, s.Endpoint, timeout, lastErr)
+}
+
+func (s *S3) hasExited() bool {
+	select {
+	case <-s.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop kills the server's process group and waits (up to 2 s) for it to go.
 func (s *S3) stop() {
-	if s.cmd == nil || s.cmd.Process == nil || s.stopped.Load() {
+	if s.cmd == nil || s.cmd.Process == nil || s.hasExited() {
 		return
 	}
 	syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	for i := 0; i < 200 && !s.stopped.Load(); i++ {
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-s.exited:
+	case <-time.After(2 * time.Second):
 	}
 }
 

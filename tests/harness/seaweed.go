@@ -110,35 +110,17 @@ func (s *S3) startSeaweed(bin, confPath string, p []int) error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	s.cmd = cmd
-	s.stopped.Store(false)
-	exited := make(chan error, 1)
-	go func() {
-		err := cmd.Wait()
-		s.stopped.Store(true)
-		exited <- err
-	}()
+	s.watch(cmd)
 	client, err := s.rawClient()
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(90 * time.Second)
-	var lastErr error
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("weed exited: %v", err)
-		default:
-		}
+	return s.waitReady("weed", 90*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, lastErr = client.ListBuckets(ctx, &s3.ListBucketsInput{})
-		cancel()
-		if lastErr == nil {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("weed did not accept a signed request on %s within 90s: %v", s.Endpoint, lastErr)
+		defer cancel()
+		_, err := client.ListBuckets(ctx, &s3.ListBucketsInput{})
+		return err
+	})
 }
 
 // waitWritable waits until a put into the bucket succeeds: the volume server registers
@@ -146,19 +128,14 @@ func (s *S3) startSeaweed(bin, confPath string, p []int) error {
 func (s *S3) waitWritable(t testing.TB) {
 	t.Helper()
 	client := s.Client(t)
-	deadline := time.Now().Add(90 * time.Second)
 	var lastErr error
-	for time.Now().Before(deadline) {
+	WaitFor(t, 90*time.Second, "weed's bucket "+s.Bucket+" to be writable", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		_, lastErr = client.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(s.Bucket), Key: aws.String("probe"), Body: bytes.NewReader([]byte("probe"))})
 		if lastErr == nil {
 			_, lastErr = client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(s.Bucket), Key: aws.String("probe")})
 		}
-		cancel()
-		if lastErr == nil {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("weed: bucket %s not writable within 90s: %v", s.Bucket, lastErr)
+		return lastErr == nil
+	}, func() string { return fmt.Sprintf("last error: %v", lastErr) })
 }
