@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -62,7 +61,7 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 			in = e.get(sp.Host)
 			continue
 		case StateAwake:
-			if in.quiescing {
+			if in.draining {
 				// Its drain waits for the Uses given out; a new one would be cut.
 				in.mu.Unlock()
 				return nil, ErrDraining
@@ -85,7 +84,7 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 			if err != nil {
 				return nil, err
 			}
-			if waking && t.err != nil && !errors.Is(t.err, errDropped) {
+			if waking && t.err != nil {
 				return nil, t.err
 			}
 		case StateHeld, StateRechecking:
@@ -104,16 +103,18 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 				in.mu.Unlock()
 				return nil, ErrDraining
 			}
-			if wait := in.retryAt.Sub(e.now()); wait > 0 {
-				why := in.retryWhy
+			if wait, why := in.retryWaitLocked(); wait > 0 {
 				in.mu.Unlock()
 				return nil, &RetryError{After: ceilSecond(wait), Reason: why}
 			}
 			in.sp, in.kind = sp, kind
-			t := &transition{done: make(chan struct{}), from: in.state, ticket: e.wakeSeq.Add(1)}
+			if err := in.setStateLocked(StateWaking); err != nil {
+				in.mu.Unlock()
+				return nil, err
+			}
+			t := in.trans
+			t.ticket = e.wakeSeq.Add(1)
 			e.gate.begin(t.ticket)
-			in.trans = t
-			in.setStateLocked(StateWaking)
 			in.waiters++
 			in.mu.Unlock()
 			waker := in // in changes when a dropped inst is replaced
@@ -123,16 +124,12 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 			if err != nil {
 				return nil, err
 			}
-			if t.err != nil && !errors.Is(t.err, errDropped) {
+			if t.err != nil {
 				return nil, t.err
 			}
 		}
 	}
 }
-
-// errDropped is a wake's end when its space was forgotten before the wake could start;
-// the callers waiting on it look the host up again.
-var errDropped = errors.New("space forgotten before its wake started")
 
 // wait blocks until t is done or ctx ends. When ctx ends it drops this caller from the
 // waiters; when t is done the caller still counts and drops itself (Acquire).

@@ -159,7 +159,7 @@ func newAwakeTestEngine(t testing.TB, delay time.Duration) *Engine {
 func TestAwake(t *testing.T) {
 	e := newAwakeTestEngine(t, 300*time.Millisecond)
 	const host = "a.example.com"
-	if e.Awake(host) {
+	if e.Here(host) {
 		t.Fatal("Awake before any wake")
 	}
 	type result struct {
@@ -180,7 +180,7 @@ wait:
 			break wait
 		default:
 		}
-		if e.Awake(host) {
+		if e.Here(host) {
 			sawWaking = true
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -191,17 +191,17 @@ wait:
 	if !sawWaking {
 		t.Error("Awake was false while the space was waking")
 	}
-	if !e.Awake(host) {
+	if !e.Here(host) {
 		t.Fatal("Awake false for an awake space")
 	}
-	if e.Awake("b.example.com") {
+	if e.Here("b.example.com") {
 		t.Fatal("Awake true for another host")
 	}
 	res.u.Release()
 	if err := e.Sleep(context.Background(), host); err != nil {
 		t.Fatal(err)
 	}
-	if e.Awake(host) {
+	if e.Here(host) {
 		t.Fatal("Awake true after Sleep")
 	}
 	if st := e.Status(); len(st) != 1 || st[0].State != StateAsleep {
@@ -219,10 +219,10 @@ func TestAwakeNoAlloc(t *testing.T) {
 		in.putLocked(StateAwake)
 		in.mu.Unlock()
 	}
-	if !e.Awake("s500.example.com") || e.Awake("nope.example.com") {
+	if !e.Here("s500.example.com") || e.Here("nope.example.com") {
 		t.Fatal("Awake answers wrong")
 	}
-	if n := testing.AllocsPerRun(1000, func() { e.Awake("s500.example.com") }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { e.Here("s500.example.com") }); n != 0 {
 		t.Fatalf("Awake allocates %v times per call", n)
 	}
 }
@@ -240,7 +240,7 @@ func BenchmarkAwake(b *testing.B) {
 	b.Run("Awake", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			e.Awake("s500.example.com")
+			e.Here("s500.example.com")
 		}
 	})
 	b.Run("StatusScan", func(b *testing.B) {
@@ -279,7 +279,7 @@ func TestDrainingServesAwakeSpaces(t *testing.T) {
 	if _, err := e.Acquire(ctx, Space{Host: "asleep.example.com", Kind: "app"}); !errors.As(err, &re) || re.After <= 0 {
 		t.Fatalf("ErrDraining is not a RetryError with a Retry-After: %v", err)
 	}
-	if e.Awake("asleep.example.com") {
+	if e.Here("asleep.example.com") {
 		t.Fatal("a draining box woke a space")
 	}
 }
@@ -306,7 +306,7 @@ func TestDrainAnswersRequestsAlreadyIn(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		in.mu.Lock()
-		q := in.quiescing
+		q := in.draining
 		in.mu.Unlock()
 		if q || time.Now().After(deadline) {
 			break
@@ -328,7 +328,7 @@ func TestDrainAnswersRequestsAlreadyIn(t *testing.T) {
 	if err := <-drained; err != nil {
 		t.Fatal(err)
 	}
-	if e.Awake(host) {
+	if e.Here(host) {
 		t.Fatal("still awake after the drain")
 	}
 }

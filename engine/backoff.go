@@ -88,12 +88,9 @@ func (in *inst) noteWakeResultLocked(err error) {
 	}
 	in.wakeFails++
 	in.e.c.wakeFailures.Add(1)
-	b := failedWakeBackoff.After(in.wakeFails)
-	if at := in.e.now().Add(b); at.After(in.retryAt) {
-		in.retryAt = at
-		in.retryWhy = re.Reason
-	}
-	re.After = ceilSecond(in.retryAt.Sub(in.e.now())) // the remaining backoff, for Retry-After
+	in.retryLaterLocked(in.e.now().Add(failedWakeBackoff.After(in.wakeFails)), re.Reason)
+	wait, _ := in.retryWaitLocked()
+	re.After = ceilSecond(wait) // the remaining backoff, for Retry-After
 	in.logger().Warn("wake failed; backing off", zap.String("reason", re.Reason),
 		zap.Int("consecutive_failures", in.wakeFails), zap.Duration("retry_in", re.After))
 }

@@ -175,7 +175,7 @@ func TestFailedWakeBacksOff(t *testing.T) {
 	// backoff went on growing (4 s next), so wait it out once, then flood.
 	in := e.lookup(host)
 	in.mu.Lock()
-	in.retryAt = time.Now() // skip the rest of the corrupt-blob backoff
+	in.retry = retryHold{} // skip the rest of the corrupt-blob backoff
 	in.mu.Unlock()
 	cut.Store(true)
 	leaseOps.Store(0)
@@ -194,7 +194,7 @@ func TestFailedWakeBacksOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.mu.Lock()
-	in.retryAt = time.Now()
+	in.retry = retryHold{}
 	in.mu.Unlock()
 	u, err = e.Acquire(ctx, broken)
 	if err != nil {

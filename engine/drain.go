@@ -65,7 +65,7 @@ func (e *Engine) Drain(ctx context.Context) error {
 // not cut, and the ones after it go to the box that takes the space over.
 func (e *Engine) quiesce(ctx context.Context, in *inst) {
 	in.mu.Lock()
-	in.quiescing = true
+	in.drainLocked()
 	in.mu.Unlock()
 	deadline := time.NewTimer(drainUseGrace)
 	defer deadline.Stop()

@@ -68,7 +68,7 @@ func (e *Engine) Discard(ctx context.Context, host string) error {
 	}
 	in.op.Lock()
 	defer in.op.Unlock()
-	e.stopOpHeld(ctx, in, stopSpec{reason: "discard", next: StateAsleep})
+	e.stopOpHeld(ctx, in, stopSpec{reason: "discard", outcome: stopDiscard})
 	in.mu.Lock()
 	dropped := in.state == StateDropped
 	in.mu.Unlock()

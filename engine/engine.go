@@ -396,15 +396,20 @@ func (e *Engine) Status() []SpaceStatus {
 	return out
 }
 
-// Awake reports whether host is waking or awake on this box: a space stays where it
-// is awake until it sleeps. It is meant for the request path: one map lookup under the
-// engine's lock and an atomic read, no allocation (Status copies every space).
-func (e *Engine) Awake(host string) bool {
+// Here reports whether host's space is here: waking or awake on this box (a space stays
+// where it is awake until it sleeps). It is meant for the request path: one map lookup
+// under the engine's lock and an atomic read, no allocation (Status copies every space).
+func (e *Engine) Here(host string) bool {
 	e.mu.Lock()
 	in := e.spaces[host]
 	e.mu.Unlock()
 	return in != nil && in.here.Load()
 }
+
+// Awake is Here: true while host's space is waking, too.
+//
+// Deprecated: use Here, whose name says that a waking space counts.
+func (e *Engine) Awake(host string) bool { return e.Here(host) }
 
 // Counters reports the totals.
 func (e *Engine) Counters() Counters {

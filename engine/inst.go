@@ -35,7 +35,7 @@ type inst struct {
 	op     sync.Mutex
 	syncer *spacestore.Syncer // guarded by op
 
-	// here mirrors state for lock-free readers (Engine.Awake): true while waking or
+	// here mirrors state for lock-free readers (Engine.Here): true while waking or
 	// awake. Written only by setStateLocked, with mu held.
 	here atomic.Bool
 
@@ -51,12 +51,15 @@ type inst struct {
 	// (changedLocked): what a wait for the space to settle (quiesce) selects on. nil
 	// while nobody waits, so the request path makes no channel.
 	changed chan struct{}
-	// quiescing is set when a drain is about to put this space to sleep: no new Use is
-	// given out (ErrDraining sends the request to the box that takes the space over),
-	// while those already given out finish.
-	quiescing bool
-	lastUsed  time.Time   // LRU order, and the idle clock: set by every Acquire and Release
-	trans     *transition // non-nil while waking or sleeping
+	// draining is set while a drain is about to put this running space to sleep: no new
+	// Use is given out (ErrDraining sends the request to the box that takes the space
+	// over), while those already given out finish. Written only by drainLocked and
+	// setStateLocked (state.go), which ends it when the process is gone.
+	draining bool
+	lastUsed time.Time // LRU order, and the idle clock: set by every Acquire and Release
+	// trans is the wake or stop in flight: non-nil exactly while waking or sleeping.
+	// Written only by setStateLocked.
+	trans     *transition
 	proc      *proc
 	leaseETag string // "" when this box does not hold the lease
 	// releasedETag is the ETag of the lease as this box last released it (""
@@ -69,21 +72,24 @@ type inst struct {
 	idle           *time.Timer // one per awake period; re-arms itself while the space is used
 	idleGen        uint64
 	syncStop       context.CancelFunc
-	crashes        int // consecutive
-	wakeFails      int // consecutive failed wakes (backoff.go)
-	retryAt        time.Time
-	retryWhy       string
-	lastSync       time.Time
-	lastSyncErr    string
-	size           int64 // bytes of the files in the manifest last read or written here
-	lastCrash      string
-	logw           *timberjack.Logger // instance.log, capped and rotated; created by the first start
+	crashes        int // consecutive, the count crashBackoff follows; reset by a sleep
+	wakeFails      int // consecutive failed wakes, the count failedWakeBackoff follows
+	// retry is when the next wake may start, and why not before: the backoff of a space
+	// that does not run (asleep, failed, fenced or unsaved alike). Written only by
+	// retryLaterLocked (state.go).
+	retry       retryHold
+	lastSync    time.Time
+	lastSyncErr string
+	size        int64 // bytes of the files in the manifest last read or written here
+	lastCrash   string
+	logw        *timberjack.Logger // instance.log, capped and rotated; created by the first start
 }
 
-// transition is one wake or stop in flight; waiters block on done.
+// transition is one wake or stop in flight; waiters block on done. setStateLocked makes it
+// as the space moves to waking or sleeping and closes done as it moves on.
 type transition struct {
 	done chan struct{}
-	err  error // set before done is closed
+	err  error // a wake's error, set before the move that closes done
 	// from is the state a wake started from (StateUnsaved: the local state may be the
 	// newest).
 	from State

@@ -252,28 +252,29 @@ func (e *Engine) awaitReady(ctx context.Context, in *inst, p *proc, kind Kind) e
 	}
 }
 
-// stopProcess signals the instance, waits StopGrace, then kills its process group.
-func (e *Engine) stopProcess(in *inst, p *proc, kind Kind) {
+// stopProcess is the one way the engine ends an instance, awake (stopOpHeld) or still
+// waking (a wake's undo, a start that never got ready), and returns once it is reaped.
+// The exit is marked as the engine's, never a crash. stopGraceful signals StopSignal and
+// kills after StopGrace (at once when the signal cannot stop it); stopKill kills at once.
+func (e *Engine) stopProcess(in *inst, p *proc, kind Kind, manner stopManner) {
 	if p == nil {
 		return
 	}
 	p.stopping.Store(true)
-	if p.stopSignalFutile(kind.StopSignal) {
-		// What the signal's default action would have done, at once: waiting out the
-		// grace for a signal the kernel drops would only delay the stop.
-		p.kill()
-		<-p.exited
-		return
+	// What the signal's default action would have done, at once: waiting out the grace
+	// for a signal the kernel drops would only delay the stop.
+	if manner == stopGraceful && !p.stopSignalFutile(kind.StopSignal) {
+		p.signal(kind.StopSignal)
+		t := time.NewTimer(kind.StopGrace)
+		defer t.Stop()
+		select {
+		case <-p.exited:
+			return
+		case <-t.C:
+			in.logger().Warn("instance ignored stop signal; killing", zap.Int("pid", p.pid))
+		}
 	}
-	p.signal(kind.StopSignal)
-	t := time.NewTimer(kind.StopGrace)
-	defer t.Stop()
-	select {
-	case <-p.exited:
-	case <-t.C:
-		in.logger().Warn("instance ignored stop signal; killing", zap.Int("pid", p.pid))
-		p.kill()
-		<-p.exited
-	}
+	p.kill()
+	<-p.exited
 	// The rest of the group was killed before the leader was reaped (proc.reap).
 }

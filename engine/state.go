@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -23,7 +24,7 @@ const (
 	// StateSleeping: the instance is being stopped, for whatever cause (stopSpec), and
 	// its state saved when the cause says so.
 	StateSleeping State = "sleeping"
-	// StateFailed: the last wake failed; the next may start at retryAt.
+	// StateFailed: the last wake failed; the next waits for its backoff (inst.retry).
 	StateFailed State = "failed"
 	// StateFenced: fenced out, the manifest changed behind this box (another writer owns
 	// the space); this box forgot its lease and wrote nothing more.
@@ -82,9 +83,15 @@ func (e errTransition) Error() string {
 // started: any is a bug (the engine's tests fail on one they did not ask for).
 var refusedTransitions atomic.Uint64
 
+// transitional reports whether s is a wake or stop in flight (inst.trans is set).
+func (s State) transitional() bool { return s == StateWaking || s == StateSleeping }
+
 // setStateLocked moves the space to s (in.mu held). It is the only writer of in.state,
-// in.since and in.here. A transition the table does not allow is refused: the state stays,
-// the refusal is logged at error level and returned.
+// in.since, in.here and in.trans, and ends a drain (in.draining): a move into waking or
+// sleeping starts a transition (in.trans, from the state left); the move out of it closes
+// its done, so its waiters see the state it moved to (and a wake's err, set before); a
+// move to a state with no process ends the drain. A transition the table does not allow
+// is refused: the state stays, the refusal is logged at error level and returned.
 func (in *inst) setStateLocked(s State) error {
 	if !canMove(in.state, s) {
 		err := errTransition{in.state, s}
@@ -92,9 +99,50 @@ func (in *inst) setStateLocked(s State) error {
 		in.logger().Error("refused a state transition", zap.Error(err))
 		return err
 	}
+	from := in.state
 	in.state = s
 	in.since = in.e.now()
 	in.here.Store(s == StateAwake || s == StateWaking)
+	if in.trans != nil {
+		close(in.trans.done)
+		in.trans = nil
+	}
+	if s.transitional() {
+		in.trans = &transition{done: make(chan struct{}), from: from}
+	}
+	if !s.runs() {
+		in.draining = false
+	}
 	in.changedLocked()
 	return nil
+}
+
+// drainLocked marks a running space as draining (Drain): it gives out no new Use until
+// it stops, when setStateLocked ends the drain. It reports whether the space runs.
+func (in *inst) drainLocked() bool {
+	if !in.state.runs() {
+		return false
+	}
+	in.draining = true
+	return true
+}
+
+// retryHold is when a space's next wake may start, and why not before.
+type retryHold struct {
+	at  time.Time
+	why string
+}
+
+// retryLaterLocked holds the space's next wake until at, giving why (in.mu held): a
+// backoff (failedWakeBackoff, crashBackoff) or a fence-out. It is the only writer of
+// in.retry, and only extends it: of two reasons to wait, the longer stands.
+func (in *inst) retryLaterLocked(at time.Time, why string) {
+	if at.After(in.retry.at) {
+		in.retry = retryHold{at: at, why: why}
+	}
+}
+
+// retryWaitLocked is how long the next wake must still wait, and why (in.mu held).
+func (in *inst) retryWaitLocked() (time.Duration, string) {
+	return in.retry.at.Sub(in.e.now()), in.retry.why
 }

@@ -11,6 +11,53 @@ import (
 	"github.com/lchat/lchat-caddy/spacestore"
 )
 
+// stopManner is how an instance is ended.
+type stopManner int
+
+const (
+	// stopGraceful sends the kind's StopSignal and kills the instance after its StopGrace
+	// (at once when the signal cannot stop it: stopSignalFutile).
+	stopGraceful stopManner = iota
+	// stopKill kills it at once: another writer owns the space, or a wake undoes its start.
+	stopKill
+)
+
+// stopOutcome is what a stop does with the space's state once the process is gone, and so
+// which state the stop ends in (stopOutcome.next).
+type stopOutcome int
+
+const (
+	// stopSave checkpoints the data dir and releases the lease; the checkpoint decides the
+	// next state (checkpointAndRelease): asleep, fenced, unsaved or held.
+	stopSave stopOutcome = iota
+	// stopKeep writes nothing and keeps the lease and the local state (a heartbeat fence:
+	// peers must not see this box write): held while this box holds the lease, else
+	// asleep.
+	stopKeep
+	// stopFencedOut writes nothing: another writer owns the space. Fenced.
+	stopFencedOut
+	// stopDiscard writes nothing: the space is dropped next, its state with it. Asleep.
+	stopDiscard
+)
+
+// next is the state a stop with outcome o ends in, from sleeping: saved is what the
+// checkpoint left (stopSave only), leaseHeld whether this box holds the lease then.
+func (o stopOutcome) next(saved State, leaseHeld bool) State {
+	switch o {
+	case stopSave:
+		return saved
+	case stopKeep:
+		if leaseHeld {
+			return StateHeld
+		}
+		return StateAsleep
+	case stopFencedOut:
+		return StateFenced
+	default:
+		return StateAsleep
+	}
+}
+
 // stopSpec is what one stop of a running instance does besides stopping it: the causes
 // (sleep, crash, heartbeat fence, fence-out, discard) differ only in these fields, and all
 // go through stopOpHeld.
@@ -24,17 +71,14 @@ type stopSpec struct {
 	// exited is the process that exited on its own (a crash): it is the one to stop, and
 	// only if it is still the instance's.
 	exited *proc
-	// kill skips the stop signal and grace: another writer owns the space.
-	kill bool
+	// manner is how the process is ended: gracefully, or killed at once when another
+	// writer owns the space.
+	manner stopManner
 	// grace, when set, caps the kind's stop grace (a heartbeat fence: peers take the
 	// space over soon).
 	grace time.Duration
-	// save checkpoints the data dir and releases the lease once stopped; the outcome
-	// decides the next state (checkpointAndRelease). Without it the space keeps its
-	// lease and local state (StateHeld) when hold is set, else goes to next.
-	save bool
-	hold bool
-	next State
+	// outcome is what is done with the space's state once the process is gone.
+	outcome stopOutcome
 	// begin and end run with in.mu held: begin once the stop started, end with the
 	// next state just set (bookkeeping of the cause). stopped runs with no lock held
 	// once the process is gone, before the save (logs and events of the cause).
@@ -53,8 +97,6 @@ func (e *Engine) stopOpHeld(ctx context.Context, in *inst, spec stopSpec) (stopp
 		in.mu.Unlock()
 		return false, nil
 	}
-	t := &transition{done: make(chan struct{})}
-	in.trans = t
 	in.setStateLocked(StateSleeping)
 	in.disarmIdleLocked()
 	in.stopSyncLocked()
@@ -67,40 +109,27 @@ func (e *Engine) stopOpHeld(ctx context.Context, in *inst, spec stopSpec) (stopp
 	}
 	in.mu.Unlock()
 
-	switch {
-	case spec.exited != nil:
-	case spec.kill && p != nil:
-		p.stopping.Store(true)
-		p.kill()
-		<-p.exited
-	default:
+	if spec.exited == nil {
 		if spec.grace > 0 && kind.StopGrace > spec.grace {
 			kind.StopGrace = spec.grace
 		}
-		e.stopProcess(in, p, kind)
+		e.stopProcess(in, p, kind, spec.manner)
 	}
 	if spec.stopped != nil {
 		spec.stopped()
 	}
-	next := spec.next
-	if spec.save {
-		next, err = e.checkpointAndRelease(ctx, in)
+	var saved State
+	if spec.outcome == stopSave {
+		saved, err = e.checkpointAndRelease(ctx, in)
 	}
 
 	in.mu.Lock()
 	in.proc = nil
-	in.trans = nil
-	if spec.hold {
-		next = StateAsleep
-		if in.leaseETag != "" {
-			next = StateHeld
-		}
-	}
+	next := spec.outcome.next(saved, in.leaseETag != "")
 	in.setStateLocked(next)
 	if spec.end != nil {
 		spec.end(next)
 	}
-	close(t.done)
 	in.mu.Unlock()
 	return true, err
 }
@@ -127,7 +156,7 @@ const (
 func (e *Engine) sleep(ctx context.Context, in *inst, reason string) error {
 	in.op.Lock()
 	defer in.op.Unlock()
-	spec := stopSpec{reason: reason, save: true,
+	spec := stopSpec{reason: reason, outcome: stopSave,
 		end: func(next State) {
 			if next != StateFenced {
 				in.crashes = 0
@@ -170,7 +199,7 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 	} else if p.pidNS && !p.answered.Load() {
 		why = "exited before its first answer on the passed socket: " + why
 	}
-	spec := stopSpec{reason: "crash", exited: p, save: true,
+	spec := stopSpec{reason: "crash", exited: p, outcome: stopSave,
 		begin: func() {
 			in.crashes++
 			n = in.crashes
@@ -190,8 +219,7 @@ func (e *Engine) onExit(in *inst, p *proc, status error) {
 		},
 		end: func(State) {
 			if b := crashBackoff.After(n); b > 0 {
-				in.retryAt = e.now().Add(b)
-				in.retryWhy = "instance crashing"
+				in.retryLaterLocked(e.now().Add(b), "instance crashing")
 			}
 		}}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 5*time.Minute)
@@ -209,7 +237,7 @@ func (e *Engine) fenceStop(in *inst) {
 	in.mu.Unlock()
 	in.op.Lock()
 	defer in.op.Unlock()
-	e.stopOpHeld(e.ctx, in, stopSpec{reason: "fence", grace: e.cfg.FenceStopGrace, hold: true})
+	e.stopOpHeld(e.ctx, in, stopSpec{reason: "fence", grace: e.cfg.FenceStopGrace, outcome: stopKeep})
 }
 
 // fenceOut handles a lost manifest swap (with in.op held): another writer owns the space.
@@ -219,10 +247,9 @@ func (e *Engine) fenceStop(in *inst) {
 func (e *Engine) fenceOut(in *inst) {
 	in.mu.Lock()
 	in.leaseETag = ""
-	in.retryAt = e.now().Add(time.Second)
-	in.retryWhy = "fenced out by another writer"
+	in.retryLaterLocked(e.now().Add(time.Second), "fenced out by another writer")
 	in.mu.Unlock()
-	e.stopOpHeld(e.ctx, in, stopSpec{reason: "fenced out", kill: true, next: StateFenced})
+	e.stopOpHeld(e.ctx, in, stopSpec{reason: "fenced out", manner: stopKill, outcome: stopFencedOut})
 	e.c.fenced.Add(1)
 	cur, _, _ := spacestore.ReadManifest(e.ctx, e.cfg.Bucket, in.host)
 	in.logger().Error("manifest changed behind this box: instance killed, space fenced out", manifestWriter(cur))

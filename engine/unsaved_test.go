@@ -56,7 +56,7 @@ func TestFailedWakeKeepsUnsavedState(t *testing.T) {
 	refuse.Store(false)
 	in := e.lookup(sp.Host)
 	in.mu.Lock()
-	in.retryAt = e.now() // skip the backoff
+	in.retry = retryHold{} // skip the backoff
 	in.mu.Unlock()
 	if u, err = e.Acquire(ctx, sp); err != nil {
 		t.Fatal(err)

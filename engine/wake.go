@@ -19,36 +19,35 @@ func (e *Engine) runWake(in *inst, t *transition) {
 	in.mu.Lock()
 	dropped := in.state == StateDropped // a Discard took op before this wake did
 	in.mu.Unlock()
-	err, unsaved := errDropped, false
-	if !dropped {
-		unsaved, err = e.wake(in, t.from, t.ticket)
+	if dropped {
+		// The drop's move out of waking ended this wake for its waiters, who look the
+		// host up again.
+		in.op.Unlock()
+		return
 	}
+	unsaved, err := e.wake(in, t.from, t.ticket)
 	in.mu.Lock()
-	in.trans = nil
-	if !dropped {
-		in.noteWakeResultLocked(err)
-	}
-	if err != nil {
+	in.noteWakeResultLocked(err)
+	switch {
+	case in.state != StateWaking: // nothing else moves a waking space while its wake holds op
+	case err != nil:
 		t.err = err
-		if in.state == StateWaking {
-			next := StateAsleep
-			var re *RetryError
-			switch {
-			case unsaved:
-				next = StateUnsaved // the data dir still holds what the bucket lacks
-			case errors.As(err, &re) && !errors.Is(err, errAwakeCap):
-				next = StateFailed
-			}
-			in.setStateLocked(next)
+		next := StateAsleep
+		var re *RetryError
+		switch {
+		case unsaved:
+			next = StateUnsaved // the data dir still holds what the bucket lacks
+		case errors.As(err, &re) && !errors.Is(err, errAwakeCap):
+			next = StateFailed
 		}
-	} else {
+		in.setStateLocked(next)
+	default:
 		in.setStateLocked(StateAwake)
 		in.gen++
 		in.uses = 0
 		in.lastUsed = e.now()
 		in.armIdleLocked()
 	}
-	close(t.done)
 	in.mu.Unlock()
 	in.op.Unlock()
 }
@@ -181,9 +180,7 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 		if p == nil {
 			return
 		}
-		p.stopping.Store(true)
-		p.kill()
-		<-p.exited
+		e.stopProcess(in, p, kind, stopKill)
 		leave()
 		in.mu.Lock()
 		in.proc = nil
@@ -210,9 +207,7 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 	}
 	phase(&ph.Ready)
 	if err != nil {
-		p.stopping.Store(true)
-		p.kill()
-		<-p.exited
+		e.stopProcess(in, p, kind, stopKill)
 		in.mu.Lock()
 		in.proc = nil
 		in.mu.Unlock()
