@@ -172,7 +172,7 @@ func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 	if st.Override != 3 || st.PinPending || st.PinMBBCommits != 1 || st.DERPReconnects != 0 {
 		t.Fatalf("after pin: %+v", st)
 	}
-	time.Sleep(1500 * time.Millisecond) // old home drained
+	harness.WaitFor(t, 5*time.Second, "the old home drained", func() bool { return drained(c.status()) })
 
 	// The counters are Prometheus metrics too.
 	resp, err := adminClient.Get("http://" + c.admin + "/metrics")

@@ -72,6 +72,17 @@ func (b *box) waitHome(t testing.TB, region int, timeout time.Duration) {
 	})
 }
 
+// drained reports whether st holds no draining slot: every old home's drain has ended
+// and its connection is closed.
+func drained(st derpswitch.Status) bool {
+	for _, sl := range st.Slots {
+		if sl.Role == derpswitch.RoleDraining {
+			return false
+		}
+	}
+	return true
+}
+
 func (b *box) pin(t testing.TB, region int) time.Time {
 	t.Helper()
 	at := time.Now()
@@ -159,7 +170,8 @@ func TestBenchPinToCommit(t *testing.T) {
 			out = append(out, b.commits[nc].at.Sub(at))
 			b.mu.Unlock()
 			cur = target
-			time.Sleep(1200 * time.Millisecond) // past the drain, so every switch opens a fresh connection
+			// Past the drain, so every switch opens a fresh connection.
+			harness.WaitFor(t, 5*time.Second, "the old home drained", func() bool { return drained(b.sw.Status()) })
 		}
 		return out
 	}
