@@ -343,8 +343,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.checkConsistency(); err != nil {
 		return err
 	}
+	idLedger, err := idLedgerFromEnv()
+	if err != nil {
+		return err
+	}
 	a.settings = &box.Settings{Kinds: a.kinds, WildcardDomains: a.WildcardDomains,
-		IDLedger: strings.TrimSpace(os.Getenv(envIDLedger)), RegionBuckets: a.reloc.buckets}
+		IDLedger: idLedger, RegionBuckets: a.reloc.buckets}
 	if d := a.reloc.dns; d != nil {
 		a.settings.RelocateDNS = mesh.RecordSetter{Zone: d.Zone, TTL: time.Duration(d.TTL), Setter: d.setter, Name: d.name}
 	}

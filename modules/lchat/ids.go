@@ -20,12 +20,27 @@ func init() {
 // from ledger/<namespace>; unset, the id endpoints are off.
 const envIDLedger = "LCHAT_CLOUD_ID_LEDGER"
 
+// idLedgerFromEnv is the id-ledger namespace LCHAT_CLOUD_ID_LEDGER names, "" when it is
+// unset. It is the one reader of the variable (App.Provision calls it; the box and the id
+// endpoints take the namespace from the App's settings), so a namespace the ledger would
+// refuse fails the config load, even of a config that is only validated or runs without
+// the admin API, rather than every later allocation.
+func idLedgerFromEnv() (string, error) {
+	ns := strings.TrimSpace(os.Getenv(envIDLedger))
+	if ns == "" {
+		return "", nil
+	}
+	if _, err := ledger.New(nil, ns, ledger.Options{}); err != nil {
+		return "", fmt.Errorf("%s: %v", envIDLedger, err)
+	}
+	return ns, nil
+}
+
 // idsAdmin serves the id ledger on Caddy's admin API: POST /lchat/ids allocates the
 // next id of the namespace in LCHAT_CLOUD_ID_LEDGER, POST /lchat/ids/seed raises the
 // counter above ids minted before the ledger was switched on.
 type idsAdmin struct {
-	app       *App
-	namespace string
+	app *App
 }
 
 // CaddyModule returns the Caddy module information.
@@ -36,17 +51,10 @@ func (idsAdmin) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision reads LCHAT_CLOUD_ID_LEDGER and finds the lchat app. A namespace the
-// ledger would refuse fails the config load, rather than every later allocation.
+// Provision finds the lchat app, whose settings hold the namespace (idLedgerFromEnv).
 func (a *idsAdmin) Provision(ctx caddy.Context) error {
 	if app, err := ctx.AppIfConfigured("lchat"); err == nil {
 		a.app = app.(*App)
-	}
-	a.namespace = strings.TrimSpace(os.Getenv(envIDLedger))
-	if a.namespace != "" {
-		if _, err := ledger.New(nil, a.namespace, ledger.Options{}); err != nil {
-			return fmt.Errorf("%s: %v", envIDLedger, err)
-		}
 	}
 	return nil
 }
@@ -60,32 +68,33 @@ func (a *idsAdmin) Routes() []caddy.AdminRoute {
 }
 
 func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
-	if a.namespace == "" {
-		return apiErr(http.StatusNotFound, "the id ledger is off on this box (%s is not set)", envIDLedger)
-	}
 	if a.app == nil || a.app.box == nil {
 		return apiErr(http.StatusNotFound, "the lchat app is not configured")
+	}
+	ns := a.app.settings.IDLedger
+	if ns == "" {
+		return apiErr(http.StatusNotFound, "the id ledger is off on this box (%s is not set)", envIDLedger)
 	}
 	if r.Method != http.MethodPost {
 		return apiErr(http.StatusMethodNotAllowed, "method not allowed")
 	}
 	switch r.URL.Path {
 	case "/lchat/ids":
-		id, err := a.app.box.NextID(r.Context(), a.namespace)
+		id, err := a.app.box.NextID(r.Context(), ns)
 		if err != nil {
 			return boxErr(err)
 		}
-		return writeJSON(w, http.StatusOK, adminapi.IDResult{Namespace: a.namespace, ID: id})
+		return writeJSON(w, http.StatusOK, adminapi.IDResult{Namespace: ns, ID: id})
 	case "/lchat/ids/seed":
 		var req adminapi.SeedIDsRequest
 		if err := decodeStrict(r, &req); err != nil {
 			return err
 		}
-		next, err := a.app.box.SeedIDs(r.Context(), a.namespace, req.Min)
+		next, err := a.app.box.SeedIDs(r.Context(), ns, req.Min)
 		if err != nil {
 			return boxErr(err)
 		}
-		return writeJSON(w, http.StatusOK, adminapi.SeedIDsResult{Namespace: a.namespace, Next: next})
+		return writeJSON(w, http.StatusOK, adminapi.SeedIDsResult{Namespace: ns, Next: next})
 	}
 	return apiErr(http.StatusNotFound, "resource not found: %s %s", r.Method, r.URL.Path)
 }
