@@ -95,8 +95,7 @@ func (ec *EventClient) Do(req *http.Request) (*http.Response, error) {
 const inlineBody = 32 << 10
 
 // roundTrip writes req and reads its answer's header. wrote, when not nil, receives the
-// body write's result once the writer goroutine ends: the answer came first, or the write
-// still runs.
+// result of the request's write, which runs beside the read, once it ends.
 func (ec *EventClient) roundTrip(c *eventConn, req *http.Request) (resp *http.Response, wrote chan error, err error) {
 	timeout := ec.HeaderTimeout
 	if timeout <= 0 {
@@ -119,18 +118,7 @@ func (ec *EventClient) roundTrip(c *eventConn, req *http.Request) (resp *http.Re
 		err = writeRequest(c, req)
 	})
 	resp, err = http.ReadResponse(c.br, req)
-	if err != nil {
-		return nil, wrote, err
-	}
-	select {
-	case werr := <-wrote:
-		if werr != nil {
-			resp.Close = true // answered, and stopped taking the body: not reused
-		}
-		wrote = nil
-	default:
-	}
-	return resp, wrote, nil
+	return resp, wrote, err
 }
 
 func writeRequest(c *eventConn, req *http.Request) error {
@@ -247,7 +235,7 @@ type eventBody struct {
 	c     *eventConn
 	stop  func() bool
 	keep  bool
-	wrote chan error // the body's writer, when it had not ended at the answer
+	wrote chan error // the request's writer, when it ran beside the read
 	eof   bool
 	done  bool
 }
@@ -271,9 +259,11 @@ func (b *eventBody) Close() error {
 		select {
 		case werr := <-b.wrote:
 			written = werr == nil
-			b.wrote = nil
 		default:
-			written = false // the instance answered and is not taking the rest
+			// The writer has not returned: it has just taken the last bytes, or the
+			// instance is not taking the rest. A deadline now tells which.
+			b.c.nc.SetWriteDeadline(time.Unix(1, 0))
+			written = <-b.wrote == nil
 		}
 	}
 	if b.stop() && b.keep && b.eof && written && err == nil {
@@ -281,9 +271,6 @@ func (b *eventBody) Close() error {
 		return err
 	}
 	b.c.nc.Close()
-	if b.wrote != nil {
-		<-b.wrote // the writer ends on the closed connection
-	}
 	return err
 }
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -99,7 +100,8 @@ func TestEventClientReusesAndRedials(t *testing.T) {
 // reading its body (or before reading all of it) has acknowledged it. Go's server closes
 // such a connection past 256 KiB unread; another server may say it will close and stop
 // reading at once. Either way the answer is the event's, whole, the client does not wait
-// for the rest of the body to be taken, and the next event goes through.
+// for the rest of the body to be taken, and the next event goes through. An instance that
+// reads every body keeps its one connection, whatever the body's size.
 func TestEventClientTakesAnAnswerBeforeTheBody(t *testing.T) {
 	answer := patterned(300 << 10)
 	goServer := unixInstance(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -141,7 +143,15 @@ func TestEventClientTakesAnAnswerBeforeTheBody(t *testing.T) {
 			}()
 		}
 	}()
-	for _, sock := range []struct{ name, path string }{{"go server", goServer}, {"stalled", stalled}} {
+	reader := unixInstance(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Write(answer)
+	}))
+	for _, sock := range []struct {
+		name, path string
+		keeps      bool // reads every body: the connection is kept for the next event
+	}{{"go server", goServer, false}, {"stalled", stalled, false}, {"reads the body", reader, true}} {
 		cl := &EventClient{Socket: sock.path}
 		for _, n := range []int{inlineBody, inlineBody + 1, 256 << 10, 256<<10 + 1, 1 << 20} {
 			t.Run(fmt.Sprintf("%s/%d", sock.name, n), func(t *testing.T) {
@@ -154,6 +164,9 @@ func TestEventClientTakesAnAnswerBeforeTheBody(t *testing.T) {
 					}
 					if len(r.Messages) != 1 || !bytes.Equal(r.Messages[0].Payload, answer) {
 						t.Fatalf("event %d: the answer did not come back whole", seq)
+					}
+					if sock.keeps && cl.Idle() != 1 {
+						t.Errorf("event %d: %d idle connections, want the one kept", seq, cl.Idle())
 					}
 				}
 			})
