@@ -63,9 +63,14 @@ func startSpace(t *testing.T, dataDir string, clk *fakeClock) *space {
 	return startSpaceAt(t, sock, dataDir, clk)
 }
 
-func startSpaceAt(t *testing.T, sock, dataDir string, clk *fakeClock) *space {
+// startSpaceAt starts a space on sock; opts change its Config (Hold, say).
+func startSpaceAt(t *testing.T, sock, dataDir string, clk *fakeClock, opts ...func(*Config)) *space {
 	t.Helper()
-	srv, err := New(Config{Socket: sock, DataDir: dataDir, Host: "8oe.example.com", clock: clk, Logger: zaptest.NewLogger(t)})
+	cfg := Config{Socket: sock, DataDir: dataDir, Host: "8oe.example.com", clock: clk, Logger: zaptest.NewLogger(t)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"time"
@@ -55,10 +56,17 @@ func (s *Server) handleHeldWS(w http.ResponseWriter, r *http.Request, last int64
 	w.Write(body)
 }
 
+// heldEventBody is how much of an event's body the room reads before it answers: the
+// box's largest message by default (its max_message).
+const heldEventBody = 1 << 20
+
 // handleHeldEvent acknowledges a held connection's event: the room is push-only over
 // WebSockets (clients post with POST /api/messages), so messages and closes are only
-// acknowledged.
+// acknowledged. It reads the body first all the same: Go's server closes a connection
+// whose request left more than 256 KiB unread, and the box would dial again for the next
+// event.
 func (s *Server) handleHeldEvent(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, io.LimitReader(r.Body, heldEventBody))
 	w.WriteHeader(http.StatusNoContent)
 }
 
