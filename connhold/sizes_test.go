@@ -204,3 +204,42 @@ func TestAppMessagesPastTheOutboundCapReachAReadingClient(t *testing.T) {
 		t.Errorf("%d clients closed as slow readers", got)
 	}
 }
+
+// TestLargestAnswer: an answer's body may be up to maxReplyBody, in any encoding, and is
+// parsed whole; one byte more is not an acknowledgement (a failed delivery).
+func TestLargestAnswer(t *testing.T) {
+	big := sizedMessage(maxReplyBody - len("TEXT ffffff\r\n\r\n")) // its event is maxReplyBody bytes
+	if n := len(AppendEvent(nil, Message{Payload: big})); n != maxReplyBody {
+		t.Fatalf("the event is %d bytes", n)
+	}
+	cases := []struct {
+		name, ctype string
+		body        []byte
+		want        []byte
+	}{
+		{"octet-stream", "application/octet-stream", sizedMessage(maxReplyBody), sizedMessage(maxReplyBody)},
+		{"websocket-events", EventsContentType, AppendEvent(nil, Message{Payload: big}), big},
+		{"octet-stream one past", "application/octet-stream", sizedMessage(maxReplyBody + 1), nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := unixInstance(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.ctype)
+				w.Write(tc.body)
+			}))
+			r, err := PostEvent(context.Background(), &EventClient{Socket: sock}, "http://s1", Event{Kind: KindText, Payload: []byte("x")})
+			if tc.want == nil {
+				if err == nil {
+					t.Errorf("an answer of %d bytes acknowledged the event", len(tc.body))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("an answer of %d bytes: %v", len(tc.body), err)
+			}
+			if len(r.Messages) != 1 || !bytes.Equal(r.Messages[0].Payload, tc.want) {
+				t.Errorf("the %d-byte answer's message did not come back whole", len(tc.body))
+			}
+		})
+	}
+}
