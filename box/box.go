@@ -96,6 +96,7 @@ type Box struct {
 	drainOnce sync.Once
 	drainErr  error
 	stopWatch chan struct{} // closed by Close: ends the exit watch
+	exiting   chan struct{} // closed by the exit watch when the process exits (Exiting)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -199,7 +200,8 @@ func Open(cfg Config) (*Box, error) {
 	if cfg.Observer != nil {
 		eng.Observe(cfg.Observer)
 	}
-	b := &Box{reg: reg, eng: eng, bucket: counted, mesh: ms, logger: cfg.Logger, cfg: cfg, stopWatch: make(chan struct{})}
+	b := &Box{reg: reg, eng: eng, bucket: counted, mesh: ms, logger: cfg.Logger, cfg: cfg,
+		stopWatch: make(chan struct{}), exiting: make(chan struct{})}
 	b.settings.Store(&Settings{Kinds: cfg.Engine.Kinds})
 	b.watchExit()
 	return b, nil
@@ -291,6 +293,7 @@ func (b *Box) watchExit() {
 			case <-t.C:
 				if b.cfg.Exiting() {
 					b.logger.Info("process exiting: draining spaces now, before the servers finish shutting down")
+					close(b.exiting)
 					b.Drain()
 					return
 				}
@@ -298,6 +301,12 @@ func (b *Box) watchExit() {
 		}
 	})
 }
+
+// Exiting is closed once the process is exiting (Config.Exiting), before the drain
+// starts: the one watch of the process's exit, for the parts that end with it (the held
+// connections close with 1012 so their clients reconnect to another box). It is never
+// closed by a reload, nor by Close alone.
+func (b *Box) Exiting() <-chan struct{} { return b.exiting }
 
 // Drain is the first part of a real shutdown, run once whoever asks first: the heartbeat
 // is rewritten as draining (peers stop placing spaces here at their next listing, yet this

@@ -49,10 +49,33 @@ type PeerTransport struct {
 	holders *mesh.Holders
 }
 
-// PeerTransport returns the mesh's forward transport. dialError marks an error that
-// happened before anything was sent (the reverse proxy's DialError), so the proxy and
-// RetrySafe know it.
-func (ms *Mesh) PeerTransport(dialError func(error) error) *PeerTransport {
+// DialError is a failure to reach an upstream (a peer, an instance's socket) before
+// anything was sent: the request may be sent again or served elsewhere (RetrySafe).
+type DialError struct{ Err error }
+
+func (e DialError) Error() string { return e.Err.Error() }
+func (e DialError) Unwrap() error { return e.Err }
+
+// IsDialError reports whether err is a failure to reach an upstream before anything was
+// sent: a DialError (the PeerTransport's), or a failed dial of a socket (*net.OpError
+// "dial", an instance's).
+func IsDialError(err error) bool {
+	var de DialError
+	var oe *net.OpError
+	return errors.As(err, &de) || errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// PeerTransport returns the mesh's forward transport. Its errors from before anything
+// was sent are DialErrors, passed through wrap when it is set (the glue makes them the
+// reverse proxy's own DialError, so the proxy knows them too).
+func (ms *Mesh) PeerTransport(wrap func(error) error) *PeerTransport {
+	dialError := func(err error) error {
+		err = DialError{err}
+		if wrap != nil {
+			err = wrap(err)
+		}
+		return err
+	}
 	pt := &PeerTransport{marker: ms.marker}
 	if ms.box != nil {
 		pt.holders = ms.box.Holders

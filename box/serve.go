@@ -29,6 +29,14 @@ type Request struct {
 	Hops int
 	// ViaHint: the last forward followed a holder entry (mesh.HintHeader, Strip).
 	ViaHint bool
+	// Reopen marks the reopen of an event stream this box holds (package held), or one
+	// a peer holds (Hops > 0): it never wakes the space. It is served here only while
+	// the space is awake here; else, from a client's box, it goes to AwakeAt (a peer
+	// that announced the space awake) or where placement sends it; otherwise it is
+	// refused with 409.
+	Reopen bool
+	// AwakeAt is the peer that last announced the space awake, for a Reopen.
+	AwakeAt string
 }
 
 // Proxy carries out Serve's decisions for one request.
@@ -70,15 +78,20 @@ func (b *Box) Serve(ctx context.Context, req Request, p Proxy) error {
 		return p.Refuse(Refusal{Status: http.StatusNotFound, Err: fmt.Errorf("no route for host %q", req.Host)})
 	}
 	d := b.Place(rt, req.Hops, req.ViaHint)
+	if req.Reopen {
+		if d = b.placeReopen(rt, req, d); d.Action == mesh.Unavailable {
+			return p.Refuse(Refusal{Status: http.StatusConflict, Err: fmt.Errorf("space %s is not awake here", rt.Host)})
+		}
+	}
 	switch d.Action {
 	case mesh.Unavailable:
 		return p.Refuse(Refusal{Status: http.StatusServiceUnavailable, Err: errors.New(d.Reason)})
 	case mesh.Forward:
-		res, err := p.Forward(d)
+		res, err := b.forward(p, rt.Host, d)
 		if res == Answered {
 			return err
 		}
-		if !d.Fallback {
+		if !d.Fallback || req.Reopen {
 			return p.Refuse(Refusal{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("peer %s for %s cannot be reached: %w", d.Peer, rt.Host, err)})
 		}
 		// Serve here: the lease decides who runs the space, and a box that still holds
@@ -105,7 +118,7 @@ func (b *Box) Serve(ctx context.Context, req Request, p Proxy) error {
 		}
 		d, ok := b.AcquireFailed(err, rt, req.Hops)
 		if ok {
-			res, ferr := p.Forward(d)
+			res, ferr := b.forward(p, rt.Host, d)
 			if res == Answered {
 				return ferr
 			}
@@ -128,6 +141,33 @@ func (b *Box) Serve(ctx context.Context, req Request, p Proxy) error {
 	// upgraded to, is finished.
 	defer use.Release()
 	return p.Instance(use)
+}
+
+// placeReopen is where a held stream's reopen goes (Request.Reopen), given placement's
+// decision d: here while the space is awake here; from the client's box, to the peer
+// that announced it awake, or where placement forwards it; Unavailable otherwise (the
+// space is not awake where the reopen could go, and a reopen never wakes it).
+func (b *Box) placeReopen(rt *registry.Route, req Request, d mesh.Decision) mesh.Decision {
+	switch {
+	case b.eng.Awake(rt.Host):
+		return mesh.Decision{Action: mesh.Serve}
+	case req.Hops > 0:
+	case req.AwakeAt != "" && req.AwakeAt != b.Self():
+		return mesh.Decision{Action: mesh.Forward, Peer: req.AwakeAt}
+	case d.Action == mesh.Forward:
+		return d
+	}
+	return mesh.Decision{Action: mesh.Unavailable}
+}
+
+// forward sends the request to the peer d names. One that reached nothing forgets
+// where host was known awake (mesh.Holders): whatever this box knew of it is stale.
+func (b *Box) forward(p Proxy, host string, d mesh.Decision) (Forwarded, error) {
+	res, err := p.Forward(d)
+	if res == NotSent && b.mesh != nil && b.mesh.box != nil {
+		b.mesh.box.Holders.Forget(host)
+	}
+	return res, err
 }
 
 // leaseWait sleeps before a request tries a space again whose lease holder could not be

@@ -142,11 +142,66 @@ func TestServeFallsBackHere(t *testing.T) {
 	if err := b.Serve(t.Context(), box.Request{Host: host}, p); err != nil || len(p.forwards) != 1 || p.forwards[0] != boxtest.SelfB || p.instance {
 		t.Fatalf("a reachable owner: %v, forwards %v, served here %v; want it forwarded to B", err, p.forwards, p.instance)
 	}
+	// Known awake at B (a holder entry): a forward that reaches nothing forgets it.
+	b.Mesh().Box().Holders.Put(host, boxtest.SelfB)
 	p = &fakeProxy{forward: box.NotSent}
 	if err := b.Serve(t.Context(), box.Request{Host: host}, p); err != nil || len(p.forwards) != 1 || !p.instance || p.refused != nil {
 		t.Fatalf("an unreachable owner: %v, forwards %v, served here %v, refused %+v; want it served here", err, p.forwards, p.instance, p.refused)
 	}
+	if at, ok := b.Mesh().Box().Holders.Get(host); ok {
+		t.Fatalf("the holder entry for an unreachable peer was kept: %v", at)
+	}
 	if n := b.Mesh().C.ForwardFallback.Load(); n != 1 {
 		t.Fatalf("forward_fallback = %d, want 1", n)
+	}
+}
+
+// TestServeReopenNeverWakes: a held event stream's reopen (Request.Reopen) is served here
+// only while its space is awake here; asleep, it goes to the peer that announced the
+// space awake, or where placement forwards it, and is otherwise refused with 409, never
+// a wake; a peer's reopen (Hops > 0) of a space asleep here is 409 too.
+func TestServeReopenNeverWakes(t *testing.T) {
+	b := boxtest.Open(t, boxtest.Options{Settings: box.Settings{Kinds: boxtest.InstanceKinds(t)}})
+	const host = "space.example.com"
+	if _, err := b.Registry().Put(registry.Route{Host: host, Kind: "demo", Hibernate: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range []box.Request{{Host: host, Reopen: true}, {Host: host, Reopen: true, Hops: 1}} {
+		p := &fakeProxy{}
+		b.Serve(t.Context(), req, p)
+		if p.refused == nil || p.refused.Status != http.StatusConflict || p.instance || boxtest.Awake(b, host) {
+			t.Fatalf("%+v of a sleeping space: refused %+v, instance %v, awake %v; want 409 and no wake", req, p.refused, p.instance, boxtest.Awake(b, host))
+		}
+	}
+	boxtest.Wake(t, b, host)
+	p := &fakeProxy{}
+	if b.Serve(t.Context(), box.Request{Host: host, Reopen: true}, p); !p.instance || p.refused != nil {
+		t.Fatalf("reopen of an awake space: instance %v, refused %+v; want it served here", p.instance, p.refused)
+	}
+
+	mb, _ := boxtest.MeshBox(t)
+	mhost := ""
+	for i := 0; mhost == ""; i++ {
+		if h := fmt.Sprintf("s%d.%s", i, boxtest.Domain); mb.Mesh().Box().Owns(h, "") {
+			mhost = h
+		}
+	}
+	if _, err := mb.Create(t.Context(), registry.Spec{Host: mhost, Kind: "demo"}); err != nil {
+		t.Fatal(err)
+	}
+	p = &fakeProxy{forward: box.Answered}
+	mb.Serve(t.Context(), box.Request{Host: mhost, Reopen: true, AwakeAt: boxtest.SelfB}, p)
+	if len(p.forwards) != 1 || p.forwards[0] != boxtest.SelfB || p.instance || boxtest.Awake(mb, mhost) {
+		t.Fatalf("reopen announced awake at B: forwards %v, instance %v; want it forwarded to B, no wake here", p.forwards, p.instance)
+	}
+	p = &fakeProxy{forward: box.NotSent}
+	mb.Serve(t.Context(), box.Request{Host: mhost, Reopen: true, AwakeAt: boxtest.SelfB}, p)
+	if p.instance || p.refused == nil || boxtest.Awake(mb, mhost) {
+		t.Fatalf("reopen whose peer cannot be reached: instance %v, refused %+v; want a refusal, no wake here", p.instance, p.refused)
+	}
+	p = &fakeProxy{}
+	mb.Serve(t.Context(), box.Request{Host: mhost, Reopen: true}, p)
+	if p.refused == nil || p.refused.Status != http.StatusConflict || p.instance || len(p.forwards) != 0 {
+		t.Fatalf("reopen of a space owned here and asleep: refused %+v, instance %v, forwards %v; want 409", p.refused, p.instance, p.forwards)
 	}
 }

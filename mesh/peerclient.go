@@ -226,6 +226,15 @@ func (c *Client) fanout(ctx context.Context, what, host string, targets []Member
 	return results
 }
 
+// Notify POSTs body (JSON) to path on the peer at base, retrying a temporary failure
+// (a transport error, a 5xx, a 429) up to retries times with a doubling delay from delay
+// (callRetrying). A 4xx answer is final. Ending ctx stops the retries.
+func (c *Client) Notify(ctx context.Context, base, path, op string, body []byte, retries int, delay time.Duration) error {
+	return callRetrying(ctx, base, func(ctx context.Context, peer string) error {
+		return c.do(ctx, http.MethodPost, peer, path, op, body, nil)
+	}, retries, delay)
+}
+
 // callRetrying calls call for peer, retrying a temporary failure up to retries times with
 // a doubling delay. A refused row (RowError) and a permanent status are final.
 func callRetrying(ctx context.Context, peer string, call func(ctx context.Context, peer string) error, retries int, delay time.Duration) error {

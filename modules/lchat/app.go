@@ -24,6 +24,7 @@ import (
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/fleetview"
+	"github.com/lchat/lchat-caddy/held"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -105,7 +106,7 @@ type App struct {
 	kinds    map[string]engine.Kind
 	poolKey  string
 	box      *box.Box
-	conns    *conns        // the box's held connections; nil where they cannot be held
+	conns    *held.Conns   // the box's held connections; nil where they cannot be held
 	settings *box.Settings // what this config gives the box from its Start on
 	logger   *zap.Logger
 	// prevCurrent is what current pointed at before this config's Start; Stop puts it
@@ -267,7 +268,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 // last config using the registry lets go (box.Box.Close drains it).
 type pooled struct {
 	*box.Box
-	conns *conns
+	conns *held.Conns
 }
 
 // Destruct closes the held connections (1012), then drains and closes the box, telling
@@ -275,8 +276,8 @@ type pooled struct {
 func (p pooled) Destruct() error {
 	if p.conns != nil {
 		connsOf.Delete(p.Box)
-		p.conns.close()
-		defer p.conns.finish()
+		p.conns.Close()
+		defer p.conns.Finish()
 	}
 	return p.Close()
 }
@@ -377,14 +378,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return pooled{b, nil}, err
 		}
-		cs, cerr := newConns(b, a.StateDir, a.Connections.limits(), a.logger)
+		cs, cerr := held.New(held.Config{Box: b, StateDir: a.StateDir, Limits: a.Connections.limits(), Logger: a.logger})
 		if cerr != nil {
 			a.logger.Warn("WebSockets cannot be held on this box; every upgrade is tunnelled", zap.Error(cerr))
 			return pooled{b, nil}, nil
 		}
 		connsOf.Store(b, cs)
-		b.SetCounters(cs.counters)
-		b.SetSpaceConns(cs.spaceConns)
+		b.SetCounters(cs.Counters)
+		b.SetSpaceConns(cs.SpaceConns)
 		return pooled{b, cs}, nil
 	})
 	if err != nil {
@@ -576,9 +577,9 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		AllowedEnv:       kc.AllowedEnv,
 		Retention:        time.Duration(kc.Retention),
 		GCGrace:          time.Duration(kc.GCGrace),
-		Isolation:        kc.Isolation,
-		Network:          kc.Network,
-		Tmp:              kc.Tmp,
+		Isolation:        engine.Isolation(kc.Isolation),
+		Network:          engine.Network(kc.Network),
+		Tmp:              engine.Tmp(kc.Tmp),
 		SocketActivation: kc.SocketActivation,
 	}
 	for _, a := range kc.NetworkAllow {
@@ -620,7 +621,7 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 	}
 	k.StopSignal = sig
 	if r := kc.Replication; r != nil {
-		k.Replication = engine.Replication{Class: r.Class, Interval: time.Duration(r.Interval)}
+		k.Replication = engine.Replication{Class: engine.ReplicationClass(r.Class), Interval: time.Duration(r.Interval)}
 	}
 	return k, nil
 }

@@ -33,6 +33,14 @@ func newForwardProxy(ctx caddy.Context, ms *box.Mesh, flush caddy.Duration) (*re
 	return p, nil
 }
 
+// proxyDialError reports whether Caddy's reverse proxy failed to reach its upstream (a
+// peer, an instance's socket) before anything was sent: its DialError, which the peer
+// transport's box.DialError is wrapped in (newForwardProxy).
+func proxyDialError(err error) bool {
+	var de reverseproxy.DialError
+	return errors.As(err, &de)
+}
+
 // Forward proxies the request once to the peer d names (box.Proxy).
 func (p *proxying) Forward(d mesh.Decision) (box.Forwarded, error) {
 	ms := p.h.app.box.Mesh()
@@ -49,7 +57,7 @@ func (p *proxying) Forward(d mesh.Decision) (box.Forwarded, error) {
 	fr := p.r.WithContext(box.WithPeer(p.r.Context(), box.Peer{Self: d.Peer, Hint: d.Hint, Hops: p.hops}))
 	switch cs := p.h.app.conns; {
 	case cs != nil && connhold.IsUpgrade(p.r):
-		// The client's socket is held here if the instance opts in (connsmesh.go).
+		// The client's socket is held here if the instance opts in (websocket.go).
 		var held bool
 		if held, err = p.forwardUpgrade(fr, cs); held {
 			return box.Answered, err
@@ -67,11 +75,8 @@ func (p *proxying) Forward(d mesh.Decision) (box.Forwarded, error) {
 		return box.Answered, nil
 	}
 	ms.C.ForwardErrors.Add(1)
-	var de reverseproxy.DialError
-	if box.RetrySafe(errors.As(err, &de), p.r.Method, p.r.ContentLength, err) {
-		// Whatever this box knew of where the space is awake is stale.
-		ms.Box().Holders.Forget(p.host)
-		return box.NotSent, err
+	if box.RetrySafe(proxyDialError(err), p.r.Method, p.r.ContentLength, err) {
+		return box.NotSent, err // box.Serve forgets the peer as the space's holder
 	}
 	return box.Answered, p.noAnswer(err, fmt.Sprintf("peer %s holding %s", d.Peer, p.host))
 }

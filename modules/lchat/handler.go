@@ -111,15 +111,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	host := requestHost(r)
 	hops, viaHint := b.Strip(r.Header, host)
 	if hops == 0 {
-		// Only a peer names connections and entry boxes (connsmesh.go).
+		// Only a peer names connections and entry boxes (package held).
 		connhold.StripPeerHeaders(r.Header)
 		r.Header.Del(connhold.ConnIDHeader)
-	} else if r.Header.Get(connhold.ReopenHeader) != "" && !b.Engine().Awake(host) {
-		// A peer reopening an event stream it holds: never a wake (sse.go).
-		return caddyhttp.Error(http.StatusConflict, fmt.Errorf("space %s is not awake here", host))
 	}
 	p := &proxying{h: h, w: w, r: r, next: next, host: host, hops: hops}
-	return b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint}, p)
+	// A peer reopening an event stream it holds: never a wake (box.Request.Reopen).
+	reopen := hops > 0 && r.Header.Get(connhold.ReopenHeader) != ""
+	return b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint, Reopen: reopen}, p)
 }
 
 // proxying carries out the box's decisions for one request (box.Proxy) with the
@@ -131,7 +130,7 @@ type proxying struct {
 	next caddyhttp.Handler
 	host string
 	hops int // forwards before this box
-	// sse, on a reopen of a resumable event stream this box holds (holdSSE), is the
+	// sse, on a reopen of a resumable event stream this box holds (heldStream), is the
 	// stream's writer: the request is one pass of it.
 	sse *sseWriter
 }
@@ -167,8 +166,8 @@ func (p *proxying) Instance(use *engine.Use) error {
 		connhold.StripPeerHeaders(p.r.Header)
 	}
 	if cs != nil && p.h.app.box.Mesh() != nil {
-		// Its instance may send to connections held at any box (connsmesh.go).
-		cs.ensureControl(p.host)
+		// Its instance may send to connections held at any box (held.Conns.EnsureControl).
+		cs.EnsureControl(p.host)
 	}
 	p.h.setInstanceHeader(p.w, use)
 	setUpstream(p.r, use.Dial())
@@ -179,13 +178,13 @@ func (p *proxying) Instance(use *engine.Use) error {
 	case peerHolds && connhold.IsUpgrade(p.r):
 		err = p.instanceUpgradeForEntry(use, cs)
 	case cs != nil && connhold.IsUpgrade(p.r):
-		err = p.instanceUpgrade(use, cs)
+		err = p.instanceUpgrade(cs)
 	case cs != nil && connhold.AcceptsEventStream(p.r):
 		err = p.instanceSSE(use, cs)
 	default:
 		err = p.h.proxy.ServeHTTP(p.w, p.r, p.next)
 	}
-	if de := (reverseproxy.DialError{}); errors.As(err, &de) {
+	if proxyDialError(err) {
 		// The engine holds the space awake but its socket takes no connection: end
 		// that awake period so the next request wakes a working instance.
 		use.Unreachable()
@@ -197,7 +196,7 @@ func (p *proxying) Instance(use *engine.Use) error {
 func (p *proxying) Refuse(ref box.Refusal) error {
 	if p.hops > 0 && p.r.URL.Path == connhold.EventPath {
 		// The box's own refusal, before any instance: the holding box's next try is not
-		// a redelivery (connsmesh.go).
+		// a redelivery (held.Conns.Deliver).
 		p.w.Header().Set(connhold.RefusedHeader, "1")
 	}
 	return p.refuse(ref)

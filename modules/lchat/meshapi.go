@@ -21,7 +21,7 @@ func init() {
 // the mesh token (bearer, constant-time compare): PUT and DELETE /api/mesh/route/{host}
 // (replicate a row, tombstone it), GET /api/mesh/routes (this box's in-scope rows) and
 // GET /api/mesh/status, and the held connections' calls under /api/mesh/conns/
-// (connsmesh.go). Other paths go to the next handler. A row or tombstone is
+// (held.Conns.ServePeer). Other paths go to the next handler. A row or tombstone is
 // answered once the box has carried it out (box.Box.ApplyRow, ApplyTombstone): an error
 // status says it failed, and the sending box logs it and retries.
 type MeshAPI struct {
@@ -73,7 +73,10 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if cs == nil {
 			return caddyhttp.Error(http.StatusNotFound, errors.New("this box holds no connections"))
 		}
-		return cs.servePeerConns(w, r)
+		if err := cs.ServePeer(w, r); err != nil {
+			return caddyhttp.Error(box.StatusOf(err), err)
+		}
+		return nil
 	case p == mesh.PathRoutes && r.Method == http.MethodGet:
 		rows, err := ms.Box().InScopeRows(b.Registry())
 		if err != nil {

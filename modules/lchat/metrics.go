@@ -13,6 +13,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/held"
 )
 
 // current is the box the metrics read: the running config's, set when a config starts
@@ -35,7 +36,7 @@ var (
 )
 
 // connsOf maps a box to its held connections (set when the pool opens the box).
-var connsOf sync.Map // *box.Box -> *conns
+var connsOf sync.Map // *box.Box -> *held.Conns
 
 type collector struct{}
 
@@ -55,7 +56,7 @@ func collectConns(ch chan<- prometheus.Metric, b *box.Box) {
 	if !ok {
 		return
 	}
-	st := v.(*conns).hub.Stats()
+	st := v.(*held.Conns).Stats()
 	gauge := func(d *prometheus.Desc, v float64, label string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, label)
 	}

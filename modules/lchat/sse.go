@@ -1,26 +1,16 @@
 package lchat
 
 import (
-	"context"
 	"errors"
 	"net/http"
-	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
-	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/held"
 )
-
-// sseKeepalive is how often a resumable stream whose space sleeps gets a comment line, so
-// that idle intermediaries keep it open (WHATWG HTML suggests about 15 s).
-const sseKeepalive = 15 * time.Second
-
-// sseRetry is the reconnection delay a stream ended by a shutting-down box asks for.
-const sseRetry = "retry: 1000\n\n"
 
 // sseWriter stands between Caddy's reverse proxy and the client for a request that asks
 // for server-sent events. An answer that is not a resumable stream passes through
@@ -127,12 +117,12 @@ func (s *sseWriter) comment(text string) error {
 // ends with its instance, the client's response stays open (comment keepalives) until the
 // space is awake again, here or on a peer, and the stream is reopened there with
 // Last-Event-ID, as a browser would after a reconnect, without the client seeing a break
-// (holdSSE). A reopen answered otherwise (204: the instance ends the stream) ends the
+// (held.Conns.HoldSSE). A reopen answered otherwise (204: the instance ends the stream) ends the
 // client's response. A stream a peer forwarded for the client it holds (connhold.EntryHeader)
 // is that peer's to reopen: here it ends with its instance.
-func (p *proxying) instanceSSE(use *engine.Use, cs *conns) error {
+func (p *proxying) instanceSSE(use *engine.Use, cs *held.Conns) error {
 	if p.sse != nil {
-		// A reopen of a stream this box holds (holdSSE).
+		// A reopen of a stream this box holds (heldStream).
 		p.sse.release = use.Release
 		return p.proxySSE(p.sse, p.r, p.h.proxy)
 	}
@@ -146,14 +136,15 @@ func (p *proxying) instanceSSE(use *engine.Use, cs *conns) error {
 	if !sw.resumable || sw.passthrough {
 		return err
 	}
-	return p.holdSSE(sw, cs)
+	cs.HoldSSE(p.r.Context(), p.host, &heldStream{p: p, sw: sw})
+	return nil
 }
 
 // forwardSSE forwards a client's request for server-sent events to the peer d chose,
 // asking it to leave a resumable stream to this box (connhold.EntryHeader), which holds
-// it as it holds its own instances' (holdSSE): the stream then follows the space from box
+// it as it holds its own instances' (held.Conns.HoldSSE): the stream then follows the space from box
 // to box. A reopen (p.sse) is one pass.
-func (p *proxying) forwardSSE(fr *http.Request, cs *conns) (box.Forwarded, error) {
+func (p *proxying) forwardSSE(fr *http.Request, cs *held.Conns) (box.Forwarded, error) {
 	fr.Header.Set(connhold.EntryHeader, p.h.app.box.Self())
 	if p.sse != nil {
 		p.sse.release = func() {}
@@ -167,62 +158,31 @@ func (p *proxying) forwardSSE(fr *http.Request, cs *conns) (box.Forwarded, error
 	if !sw.resumable || sw.passthrough {
 		return box.Answered, err
 	}
-	return box.Answered, p.holdSSE(sw, cs)
+	cs.HoldSSE(p.r.Context(), p.host, &heldStream{p: p, sw: sw})
+	return box.Answered, nil
 }
 
-// sseProbe is how often a held stream whose space is not known to be awake tries a
-// reopen anyway (one that never wakes the space): the announcement of a wake elsewhere
-// may have been lost.
-const sseProbe = 30 * time.Second
+// heldStream is a resumable stream this box holds (held.Stream): each pass is a reopen
+// of the client's request, proxied through the same writer.
+type heldStream struct {
+	p  *proxying
+	sw *sseWriter
+}
 
-// holdSSE keeps a resumable stream's client response open across its instance's end and
-// reopens it wherever the space is awake next, through the request path's one door
-// (box.Serve): here, or on the peer that runs it. A reopen never wakes the space: here it
-// is tried only while the space is awake here, and a peer answers 409 where it is not
-// (connhold.ReopenHeader).
-func (p *proxying) holdSSE(sw *sseWriter, cs *conns) error {
-	ctx := p.r.Context()
-	b := p.h.app.box
-	wait := time.Second // the first try: the space may still be awake where the stream ended
-	for {
-		sw.ev.Cut()
-		if !cs.awaitAwake(ctx, p.host, sw, wait) {
-			return nil
-		}
-		wait = sseProbe
-		rt, ok := b.Lookup(p.host)
-		if !ok {
-			return nil
-		}
-		r2 := p.r.Clone(ctx)
-		if id, ok := sw.ev.LastID(); ok && id != "" {
-			r2.Header.Set("Last-Event-ID", id)
-		}
-		r2.Header.Set(connhold.ReopenHeader, "1")
-		sw.reopen(func() {})
-		q := &proxying{h: p.h, w: sw, r: r2, next: p.next, host: p.host, sse: sw}
-		switch at := cs.announcedAt(p.host); {
-		case b.Engine().Awake(p.host):
-			b.Serve(ctx, box.Request{Host: p.host}, q)
-		case at != "" && at != b.Self():
-			// Announced awake there (or it was, and answers 409).
-			q.Forward(mesh.Decision{Action: mesh.Forward, Peer: at})
-		default:
-			// Where placement sends it; served here only while awake here.
-			if d := b.Place(rt, 0, false); d.Action != mesh.Forward {
-				continue
-			}
-			b.Serve(ctx, box.Request{Host: p.host}, q)
-		}
-		switch {
-		case sw.status == 0 || sw.status == http.StatusConflict || sw.status == http.StatusServiceUnavailable:
-			continue // nothing reached an instance, or the space is not awake there: wait
-		case !sw.resumable:
-			return nil
-		}
-		wait = time.Second
+func (s *heldStream) Comment(text string) error { return s.sw.comment(text) }
+
+func (s *heldStream) Pass() box.Proxy {
+	sw, p := s.sw, s.p
+	r2 := p.r.Clone(p.r.Context())
+	if id, ok := sw.ev.LastID(); ok && id != "" {
+		r2.Header.Set("Last-Event-ID", id)
 	}
+	r2.Header.Set(connhold.ReopenHeader, "1")
+	sw.reopen(func() {})
+	return &proxying{h: p.h, w: sw, r: r2, next: p.next, host: p.host, sse: sw}
 }
+
+func (s *heldStream) Answer() (int, bool) { return s.sw.status, s.sw.resumable }
 
 // errStreamCut is proxySSE's error for a resumable stream its instance ended mid-way.
 var errStreamCut = errors.New("event stream cut by its instance")
@@ -241,52 +201,4 @@ func (p *proxying) proxySSE(sw *sseWriter, r *http.Request, proxy *reverseproxy.
 		}
 	}()
 	return proxy.ServeHTTP(sw, r, p.next)
-}
-
-// awaitAwake waits until host's space is awake here or announced awake at a peer, or
-// until try has passed, writing keepalives to sw meanwhile; false when the client went
-// away or the box is shutting down (the stream then ends with a retry hint, so the client
-// reconnects to another box).
-func (c *conns) awaitAwake(ctx context.Context, host string, sw *sseWriter, try time.Duration) bool {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	lastWrite := time.Now()
-	deadline := time.Now().Add(try)
-	for {
-		woke := c.wakeSignal(host)
-		if c.box.Engine().Awake(host) {
-			// The stream ended with its space awake: the instance ended it, or is being
-			// stopped. A moment's wait keeps an instance that ends its streams from being
-			// called in a loop.
-			select {
-			case <-ctx.Done():
-				return false
-			case <-time.After(time.Second):
-			}
-			if c.box.Engine().Awake(host) {
-				return true
-			}
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-woke:
-			return true
-		case <-tick.C:
-			if c.box.Mesh() != nil && time.Now().After(deadline) {
-				return true
-			}
-			if caddy.Exiting() || c.closed() {
-				sw.comment(sseRetry)
-				return false
-			}
-			if time.Since(lastWrite) >= sseKeepalive {
-				if sw.comment(": keepalive\n\n") != nil {
-					return false
-				}
-				lastWrite = time.Now()
-			}
-		}
-	}
 }

@@ -1,4 +1,4 @@
-package lchat
+package held
 
 import (
 	"context"
@@ -44,7 +44,7 @@ func TestEndedInstanceLeavesNoKeptConnection(t *testing.T) {
 			go srv.Serve(ln)
 			defer srv.Close()
 
-			c := &conns{log: zap.NewNop(), clients: make(map[string]*connhold.EventClient),
+			c := &Conns{log: zap.NewNop(), clients: make(map[string]*connhold.EventClient),
 				wakes: make(map[string]chan struct{}), controls: make(map[string]*http.Server), lastCkptOK: make(map[string]bool)}
 			hub, err := connhold.NewHub(connhold.Limits{}, c, nil)
 			if err != nil {

@@ -1,4 +1,4 @@
-package lchat
+package held
 
 import (
 	"net"

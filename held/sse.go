@@ -1,0 +1,113 @@
+package held
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/lchat/lchat-caddy/box"
+)
+
+// A Stream is one client's resumable event stream held by this box (connhold.Resumable):
+// the glue's writer between Caddy's reverse proxy and the client.
+type Stream interface {
+	// Comment writes raw stream text between events: a keepalive, a retry hint.
+	Comment(text string) error
+	// Pass readies the stream for its next pass, a reopen with Last-Event-ID set from
+	// its last event, and returns the door that carries it (box.Proxy).
+	Pass() box.Proxy
+	// Answer is how the last pass was answered: its status (0: nothing reached an
+	// instance) and whether it was a resumable stream.
+	Answer() (status int, resumable bool)
+}
+
+// SSEKeepalive is how often a resumable stream whose space sleeps gets a comment line,
+// so that idle intermediaries keep it open (WHATWG HTML suggests about 15 s).
+const SSEKeepalive = 15 * time.Second
+
+// SSERetry is the reconnection delay a stream ended by an exiting box asks for.
+const SSERetry = "retry: 1000\n\n"
+
+// sseProbe is how often a held stream whose space is not known to be awake tries a
+// reopen anyway (one that never wakes the space): the announcement of a wake elsewhere
+// may have been lost.
+const sseProbe = 30 * time.Second
+
+// HoldSSE keeps a resumable stream's client response open across its instance's end and
+// reopens it wherever the space is awake next, through the request path's one door
+// (box.Serve with Request.Reopen: here while it is awake here, else at the peer that
+// announced it awake or where placement sends it; never a wake). It returns when the
+// stream ends: the client went away, a reopen was answered with something other than a
+// resumable stream (the instance ended it), the route is gone, or the box is exiting
+// (the stream then ends with a retry hint, so the client reconnects to another box).
+func (c *Conns) HoldSSE(ctx context.Context, host string, s Stream) {
+	wait := time.Second // the first try: the space may still be awake where the stream ended
+	for {
+		if !c.awaitAwake(ctx, host, s, wait) {
+			return
+		}
+		wait = sseProbe
+		if _, ok := c.box.Lookup(host); !ok {
+			return
+		}
+		c.box.Serve(ctx, box.Request{Host: host, Reopen: true, AwakeAt: c.announcedAt(host)}, s.Pass())
+		switch status, resumable := s.Answer(); {
+		case status == 0 || status == http.StatusConflict || status == http.StatusServiceUnavailable:
+			continue // nothing reached an instance, or the space is not awake there: wait
+		case !resumable:
+			return
+		}
+		wait = time.Second
+	}
+}
+
+// awaitAwake waits until host's space is awake here or announced awake at a peer, or,
+// with the mesh, until try has passed, writing keepalives to s meanwhile; false when the
+// client went away or the box is exiting or closed (the stream then ends with a retry
+// hint).
+func (c *Conns) awaitAwake(ctx context.Context, host string, s Stream, try time.Duration) bool {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	lastWrite := time.Now()
+	deadline := time.Now().Add(try)
+	for {
+		woke := c.wakeSignal(host)
+		if c.box.Engine().Awake(host) {
+			// The stream ended with its space awake: the instance ended it, or is being
+			// stopped. A moment's wait keeps an instance that ends its streams from being
+			// called in a loop.
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(time.Second):
+			}
+			if c.box.Engine().Awake(host) {
+				return true
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-woke:
+			return true
+		case <-c.box.Exiting():
+			s.Comment(SSERetry)
+			return false
+		case <-tick.C:
+			if c.box.Mesh() != nil && time.Now().After(deadline) {
+				return true
+			}
+			if c.closed() {
+				s.Comment(SSERetry)
+				return false
+			}
+			if time.Since(lastWrite) >= SSEKeepalive {
+				if s.Comment(": keepalive\n\n") != nil {
+					return false
+				}
+				lastWrite = time.Now()
+			}
+		}
+	}
+}
