@@ -96,8 +96,8 @@ func (h *Hub) ControlHandler(space string) http.Handler {
 
 // readControl reads a control request's body and headers as an answer (ParseReply).
 func readControl(w http.ResponseWriter, r *http.Request) (Reply, bool) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxReplyBody+1))
-	if err != nil || len(body) > maxReplyBody {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxAnswer+1))
+	if err != nil || len(body) > MaxAnswer {
 		http.Error(w, "body too large or unreadable", http.StatusRequestEntityTooLarge)
 		return Reply{}, false
 	}

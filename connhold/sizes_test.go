@@ -205,11 +205,11 @@ func TestAppMessagesPastTheOutboundCapReachAReadingClient(t *testing.T) {
 	}
 }
 
-// TestLargestAnswer: an answer's body may be up to maxReplyBody, in any encoding, and is
+// TestLargestAnswer: an answer's body may be up to MaxAnswer, in any encoding, and is
 // parsed whole; one byte more is not an acknowledgement (a failed delivery).
 func TestLargestAnswer(t *testing.T) {
-	big := sizedMessage(maxReplyBody - len("TEXT ffffff\r\n\r\n")) // its event is maxReplyBody bytes
-	if n := len(AppendEvent(nil, Message{Payload: big})); n != maxReplyBody {
+	big := sizedMessage(MaxAnswer - len("TEXT ffffff\r\n\r\n")) // its event is MaxAnswer bytes
+	if n := len(AppendEvent(nil, Message{Payload: big})); n != MaxAnswer {
 		t.Fatalf("the event is %d bytes", n)
 	}
 	cases := []struct {
@@ -217,9 +217,9 @@ func TestLargestAnswer(t *testing.T) {
 		body        []byte
 		want        []byte
 	}{
-		{"octet-stream", "application/octet-stream", sizedMessage(maxReplyBody), sizedMessage(maxReplyBody)},
+		{"octet-stream", "application/octet-stream", sizedMessage(MaxAnswer), sizedMessage(MaxAnswer)},
 		{"websocket-events", EventsContentType, AppendEvent(nil, Message{Payload: big}), big},
-		{"octet-stream one past", "application/octet-stream", sizedMessage(maxReplyBody + 1), nil},
+		{"octet-stream one past", "application/octet-stream", sizedMessage(MaxAnswer + 1), nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -172,8 +172,9 @@ func NewEventRequest(ctx context.Context, base string, ev Event) (*http.Request,
 	return req, nil
 }
 
-// maxReplyBody bounds what the box reads of an answer.
-const maxReplyBody = 16 << 20
+// MaxAnswer bounds an answer's body (to an event, or a control call's) that the box reads:
+// the largest message an app can send to a client. A longer answer is a failed delivery.
+const MaxAnswer = 16 << 20
 
 // ErrNotDelivered, wrapped in a Deliverer's error, says no instance can have seen the
 // event (the box refused it, the instance's socket took no connection): its next delivery
@@ -200,12 +201,12 @@ func PostEvent(ctx context.Context, client Doer, base string, ev Event) (Reply, 
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return Reply{}, fmt.Errorf("%w: status %d", ErrNotAcknowledged, resp.StatusCode)
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBody+1))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswer+1))
 	if err != nil {
 		return Reply{}, fmt.Errorf("reading the answer: %w", err)
 	}
-	if len(body) > maxReplyBody {
-		return Reply{}, fmt.Errorf("answer over %d bytes", maxReplyBody)
+	if len(body) > MaxAnswer {
+		return Reply{}, fmt.Errorf("answer over %d bytes", MaxAnswer)
 	}
 	return ParseReply(resp.Header, body)
 }
