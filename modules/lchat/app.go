@@ -537,6 +537,9 @@ func (a *App) Cleanup() error {
 // Engine returns the hibernation engine.
 func (a *App) Engine() *engine.Engine { return a.box.Engine() }
 
+// Box is the running box, for the subcommands that run one in process (dev).
+func (a *App) Box() *box.Box { return a.box }
+
 // FleetView is what the console (http.handlers.lchat_console) reads: the box's console
 // source, equal across reloads as long as the box is, so the console keeps its history.
 func (a *App) FleetView() fleetview.Source { return a.box.Console() }

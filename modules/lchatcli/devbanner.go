@@ -1,4 +1,4 @@
-package lchat
+package lchatcli
 
 import (
 	"bufio"

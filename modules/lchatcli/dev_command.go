@@ -1,4 +1,4 @@
-package lchat
+package lchatcli
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lchat/lchat-caddy/internal/cli"
+	"github.com/lchat/lchat-caddy/modules/lchat"
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/sandbox"
 )
@@ -172,9 +173,9 @@ func cmdDev(fs caddycmd.Flags) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	app := appIface.(*App)
-	if _, ok := app.box.Lookup(demoHost); !ok {
-		if _, err := app.box.Create(context.Background(), registry.Spec{Host: demoHost, Kind: "demo"}); err != nil {
+	b := appIface.(*lchat.App).Box()
+	if _, ok := b.Lookup(demoHost); !ok {
+		if _, err := b.Create(context.Background(), registry.Spec{Host: demoHost, Kind: "demo"}); err != nil {
 			return caddy.ExitCodeFailedStartup, fmt.Errorf("creating %s: %v", demoHost, err)
 		}
 	}
@@ -182,7 +183,7 @@ func cmdDev(fs caddycmd.Flags) (int, error) {
 	// first thing dev prints (the start-up log has it too, at info level, among much else).
 	var notIsolated error
 	if os.Geteuid() == 0 {
-		notIsolated = app.box.Engine().WhyNotIsolated("demo")
+		notIsolated = b.Engine().WhyNotIsolated("demo")
 	}
 	abs, _ := filepath.Abs(dir)
 	devBanner(os.Stdout, selfCommand(), abs, port, admin, notIsolated)
