@@ -14,17 +14,20 @@ import (
 	"github.com/lchat/lchat-caddy/sandbox"
 )
 
-// Tmp modes of a kind: what its instances see on /tmp and /var/tmp.
+// Tmp is what a kind's instances see on /tmp and /var/tmp (Kind.Tmp).
+type Tmp string
+
+// Tmp modes of a kind.
 const (
 	// TmpAuto (the default, "") is TmpPrivate for a kind isolated on this box when the
 	// box can give it (CAP_SYS_ADMIN, mount namespaces allowed), else TmpHost (logged).
-	TmpAuto = ""
+	TmpAuto Tmp = ""
 	// TmpPrivate gives each start of an instance its own mount namespace with the
 	// space's own tmp directory on /tmp and /var/tmp: inside its disk with limits.disk,
 	// else <state_dir>/spaces/<host>/tmp (0700, the space's). It is emptied at each start.
-	TmpPrivate = "private"
+	TmpPrivate Tmp = "private"
 	// TmpHost leaves the box's /tmp to the instance: the explicit opt-out.
-	TmpHost = "host"
+	TmpHost Tmp = "host"
 )
 
 // privateTmpWorks probes once per process whether the box can give instances a /tmp of

@@ -28,18 +28,25 @@ import (
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
+// ReplicationClass is when an awake space's state is copied to the bucket
+// (Replication.Class).
+type ReplicationClass string
+
 // Replication classes.
 const (
-	ReplicateSleep      = "sleep"
-	ReplicatePeriodic   = "periodic"
-	ReplicateContinuous = "continuous"
+	// ReplicateSleep checkpoints only at sleep.
+	ReplicateSleep ReplicationClass = "sleep"
+	// ReplicatePeriodic checkpoints every Replication.Interval.
+	ReplicatePeriodic ReplicationClass = "periodic"
+	// ReplicateContinuous checkpoints within about a second of a change (debounced).
+	ReplicateContinuous ReplicationClass = "continuous"
 )
 
 // Replication is how often an awake space's state is copied to the bucket.
 type Replication struct {
-	// Class is "sleep" (checkpoint only at sleep), "periodic" or "continuous" (debounced,
-	// within about a second of a change). Default "periodic".
-	Class string
+	// Class is ReplicateSleep, ReplicatePeriodic or ReplicateContinuous. Default
+	// ReplicatePeriodic.
+	Class ReplicationClass
 	// Interval of the periodic class. Default 60s.
 	Interval time.Duration
 }
@@ -76,10 +83,10 @@ type Kind struct {
 	// upload, restore or relocate copy in flight). Default spacestore.DefaultGCGrace.
 	GCGrace time.Duration
 	// Isolation is IsolationAuto (default), IsolationOn or IsolationNone (isolate.go).
-	Isolation string
+	Isolation Isolation
 	// Network is NetworkAuto (default), NetworkNone, NetworkEgress or NetworkHost
 	// (network.go).
-	Network string
+	Network Network
 	// NetworkAllow are the ranges an egress kind's instances may reach after all
 	// (ParseAllow). Default none.
 	NetworkAllow []netip.Prefix
@@ -87,7 +94,7 @@ type Kind struct {
 	Limits Limits
 	// Tmp is TmpAuto (default), TmpPrivate or TmpHost: whether instances get a /tmp of
 	// their own (disk.go).
-	Tmp string
+	Tmp Tmp
 	// SocketActivation has the box bind and listen on the space's socket and pass it to
 	// the instance as fd 3 (LISTEN_FDS=1, LISTEN_FDNAMES=http, LISTEN_PID=1: the instance
 	// is pid 1 of its own PID namespace), so a wake proxies the first request at once

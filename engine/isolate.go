@@ -16,17 +16,21 @@ import (
 	"github.com/lchat/lchat-caddy/sandbox"
 )
 
+// Isolation is how a kind's instances are kept apart from the box and from each other
+// (Kind.Isolation).
+type Isolation string
+
 // Isolation modes of a kind.
 const (
 	// IsolationAuto (the default, "") isolates where this box can: it holds the
 	// capabilities, has a writable cgroup hierarchy, and its state dir is reachable by
 	// other uids. Otherwise the kind runs as the box's own user (logged at start).
-	IsolationAuto = ""
+	IsolationAuto Isolation = ""
 	// IsolationOn isolates or refuses the kind, naming what is missing.
-	IsolationOn = "on"
+	IsolationOn Isolation = "on"
 	// IsolationNone runs the instance as the box's own user, in a process group: the
 	// explicit opt-out (a development box that is not root).
-	IsolationNone = "none"
+	IsolationNone Isolation = "none"
 )
 
 // Limits bound one space's instance and all its descendants; zero fields are unlimited.
@@ -229,7 +233,7 @@ func (e *Engine) logIsolation(kinds map[string]Kind) {
 			f = append(f, zap.String("cgroups", cg.Describe()))
 		}
 		mode, whyNot, _ := e.network(k, iso)
-		f = append(f, zap.String("network", mode))
+		f = append(f, zap.String("network", string(mode)))
 		if whyNot != nil {
 			f = append(f, zap.NamedError("network_why_not_egress", whyNot))
 		}

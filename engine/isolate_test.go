@@ -243,14 +243,14 @@ func BenchmarkWakeSleepIsolation(b *testing.B) {
 		b.Skip("needs root")
 	}
 	dir, inst := reachableInstance(b, "isob")
-	per := map[string]time.Duration{}
-	for _, mode := range []string{IsolationNone, IsolationOn} {
-		b.Run("isolation="+mode, func(b *testing.B) {
+	per := map[Isolation]time.Duration{}
+	for _, mode := range []Isolation{IsolationNone, IsolationOn} {
+		b.Run("isolation="+string(mode), func(b *testing.B) {
 			fb, err := filebucket.New(b.TempDir())
 			if err != nil {
 				b.Fatal(err)
 			}
-			e, err := New(Config{Bucket: fb, StateDir: filepath.Join(dir, "state-"+mode), Holder: "box", Incarnation: "1",
+			e, err := New(Config{Bucket: fb, StateDir: filepath.Join(dir, "state-"+string(mode)), Holder: "box", Incarnation: "1",
 				Kinds: map[string]Kind{"app": {Command: inst, Env: map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
 					Replication: Replication{Class: ReplicateSleep}, StopGrace: 5 * time.Second, Isolation: mode, Network: NetworkHost}},
 				UIDFirst: 3200400, UIDCount: 100, PageReader: pagereadtest.Binary(b)})

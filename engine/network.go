@@ -11,21 +11,24 @@ import (
 	"github.com/lchat/lchat-caddy/sandbox"
 )
 
-// Network modes of a kind: what its instances reach over the network.
+// Network is what a kind's instances reach over the network (Kind.Network).
+type Network string
+
+// Network modes of a kind.
 const (
 	// NetworkAuto (the default, "") is NetworkEgress for a kind isolated on this box
 	// when the box can install the egress filter, else NetworkHost (logged at start).
-	NetworkAuto = ""
+	NetworkAuto Network = ""
 	// NetworkNone runs each instance in an empty network namespace: its own loopback
 	// only. The box still reaches it over its Unix socket, a filesystem path.
-	NetworkNone = "none"
+	NetworkNone Network = "none"
 	// NetworkEgress lets an instance reach the internet and the box's resolver, and
 	// refuses at once its connections to the box (its loopback and its own addresses),
 	// link-local and metadata addresses, private ranges and the mesh peers, except the
 	// kind's NetworkAllow prefixes (sandbox.Firewall).
-	NetworkEgress = "egress"
+	NetworkEgress Network = "egress"
 	// NetworkHost leaves the instance's network as the box's own: the explicit opt-out.
-	NetworkHost = "host"
+	NetworkHost Network = "host"
 )
 
 // ParseAllow reads one entry of a kind's allow list: a prefix (10.1.0.0/16, fd12::/16)
@@ -147,7 +150,7 @@ func (e *Engine) closeFirewall() {
 // network is how instances of k run on this box, given whether k is isolated here. An
 // error means a kind that asks for none or egress cannot have it; whyNot says why an
 // unset network is host.
-func (e *Engine) network(k Kind, iso bool) (mode string, whyNot, err error) {
+func (e *Engine) network(k Kind, iso bool) (mode Network, whyNot, err error) {
 	switch k.Network {
 	case NetworkHost:
 		return NetworkHost, nil, nil
@@ -173,7 +176,7 @@ func (e *Engine) network(k Kind, iso bool) (mode string, whyNot, err error) {
 
 // admitNetwork readies the network of one start of an isolated instance under uid and
 // returns its release, to call once the instance has ended (nil: nothing to release).
-func (e *Engine) admitNetwork(k Kind, mode string, uid uint32) (func(), error) {
+func (e *Engine) admitNetwork(k Kind, mode Network, uid uint32) (func(), error) {
 	fw := e.openFirewall()
 	switch {
 	case fw == nil || mode == NetworkNone:

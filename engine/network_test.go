@@ -260,8 +260,10 @@ func TestWakeCostByNetwork(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("LCHAT_WAKE_COST_ROUNDS")); err == nil && n > 0 {
 		rounds = n
 	}
-	alone := networkEngine(t, map[string]Kind{NetworkHost: {Network: NetworkHost, Tmp: TmpHost}}, 3200700, nil)
-	confined := networkEngine(t, map[string]Kind{NetworkEgress: {Network: NetworkEgress, Tmp: TmpHost}, NetworkNone: {Network: NetworkNone, Tmp: TmpHost}}, 3200800, nil)
+	// Each mode's kind is named after it.
+	const hostMode, egressMode, noneMode = string(NetworkHost), string(NetworkEgress), string(NetworkNone)
+	alone := networkEngine(t, map[string]Kind{hostMode: {Network: NetworkHost, Tmp: TmpHost}}, 3200700, nil)
+	confined := networkEngine(t, map[string]Kind{egressMode: {Network: NetworkEgress, Tmp: TmpHost}, noneMode: {Network: NetworkNone, Tmp: TmpHost}}, 3200800, nil)
 	if alone.openFirewall() != nil || confined.openFirewall() == nil {
 		t.Fatal("the isolation-alone engine has an egress filter, or the confined one has none")
 	}
@@ -273,11 +275,11 @@ func TestWakeCostByNetwork(t *testing.T) {
 	if p, why := tmpOnly.privateTmp(tmpOnly.Kinds()[privTmp], true); !p {
 		t.Fatalf("the private /tmp engine gives none: %v", why)
 	}
-	if p, _ := alone.privateTmp(alone.Kinds()[NetworkHost], true); p {
+	if p, _ := alone.privateTmp(alone.Kinds()[hostMode], true); p {
 		t.Fatal("the isolation-alone engine gives a private /tmp")
 	}
-	modes := []string{NetworkHost, NetworkEgress, NetworkNone, privTmp, full}
-	engines := map[string]*Engine{NetworkHost: alone, NetworkEgress: confined, NetworkNone: confined, privTmp: tmpOnly, full: fullEngine}
+	modes := []string{hostMode, egressMode, noneMode, privTmp, full}
+	engines := map[string]*Engine{hostMode: alone, egressMode: confined, noneMode: confined, privTmp: tmpOnly, full: fullEngine}
 	took := map[string][]time.Duration{}
 	for i := range rounds + 1 {
 		for j := range modes {
@@ -309,14 +311,14 @@ func TestWakeCostByNetwork(t *testing.T) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "wake cost over %d interleaved rounds:\n", rounds)
-	names := map[string]string{NetworkHost: "isolation on alone", NetworkEgress: "+ network egress", NetworkNone: "+ network none",
+	names := map[string]string{hostMode: "isolation on alone", egressMode: "+ network egress", noneMode: "+ network none",
 		privTmp: "+ private /tmp", full: "+ egress, disk, private /tmp"}
 	for _, m := range modes {
 		fmt.Fprintf(&b, "  %-30s p50 %6.2f ms  p99 %6.2f ms\n", names[m], ms(pct(took[m], .5)), ms(pct(took[m], .99)))
 	}
 	for _, m := range modes[1:] {
 		fmt.Fprintf(&b, "  %-30s costs: p50 %+.2f ms, p99 %+.2f ms\n", names[m],
-			ms(pct(took[m], .5)-pct(took[NetworkHost], .5)), ms(pct(took[m], .99)-pct(took[NetworkHost], .99)))
+			ms(pct(took[m], .5)-pct(took[hostMode], .5)), ms(pct(took[m], .99)-pct(took[hostMode], .99)))
 	}
 	t.Log(b.String())
 }
