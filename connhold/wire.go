@@ -326,9 +326,6 @@ func ParseEvents(body []byte) (msgs []Message, closeCode int, reason string, err
 				return nil, 0, "", fmt.Errorf("websocket-events: bad length in %q", truncate(line))
 			}
 			payload = bytes.Clone(body[:n])
-			if payload == nil {
-				payload = []byte{}
-			}
 			if !bytes.HasPrefix(body[n:], []byte("\r\n")) {
 				return nil, 0, "", errors.New("websocket-events: payload not followed by CRLF")
 			}
