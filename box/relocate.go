@@ -27,7 +27,7 @@ func (b *Box) Relocate(ctx context.Context, req mesh.RelocateRequest) (mesh.Relo
 		DeadAfter:     ms.m.Config().DeadAfter,
 		OpTimeout:     ms.m.Config().OpTimeout,
 		Routes:        b.reg,
-		AwakeHere:     b.eng.Awake, // awake or waking here
+		AwakeHere:     b.eng.Here, // awake or waking here
 		HolderLive:    ms.m.HolderLive,
 		Replicator:    ms.repl,
 		DNS:           s.RelocateDNS,

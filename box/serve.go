@@ -149,7 +149,7 @@ func (b *Box) Serve(ctx context.Context, req Request, p Proxy) error {
 // space is not awake where the reopen could go, and a reopen never wakes it).
 func (b *Box) placeReopen(rt *registry.Route, req Request, d mesh.Decision) mesh.Decision {
 	switch {
-	case b.eng.Awake(rt.Host):
+	case b.eng.Here(rt.Host):
 		return mesh.Decision{Action: mesh.Serve}
 	case req.Hops > 0:
 	case req.AwakeAt != "" && req.AwakeAt != b.Self():
@@ -228,7 +228,7 @@ func (b *Box) Place(rt *registry.Route, hops int, viaHint bool) mesh.Decision {
 	if ms == nil {
 		return mesh.Decision{Action: mesh.Serve}
 	}
-	awake := rt.Hibernate && b.eng.Awake(rt.Host)
+	awake := rt.Hibernate && b.eng.Here(rt.Host)
 	d := ms.box.Place(mesh.Request{Route: rt, Hops: hops, AwakeHere: awake, ViaHint: viaHint})
 	if d.Action == mesh.Unavailable {
 		ms.C.LivesAtLoops.Add(1)

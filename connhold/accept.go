@@ -34,6 +34,22 @@ func headerHasToken(h http.Header, name, token string) bool {
 
 const acceptGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
+// CheckHandshake reports why r is not a WebSocket handshake the box can complete: a
+// Sec-WebSocket-Key that is not 16 bytes in base64, or a Sec-WebSocket-Version other than
+// 13, for which it sets Sec-WebSocket-Version: 13 on h (RFC 6455 section 4.4: the refusal
+// names the version the box speaks). The caller answers 400. The glue asks before it
+// proxies an upgrade, so a handshake the box would refuse never wakes a space.
+func CheckHandshake(r *http.Request, h http.Header) error {
+	if raw, err := base64.StdEncoding.DecodeString(r.Header.Get("Sec-WebSocket-Key")); err != nil || len(raw) != 16 {
+		return errors.New("bad Sec-WebSocket-Key")
+	}
+	if r.Header.Get("Sec-WebSocket-Version") != "13" {
+		h.Set("Sec-WebSocket-Version", "13")
+		return errors.New("unsupported Sec-WebSocket-Version")
+	}
+	return nil
+}
+
 // Accept completes the WebSocket handshake of r itself (101, Sec-WebSocket-Accept, the
 // subprotocol the instance chose, which must be one the client offered), hijacks the
 // connection and holds it (Adopt). open is the instance's answer to the upgrade request;
@@ -42,15 +58,10 @@ const acceptGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 // header RFC 6455 section 4.4 asks for, Sec-WebSocket-Version: 13, is set on w); a connection that cannot be parked (a listener
 // wrapper without a file descriptor) is answered 503 here, after the hijack.
 func (h *Hub) Accept(w http.ResponseWriter, r *http.Request, space, id string, open Reply, protocol string) (*Conn, error) {
+	if err := CheckHandshake(r, w.Header()); err != nil {
+		return nil, err
+	}
 	key := r.Header.Get("Sec-WebSocket-Key")
-	if raw, err := base64.StdEncoding.DecodeString(key); err != nil || len(raw) != 16 {
-		return nil, errors.New("bad Sec-WebSocket-Key")
-	}
-	if r.Header.Get("Sec-WebSocket-Version") != "13" {
-		// RFC 6455 section 4.4: the refusal names the version the box speaks.
-		w.Header().Set("Sec-WebSocket-Version", "13")
-		return nil, errors.New("unsupported Sec-WebSocket-Version")
-	}
 	if protocol != "" && !headerHasToken(r.Header, "Sec-WebSocket-Protocol", protocol) {
 		return nil, fmt.Errorf("the instance chose subprotocol %q, which the client did not offer", protocol)
 	}

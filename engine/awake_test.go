@@ -154,7 +154,7 @@ func newAwakeTestEngine(t testing.TB, delay time.Duration) *Engine {
 	return e
 }
 
-// TestAwake follows one space through a real wake and sleep: Awake is true from the
+// TestAwake follows one space through a real wake and sleep: Here is true from the
 // start of the wake until the sleep begins, and false for hosts the engine never saw.
 func TestAwake(t *testing.T) {
 	e := newAwakeTestEngine(t, 300*time.Millisecond)
@@ -227,7 +227,7 @@ func TestAwakeNoAlloc(t *testing.T) {
 	}
 }
 
-// BenchmarkAwake compares Awake with the Status scan the handler used before, with 1000
+// BenchmarkAwake compares Here with the Status scan the handler used before, with 1000
 // spaces known to the engine.
 func BenchmarkAwake(b *testing.B) {
 	e := newAwakeTestEngine(b, 0)

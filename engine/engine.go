@@ -413,11 +413,6 @@ func (e *Engine) Here(host string) bool {
 	return in != nil && in.here.Load()
 }
 
-// Awake is Here: true while host's space is waking, too.
-//
-// Deprecated: use Here, whose name says that a waking space counts.
-func (e *Engine) Awake(host string) bool { return e.Here(host) }
-
 // Counters reports the totals.
 func (e *Engine) Counters() Counters {
 	return Counters{

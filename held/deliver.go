@@ -15,10 +15,6 @@ import (
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
-// MaxOpenAnswer bounds an instance's opt-in answer (the one that holds a WebSocket) and
-// a peer's answer to a forwarded event that the box reads whole.
-const MaxOpenAnswer = 1 << 20
-
 // Deliver carries ev through the request path's one door (box.Serve, eventDoor) to its
 // space's instance: here, waking the space, or on the peer that runs it. The delivery is
 // a use of the space like any request, so the space sleeps its idle timeout after the
@@ -145,9 +141,12 @@ func readForwardedAnswer(resp *http.Response) (connhold.Reply, error) {
 		}
 		return connhold.Reply{}, err
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxOpenAnswer+1))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, connhold.MaxAnswer+1))
 	if err != nil {
 		return connhold.Reply{}, fmt.Errorf("reading the peer's answer: %w", err)
+	}
+	if len(body) > connhold.MaxAnswer {
+		return connhold.Reply{}, fmt.Errorf("%w: the peer's answer is over %d bytes", connhold.ErrNotAcknowledged, connhold.MaxAnswer)
 	}
 	reply, err := connhold.ParseReply(resp.Header, body)
 	if err != nil {

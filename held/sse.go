@@ -72,7 +72,7 @@ func (c *Conns) awaitAwake(ctx context.Context, host string, s Stream, try time.
 	deadline := time.Now().Add(try)
 	for {
 		woke := c.wakeSignal(host)
-		if c.box.Engine().Awake(host) {
+		if c.box.Engine().Here(host) {
 			// The stream ended with its space awake: the instance ended it, or is being
 			// stopped. A moment's wait keeps an instance that ends its streams from being
 			// called in a loop.
@@ -81,7 +81,7 @@ func (c *Conns) awaitAwake(ctx context.Context, host string, s Stream, try time.
 				return false
 			case <-time.After(time.Second):
 			}
-			if c.box.Engine().Awake(host) {
+			if c.box.Engine().Here(host) {
 				return true
 			}
 			continue

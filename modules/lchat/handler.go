@@ -114,6 +114,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// Only a peer names connections and entry boxes (package held).
 		connhold.StripPeerHeaders(r.Header)
 		r.Header.Del(connhold.ConnIDHeader)
+		if h.app.conns != nil && connhold.IsUpgrade(r) {
+			// A handshake the box could not complete is refused before it wakes a space.
+			if err := connhold.CheckHandshake(r, w.Header()); err != nil {
+				return caddyhttp.Error(http.StatusBadRequest, err)
+			}
+		}
 	}
 	p := &proxying{h: h, w: w, r: r, next: next, host: host, hops: hops}
 	// A peer reopening an event stream it holds: never a wake (box.Request.Reopen).

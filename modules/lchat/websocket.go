@@ -53,7 +53,7 @@ func (w *holdWriter) Write(b []byte) (int, error) {
 	if !w.held {
 		return w.ResponseWriter.Write(b)
 	}
-	if w.body.Len()+len(b) > held.MaxOpenAnswer {
+	if w.body.Len()+len(b) > connhold.MaxAnswer {
 		return 0, errors.New("opt-in answer too large")
 	}
 	return w.body.Write(b)
