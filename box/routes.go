@@ -39,7 +39,7 @@ func (b *Box) settle(ctx context.Context, host string, discard bool) error {
 	case !ok && discard:
 		return b.eng.Discard(ctx, host)
 	case !ok:
-		return b.eng.Forget(ctx, host)
+		return b.eng.Remove(ctx, host)
 	case !rt.Hibernate:
 		return b.eng.Sleep(ctx, host)
 	}

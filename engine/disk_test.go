@@ -118,7 +118,7 @@ func postNote(t *testing.T, e *Engine, sp Space, note string) {
 // TestDiskKindMountsOnceAndLeavesWithTheSpace: a space of a kind with limits.disk writes
 // into its data dir on its own filesystem; the disk stays mounted, on the same loop
 // device, across a sleep and a wake; a second box restores the space into a disk of its
-// own; Forget unmounts the disk, clears its loop device and deletes the image; Close
+// own; Remove unmounts the disk, clears its loop device and deletes the image; Close
 // unmounts the rest.
 func TestDiskKindMountsOnceAndLeavesWithTheSpace(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -159,11 +159,11 @@ func TestDiskKindMountsOnceAndLeavesWithTheSpace(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The space moves: this box forgets it, another restores it into its own disk.
-	if err := e.Forget(context.Background(), host); err != nil {
+	if err := e.Remove(context.Background(), host); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(image); !os.IsNotExist(err) {
-		t.Errorf("image after Forget: %v", err)
+		t.Errorf("image after Remove: %v", err)
 	}
 	waitLoopsGone(t, image)
 	e2, state2 := diskEngine(t, b, map[string]Kind{"app": {Limits: Limits{DiskBytes: 32 << 20}}}, 3200900)

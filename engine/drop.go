@@ -8,14 +8,14 @@ import (
 	"path/filepath"
 )
 
-// Forget is the removal of a route: the space's latest state is saved first (stop,
+// Remove is the removal of a route: the space's latest state is saved first (stop,
 // checkpoint, release the lease: a sleep), then its scheduled wake record and its local
 // state are deleted; its bucket data stays, so a re-created route finds every write
 // acknowledged before the removal. When the checkpoint cannot be made (a bucket error,
 // a fenced box) the local state is kept and an error returned: a removal never loses
-// writes silently. Discard is the separate choice of dropping unsaved state. Forget
+// writes silently. Discard is the separate choice of dropping unsaved state. Remove
 // deletes the wake record even when this engine never ran the space.
-func (e *Engine) Forget(ctx context.Context, host string) error {
+func (e *Engine) Remove(ctx context.Context, host string) error {
 	in := e.lookup(host)
 	if in == nil {
 		if validHost(host) {

@@ -190,7 +190,7 @@ func TestScheduledWakeRecordSurvivesFailedWrite(t *testing.T) {
 	failPuts.Store(1 << 30)
 	failDeletes.Store(1)
 	sleepAsking("b.example.com", at)
-	if err := e.Forget(context.Background(), "b.example.com"); err != nil {
+	if err := e.Remove(context.Background(), "b.example.com"); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the retried removal to land", func() bool { return failDeletes.Load() < 0 })
@@ -202,16 +202,16 @@ func TestScheduledWakeRecordSurvivesFailedWrite(t *testing.T) {
 	}
 }
 
-// TestForgetDeletesWakeRecord: removing a route deletes its scheduled wake record, even
+// TestRemoveDeletesWakeRecord: removing a route deletes its scheduled wake record, even
 // on a box that never ran the space.
-func TestForgetDeletesWakeRecord(t *testing.T) {
+func TestRemoveDeletesWakeRecord(t *testing.T) {
 	e, c := newCountingEngine(t, Config{})
 	defer e.Close()
 	const host = "gone.example.com"
 	if _, err := spacestore.PutWake(context.Background(), c, host, time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Forget(context.Background(), host); err != nil {
+	if err := e.Remove(context.Background(), host); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := wakeRecord(t, c, host); ok {

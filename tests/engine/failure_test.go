@@ -76,7 +76,7 @@ func TestFailedCheckpointKeepsLocalStateUntilFlushed(t *testing.T) {
 	}
 }
 
-func TestForgetDropsLocalStateOnly(t *testing.T) {
+func TestRemoveDropsLocalStateOnly(t *testing.T) {
 	f := newFixture(t)
 	e := f.engine("1", func(c *engine.Config) {})
 	sp := engine.Space{Host: "gone.test", Kind: "app"}
@@ -89,7 +89,7 @@ func TestForgetDropsLocalStateOnly(t *testing.T) {
 	pid := status(e, sp.Host).PID
 	u.Release()
 	_, etag, _ := spacestore.ReadManifest(ctx, f.bucket, sp.Host)
-	if err := e.Forget(ctx, sp.Host); err != nil {
+	if err := e.Remove(ctx, sp.Host); err != nil {
 		t.Fatal(err)
 	}
 	if alive(pid) {

@@ -90,10 +90,10 @@ func forgetTestEngine(t *testing.T, mod ...func(*Config)) (*Engine, *membucket.C
 	return e, c
 }
 
-// TestForgetSavesBeforeRemoving: removing (or tombstoning) an awake space saves the
+// TestRemoveSavesBeforeRemoving: removing (or tombstoning) an awake space saves the
 // writes it acknowledged since its last checkpoint; a re-created route finds them. The
-// old Forget stopped the instance and dropped its data dir without a checkpoint.
-func TestForgetSavesBeforeRemoving(t *testing.T) {
+// old Remove (then Forget) stopped the instance and dropped its data dir without a checkpoint.
+func TestRemoveSavesBeforeRemoving(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs real instances")
 	}
@@ -107,7 +107,7 @@ func TestForgetSavesBeforeRemoving(t *testing.T) {
 	post(t, u, "/acknowledged-1")
 	post(t, u, "/acknowledged-2")
 	u.Release()
-	if err := e.Forget(ctx, sp.Host); err != nil {
+	if err := e.Remove(ctx, sp.Host); err != nil {
 		t.Fatal(err)
 	}
 	if got := savedNotes(t, c.Bucket, sp.Host); got != "/acknowledged-1\n/acknowledged-2\n" {
@@ -128,14 +128,14 @@ func TestForgetSavesBeforeRemoving(t *testing.T) {
 	post(t, u, "/acknowledged-3")
 	u.Release()
 	refuse := refuseManifests(c)
-	if err := e.Forget(ctx, sp.Host); err == nil {
+	if err := e.Remove(ctx, sp.Host); err == nil {
 		t.Fatal("removal with a failing checkpoint reported success")
 	}
 	if e.lookup(sp.Host) == nil {
 		t.Fatal("local state dropped although the checkpoint failed")
 	}
 	refuse.Store(false)
-	if err := e.Forget(ctx, sp.Host); err != nil {
+	if err := e.Remove(ctx, sp.Host); err != nil {
 		t.Fatalf("removal once the bucket takes writes again: %v", err)
 	}
 	if got := savedNotes(t, c.Bucket, sp.Host); !strings.HasSuffix(got, "/acknowledged-3\n") {
@@ -172,13 +172,13 @@ func TestDiscardDropsUnsavedState(t *testing.T) {
 	}
 }
 
-// TestAcquireAfterForgetTakesTheNewInst: a request that found a space's inst before a
+// TestAcquireAfterRemoveTakesTheNewInst: a request that found a space's inst before a
 // removal dropped it (a tombstone arriving while requests run, then the route created
 // again) wakes the host's current inst, never the forgotten one: before, it woke the
 // orphan while the next requests woke a new inst, two instances of one space on one box
 // whose checkpoints overwrote each other's writes and whose cleanup removed the other's
 // socket (found by the 30-minute fault campaign).
-func TestAcquireAfterForgetTakesTheNewInst(t *testing.T) {
+func TestAcquireAfterRemoveTakesTheNewInst(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs real instances")
 	}
@@ -192,7 +192,7 @@ func TestAcquireAfterForgetTakesTheNewInst(t *testing.T) {
 	post(t, u, "/before-removal")
 	u.Release()
 	stale := e.lookup(sp.Host) // what a request in flight holds
-	if err := e.Forget(ctx, sp.Host); err != nil {
+	if err := e.Remove(ctx, sp.Host); err != nil {
 		t.Fatal(err)
 	}
 	kind, _ := e.kind(sp.Kind)
