@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coder/websocket"
@@ -502,4 +503,45 @@ func TestHandshakeOfAnotherVersionNamesVersion13(t *testing.T) {
 			t.Errorf("version %q: %d with Sec-WebSocket-Version %q, want 400 naming 13", version, resp.StatusCode, resp.Header.Get("Sec-WebSocket-Version"))
 		}
 	}
+}
+
+// TestWaitGoneWaitsOnTheState: the shutdown's wait for a socket to end returns when its
+// state moves to gone, and when its context ends, with no poll between (synctest: a wait
+// that polled would not be durably blocked).
+func TestWaitGoneWaitsOnTheState(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := &Conn{}
+		c.room.L = &c.mu
+		done := make(chan struct{})
+		go func() { c.waitGone(context.Background()); close(done) }()
+		synctest.Wait()
+		select {
+		case <-done:
+			t.Fatal("waitGone returned while the socket is open")
+		default:
+		}
+		c.mu.Lock()
+		c.setStateLocked(stateGone)
+		c.mu.Unlock()
+		synctest.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatal("waitGone still waits after the socket is gone")
+		}
+
+		c2 := &Conn{}
+		c2.room.L = &c2.mu
+		ctx, cancel := context.WithCancel(context.Background())
+		done2 := make(chan struct{})
+		go func() { c2.waitGone(ctx); close(done2) }()
+		synctest.Wait()
+		cancel()
+		synctest.Wait()
+		select {
+		case <-done2:
+		default:
+			t.Fatal("waitGone still waits after its context ended")
+		}
+	})
 }

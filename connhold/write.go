@@ -237,17 +237,17 @@ func (c *Conn) abort(code int, why string) {
 }
 
 // waitGone waits until the socket has ended or ctx ends.
+// It waits on room, which every change of state signals (setStateLocked).
 func (c *Conn) waitGone(ctx context.Context) {
-	for ctx.Err() == nil {
+	stop := context.AfterFunc(ctx, func() {
 		c.mu.Lock()
-		gone := c.state >= stateGone
+		c.room.Broadcast()
 		c.mu.Unlock()
-		if gone {
-			return
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Millisecond):
-		}
+	})
+	defer stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.state < stateGone && ctx.Err() == nil {
+		c.room.Wait()
 	}
 }
