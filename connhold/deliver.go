@@ -5,8 +5,15 @@ import (
 	"slices"
 	"time"
 
+	"github.com/lchat/lchat-caddy/internal/backoff"
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
+
+// redeliveryBackoff spaces the deliveries of an event the instance did not acknowledge
+// (deliverLoop): 100ms after the first failure, doubling to 5s, until MaxAttempts
+// failures in a row close the connection. Limits.RetryFirst and RetryMax replace its
+// First and Max (Limits.redelivery).
+var redeliveryBackoff = backoff.Curve{First: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // pendingMsg is one event kept for the instance: undelivered, or acknowledged and waiting
 // for a checkpoint that started after its acknowledgement.
@@ -177,7 +184,7 @@ func (c *Conn) deliverLoop() {
 			}
 			select {
 			case <-h.ctx.Done():
-			case <-time.After(backoff(h.lim, attempts)):
+			case <-time.After(h.lim.redelivery().After(attempts)):
 			}
 			continue
 		}
@@ -242,12 +249,17 @@ func (c *Conn) replay(match func(*pendingMsg) bool) int {
 	return n
 }
 
-func backoff(l Limits, attempts int) time.Duration {
-	d := l.RetryFirst
-	for i := 1; i < attempts && d < l.RetryMax; i++ {
-		d *= 2
+// redelivery is the curve of l's redeliveries: redeliveryBackoff, with RetryFirst and
+// RetryMax in place of its First and Max where they are set.
+func (l Limits) redelivery() backoff.Curve {
+	c := redeliveryBackoff
+	if l.RetryFirst > 0 {
+		c.First = l.RetryFirst
 	}
-	return min(d, l.RetryMax)
+	if l.RetryMax > 0 {
+		c.Max = l.RetryMax
+	}
+	return c
 }
 
 // acked stamps an acknowledgement on space's clock, and reports whether to ask for a
