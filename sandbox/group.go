@@ -350,7 +350,16 @@ func (g *Group) Kill() error {
 	return fmt.Errorf("cgroup %s still has processes after kill", g.members)
 }
 
+// waitEmpty waits until no process is left in the group, at most d: on a v2 group on the
+// kernel's word (cgroup.events "populated 0", waitEvents); v1 has no such event, so its
+// membership is polled.
 func (g *Group) waitEmpty(d time.Duration) error {
+	if g.v2 != "" && g.members == g.v2 {
+		if err := waitEvents(filepath.Join(g.v2, "cgroup.events"), "populated 0", d); err != nil {
+			return fmt.Errorf("cgroup %s still has processes: %v", g.members, err)
+		}
+		return nil
+	}
 	deadline := time.Now().Add(d)
 	for {
 		if len(g.Pids()) == 0 {
@@ -394,7 +403,17 @@ func (g *Group) Thaw() error {
 	return nil
 }
 
+// waitState waits until the file at path says want, at most 10 s, thawing the group if it
+// never does: a v2 cgroup.events file on the kernel's word (waitEvents), v1's freezer.state
+// (which has no event) polled.
 func (g *Group) waitState(path, want string) error {
+	if filepath.Base(path) == "cgroup.events" {
+		if err := waitEvents(path, want, 10*time.Second); err != nil {
+			g.Thaw()
+			return err
+		}
+		return nil
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		b, err := os.ReadFile(path)
@@ -463,4 +482,50 @@ func unixAccessW(path string) bool { return unix.Access(path, unix.W_OK) == nil 
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// waitEvents waits until the cgroup v2 events file at path has the line want ("populated
+// 0", "frozen 1"), at most d. The kernel signals every change of the file as a modify
+// event (cgroup-v2.rst, "cgroup.events"): the wait is woken by it through inotify, and
+// reads the file again at each one.
+func waitEvents(path, want string, d time.Duration) error {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("watching %s: %v", path, err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, path, unix.IN_MODIFY); err != nil {
+		return fmt.Errorf("watching %s: %v", path, err)
+	}
+	deadline := time.Now().Add(d)
+	buf := make([]byte, 4096)
+	for {
+		// Read after the watch is set: a change between the two is not missed.
+		if b, err := os.ReadFile(path); err == nil && hasLine(b, want) {
+			return nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("%s did not reach %q", path, want)
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(pfd, int(left/time.Millisecond)+1); err != nil && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("watching %s: %v", path, err)
+		}
+		for {
+			if n, err := unix.Read(fd, buf); n <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
+
+// hasLine reports whether data has the line want.
+func hasLine(data []byte, want string) bool {
+	for line := range bytes.Lines(data) {
+		if string(bytes.TrimSpace(line)) == want {
+			return true
+		}
+	}
+	return false
 }

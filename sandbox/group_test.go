@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -337,5 +338,31 @@ func TestFreezeStopsEveryProcessUntilThaw(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if after := ticks(); after == before {
 		t.Fatal("the busy loop did not run again after Thaw")
+	}
+}
+
+// TestWaitEventsWakesOnTheChange: the wait on a cgroup.events line returns when the file
+// changes to hold it (an inotify modify event, as the kernel sends for cgroup.events), and
+// says what it waited for when it never does.
+func TestWaitEventsWakesOnTheChange(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cgroup.events")
+	if err := os.WriteFile(path, []byte("populated 1\nfrozen 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- waitEvents(path, "populated 0", time.Minute) }()
+	select {
+	case err := <-done:
+		t.Fatalf("returned before the change: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := os.WriteFile(path, []byte("populated 0\nfrozen 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("after the change: %v", err)
+	}
+	if err := waitEvents(path, "frozen 1", 20*time.Millisecond); err == nil || !strings.Contains(err.Error(), `"frozen 1"`) {
+		t.Fatalf("a line that never comes: %v", err)
 	}
 }
