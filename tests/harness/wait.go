@@ -5,19 +5,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/internal/backoff"
 )
 
 // waitCurve is how often WaitFor asks its condition: at once, then 1 ms later, doubling
 // to every 50 ms. A condition that holds soon (an in-process state) is seen within a
 // millisecond or two; one that takes seconds (a box's timers, a sync, a membership beat)
 // costs the box one question per 50 ms, and a duration WaitFor returns is within 50 ms.
-var waitCurve = engine.Backoff{First: time.Millisecond, Max: 50 * time.Millisecond}
+var waitCurve = backoff.Curve{First: time.Millisecond, Max: 50 * time.Millisecond}
 
-// WaitFor waits until cond holds and returns how long that took. The boxes' timers
-// (idle, sync, heartbeat, scheduled wakes) run in other processes, so there is no clock
-// to drive: a test waits on the outcome it relies on, never on a guess of how long it
-// takes. cond is asked at once, then on waitCurve, and once more at the deadline. If it
+// WaitFor waits until cond holds and returns how long that took. It is the one polling
+// wait of the tests under tests/: a box's timers (idle, sync, heartbeat, scheduled wakes)
+// run in another process, so there is no clock to drive, and a test waits on the outcome
+// it relies on, never on a guess of how long that takes. A caller that has a channel for
+// the outcome waits on the channel instead. cond is asked at once, then on waitCurve, and once more at the deadline. If it
 // still does not hold after timeout, WaitFor fails the test with Fatalf ("timed out
 // after 10s waiting for <what>"), followed by the answer of each diag (the last status
 // seen, say), so a failure names its cause. Like Fatalf, call it from the test's own
