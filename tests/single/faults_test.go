@@ -204,8 +204,8 @@ func TestInstanceDiesMidRequestIs503(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	// The rest of the body arrives after the death.
-	time.Sleep(200 * time.Millisecond)
+	// The rest of the body arrives after the death: once the box has reaped the instance.
+	harness.WaitFor(t, 10*time.Second, "the killed instance reaped", func() bool { return syscall.Kill(pid, 0) != nil })
 	pw.Write([]byte(`"}`))
 	pw.Close()
 	var a answer
