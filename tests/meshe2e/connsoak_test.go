@@ -46,8 +46,13 @@ func TestHeldMessagesAppliedOnceAcrossKillAndDrain(t *testing.T) {
 	// twice (a message applied by an instance whose box died before its checkpoint is
 	// applied again by the next), which the ledger check below counts.
 	var sent atomic.Int64
-	var limit atomic.Int64 // each client sends its messages below this index, then waits
 	total := rounds * 4 * perPhase
+	// gates[k] holds client k's leave to send: one token per message, perPhase of them
+	// given at each phase; a client without one waits.
+	gates := make([]chan struct{}, clients)
+	for k := range gates {
+		gates[k] = make(chan struct{}, total)
+	}
 	cls := make([]*heldClient, clients)
 	for k := range cls {
 		cls[k] = dialHeld(t, c, a, host, "/ws")
@@ -59,8 +64,10 @@ func TestHeldMessagesAppliedOnceAcrossKillAndDrain(t *testing.T) {
 		wg.Go(func() {
 			oks := map[string]bool{}
 			for i := range total {
-				for int64(i) >= limit.Load() {
-					time.Sleep(5 * time.Millisecond)
+				select {
+				case <-gates[k]:
+				case <-t.Context().Done():
+					return
 				}
 				msg := fmt.Sprintf("c%d-%d", k, i)
 				if err := cl.ws.Write(t.Context(), websocket.MessageText, []byte(msg)); err != nil {
@@ -89,7 +96,11 @@ func TestHeldMessagesAppliedOnceAcrossKillAndDrain(t *testing.T) {
 	phaseDone := func(what string) {
 		t.Helper()
 		step++
-		limit.Store(step * int64(perPhase))
+		for _, g := range gates {
+			for range perPhase {
+				g <- struct{}{}
+			}
+		}
 		n := step * int64(perPhase) * clients
 		harness.WaitFor(t, 3*time.Minute, what, func() bool {
 			select {
