@@ -28,6 +28,7 @@ import (
 	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/ledger"
+	"github.com/lchat/lchat-caddy/lifecycle"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -152,13 +153,17 @@ func Open(cfg Config) (*Box, error) {
 	}
 	var inc [8]byte
 	rand.Read(inc[:])
+	// The box's lifecycle: fenced until the mesh's first heartbeat, or at once serving
+	// without a mesh; draining from Drain, closed by Close.
+	life := lifecycle.New()
 	var ms *Mesh
 	if cfg.Mesh.Enabled() {
-		if ms, err = newMesh(cfg.Mesh, cfg.MeshOptions, counted, cfg.Version, cfg.Logger.Named("mesh")); err != nil {
+		if ms, err = newMesh(cfg.Mesh, cfg.MeshOptions, counted, cfg.Version, life, cfg.Logger.Named("mesh")); err != nil {
 			reg.Close()
 			return nil, err
 		}
 		ms.catchUp.TombstoneTTL = cfg.TombstoneTTL
+		life.OnFence(ms.onFence)
 	}
 	ecfg := cfg.Engine
 	ecfg.Bucket = counted

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/lifecycle"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -83,7 +84,7 @@ func TestPeerTransport(t *testing.T) {
 // both carry mesh credentials (the token, or a marker made with it).
 func TestPeerClientsDialDirectly(t *testing.T) {
 	cfg := mesh.Config{Self: "http://box-a.example.net", Domains: []string{"mesh.test"}, Token: "real-token"}
-	ms, err := newMesh(cfg, MeshOptions{}, membucket.New(), "", zap.NewNop())
+	ms, err := newMesh(cfg, MeshOptions{}, membucket.New(), "", lifecycle.New(), zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/internal/safego"
+	"github.com/lchat/lchat-caddy/lifecycle"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -131,7 +132,7 @@ func (ms *Mesh) Marker() mesh.Marker { return ms.marker }
 const peerTimeout = saveTimeout + 15*time.Second
 
 // newMesh builds (but does not start) the mesh for this box.
-func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version string, logger *zap.Logger) (*Mesh, error) {
+func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version string, life *lifecycle.Machine, logger *zap.Logger) (*Mesh, error) {
 	roots, err := x509.SystemCertPool()
 	if err != nil || roots == nil {
 		roots = x509.NewCertPool()
@@ -190,7 +191,7 @@ func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version strin
 		Beat:        opts.Beat,
 		DeadAfter:   opts.DeadAfter,
 		FenceMargin: opts.FenceMargin,
-		OnFence:     ms.onFence,
+		Lifecycle:   life,
 		Logger:      logger.Named("membership"),
 		WallClock:   wall,
 	})

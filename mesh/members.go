@@ -273,7 +273,7 @@ func (m *Membership) ownBody(o bucket.Info) (Heartbeat, bool) {
 		m.stats.duplicateSelf.Add(1)
 		m.logger.Error("another process writes this box's heartbeat: two boxes share one LCHAT_MESH_SELF", zap.String("self", m.cfg.Self))
 	}
-	return m.heartbeat(m.draining.Load()), true
+	return m.heartbeat(m.life.Draining()), true
 }
 
 // Placement is the owner cache over this membership's view: Owner at the cost of a map
@@ -300,7 +300,7 @@ func (m *Membership) Live() []Member {
 // heartbeat write was sent (by the local clock), LastModified is zero.
 func (m *Membership) Self() Member {
 	mem := Member{Self: m.cfg.Self}
-	m.heartbeat(m.draining.Load()).ApplyTo(&mem)
+	m.heartbeat(m.life.Draining()).ApplyTo(&mem)
 	m.mu.Lock()
 	if !m.lastPutSent.IsZero() {
 		mem.Age = time.Since(m.lastPutSent)

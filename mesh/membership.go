@@ -16,6 +16,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
+	"github.com/lchat/lchat-caddy/lifecycle"
 )
 
 // Membership defaults.
@@ -53,10 +54,11 @@ type MembershipConfig struct {
 	FenceMargin time.Duration
 	// OpTimeout bounds each bucket request. Default: Beat.
 	OpTimeout time.Duration
-	// OnFence is called, from the membership goroutine, each time this box fences
-	// itself (true) or may resume (false). A box starts fenced until its first
-	// successful heartbeat write.
-	OnFence func(fenced bool)
+	// Lifecycle is the box's lifecycle, which the membership moves into and out of its
+	// fence (lifecycle.Machine.Fence, from the membership goroutine: the machine's
+	// OnFence observers hear it) and reads for the draining flag of its heartbeat. A box
+	// starts fenced until its first successful heartbeat write. Default: its own.
+	Lifecycle *lifecycle.Machine
 	// Logger receives membership logs. Default: a no-op logger.
 	Logger *zap.Logger
 	// WallClock is this box's wall clock. Default: time.Now. Tests set one that is off
@@ -114,15 +116,13 @@ type Membership struct {
 
 	// body is the heartbeat body; MarkDraining replaces it once, before it asks the loop
 	// for a beat, so every beat that starts after that writes the draining body.
-	body     atomic.Pointer[[]byte]
-	draining atomic.Bool
+	body atomic.Pointer[[]byte]
+	// life is the box's lifecycle: fenced (moved by the loop only) and draining.
+	life *lifecycle.Machine
 	// kick carries MarkDraining's requests for a beat now; the loop answers each on the
 	// channel it sent, with the outcome of the heartbeat write of a beat that started
 	// after the request arrived.
 	kick chan chan bool
-
-	// fenced is written only by the goroutine running the loop (or Start before it).
-	fenced atomic.Bool
 
 	mu sync.Mutex
 	// view is the live members as of the last successful listing, sorted by Self.
@@ -187,7 +187,11 @@ func NewMembership(b bucket.Bucket, cfg MembershipConfig) (*Membership, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
+	if cfg.Lifecycle == nil {
+		cfg.Lifecycle = lifecycle.New()
+	}
 	m := &Membership{
+		life:       cfg.Lifecycle,
 		cfg:        cfg,
 		b:          b,
 		reader:     newMemberReader(b, cfg.DeadAfter, cfg.OpTimeout, cfg.Logger),
@@ -196,10 +200,9 @@ func NewMembership(b bucket.Bucket, cfg MembershipConfig) (*Membership, error) {
 		fenceAfter: fenceAfter,
 		kick:       make(chan chan bool),
 	}
-	if err := m.encodeBody(false); err != nil {
+	if err := m.encodeBody(m.life.Draining()); err != nil {
 		return nil, err
 	}
-	m.fenced.Store(true)
 	return m, nil
 }
 
@@ -349,8 +352,10 @@ func (m *Membership) notePut(sent time.Time, fenceTimer *time.Timer) {
 	m.setFenced(false, 0)
 }
 
+// setFenced moves the box into or out of its fence; the lifecycle's observers (the
+// engine) act on it.
 func (m *Membership) setFenced(v bool, since time.Duration) {
-	if m.fenced.Swap(v) == v {
+	if m.life.Fenced() == v {
 		return
 	}
 	if v {
@@ -362,14 +367,12 @@ func (m *Membership) setFenced(v bool, since time.Duration) {
 	} else {
 		m.logger.Info("heartbeat written; fence lifted (re-read each lease before serving its space again)")
 	}
-	if m.cfg.OnFence != nil {
-		m.cfg.OnFence(v)
-	}
+	m.life.Fence(v)
 }
 
 // Fenced reports whether this box is fenced: its last successful heartbeat write was sent
 // more than FenceAfter ago, or it has not written one yet.
-func (m *Membership) Fenced() bool { return m.fenced.Load() }
+func (m *Membership) Fenced() bool { return m.life.Fenced() }
 
 // putHeartbeat writes this box's heartbeat, returning when it was sent.
 func (m *Membership) putHeartbeat(ctx context.Context) (time.Time, bool) {
@@ -452,19 +455,20 @@ func (m *Membership) MarkDraining(ctx context.Context) error {
 	m.runMu.Lock()
 	started, done := m.started, m.done
 	m.runMu.Unlock()
-	if !m.draining.Swap(true) {
-		if err := m.encodeBody(true); err != nil {
-			return err
-		}
-		m.mu.Lock()
-		for i := range m.view {
-			if m.view[i].Self == m.cfg.Self {
-				m.view[i].Draining = true
-			}
-		}
-		m.placement.SetView(m.view)
-		m.mu.Unlock()
+	// The box may be draining already (its lifecycle's Drain): the body and the view
+	// follow it here, once or again, alike.
+	m.life.Drain()
+	if err := m.encodeBody(true); err != nil {
+		return err
 	}
+	m.mu.Lock()
+	for i := range m.view {
+		if m.view[i].Self == m.cfg.Self {
+			m.view[i].Draining = true
+		}
+	}
+	m.placement.SetView(m.view)
+	m.mu.Unlock()
 	if !started {
 		return errors.New("membership not started")
 	}
@@ -487,8 +491,8 @@ func (m *Membership) MarkDraining(ctx context.Context) error {
 	}
 }
 
-// Draining reports whether MarkDraining was called.
-func (m *Membership) Draining() bool { return m.draining.Load() }
+// Draining reports whether the box is draining (MarkDraining, or its lifecycle's Drain).
+func (m *Membership) Draining() bool { return m.life.Draining() }
 
 // Leave stops the loop and deletes this box's heartbeat, so peers stop counting it at
 // their next listing: the last step of a drain, after MarkDraining and after every space

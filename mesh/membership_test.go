@@ -12,6 +12,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/lifecycle"
 )
 
 func newTestMember(t *testing.T, b bucket.Bucket, self, region string, mod func(*MembershipConfig)) *Membership {
@@ -124,14 +125,15 @@ func TestMembershipFencesBeforePeersTakeOver(t *testing.T) {
 				var events []bool
 				var fencedAt time.Time
 				a := newTestMember(t, cut, "https://a.example.net", "", func(c *MembershipConfig) {
-					c.OnFence = func(v bool) {
+					c.Lifecycle = lifecycle.New()
+					c.Lifecycle.OnFence(func(v bool) {
 						mu.Lock()
 						events = append(events, v)
 						if v {
 							fencedAt = time.Now()
 						}
 						mu.Unlock()
-					}
+					})
 				})
 				if !a.Fenced() {
 					t.Fatal("fresh membership not fenced before its first write")

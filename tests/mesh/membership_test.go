@@ -11,6 +11,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/lifecycle"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
@@ -22,9 +23,13 @@ const (
 
 func startMember(t *testing.T, b bucket.Bucket, self, region string, onFence func(bool)) *mesh.Membership {
 	t.Helper()
+	life := lifecycle.New()
+	if onFence != nil {
+		life.OnFence(onFence)
+	}
 	m, err := mesh.NewMembership(b, mesh.MembershipConfig{
 		Self: self, Region: region, Domains: []string{"example.com"}, Version: "it",
-		Beat: beat, DeadAfter: deadAfter, OnFence: onFence,
+		Beat: beat, DeadAfter: deadAfter, Lifecycle: life,
 	})
 	if err != nil {
 		t.Fatal(err)
