@@ -5,44 +5,12 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/internal/backoff"
 )
 
-// Backoff is a capped doubling curve: how long a retry waits after failures. Every retry
-// loop of the engine waits by one, and each thing that backs off has its own curve, here
-// (one home: a curve is changed in this block, never beside its loop).
-type Backoff struct {
-	// First is the wait after the first failure that waits.
-	First time.Duration
-	// Max caps the wait.
-	Max time.Duration
-	// Free is how many consecutive failures wait nothing before the curve starts.
-	Free int
-}
-
-// After is the wait after n consecutive failures: nothing for the first Free of them,
-// then First, doubling with each failure, capped at Max.
-func (b Backoff) After(n int) time.Duration {
-	if n <= b.Free {
-		return 0
-	}
-	d := b.First
-	for i := b.Free + 1; i < n && d < b.Max; i++ {
-		d *= 2
-	}
-	return min(d, b.Max)
-}
-
-// Next is the wait that follows a wait of d on the same curve: First after none (d <= 0),
-// else twice d, capped at Max. A loop that raises its wait to a hint (a Retry-After)
-// steps on from there.
-func (b Backoff) Next(d time.Duration) time.Duration {
-	if d <= 0 {
-		return min(b.First, b.Max)
-	}
-	return min(2*d, b.Max)
-}
-
-// The curves, one per thing that backs off.
+// The curves, one per thing that backs off: every retry loop of the engine waits by one
+// of these (one home: a curve is changed in this block, never beside its loop).
 var (
 	// failedWakeBackoff: after n consecutive failed wakes of a space (inst.wakeFails)
 	// its next wake waits failedWakeBackoff.After(n): 1s, 2s, 4s ... 2 min. A wake whose
@@ -56,22 +24,22 @@ var (
 	// meanwhile (503 with the remaining time in Retry-After), and a refused wake does
 	// nothing at all: no bucket request, no other space put to sleep to make room for it.
 	// A successful wake resets the count.
-	failedWakeBackoff = Backoff{First: time.Second, Max: 2 * time.Minute}
+	failedWakeBackoff = backoff.Curve{First: time.Second, Max: 2 * time.Minute}
 	// crashBackoff: after n consecutive crashes of an awake instance (inst.crashes,
 	// reset by a sleep) the next wake waits crashBackoff.After(n): the first crash wakes
 	// on the next request, then 1s, 2s, 4s ... a minute.
-	crashBackoff = Backoff{First: time.Second, Max: time.Minute, Free: 1}
+	crashBackoff = backoff.Curve{First: time.Second, Max: time.Minute, Free: 1}
 	// readyBackoff spaces the readiness probes of a starting instance (awaitReady).
-	readyBackoff = Backoff{First: 2 * time.Millisecond, Max: 50 * time.Millisecond}
+	readyBackoff = backoff.Curve{First: 2 * time.Millisecond, Max: 50 * time.Millisecond}
 	// firstAnswerBackoff spaces the probes of a socket-activated instance's first
 	// answer (watchFirstAnswer), off the wake's path.
-	firstAnswerBackoff = Backoff{First: 5 * time.Millisecond, Max: 100 * time.Millisecond}
+	firstAnswerBackoff = backoff.Curve{First: 5 * time.Millisecond, Max: 100 * time.Millisecond}
 	// wakeDeliveryBackoff spaces the attempts to deliver a due scheduled wake
 	// (fireWake); a Retry-After in the answer raises the wait.
-	wakeDeliveryBackoff = Backoff{First: time.Second, Max: 5 * time.Minute}
+	wakeDeliveryBackoff = backoff.Curve{First: time.Second, Max: 5 * time.Minute}
 	// wakeRecordBackoff spaces the retries of a scheduled-wake record write that failed
 	// (retryWakeRecord); Engine.wakeRecordBackoff is this, or a test's.
-	wakeRecordBackoff = Backoff{First: time.Second, Max: time.Minute}
+	wakeRecordBackoff = backoff.Curve{First: time.Second, Max: time.Minute}
 )
 
 // noteWakeResultLocked records the outcome of a wake with in.mu held: a failure that was

@@ -25,6 +25,7 @@ import (
 	"github.com/lchat/lchat-caddy/sandbox"
 	"github.com/lchat/lchat-caddy/spacestore"
 
+	"github.com/lchat/lchat-caddy/internal/backoff"
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
@@ -267,7 +268,7 @@ type Engine struct {
 
 	wakeMu            sync.Mutex
 	wakeSlots         map[string]*wakeSlot // by host; see setWakeRecord
-	wakeRecordBackoff Backoff              // of a failed wake record write: the package's, or a test's
+	wakeRecordBackoff backoff.Curve        // of a failed wake record write: the package's, or a test's
 
 	uidMu sync.Mutex
 	uids  *sandbox.UIDs // opened by uidAlloc on the first isolated wake
