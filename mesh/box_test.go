@@ -211,16 +211,25 @@ func TestRowsRoundTrip(t *testing.T) {
 	}
 }
 
+// TestNextLeaseWait: a request for a space whose lease holder takes no connections waits
+// by leaseWaitBackoff (100ms, 200ms, 400ms, then 500ms each) and gives up before
+// MaxLeaseWait.
 func TestNextLeaseWait(t *testing.T) {
+	const ms = time.Millisecond
+	for _, tc := range []struct{ waited, step time.Duration }{
+		{0, 100 * ms}, {100 * ms, 200 * ms}, {300 * ms, 400 * ms}, {700 * ms, 500 * ms},
+		{1200 * ms, 500 * ms}, {14200 * ms, 500 * ms}, {14700 * ms, 0},
+	} {
+		if got := NextLeaseWait(tc.waited); got != tc.step {
+			t.Errorf("after %v waited: step %v, want %v", tc.waited, got, tc.step)
+		}
+	}
 	var waited time.Duration
 	steps := 0
 	for {
 		step := NextLeaseWait(waited)
 		if step == 0 {
 			break
-		}
-		if step < 100*time.Millisecond || step > 500*time.Millisecond {
-			t.Fatalf("step %v after %v", step, waited)
 		}
 		waited += step
 		steps++

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/internal/backoff"
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
@@ -28,11 +29,17 @@ type Client struct {
 	// Retries is how many times a fan-out retries a target after a network error or a 5xx.
 	// Default: 2.
 	Retries int
-	// RetryDelay is the first retry's delay; it doubles each time. Default: 500ms.
+	// RetryDelay is the first retry's delay; it doubles each time, up to
+	// fanoutBackoff.Max. Default: fanoutBackoff.First (500ms).
 	RetryDelay time.Duration
 }
 
 var defaultHTTPClient = &http.Client{Timeout: 10 * time.Second}
+
+// fanoutBackoff spaces the tries of one target of a fan-out (a route row replicated or
+// tombstoned on a peer) after a network error or a temporary status: 500ms, then 1s with
+// the default two retries, doubling to 8s with more. Client.RetryDelay replaces First.
+var fanoutBackoff = backoff.Curve{First: 500 * time.Millisecond, Max: 8 * time.Second}
 
 // StatusError is a peer's non-2xx answer.
 type StatusError struct {
@@ -193,9 +200,9 @@ func (c *Client) fanout(ctx context.Context, what, host string, targets []Member
 	if retries <= 0 {
 		retries = 2
 	}
-	delay := c.RetryDelay
-	if delay <= 0 {
-		delay = 500 * time.Millisecond
+	curve := fanoutBackoff
+	if c.RetryDelay > 0 {
+		curve.First = c.RetryDelay
 	}
 	results := make(chan FanoutResult, len(targets))
 	done := make(chan struct{}, len(targets))
@@ -206,7 +213,7 @@ func (c *Client) fanout(ctx context.Context, what, host string, targets []Member
 				results <- FanoutResult{Peer: peer, Err: err}
 				done <- struct{}{}
 			}()
-			if safego.Run(logger, "mesh fan-out", func() { err = callRetrying(ctx, peer, call, retries, delay) }) != nil {
+			if safego.Run(logger, "mesh fan-out", func() { err = callRetrying(ctx, peer, call, retries, curve) }) != nil {
 				err = fmt.Errorf("%s %s on %s: panic", what, host, peer)
 			}
 			if err != nil {
@@ -227,30 +234,30 @@ func (c *Client) fanout(ctx context.Context, what, host string, targets []Member
 }
 
 // Notify POSTs body (JSON) to path on the peer at base, retrying a temporary failure
-// (a transport error, a 5xx, a 429) up to retries times with a doubling delay from delay
-// (callRetrying). A 4xx answer is final. Ending ctx stops the retries.
+// (a transport error, a 5xx, a 429) up to retries times, waiting delay, then doubling up
+// to fanoutBackoff.Max (callRetrying). A 4xx answer is final. Ending ctx stops the retries.
 func (c *Client) Notify(ctx context.Context, base, path, op string, body []byte, retries int, delay time.Duration) error {
 	return callRetrying(ctx, base, func(ctx context.Context, peer string) error {
 		return c.do(ctx, http.MethodPost, peer, path, op, body, nil)
-	}, retries, delay)
+	}, retries, backoff.Curve{First: delay, Max: fanoutBackoff.Max})
 }
 
-// callRetrying calls call for peer, retrying a temporary failure up to retries times with
-// a doubling delay. A refused row (RowError) and a permanent status are final.
-func callRetrying(ctx context.Context, peer string, call func(ctx context.Context, peer string) error, retries int, delay time.Duration) error {
-	for attempt := 0; ; attempt++ {
+// callRetrying calls call for peer, retrying a temporary failure up to retries times,
+// waiting curve.After(n) after the nth failure. A refused row (RowError) and a permanent
+// status are final.
+func callRetrying(ctx context.Context, peer string, call func(ctx context.Context, peer string) error, retries int, curve backoff.Curve) error {
+	for attempt := 1; ; attempt++ {
 		err := call(ctx, peer)
 		var se *StatusError
 		var re *RowError
 		retryable := err != nil && !errors.As(err, &re) && (!errors.As(err, &se) || se.Temporary())
-		if !retryable || attempt >= retries || ctx.Err() != nil {
+		if !retryable || attempt > retries || ctx.Err() != nil {
 			return err
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(delay):
+		case <-time.After(curve.After(attempt)):
 		}
-		delay *= 2
 	}
 }
 

@@ -5,9 +5,13 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/lchat/lchat-caddy/internal/backoff"
 )
 
 func TestClientAgainstPeer(t *testing.T) {
@@ -100,5 +104,44 @@ func TestFanout(t *testing.T) {
 	// No targets: the channel closes at once.
 	if _, ok := <-c.Fanout(context.Background(), row, nil); ok {
 		t.Fatal("result with no targets")
+	}
+}
+
+// TestCallRetryingWaits: a peer call that keeps failing on a temporary error is tried again
+// after each wait of its curve, capped at the curve's Max (a fan-out with more retries than
+// the default two no longer doubles without end), retries times; a refused row and a
+// permanent status are not retried.
+func TestCallRetryingWaits(t *testing.T) {
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		err     error
+		retries int
+		curve   backoff.Curve
+		calls   []time.Duration // when each call was made, from the first
+	}{
+		{"fan-out, default retries", &StatusError{Status: http.StatusServiceUnavailable}, 2, fanoutBackoff,
+			[]time.Duration{0, 500 * ms, 1500 * ms}},
+		{"fan-out, capped", errors.New("connection refused"), 6, fanoutBackoff,
+			[]time.Duration{0, 500 * ms, 1500 * ms, 3500 * ms, 7500 * ms, 15500 * ms, 23500 * ms}},
+		{"notice", &StatusError{Status: http.StatusTooManyRequests}, 3, backoff.Curve{First: 200 * ms, Max: fanoutBackoff.Max},
+			[]time.Duration{0, 200 * ms, 600 * ms, 1400 * ms}},
+		{"refused row", &RowError{Field: "host", Reason: "bad"}, 3, fanoutBackoff, []time.Duration{0}},
+		{"permanent status", &StatusError{Status: http.StatusBadRequest}, 3, fanoutBackoff, []time.Duration{0}},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			start := time.Now()
+			var calls []time.Duration
+			err := callRetrying(t.Context(), "peer", func(ctx context.Context, peer string) error {
+				calls = append(calls, time.Since(start))
+				return tc.err
+			}, tc.retries, tc.curve)
+			if err != tc.err {
+				t.Errorf("%s: error %v, want %v", tc.name, err, tc.err)
+			}
+			if !slices.Equal(calls, tc.calls) {
+				t.Errorf("%s: calls at %v, want %v", tc.name, calls, tc.calls)
+			}
+		})
 	}
 }

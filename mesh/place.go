@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lchat/lchat-caddy/internal/backoff"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -149,13 +150,21 @@ func (b *Box) Draining(host, homeRegion string, hops int) Decision {
 // connections (a drain that never ends, a box cut off from its peers only).
 const MaxLeaseWait = 15 * time.Second
 
+// leaseWaitBackoff spaces the tries of a request for a space whose lease holder could not
+// be dialed (NextLeaseWait): 100ms, 200ms, 400ms, then 500ms each, until MaxLeaseWait.
+var leaseWaitBackoff = backoff.Curve{First: 100 * time.Millisecond, Max: 500 * time.Millisecond}
+
 // NextLeaseWait is how long a request waits, having waited waited already, before it
 // tries again a space whose lease holder could not be dialed: a live box takes no
 // connections while it restarts or shuts down (and frees each lease as its drain sleeps
-// the space), and a dead one's lease frees with its heartbeat. The steps grow from 100ms
-// to 500ms; 0 means give up (MaxLeaseWait reached).
+// the space), and a dead one's lease frees with its heartbeat. The wait is the step of
+// leaseWaitBackoff that follows the steps waited adds up to; 0 means give up
+// (MaxLeaseWait reached).
 func NextLeaseWait(waited time.Duration) time.Duration {
-	step := min(max(waited/2, 100*time.Millisecond), 500*time.Millisecond)
+	step := leaseWaitBackoff.Next(0)
+	for sum := step; sum <= waited; sum += step {
+		step = leaseWaitBackoff.Next(step)
+	}
 	if waited+step > MaxLeaseWait {
 		return 0
 	}
