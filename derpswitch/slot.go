@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lchat/lchat-caddy/internal/backoff"
 	"github.com/lchat/lchat-caddy/internal/safego"
 	"go.uber.org/zap"
 	"tailscale.com/derp"
@@ -18,6 +19,11 @@ const (
 	RoleAux      = "aux"
 	RoleDraining = "draining"
 )
+
+// reconnectBackoff spaces a slot's reconnects after its connection broke (recvLoop): the
+// first is immediate, so a flushed home is back as fast as the handshake allows; refused
+// ones then wait 50ms, doubling to 5s. It runs on real time, as it races real sockets.
+var reconnectBackoff = backoff.Curve{First: 50 * time.Millisecond, Max: 5 * time.Second, Free: 1}
 
 // slot is one connection to one region.
 type slot struct {
@@ -90,9 +96,7 @@ func (sl *slot) startRecv() {
 func (sl *slot) recvLoop() {
 	s := sl.sw
 	lastGen := 0
-	// The first reconnect after a loss is immediate: a flushed home should be back
-	// as fast as the handshake allows. Refused attempts then back off.
-	var backoff time.Duration
+	fails := 0 // receives failed in a row: the count reconnectBackoff follows
 	var lostAt time.Time
 	for {
 		if sl.closed.Load() || s.ctx.Err() != nil {
@@ -114,15 +118,15 @@ func (sl *slot) recvLoop() {
 					poke(s.pokeCh)
 				}
 			}
+			fails++
 			select {
 			case <-s.ctx.Done():
 				return
-			case <-time.After(backoff):
+			case <-time.After(reconnectBackoff.After(fails)):
 			}
-			backoff = min(max(2*backoff, 50*time.Millisecond), 5*time.Second)
 			continue
 		}
-		backoff = 0
+		fails = 0
 		if gen != lastGen {
 			if lastGen != 0 && s.homePtr.Load() == sl {
 				s.ctr.derpReconnects.Add(1)
