@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/internal/backoff"
 )
 
 // Options tunes a check. The zero value is the default check.
@@ -273,6 +274,15 @@ func raceDelete(ctx context.Context, b bucket.Bucket, n int, key, stale, current
 // that no write of the check produces.
 const absentETag = `"00000000000000000000000000000000"`
 
+// conflictBackoff bounds a racer's wait before it retries a write the store refused with
+// 409 (race): the wait is drawn at random below conflictBackoff.After(n) after n
+// conflicts, so retried writers do not collide again in step; the bound is 10ms, doubling
+// to 100ms, for at most conflictRetries retries.
+var conflictBackoff = backoff.Curve{First: 10 * time.Millisecond, Max: 100 * time.Millisecond}
+
+// conflictRetries is how many times a racer retries a write refused with 409.
+const conflictRetries = 10
+
 // race releases n writers at once, each putting its own body under key with cond;
 // want is how many may win (1, or 0 when the key is missing and cond is If-Match).
 // A 409 (the store saw the concurrent writes and refused this one, retryable) is
@@ -300,13 +310,15 @@ func race(ctx context.Context, b bucket.Bucket, n int, key string, want int, con
 					winners = append(winners, i)
 				case errors.Is(err, bucket.ErrConflict):
 					r.Conflicts++
-					if try < 10 {
+					if try < conflictRetries {
 						mu.Unlock()
-						// Jittered, so the retried writers do not collide again in step.
-						time.Sleep(time.Duration(mrand.N(10*(try+1))) * time.Millisecond)
+						select {
+						case <-ctx.Done():
+						case <-time.After(mrand.N(conflictBackoff.After(try + 1))):
+						}
 						continue
 					}
-					r.Errors = appendOnce(r.Errors, errSeen, "still conflicting after 10 retries")
+					r.Errors = appendOnce(r.Errors, errSeen, fmt.Sprintf("still conflicting after %d retries", conflictRetries))
 				case errors.Is(err, bucket.ErrPreconditionFailed):
 					r.Lost++
 				default:
