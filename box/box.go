@@ -73,8 +73,9 @@ type Config struct {
 type Box struct {
 	reg    *registry.Registry
 	eng    *engine.Engine
-	bucket *bucket.Counted // the bucket, counting its requests
-	mesh   *Mesh           // nil without the mesh
+	life   *lifecycle.Machine // the box's lifecycle, which the engine and the membership read
+	bucket *bucket.Counted    // the bucket, counting its requests
+	mesh   *Mesh              // nil without the mesh
 	logger *zap.Logger
 	cfg    Config
 	ids    ledger.Allocators
@@ -153,9 +154,13 @@ func Open(cfg Config) (*Box, error) {
 	}
 	var inc [8]byte
 	rand.Read(inc[:])
-	// The box's lifecycle: fenced until the mesh's first heartbeat, or at once serving
-	// without a mesh; draining from Drain, closed by Close.
+	// The box's lifecycle: fenced until the mesh's first heartbeat (its membership moves
+	// the fence), or at once serving without a mesh; draining from Drain, closed by Close.
+	// The engine reads it and hears its fence.
 	life := lifecycle.New()
+	if !cfg.Mesh.Enabled() {
+		life.Fence(false)
+	}
 	var ms *Mesh
 	if cfg.Mesh.Enabled() {
 		if ms, err = newMesh(cfg.Mesh, cfg.MeshOptions, counted, cfg.Version, life, cfg.Logger.Named("mesh")); err != nil {
@@ -163,7 +168,6 @@ func Open(cfg Config) (*Box, error) {
 			return nil, err
 		}
 		ms.catchUp.TombstoneTTL = cfg.TombstoneTTL
-		life.OnFence(ms.onFence)
 	}
 	ecfg := cfg.Engine
 	ecfg.Bucket = counted
@@ -171,6 +175,7 @@ func Open(cfg Config) (*Box, error) {
 	ecfg.Holder = cfg.Holder
 	ecfg.Incarnation = hex.EncodeToString(inc[:])
 	ecfg.Logger = cfg.Logger.Named("engine")
+	ecfg.Lifecycle = life
 	ecfg.Resolve = func(host string) (engine.Space, bool) {
 		rt, ok := reg.Lookup(host)
 		if !ok || !rt.Hibernate {
@@ -205,7 +210,7 @@ func Open(cfg Config) (*Box, error) {
 	if cfg.Observer != nil {
 		eng.Observe(cfg.Observer)
 	}
-	b := &Box{reg: reg, eng: eng, bucket: counted, mesh: ms, logger: cfg.Logger, cfg: cfg,
+	b := &Box{reg: reg, eng: eng, bucket: counted, mesh: ms, life: life, logger: cfg.Logger, cfg: cfg,
 		stopWatch: make(chan struct{}), exiting: make(chan struct{})}
 	b.settings.Store(&Settings{Kinds: cfg.Engine.Kinds})
 	b.watchExit()
@@ -321,6 +326,7 @@ func (b *Box) Exiting() <-chan struct{} { return b.exiting }
 // DrainTimeout.
 func (b *Box) Drain() error {
 	b.drainOnce.Do(func() {
+		b.life.Drain()
 		if b.mesh != nil {
 			b.mesh.markDraining()
 		}
@@ -350,6 +356,7 @@ func (b *Box) Close() error {
 		if cerr := b.reg.Close(); err == nil {
 			err = cerr
 		}
+		b.life.Close()
 		if err != nil {
 			b.logger.Error("draining spaces", zap.Error(err), zap.Duration("took", time.Since(start)))
 			b.closeErr = fmt.Errorf("draining spaces: %v", err)

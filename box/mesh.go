@@ -53,9 +53,6 @@ type Mesh struct {
 	version string
 	logger  *zap.Logger
 
-	// eng receives fence decisions; set once by start, before the membership runs.
-	eng atomic.Pointer[engine.Engine]
-
 	// ctx is the mesh's own context: fan-outs and the membership loop end on it.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -224,11 +221,9 @@ func (ms *Mesh) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 	cfg.Owns = func(host string) bool { return ms.box.OwnsRoute(reg.Lookup, host) }
 }
 
-// start fences the engine until the first good heartbeat, then starts the loop and the
-// catch-up.
+// start starts the loop (the box's lifecycle stays fenced until its first good
+// heartbeat) and the catch-up.
 func (ms *Mesh) start(eng *engine.Engine, reg *registry.Registry) error {
-	eng.SetFenced(true)
-	ms.eng.Store(eng)
 	if err := ms.m.Start(ms.ctx); err != nil {
 		return err
 	}
@@ -240,13 +235,6 @@ func (ms *Mesh) start(eng *engine.Engine, reg *registry.Registry) error {
 		mesh.WatchPeerAddrs(ms.ctx, ms.m, ms.m.Config().Beat, nil, eng.SetNetworkPeers)
 	})
 	return nil
-}
-
-// onFence relays the membership's fence decisions to the engine.
-func (ms *Mesh) onFence(fenced bool) {
-	if eng := ms.eng.Load(); eng != nil {
-		eng.SetFenced(fenced)
-	}
 }
 
 // markDraining is the first step of a real shutdown: the heartbeat is rewritten as

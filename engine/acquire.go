@@ -40,7 +40,7 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 		if e.ctx.Err() != nil {
 			return nil, &RetryError{After: 5 * time.Second, Reason: "box shutting down"}
 		}
-		if e.fenced.Load() || e.cfg.Fresh != nil && !e.cfg.Fresh() {
+		if e.life.Fenced() || e.cfg.Fresh != nil && !e.cfg.Fresh() {
 			return nil, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
 		in.mu.Lock()
@@ -97,7 +97,7 @@ func (e *Engine) acquire(ctx context.Context, sp Space, kind Kind, in *inst) (*U
 			in.mu.Unlock()
 			return nil, &RetryError{After: time.Second, Reason: "re-checking lease after fence"}
 		default: // asleep, failed, fenced, unsaved
-			if e.draining.Load() {
+			if e.life.Draining() {
 				// A draining box serves its awake spaces until the drain puts them to
 				// sleep, and wakes none.
 				in.mu.Unlock()

@@ -266,7 +266,7 @@ func TestDrainingServesAwakeSpaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.Release()
-	e.draining.Store(true) // as Drain does first
+	e.life.Drain() // as Drain does first
 	u, err = e.Acquire(ctx, Space{Host: "awake.example.com", Kind: "app"})
 	if err != nil {
 		t.Fatalf("an awake space while draining: %v, want it served", err)

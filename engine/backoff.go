@@ -51,7 +51,7 @@ func (in *inst) noteWakeResultLocked(err error) {
 		return
 	}
 	var re *RetryError
-	if !errors.As(err, &re) || errors.Is(err, errAwakeCap) || in.e.ctx.Err() != nil || in.e.draining.Load() {
+	if !errors.As(err, &re) || errors.Is(err, errAwakeCap) || in.e.ctx.Err() != nil || in.e.life.Draining() {
 		return
 	}
 	in.wakeFails++

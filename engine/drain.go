@@ -21,7 +21,7 @@ var drainUseGrace = 2 * time.Second
 // Drain sleeps every awake space (in parallel, bounded): checkpoint and lease release. New
 // Acquires are refused from the start.
 func (e *Engine) Drain(ctx context.Context) error {
-	e.draining.Store(true)
+	e.life.Drain()
 	sem := make(chan struct{}, drainParallel)
 	var wg sync.WaitGroup
 	var mu sync.Mutex

@@ -86,7 +86,7 @@ func (e *Engine) Discard(ctx context.Context, host string) error {
 // after that, so nothing of this one's cleanup can remove what the new one made, and an
 // Acquire that held this inst waits for the drop and then takes the new one.
 func (e *Engine) dropOpHeld(ctx context.Context, in *inst) error {
-	if !e.fenced.Load() {
+	if !e.life.Fenced() {
 		e.releaseLease(in)
 	}
 	e.setWakeRecord(ctx, in.host, nil)

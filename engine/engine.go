@@ -27,6 +27,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/internal/backoff"
 	"github.com/lchat/lchat-caddy/internal/safego"
+	"github.com/lchat/lchat-caddy/lifecycle"
 )
 
 // ReplicationClass is when an awake space's state is copied to the bucket
@@ -170,8 +171,12 @@ type Config struct {
 	// use, the backoffs, the start gate's holds, checkpoint and lease times, events) is
 	// Now's. Default time.Now. The engine's waits use the runtime's timers: a test drives
 	// both with testing/synctest, or sets Now to read a clock of its own.
-	Now    func() time.Time
-	Logger *zap.Logger
+	Now func() time.Time
+	// Lifecycle is the box's lifecycle, which the engine reads for whether it is fenced
+	// (it serves and writes no space) and draining (it wakes none), and whose fence moves
+	// it hears (SetFenced's actions). Default: its own, serving.
+	Lifecycle *lifecycle.Machine
+	Logger    *zap.Logger
 }
 
 // errFencedNoWrite is why a fenced box writes nothing.
@@ -254,9 +259,9 @@ type Engine struct {
 	c      counters
 	obs    observers
 
-	kinds    atomic.Pointer[map[string]Kind] // written by New and SetKinds only
-	fenced   atomic.Bool                     // written by SetFenced only
-	draining atomic.Bool
+	kinds atomic.Pointer[map[string]Kind] // written by New and SetKinds only
+	// life is the box's lifecycle: fenced and draining are read from it, never kept here.
+	life *lifecycle.Machine
 
 	mu     sync.Mutex
 	spaces map[string]*inst
@@ -329,7 +334,12 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Lifecycle == nil {
+		cfg.Lifecycle = lifecycle.New()
+		cfg.Lifecycle.Fence(false) // a box of its own, without a mesh: serving
+	}
 	e := &Engine{
+		life:   cfg.Lifecycle,
 		cfg:    cfg,
 		log:    cfg.Logger,
 		holder: spacestore.Holder{ID: cfg.Holder, Incarnation: cfg.Incarnation, Live: cfg.HolderLive},
@@ -350,6 +360,7 @@ func New(cfg Config) (*Engine, error) {
 	e.kinds.Store(&kinds)
 	e.tidyDisks()
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.life.OnFence(e.fenceMoved)
 	return e, nil
 }
 

@@ -10,14 +10,16 @@ import (
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
-// SetFenced is driven by the mesh heartbeat. Fenced: stop serving and writing (instances are
-// stopped; nothing is written; local state is kept). Unfenced: every held space's lease and
-// manifest are re-read; if still this box's, its local state is checkpointed and the lease
-// released; otherwise the local state is dropped. Only then are the spaces served again.
-func (e *Engine) SetFenced(fenced bool) {
-	if e.fenced.Swap(fenced) == fenced {
-		return
-	}
+// SetFenced moves the box's lifecycle into or out of its fence (lifecycle.Machine.Fence),
+// as the mesh heartbeat does; the engine acts on the move (fenceMoved).
+func (e *Engine) SetFenced(fenced bool) { e.life.Fence(fenced) }
+
+// fenceMoved is the engine's part of a fence move of the box's lifecycle (its OnFence).
+// Fenced: stop serving and writing (instances are stopped; nothing is written; local
+// state is kept). Unfenced: every held space's lease and manifest are re-read; if still
+// this box's, its local state is checkpointed and the lease released; otherwise the local
+// state is dropped. Only then are the spaces served again.
+func (e *Engine) fenceMoved(fenced bool) {
 	reason := "unfenced"
 	if fenced {
 		reason = "fenced: heartbeat writes failing"
@@ -49,7 +51,7 @@ func (e *Engine) recheck(in *inst) {
 	in.op.Lock()
 	defer in.op.Unlock()
 	in.mu.Lock()
-	state, etag, fenced := in.state, in.leaseETag, e.fenced.Load()
+	state, etag, fenced := in.state, in.leaseETag, e.life.Fenced()
 	if state == StateRechecking && fenced {
 		in.setStateLocked(StateHeld) // fenced again: the next unfence rechecks
 	}
@@ -103,7 +105,7 @@ func (e *Engine) flushDirty(ctx context.Context, in *inst) error {
 	in.mu.Lock()
 	unsaved := in.state == StateUnsaved
 	in.mu.Unlock()
-	if !unsaved || e.fenced.Load() {
+	if !unsaved || e.life.Fenced() {
 		return nil
 	}
 	next, err := e.checkpointAndRelease(ctx, in)

@@ -30,7 +30,7 @@ func (e *Engine) RestoreTo(ctx context.Context, host, kind string, t spacestore.
 	if !validHost(host) {
 		return spacestore.RestoreResult{}, fmt.Errorf("invalid host %q", host)
 	}
-	if e.fenced.Load() {
+	if e.life.Fenced() {
 		return spacestore.RestoreResult{}, errFencedNoWrite
 	}
 	k, _ := e.kind(kind)

@@ -73,7 +73,7 @@ func (e *Engine) CheckpointNow(ctx context.Context, host string) {
 
 // syncNow checkpoints an awake space while it runs.
 func (e *Engine) syncNow(ctx context.Context, in *inst) {
-	if e.fenced.Load() {
+	if e.life.Fenced() {
 		return
 	}
 	in.op.Lock()

@@ -26,7 +26,7 @@ func (e *Engine) scanLoop() {
 	t := time.NewTicker(e.cfg.WakeScanInterval)
 	defer t.Stop()
 	for {
-		if !e.fenced.Load() && !e.draining.Load() {
+		if !e.life.Fenced() && !e.life.Draining() {
 			recs, now, err := sc.Scan(e.ctx)
 			if err != nil && e.ctx.Err() == nil {
 				e.log.Warn("scanning scheduled wakes", zap.Error(err))

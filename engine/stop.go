@@ -264,7 +264,7 @@ func (e *Engine) fenceOut(in *inst) {
 // incarnation dies, the next wake here keeps the local state, and Drain tries again);
 // StateHeld, writing nothing, on a fenced box (SetFenced(false) re-reads its lease).
 func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) (State, error) {
-	if e.fenced.Load() {
+	if e.life.Fenced() {
 		in.mu.Lock()
 		held := in.leaseETag != ""
 		in.mu.Unlock()
@@ -308,7 +308,7 @@ func (e *Engine) checkpointAndRelease(ctx context.Context, in *inst) (State, err
 
 // checkpointOpHeld checkpoints with in.op held. A lost swap fences the space out (fenceOut).
 func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, mode spacestore.Mode, next *time.Time) error {
-	if e.fenced.Load() {
+	if e.life.Fenced() {
 		return errFencedNoWrite
 	}
 	began := e.now()

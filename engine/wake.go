@@ -119,7 +119,7 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 			err = lerr
 			return
 		}
-		if !e.fenced.Load() && !unsaved {
+		if !e.life.Fenced() && !unsaved {
 			e.releaseLease(in)
 		}
 	}()
@@ -268,7 +268,7 @@ func (e *Engine) restoreAndFence(ctx context.Context, in *inst, pl *pendingLease
 		in.size = manifestSize(m)
 		in.mu.Unlock()
 		phase(&ph.Restore)
-		if e.fenced.Load() {
+		if e.life.Fenced() {
 			return kept, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
 		// The fence is written as soon as the lease is held, while the instance starts;

@@ -41,7 +41,7 @@ func (e *Engine) setWakeRecord(ctx context.Context, host string, at *time.Time) 
 	s.gen++
 	gen := s.gen
 	var err error
-	if e.fenced.Load() {
+	if e.life.Fenced() {
 		err = errFencedNoWrite
 	} else {
 		err = e.writeWakeRecord(ctx, host, at)
@@ -74,7 +74,7 @@ func (e *Engine) retryWakeRecord(s *wakeSlot, host string, gen uint64, at *time.
 			s.mu.Unlock()
 			return // a newer record (or its deletion) replaced this one
 		}
-		if e.fenced.Load() {
+		if e.life.Fenced() {
 			s.mu.Unlock()
 			continue
 		}
