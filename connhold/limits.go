@@ -30,7 +30,7 @@ type Limits struct {
 	// connection in the epoll set and ends. Default 10ms.
 	ParkAfter time.Duration
 	// RetryFirst is the delay before an event the instance did not acknowledge is
-	// delivered again; it doubles up to RetryMax. Defaults 100ms and 5s.
+	// delivered again; it doubles up to RetryMax. Defaults: redeliveryBackoff's (100ms, 5s).
 	RetryFirst, RetryMax time.Duration
 	// MaxAttempts is how many deliveries of one event may fail in a row before the
 	// connection is closed with 1011 and its events dropped. Default 10.
@@ -61,8 +61,8 @@ func (l Limits) withDefaults() Limits {
 	def64(&l.MaxBoxOutBytes, 256<<20)
 	dur(&l.WriteTimeout, 10*time.Second)
 	dur(&l.ParkAfter, 10*time.Millisecond)
-	dur(&l.RetryFirst, 100*time.Millisecond)
-	dur(&l.RetryMax, 5*time.Second)
+	dur(&l.RetryFirst, redeliveryBackoff.First)
+	dur(&l.RetryMax, redeliveryBackoff.Max)
 	def(&l.MaxAttempts, 10)
 	return l
 }

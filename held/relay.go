@@ -17,6 +17,7 @@ import (
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/internal/backoff"
 	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/mesh"
 )
@@ -27,12 +28,11 @@ import (
 // tells the entry box when a checkpoint saved it; an instance's control calls reach the
 // connections other boxes hold through the peer API (mesh.PathConns).
 
-// noticeRetries and noticeDelay are how a notice is retried (mesh.Client.Notify: a
-// doubling delay): 200 ms, 400 ms, 800 ms.
-const (
-	noticeRetries = 3
-	noticeDelay   = 200 * time.Millisecond
-)
+// noticeRetries and noticeBackoff are how a notice is retried (mesh.Client.Notify):
+// three more tries, after 200 ms, 400 ms and 800 ms.
+const noticeRetries = 3
+
+var noticeBackoff = backoff.Curve{First: 200 * time.Millisecond, Max: 800 * time.Millisecond}
 
 // tell sends n to the entry boxes that hold connections of its space, off the engine's
 // goroutine.
@@ -47,7 +47,7 @@ func (c *Conns) tell(n connhold.Notice, entries []string) {
 			continue
 		}
 		safego.Go(&c.tells, c.log, "held-connection notice", func() {
-			if err := ms.Client().Notify(c.ctx, entry, mesh.PathConns+"notice", "held-connection notice", body, noticeRetries, noticeDelay); err != nil {
+			if err := ms.Client().Notify(c.ctx, entry, mesh.PathConns+"notice", "held-connection notice", body, noticeRetries, noticeBackoff); err != nil {
 				c.log.Warn("could not tell a box what became of its connections' messages; it delivers them again",
 					zap.String("host", n.Space), zap.String("box", entry), zap.Error(err))
 			}

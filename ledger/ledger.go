@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/internal/backoff"
 )
 
 // DefaultBlock is how many ids one bucket write reserves.
@@ -29,6 +30,11 @@ const (
 	defaultMaxAttempts = 50
 	defaultRetryDelay  = 20 * time.Millisecond
 )
+
+// casBackoff spaces the tries of a compare-and-swap on a counter that lost to another
+// writer: each waits a random time below casBackoff.After(n) (full jitter), 20ms
+// doubling to 64 times that. An Allocator's Options.RetryDelay scales it.
+var casBackoff = backoff.Curve{First: defaultRetryDelay, Max: 64 * defaultRetryDelay}
 
 // KeyPrefix is where counters live, relative to the bucket's prefix.
 const KeyPrefix = "ledger/"
@@ -147,7 +153,7 @@ func (a *Allocator) reserveLocked(ctx context.Context) (uint64, error) {
 	var starts []uint64
 	for attempt := 0; attempt < a.opts.MaxAttempts; attempt++ {
 		if attempt > 0 {
-			if err := sleep(ctx, jitter(a.opts.RetryDelay, attempt)); err != nil {
+			if err := sleep(ctx, jitter(casCurve(a.opts.RetryDelay), attempt)); err != nil {
 				return 0, fmt.Errorf("ledger %s: reserving a block: %v", a.ns, err)
 			}
 		}
@@ -184,10 +190,15 @@ func (a *Allocator) reserveLocked(ctx context.Context) (uint64, error) {
 	return 0, fmt.Errorf("ledger %s: reserving a block: gave up after %d attempts: %v", a.ns, a.opts.MaxAttempts, lastErr)
 }
 
-// jitter is a full-jitter exponential backoff capped at 64 times base.
-func jitter(base time.Duration, attempt int) time.Duration {
-	d := base << min(attempt-1, 6)
-	return time.Duration(rand.Int64N(int64(d)) + 1)
+// casCurve is casBackoff starting at first (an Allocator's RetryDelay), capped at 64
+// times it.
+func casCurve(first time.Duration) backoff.Curve {
+	return backoff.Curve{First: first, Max: 64 * first}
+}
+
+// jitter is a random wait of at most c.After(attempt) (full jitter).
+func jitter(c backoff.Curve, attempt int) time.Duration {
+	return time.Duration(rand.Int64N(int64(c.After(attempt))) + 1)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -302,7 +313,7 @@ func Seed(ctx context.Context, b bucket.Bucket, namespace string, max uint64) er
 	want := max + 1
 	for attempt := 0; attempt < defaultMaxAttempts; attempt++ {
 		if attempt > 0 {
-			if err := sleep(ctx, jitter(defaultRetryDelay, attempt)); err != nil {
+			if err := sleep(ctx, jitter(casBackoff, attempt)); err != nil {
 				return fmt.Errorf("ledger %s: seeding: %v", namespace, err)
 			}
 		}

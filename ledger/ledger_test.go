@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
@@ -177,5 +178,23 @@ func TestCorruptCounterRefused(t *testing.T) {
 		if _, err := New(b, ns, Options{}); err == nil {
 			t.Errorf("namespace %q accepted", ns)
 		}
+	}
+}
+
+// TestJitterStaysUnderTheCurve: a compare-and-swap's wait after its nth lost race is
+// random, above zero and at most casBackoff.After(n): 20ms, doubling, capped at 64 times.
+func TestJitterStaysUnderTheCurve(t *testing.T) {
+	for _, tc := range []struct {
+		attempt int
+		max     time.Duration
+	}{{1, 20 * time.Millisecond}, {2, 40 * time.Millisecond}, {7, 1280 * time.Millisecond}, {30, 1280 * time.Millisecond}} {
+		for range 200 {
+			if d := jitter(casBackoff, tc.attempt); d <= 0 || d > tc.max {
+				t.Fatalf("attempt %d waited %v, want in (0, %v]", tc.attempt, d, tc.max)
+			}
+		}
+	}
+	if c := casCurve(time.Millisecond); c.After(10) != 64*time.Millisecond {
+		t.Fatalf("a 1ms RetryDelay caps at %v, want 64ms", c.After(10))
 	}
 }

@@ -234,12 +234,12 @@ func (c *Client) fanout(ctx context.Context, what, host string, targets []Member
 }
 
 // Notify POSTs body (JSON) to path on the peer at base, retrying a temporary failure
-// (a transport error, a 5xx, a 429) up to retries times, waiting delay, then doubling up
-// to fanoutBackoff.Max (callRetrying). A 4xx answer is final. Ending ctx stops the retries.
-func (c *Client) Notify(ctx context.Context, base, path, op string, body []byte, retries int, delay time.Duration) error {
+// (a transport error, a 5xx, a 429) up to retries times, waiting by the caller's curve
+// (callRetrying). A 4xx answer is final. Ending ctx stops the retries.
+func (c *Client) Notify(ctx context.Context, base, path, op string, body []byte, retries int, curve backoff.Curve) error {
 	return callRetrying(ctx, base, func(ctx context.Context, peer string) error {
 		return c.do(ctx, http.MethodPost, peer, path, op, body, nil)
-	}, retries, backoff.Curve{First: delay, Max: fanoutBackoff.Max})
+	}, retries, curve)
 }
 
 // callRetrying calls call for peer, retrying a temporary failure up to retries times,
