@@ -77,8 +77,8 @@ func (ms *Mesh) PeerTransport(wrap func(error) error) *PeerTransport {
 		return err
 	}
 	pt := &PeerTransport{marker: ms.marker}
-	if ms.box != nil {
-		pt.holders = ms.box.Holders
+	if ms.node != nil {
+		pt.holders = ms.node.Holders
 	}
 	dialer := &net.Dialer{Timeout: ms.timeout, KeepAlive: 30 * time.Second}
 	// dial connects to the peer of a pool key; a failure is a dial error.

@@ -43,7 +43,7 @@ type MeshOptions struct {
 type Mesh struct {
 	cfg     mesh.Config
 	m       *mesh.Membership
-	box     *mesh.Box
+	node    *mesh.Node
 	repl    *mesh.Replicator
 	catchUp *mesh.CatchUp
 	client  *mesh.Client
@@ -112,7 +112,7 @@ func (ms *Mesh) Config() mesh.Config { return ms.cfg }
 func (ms *Mesh) Membership() *mesh.Membership { return ms.m }
 
 // Box is this box's place in the mesh (placement, acceptance of rows).
-func (ms *Mesh) Box() *mesh.Box { return ms.box }
+func (ms *Mesh) Node() *mesh.Node { return ms.node }
 
 // Client is the peer API's client (the mesh token, the peers' trusted roots).
 func (ms *Mesh) Client() *mesh.Client { return ms.client }
@@ -199,10 +199,10 @@ func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version strin
 	// Markers are signed and checked against the bucket's clock, not this box's wall
 	// clock: boxes whose clocks disagree still recognize each other's (mesh/clock.go).
 	ms.marker.Now = ms.m.BucketNow
-	ms.box = &mesh.Box{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, IsDraining: ms.m.Draining,
+	ms.node = &mesh.Node{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, IsDraining: ms.m.Draining,
 		Holders: new(mesh.Holders), Placement: ms.m.Placement()}
-	ms.repl = &mesh.Replicator{Box: ms.box, Client: ms.client, Ctx: ms.ctx}
-	ms.catchUp = &mesh.CatchUp{Box: ms.box, Peer: ms.client, Resync: opts.ResyncInterval,
+	ms.repl = &mesh.Replicator{Node: ms.node, Client: ms.client, Ctx: ms.ctx}
+	ms.catchUp = &mesh.CatchUp{Node: ms.node, Peer: ms.client, Resync: opts.ResyncInterval,
 		Logger: logger.Named("replication")}
 	return ms, nil
 }
@@ -218,7 +218,7 @@ func (ms *Mesh) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 	cfg.Fresh = ms.m.Fresh
 	// A fenced box's instances must be gone well before peers count it dead.
 	cfg.FenceStopGrace = mc.FenceMargin / 2
-	cfg.Owns = func(host string) bool { return ms.box.OwnsRoute(reg.Lookup, host) }
+	cfg.Owns = func(host string) bool { return ms.node.OwnsRoute(reg.Lookup, host) }
 }
 
 // start starts the loop (the box's lifecycle stays fenced until its first good
@@ -227,7 +227,7 @@ func (ms *Mesh) start(eng *engine.Engine, reg *registry.Registry) error {
 	if err := ms.m.Start(ms.ctx); err != nil {
 		return err
 	}
-	ms.catchUp.Rows = func() ([]mesh.RouteRow, error) { return ms.box.Rows(reg) }
+	ms.catchUp.Rows = func() ([]mesh.RouteRow, error) { return ms.node.Rows(reg) }
 	ms.catchUp.Tombs = reg.Tombstones
 	safego.Go(nil, ms.logger, "mesh catch-up", func() { ms.catchUp.Run(ms.ctx) })
 	// The members' addresses, refused to spaces under network egress.

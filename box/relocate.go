@@ -21,7 +21,7 @@ func (b *Box) Relocate(ctx context.Context, req mesh.RelocateRequest) (mesh.Relo
 	}
 	s := b.settings.Load()
 	r := &mesh.Relocator{
-		Box:           ms.box,
+		Node:          ms.node,
 		Bucket:        b.bucket,
 		RegionBuckets: s.RegionBuckets,
 		DeadAfter:     ms.m.Config().DeadAfter,

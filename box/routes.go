@@ -151,7 +151,7 @@ type Applied struct {
 // not there (404); an operator's mesh action conflicts with the box's config (409).
 var ErrMeshOff = errors.New("the mesh is off on this box (LCHAT_MESH_SELF is not set)")
 
-// ApplyRow stores a row a peer replicated, if this box accepts it (mesh.Box.AcceptRow)
+// ApplyRow stores a row a peer replicated, if this box accepts it (mesh.Node.AcceptRow)
 // and it is newer than what is held (registry.ApplyReplicated), then settles the space
 // as a change made here would: a row pinned to another box sleeps the copy awake here,
 // synchronously, so the peer's answer says whether it is saved. A stale row settles
@@ -162,7 +162,7 @@ func (b *Box) ApplyRow(ctx context.Context, row mesh.RouteRow) (Applied, error) 
 		return Applied{}, &Error{Status: http.StatusNotFound, Err: ErrMeshOff}
 	}
 	prev, _ := b.reg.Lookup(row.Host)
-	rt, err := ms.box.AcceptRow(row, prev, b.checkRoute)
+	rt, err := ms.node.AcceptRow(row, prev, b.checkRoute)
 	if errors.Is(err, mesh.ErrKept) {
 		return Applied{Kept: true}, nil
 	}
@@ -193,7 +193,7 @@ func (b *Box) ApplyRow(ctx context.Context, row mesh.RouteRow) (Applied, error) 
 }
 
 // ApplyTombstone deletes host's row on a peer's word, if this box accepts it
-// (mesh.Box.AcceptTombstone) and its revision rev is at least the row's
+// (mesh.Node.AcceptTombstone) and its revision rev is at least the row's
 // (registry.RemoveReplicated; empty: from a box without revisions), then settles the
 // space as a local removal does: saved, then its local state dropped. A failed save is an
 // error (500), as it is for a local removal, so the sending box logs it and retries; the
@@ -204,7 +204,7 @@ func (b *Box) ApplyTombstone(ctx context.Context, host, rev string) (Applied, er
 		return Applied{}, &Error{Status: http.StatusNotFound, Err: ErrMeshOff}
 	}
 	prev, _ := b.reg.Lookup(host)
-	if err := ms.box.AcceptTombstone(host, prev); err != nil {
+	if err := ms.node.AcceptTombstone(host, prev); err != nil {
 		ms.C.RowsRejected.Add(1)
 		return Applied{}, refusal(err)
 	}

@@ -52,7 +52,7 @@ func (b *Box) PlanSeed(ctx context.Context, req SeedRequest) (*Seed, error) {
 	if req.Token != "" {
 		client.Token = req.Token
 	}
-	local, err := ms.box.Rows(b.reg)
+	local, err := ms.node.Rows(b.reg)
 	if err != nil {
 		// A partial registry must never reach the planner: --prune would tombstone
 		// every peer row the read missed.

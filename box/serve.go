@@ -128,7 +128,7 @@ func (b *Box) Serve(ctx context.Context, req Request, p Proxy) error {
 			wait = leaseWait(ctx, wait)
 		}
 		if !ok || wait == 0 {
-			ref := Refuse(rt.Host, err, ctx.Err() != nil)
+			ref := RefusalOf(rt.Host, err, ctx.Err() != nil)
 			if ref.Unexpected {
 				if c := b.logger.Check(zapcore.ErrorLevel, "waking space"); c != nil {
 					c.Write(zap.String("host", rt.Host), zap.Error(err))
@@ -164,8 +164,8 @@ func (b *Box) placeReopen(rt *registry.Route, req Request, d mesh.Decision) mesh
 // where host was known awake (mesh.Holders): whatever this box knew of it is stale.
 func (b *Box) forward(p Proxy, host string, d mesh.Decision) (Forwarded, error) {
 	res, err := p.Forward(d)
-	if res == NotSent && b.mesh != nil && b.mesh.box != nil {
-		b.mesh.box.Holders.Forget(host)
+	if res == NotSent && b.mesh != nil && b.mesh.node != nil {
+		b.mesh.node.Holders.Forget(host)
 	}
 	return res, err
 }
@@ -220,7 +220,7 @@ func (b *Box) Acquire(ctx context.Context, rt *registry.Route) (*engine.Use, err
 	return b.eng.Acquire(ctx, SpaceOf(rt))
 }
 
-// Place decides where a request for rt goes (mesh.Box.Place), hops being the forwards
+// Place decides where a request for rt goes (mesh.Node.Place), hops being the forwards
 // it made before and viaHint whether the last one followed a holder entry. Without the
 // mesh it is served here.
 func (b *Box) Place(rt *registry.Route, hops int, viaHint bool) mesh.Decision {
@@ -229,7 +229,7 @@ func (b *Box) Place(rt *registry.Route, hops int, viaHint bool) mesh.Decision {
 		return mesh.Decision{Action: mesh.Serve}
 	}
 	awake := rt.Hibernate && b.eng.Here(rt.Host)
-	d := ms.box.Place(mesh.Request{Route: rt, Hops: hops, AwakeHere: awake, ViaHint: viaHint})
+	d := ms.node.Place(mesh.Request{Route: rt, Hops: hops, AwakeHere: awake, ViaHint: viaHint})
 	if d.Action == mesh.Unavailable {
 		ms.C.LivesAtLoops.Add(1)
 	}
@@ -237,9 +237,9 @@ func (b *Box) Place(rt *registry.Route, hops int, viaHint bool) mesh.Decision {
 }
 
 // AcquireFailed decides where a request goes whose space this box could not wake: its
-// lease held by another live box (mesh.Box.LeaseHeld: forward to the holder), or this box
-// draining (mesh.Box.Draining: forward to the owner that takes the space over). ok is
-// false when no forward applies: the request gets the refusal of err (Refuse).
+// lease held by another live box (mesh.Node.LeaseHeld: forward to the holder), or this box
+// draining (mesh.Node.Draining: forward to the owner that takes the space over). ok is
+// false when no forward applies: the request gets the refusal of err (RefusalOf).
 func (b *Box) AcquireFailed(err error, rt *registry.Route, hops int) (d mesh.Decision, ok bool) {
 	ms := b.mesh
 	if ms == nil {
@@ -248,9 +248,9 @@ func (b *Box) AcquireFailed(err error, rt *registry.Route, hops int) (d mesh.Dec
 	var held *engine.LeaseHeldError
 	switch {
 	case errors.As(err, &held):
-		d = ms.box.LeaseHeld(rt.Host, held.Holder, hops)
+		d = ms.node.LeaseHeld(rt.Host, held.Holder, hops)
 	case errors.Is(err, engine.ErrDraining):
-		d = ms.box.Draining(rt.Host, rt.HomeRegion, hops)
+		d = ms.node.Draining(rt.Host, rt.HomeRegion, hops)
 	default:
 		return mesh.Decision{}, false
 	}
@@ -278,9 +278,9 @@ type Refusal struct {
 	Unexpected bool
 }
 
-// Refuse is the answer to a failed Acquire of host's space; clientGone says the request's
+// RefusalOf is the answer to a failed Acquire of host's space; clientGone says the request's
 // context has ended.
-func Refuse(host string, err error, clientGone bool) Refusal {
+func RefusalOf(host string, err error, clientGone bool) Refusal {
 	var held *engine.LeaseHeldError
 	var retry *engine.RetryError
 	switch {

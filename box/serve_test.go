@@ -19,7 +19,7 @@ import (
 // TestRefuse: a space that cannot be served now is a 503 with the engine's hint and a
 // reason, never a 502; a client gone while it waited is 499; only an unexpected failure
 // is worth a log line.
-func TestRefuse(t *testing.T) {
+func TestRefusalOf(t *testing.T) {
 	const host = "r.example.com"
 	for _, tc := range []struct {
 		name       string
@@ -38,7 +38,7 @@ func TestRefuse(t *testing.T) {
 		{"canceled, client here", context.Canceled, false, 503, 0, "waking space", true},
 		{"bucket down", errors.New("bucket unreachable"), false, 503, 0, "waking space " + host + " failed", true},
 	} {
-		ref := box.Refuse(host, tc.err, tc.gone)
+		ref := box.RefusalOf(host, tc.err, tc.gone)
 		if ref.Status != tc.status || ref.RetryAfter != tc.after || !strings.Contains(ref.Err.Error(), tc.says) || ref.Unexpected != tc.unexpected {
 			t.Errorf("%s: %+v, want status %d, retry after %v, saying %q, unexpected %v", tc.name, ref, tc.status, tc.after, tc.says, tc.unexpected)
 		}
@@ -131,7 +131,7 @@ func TestServeFallsBackHere(t *testing.T) {
 	b, _ := boxtest.MeshBox(t)
 	host := ""
 	for i := 0; host == ""; i++ {
-		if h := fmt.Sprintf("s%d.%s", i, boxtest.Domain); !b.Mesh().Box().Owns(h, "") {
+		if h := fmt.Sprintf("s%d.%s", i, boxtest.Domain); !b.Mesh().Node().Owns(h, "") {
 			host = h
 		}
 	}
@@ -143,12 +143,12 @@ func TestServeFallsBackHere(t *testing.T) {
 		t.Fatalf("a reachable owner: %v, forwards %v, served here %v; want it forwarded to B", err, p.forwards, p.instance)
 	}
 	// Known awake at B (a holder entry): a forward that reaches nothing forgets it.
-	b.Mesh().Box().Holders.Put(host, boxtest.SelfB)
+	b.Mesh().Node().Holders.Put(host, boxtest.SelfB)
 	p = &fakeProxy{forward: box.NotSent}
 	if err := b.Serve(t.Context(), box.Request{Host: host}, p); err != nil || len(p.forwards) != 1 || !p.instance || p.refused != nil {
 		t.Fatalf("an unreachable owner: %v, forwards %v, served here %v, refused %+v; want it served here", err, p.forwards, p.instance, p.refused)
 	}
-	if at, ok := b.Mesh().Box().Holders.Get(host); ok {
+	if at, ok := b.Mesh().Node().Holders.Get(host); ok {
 		t.Fatalf("the holder entry for an unreachable peer was kept: %v", at)
 	}
 	if n := b.Mesh().C.ForwardFallback.Load(); n != 1 {
@@ -182,7 +182,7 @@ func TestServeReopenNeverWakes(t *testing.T) {
 	mb, _ := boxtest.MeshBox(t)
 	mhost := ""
 	for i := 0; mhost == ""; i++ {
-		if h := fmt.Sprintf("s%d.%s", i, boxtest.Domain); mb.Mesh().Box().Owns(h, "") {
+		if h := fmt.Sprintf("s%d.%s", i, boxtest.Domain); mb.Mesh().Node().Owns(h, "") {
 			mhost = h
 		}
 	}

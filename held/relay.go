@@ -43,7 +43,7 @@ func (c *Conns) tell(n connhold.Notice, entries []string) {
 	}
 	body, _ := json.Marshal(n)
 	for _, entry := range entries {
-		if entry == c.box.Self() || !ms.Box().IsLiveMember(entry) {
+		if entry == c.box.Self() || !ms.Node().IsLiveMember(entry) {
 			continue
 		}
 		safego.Go(&c.tells, c.log, "held-connection notice", func() {
@@ -60,7 +60,7 @@ func (c *Conns) tell(n connhold.Notice, entries []string) {
 // NeedCheckpoint); the notice that follows its checkpoint frees them.
 func (c *Conns) askCheckpoint(ctx context.Context, space, peer string) {
 	ms := c.box.Mesh()
-	if ms == nil || !ms.Box().IsLiveMember(peer) {
+	if ms == nil || !ms.Node().IsLiveMember(peer) {
 		return
 	}
 	resp, err := ms.Client().Call(ctx, http.MethodPost, peer, mesh.PathConns+url.PathEscape(space)+"/checkpoint", nil, nil)
@@ -205,7 +205,7 @@ func (c *Conns) ServePeer(w http.ResponseWriter, r *http.Request) error {
 		if err := json.NewDecoder(io.LimitReader(r.Body, 4<<20)).Decode(&an); err != nil || an.At == "" {
 			return &box.Error{Status: http.StatusBadRequest, Err: fmt.Errorf("announcement: %v", err)}
 		}
-		if !c.box.Mesh().Box().IsLiveMember(an.At) {
+		if !c.box.Mesh().Node().IsLiveMember(an.At) {
 			return &box.Error{Status: http.StatusBadRequest, Err: errors.New("announcement from a box that is not a live member")}
 		}
 		for _, h := range an.Hosts {

@@ -73,9 +73,9 @@ type CatchUpPeer interface {
 
 // CatchUp runs catch-ups from this box to its peers (see CatchUpPlan).
 type CatchUp struct {
-	Box  *Box
+	Node *Node
 	Peer CatchUpPeer
-	// Rows is this box's registry in replicated form (Box.Rows); Tombs its tombstones.
+	// Rows is this box's registry in replicated form (Node.Rows); Tombs its tombstones.
 	Rows  func() ([]RouteRow, error)
 	Tombs func() map[string]string
 	// Check is how often the live view is looked at for peers that came up. Default 1s.
@@ -138,8 +138,8 @@ func (c *CatchUp) Run(ctx context.Context) {
 // not been caught up yet, and with rotate also of the next live peer in rotation.
 func (c *CatchUp) Tick(ctx context.Context, rotate bool) {
 	var peers []Member
-	for _, m := range c.Box.Live() {
-		if m.Self != c.Box.Self && !m.Draining {
+	for _, m := range c.Node.Live() {
+		if m.Self != c.Node.Self && !m.Draining {
 			peers = append(peers, m)
 		}
 	}

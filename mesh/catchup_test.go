@@ -111,7 +111,7 @@ func TestCatchUpTick(t *testing.T) {
 	}
 	peer := &fakePeer{failList: 1}
 	rev := fmt.Sprintf("%016x-a", uint64(time.Now().UnixMilli())<<16)
-	c := &CatchUp{Box: &Box{Self: "https://a.mesh.test", Live: live}, Peer: peer,
+	c := &CatchUp{Node: &Node{Self: "https://a.mesh.test", Live: live}, Peer: peer,
 		Rows: func() ([]RouteRow, error) {
 			return []RouteRow{{Host: "x.mesh.test", Kind: "demo", Hibernate: true, Rev: rev}}, nil
 		},

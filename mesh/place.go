@@ -69,7 +69,7 @@ type Request struct {
 // region) is served here, as a single box would, unless it has a home region and its
 // owner holds the row (homeOwner): then a row created on this box for another region still
 // wakes in that region.
-func (b *Box) Place(req Request) Decision {
+func (b *Node) Place(req Request) Decision {
 	rt := req.Route
 	if !rt.Hibernate {
 		if rt.LivesAt == "" || rt.LivesAt == b.Self {
@@ -107,7 +107,7 @@ func (b *Box) Place(req Request) Decision {
 }
 
 // holder is the live box other than this one that host's space was last seen awake on.
-func (b *Box) holder(host string) string {
+func (b *Node) holder(host string) string {
 	if b.Holders == nil {
 		return ""
 	}
@@ -122,7 +122,7 @@ func (b *Box) holder(host string) string {
 // holder holds the lease: forward to the holder (and remember it), unless the request
 // has made its last forward, the holder is this box (a wake racing a sleep), or the
 // holder is not a mesh SELF (a single box's id).
-func (b *Box) LeaseHeld(host, holder string, hops int) Decision {
+func (b *Node) LeaseHeld(host, holder string, hops int) Decision {
 	if holder == b.Self || hops >= MaxHops {
 		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s is held by %s", host, holder)}
 	}
@@ -138,7 +138,7 @@ func (b *Box) LeaseHeld(host, holder string, hops int) Decision {
 // Draining decides where a request goes that this draining box cannot serve (its space
 // is asleep here, or was just put to sleep by the drain): to the owner among the boxes
 // that are not draining, which wakes it once this box has released its lease.
-func (b *Box) Draining(host, homeRegion string, hops int) Decision {
+func (b *Node) Draining(host, homeRegion string, hops int) Decision {
 	owner, ok := b.owner(host, homeRegion)
 	if !ok || owner.Self == b.Self || hops >= MaxHops || !b.InScope(host, homeRegion) {
 		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s: this box is shutting down", host)}

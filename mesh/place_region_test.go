@@ -61,7 +61,7 @@ func TestPlaceHomedOutsideScope(t *testing.T) {
 			{"no home region", fiUp, Request{Route: row(fiHost, "")}, Decision{Action: Serve}, true},
 		} {
 			members := tc.members
-			b := &Box{Self: a.Self, Domains: a.Domains, Region: a.Region, Live: func() []Member { return members }}
+			b := &Node{Self: a.Self, Domains: a.Domains, Region: a.Region, Live: func() []Member { return members }}
 			if cached {
 				b.Placement = new(Placement)
 				b.Placement.SetView(members)

@@ -69,7 +69,7 @@ func (p *Placement) SetView(members []Member) (changed bool) {
 
 // samePlacement reports whether a and b place every host alike because they hold the
 // same members, in the same order, with the same regions and draining flags (and the
-// same domains, which decide whether the owner holds a route; see Box.Place).
+// same domains, which decide whether the owner holds a route; see Node.Place).
 func samePlacement(a, b []Member) bool {
 	if len(a) != len(b) {
 		return false

@@ -309,7 +309,7 @@ func TestMembershipPlacement(t *testing.T) {
 // 10, 100 and 1,000 members, through a real Membership: live_hrw is what the request
 // path paid before the cache (a copy of the live view, then HRW over it), cached is
 // Membership.Placement after warm-up; holder_* is the check that a space's last holder
-// is a live box (Box.IsLiveMember), by a copy of the view and by the placement's view.
+// is a live box (Node.IsLiveMember), by a copy of the view and by the placement's view.
 //
 //	go test ./mesh -run '^$' -bench RequestPlacement -benchmem
 func BenchmarkRequestPlacement(b *testing.B) {
@@ -329,7 +329,7 @@ func BenchmarkRequestPlacement(b *testing.B) {
 		for _, h := range hosts {
 			p.Owner(h, "")
 		}
-		box := &Box{Self: m.Config().Self, Live: m.Live}
+		box := &Node{Self: m.Config().Self, Live: m.Live}
 		peer := fmt.Sprintf("https://box-%04d.example.net", n/2)
 		b.Run(fmt.Sprintf("members=%d/holder_live_copy", n), func(b *testing.B) {
 			b.ReportAllocs()
@@ -337,7 +337,7 @@ func BenchmarkRequestPlacement(b *testing.B) {
 				box.IsLiveMember(peer)
 			}
 		})
-		cachedBox := &Box{Self: m.Config().Self, Live: m.Live, Placement: p}
+		cachedBox := &Node{Self: m.Config().Self, Live: m.Live, Placement: p}
 		b.Run(fmt.Sprintf("members=%d/holder_placement", n), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

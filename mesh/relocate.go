@@ -78,7 +78,7 @@ type DNSSetter interface {
 
 // Relocator moves hibernating spaces between regions for this box.
 type Relocator struct {
-	Box *Box
+	Node *Node
 	// Bucket is this box's bucket.
 	Bucket bucket.Bucket
 	// RegionBuckets are the buckets of other regions, by region (mesh.region_buckets).
@@ -152,7 +152,7 @@ func (r *Relocator) Plan(ctx context.Context, req RelocateRequest) (registry.Rou
 	if plan.PerRegion && SameBucket(plan.Dest.String(), own.String()) {
 		plan.PerRegion = false
 	}
-	plan.Members = r.Box.Live()
+	plan.Members = r.Node.Live()
 	plan.DestLive = r.HolderLive
 	if plan.PerRegion {
 		// The destination region's live boxes beat in the destination bucket.
@@ -208,14 +208,14 @@ func (r *Relocator) Plan(ctx context.Context, req RelocateRequest) (registry.Rou
 // lease in this box's bucket.
 func (r *Relocator) checkAsleep(ctx context.Context, host string) error {
 	if r.AwakeHere != nil && r.AwakeHere(host) {
-		return relocErr(ErrRelocateRefused, "%s is awake on %s (this box); relocate it while it sleeps; nothing was changed", host, r.Box.Self)
+		return relocErr(ErrRelocateRefused, "%s is awake on %s (this box); relocate it while it sleeps; nothing was changed", host, r.Node.Self)
 	}
 	err := spacestore.CheckAsleep(ctx, r.Bucket, host, r.HolderLive)
 	var awake *spacestore.AwakeError
 	switch {
 	case errors.As(err, &awake):
 		where := awake.Holder
-		if where == r.Box.Self {
+		if where == r.Node.Self {
 			where += " (this box)"
 		}
 		return relocErr(ErrRelocateRefused, "%s is awake on %s; relocate it while it sleeps; nothing was changed", host, where)
@@ -268,11 +268,11 @@ func (r *Relocator) Relocate(ctx context.Context, req RelocateRequest) (Relocate
 			return res, err
 		}
 	}
-	members := r.Box.Live()
+	members := r.Node.Live()
 	if plan.PerRegion {
 		members = append(members, plan.Members...)
 	}
-	targets := RelocateTargets(host, cur.HomeRegion, req.To, members, r.Box.Self)
+	targets := RelocateTargets(host, cur.HomeRegion, req.To, members, r.Node.Self)
 	for _, t := range targets {
 		res.Fanout = append(res.Fanout, t.Self)
 	}

@@ -66,9 +66,9 @@ func newRelocateFixture(t *testing.T) *relocateFixture {
 	if _, err := f.reg.Put(registry.Route{Host: relocHost, Kind: "demo", Hibernate: true, HomeRegion: "ie"}); err != nil {
 		t.Fatal(err)
 	}
-	box := &Box{Self: "https://a.example.com", Domains: []string{"example.com"}, Region: "ie", Live: f.a.Live, IsDraining: f.a.Draining}
+	box := &Node{Self: "https://a.example.com", Domains: []string{"example.com"}, Region: "ie", Live: f.a.Live, IsDraining: f.a.Draining}
 	f.r = &Relocator{
-		Box: box, Bucket: f.bkt, Routes: f.reg,
+		Node: box, Bucket: f.bkt, Routes: f.reg,
 		AwakeHere:  func(string) bool { return f.awakeHere },
 		HolderLive: f.a.HolderLive,
 	}

@@ -13,7 +13,7 @@ import (
 // change never waits for a peer. A failed target is logged by the Client; mesh-seed
 // --prune or a later write reconciles it.
 type Replicator struct {
-	Box    *Box
+	Node   *Node
 	Client *Client
 	// Ctx ends the fan-outs still running (the mesh's own context).
 	Ctx context.Context
@@ -24,7 +24,7 @@ type Replicator struct {
 // Put replicates a created or changed row to every live peer that covers its host or
 // owns it by region.
 func (r *Replicator) Put(rt registry.Route) {
-	r.PutTo(rt, r.Box.Targets(rt.Host, rt.HomeRegion))
+	r.PutTo(rt, r.Node.Targets(rt.Host, rt.HomeRegion))
 }
 
 // PutTo replicates a row to targets.
@@ -32,12 +32,12 @@ func (r *Replicator) PutTo(rt registry.Route, targets []Member) {
 	if len(targets) == 0 {
 		return
 	}
-	r.count(r.Client.Fanout(r.Ctx, r.Box.RowFromRoute(&rt), targets))
+	r.count(r.Client.Fanout(r.Ctx, r.Node.RowFromRoute(&rt), targets))
 }
 
 // Delete fans a tombstone of revision rev out like Put.
 func (r *Replicator) Delete(host, homeRegion, rev string) {
-	targets := r.Box.Targets(host, homeRegion)
+	targets := r.Node.Targets(host, homeRegion)
 	if len(targets) == 0 {
 		return
 	}
@@ -86,7 +86,7 @@ type RouteLister interface {
 // Rows is every route of routes in replicated form, env values included (they go to a
 // peer only, never to the operator). A failed read is an error, never a shorter list:
 // peers diff against it.
-func (b *Box) Rows(routes RouteLister) ([]RouteRow, error) {
+func (b *Node) Rows(routes RouteLister) ([]RouteRow, error) {
 	var out []RouteRow
 	after := ""
 	for {
@@ -106,7 +106,7 @@ func (b *Box) Rows(routes RouteLister) ([]RouteRow, error) {
 
 // InScopeRows is the rows of routes in this box's scope (its domains, or its region as
 // home_region), without env values: what GET /api/mesh/routes answers.
-func (b *Box) InScopeRows(routes RouteLister) ([]RouteRow, error) {
+func (b *Node) InScopeRows(routes RouteLister) ([]RouteRow, error) {
 	rows, err := b.Rows(routes)
 	if err != nil {
 		return nil, err

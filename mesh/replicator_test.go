@@ -46,8 +46,8 @@ func TestReplicator(t *testing.T) {
 	members := []Member{{Self: "https://self.example.com", Domains: []string{"example.com"}},
 		{Self: u1, Domains: []string{"example.com"}}, {Self: u2, Domains: []string{"example.com"}},
 		{Self: u3, Domains: []string{"example.com"}, Draining: true}}
-	box := &Box{Self: "https://self.example.com", Domains: []string{"example.com"}, Live: func() []Member { return members }}
-	r := &Replicator{Box: box, Client: &Client{Token: testToken, RetryDelay: time.Millisecond}, Ctx: t.Context()}
+	box := &Node{Self: "https://self.example.com", Domains: []string{"example.com"}, Live: func() []Member { return members }}
+	r := &Replicator{Node: box, Client: &Client{Token: testToken, RetryDelay: time.Millisecond}, Ctx: t.Context()}
 	r.Put(registry.Route{Host: "a.example.com", Kind: "chat", Hibernate: true})
 	deadline := time.Now().Add(10 * time.Second)
 	for {

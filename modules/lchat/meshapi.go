@@ -78,7 +78,7 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return nil
 	case p == mesh.PathRoutes && r.Method == http.MethodGet:
-		rows, err := ms.Box().InScopeRows(b.Registry())
+		rows, err := ms.Node().InScopeRows(b.Registry())
 		if err != nil {
 			return caddyhttp.Error(http.StatusInternalServerError, err)
 		}

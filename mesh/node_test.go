@@ -9,8 +9,8 @@ import (
 	"github.com/lchat/lchat-caddy/registry"
 )
 
-func testBox(members ...Member) *Box {
-	return &Box{
+func testBox(members ...Member) *Node {
+	return &Node{
 		Self:    "https://a.mesh.test",
 		Domains: []string{"mesh.test"},
 		Region:  "fi",

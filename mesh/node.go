@@ -7,12 +7,12 @@ import (
 	"github.com/lchat/lchat-caddy/registry"
 )
 
-// Box is this box's place in the mesh: its identity and its live view, and the rules
+// Node is this box's place in the mesh: its identity and its live view, and the rules
 // that read them: which routes it takes part in placing, who owns a host, where a
 // request goes, which replicated rows and tombstones it accepts, and which peers a row
 // fans out to. It holds no state of its own; Live and Draining come from the
 // Membership.
-type Box struct {
+type Node struct {
 	// Self is this box's SELF URL.
 	Self string
 	// Domains are the mesh domains this box covers.
@@ -32,25 +32,25 @@ type Box struct {
 }
 
 // owner is the HRW owner of host, homed in homeRegion, over the live view.
-func (b *Box) owner(host, homeRegion string) (Member, bool) {
+func (b *Node) owner(host, homeRegion string) (Member, bool) {
 	if b.Placement != nil {
 		return b.Placement.Owner(host, homeRegion)
 	}
 	return Owner(host, b.Live(), homeRegion)
 }
 
-func (b *Box) draining() bool { return b.IsDraining != nil && b.IsDraining() }
+func (b *Node) draining() bool { return b.IsDraining != nil && b.IsDraining() }
 
 // InScope reports whether this box takes part in placing host, a route homed in
 // homeRegion: the host is under its mesh domains, or homeRegion is its region.
-func (b *Box) InScope(host, homeRegion string) bool {
+func (b *Node) InScope(host, homeRegion string) bool {
 	return RouteInScope(host, homeRegion, b.Domains, b.Region)
 }
 
 // IsLiveMember reports whether self is the SELF of a live box in this box's view. With a
 // Placement it is a binary search of the same view, not a copy of it (it runs on the
 // request path, for a space's last holder).
-func (b *Box) IsLiveMember(self string) bool {
+func (b *Node) IsLiveMember(self string) bool {
 	if b.Placement != nil {
 		return b.Placement.Has(self)
 	}
@@ -66,7 +66,7 @@ func (b *Box) IsLiveMember(self string) bool {
 // owner among the live boxes. A host outside this box's mesh scope is this box's own (it
 // is the only one that serves it), unless it is homed in a region whose owner holds its
 // row (homeOwner). Scheduled wakes fire only on the owner.
-func (b *Box) Owns(host, homeRegion string) bool {
+func (b *Node) Owns(host, homeRegion string) bool {
 	if !b.InScope(host, homeRegion) {
 		_, elsewhere := b.homeOwner(host, homeRegion)
 		return !elsewhere
@@ -80,7 +80,7 @@ func (b *Box) Owns(host, homeRegion string) bool {
 // placing it (a live box of that region; or, with none live, a fallback owner whose
 // domains cover the host). A box outside the scope holds such a row only when it was
 // created there; its peers that place it got it by fan-out.
-func (b *Box) homeOwner(host, homeRegion string) (string, bool) {
+func (b *Node) homeOwner(host, homeRegion string) (string, bool) {
 	if homeRegion == "" {
 		return "", false
 	}
@@ -93,13 +93,13 @@ func (b *Box) homeOwner(host, homeRegion string) (string, bool) {
 
 // Targets is the set of peers a row for host, homed in homeRegion, fans out to (see
 // the package function Targets).
-func (b *Box) Targets(host, homeRegion string) []Member {
+func (b *Node) Targets(host, homeRegion string) []Member {
 	return Targets(host, homeRegion, b.Live(), b.Self)
 }
 
 // RowFromRoute is the replicated form of a registry row on this box: a live route served
 // here is pinned to this box's SELF.
-func (b *Box) RowFromRoute(rt *registry.Route) RouteRow {
+func (b *Node) RowFromRoute(rt *registry.Route) RouteRow {
 	row := RouteRow{
 		Host:       rt.Host,
 		Kind:       rt.Kind,
@@ -164,7 +164,7 @@ var ErrKept = errors.New("kept: the route lives on this box")
 // there with a marker made with the mesh token, so never an arbitrary address (a
 // metadata service, an internal host); a live route this box serves from a local
 // upstream is never taken over by a peer.
-func (b *Box) AcceptRow(row RouteRow, prev *registry.Route, check func(*registry.Route) error) (registry.Route, error) {
+func (b *Node) AcceptRow(row RouteRow, prev *registry.Route, check func(*registry.Route) error) (registry.Route, error) {
 	if !row.InScopeFor(b.Domains, b.Region) {
 		return registry.Route{}, refused(false, "route %s is outside this box's mesh domains and region", row.Host)
 	}
@@ -188,7 +188,7 @@ func (b *Box) AcceptRow(row RouteRow, prev *registry.Route, check func(*registry
 // so. prev is this box's row, if any. Like a row, a tombstone outside this box's scope
 // changes nothing: a host outside the mesh domains is this box's own business unless
 // its stored row is homed in this box's region; and a live route served here stays.
-func (b *Box) AcceptTombstone(host string, prev *registry.Route) error {
+func (b *Node) AcceptTombstone(host string, prev *registry.Route) error {
 	if err := registry.ValidateHost(host); err != nil {
 		return &RefusedError{Err: err}
 	}
