@@ -16,7 +16,7 @@ import (
 	"github.com/lchat/lchat-caddy/registry"
 )
 
-// TestRefuse: a space that cannot be served now is a 503 with the engine's hint and a
+// TestRefusalOf: a space that cannot be served now is a 503 with the engine's hint and a
 // reason, never a 502; a client gone while it waited is 499; only an unexpected failure
 // is worth a log line.
 func TestRefusalOf(t *testing.T) {
