@@ -253,9 +253,10 @@ func (c *Conns) ServePeer(w http.ResponseWriter, r *http.Request) error {
 // for the instance use holds on this box. An event whose connection's earlier
 // acknowledgements were made by another instance is a *connhold.ReplayError naming them
 // (answered 409 with connhold.ReplayHeader, undelivered); a malformed one a *box.Error
-// 400. Otherwise the peer's headers are stripped and stamp stamps a 2xx answer's header
-// with this instance, the acknowledgement's mark and what a checkpoint covers.
-func (c *Conns) PeerEvent(host string, use *engine.Use, h http.Header) (stamp func(http.Header), err error) {
+// 400. Otherwise the peer's headers are stripped, and the instance's answer goes through
+// the writer returned, in front of w: it stamps a 2xx answer's header with this
+// instance, the acknowledgement's mark and what a checkpoint covers.
+func (c *Conns) PeerEvent(host string, use *engine.Use, w http.ResponseWriter, h http.Header) (http.ResponseWriter, error) {
 	now := c.At(use)
 	var prior []connhold.At
 	for _, v := range h.Values(connhold.PriorHeader) {
@@ -274,12 +275,12 @@ func (c *Conns) PeerEvent(host string, use *engine.Use, h http.Header) (stamp fu
 	}
 	connhold.StripPeerHeaders(h)
 	c.EnsureControl(host)
-	return func(h http.Header) {
+	return &ackWriter{ResponseWriter: w, stamp: func(h http.Header) {
 		mark, covered := c.relay.Acked(host, now, entry, time.Now())
 		h.Set(connhold.AckAtHeader, now.String())
 		h.Set(connhold.AckMarkHeader, strconv.FormatUint(mark, 10))
 		h.Set(connhold.CoveredHeader, strconv.FormatUint(covered, 10))
-	}, nil
+	}}, nil
 }
 
 // PeerUpgrade readies an upgrade a peer forwarded (its header h) for a client it will

@@ -16,6 +16,7 @@ import (
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/held"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -111,14 +112,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	host := requestHost(r)
 	hops, viaHint := b.Strip(r.Header, host)
 	if hops == 0 {
-		// Only a peer names connections and entry boxes (package held).
-		connhold.StripPeerHeaders(r.Header)
-		r.Header.Del(connhold.ConnIDHeader)
-		if h.app.conns != nil && connhold.IsUpgrade(r) {
-			// A handshake the box could not complete is refused before it wakes a space.
-			if err := connhold.CheckHandshake(r, w.Header()); err != nil {
-				return caddyhttp.Error(http.StatusBadRequest, err)
-			}
+		if err := h.app.conns.FromClient(r, w.Header()); err != nil {
+			return caddyhttp.Error(http.StatusBadRequest, err)
 		}
 	}
 	p := &proxying{h: h, w: w, r: r, next: next, host: host, hops: hops}
@@ -138,7 +133,7 @@ type proxying struct {
 	hops int // forwards before this box
 	// sse, on a reopen of a resumable event stream this box holds (heldStream), is the
 	// stream's writer: the request is one pass of it.
-	sse *sseWriter
+	sse *held.SSEWriter
 }
 
 // Live proxies to a live route's upstream.
@@ -154,22 +149,10 @@ func (p *proxying) Instance(use *engine.Use) error {
 	if p.hops > 0 {
 		p.w.Header().Set(mesh.HolderHeader, p.h.app.box.Self())
 	}
-	// The box's own requests to the instance (connection events) are under /.lchat/ and
-	// name connections: a client can do neither, so an instance can trust both. A peer
-	// (a validly marked forward) sends the events of connections it holds.
 	cs := p.h.app.conns
-	fromPeer := p.hops > 0 && cs != nil
-	peerEvent := fromPeer && p.r.Method == http.MethodPost && p.r.URL.Path == connhold.EventPath
-	if connhold.Reserved(p.r.URL.Path) && !peerEvent {
+	door := cs.DoorOf(p.r, p.hops)
+	if door == held.Reserved {
 		return p.Refuse(box.Refusal{Status: http.StatusNotFound, Err: fmt.Errorf("%s is reserved for the box", p.r.URL.Path)})
-	}
-	peerHolds := fromPeer && p.r.Header.Get(connhold.EntryHeader) != ""
-	if !peerHolds {
-		p.r.Header.Del(connhold.ConnIDHeader)
-	}
-	if !fromPeer {
-		// A forward that fell back to serving here set them (forwardUpgrade).
-		connhold.StripPeerHeaders(p.r.Header)
 	}
 	if cs != nil && p.h.app.box.Mesh() != nil {
 		// Its instance may send to connections held at any box (held.Conns.EnsureControl).
@@ -178,14 +161,14 @@ func (p *proxying) Instance(use *engine.Use) error {
 	p.h.setInstanceHeader(p.w, use)
 	setUpstream(p.r, use.Dial())
 	var err error
-	switch {
-	case peerEvent:
+	switch door {
+	case held.PeerEvent:
 		err = p.instanceEvent(use, cs)
-	case peerHolds && connhold.IsUpgrade(p.r):
+	case held.PeerUpgrade:
 		err = p.instanceUpgradeForEntry(use, cs)
-	case cs != nil && connhold.IsUpgrade(p.r):
+	case held.Upgrade:
 		err = p.instanceUpgrade(cs)
-	case cs != nil && connhold.AcceptsEventStream(p.r):
+	case held.EventStream:
 		err = p.instanceSSE(use, cs)
 	default:
 		err = p.h.proxy.ServeHTTP(p.w, p.r, p.next)
