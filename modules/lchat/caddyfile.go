@@ -115,7 +115,22 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	scalars := map[string]any{
+		"state_dir":          &a.StateDir,
+		"registry":           &a.Registry,
+		"max_awake":          &a.MaxAwake,
+		"max_starting":       &a.MaxStarting,
+		"wake_scan_interval": &a.WakeScanInterval,
+		"drain_timeout":      &a.DrainTimeout,
+		"tombstone_ttl":      &a.TombstoneTTL,
+	}
 	for d.NextBlock(0) {
+		if ok, err := scalarArg(d, scalars); ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
 		switch d.Val() {
 		case "bucket":
 			raw, err := buckets.UnmarshalBucket(d)
@@ -123,46 +138,6 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			a.BucketRaw = raw
-		case "state_dir":
-			if err := caddyfileutil.OneArg(d, &a.StateDir); err != nil {
-				return err
-			}
-		case "registry":
-			if err := caddyfileutil.OneArg(d, &a.Registry); err != nil {
-				return err
-			}
-		case "max_awake":
-			var s string
-			if err := caddyfileutil.OneArg(d, &s); err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(s)
-			if err != nil {
-				return d.Errf("max_awake: %v", err)
-			}
-			a.MaxAwake = n
-		case "max_starting":
-			var s string
-			if err := caddyfileutil.OneArg(d, &s); err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(s)
-			if err != nil {
-				return d.Errf("max_starting: %v", err)
-			}
-			a.MaxStarting = n
-		case "wake_scan_interval":
-			if err := durationArg(d, &a.WakeScanInterval); err != nil {
-				return err
-			}
-		case "drain_timeout":
-			if err := durationArg(d, &a.DrainTimeout); err != nil {
-				return err
-			}
-		case "tombstone_ttl":
-			if err := durationArg(d, &a.TombstoneTTL); err != nil {
-				return err
-			}
 		case "wildcard_domains":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
@@ -187,28 +162,19 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if a.InstanceLog == nil {
 				a.InstanceLog = new(InstanceLog)
 			}
+			logScalars := map[string]any{
+				// The rotation counts whole MiB.
+				"max_size": mebibytes(&a.InstanceLog.MaxSizeMB),
+				"keep":     &a.InstanceLog.Keep,
+			}
 			for nesting := d.Nesting(); d.NextBlock(nesting); {
-				switch d.Val() {
-				case "max_size":
-					n, err := sizeArg(d)
+				if ok, err := scalarArg(d, logScalars); ok {
 					if err != nil {
 						return err
 					}
-					// The rotation counts whole MiB: round up.
-					a.InstanceLog.MaxSizeMB = int((n + 1<<20 - 1) >> 20)
-				case "keep":
-					var v string
-					if err := caddyfileutil.OneArg(d, &v); err != nil {
-						return err
-					}
-					n, err := strconv.Atoi(v)
-					if err != nil {
-						return d.Errf("keep: %v", err)
-					}
-					a.InstanceLog.Keep = n
-				default:
-					return d.Errf("unrecognized subdirective %s", d.Val())
+					continue
 				}
+				return d.Errf("unrecognized subdirective %s", d.Val())
 			}
 		case "connections":
 			if d.NextArg() {
@@ -251,7 +217,26 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	scalars := map[string]any{
+		"idle_timeout":      &k.IdleTimeout,
+		"stop_signal":       &k.StopSignal,
+		"stop_grace":        &k.StopGrace,
+		"ready_path":        &k.ReadyPath,
+		"ready_timeout":     &k.ReadyTimeout,
+		"wake_path":         &k.WakePath,
+		"retention":         &k.Retention,
+		"gc_grace":          &k.GCGrace,
+		"isolation":         &k.Isolation,
+		"socket_activation": &k.SocketActivation,
+		"tmp":               &k.Tmp,
+	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if ok, err := scalarArg(d, scalars); ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
 		switch d.Val() {
 		case "command":
 			args := d.RemainingArgs()
@@ -276,38 +261,6 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			k.AllowedEnv = append(k.AllowedEnv, args...)
-		case "idle_timeout":
-			if err := durationArg(d, &k.IdleTimeout); err != nil {
-				return err
-			}
-		case "stop_signal":
-			if err := caddyfileutil.OneArg(d, &k.StopSignal); err != nil {
-				return err
-			}
-		case "stop_grace":
-			if err := durationArg(d, &k.StopGrace); err != nil {
-				return err
-			}
-		case "ready_path":
-			if err := caddyfileutil.OneArg(d, &k.ReadyPath); err != nil {
-				return err
-			}
-		case "ready_timeout":
-			if err := durationArg(d, &k.ReadyTimeout); err != nil {
-				return err
-			}
-		case "wake_path":
-			if err := caddyfileutil.OneArg(d, &k.WakePath); err != nil {
-				return err
-			}
-		case "retention":
-			if err := durationArg(d, &k.Retention); err != nil {
-				return err
-			}
-		case "gc_grace":
-			if err := durationArg(d, &k.GCGrace); err != nil {
-				return err
-			}
 		case "replication":
 			args := d.RemainingArgs()
 			if len(args) == 0 || len(args) > 2 {
@@ -322,23 +275,6 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				r.Interval = caddy.Duration(dur)
 			}
 			k.Replication = r
-		case "isolation":
-			if err := caddyfileutil.OneArg(d, &k.Isolation); err != nil {
-				return err
-			}
-		case "socket_activation":
-			var v string
-			if err := caddyfileutil.OneArg(d, &v); err != nil {
-				return err
-			}
-			switch v {
-			case "on":
-				k.SocketActivation = true
-			case "off":
-				k.SocketActivation = false
-			default:
-				return d.Errf("socket_activation: %q is not on or off", v)
-			}
 		case "network":
 			if !d.NextArg() {
 				return d.ArgErr()
@@ -363,10 +299,6 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 				k.NetworkAllow = append(k.NetworkAllow, args...)
 			}
-		case "tmp":
-			if err := caddyfileutil.OneArg(d, &k.Tmp); err != nil {
-				return err
-			}
 		case "limits":
 			if d.NextArg() {
 				return d.ArgErr()
@@ -374,14 +306,19 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if k.Limits == nil {
 				k.Limits = new(Limits)
 			}
+			limitScalars := map[string]any{
+				"memory": &k.Limits.Memory,
+				"pids":   positiveInt64(&k.Limits.Pids),
+				"disk":   &k.Limits.Disk,
+			}
 			for nesting := d.Nesting(); d.NextBlock(nesting); {
-				switch d.Val() {
-				case "memory":
-					n, err := sizeArg(d)
+				if ok, err := scalarArg(d, limitScalars); ok {
 					if err != nil {
 						return err
 					}
-					k.Limits.Memory = n
+					continue
+				}
+				switch d.Val() {
 				case "cpu":
 					var v string
 					if err := caddyfileutil.OneArg(d, &v); err != nil {
@@ -392,22 +329,6 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 						return d.Errf("cpu: want a positive share of one core (0.5, 2), got %q", v)
 					}
 					k.Limits.CPU = f
-				case "pids":
-					var v string
-					if err := caddyfileutil.OneArg(d, &v); err != nil {
-						return err
-					}
-					n, err := strconv.ParseInt(v, 10, 64)
-					if err != nil || n <= 0 {
-						return d.Errf("pids: want a positive number, got %q", v)
-					}
-					k.Limits.Pids = n
-				case "disk":
-					n, err := sizeArg(d)
-					if err != nil {
-						return err
-					}
-					k.Limits.Disk = n
 				default:
 					return d.Errf("unrecognized subdirective %s", d.Val())
 				}
@@ -419,64 +340,25 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// sizeArg reads one size argument (64MiB, 1GB, 1048576) as bytes.
-func sizeArg(d *caddyfile.Dispenser) (int64, error) {
-	name := d.Val()
-	var v string
-	if err := caddyfileutil.OneArg(d, &v); err != nil {
-		return 0, err
-	}
-	n, err := humanize.ParseBytes(v)
-	if err != nil || n == 0 || n > 1<<62 {
-		return 0, d.Errf("%s: want a size such as 64MiB, got %q", name, v)
-	}
-	return int64(n), nil
-}
-
 // unmarshalCaddyfile reads a connections block (see App.UnmarshalCaddyfile).
 func (c *Connections) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	scalars := map[string]any{
+		"max_message":           intSize(&c.MaxMessage),
+		"max_pending":           positiveInt(&c.MaxPending),
+		"max_pending_bytes":     intSize(&c.MaxPendingBytes),
+		"max_box_pending_bytes": &c.MaxBoxPendingBytes,
+		"max_out_bytes":         intSize(&c.MaxOutBytes),
+		"max_box_out_bytes":     &c.MaxBoxOutBytes,
+		"write_timeout":         positiveDuration(&c.WriteTimeout),
+	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch name := d.Val(); name {
-		case "max_message", "max_pending_bytes", "max_box_pending_bytes", "max_out_bytes", "max_box_out_bytes":
-			n, err := sizeArg(d)
+		if ok, err := scalarArg(d, scalars); ok {
 			if err != nil {
 				return err
 			}
-			switch name {
-			case "max_message":
-				c.MaxMessage = int(min(n, 1<<31-1))
-			case "max_pending_bytes":
-				c.MaxPendingBytes = int(min(n, 1<<31-1))
-			case "max_box_pending_bytes":
-				c.MaxBoxPendingBytes = n
-			case "max_out_bytes":
-				c.MaxOutBytes = int(min(n, 1<<31-1))
-			case "max_box_out_bytes":
-				c.MaxBoxOutBytes = n
-			}
-		case "max_pending":
-			var v string
-			if err := caddyfileutil.OneArg(d, &v); err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return d.Errf("max_pending: want a positive number, got %q", v)
-			}
-			c.MaxPending = n
-		case "write_timeout":
-			var v string
-			if err := caddyfileutil.OneArg(d, &v); err != nil {
-				return err
-			}
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return d.Errf("write_timeout: want a positive duration, got %q", v)
-			}
-			c.WriteTimeout = caddy.Duration(dur)
-		default:
-			return d.Errf("unrecognized subdirective %s", name)
+			continue
 		}
+		return d.Errf("unrecognized subdirective %s", d.Val())
 	}
 	return nil
 }
@@ -501,41 +383,129 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	scalars := map[string]any{
+		"flush_interval": &h.FlushInterval,
+		"retry_after":    &h.RetryAfter,
+	}
 	for d.NextBlock(0) {
-		switch d.Val() {
-		case "flush_interval":
-			var fi caddy.Duration
-			if err := durationArg(d, &fi); err != nil {
+		if ok, err := scalarArg(d, scalars); ok {
+			if err != nil {
 				return err
 			}
-			h.FlushInterval = &fi
-		case "retry_after":
-			if err := durationArg(d, &h.RetryAfter); err != nil {
-				return err
-			}
-		default:
-			return d.Errf("unrecognized subdirective %s", d.Val())
+			continue
 		}
+		return d.Errf("unrecognized subdirective %s", d.Val())
 	}
 	return nil
 }
 
-func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+// Destinations of scalarArg beyond the plain types.
+type (
+	// positiveInt is a number above zero.
+	positiveInt *int
+	// positiveInt64 is a number above zero.
+	positiveInt64 *int64
+	// positiveDuration is a duration above zero (-1 is not one).
+	positiveDuration *caddy.Duration
+	// intSize is a size in bytes held in an int, capped at 1<<31-1.
+	intSize *int
+	// mebibytes is a size in whole MiB, rounded up.
+	mebibytes *int
+)
+
+// scalarArg reads the current subdirective's one argument into its destination in
+// fields, if fields names it, and reports whether it did; when it did not, err is nil.
+// The destination's type says how the argument reads:
+//
+//	*string           as it is
+//	*bool             on or off
+//	*int              a number
+//	*caddy.Duration   a duration (10s, 1h30m), or -1
+//	**caddy.Duration  the same, for a field whose nil means unset
+//	*int64            a size (64MiB, 1GB, 1048576) in bytes
+//	positiveInt, positiveInt64, positiveDuration, intSize, mebibytes: see their types
+//
+// A missing or an extra argument is d.ArgErr().
+func scalarArg(d *caddyfile.Dispenser, fields map[string]any) (ok bool, err error) {
 	name := d.Val()
-	var s string
-	if err := caddyfileutil.OneArg(d, &s); err != nil {
-		return err
+	dst, ok := fields[name]
+	if !ok {
+		return false, nil
 	}
-	if s == "-1" {
-		*dst = caddy.Duration(-1)
-		return nil
+	if dst, ok := dst.(*string); ok {
+		return true, caddyfileutil.OneArg(d, dst)
 	}
-	dur, err := caddy.ParseDuration(s)
-	if err != nil {
-		return d.Errf("%s: %v", name, err)
+	var v string
+	if err := caddyfileutil.OneArg(d, &v); err != nil {
+		return true, err
 	}
-	*dst = caddy.Duration(dur)
-	return nil
+	switch dst := dst.(type) {
+	case *bool:
+		switch v {
+		case "on":
+			*dst = true
+		case "off":
+			*dst = false
+		default:
+			return true, d.Errf("%s: %q is not on or off", name, v)
+		}
+	case *int:
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return true, d.Errf("%s: %v", name, err)
+		}
+		*dst = n
+	case positiveInt:
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return true, d.Errf("%s: want a positive number, got %q", name, v)
+		}
+		*dst = n
+	case positiveInt64:
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return true, d.Errf("%s: want a positive number, got %q", name, v)
+		}
+		*dst = n
+	case *caddy.Duration, **caddy.Duration:
+		dur := caddy.Duration(-1)
+		if v != "-1" {
+			parsed, err := caddy.ParseDuration(v)
+			if err != nil {
+				return true, d.Errf("%s: %v", name, err)
+			}
+			dur = caddy.Duration(parsed)
+		}
+		switch dst := dst.(type) {
+		case *caddy.Duration:
+			*dst = dur
+		case **caddy.Duration:
+			*dst = &dur
+		}
+	case positiveDuration:
+		dur, err := caddy.ParseDuration(v)
+		if err != nil || dur <= 0 {
+			return true, d.Errf("%s: want a positive duration, got %q", name, v)
+		}
+		*dst = caddy.Duration(dur)
+	case *int64, intSize, mebibytes:
+		n, err := humanize.ParseBytes(v)
+		if err != nil || n == 0 || n > 1<<62 {
+			return true, d.Errf("%s: want a size such as 64MiB, got %q", name, v)
+		}
+		switch dst := dst.(type) {
+		case *int64:
+			*dst = int64(n)
+		case intSize:
+			*dst = int(min(n, 1<<31-1))
+		case mebibytes:
+			*dst = int((n + 1<<20 - 1) >> 20)
+		}
+	default:
+		// A table in this file names a type this switch does not know.
+		panic(fmt.Sprintf("scalarArg: %s: destination of type %T", name, dst))
+	}
+	return true, nil
 }
 
 // unmarshalCaddyfile reads the `mesh` block of the lchat global option.
@@ -561,32 +531,22 @@ func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	scalars := map[string]any{
+		"beat":            &o.Beat,
+		"dead_after":      &o.DeadAfter,
+		"fence_margin":    &o.FenceMargin,
+		"forward_timeout": &o.ForwardTimeout,
+		"resync_interval": &o.ResyncInterval,
+		"public_address":  &o.PublicAddress,
+	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if ok, err := scalarArg(d, scalars); ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
 		switch d.Val() {
-		case "beat":
-			if err := durationArg(d, &o.Beat); err != nil {
-				return err
-			}
-		case "dead_after":
-			if err := durationArg(d, &o.DeadAfter); err != nil {
-				return err
-			}
-		case "fence_margin":
-			if err := durationArg(d, &o.FenceMargin); err != nil {
-				return err
-			}
-		case "forward_timeout":
-			if err := durationArg(d, &o.ForwardTimeout); err != nil {
-				return err
-			}
-		case "resync_interval":
-			if err := durationArg(d, &o.ResyncInterval); err != nil {
-				return err
-			}
-		case "public_address":
-			if err := caddyfileutil.OneArg(d, &o.PublicAddress); err != nil {
-				return err
-			}
 		case "relocate_dns":
 			if o.RelocateDNS != nil {
 				return d.Err("relocate_dns given twice")
@@ -635,7 +595,14 @@ func (r *RelocateDNS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	scalars := map[string]any{"zone": &r.Zone, "ttl": &r.TTL}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if ok, err := scalarArg(d, scalars); ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
 		switch d.Val() {
 		case "provider":
 			if !d.NextArg() {
@@ -647,14 +614,6 @@ func (r *RelocateDNS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			r.ProviderRaw = caddyconfig.JSONModuleObject(unm, "name", name, nil)
-		case "zone":
-			if err := caddyfileutil.OneArg(d, &r.Zone); err != nil {
-				return err
-			}
-		case "ttl":
-			if err := durationArg(d, &r.TTL); err != nil {
-				return err
-			}
 		default:
 			return d.Errf("unrecognized subdirective %s", d.Val())
 		}
