@@ -173,12 +173,12 @@ func (c *Conns) peerTransport() *box.PeerTransport {
 // answer: header and body) and holds it here under id; a bad answer is a *box.Error 502,
 // a handshake the client got wrong a *box.Error 400.
 func (c *Conns) Accept(w http.ResponseWriter, r *http.Request, host, id string, header http.Header, body []byte) error {
+	// The kept answer's header is still on w's (HoldWriter): whatever the outcome, none
+	// of it reaches the client (an error answer is written with w's header).
+	clear(w.Header())
 	reply, err := connhold.ParseReply(header, body)
 	if err != nil {
 		return &box.Error{Status: http.StatusBadGateway, Err: fmt.Errorf("space %s: its answer holding a WebSocket: %w", host, err)}
-	}
-	for k := range w.Header() {
-		delete(w.Header(), k)
 	}
 	if _, err := c.hub.Accept(w, r, host, id, reply, header.Get("Sec-WebSocket-Protocol")); err != nil {
 		return &box.Error{Status: http.StatusBadRequest, Err: err}
