@@ -1,0 +1,239 @@
+package gate
+
+import (
+	"context"
+	"maps"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// refusal is the body of the 503 that replaces an answer whose wait failed.
+const refusal = "503 the space's last writes are not yet durable; retry\n"
+
+// DefaultRetryAfter is the Retry-After, in seconds, of a refused answer.
+const DefaultRetryAfter = 1
+
+// WriterConfig configures a Writer.
+type WriterConfig struct {
+	// RetryAfter is the Retry-After, in seconds, of the 503 that replaces an answer whose
+	// wait failed. Default DefaultRetryAfter (1).
+	RetryAfter int
+	// Timeout bounds each wait (the status's, each chunk's) on top of the Writer's ctx:
+	// the engine's durability deadline, e.g. 10s. Default none: only ctx ends a wait.
+	Timeout time.Duration
+}
+
+// writerState is where a Writer's answer stands.
+type writerState uint8
+
+const (
+	// open: no final status yet. A 1xx passes at once.
+	open writerState = iota
+	// passing: the instance's status passed (its wait succeeded); each body chunk passes
+	// after its own wait.
+	passing
+	// refused: the status's wait failed. The client has a 503 in its place; whatever the
+	// instance writes next is dropped.
+	refused
+	// broken: a chunk's wait failed after the status passed. The answer is cut short:
+	// that chunk and every later one fail.
+	broken
+)
+
+// after is the state that follows a wait in state s that succeeded (ok) or failed: the
+// one table of a Writer's moves. refused and broken are final.
+func (s writerState) after(ok bool) writerState {
+	switch s {
+	case open:
+		if ok {
+			return passing
+		}
+		return refused
+	case passing:
+		if ok {
+			return passing
+		}
+		return broken
+	}
+	return s
+}
+
+// Writer is the http.ResponseWriter a reverse proxy writes an instance's answer through
+// when the space's durability is "bucket": each part of the answer reaches the client
+// only after a Gate wait that began after that part reached the box, so every commit the
+// instance made before it is durable. What a client may observe:
+//
+//   - A 1xx informational status (100, 103; not 101) passes at once, without a wait: it
+//     carries no answer.
+//   - The final status (any 2xx to 5xx, a 101 before its tunnel, an error answer alike)
+//     and the header with it pass only after a wait succeeds. A body Write or a Flush
+//     before any status sends a 200 the same way; that one wait covers the chunk too.
+//   - Each later non-empty body Write waits again before it passes (a streamed chunk may
+//     reveal a later commit). Flush passes on at once: all it can flush passed a wait.
+//   - If the status's wait fails (ctx ended, WriterConfig.Timeout, a fenced or closed
+//     gate), the client never sees the instance's status, header or body. It gets a
+//     complete 503 Service Unavailable with Retry-After (WriterConfig.RetryAfter), the
+//     box's own header as it stood at NewWriter (the instance's removed: no Set-Cookie, no
+//     Location), Cache-Control: no-store and a short text/plain body. The instance's later
+//     Writes succeed and are dropped, so the proxy finishes cleanly and the 503 arrives
+//     whole (the proxy drains the instance's body meanwhile); its later header changes
+//     (trailers) go to a discarded header.
+//   - If a chunk's wait fails after the status passed, that chunk and every later one
+//     are not passed and their Writes fail (an error matching ErrNotDurable), which makes
+//     Caddy's reverse proxy abort the response: the client sees the status and the chunks
+//     that passed, then a truncated body (HTTP/1.1: the connection closes before the
+//     declared length or the last chunk; HTTP/2 and 3: the stream is reset). It never
+//     sees a complete answer.
+//
+// A hijacked connection (a 101's tunnel, through Unwrap) is not gated past its status.
+// The proxy's calls are serialized (Caddy flushes from a timer goroutine).
+type Writer struct {
+	w          http.ResponseWriter
+	ctx        context.Context
+	g          *Gate
+	retryAfter int
+	timeout    time.Duration
+	own        http.Header // the box's own header at NewWriter, kept on a 503
+
+	mu sync.Mutex
+	// Written by the proxy's calls, under mu.
+	state   writerState
+	err     error       // the wait's error that refused or broke the answer
+	dropped http.Header // Header() once refused: the instance's late header changes
+}
+
+// NewWriter is a Writer in front of w whose waits are on g and end with ctx (the
+// request's: a client that leaves ends them).
+func NewWriter(ctx context.Context, w http.ResponseWriter, g *Gate, cfg WriterConfig) *Writer {
+	ra := cfg.RetryAfter
+	if ra <= 0 {
+		ra = DefaultRetryAfter
+	}
+	return &Writer{w: w, ctx: ctx, g: g, retryAfter: ra, timeout: cfg.Timeout, own: w.Header().Clone()}
+}
+
+// Err is the wait's error that refused the answer (a 503 in its place) or broke it (cut
+// short), nil while neither happened. It matches ErrNotDurable.
+func (w *Writer) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// Header is the header the instance's answer goes out with; once the answer is refused,
+// a discarded one.
+func (w *Writer) Header() http.Header {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state == refused {
+		return w.dropped
+	}
+	return w.w.Header()
+}
+
+// WriteHeader passes a 1xx informational status on at once, and the final status after a
+// wait, or a 503 in its place when the wait fails. A status after the final one is
+// dropped.
+func (w *Writer) WriteHeader(code int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writeHeaderLocked(code)
+}
+
+func (w *Writer) writeHeaderLocked(code int) {
+	if w.state != open {
+		return
+	}
+	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
+		w.w.WriteHeader(code)
+		return
+	}
+	w.moveLocked(w.waitLocked())
+	switch w.state {
+	case passing:
+		w.w.WriteHeader(code)
+	case refused:
+		w.refuseLocked()
+	}
+}
+
+// Write passes a body chunk on after a wait (the status's wait, if it sends the status).
+// Once the answer is refused it drops b and reports success; once it is broken it fails
+// with the wait's error.
+func (w *Writer) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch w.state {
+	case open:
+		w.writeHeaderLocked(http.StatusOK) // its wait began after b was in: it covers b
+	case passing:
+		if len(b) > 0 {
+			w.moveLocked(w.waitLocked())
+		}
+	}
+	switch w.state {
+	case passing:
+		return w.w.Write(b)
+	case refused:
+		return len(b), nil
+	default:
+		return 0, w.err
+	}
+}
+
+// FlushError flushes what passed to the client (a 503 in place of a refused answer), for
+// http.ResponseController. Before any status it sends a 200 first, after its wait.
+func (w *Writer) FlushError() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state == open {
+		w.writeHeaderLocked(http.StatusOK)
+	}
+	return http.NewResponseController(w.w).Flush()
+}
+
+// Flush is FlushError for an http.Flusher.
+func (w *Writer) Flush() { _ = w.FlushError() }
+
+// Unwrap is the client's writer, for http.ResponseController (deadlines, a hijack).
+func (w *Writer) Unwrap() http.ResponseWriter { return w.w }
+
+func (w *Writer) waitLocked() error {
+	ctx := w.ctx
+	if w.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, w.timeout)
+		defer cancel()
+	}
+	return w.g.Wait(ctx)
+}
+
+func (w *Writer) moveLocked(err error) {
+	w.state = w.state.after(err == nil)
+	if err != nil {
+		w.err = err
+	}
+}
+
+// refuseLocked answers 503 in place of the instance's answer.
+func (w *Writer) refuseLocked() {
+	w.dropped = http.Header{}
+	h := w.w.Header()
+	clear(h)
+	maps.Copy(h, w.own)
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Retry-After", strconv.Itoa(w.retryAfter))
+	h.Set("Content-Length", strconv.Itoa(len(refusal)))
+	w.w.WriteHeader(http.StatusServiceUnavailable)
+	_, _ = w.w.Write([]byte(refusal)) // a client gone or a HEAD: nothing else to tell it
+}
+
+// Interface guards
+var (
+	_ http.ResponseWriter = (*Writer)(nil)
+	_ http.Flusher        = (*Writer)(nil)
+)
