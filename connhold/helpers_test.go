@@ -243,18 +243,6 @@ func (rc *rawClient) readClose(t *testing.T) int {
 	}
 }
 
-// waitFor waits until cond holds (bounded, not a timing assertion).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // connholdGoroutines counts the goroutines running this package's connection code
 // (readers, writers, deliveries), not the poller's one loop.
 func connholdGoroutines() int {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/gobwas/ws"
+
+	"github.com/lchat/lchat-caddy/internal/testwait"
 )
 
 func TestParkedConnectionsAnswerPingsWithNoGoroutine(t *testing.T) {
@@ -24,8 +26,8 @@ func TestParkedConnectionsAnswerPingsWithNoGoroutine(t *testing.T) {
 			for i := range conns {
 				conns[i] = tb.dial(t, nil)
 			}
-			waitFor(t, "every connection parked", func() bool { return tb.hub.Stats().Parked == n })
-			waitFor(t, "no connection goroutine", func() bool { return connholdGoroutines() == 0 })
+			testwait.WaitFor(t, 10*time.Second, "every connection parked", func() bool { return tb.hub.Stats().Parked == n })
+			testwait.WaitFor(t, 10*time.Second, "no connection goroutine", func() bool { return connholdGoroutines() == 0 })
 
 			// A ping wakes a reader only for as long as it takes to answer it.
 			c := conns[3]
@@ -40,8 +42,8 @@ func TestParkedConnectionsAnswerPingsWithNoGoroutine(t *testing.T) {
 			if got := tb.hub.Stats().Pings; got != 3 {
 				t.Errorf("box answered %d pings, want 3", got)
 			}
-			waitFor(t, "the pinged connection parked again", func() bool { return tb.hub.Stats().Parked == n })
-			waitFor(t, "no connection goroutine after the pings", func() bool { return connholdGoroutines() == 0 })
+			testwait.WaitFor(t, 10*time.Second, "the pinged connection parked again", func() bool { return tb.hub.Stats().Parked == n })
+			testwait.WaitFor(t, 10*time.Second, "no connection goroutine after the pings", func() bool { return connholdGoroutines() == 0 })
 			if evs := tb.app.all(); len(evs) != 0 {
 				t.Errorf("pings reached the instance: %v", evs)
 			}
@@ -60,7 +62,7 @@ func TestMessagesReachTheInstanceInOrderAndRepliesReachTheClient(t *testing.T) {
 				return Reply{Messages: []Message{{Payload: []byte("echo " + string(ev.Payload))}}}
 			}
 			c := tb.dial(t, nil)
-			waitFor(t, "parked", func() bool { return tb.hub.Stats().Parked == 1 })
+			testwait.WaitFor(t, 10*time.Second, "parked", func() bool { return tb.hub.Stats().Parked == 1 })
 			const n = 50
 			for i := range n {
 				write(t, c, fmt.Sprintf("m%d", i))
@@ -114,7 +116,7 @@ func TestFailedDeliveryIsRedeliveredWithItsSequenceNumber(t *testing.T) {
 	for _, m := range []string{"a", "b", "c"} {
 		write(t, c, m)
 	}
-	waitFor(t, "four deliveries", func() bool { return len(tb.app.all()) == 4 })
+	testwait.WaitFor(t, 10*time.Second, "four deliveries", func() bool { return len(tb.app.all()) == 4 })
 	type d struct {
 		seq   uint64
 		body  string
@@ -135,16 +137,16 @@ func TestCrashRedeliversWhatNoCheckpointCovered(t *testing.T) {
 	c := tb.dial(t, nil)
 	write(t, c, "a")
 	write(t, c, "b")
-	waitFor(t, "a and b acknowledged", func() bool { return tb.hub.Stats().Delivered == 2 })
+	testwait.WaitFor(t, 10*time.Second, "a and b acknowledged", func() bool { return tb.hub.Stats().Delivered == 2 })
 	mark := tb.hub.CheckpointStarted("s1") // a checkpoint begins: a and b are in it
 	write(t, c, "c")                       // acknowledged during the checkpoint: not in it
-	waitFor(t, "c acknowledged", func() bool { return tb.hub.Stats().Delivered == 3 })
+	testwait.WaitFor(t, 10*time.Second, "c acknowledged", func() bool { return tb.hub.Stats().Delivered == 3 })
 	tb.hub.CheckpointDone("s1", mark)
 	if l := tb.hub.List("s1", ""); len(l) != 1 || l[0].Pending != 1 {
 		t.Fatalf("after the checkpoint: %+v, want c alone pending", l)
 	}
 	tb.hub.InstanceGone("s1") // the instance crashed
-	waitFor(t, "c redelivered", func() bool { return len(tb.app.all()) == 4 })
+	testwait.WaitFor(t, 10*time.Second, "c redelivered", func() bool { return len(tb.app.all()) == 4 })
 	ev := tb.app.all()[3]
 	if string(ev.Payload) != "c" || ev.Seq != 3 || !ev.Redelivery {
 		t.Errorf("redelivery %+v, want c seq 3 redelivered", ev)
@@ -153,7 +155,7 @@ func TestCrashRedeliversWhatNoCheckpointCovered(t *testing.T) {
 	tb.hub.CheckpointDone("s1", tb.hub.CheckpointStarted("s1"))
 	tb.hub.InstanceGone("s1")
 	write(t, c, "d")
-	waitFor(t, "d delivered", func() bool { return len(tb.app.all()) == 5 })
+	testwait.WaitFor(t, 10*time.Second, "d delivered", func() bool { return len(tb.app.all()) == 5 })
 	if ev := tb.app.all()[4]; string(ev.Payload) != "d" || ev.Seq != 4 || ev.Redelivery {
 		t.Errorf("after a clean stop: %+v", ev)
 	}
@@ -166,7 +168,7 @@ func TestAutoResponseAnsweredWithoutAnEvent(t *testing.T) {
 	if _, got := readMsg(t, c); got != "welcome" {
 		t.Fatalf("open message %q", got)
 	}
-	waitFor(t, "parked", func() bool { return tb.hub.Stats().Parked == 1 })
+	testwait.WaitFor(t, 10*time.Second, "parked", func() bool { return tb.hub.Stats().Parked == 1 })
 	write(t, c, "ping")
 	if _, got := readMsg(t, c); got != "pong" {
 		t.Fatalf("auto-response %q", got)
@@ -204,7 +206,7 @@ func TestFloodIs1013(t *testing.T) {
 		t.Errorf("close %v, want 1013", got)
 	}
 	close(tb.app.gate)
-	waitFor(t, "the close event", func() bool {
+	testwait.WaitFor(t, 10*time.Second, "the close event", func() bool {
 		evs := tb.app.all()
 		return len(evs) > 0 && evs[len(evs)-1].Kind == KindClose
 	})
@@ -318,7 +320,7 @@ func TestControlOperationsAreScopedToTheSpace(t *testing.T) {
 func TestDrainClosesWith1012(t *testing.T) {
 	tb := newTestBox(t, Limits{}, true)
 	c := tb.dial(t, nil)
-	waitFor(t, "parked", func() bool { return tb.hub.Stats().Parked == 1 })
+	testwait.WaitFor(t, 10*time.Second, "parked", func() bool { return tb.hub.Stats().Parked == 1 })
 	go tb.hub.Shutdown(context.Background(), CloseServiceRestart)
 	if got := closeStatusOf(t, c); got != websocket.StatusServiceRestart {
 		t.Errorf("close %v, want 1012", got)
@@ -361,13 +363,13 @@ func TestCheckpointCoveredByStartTime(t *testing.T) {
 	tb := newTestBox(t, Limits{}, false)
 	c := tb.dial(t, nil)
 	write(t, c, "a")
-	waitFor(t, "a acknowledged", func() bool { return tb.hub.Stats().Delivered == 1 })
+	testwait.WaitFor(t, 10*time.Second, "a acknowledged", func() bool { return tb.hub.Stats().Delivered == 1 })
 	started := time.Now()
 	write(t, c, "b")
-	waitFor(t, "b acknowledged", func() bool { return tb.hub.Stats().Delivered == 2 })
+	testwait.WaitFor(t, 10*time.Second, "b acknowledged", func() bool { return tb.hub.Stats().Delivered == 2 })
 	tb.hub.CheckpointCovered("s1", started)
 	tb.hub.InstanceGone("s1")
-	waitFor(t, "b redelivered", func() bool { return len(tb.app.all()) == 3 })
+	testwait.WaitFor(t, 10*time.Second, "b redelivered", func() bool { return len(tb.app.all()) == 3 })
 	if ev := tb.app.all()[2]; string(ev.Payload) != "b" || !ev.Redelivery || ev.Seq != 2 {
 		t.Errorf("redelivered %+v, want b", ev)
 	}
@@ -386,7 +388,7 @@ func TestTricklingLargeMessagesCannotFillTheBox(t *testing.T) {
 		t.Errorf("close %d, want 1013", got)
 	}
 	// What is left is the close event (its reason), kept like any event until a checkpoint.
-	waitFor(t, "the partial message's bytes released", func() bool { return tb.hub.Stats().PendingBytes < 1024 })
+	testwait.WaitFor(t, 10*time.Second, "the partial message's bytes released", func() bool { return tb.hub.Stats().PendingBytes < 1024 })
 }
 
 // TestPingsAnsweredWhileTheReaderDeliversSlowly: the reader delivers a message itself when
@@ -434,7 +436,7 @@ func TestPingsAnsweredWhileTheReaderDeliversSlowly(t *testing.T) {
 	}
 	close(release)
 	var got []string
-	waitFor(t, "both messages delivered", func() bool {
+	testwait.WaitFor(t, 10*time.Second, "both messages delivered", func() bool {
 		got = got[:0]
 		for _, ev := range tb.app.all() {
 			if ev.Kind == KindText {

@@ -28,6 +28,8 @@ import (
 
 	"github.com/coder/websocket"
 	"golang.org/x/sys/unix"
+
+	"github.com/lchat/lchat-caddy/internal/testwait"
 )
 
 // TestHeldIdleMemory prints what one held idle WebSocket costs the box: N clients (in a
@@ -109,9 +111,9 @@ func TestHeldIdleMemory(t *testing.T) {
 	}
 	// Warm up: the first connections allocate the server's pools and TLS state.
 	runClients(t, srv.Listener.Addr().String(), 50, func() {
-		waitFor(t, "warm-up connections held", func() bool { return held() == 50 })
+		testwait.WaitFor(t, 10*time.Second, "warm-up connections held", func() bool { return held() == 50 })
 	})
-	waitFor(t, "warm-up connections gone", func() bool {
+	testwait.WaitFor(t, 10*time.Second, "warm-up connections gone", func() bool {
 		if hub != nil {
 			return hub.Stats().Held == 0
 		}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lchat/lchat-caddy/internal/testwait"
 )
 
 // remoteApp is a Deliverer standing for instances on other boxes: each event goes to the
@@ -61,10 +63,10 @@ func TestMovedSpaceGetsUnsavedMessagesFirst(t *testing.T) {
 	tb, ra := newRemoteBox(t, b)
 	conn := tb.dial(t, nil)
 	write(t, conn, "one")
-	waitFor(t, "one acknowledged at b", func() bool { return tb.hub.Stats().Delivered == 1 })
+	testwait.WaitFor(t, 10*time.Second, "one acknowledged at b", func() bool { return tb.hub.Stats().Delivered == 1 })
 	ra.move(cbox) // b died; the space wakes on c
 	write(t, conn, "two")
-	waitFor(t, "two delivered", func() bool { return tb.hub.Stats().Delivered == 3 })
+	testwait.WaitFor(t, 10*time.Second, "two delivered", func() bool { return tb.hub.Stats().Delivered == 3 })
 	evs := tb.app.all()
 	got := make([]string, 0, len(evs))
 	for _, ev := range evs {
@@ -90,7 +92,7 @@ func TestRemoteNoticesCoverAndReplay(t *testing.T) {
 	for _, m := range []string{"a", "b", "c"} {
 		write(t, conn, m)
 	}
-	waitFor(t, "three acknowledged", func() bool { return tb.hub.Stats().Delivered == 3 })
+	testwait.WaitFor(t, 10*time.Second, "three acknowledged", func() bool { return tb.hub.Stats().Delivered == 3 })
 	// A local checkpoint never covers another box's acknowledgements.
 	tb.hub.CheckpointCovered("s1", time.Now().Add(time.Hour))
 	tb.hub.CheckpointDone("s1", tb.hub.CheckpointStarted("s1"))
@@ -107,13 +109,13 @@ func TestRemoteNoticesCoverAndReplay(t *testing.T) {
 	if n := tb.hub.BoxGone(b.Box, b.Incarnation); n != 1 {
 		t.Fatalf("BoxGone replayed %d, want 1", n)
 	}
-	waitFor(t, "c delivered again", func() bool { return len(tb.app.all()) == 4 })
+	testwait.WaitFor(t, 10*time.Second, "c delivered again", func() bool { return len(tb.app.all()) == 4 })
 	if ev := tb.app.all()[3]; string(ev.Payload) != "c" || ev.Seq != 3 || !ev.Redelivery {
 		t.Errorf("redelivery %+v, want c seq 3", ev)
 	}
 	// RemoteGone: covered up to its mark, the rest again.
 	tb.hub.RemoteGone("s1", b, 1) // c's new mark is 4 (this fake numbers on)
-	waitFor(t, "c delivered a third time", func() bool { return len(tb.app.all()) == 5 })
+	testwait.WaitFor(t, 10*time.Second, "c delivered a third time", func() bool { return len(tb.app.all()) == 5 })
 }
 
 func TestRelayMarksCoverAndEnd(t *testing.T) {
@@ -194,7 +196,7 @@ func TestAcknowledgedCountsFollowTheBacklog(t *testing.T) {
 	tb, ra := newRemoteBox(t, b)
 	ws := tb.dial(t, nil)
 	var c *Conn
-	waitFor(t, "the connection held", func() bool {
+	testwait.WaitFor(t, 10*time.Second, "the connection held", func() bool {
 		all := tb.hub.allConns()
 		c = nil
 		if len(all) == 1 {
@@ -204,7 +206,7 @@ func TestAcknowledgedCountsFollowTheBacklog(t *testing.T) {
 	})
 	delivered := func(n uint64) {
 		t.Helper()
-		waitFor(t, fmt.Sprintf("%d delivered", n), func() bool { return tb.hub.Stats().Delivered == n })
+		testwait.WaitFor(t, 10*time.Second, fmt.Sprintf("%d delivered", n), func() bool { return tb.hub.Stats().Delivered == n })
 		checkCounts(t, c)
 	}
 	for _, m := range []string{"a", "bb", "ccc"} {

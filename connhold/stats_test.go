@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/lchat/lchat-caddy/internal/testwait"
 )
 
 // SpaceStats counts each space's open and parked connections and the bytes of its
@@ -27,18 +30,18 @@ func TestSpaceStatsCountEachSpace(t *testing.T) {
 	}
 	got := func() string { return fmt.Sprint(tb.hub.SpaceStats()) }
 	want := func(w string) func() bool { return func() bool { return got() == w } }
-	waitFor(t, "s1: 2 open, parked, 5 bytes pending; s2: 1 open",
+	testwait.WaitFor(t, 10*time.Second, "s1: 2 open, parked, 5 bytes pending; s2: 1 open",
 		want("map[s1:{2 2 5} s2:{1 1 0}]"))
 
 	b1.Close(websocket.StatusNormalClosure, "")
-	waitFor(t, "s2 left out once its connection closed", want("map[s1:{2 2 5}]"))
+	testwait.WaitFor(t, 10*time.Second, "s2 left out once its connection closed", want("map[s1:{2 2 5}]"))
 
 	close(gate) // delivered and acknowledged: still kept until a checkpoint covers it
 	// Two events: the message and s2's close.
-	waitFor(t, "the message acknowledged", func() bool { return tb.hub.Stats().Delivered >= 2 })
+	testwait.WaitFor(t, 10*time.Second, "the message acknowledged", func() bool { return tb.hub.Stats().Delivered >= 2 })
 	if g := got(); g != "map[s1:{2 2 5}]" {
 		t.Errorf("after the acknowledgement %s, want the 5 bytes still pending", g)
 	}
 	tb.hub.CheckpointDone("s1", tb.hub.CheckpointStarted("s1"))
-	waitFor(t, "the checkpoint to free the pending bytes", want("map[s1:{2 2 0}]"))
+	testwait.WaitFor(t, 10*time.Second, "the checkpoint to free the pending bytes", want("map[s1:{2 2 0}]"))
 }

@@ -7,6 +7,8 @@ import (
 	"go.uber.org/zap"
 	"tailscale.com/derp"
 	"tailscale.com/types/key"
+
+	"github.com/lchat/lchat-caddy/internal/testwait"
 )
 
 // The design's edge cases (gapless-forced-region-switch.md §6) not covered by a test of
@@ -27,13 +29,13 @@ func (r *rig) blipHome(region int, d time.Duration) {
 	before := r.net.connectsTo(region)
 	lost := r.logs.FilterMessage(homeLostLog).Len()
 	restore := r.net.blip(region)
-	waitFor(r.t, "home loss noticed", func() bool { return r.logs.FilterMessage(homeLostLog).Len() > lost })
+	testwait.WaitFor(r.t, 5*time.Second, "home loss noticed", func() bool { return r.logs.FilterMessage(homeLostLog).Len() > lost })
 	time.Sleep(d) // the negotiator has been poked and runs its passes while the home is down
 	if h := r.sw.homePtr.Load(); h == nil || h.region != region {
 		r.t.Fatalf("home slot moved off region %d while the home was down: %+v", region, r.sw.Status())
 	}
 	restore()
-	waitFor(r.t, "home reconnected in place", func() bool {
+	testwait.WaitFor(r.t, 5*time.Second, "home reconnected in place", func() bool {
 		reg, ok := r.sw.liveHome()
 		return ok && reg == region && r.net.connectsTo(region) > before
 	})
@@ -51,7 +53,7 @@ func TestHomeBlipDuringEveryPhase(t *testing.T) {
 		r.waitHome(1)
 		r.net.setDown(3, true)
 		r.pin(3)
-		waitFor(t, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 1 })
+		testwait.WaitFor(t, 5*time.Second, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 1 })
 		r.blipHome(1, 150*time.Millisecond)
 		st := r.sw.Status()
 		if !st.PinPending || st.PinRetries != 1 || st.Rollbacks != 1 {
@@ -67,7 +69,7 @@ func TestHomeBlipDuringEveryPhase(t *testing.T) {
 		release := r.net.holdConnect(3)
 		defer release()
 		r.pin(3)
-		waitFor(t, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
+		testwait.WaitFor(t, 5*time.Second, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
 		gen := r.sw.Status().Switch.Generation
 		r.blipHome(1, 150*time.Millisecond)
 		if st := r.sw.Status(); st.Switch.Generation != gen || st.Switch.State != StateAuxOpening {
@@ -82,7 +84,7 @@ func TestHomeBlipDuringEveryPhase(t *testing.T) {
 		release := r.net.holdPings(3)
 		defer release()
 		r.pin(3)
-		waitFor(t, "proving", func() bool { return r.sw.Status().Switch.State == StateProving })
+		testwait.WaitFor(t, 5*time.Second, "proving", func() bool { return r.sw.Status().Switch.State == StateProving })
 		gen := r.sw.Status().Switch.Generation
 		r.blipHome(1, 150*time.Millisecond)
 		if st := r.sw.Status(); st.Switch.Generation != gen || st.Switch.State != StateProving {
@@ -100,7 +102,7 @@ func TestHomeBlipDuringEveryPhase(t *testing.T) {
 		// never swapped back to the draining connection.
 		r.blipHome(3, 150*time.Millisecond)
 		r.clock.Advance(5 * time.Second)
-		waitFor(t, "old home drained", func() bool { return len(r.sw.Status().Slots) == 1 })
+		testwait.WaitFor(t, 5*time.Second, "old home drained", func() bool { return len(r.sw.Status().Slots) == 1 })
 	})
 	t.Run("idle, no pin", func(t *testing.T) {
 		r := newRig(t, nil)
@@ -121,9 +123,9 @@ func TestEdgeCase6HomeDiesMidMBB(t *testing.T) {
 	release := r.net.holdPings(2)
 	defer release()
 	r.pin(2)
-	waitFor(t, "proving", func() bool { return r.sw.Status().Switch.State == StateProving })
+	testwait.WaitFor(t, 5*time.Second, "proving", func() bool { return r.sw.Status().Switch.State == StateProving })
 	restore := r.net.blip(1) // the home dies and stays down
-	waitFor(t, "home loss noticed", func() bool { return r.logs.FilterMessage(homeLostLog).Len() == 1 })
+	testwait.WaitFor(t, 5*time.Second, "home loss noticed", func() bool { return r.logs.FilterMessage(homeLostLog).Len() == 1 })
 	r.clock.Advance(3 * time.Second) // negotiator passes while the home is dead
 	time.Sleep(50 * time.Millisecond)
 	if h := r.sw.homePtr.Load(); h.region != 1 {
@@ -156,7 +158,7 @@ func TestEdgeCase7PinnedRegionGenuinelyDead(t *testing.T) {
 	r.net.setDown(3, true)
 	r.pin(3)
 	for i, step := range []time.Duration{5 * time.Second, 15 * time.Second, 60 * time.Second, 60 * time.Second, 60 * time.Second} {
-		waitFor(t, "retry scheduled", func() bool { return r.sw.Status().PinRetries == i+1 })
+		testwait.WaitFor(t, 5*time.Second, "retry scheduled", func() bool { return r.sw.Status().PinRetries == i+1 })
 		st := r.sw.Status()
 		if !st.PinPending || st.HomeRegion != 1 || !st.HomeConnected {
 			t.Fatalf("attempt %d: %+v; want the pin pending and the old home serving", i, st)
@@ -167,7 +169,7 @@ func TestEdgeCase7PinnedRegionGenuinelyDead(t *testing.T) {
 		r.blipHome(1, 50*time.Millisecond)
 		rb := r.sw.Counters().Rollbacks
 		r.clock.Advance(step)
-		waitFor(t, "retry rolled back", func() bool { return r.sw.Counters().Rollbacks == rb+1 })
+		testwait.WaitFor(t, 5*time.Second, "retry rolled back", func() bool { return r.sw.Counters().Rollbacks == rb+1 })
 	}
 	if c := r.sw.Counters(); c.PinMBBRetries != 5 || c.RehomeApplied != 0 || c.PinMBBCommits != 0 {
 		t.Fatalf("counters = %+v", c)
@@ -239,7 +241,7 @@ func TestEdgeCase2PinWhileAutonegToSameRegion(t *testing.T) {
 	}
 	release()
 	r.waitHome(2)
-	waitFor(t, "pin satisfied", func() bool { return !r.sw.Status().PinPending })
+	testwait.WaitFor(t, 5*time.Second, "pin satisfied", func() bool { return !r.sw.Status().PinPending })
 	if c := r.sw.Counters(); c.MBBCommits != 1 || c.PinMBBCommits != 1 || c.PinMBBRequests != 0 {
 		t.Fatalf("counters %+v; want the one in-flight commit to satisfy the pin", c)
 	}
@@ -271,7 +273,7 @@ func TestEdgeCase9StalePeerNetmaps(t *testing.T) {
 	}
 	peer := key.NewNode().Public()
 	old.inbox <- derp.ReceivedPacket{Source: peer, Data: []byte("echo:stale")}
-	waitFor(t, "stale peer answered", func() bool {
+	testwait.WaitFor(t, 5*time.Second, "stale peer answered", func() bool {
 		newHome.mu.Lock()
 		defer newHome.mu.Unlock()
 		return len(newHome.sent) == 1 && string(newHome.sent[0].data) == "lchat-echo-reply:stale"
@@ -294,7 +296,7 @@ func TestNoCommitAfterPinCleared(t *testing.T) {
 		r = newRigOn(t, net, nil)
 		r.waitHome(1)
 		r.pin(2)
-		waitFor(t, "switch over", func() bool {
+		testwait.WaitFor(t, 5*time.Second, "switch over", func() bool {
 			st := r.sw.Status()
 			return st.Override == 0 && st.Switch.Generation > 0 && st.Switch.State == StateIdle &&
 				(len(st.Slots) == 1 || st.MBBCommits > 0)
@@ -317,7 +319,7 @@ func TestProveAcceptsEchoAndReceivedTraffic(t *testing.T) {
 	r.waitHome(1)
 	r.net.setNoPong(2, true)
 	r.pin(2)
-	waitFor(t, "proving", func() bool { return r.sw.Status().Switch.State == StateProving })
+	testwait.WaitFor(t, 5*time.Second, "proving", func() bool { return r.sw.Status().Switch.State == StateProving })
 	aux := r.net.conn(2)
 	peer := key.NewNode().Public()
 	aux.inbox <- derp.ReceivedPacket{Source: peer, Data: []byte("echo:1")}
@@ -340,7 +342,7 @@ func TestProveFailsWithoutPongOrTraffic(t *testing.T) {
 	r.waitHome(1)
 	r.net.setNoPong(2, true)
 	r.pin(2)
-	waitFor(t, "rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
+	testwait.WaitFor(t, 5*time.Second, "rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
 	if reg, ok := r.sw.liveHome(); reg != 1 || !ok {
 		t.Fatalf("home %d (up %v); want 1", reg, ok)
 	}

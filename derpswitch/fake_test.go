@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"testing"
 	"time"
 
 	"tailscale.com/derp"
@@ -282,15 +281,4 @@ func testMap(ids ...int) *tailcfg.DERPMap {
 		m.Regions[id] = &tailcfg.DERPRegion{RegionID: id, RegionCode: "r", Nodes: []*tailcfg.DERPNode{{Name: "n", RegionID: id}}}
 	}
 	return m
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }

@@ -14,6 +14,8 @@ import (
 	"tailscale.com/derp"
 	"tailscale.com/tailcfg"
 	"tailscale.com/types/key"
+
+	"github.com/lchat/lchat-caddy/internal/testwait"
 )
 
 type rig struct {
@@ -57,7 +59,7 @@ func newRigOn(t *testing.T, net *fakeNet, mutate func(*Config)) *rig {
 
 func (r *rig) waitHome(region int) {
 	r.t.Helper()
-	waitFor(r.t, "home region "+itoa(region)+" connected", func() bool {
+	testwait.WaitFor(r.t, 5*time.Second, "home region "+itoa(region)+" connected", func() bool {
 		reg, ok := r.sw.liveHome()
 		return ok && reg == region
 	})
@@ -77,7 +79,7 @@ func TestPinCommitsMakeBeforeBreak(t *testing.T) {
 	r.waitHome(1)
 	r.pin(2)
 	r.waitHome(2)
-	waitFor(t, "pin commit counted", func() bool { return r.sw.Counters().PinMBBCommits == 1 })
+	testwait.WaitFor(t, 5*time.Second, "pin commit counted", func() bool { return r.sw.Counters().PinMBBCommits == 1 })
 	c := r.sw.Counters()
 	if c.PinMBBRequests != 1 || c.DERPReconnects != 0 || c.RehomeApplied != 0 || c.Rollbacks != 0 {
 		t.Fatalf("counters = %+v; want 1 request, no reconnect/rehome/rollback", c)
@@ -95,7 +97,7 @@ func TestPinCommitsMakeBeforeBreak(t *testing.T) {
 		t.Fatalf("slots = %+v; want 2 home, 1 draining", st.Slots)
 	}
 	r.clock.Advance(5 * time.Second)
-	waitFor(t, "old home closed after drain", func() bool { return len(r.sw.Status().Slots) == 1 })
+	testwait.WaitFor(t, 5*time.Second, "old home closed after drain", func() bool { return len(r.sw.Status().Slots) == 1 })
 	// The new home was marked preferred, the old one not.
 	r.net.mu.Lock()
 	for _, c := range r.net.conns {
@@ -140,10 +142,10 @@ func TestPinRetryForeverWithBackoff(t *testing.T) {
 	r.waitHome(1)
 	r.net.setDown(3, true)
 	r.pin(3)
-	waitFor(t, "first rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
+	testwait.WaitFor(t, 5*time.Second, "first rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
 
 	for i, step := range []time.Duration{5 * time.Second, 15 * time.Second, 60 * time.Second, 60 * time.Second} {
-		waitFor(t, "retry scheduled", func() bool { return r.sw.Status().PinRetries == i+1 })
+		testwait.WaitFor(t, 5*time.Second, "retry scheduled", func() bool { return r.sw.Status().PinRetries == i+1 })
 		st := r.sw.Status()
 		if !st.PinPending || st.HomeRegion != 1 || !st.HomeConnected {
 			t.Fatalf("attempt %d: status %+v; want pin pending with home 1 serving", i, st)
@@ -155,18 +157,18 @@ func TestPinRetryForeverWithBackoff(t *testing.T) {
 			t.Fatalf("attempt %d: retried %v early", i, 100*time.Millisecond)
 		}
 		r.clock.Advance(100 * time.Millisecond)
-		waitFor(t, "retry after "+step.String(), func() bool { return r.sw.Counters().PinMBBRetries == retries+1 })
-		waitFor(t, "rollback of retry", func() bool { return r.sw.Counters().Rollbacks == uint64(i+2) })
+		testwait.WaitFor(t, 5*time.Second, "retry after "+step.String(), func() bool { return r.sw.Counters().PinMBBRetries == retries+1 })
+		testwait.WaitFor(t, 5*time.Second, "rollback of retry", func() bool { return r.sw.Counters().Rollbacks == uint64(i+2) })
 	}
 	if c := r.sw.Counters(); c.PinMBBRequests != 1 || c.DERPReconnects != 0 || c.PinMBBCommits != 0 {
 		t.Fatalf("counters = %+v", c)
 	}
 	// The region comes back: the next retry (60 s cadence) lands the pin.
 	r.net.setDown(3, false)
-	waitFor(t, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 5 })
+	testwait.WaitFor(t, 5*time.Second, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 5 })
 	r.clock.Advance(60 * time.Second)
 	r.waitHome(3)
-	waitFor(t, "pin commit", func() bool { return r.sw.Counters().PinMBBCommits == 1 })
+	testwait.WaitFor(t, 5*time.Second, "pin commit", func() bool { return r.sw.Counters().PinMBBCommits == 1 })
 	if r.sw.Status().PinPending {
 		t.Fatal("pin still pending after commit")
 	}
@@ -177,7 +179,7 @@ func TestPinBackRecoversImmediately(t *testing.T) {
 	r.waitHome(1)
 	r.net.setDown(3, true)
 	r.pin(3)
-	waitFor(t, "rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
+	testwait.WaitFor(t, 5*time.Second, "rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
 	r.pin(2)
 	r.waitHome(2) // no backoff wait: a new pin starts fresh
 	if r.sw.Status().PinRetryIn != "" {
@@ -194,7 +196,7 @@ func TestEdgeCase5PinChangedMidMBB(t *testing.T) {
 	release := r.net.holdConnect(2)
 	defer release()
 	r.pin(2)
-	waitFor(t, "aux to 2 opening", func() bool {
+	testwait.WaitFor(t, 5*time.Second, "aux to 2 opening", func() bool {
 		st := r.sw.Status()
 		return st.Switch.Target == 2 && st.Switch.State == StateAuxOpening
 	})
@@ -218,7 +220,7 @@ func TestSamePinInFlightIsNotAborted(t *testing.T) {
 	r.waitHome(1)
 	release := r.net.holdConnect(2)
 	r.pin(2)
-	waitFor(t, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
+	testwait.WaitFor(t, 5*time.Second, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
 	gen := r.sw.Status().Switch.Generation
 	r.pin(2) // I2': an override naming the in-flight target is the override being applied
 	r.clock.Advance(3 * time.Second)
@@ -242,9 +244,9 @@ func TestEdgeCase4PinClearedMidMBB(t *testing.T) {
 	release := r.net.holdConnect(2)
 	defer release()
 	r.pin(2)
-	waitFor(t, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
+	testwait.WaitFor(t, 5*time.Second, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
 	r.pin(0)
-	waitFor(t, "switch cancelled", func() bool {
+	testwait.WaitFor(t, 5*time.Second, "switch cancelled", func() bool {
 		st := r.sw.Status()
 		return st.Switch.State == StateIdle && len(st.Slots) == 1
 	})
@@ -330,12 +332,12 @@ func TestEchoAnsweredThroughHome(t *testing.T) {
 	old := conn(1)
 	old.inbox <- derp.ReceivedPacket{Source: peer, Data: []byte("other")}
 	old.inbox <- derp.ReceivedPacket{Source: peer, Data: []byte("echo:1")}
-	waitFor(t, "echo reply", func() bool { return r.sw.Counters().EchoReplies == 1 })
+	testwait.WaitFor(t, 5*time.Second, "echo reply", func() bool { return r.sw.Counters().EchoReplies == 1 })
 	r.pin(2)
 	r.waitHome(2)
 	// A request arriving on the draining old home is answered through the new home.
 	old.inbox <- derp.ReceivedPacket{Source: peer, Data: []byte("echo:2")}
-	waitFor(t, "echo reply via new home", func() bool { return r.sw.Counters().EchoReplies == 2 })
+	testwait.WaitFor(t, 5*time.Second, "echo reply via new home", func() bool { return r.sw.Counters().EchoReplies == 2 })
 	if got := sent(old); len(got) != 1 || got[0] != "lchat-echo-reply:1" {
 		t.Errorf("old home sent %q", got)
 	}
@@ -374,7 +376,7 @@ func TestAutonegBansRegionOnRollbackPinIgnoresBan(t *testing.T) {
 		r.clock.Advance(3 * time.Second)
 		time.Sleep(5 * time.Millisecond)
 	}
-	waitFor(t, "autoneg rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
+	testwait.WaitFor(t, 5*time.Second, "autoneg rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
 	r.net.setDown(2, false)
 	for i := 0; i < 10; i++ {
 		r.clock.Advance(3 * time.Second)
@@ -394,13 +396,13 @@ func TestReconfigureRemovesRegionOfInFlightSwitch(t *testing.T) {
 	release := r.net.holdConnect(2)
 	defer release()
 	r.pin(2)
-	waitFor(t, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
+	testwait.WaitFor(t, 5*time.Second, "aux opening", func() bool { return r.sw.Status().Switch.State == StateAuxOpening })
 	cfg := r.sw.config()
 	cfg.DERPMap = testMap(1, 3, 4)
 	if err := r.sw.Reconfigure(cfg); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "switch aborted and pin cleared", func() bool {
+	testwait.WaitFor(t, 5*time.Second, "switch aborted and pin cleared", func() bool {
 		st := r.sw.Status()
 		return st.Switch.State == StateIdle && st.Override == 0 && len(st.Slots) == 1
 	})
@@ -439,12 +441,12 @@ func TestNegotiatorBlocksWhileRetryInFlight(t *testing.T) {
 	r.waitHome(1)
 	r.net.setDown(3, true)
 	r.pin(3)
-	waitFor(t, "rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
+	testwait.WaitFor(t, 5*time.Second, "rollback", func() bool { return r.sw.Counters().Rollbacks == 1 })
 	release := r.net.holdConnect(3) // the retry's connect hangs, as against a blackholed region
 	defer release()
-	waitFor(t, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 1 })
+	testwait.WaitFor(t, 5*time.Second, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 1 })
 	r.clock.Advance(5 * time.Second)
-	waitFor(t, "retry in flight", func() bool {
+	testwait.WaitFor(t, 5*time.Second, "retry in flight", func() bool {
 		return r.sw.Counters().PinMBBRetries == 1 && r.sw.Status().Switch.State == StateAuxOpening
 	})
 	if n := idleWaits(cc); n > 2 {
@@ -459,18 +461,18 @@ func TestRetryScheduleDroppedWhenReconcileRehomesToPin(t *testing.T) {
 	r.waitHome(1)
 	r.net.setDown(3, true)
 	r.pin(3)
-	waitFor(t, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 1 })
+	testwait.WaitFor(t, 5*time.Second, "retry scheduled", func() bool { return r.sw.Status().PinRetries == 1 })
 	// The home's region leaves the DERP map: reconcile rehomes straight to the pin.
 	cfg := r.sw.config()
 	cfg.DERPMap, cfg.HomeRegion = testMap(2, 3, 4), 2
 	if err := r.sw.Reconfigure(cfg); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "home slot on the pin", func() bool {
+	testwait.WaitFor(t, 5*time.Second, "home slot on the pin", func() bool {
 		h := r.sw.homePtr.Load()
 		return h != nil && h.region == 3
 	})
-	waitFor(t, "retry schedule dropped", func() bool { return r.sw.Status().PinRetryIn == "" })
+	testwait.WaitFor(t, 5*time.Second, "retry schedule dropped", func() bool { return r.sw.Status().PinRetryIn == "" })
 	r.clock.Advance(5 * time.Second) // past the old retry deadline
 	if n := idleWaits(cc); n > 2 {
 		t.Fatalf("negotiator armed %d waits in 50ms after the pin's region became the home slot", n)
@@ -580,7 +582,7 @@ func TestReconfigureSwitchesLogger(t *testing.T) {
 	}
 	r.pin(2)
 	r.waitHome(2)
-	waitFor(t, "commit logged", func() bool { return logs.FilterMessageSnippet("MBB COMMIT").Len() == 1 })
+	testwait.WaitFor(t, 5*time.Second, "commit logged", func() bool { return logs.FilterMessageSnippet("MBB COMMIT").Len() == 1 })
 	if logs.FilterMessageSnippet("PIN via MBB").Len() != 1 {
 		t.Fatalf("a reload's logger did not receive the switch log lines: %v", logs.All())
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/internal/testwait"
 	"github.com/lchat/lchat-caddy/sandbox"
 	"github.com/lchat/lchat-caddy/spacestore/pageread/pagereadtest"
 )
@@ -168,7 +169,7 @@ func TestSocketActivatedAppIgnoringItsSocketIsAFailedWake(t *testing.T) {
 		t.Fatalf("an app that never accepts answered %d", code)
 	}
 	u.Release()
-	waitFor(t, "the crash recorded", func() bool {
+	testwait.WaitFor(t, 10*time.Second, "the crash recorded", func() bool {
 		st := e.Status()
 		return len(st) == 1 && st[0].State == StateAsleep && strings.Contains(st[0].LastCrash, "never answered on the socket passed to it")
 	})
@@ -195,7 +196,7 @@ func TestSocketActivatedAppExitingBeforeItsAnswerIsAFailedWake(t *testing.T) {
 		}
 		u.Release()
 	}
-	waitFor(t, "the crash recorded", func() bool {
+	testwait.WaitFor(t, 10*time.Second, "the crash recorded", func() bool {
 		st := e.Status()
 		return len(st) == 1 && st[0].State == StateAsleep && strings.Contains(st[0].LastCrash, "exited before its first answer") &&
 			strings.Contains(st[0].LastCrash, "exit status 4")

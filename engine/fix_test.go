@@ -20,6 +20,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/internal/testwait"
 	"github.com/lchat/lchat-caddy/spacestore"
 )
 
@@ -108,17 +109,6 @@ func wakeRecord(t *testing.T, b bucket.Bucket, host string) (time.Time, bool) {
 	return at, true
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestScheduledWakeRecordSurvivesFailedWrite: a space goes to sleep asking for a wake
 // while the bucket refuses the wake record; the record is written once the bucket
 // takes it again. A newer intent (the route removed) replaces a pending one: the retry
@@ -179,7 +169,7 @@ func TestScheduledWakeRecordSurvivesFailedWrite(t *testing.T) {
 	at := time.Now().Add(time.Hour).Truncate(time.Second).UTC()
 	failPuts.Store(3)
 	sleepAsking("a.example.com", at)
-	waitFor(t, "the wake record after failed writes", func() bool {
+	testwait.WaitFor(t, 10*time.Second, "the wake record after failed writes", func() bool {
 		got, ok := wakeRecord(t, c.Bucket, "a.example.com")
 		return ok && got.Equal(at)
 	})
@@ -193,7 +183,7 @@ func TestScheduledWakeRecordSurvivesFailedWrite(t *testing.T) {
 	if err := e.Remove(context.Background(), "b.example.com"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the retried removal to land", func() bool { return failDeletes.Load() < 0 })
+	testwait.WaitFor(t, 10*time.Second, "the retried removal to land", func() bool { return failDeletes.Load() < 0 })
 	failPuts.Store(0)
 	time.Sleep(300 * time.Millisecond) // the record's retry (10ms backoff, doubling) tries again by now
 	e.Close()
@@ -236,12 +226,12 @@ func TestScanDeletesWakeOfHostWithNoRoute(t *testing.T) {
 		}
 	}
 	e.Start()
-	waitFor(t, "the owned record deleted", func() bool {
+	testwait.WaitFor(t, 10*time.Second, "the owned record deleted", func() bool {
 		_, ok := wakeRecord(t, c, "mine.example.com")
 		return !ok
 	})
 	lists := c.Counts()[membucket.OpList]
-	waitFor(t, "two more scans", func() bool { return c.Counts()[membucket.OpList] >= lists+2 })
+	testwait.WaitFor(t, 10*time.Second, "two more scans", func() bool { return c.Counts()[membucket.OpList] >= lists+2 })
 	if _, ok := wakeRecord(t, c, "theirs.example.com"); !ok {
 		t.Fatal("a box that does not own the host deleted its wake record")
 	}
@@ -314,7 +304,7 @@ func TestInstanceGroupKilledBeforeReap(t *testing.T) {
 		p := in.proc
 		in.mu.Unlock()
 		var child int
-		waitFor(t, "the instance's child", func() bool {
+		testwait.WaitFor(t, 10*time.Second, "the instance's child", func() bool {
 			b, err := os.ReadFile(filepath.Join(in.dataDir, "child.pid"))
 			child, _ = strconv.Atoi(string(b))
 			return err == nil && child > 0

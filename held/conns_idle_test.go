@@ -13,6 +13,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/internal/testwait"
 )
 
 // When a space's instance ends (a sleep or a crash), the box closes the connections it
@@ -65,19 +66,11 @@ func TestEndedInstanceLeavesNoKeptConnection(t *testing.T) {
 			if cl.Idle() != 0 {
 				t.Fatalf("after the instance's %s: %d kept connections, want 0", end, cl.Idle())
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			testwait.WaitFor(t, 10*time.Second, "the instance to see no open connection from the box", func() bool {
 				mu.Lock()
-				n := open
-				mu.Unlock()
-				if n == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the instance still sees %d open connections from the box", n)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+				defer mu.Unlock()
+				return open == 0
+			})
 		})
 	}
 }

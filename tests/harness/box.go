@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lchat/lchat-caddy/internal/testwait"
 )
 
 // BoxOptions configures StartBox. Give Caddyfile or JSON. In either, the tokens
@@ -265,7 +267,7 @@ func (b *Box) PID() int {
 func (b *Box) Pause() {
 	pid := b.PID()
 	syscall.Kill(pid, syscall.SIGSTOP)
-	if !poll(10*time.Second, func() bool { return b.Exited() || allThreadsStopped(pid) }) {
+	if !testwait.Poll(10*time.Second, func() bool { return b.Exited() || allThreadsStopped(pid) }) {
 		// Errorf, not Fatalf (WaitFor): the fault campaign pauses boxes from its own
 		// goroutines.
 		b.t.Errorf("lchat-caddy %d: not every thread stopped within 10 s of SIGSTOP", pid)

@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/lchat/lchat-caddy/internal/testwait"
 )
 
 // ACME is a running pebble (the ACME test CA) and pebble-challtestsrv (the DNS
@@ -197,7 +199,7 @@ func startProcess(logFile string, env []string, bin string, args ...string) (sto
 // (nil once it succeeded); a backoffStop ends the wait at once with the error it wraps.
 func waitHTTP(probe func() error) error {
 	var err error
-	poll(20*time.Second, func() bool {
+	testwait.Poll(20*time.Second, func() bool {
 		err = probe()
 		var stop backoffStop
 		if errors.As(err, &stop) {

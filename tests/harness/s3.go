@@ -18,6 +18,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/s3bucket"
+	"github.com/lchat/lchat-caddy/internal/testwait"
 )
 
 // S3 is a running versitygw (posix backend) serving one fresh bucket on 127.0.0.1.
@@ -121,7 +122,7 @@ func (s *S3) watch(cmd *exec.Cmd) {
 func (s *S3) waitReady(name string, timeout time.Duration, probe func() error) error {
 	var lastErr error
 	up := false
-	poll(timeout, func() bool {
+	testwait.Poll(timeout, func() bool {
 		select {
 		case <-s.exited:
 			return true
