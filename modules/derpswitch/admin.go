@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/lchat/lchat-caddy/adminapi"
 	"github.com/lchat/lchat-caddy/derpswitch"
 )
 
@@ -68,7 +69,7 @@ func (a *adminAPI) handleSettings(w http.ResponseWriter, r *http.Request) error 
 	}
 	region, err := decodeSettings(r.Body)
 	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		return settingsRefused(err)
 	}
 	if err := app.SetPin(r.Context(), region); err != nil {
 		status := http.StatusInternalServerError
@@ -80,23 +81,31 @@ func (a *adminAPI) handleSettings(w http.ResponseWriter, r *http.Request) error 
 	return writeJSON(w, app.Switcher().Status())
 }
 
+// maxSettingsBody bounds a POST /derp_switch/settings body.
+const maxSettingsBody = 1 << 16
+
 // decodeSettings decodes a POST /derp_switch/settings body: exactly one JSON object with
-// a "derp_region" and nothing else.
+// a "derp_region" and nothing else. A body adminapi.Decode refuses is its *BodyError.
 func decodeSettings(body io.Reader) (int, error) {
 	var req settingsRequest
-	dec := json.NewDecoder(io.LimitReader(body, 1<<16))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return 0, fmt.Errorf("decoding request: %v", err)
-	}
-	if dec.More() {
-		// Two objects, or an object and junk: which one was meant is a guess.
-		return 0, errors.New("decoding request: trailing data after the JSON object")
+	if err := adminapi.Decode(body, maxSettingsBody, &req); err != nil {
+		return 0, err
 	}
 	if req.DERPRegion == nil {
 		return 0, errors.New(`missing "derp_region"`)
 	}
 	return *req.DERPRegion, nil
+}
+
+// settingsRefused is the answer to a body decodeSettings refused: its adminapi.BodyError
+// status, else 400.
+func settingsRefused(err error) error {
+	status := http.StatusBadRequest
+	var be *adminapi.BodyError
+	if errors.As(err, &be) {
+		status = be.Status
+	}
+	return caddy.APIError{HTTPStatus: status, Err: err}
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {

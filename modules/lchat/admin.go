@@ -1,11 +1,9 @@
 package lchat
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 
@@ -119,29 +117,15 @@ func (a *adminAPI) listRoutes(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, page)
 }
 
+// decodeStrict decodes r's body into v (adminapi.Decode) and answers a refused one with
+// its status.
 func decodeStrict(r *http.Request, v any) error {
-	raw, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
-		return apiErr(http.StatusBadRequest, "reading request body: %v", err)
+	err := adminapi.Decode(r.Body, maxBody, v)
+	var be *adminapi.BodyError
+	if errors.As(err, &be) {
+		return caddy.APIError{HTTPStatus: be.Status, Err: be}
 	}
-	if len(raw) > maxBody {
-		// Said as such: a truncated body would only read as "unexpected EOF".
-		return apiErr(http.StatusRequestEntityTooLarge, "request body larger than %d bytes", maxBody)
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var syn *json.SyntaxError
-		if errors.As(err, &syn) {
-			// Its message quotes a character of the body, which may be inside an env value.
-			return apiErr(http.StatusBadRequest, "decoding request body: malformed JSON at byte %d", syn.Offset)
-		}
-		return apiErr(http.StatusBadRequest, "decoding request body: %v", err)
-	}
-	if dec.More() {
-		return apiErr(http.StatusBadRequest, "decoding request body: trailing data after the JSON object")
-	}
-	return nil
+	return err
 }
 
 func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
