@@ -43,7 +43,8 @@ func Decode(body io.Reader, max int64, v any) error {
 		}
 		return &BodyError{http.StatusBadRequest, fmt.Sprintf("decoding request body: %v", err)}
 	}
-	if dec.More() {
+	// Not dec.More(): it is false before a stray "}" or "]".
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		// Two objects, or an object and junk: which one was meant is a guess.
 		return &BodyError{http.StatusBadRequest, "decoding request body: trailing data after the JSON object"}
 	}

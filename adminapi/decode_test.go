@@ -35,6 +35,8 @@ func TestDecode(t *testing.T) {
 			"decoding request body: json: cannot unmarshal string into Go struct field body.a of type int"},
 		{"two objects", strings.NewReader(`{"a": 1} {"a": 2}`), body{}, http.StatusBadRequest, "decoding request body: trailing data after the JSON object"},
 		{"junk after the object", strings.NewReader(`{"a": 1} junk`), body{}, http.StatusBadRequest, "decoding request body: trailing data after the JSON object"},
+		{"a closing brace after the object", strings.NewReader(`{"a": 1}}`), body{}, http.StatusBadRequest, "decoding request body: trailing data after the JSON object"},
+		{"a closing bracket after the object", strings.NewReader(`{"a": 1} ]`), body{}, http.StatusBadRequest, "decoding request body: trailing data after the JSON object"},
 		{"one byte over max", strings.NewReader(`{"a": 1, "s": "` + strings.Repeat("x", max-16) + `"}`), body{}, http.StatusRequestEntityTooLarge,
 			"request body larger than 64 bytes"},
 		{"failed read", iotest.ErrReader(errors.New("connection reset")), body{}, http.StatusBadRequest, "reading request body: connection reset"},
