@@ -1,7 +1,8 @@
 // Package adminapi is the wire format of the lchat endpoints on Caddy's admin API
 // (/lchat/...): the requests the CLI sends and the server decodes, and the answers the
 // server encodes and the CLI reads. One home for both sides (modules/lchat serves them,
-// modules/lchatcli calls them); plain types, no Caddy.
+// modules/lchatcli calls them); plain types, no Caddy. Decode is the strict body decode of
+// every admin endpoint, derp_switch's too.
 package adminapi
 
 import (
