@@ -44,6 +44,22 @@ const (
 	ReplicateContinuous ReplicationClass = "continuous"
 )
 
+// Durability is what a write a space's instance answered for survives (Kind.Durability).
+type Durability string
+
+// Durabilities.
+const (
+	// DurabilityCheckpoint: a write survives once a checkpoint holds it; a box's death
+	// takes what its replication class bounds (up to a periodic interval).
+	DurabilityCheckpoint Durability = "checkpoint"
+	// DurabilityBucket: every answer of the instance waits until the SQLite commits made
+	// before it are in the space's log in the bucket (durable.go): a write the box
+	// acknowledged survives the death of its box, its disk included.
+	DurabilityBucket Durability = "bucket"
+	// DurabilityStandby is reserved for a warm standby's acknowledgement.
+	DurabilityStandby Durability = "standby"
+)
+
 // Replication is how often an awake space's state is copied to the bucket.
 type Replication struct {
 	// Class is ReplicateSleep, ReplicatePeriodic or ReplicateContinuous. Default
@@ -77,6 +93,8 @@ type Kind struct {
 	ReadyTimeout time.Duration
 	// Replication defaults to periodic, 60s.
 	Replication Replication
+	// Durability is DurabilityCheckpoint (default) or DurabilityBucket.
+	Durability Durability
 	// WakePath is the POST target of scheduled wakes. Default "/".
 	WakePath string
 	// Retention is how long checkpoints stay restorable. Default spacestore.DefaultRetention.
@@ -219,6 +237,10 @@ type SpaceStatus struct {
 	Size int64 `json:"size,omitempty"`
 	// LastCrash says why the instance last ended on its own ("out of memory ...").
 	LastCrash string `json:"last_crash,omitempty"`
+	// Durability is the space's kind's (Kind.Durability).
+	Durability Durability `json:"durability,omitempty"`
+	// Log is the log and output gate of an awake space whose kind ships one.
+	Log *DurableStatus `json:"log,omitempty"`
 }
 
 // Counters are totals since the engine was created.
@@ -404,11 +426,15 @@ func (e *Engine) Status() []SpaceStatus {
 	for _, in := range all {
 		in.mu.Lock()
 		st := SpaceStatus{Host: in.host, Kind: in.sp.Kind, State: in.state, Since: in.since, LastSync: in.lastSync, LastSyncError: in.lastSyncErr,
-			Size: in.size, LastCrash: in.lastCrash}
+			Size: in.size, LastCrash: in.lastCrash, Durability: in.kind.Durability}
 		if in.proc != nil {
 			st.PID = in.proc.pid
 		}
+		d := in.dur
 		in.mu.Unlock()
+		if d != nil {
+			st.Log = d.status()
+		}
 		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })

@@ -59,8 +59,11 @@ type inst struct {
 	lastUsed time.Time // LRU order, and the idle clock: set by every Acquire and Release
 	// trans is the wake or stop in flight: non-nil exactly while waking or sleeping.
 	// Written only by setStateLocked.
-	trans     *transition
-	proc      *proc
+	trans *transition
+	proc  *proc
+	// dur is the log and output gate of an awake space whose kind ships a log
+	// (durable.go): set by the wake, ended by the stop; nil otherwise.
+	dur       *durable
 	leaseETag string // "" when this box does not hold the lease
 	// releasedETag is the ETag of the lease as this box last released it (""
 	// unknown): the next wake takes it with one write while nobody wrote it since

@@ -110,6 +110,15 @@ func (k Kind) withDefaults(name string) (Kind, error) {
 	default:
 		return k, fmt.Errorf("replication.class: %q is not sleep, periodic or continuous", k.Replication.Class)
 	}
+	switch k.Durability {
+	case "":
+		k.Durability = DurabilityCheckpoint
+	case DurabilityCheckpoint, DurabilityBucket:
+	case DurabilityStandby:
+		return k, errors.New("durability: standby is not available yet: use bucket or checkpoint")
+	default:
+		return k, fmt.Errorf("durability: %q is not bucket or checkpoint", k.Durability)
+	}
 	return k, nil
 }
 

@@ -123,6 +123,9 @@ func (e *Engine) stopOpHeld(ctx context.Context, in *inst, spec stopSpec) (stopp
 		saved, err = e.checkpointAndRelease(ctx, in)
 	}
 
+	// Answers still waiting at the gate fail (503): the instance is gone, and what it
+	// committed is in the checkpoint, or was never acknowledged.
+	in.closeDurable(nil)
 	in.mu.Lock()
 	in.proc = nil
 	next := spec.outcome.next(saved, in.leaseETag != "")
@@ -327,7 +330,17 @@ func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, mode spacestore
 			return err
 		}
 	}
+	// Shipping waits for the checkpoint: one that swaps a new generation covers every
+	// segment before it, and the log starts again under it (durable.go).
+	d := in.durableOf()
+	if d != nil {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+	}
 	st, err := in.syncer.Checkpoint(ctx, mode, next, e.now())
+	if err == nil && d != nil {
+		e.newGeneration(in, d)
+	}
 	ev := Event{Type: EventCheckpoint, Host: in.host, Started: began, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}
 	e.noteSkipped(in, st.Skipped)
 	in.mu.Lock()

@@ -187,6 +187,11 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 		in.mu.Unlock()
 		p, leave = nil, nil
 	}
+	defer func() {
+		if err != nil {
+			in.closeDurable(err) // a wake that failed after its log was opened
+		}
+	}()
 	kept, err := e.restoreAndFence(ctx, in, pl, held, unsaved, &ph, phase, start, undo)
 	unsaved = unsaved && kept
 	if err != nil {
@@ -271,6 +276,24 @@ func (e *Engine) restoreAndFence(ctx context.Context, in *inst, pl *pendingLease
 		if e.life.Fenced() {
 			return kept, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
+		in.mu.Lock()
+		logged := in.kind.Durability == DurabilityBucket
+		in.mu.Unlock()
+		if logged {
+			// The log is read, applied and sealed before the instance starts: after the
+			// lease and the fence, which its seal follows (durable.go).
+			retry, err := e.fenceThenLog(ctx, in, pl, held, kept, ph, phase, start)
+			if !retry {
+				return kept, err
+			}
+			cur, _, _ := spacestore.ReadManifest(ctx, e.cfg.Bucket, in.host)
+			log.Warn("manifest changed between restore and fence: restoring the newer state",
+				zap.Int("try", try), manifestWriter(cur))
+			if try == maxFenceTries {
+				return kept, &RetryError{After: 5 * time.Second, Reason: "manifest keeps changing: another writer"}
+			}
+			continue
+		}
 		// The fence is written as soon as the lease is held, while the instance starts;
 		// the syncer is the fence's until it ends, so every path waits for it.
 		fence := e.fenceAsync(ctx, in, pl)
@@ -300,6 +323,40 @@ func (e *Engine) restoreAndFence(ctx context.Context, in *inst, pl *pendingLease
 			return kept, &RetryError{After: 5 * time.Second, Reason: "manifest keeps changing: another writer"}
 		}
 	}
+}
+
+// fenceThenLog is restoreAndFence's path for a kind that ships a log: the lease, then the
+// fence, then the log read, applied and sealed (openLog), and only then the start. retry
+// reports a fence that found a newer manifest: restore again.
+func (e *Engine) fenceThenLog(ctx context.Context, in *inst, pl *pendingLease, held func() (string, error), kept bool,
+	ph *WakePhases, phase func(*time.Duration), start func() error) (retry bool, err error) {
+	log := in.logger()
+	if _, err := held(); err != nil {
+		return false, err
+	}
+	err = <-e.fenceAsync(ctx, in, pl)
+	phase(&ph.Fence)
+	if errors.Is(err, spacestore.ErrFenced) {
+		return true, err
+	}
+	if err != nil {
+		log.Error("fencing the manifest", zap.Error(err))
+		return false, &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
+	}
+	d, err := e.openLog(ctx, in, kept)
+	if err != nil {
+		log.Error("opening the space's log", zap.Error(err))
+		return false, &RetryError{After: 5 * time.Second, Reason: "log unavailable"}
+	}
+	phase(&ph.Restore)
+	in.mu.Lock()
+	in.dur = d
+	in.mu.Unlock()
+	if err := start(); err != nil {
+		in.closeDurable(err)
+		return false, err
+	}
+	return false, nil
 }
 
 // manifestWriter is a log field naming who wrote m: the lease it was claimed under, or

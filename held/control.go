@@ -45,7 +45,7 @@ func (c *Conns) EnsureControl(host string) {
 		c.log.Error("serving a space's control endpoint", zap.String("host", host), zap.Error(err))
 		return
 	}
-	var handler http.Handler = c.hub.ControlHandler(host)
+	var handler http.Handler = c.durableControl(host, c.hub.ControlHandler(host))
 	if c.box.Mesh() != nil {
 		handler = &fanoutControl{c: c, host: host, local: handler}
 	}
@@ -57,6 +57,21 @@ func (c *Conns) EnsureControl(host string) {
 			want, awake := c.box.Engine().InstanceUID(host)
 			return awake && uid == want
 		}})
+	})
+}
+
+// durableControl makes a control call that sends (a POST) wait until the commits the
+// instance made before it are in the bucket (engine.Engine.WaitDurable: a kind that ships
+// a log), as its answers do; one that cannot be shipped in time is a 503, sending nothing.
+func (c *Conns) durableControl(host string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			if err := c.box.Engine().WaitDurable(r.Context(), host); err != nil {
+				http.Error(w, "the space's writes are not durable yet; try again", http.StatusServiceUnavailable)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 

@@ -70,6 +70,13 @@ func (d *eventDoor) Instance(use *engine.Use) error {
 		use.Unreachable()
 		err = fmt.Errorf("%w: %w", connhold.ErrNotDelivered, err)
 	}
+	if err == nil {
+		// The acknowledgement (and the messages it sends) counts once the commits the
+		// instance made for it are in the bucket; until then the event is redelivered.
+		if werr := use.WaitDurable(d.ctx); werr != nil {
+			reply, err = connhold.Reply{}, fmt.Errorf("%w: %w", connhold.ErrNotAcknowledged, werr)
+		}
+	}
 	reply.At = now
 	d.reply, d.err = reply, err
 	return nil

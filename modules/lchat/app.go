@@ -143,6 +143,11 @@ type Kind struct {
 	// Replication says when an awake space's state goes to the bucket.
 	// Default: periodic, every 60s.
 	Replication *Replication `json:"replication,omitempty"`
+	// Durability is what a write the instance answered for survives: "bucket" (every
+	// answer waits until the SQLite commits before it are in the space's log in the
+	// bucket: the box's death loses none of them) or "checkpoint" (the replication
+	// class bounds what a box's death takes). Default "checkpoint".
+	Durability string `json:"durability,omitempty"`
 	// WakePath is the POST target of scheduled wakes. Default "/".
 	WakePath string `json:"wake_path,omitempty"`
 	// Retention is how long this kind's checkpoints stay restorable (history, point-in-time
@@ -584,6 +589,7 @@ func (kc *Kind) engineKind(name string, expand func(string) string) (engine.Kind
 		Network:          engine.Network(kc.Network),
 		Tmp:              engine.Tmp(kc.Tmp),
 		SocketActivation: kc.SocketActivation,
+		Durability:       engine.Durability(kc.Durability),
 	}
 	for _, a := range kc.NetworkAllow {
 		p, err := engine.ParseAllow(expand(a))

@@ -74,6 +74,7 @@ func init() {
 //			ready_path <path>
 //			ready_timeout <duration>
 //			replication sleep|continuous|periodic [<interval>]
+//			durability bucket|checkpoint
 //			wake_path <path>
 //			retention <duration>
 //			gc_grace <duration>
@@ -229,6 +230,7 @@ func (k *Kind) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		"isolation":         &k.Isolation,
 		"socket_activation": &k.SocketActivation,
 		"tmp":               &k.Tmp,
+		"durability":        &k.Durability,
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		if ok, err := scalarArg(d, scalars); ok {

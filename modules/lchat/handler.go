@@ -16,6 +16,7 @@ import (
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/gate"
 	"github.com/lchat/lchat-caddy/held"
 	"github.com/lchat/lchat-caddy/mesh"
 )
@@ -160,6 +161,11 @@ func (p *proxying) Instance(use *engine.Use) error {
 	}
 	p.h.setInstanceHeader(p.w, use)
 	setUpstream(p.r, use.Dial())
+	if g := use.Gate(); g != nil {
+		// Every answer waits until the commits before it are in the bucket, or is a 503.
+		p.w = gate.NewWriter(p.r.Context(), p.w, g, gate.WriterConfig{
+			RetryAfter: int(time.Duration(p.h.RetryAfter) / time.Second), Timeout: engine.DurableAnswerTimeout})
+	}
 	var err error
 	switch door {
 	case held.PeerEvent:
@@ -167,7 +173,7 @@ func (p *proxying) Instance(use *engine.Use) error {
 	case held.PeerUpgrade:
 		err = p.instanceUpgradeForEntry(use, cs)
 	case held.Upgrade:
-		err = p.instanceUpgrade(cs)
+		err = p.instanceUpgrade(use, cs)
 	case held.EventStream:
 		err = p.instanceSSE(use, cs)
 	default:

@@ -18,13 +18,17 @@ import (
 // instanceUpgrade proxies a WebSocket upgrade request to the instance with a fresh
 // connection id; if the instance opts in, the box holds the connection and the request,
 // with its Use, ends at once: a held connection does not keep the space awake.
-func (p *proxying) instanceUpgrade(cs *held.Conns) error {
+func (p *proxying) instanceUpgrade(use *engine.Use, cs *held.Conns) error {
 	id := connhold.NewID()
 	p.r.Header.Set(connhold.ConnIDHeader, id)
 	hw := held.NewHoldWriter(p.w)
 	err := p.h.proxy.ServeHTTP(hw, p.r, p.next)
 	if !hw.Held() {
 		return err
+	}
+	if err := use.WaitDurable(p.r.Context()); err != nil {
+		// The opt-in answer (and the messages it sends) waits for the commits before it.
+		return caddyhttp.Error(http.StatusServiceUnavailable, err)
 	}
 	return p.hold(hw, id, cs)
 }

@@ -171,6 +171,8 @@ type boxStatus struct {
 		State    string     `json:"state"`
 		PID      int        `json:"pid"`
 		LastSync *time.Time `json:"last_sync"`
+		// Log is the space's log and output gate (durability bucket), as the box says it.
+		Log json.RawMessage `json:"log"`
 	} `json:"spaces"`
 	Mesh *struct {
 		Self     string            `json:"self"`

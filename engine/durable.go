@@ -1,0 +1,244 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/gate"
+	"github.com/lchat/lchat-caddy/internal/safego"
+	"github.com/lchat/lchat-caddy/spacestore"
+)
+
+// Durable acknowledgements (Kind.Durability DurabilityBucket). While a space of such a
+// kind is awake its SQLite commits are shipped, in groups, to its log in the bucket
+// (spacestore/log.go), and every answer of its instance waits at its output gate
+// (package gate) until a shipment that started after the answer reached the box has
+// landed: a write the box acknowledged survives the death of its box, disk included.
+//
+// The wake reads the log of the manifest's generation after the fence, applies it to the
+// restored data dir and seals it (spacestore.SealLog) before the instance starts, so an
+// earlier holder's next segment fails (ErrLogSealed) and that box acknowledges nothing
+// more. Shipping and checkpoints take turns (durable.mu): a checkpoint that swaps a new
+// generation covers every segment of the log before it, and the log starts again, at 1,
+// under the new generation; the logs of older generations are then collected.
+//
+// What the log does not carry, a checkpoint still does: databases not in WAL mode and
+// every other file (logged at wake, in Status as log_skipped).
+
+// DurableAnswerTimeout bounds how long an answer waits at the gate before the client gets
+// 503 (the instance's answer dropped): a box cut off from the bucket acknowledges nothing.
+const DurableAnswerTimeout = 10 * time.Second
+
+// durable is an awake space's log and output gate: made by the wake once the log is
+// sealed, closed by the stop.
+type durable struct {
+	gate  *gate.Gate
+	claim spacestore.Claim
+
+	// mu gives the shipper one user at a time: a shipment, or a checkpoint (which starts
+	// the next generation's log). Lock order: inst.op, then mu.
+	mu      sync.Mutex
+	shipper *spacestore.LogShipper
+	// pending is a segment whose landing is not known yet (its append failed with an
+	// error that may have been applied): it is sent again before anything new.
+	pending *spacestore.Segment
+	skipped []spacestore.SkippedFile
+
+	segments atomic.Uint64 // segments landed
+	bytes    atomic.Uint64 // their bytes of page images
+}
+
+// openLog, for a wake of a space whose kind has DurabilityBucket, with in.op held, the
+// lease held and the manifest fenced: reads the log of the restored generation, applies
+// it to the data dir (unless kept: a wake from unsaved that kept its newer local state,
+// which holds that log), seals it with this wake's claim and returns the space's durable
+// part, shipping from the seal on. Segments that land before the seal are applied too.
+func (e *Engine) openLog(ctx context.Context, in *inst, kept bool) (*durable, error) {
+	m, _ := in.syncer.Manifest()
+	if m == nil || m.Claim == nil {
+		return nil, errors.New("opening the log: the manifest is not fenced")
+	}
+	gen, claim := m.Generation, *m.Claim
+	lg, err := spacestore.ReadLog(ctx, e.cfg.Bucket, in.host, gen)
+	if err != nil {
+		return nil, fmt.Errorf("reading the log: %w", err)
+	}
+	var base *spacestore.LogBase // nil: every database shipped whole at first
+	if !kept {
+		base = in.syncer.LogBase()
+		if err := in.syncer.ApplySegments(base, lg.Segments); err != nil {
+			return nil, fmt.Errorf("applying the log: %w", err)
+		}
+	}
+	more, next, err := spacestore.SealLog(ctx, e.cfg.Bucket, in.host, gen, claim, lg)
+	if err != nil {
+		return nil, fmt.Errorf("sealing the log: %w", err)
+	}
+	if !kept && len(more) > 0 {
+		if err := in.syncer.ApplySegments(base, more); err != nil {
+			return nil, fmt.Errorf("applying the log: %w", err)
+		}
+	}
+	if n := len(lg.Segments) + len(more); n > 0 {
+		in.logger().Info("log applied and sealed", zap.Int64("generation", gen), zap.Int("segments", n), zap.Int64("next", next))
+	}
+	d := &durable{claim: claim, shipper: spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, base, gen, next, claim)}
+	d.gate = gate.New(gate.Config{Ship: func(ctx context.Context) error { return e.ship(ctx, in, d) }, Now: e.now, Logger: in.logger()})
+	return d, nil
+}
+
+// ship lands what the instance committed since the last segment (the gate's Ship): one
+// segment, or nothing when nothing was committed. A log another holder sealed fences the
+// space out; its answers get ErrFenced at once. Changes too large for a segment are
+// checkpointed instead (off the gate's goroutine: the checkpoint takes inst.op, which a
+// stop holds while it closes the gate); the gate's retry then finds nothing new.
+func (e *Engine) ship(ctx context.Context, in *inst, d *durable) error {
+	if e.life.Fenced() {
+		return errFencedNoWrite // the gate retries; past its deadline the answer is a 503
+	}
+	d.mu.Lock()
+	seg := d.pending
+	if seg == nil {
+		var err error
+		seg, err = d.shipper.Next(ctx, e.now())
+		d.skipped = d.shipper.Skipped()
+		if errors.Is(err, spacestore.ErrSegmentTooLarge) {
+			d.mu.Unlock()
+			safego.Go(&e.wg, e.log, "checkpoint for the log", func() { e.syncNow(e.ctx, in) })
+			return err
+		}
+		if err != nil || seg == nil {
+			d.mu.Unlock()
+			return err
+		}
+		d.pending = seg
+	}
+	err := spacestore.AppendSegment(ctx, e.cfg.Bucket, in.host, seg)
+	if err == nil {
+		d.pending = nil
+		d.segments.Add(1)
+		for _, db := range seg.DBs {
+			d.bytes.Add(uint64(len(db.LTX)))
+		}
+	}
+	d.mu.Unlock()
+	if errors.Is(err, spacestore.ErrLogSealed) {
+		in.logger().Error("log sealed by another holder: this instance acknowledges nothing more", zap.Error(err))
+		safego.Go(&e.wg, e.log, "fence out", func() { e.fenceOut(in) })
+		return fmt.Errorf("%w: %w", gate.ErrFenced, err)
+	}
+	return err
+}
+
+// newGeneration, after a checkpoint of in swapped a new manifest generation (with d.mu
+// and inst.op held), starts the log again under it, and collects the logs it covers.
+func (e *Engine) newGeneration(in *inst, d *durable) {
+	m, _ := in.syncer.Manifest()
+	if m == nil || m.Generation == d.shipper.Gen() {
+		return
+	}
+	d.shipper = spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, in.syncer.LogBase(), m.Generation, 1, d.claim)
+	d.pending = nil // the checkpoint read everything it carried
+	gen := m.Generation
+	safego.Go(&e.wg, e.log, "collect logs", func() {
+		if n, err := spacestore.CollectLogs(e.ctx, e.cfg.Bucket, in.host, gen); err != nil {
+			in.logger().Warn("collecting the logs a checkpoint covers", zap.Error(err))
+		} else if n > 0 {
+			in.logger().Debug("collected logs", zap.Int("segments", n))
+		}
+	})
+}
+
+// durableOf is in's durable part, nil when its kind does not ship a log or it is not
+// awake.
+func (in *inst) durableOf() *durable {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.dur
+}
+
+// closeDurable ends in's durable part, if any: answers still waiting fail with err (nil:
+// the space stopped) and no shipment follows.
+func (in *inst) closeDurable(err error) {
+	in.mu.Lock()
+	d := in.dur
+	in.dur = nil
+	in.mu.Unlock()
+	if d != nil {
+		d.gate.Close(err)
+	}
+}
+
+// Gate is the output gate the instance's answers go through (Kind.Durability
+// DurabilityBucket), nil when its kind acknowledges at checkpoints.
+func (u *Use) Gate() *gate.Gate {
+	if d := u.in.durableOf(); d != nil {
+		return d.gate
+	}
+	return nil
+}
+
+// WaitDurable returns once the commits the instance made before the call are in the
+// space's log (a shipment that started after it landed), at once for a kind that
+// acknowledges at checkpoints; an error (gate.ErrNotDurable) within DurableAnswerTimeout
+// when they could not be shipped: what they carried must not be acknowledged.
+func (u *Use) WaitDurable(ctx context.Context) error {
+	return u.in.waitDurable(ctx)
+}
+
+// WaitDurable is Use.WaitDurable for host's space, for what its instance sends outside an
+// answer (a control call's messages to held connections); nil when it is not awake here
+// or its kind acknowledges at checkpoints.
+func (e *Engine) WaitDurable(ctx context.Context, host string) error {
+	if in := e.lookup(host); in != nil {
+		return in.waitDurable(ctx)
+	}
+	return nil
+}
+
+func (in *inst) waitDurable(ctx context.Context) error {
+	d := in.durableOf()
+	if d == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, DurableAnswerTimeout)
+	defer cancel()
+	return d.gate.Wait(ctx)
+}
+
+// DurableStatus is an awake space's log and gate, for /lchat/status and the console.
+type DurableStatus struct {
+	// Segments and Bytes are the segments landed in the log and their page images' bytes.
+	Segments uint64 `json:"segments"`
+	Bytes    uint64 `json:"bytes"`
+	// Generation and NextSeq are where the log stands.
+	Generation int64 `json:"generation"`
+	NextSeq    int64 `json:"next_seq"`
+	// Waiting and Lag: answers held at the gate now, and how long the oldest has waited
+	// (the durable lag).
+	Waiting int           `json:"waiting"`
+	Lag     time.Duration `json:"lag_ns"`
+	// WaitP50 and WaitP99 are the gate's recent waits.
+	WaitP50 time.Duration `json:"wait_p50_ns"`
+	WaitP99 time.Duration `json:"wait_p99_ns"`
+	// Failed counts answers that got 503 because their commits did not land in time.
+	Failed uint64 `json:"failed"`
+	// Skipped are the files the log does not carry (checkpoints do).
+	Skipped []spacestore.SkippedFile `json:"log_skipped,omitempty"`
+}
+
+func (d *durable) status() *DurableStatus {
+	st := d.gate.Stats()
+	d.mu.Lock()
+	ds := &DurableStatus{Generation: d.shipper.Gen(), NextSeq: d.shipper.NextSeq(), Skipped: d.skipped}
+	d.mu.Unlock()
+	ds.Segments, ds.Bytes = d.segments.Load(), d.bytes.Load()
+	ds.Waiting, ds.Lag, ds.WaitP50, ds.WaitP99, ds.Failed = st.Waiting, st.Lag, st.WaitP50, st.WaitP99, st.Failed
+	return ds
+}
