@@ -20,9 +20,7 @@ func init() {
 
 // adminAPI serves the operator endpoints under /lchat/ on Caddy's admin API. Route
 // env values are accepted but never returned: responses carry env names only.
-type adminAPI struct {
-	app *App
-}
+type adminAPI struct{ appRef }
 
 // CaddyModule returns the Caddy module information.
 func (adminAPI) CaddyModule() caddy.ModuleInfo {
@@ -32,17 +30,28 @@ func (adminAPI) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
+// Routes returns the admin routes.
+func (a *adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/lchat/", Handler: caddy.AdminHandlerFunc(a.serve)}}
+}
+
+// appRef is what each admin module of the lchat app holds: the app, found at Provision.
+type appRef struct{ app *App }
+
 // Provision finds the lchat app if the config has one.
-func (a *adminAPI) Provision(ctx caddy.Context) error {
+func (r *appRef) Provision(ctx caddy.Context) error {
 	if app, err := ctx.AppIfConfigured("lchat"); err == nil {
-		a.app = app.(*App)
+		r.app = app.(*App)
 	}
 	return nil
 }
 
-// Routes returns the admin routes.
-func (a *adminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: "/lchat/", Handler: caddy.AdminHandlerFunc(a.serve)}}
+// configured is the admin answer when the config has no lchat app, nil when it has one.
+func (r *appRef) configured() error {
+	if r.app == nil || r.app.box == nil {
+		return apiErr(http.StatusNotFound, "the lchat app is not configured")
+	}
+	return nil
 }
 
 // maxBody bounds an admin request body.
@@ -58,8 +67,8 @@ func boxErr(err error) error {
 }
 
 func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
-	if a.app == nil || a.app.box == nil {
-		return apiErr(http.StatusNotFound, "the lchat app is not configured")
+	if err := a.configured(); err != nil {
+		return err
 	}
 	path := strings.TrimPrefix(r.URL.Path, "/lchat/")
 	switch {

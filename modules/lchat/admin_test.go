@@ -27,7 +27,7 @@ func testApp(t testing.TB, o boxtest.Options) *App {
 
 func newTestAdmin(t testing.TB) *adminAPI {
 	t.Helper()
-	return &adminAPI{app: testApp(t, boxtest.Options{})}
+	return &adminAPI{appRef{testApp(t, boxtest.Options{})}}
 }
 
 // adminDo serves one admin request and returns its status and body (an error's message).

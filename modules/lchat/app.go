@@ -405,7 +405,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 			zap.String("running", a.box.Bucket().String()), zap.String("configured", bkt.String()))
 	}
 	registerMetrics(ctx, a)
-	registerMeshMetrics(ctx, a)
 	return nil
 }
 

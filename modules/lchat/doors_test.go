@@ -17,7 +17,7 @@ func doorsApp(t *testing.T, host string) (*adminAPI, *MeshAPI, *membucket.Counti
 	t.Helper()
 	b, bkt := boxtest.MeshSpace(t, host)
 	app := &App{box: b}
-	return &adminAPI{app: app}, &MeshAPI{app: app, MaxRowBytes: 4096}, bkt
+	return &adminAPI{appRef{app}}, &MeshAPI{app: app, MaxRowBytes: 4096}, bkt
 }
 
 // peerDo sends a peer request from B with the mesh token.

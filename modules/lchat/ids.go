@@ -39,9 +39,7 @@ func idLedgerFromEnv() (string, error) {
 // idsAdmin serves the id ledger on Caddy's admin API: POST /lchat/ids allocates the
 // next id of the namespace in LCHAT_CLOUD_ID_LEDGER, POST /lchat/ids/seed raises the
 // counter above ids minted before the ledger was switched on.
-type idsAdmin struct {
-	app *App
-}
+type idsAdmin struct{ appRef }
 
 // CaddyModule returns the Caddy module information.
 func (idsAdmin) CaddyModule() caddy.ModuleInfo {
@@ -49,14 +47,6 @@ func (idsAdmin) CaddyModule() caddy.ModuleInfo {
 		ID:  "admin.api.lchat_ids",
 		New: func() caddy.Module { return new(idsAdmin) },
 	}
-}
-
-// Provision finds the lchat app, whose settings hold the namespace (idLedgerFromEnv).
-func (a *idsAdmin) Provision(ctx caddy.Context) error {
-	if app, err := ctx.AppIfConfigured("lchat"); err == nil {
-		a.app = app.(*App)
-	}
-	return nil
 }
 
 // Routes returns the admin routes.
@@ -68,8 +58,8 @@ func (a *idsAdmin) Routes() []caddy.AdminRoute {
 }
 
 func (a *idsAdmin) serve(w http.ResponseWriter, r *http.Request) error {
-	if a.app == nil || a.app.box == nil {
-		return apiErr(http.StatusNotFound, "the lchat app is not configured")
+	if err := a.configured(); err != nil {
+		return err
 	}
 	ns := a.app.settings.IDLedger
 	if ns == "" {

@@ -51,7 +51,7 @@ func TestIDLedgerNamespaceFailsTheConfigLoad(t *testing.T) {
 func TestIDsEndpointServesTheAppsNamespace(t *testing.T) {
 	app := testApp(t, boxtest.Options{})
 	app.settings = &box.Settings{IDLedger: "spaces"}
-	ids := &idsAdmin{app: app}
+	ids := &idsAdmin{appRef{app}}
 	w := httptest.NewRecorder()
 	if err := ids.serve(w, httptest.NewRequest(http.MethodPost, "http://localhost:2019/lchat/ids", nil)); err != nil {
 		t.Fatal(err)

@@ -1,12 +1,6 @@
 package lchat
 
-import (
-	"errors"
-
-	"github.com/caddyserver/caddy/v2"
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
-)
+import "github.com/prometheus/client_golang/prometheus"
 
 var (
 	descMesh        = prometheus.NewDesc("lchat_mesh_events_total", "Mesh counters (forwards, forwarded_in, markers_stripped, fan-outs, rows and tombstones in, ...).", []string{"counter"}, nil)
@@ -50,20 +44,6 @@ func (meshCollector) Collect(ch chan<- prometheus.Metric) {
 		"list_errors": st.ListErrors, "gets": st.Gets, "get_errors": st.GetErrors, "fences": st.Fences,
 	} {
 		ch <- prometheus.MustNewConstMetric(descMeshBucket, prometheus.CounterValue, float64(v), name)
-	}
-}
-
-// registerMeshMetrics registers the mesh collector once per metrics registry.
-func registerMeshMetrics(ctx caddy.Context, a *App) {
-	reg := ctx.GetMetricsRegistry()
-	if reg == nil {
-		return
-	}
-	if err := reg.Register(meshCollector{}); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			a.logger.Warn("registering mesh metrics", zap.Error(err))
-		}
 	}
 }
 

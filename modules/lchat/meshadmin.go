@@ -20,9 +20,7 @@ func init() {
 // meshAdmin is the admin.api.lchat_mesh module: the mesh's operator endpoints on Caddy's
 // admin API, GET /lchat/fleet (every live box's status), POST /lchat/mesh/seed
 // (mesh-seed, with progress streamed as JSON lines) and POST /lchat/mesh/relocate/{host}.
-type meshAdmin struct {
-	app *App
-}
+type meshAdmin struct{ appRef }
 
 // CaddyModule returns the Caddy module information.
 func (meshAdmin) CaddyModule() caddy.ModuleInfo {
@@ -30,14 +28,6 @@ func (meshAdmin) CaddyModule() caddy.ModuleInfo {
 		ID:  "admin.api.lchat_mesh",
 		New: func() caddy.Module { return new(meshAdmin) },
 	}
-}
-
-// Provision finds the lchat app if the config has one.
-func (a *meshAdmin) Provision(ctx caddy.Context) error {
-	if app, err := ctx.AppIfConfigured("lchat"); err == nil {
-		a.app = app.(*App)
-	}
-	return nil
 }
 
 // Routes returns the admin routes.
@@ -50,8 +40,8 @@ func (a *meshAdmin) Routes() []caddy.AdminRoute {
 
 // box is the lchat app's box when the mesh is on.
 func (a *meshAdmin) box() (*box.Box, error) {
-	if a.app == nil || a.app.box == nil {
-		return nil, apiErr(http.StatusNotFound, "the lchat app is not configured")
+	if err := a.configured(); err != nil {
+		return nil, err
 	}
 	if a.app.box.Mesh() == nil {
 		return nil, apiErr(http.StatusConflict, "%v", box.ErrMeshOff)

@@ -25,6 +25,7 @@ var (
 	descRoutes = prometheus.NewDesc("lchat_routes", "Routes in this box's registry.", nil, nil)
 	descSpaces = prometheus.NewDesc("lchat_spaces", "Spaces known to this box's engine, by state.", []string{"state"}, nil)
 	descEngine = prometheus.NewDesc("lchat_engine_events_total", "Engine counters (wakes, sleeps, crashes, lease conflicts, syncs, ...).", []string{"counter"}, nil)
+	descLog    = prometheus.NewDesc("lchat_log", "The logs of the awake spaces of durability bucket: segments and bytes landed, answers waiting at their gates, answers refused (503), the longest durable lag and wait p99 in seconds.", []string{"figure"}, nil)
 )
 
 // Held WebSocket connections (connhold), read from the hub of the current box.
@@ -44,6 +45,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRoutes
 	ch <- descSpaces
 	ch <- descEngine
+	ch <- descLog
 	ch <- descConns
 	ch <- descConnBytes
 	ch <- descConnEvents
@@ -81,8 +83,20 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descRoutes, prometheus.GaugeValue, float64(b.Registry().Len()))
 	byState := map[engine.State]int{}
+	logs := map[string]float64{"segments": 0, "bytes": 0, "waiting": 0, "failed": 0, "lag_seconds": 0, "wait_p99_seconds": 0}
 	for _, s := range b.Spaces() {
 		byState[s.State]++
+		if l := s.Log; l != nil {
+			logs["segments"] += float64(l.Segments)
+			logs["bytes"] += float64(l.Bytes)
+			logs["waiting"] += float64(l.Waiting)
+			logs["failed"] += float64(l.Failed)
+			logs["lag_seconds"] = max(logs["lag_seconds"], l.Lag.Seconds())
+			logs["wait_p99_seconds"] = max(logs["wait_p99_seconds"], l.WaitP99.Seconds())
+		}
+	}
+	for name, v := range logs {
+		ch <- prometheus.MustNewConstMetric(descLog, prometheus.GaugeValue, v, name)
 	}
 	for state, n := range byState {
 		ch <- prometheus.MustNewConstMetric(descSpaces, prometheus.GaugeValue, float64(n), string(state))
@@ -141,13 +155,13 @@ func observeMetrics(ev engine.Event) {
 	}
 }
 
-// registerMetrics registers the collector and the histograms once per metrics registry.
+// registerMetrics registers the collectors and the histograms once per metrics registry.
 func registerMetrics(ctx caddy.Context, a *App) {
 	reg := ctx.GetMetricsRegistry()
 	if reg == nil {
 		return
 	}
-	for _, c := range []prometheus.Collector{collector{}, wakePhaseSeconds, wakeSeconds, checkpointSeconds, checkpointBytes} {
+	for _, c := range []prometheus.Collector{collector{}, meshCollector{}, wakePhaseSeconds, wakeSeconds, checkpointSeconds, checkpointBytes} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

@@ -61,7 +61,7 @@ func adminRaw(a *adminAPI, method, path, body string) (int, string) {
 // what is wrong, change nothing, and never echo an env value; what is stored is never
 // shown with its env values.
 func TestAdminRefusesHostileInput(t *testing.T) {
-	a := &adminAPI{app: newSecurityApp(t)}
+	a := &adminAPI{appRef{newSecurityApp(t)}}
 	reg := a.app.box.Registry()
 	create := func(host, env string) string {
 		return `{"host":"` + host + `","kind":"demo","env":` + env + `}`

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -56,7 +57,19 @@ func TestAcknowledgedWritesSurviveTheHolder(t *testing.T) {
 	if got := awakeOn(t, host, a, b, cc); len(got) != 1 || got[0] != b.self {
 		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
 	}
+	// The operator sees the log: its segments in the status and the metrics.
 	st := status(t, b)
+	var lg struct {
+		Segments uint64 `json:"segments"`
+	}
+	if err := json.Unmarshal([]byte(st.logOf(host)), &lg); durability == "bucket" && (err != nil || lg.Segments == 0) {
+		t.Errorf("%s's status shows no log for %s: %q", b.self, host, st.logOf(host))
+	}
+	if code, metrics, err := b.Admin("GET", "/metrics", nil); err != nil || code != 200 {
+		t.Errorf("GET /metrics: %d %v", code, err)
+	} else if want := `lchat_log{figure="segments"}`; !strings.Contains(string(metrics), want) {
+		t.Errorf("Prometheus metrics lack %s", want)
+	}
 	t.Logf("%d messages answered 201; the room's log on %s: %s", len(acked), b.self, st.logOf(host))
 	b.Kill()
 
