@@ -11,6 +11,7 @@
 //	spaces/<host>/objs/<gen>/<sha256> chunks, page images and page deltas (format 2), under
 //	                             the generation that first wrote them
 //	spaces/<host>/history/<gen>.<unix ms>.<bytes>  the manifest of each checkpoint
+//	spaces/<host>/log/<gen>/<seq>  log segments extending manifest generation gen (log.go)
 //	wakes/<host>                 next due scheduled wake (RFC 3339)
 package spacestore
 
