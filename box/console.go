@@ -45,6 +45,10 @@ func (c Console) Spaces(ctx context.Context, search string, limit int) ([]fleetv
 			sp := fleetview.Space{Host: rt.Host, Kind: rt.Kind, Hibernate: rt.Hibernate, HomeRegion: rt.HomeRegion}
 			if st, ok := byHost[rt.Host]; ok {
 				sp.State, sp.Since, sp.LastSync, sp.LastSyncError, sp.Size = string(st.State), st.Since, st.LastSync, st.LastSyncError, st.Size
+				sp.Durability = string(st.Durability)
+				if l := st.Log; l != nil {
+					sp.Log = &fleetview.Log{Segments: l.Segments, Waiting: l.Waiting, Lag: l.Lag, WaitP50: l.WaitP50, WaitP99: l.WaitP99, Failed: l.Failed}
+				}
 			}
 			if n, ok := conns[rt.Host]; ok {
 				sp.Conns = &n

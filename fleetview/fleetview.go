@@ -101,6 +101,22 @@ type Space struct {
 	// A client's socket is held by the box it connected to, wherever the space is awake.
 	FleetConns *Conns   `json:"fleet_conns,omitempty"`
 	HeldOn     []string `json:"held_on,omitempty"`
+	// Durability is the kind's (docs/durability.md) as this box runs it; "" when it never
+	// ran the space. Log is its log while awake here with durability bucket.
+	Durability string `json:"durability,omitempty"`
+	Log        *Log   `json:"log,omitempty"`
+}
+
+// Log is an awake space's log and output gate (durability bucket).
+type Log struct {
+	Segments uint64 `json:"segments"`
+	// Waiting answers at the gate now, and Lag, how long the oldest has waited.
+	Waiting int           `json:"waiting"`
+	Lag     time.Duration `json:"lag_ns"`
+	// WaitP50 and WaitP99 are the gate's recent waits; Failed the answers refused (503).
+	WaitP50 time.Duration `json:"wait_p50_ns"`
+	WaitP99 time.Duration `json:"wait_p99_ns"`
+	Failed  uint64        `json:"failed"`
 }
 
 // Conns counts one space's WebSocket connections held by a box (docs/connections.md).

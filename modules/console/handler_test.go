@@ -37,6 +37,8 @@ func (f *fakeSource) Spaces(_ context.Context, q string, limit int) ([]fleetview
 			sp := fleetview.Space{Host: h, Hibernate: true, State: "awake"}
 			if h == "a.example.com" {
 				sp.Conns = &fleetview.Conns{Open: 3, Parked: 2, PendingBytes: 2048}
+				sp.Durability = "bucket"
+				sp.Log = &fleetview.Log{Segments: 84, Waiting: 2, Lag: 3 * time.Millisecond, WaitP50: 2 * time.Millisecond, WaitP99: 8 * time.Millisecond, Failed: 1}
 			}
 			out = append(out, sp)
 		}
@@ -253,5 +255,19 @@ func TestChartsDrawTheDERPHomeAndItsSwitches(t *testing.T) {
 	}
 	if w := serve(h, httptest.NewRequest("GET", "/api/events", nil)); !strings.Contains(w.Body.String(), `"type":"derp_switch"`) {
 		t.Errorf("events lack the switch: %s", w.Body.String())
+	}
+}
+
+// A space's page says its durability and, for a bucket kind awake here, its log: segments,
+// answers waiting and the lag, the gate's waits, and answers refused.
+func TestDurabilityShownPerSpace(t *testing.T) {
+	h := newHandler(&fakeSource{}, nil)
+	const a = `<dd class="durability">bucket: 84 log segments, 2 answers waiting (lag 3ms), waits p50 2ms p99 8ms, <span class="bad">1 refused</span></dd>`
+	if w := serve(h, httptest.NewRequest("GET", "/space/a.example.com", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), a) {
+		t.Fatalf("space page: %d, want %q\n%s", w.Code, a, w.Body.String())
+	}
+	const b = `<dd class="durability">–</dd>`
+	if w := serve(h, httptest.NewRequest("GET", "/space/b.example.com", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), b) {
+		t.Fatalf("space page of b: %d, want %q", w.Code, b)
 	}
 }
