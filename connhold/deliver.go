@@ -205,6 +205,9 @@ func (c *Conn) deliverLoop() {
 		c.applyLocked(reply)
 		c.mu.Unlock()
 		c.sendReply(reply, true)
+		if reply.Durable {
+			h.dropAcked(c.space, func(pm *pendingMsg) bool { return pm == m })
+		}
 		if reply.Mark != 0 && reply.Covered != 0 {
 			h.RemoteCovered(c.space, reply.At, reply.Covered)
 		}

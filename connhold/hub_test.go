@@ -547,3 +547,46 @@ func TestWaitGoneWaitsOnTheState(t *testing.T) {
 		}
 	})
 }
+
+// TestDurableAcknowledgementRetiresAtOnce: an acknowledgement whose commits are in the
+// bucket already (Reply.Durable, a kind of durability bucket) drops its message at once:
+// nothing waits for a checkpoint, and the instance's end redelivers nothing. One that is
+// not is kept until a checkpoint covers it, and redelivered if none does.
+func TestDurableAcknowledgementRetiresAtOnce(t *testing.T) {
+	for _, durable := range []bool{true, false} {
+		t.Run(fmt.Sprintf("durable=%v", durable), func(t *testing.T) {
+			tb := newTestBox(t, Limits{}, false)
+			tb.app.reply = func(Event) Reply { return Reply{Durable: durable} }
+			c := tb.dial(t, nil)
+			write(t, c, "a")
+			testwait.WaitFor(t, 10*time.Second, "a acknowledged", func() bool { return tb.hub.Stats().Delivered == 1 })
+			want := 1
+			if durable {
+				want = 0
+			}
+			testwait.WaitFor(t, 10*time.Second, "a's message kept or retired", func() bool {
+				l := tb.hub.List("s1", "")
+				return len(l) == 1 && l[0].Pending == want
+			})
+			tb.hub.InstanceGone("s1")
+			write(t, c, "b")
+			testwait.WaitFor(t, 10*time.Second, "b delivered", func() bool {
+				for _, ev := range tb.app.all() {
+					if string(ev.Payload) == "b" {
+						return true
+					}
+				}
+				return false
+			})
+			redelivered := 0
+			for _, ev := range tb.app.all() {
+				if ev.Redelivery {
+					redelivered++
+				}
+			}
+			if redelivered != want {
+				t.Fatalf("%d redeliveries after the instance's end, want %d", redelivered, want)
+			}
+		})
+	}
+}

@@ -34,6 +34,9 @@ const (
 	AckAtHeader   = "Lchat-Ws-Ack-At"
 	AckMarkHeader = "Lchat-Ws-Ack-Mark"
 	CoveredHeader = "Lchat-Ws-Covered"
+	// DurableHeader, on a 2xx answer to a forwarded event: the acknowledgement's commits
+	// are in the bucket already (Reply.Durable).
+	DurableHeader = "Lchat-Ws-Durable"
 	// ReplayHeader, on a 409 answer to a forwarded event: the priors the box's instance is
 	// not, one value each. The event was not delivered.
 	ReplayHeader = "Lchat-Ws-Replay"
@@ -48,7 +51,7 @@ const (
 
 // StripPeerHeaders removes the box-to-box headers from a client's request.
 func StripPeerHeaders(h map[string][]string) {
-	for _, k := range []string{EntryHeader, PriorHeader, AckAtHeader, AckMarkHeader, CoveredHeader, ReplayHeader, RefusedHeader, ReopenHeader} {
+	for _, k := range []string{EntryHeader, PriorHeader, AckAtHeader, AckMarkHeader, CoveredHeader, DurableHeader, ReplayHeader, RefusedHeader, ReopenHeader} {
 		delete(h, k)
 	}
 }

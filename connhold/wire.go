@@ -127,6 +127,11 @@ type Reply struct {
 	// checkpoint is known to hold.
 	At            At
 	Mark, Covered uint64
+	// Durable, set by the Deliverer, says the acknowledgement's commits are in the
+	// bucket already (a kind of durability bucket: the instance's answer waited for
+	// them): the message is dropped at once, not kept for a checkpoint, and is never
+	// delivered again.
+	Durable bool
 }
 
 // Deliverer carries events to a space's instance, waking it if need be. The engine glue

@@ -75,6 +75,8 @@ func (d *eventDoor) Instance(use *engine.Use) error {
 		// instance made for it are in the bucket; until then the event is redelivered.
 		if werr := use.WaitDurable(d.ctx); werr != nil {
 			reply, err = connhold.Reply{}, fmt.Errorf("%w: %w", connhold.ErrNotAcknowledged, werr)
+		} else {
+			reply.Durable = use.Gate() != nil
 		}
 	}
 	reply.At = now
@@ -164,6 +166,7 @@ func readForwardedAnswer(resp *http.Response) (connhold.Reply, error) {
 	}
 	reply.Mark, _ = strconv.ParseUint(resp.Header.Get(connhold.AckMarkHeader), 10, 64)
 	reply.Covered, _ = strconv.ParseUint(resp.Header.Get(connhold.CoveredHeader), 10, 64)
+	reply.Durable = resp.Header.Get(connhold.DurableHeader) != ""
 	if reply.Mark == 0 {
 		return connhold.Reply{}, errors.New("peer's acknowledgement has no mark")
 	}

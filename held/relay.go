@@ -280,6 +280,10 @@ func (c *Conns) PeerEvent(host string, use *engine.Use, w http.ResponseWriter, h
 		h.Set(connhold.AckAtHeader, now.String())
 		h.Set(connhold.AckMarkHeader, strconv.FormatUint(mark, 10))
 		h.Set(connhold.CoveredHeader, strconv.FormatUint(covered, 10))
+		if use.Gate() != nil {
+			// The answer passes the output gate below this writer, or is a 503.
+			h.Set(connhold.DurableHeader, "1")
+		}
 	}}, nil
 }
 
