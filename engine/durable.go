@@ -57,9 +57,10 @@ type durable struct {
 // openLog, for a wake of a space whose kind has DurabilityBucket, with in.op held, the
 // lease held and the manifest fenced: reads the log of the restored generation, applies
 // it to the data dir (unless kept: a wake from unsaved that kept its newer local state,
-// which holds that log), seals it with this wake's claim and returns the space's durable
-// part, shipping from the seal on. Segments that land before the seal are applied too.
-func (e *Engine) openLog(ctx context.Context, in *inst, kept bool) (*durable, error) {
+// which holds that log), seals it with this wake's claim and returns where shipping goes
+// on from the seal (newDurable, once the instance started: its page reader runs under the
+// instance's uid). Segments that land before the seal are applied too.
+func (e *Engine) openLog(ctx context.Context, in *inst, kept bool) (*logStart, error) {
 	m, _ := in.syncer.Manifest()
 	if m == nil || m.Claim == nil {
 		return nil, errors.New("opening the log: the manifest is not fenced")
@@ -88,9 +89,22 @@ func (e *Engine) openLog(ctx context.Context, in *inst, kept bool) (*durable, er
 	if n := len(lg.Segments) + len(more); n > 0 {
 		in.logger().Info("log applied and sealed", zap.Int64("generation", gen), zap.Int("segments", n), zap.Int64("next", next))
 	}
-	d := &durable{claim: claim, shipper: spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, base, gen, next, claim)}
+	return &logStart{base: base, gen: gen, next: next, claim: claim}, nil
+}
+
+// logStart is where a woken space's log goes on from: the seal's next seq.
+type logStart struct {
+	base      *spacestore.LogBase
+	gen, next int64
+	claim     spacestore.Claim
+}
+
+// newDurable is the durable part of in, shipping from ls, once its instance has started
+// (in.syncer.PageReader is then the instance's).
+func (e *Engine) newDurable(in *inst, ls *logStart) *durable {
+	d := &durable{claim: ls.claim, shipper: spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, ls.base, ls.gen, ls.next, ls.claim)}
 	d.gate = gate.New(gate.Config{Ship: func(ctx context.Context) error { return e.ship(ctx, in, d) }, Now: e.now, Logger: in.logger()})
-	return d, nil
+	return d
 }
 
 // ship lands what the instance committed since the last segment (the gate's Ship): one

@@ -343,19 +343,19 @@ func (e *Engine) fenceThenLog(ctx context.Context, in *inst, pl *pendingLease, h
 		log.Error("fencing the manifest", zap.Error(err))
 		return false, &RetryError{After: 5 * time.Second, Reason: "bucket unavailable"}
 	}
-	d, err := e.openLog(ctx, in, kept)
+	ls, err := e.openLog(ctx, in, kept)
 	if err != nil {
 		log.Error("opening the space's log", zap.Error(err))
 		return false, &RetryError{After: 5 * time.Second, Reason: "log unavailable"}
 	}
 	phase(&ph.Restore)
+	if err := start(); err != nil {
+		return false, err
+	}
+	d := e.newDurable(in, ls)
 	in.mu.Lock()
 	in.dur = d
 	in.mu.Unlock()
-	if err := start(); err != nil {
-		in.closeDurable(err)
-		return false, err
-	}
 	return false, nil
 }
 
