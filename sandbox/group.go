@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lchat/lchat-caddy/internal/backoff"
 )
 
 // Group is one space's cgroup, in every hierarchy the box uses.
@@ -447,6 +449,13 @@ func (g *Group) OOMKills() int {
 	return 0
 }
 
+// removeTries and removeBackoff space the tries of a group directory's removal: the
+// kernel refuses it (EBUSY) for a moment after the last process left, 20 tries over about
+// a second.
+const removeTries = 20
+
+var removeBackoff = backoff.Curve{First: 10 * time.Millisecond, Max: 80 * time.Millisecond}
+
 // Remove deletes the group's directories; it fails while processes remain.
 func (g *Group) Remove() error {
 	var first error
@@ -455,12 +464,12 @@ func (g *Group) Remove() error {
 			continue
 		}
 		var err error
-		for range 20 {
+		for try := 1; try <= removeTries; try++ {
 			if err = os.Remove(dir); err == nil || errors.Is(err, fs.ErrNotExist) {
 				err = nil
 				break
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(removeBackoff.After(try))
 		}
 		if err != nil && first == nil {
 			first = err
