@@ -6,6 +6,11 @@
 // ("Under faults"). The short form runs in the normal test run; LCHAT_CHAOS_MINUTES=30
 // runs the long form (5 boxes, 20 spaces); LCHAT_CHAOS_SEED=<n> replays a campaign;
 // LCHAT_CHAOS_FAULTS=recreate,sigkill draws only those faults.
+//
+// Two spaces in three are of a kind with durability bucket, on which no acknowledged
+// write may be lost whatever the fault; the third are of a checkpoint kind, whose losses
+// to hard faults are counted beside them (LCHAT_CHAOS_DURABILITY=bucket or checkpoint
+// runs every space at one durability).
 package chaos
 
 import (
@@ -58,6 +63,10 @@ type history struct {
 	faults  []fault
 	syncs   map[string][]time.Time // "<box>|<host>" -> distinct last_sync values, ascending
 	healthy atomic.Bool            // no fault in progress (for the 503-while-live count)
+	// durability is, per host, every durability a box's status reported for it;
+	// segments the most log segments one status showed for it (bucket durability).
+	durability map[string]map[string]bool
+	segments   map[string]uint64
 }
 
 func (h *history) add(r record) {
@@ -74,6 +83,38 @@ func (h *history) sync(box int, host string, at time.Time) {
 	if len(s) == 0 || at.After(s[len(s)-1]) {
 		h.syncs[k] = append(s, at)
 	}
+}
+
+// durabilityOf is the durability of a campaign kind.
+func durabilityOf(kind string) string {
+	if kind == kindBucket {
+		return "bucket"
+	}
+	return "checkpoint"
+}
+
+// spaceKinds is the kind of each of n spaces, by $LCHAT_CHAOS_DURABILITY: "mix" (the
+// default) makes every third space (s2, s5, ...) of the checkpoint kind and the others of
+// the bucket kind, reported side by side; "bucket" or "checkpoint" makes them all of one.
+func spaceKinds(t *testing.T, n int) []string {
+	mode := os.Getenv("LCHAT_CHAOS_DURABILITY")
+	kinds := make([]string, n)
+	for i := range kinds {
+		switch mode {
+		case "", "mix":
+			kinds[i] = kindBucket
+			if i%3 == 2 {
+				kinds[i] = kindCheckpoint
+			}
+		case "bucket":
+			kinds[i] = kindBucket
+		case "checkpoint":
+			kinds[i] = kindCheckpoint
+		default:
+			t.Fatalf("LCHAT_CHAOS_DURABILITY=%q: want mix, bucket or checkpoint", mode)
+		}
+	}
+	return kinds
 }
 
 type params struct {
@@ -144,10 +185,13 @@ func campaign(t *testing.T, seed uint64, p params) {
 	// mesh-seed): create the spaces once every box sees every other.
 	c.waitAllLive()
 	var hosts []string
-	for i := range p.spaces {
+	spaceKind := map[string]string{}
+	for i, kind := range spaceKinds(t, p.spaces) {
 		h := fmt.Sprintf("s%d.%s", i, meshDomain)
 		hosts = append(hosts, h)
-		c.nodes[i%len(c.nodes)].AdminJSON("POST", "/lchat/routes", map[string]any{"host": h, "kind": "demo"}, http.StatusCreated, nil)
+		spaceKind[h] = kind
+		fmt.Printf("chaos: %s durability %s (kind %s)\n", h, durabilityOf(kind), kind)
+		c.nodes[i%len(c.nodes)].AdminJSON("POST", "/lchat/routes", map[string]any{"host": h, "kind": kind}, http.StatusCreated, nil)
 	}
 	harness.WaitFor(t, 30*time.Second, "every box to have every route", func() bool {
 		for _, n := range c.nodes {
@@ -159,7 +203,7 @@ func campaign(t *testing.T, seed uint64, p params) {
 		return true
 	})
 
-	h := &history{syncs: map[string][]time.Time{}}
+	h := &history{syncs: map[string][]time.Time{}, durability: map[string]map[string]bool{}, segments: map[string]uint64{}}
 	h.healthy.Store(true)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -190,6 +234,7 @@ func campaign(t *testing.T, seed uint64, p params) {
 					if s.LastSync != nil {
 						h.sync(n.i, s.Host, *s.LastSync)
 					}
+					h.reported(s.Host, s.Durability, s.Log)
 				}
 			}
 		}
@@ -257,7 +302,7 @@ func campaign(t *testing.T, seed uint64, p params) {
 		// A subset, to focus a campaign: LCHAT_CHAOS_FAULTS=recreate,sigkill
 		kinds = strings.Split(only, ",")
 	}
-	nem := &nemesis{t: t, c: c, h: h, hosts: hosts, paused: &paused, counts: map[string]int{}, outcomes: map[string]int{}}
+	nem := &nemesis{t: t, c: c, h: h, hosts: hosts, kinds: spaceKind, paused: &paused, counts: map[string]int{}, outcomes: map[string]int{}}
 	deadline := time.Now().Add(p.run)
 	time.Sleep(3 * time.Second) // some writes before the first fault
 	for time.Now().Before(deadline) {
@@ -353,11 +398,31 @@ func campaign(t *testing.T, seed uint64, p params) {
 			t.Errorf("reading back %s: %v", host, err)
 		}
 	}
-	rep := check(h, stored, hosts)
+	rep := check(h, stored, hosts, spaceKind)
 	rep.counts, rep.outcomes = counts, outcomes
 	rep.print(os.Stdout)
 	for _, e := range rep.errors {
 		t.Error(e)
+	}
+	// The bucket kind was what its spaces ran: each status said so, and showed its log.
+	for _, host := range hosts {
+		want := durabilityOf(spaceKind[host])
+		for d := range h.durability[host] {
+			if d != want {
+				t.Errorf("%s (kind %s) reported durability %q, want %q", host, spaceKind[host], d, want)
+			}
+		}
+		if want == "bucket" && h.segments[host] == 0 {
+			t.Errorf("%s (durability bucket): no status showed a segment of its log", host)
+		}
+	}
+	// A write a bucket kind lost: what the boxes logged of its space around it.
+	for _, r := range first(rep.bucketLost, 3) {
+		for _, n := range c.nodes {
+			if lines := logsAround(n.Logs(), r.space, r.start.Add(-5*time.Second), r.end.Add(15*time.Second), 60); lines != "" {
+				t.Logf("box %d's log of %s around %s (acknowledged %s):\n%s", n.i, r.space, r.msg, r.end.Format("15:04:05.000"), lines)
+			}
+		}
 	}
 	if t.Failed() {
 		t.Logf("replay with LCHAT_CHAOS_SEED=%d", seed)
@@ -422,13 +487,41 @@ type report struct {
 	// its fault began: how long a faulty box went on acknowledging writes it then lost.
 	ackedInto               map[string]time.Duration
 	allowedList, forbiddenL []string
+	// byDurability is the figures of the spaces of each durability ("bucket",
+	// "checkpoint"), side by side.
+	byDurability map[string]*tally
+	// bucketLost are the writes a bucket kind acknowledged and lost: each one forbidden.
+	bucketLost []record
 }
 
-// check asserts the contract on the history; stored is every space's messages at the end.
-func check(h *history, stored map[string]map[string]bool, hosts []string) *report {
+// tally is the figures of the spaces of one durability.
+type tally struct {
+	spaces, acked, allowed, forbidden, unavailable int // unavailable: 503s
+	allowedBy                                      map[string]int
+}
+
+func (rep *report) tally(durability string) *tally {
+	tl := rep.byDurability[durability]
+	if tl == nil {
+		tl = &tally{allowedBy: map[string]int{}}
+		rep.byDurability[durability] = tl
+	}
+	return tl
+}
+
+// durabilities are the durabilities the campaign runs, in the order it reports them.
+var durabilities = []string{"bucket", "checkpoint"}
+
+// check asserts the contract on the history; stored is every space's messages at the end,
+// kinds every space's kind.
+func check(h *history, stored map[string]map[string]bool, hosts []string, kinds map[string]string) *report {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	rep := &report{byCode: map[int]int{}, longest: map[string]time.Duration{}, faults: h.faults, allowedBy: map[string]int{}, ackedInto: map[string]time.Duration{}}
+	rep := &report{byCode: map[int]int{}, longest: map[string]time.Duration{}, faults: h.faults, allowedBy: map[string]int{}, ackedInto: map[string]time.Duration{},
+		byDurability: map[string]*tally{}}
+	for _, host := range hosts {
+		rep.tally(durabilityOf(kinds[host])).spaces++
+	}
 	boxOf := func(r record) int {
 		// The instance header names the box that served the request (a forwarded
 		// request is served by the holder); the entry box otherwise.
@@ -445,6 +538,8 @@ func check(h *history, stored map[string]map[string]bool, hosts []string) *repor
 	lives := map[string]map[string]*life{} // space -> instance -> certain lifetime
 	for _, r := range h.reqs {
 		rep.requests++
+		dur := durabilityOf(kinds[r.space])
+		tl := rep.tally(dur)
 		if r.status == 0 {
 			rep.noAnswer++
 			continue
@@ -455,6 +550,7 @@ func check(h *history, stored map[string]map[string]bool, hosts []string) *repor
 			rep.errors = append(rep.errors, fmt.Sprintf("502 for %s %s via box %d at %s..%s (body %q)", r.op, r.space, r.box, r.start.Format("15:04:05.000"), r.end.Format("15:04:05.000"), r.body))
 		}
 		if r.status == http.StatusServiceUnavailable {
+			tl.unavailable++
 			if r.retryAfter == "" {
 				rep.errors = append(rep.errors, fmt.Sprintf("503 without Retry-After for %s %s via box %d at %s", r.op, r.space, r.box, r.start.Format("15:04:05.000")))
 			}
@@ -481,26 +577,44 @@ func check(h *history, stored map[string]map[string]bool, hosts []string) *repor
 		if r.op != "write" || r.status != http.StatusCreated {
 			continue
 		}
-		// (1) no acknowledged write lost, except after a hard fault of the box whose
-		// instance acknowledged it, with no checkpoint of that space since.
+		// (1) no acknowledged write lost: on a bucket kind whatever the fault; on a
+		// checkpoint kind except after a hard fault of the box whose instance
+		// acknowledged it, with no checkpoint of that space since.
 		rep.acked++
+		tl.acked++
 		if stored[r.space][r.msg] {
 			continue
 		}
 		b := boxOf(r)
-		if f, ok := hardFaultUncheckpointed(h, b, r); ok {
+		if f, ok := hardFaultUncheckpointed(h, b, r); ok && dur == "checkpoint" {
 			rep.allowedLoss++
+			tl.allowed++
+			tl.allowedBy[f.kind]++
 			rep.allowedBy[f.kind]++
 			rep.ackedInto[f.kind] = max(rep.ackedInto[f.kind], r.end.Sub(f.start))
 			rep.allowedList = append(rep.allowedList, fmt.Sprintf("%s %s acknowledged by box %d at %s", r.space, r.msg, b, r.end.Format("15:04:05.000")))
 			continue
 		}
 		rep.forbidden++
-		rep.forbiddenL = append(rep.forbiddenL, fmt.Sprintf("%s %s acknowledged by box %d (%s) at %s..%s; its checkpoints of the space near then: %s", r.space, r.msg, b, r.instance,
-			r.start.Format("15:04:05.000"), r.end.Format("15:04:05.000"), syncsAround(h, b, r.space, r.end)))
+		tl.forbidden++
+		after := "no fault of its box ended the instance"
+		if f, ok := endingFault(h, b, r); ok {
+			after = fmt.Sprintf("then %s of box %d %s..%s", f.kind, f.box, f.start.Format("15:04:05.000"), f.heal.Format("15:04:05.000"))
+		}
+		if dur == "bucket" {
+			rep.bucketLost = append(rep.bucketLost, r)
+		}
+		rep.forbiddenL = append(rep.forbiddenL, fmt.Sprintf("%s (durability %s) %s acknowledged by box %d (%s) at %s..%s, %s; its checkpoints of the space near then: %s",
+			r.space, dur, r.msg, b, r.instance, r.start.Format("15:04:05.000"), r.end.Format("15:04:05.000"), after, syncsAround(h, b, r.space, r.end)))
+	}
+	if n := rep.tally("bucket").forbidden; n > 0 {
+		rep.errors = append(rep.errors, fmt.Sprintf("%d writes acknowledged by a bucket kind lost (no fault excuses one)", n))
+	}
+	if n := rep.tally("checkpoint").forbidden; n > 0 {
+		rep.errors = append(rep.errors, fmt.Sprintf("%d writes acknowledged by a checkpoint kind lost without a hard fault to excuse them", n))
 	}
 	if rep.forbidden > 0 {
-		rep.errors = append(rep.errors, fmt.Sprintf("%d acknowledged writes lost without a hard fault to excuse them: %s", rep.forbidden, strings.Join(first(rep.forbiddenL, 20), "; ")))
+		rep.errors = append(rep.errors, "forbidden losses: "+strings.Join(first(rep.forbiddenL, 20), "; "))
 	}
 	// (2) no write is acknowledged by an instance after another instance of the space
 	// took it over: a write acknowledged by instance A must have been sent before every
@@ -593,21 +707,27 @@ func calm(faults []fault, start, end time.Time) bool {
 // ended; the first one to end after the acknowledgment may have taken its snapshot
 // before it, so a covering checkpoint is the second distinct last_sync after it.
 func hardFaultUncheckpointed(h *history, b int, r record) (fault, bool) {
-	syncs := h.syncs[strconv.Itoa(b)+"|"+r.space]
+	f, ok := endingFault(h, b, r)
+	if !ok || !f.hard {
+		return fault{}, false
+	}
+	n := 0
+	for _, s := range h.syncs[strconv.Itoa(b)+"|"+r.space] {
+		if s.After(r.end) && s.Before(f.start) {
+			n++
+		}
+	}
+	return f, n < 2
+}
+
+// endingFault is the first fault of box b that ends instances and had not healed when
+// the write r started: the end of the instance on b that acknowledged r, if a fault
+// ended it.
+func endingFault(h *history, b int, r record) (fault, bool) {
 	for _, f := range h.faults {
-		if f.box != b || f.heal.Before(r.start) || !endsInstances[f.kind] {
-			continue
+		if f.box == b && !f.heal.Before(r.start) && endsInstances[f.kind] {
+			return f, true
 		}
-		if !f.hard {
-			return fault{}, false
-		}
-		n := 0
-		for _, s := range syncs {
-			if s.After(r.end) && s.Before(f.start) {
-				n++
-			}
-		}
-		return f, n < 2
 	}
 	return fault{}, false
 }
@@ -626,7 +746,7 @@ func syncsAround(h *history, b int, space string, t time.Time) string {
 	return strings.Join(out, ",")
 }
 
-func first(s []string, n int) []string {
+func first[T any](s []T, n int) []T {
 	if len(s) > n {
 		return s[:n]
 	}
@@ -663,6 +783,7 @@ func (rep *report) print(w io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, "  %-34s %d\n", "forbidden losses", rep.forbidden)
+	rep.printByDurability(w, kinds)
 	fmt.Fprintf(w, "  %-34s %d\n", "no answer (conn error/timeout)", rep.noAnswer)
 	var codes []int
 	for c := range rep.byCode {
@@ -692,4 +813,86 @@ func (rep *report) print(w io.Writer) {
 	for _, a := range first(rep.allowedList, 10) {
 		fmt.Fprintf(w, "  allowed loss: %s\n", a)
 	}
+	for _, f := range first(rep.forbiddenL, 20) {
+		fmt.Fprintf(w, "  forbidden loss: %s\n", f)
+	}
+}
+
+// printByDurability prints the figures of the bucket and checkpoint spaces side by side;
+// faultKinds are the kinds of fault thrown, for the allowed losses each excused.
+func (rep *report) printByDurability(w io.Writer, faultKinds []string) {
+	cols := func(what string, v func(*tally) string) {
+		fmt.Fprintf(w, "    %-32s", what)
+		for _, d := range durabilities {
+			fmt.Fprintf(w, " %12s", v(rep.tally(d)))
+		}
+		fmt.Fprintln(w)
+	}
+	num := func(f func(*tally) int) func(*tally) string {
+		return func(tl *tally) string { return strconv.Itoa(f(tl)) }
+	}
+	fmt.Fprintf(w, "  %-34s", "by durability")
+	for _, d := range durabilities {
+		fmt.Fprintf(w, " %12s", d)
+	}
+	fmt.Fprintln(w)
+	cols("spaces", num(func(tl *tally) int { return tl.spaces }))
+	cols("acknowledged writes", num(func(tl *tally) int { return tl.acked }))
+	// A bucket kind allows no loss: its column says so rather than 0.
+	allowed := func(f func(*tally) int) func(*tally) string {
+		return func(tl *tally) string {
+			if tl == rep.byDurability["bucket"] {
+				return "none allowed"
+			}
+			return strconv.Itoa(f(tl))
+		}
+	}
+	cols("allowed losses (hard fault)", allowed(func(tl *tally) int { return tl.allowed }))
+	for _, k := range faultKinds {
+		if rep.allowedBy[k] > 0 {
+			cols("  after "+k, allowed(func(tl *tally) int { return tl.allowedBy[k] }))
+		}
+	}
+	cols("forbidden losses", num(func(tl *tally) int { return tl.forbidden }))
+	cols("503 responses", num(func(tl *tally) int { return tl.unavailable }))
+}
+
+// reported notes what a box's status said of host: its durability and its log.
+func (h *history) reported(host, durability string, log *logStatus) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if durability != "" {
+		if h.durability[host] == nil {
+			h.durability[host] = map[string]bool{}
+		}
+		h.durability[host][durability] = true
+	}
+	if log != nil {
+		h.segments[host] = max(h.segments[host], log.Segments)
+	}
+}
+
+// logsAround is the lines of a box's log that name host, logged between from and to (at
+// most limit of them, the first ones).
+func logsAround(logs, host string, from, to time.Time, limit int) string {
+	var out []string
+	for _, line := range strings.Split(logs, "\n") {
+		if !strings.Contains(line, host) {
+			continue
+		}
+		var e struct {
+			TS float64 `json:"ts"`
+		}
+		if json.Unmarshal([]byte(line), &e) != nil {
+			continue
+		}
+		at := time.Unix(0, int64(e.TS*1e9))
+		if at.Before(from) || at.After(to) {
+			continue
+		}
+		if out = append(out, line); len(out) == limit {
+			break
+		}
+	}
+	return strings.Join(out, "\n")
 }

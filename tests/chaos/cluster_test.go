@@ -30,6 +30,16 @@ const (
 	idleTimeout = 4 * time.Second
 )
 
+// The campaign's two kinds: the same demo space, acknowledging at two durabilities.
+const (
+	// kindBucket answers a write once its commit is in the space's log in the bucket:
+	// no fault may take a write it answered 201 for.
+	kindBucket = "demo-bucket"
+	// kindCheckpoint answers at once; a write survives its box's hard death once a
+	// checkpoint (every second) holds it. The package's other tests use it.
+	kindCheckpoint = "demo"
+)
+
 // regions: the boxes alternate between two regions on the one bucket, so relocate can
 // move a space's home between them.
 var regions = []string{"r0", "r1"}
@@ -105,16 +115,23 @@ func (c *cluster) boxConfig(n *node) string {
 				"beat": beat.String(), "dead_after": deadAfter.String(), "resync_interval": "5s",
 				"trusted_ca_files": []string{c.ca.CAFile},
 			},
-			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
-				"idle_timeout": idleTimeout.String(),
-				"replication":  map[string]any{"class": "periodic", "interval": "1s"},
-			})},
+			"kinds": map[string]any{kindCheckpoint: demoKind("checkpoint"), kindBucket: demoKind("bucket")},
 		},
 		MeshAPIHost: n.ip,
 		CertFile:    c.ca.CertFile,
 		KeyFile:     c.ca.KeyFile,
 		LogLevel:    logLevel(),
 	}.JSON()
+}
+
+// demoKind is the campaign's demo kind at durability: the same idle timeout and
+// checkpoints every second for both, so that only the acknowledgement differs.
+func demoKind(durability string) map[string]any {
+	return harness.DemoKind(map[string]any{
+		"idle_timeout": idleTimeout.String(),
+		"replication":  map[string]any{"class": "periodic", "interval": "1s"},
+		"durability":   durability,
+	})
 }
 
 // start starts box number len(c.nodes) on 127.0.0.(i+1), its bucket behind a TCP proxy,
@@ -226,7 +243,18 @@ type boxStatus struct {
 		Host     string     `json:"host"`
 		State    string     `json:"state"`
 		LastSync *time.Time `json:"last_sync"`
+		// Durability is the space's kind's; Log its log and output gate (bucket
+		// durability, awake here).
+		Durability string     `json:"durability"`
+		Log        *logStatus `json:"log"`
 	} `json:"spaces"`
+}
+
+// logStatus is the part of a space's log and output gate (engine.DurableStatus) the
+// campaign reads.
+type logStatus struct {
+	Segments uint64 `json:"segments"`
+	Failed   uint64 `json:"failed"`
 }
 
 // lastSync is when the box last checkpointed host (zero when it cannot tell).

@@ -15,7 +15,8 @@ type nemesis struct {
 	c      *cluster
 	h      *history
 	hosts  []string
-	paused *sync.Map // hosts the clients leave alone
+	kinds  map[string]string // host -> its kind, which a re-create keeps
+	paused *sync.Map         // hosts the clients leave alone
 
 	mu       sync.Mutex
 	counts   map[string]int // faults by kind
@@ -124,7 +125,7 @@ func (nm *nemesis) recreate(n *node, host string, other *node, pause time.Durati
 	}
 	time.Sleep(pause)
 	for range 30 {
-		code, body, err := other.adminDo("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"})
+		code, body, err := other.adminDo("POST", "/lchat/routes", map[string]any{"host": host, "kind": nm.kinds[host]})
 		if err == nil && code == http.StatusCreated {
 			return
 		}
