@@ -31,6 +31,10 @@ import (
 // What the log does not carry, a checkpoint still does: databases not in WAL mode and
 // every other file (logged at wake, in Status as log_skipped).
 
+// segmentTimeout bounds one append of a segment: a bucket that never answers does not hold
+// the shipper (and the checkpoint that waits for it) past it; the gate tries again.
+const segmentTimeout = 10 * time.Second
+
 // DurableAnswerTimeout bounds how long an answer waits at the gate before the client gets
 // 503 (the instance's answer dropped): a box cut off from the bucket acknowledges nothing.
 const DurableAnswerTimeout = 10 * time.Second
@@ -48,10 +52,15 @@ type durable struct {
 	// pending is a segment whose landing is not known yet (its append failed with an
 	// error that may have been applied): it is sent again before anything new.
 	pending *spacestore.Segment
-	skipped []spacestore.SkippedFile
 
-	segments atomic.Uint64 // segments landed
-	bytes    atomic.Uint64 // their bytes of page images
+	// What status reads, without mu (a shipment may hold it as long as the bucket takes):
+	// segments landed and their page images' bytes, where the log stands, the files it
+	// skips. Written with mu held.
+	segments atomic.Uint64
+	bytes    atomic.Uint64
+	gen      atomic.Int64
+	next     atomic.Int64
+	skipped  atomic.Pointer[[]spacestore.SkippedFile]
 }
 
 // openLog, for a wake of a space whose kind has DurabilityBucket, with in.op held, the
@@ -103,6 +112,8 @@ type logStart struct {
 // (in.syncer.PageReader is then the instance's).
 func (e *Engine) newDurable(in *inst, ls *logStart) *durable {
 	d := &durable{claim: ls.claim, shipper: spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, ls.base, ls.gen, ls.next, ls.claim)}
+	d.gen.Store(ls.gen)
+	d.next.Store(ls.next)
 	d.gate = gate.New(gate.Config{Ship: func(ctx context.Context) error { return e.ship(ctx, in, d) }, Now: e.now, Logger: in.logger()})
 	return d
 }
@@ -121,7 +132,8 @@ func (e *Engine) ship(ctx context.Context, in *inst, d *durable) error {
 	if seg == nil {
 		var err error
 		seg, err = d.shipper.Next(ctx, e.now())
-		d.skipped = d.shipper.Skipped()
+		skipped := d.shipper.Skipped()
+		d.skipped.Store(&skipped)
 		if errors.Is(err, spacestore.ErrSegmentTooLarge) {
 			d.mu.Unlock()
 			safego.Go(&e.wg, e.log, "checkpoint for the log", func() { e.syncNow(e.ctx, in) })
@@ -133,10 +145,13 @@ func (e *Engine) ship(ctx context.Context, in *inst, d *durable) error {
 		}
 		d.pending = seg
 	}
-	err := spacestore.AppendSegment(ctx, e.cfg.Bucket, in.host, seg)
+	actx, cancel := context.WithTimeout(ctx, segmentTimeout)
+	err := spacestore.AppendSegment(actx, e.cfg.Bucket, in.host, seg)
+	cancel()
 	if err == nil {
 		d.pending = nil
 		d.segments.Add(1)
+		d.next.Store(d.shipper.NextSeq())
 		for _, db := range seg.DBs {
 			d.bytes.Add(uint64(len(db.LTX)))
 		}
@@ -159,6 +174,8 @@ func (e *Engine) newGeneration(in *inst, d *durable) {
 	}
 	d.shipper = spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, in.syncer.LogBase(), m.Generation, 1, d.claim)
 	d.pending = nil // the checkpoint read everything it carried
+	d.gen.Store(m.Generation)
+	d.next.Store(1)
 	gen := m.Generation
 	safego.Go(&e.wg, e.log, "collect logs", func() {
 		if n, err := spacestore.CollectLogs(e.ctx, e.cfg.Bucket, in.host, gen); err != nil {
@@ -249,9 +266,10 @@ type DurableStatus struct {
 
 func (d *durable) status() *DurableStatus {
 	st := d.gate.Stats()
-	d.mu.Lock()
-	ds := &DurableStatus{Generation: d.shipper.Gen(), NextSeq: d.shipper.NextSeq(), Skipped: d.skipped}
-	d.mu.Unlock()
+	ds := &DurableStatus{Generation: d.gen.Load(), NextSeq: d.next.Load()}
+	if sk := d.skipped.Load(); sk != nil {
+		ds.Skipped = *sk
+	}
 	ds.Segments, ds.Bytes = d.segments.Load(), d.bytes.Load()
 	ds.Waiting, ds.Lag, ds.WaitP50, ds.WaitP99, ds.Failed = st.Waiting, st.Lag, st.WaitP50, st.WaitP99, st.Failed
 	return ds

@@ -118,14 +118,15 @@ func (e *Engine) stopOpHeld(ctx context.Context, in *inst, spec stopSpec) (stopp
 	if spec.stopped != nil {
 		spec.stopped()
 	}
+	// The instance is gone: answers still waiting at its gate get 503 (what they carried
+	// is in the final checkpoint, or was never acknowledged), and a shipment stuck on the
+	// bucket is cancelled rather than waited for by that checkpoint.
+	in.closeDurable(nil)
 	var saved State
 	if spec.outcome == stopSave {
 		saved, err = e.checkpointAndRelease(ctx, in)
 	}
 
-	// Answers still waiting at the gate fail (503): the instance is gone, and what it
-	// committed is in the checkpoint, or was never acknowledged.
-	in.closeDurable(nil)
 	in.mu.Lock()
 	in.proc = nil
 	next := spec.outcome.next(saved, in.leaseETag != "")

@@ -140,9 +140,11 @@ func TestCutBucketRefusesWritesThenHeals(t *testing.T) {
 // TestStalledSegmentRefusesAnswers: the bucket takes longer than the gate's deadline to
 // answer the holder's next log segment (its PUT held on the link), the other traffic
 // flowing. The write the segment carries gets a 503 with Retry-After within about
-// engine.DurableAnswerTimeout, never a 201; a read that comes after it waits behind the
-// stalled segment too and never shows the refused write. Once the bucket answers, writes
-// get 201 again, and after a kill -9 of the holder the other box has every one of them.
+// engine.DurableAnswerTimeout, never a 201; a read that comes after it waits at the gate
+// too, and shows the refused write only once a later append of it landed (then it must
+// survive the holder, as a 201 must). The box's status answers throughout. Once the bucket
+// answers, writes get 201 again, and after a kill -9 of the holder the other box has every
+// one of them.
 func TestStalledSegmentRefusesAnswers(t *testing.T) {
 	c := newCluster(t)
 	a, b, host, acked := durableRoom(t, c, "stall")
@@ -157,16 +159,26 @@ func TestStalledSegmentRefusesAnswers(t *testing.T) {
 		t.Fatal("the holder shipped no segment in 20 s")
 	}
 	read := c.timedDo(b, "GET", host, "/api/messages?limit=1000", "")
+	// The box's status answers while a segment is stuck on the bucket (gateOf fails the
+	// test past 5 s), and shows the write waiting at the gate.
+	if g, ok := gateOf(t, b, host); !ok || g.Waiting == 0 {
+		t.Errorf("the holder's status during the stall: %+v (awake %v), want the write waiting", g, ok)
+	}
 
 	refused(t, "the write the stalled segment carries", <-wrote)
+	// The read waits at the gate too: it is answered once a shipment that started after it
+	// landed (the stalled append is given up after its deadline and sent again, and the
+	// bucket takes the second one), or refused. What it reveals is then in the bucket: a
+	// write it shows must survive the holder, as a write answered 201 does.
 	r := <-read
-	if r.code == http.StatusOK && strings.Contains(r.body, "in-the-stalled-segment") {
-		t.Fatal("a read answered 200 with the write the gate refused: an unacknowledged write got out")
+	revealed := r.code == http.StatusOK && strings.Contains(r.body, "in-the-stalled-segment")
+	if r.code != http.StatusServiceUnavailable && r.code != http.StatusOK || r.elapsed > refusedWithin {
+		t.Errorf("a read behind the stalled segment: %d after %v, want a 503 or an answer within %v", r.code, r.elapsed, refusedWithin)
 	}
-	if r.code != http.StatusServiceUnavailable || r.elapsed > refusedWithin {
-		t.Errorf("a read behind the stalled segment: %d after %v, want a 503 within %v (its answer may reveal the stalled write)", r.code, r.elapsed, refusedWithin)
+	if revealed {
+		acked = append(acked, "in-the-stalled-segment")
 	}
-	t.Logf("a read behind the stalled segment: %d after %v", r.code, r.elapsed.Round(time.Millisecond))
+	t.Logf("a read behind the stalled segment: %d after %v (shows the refused write: %v)", r.code, r.elapsed.Round(time.Millisecond), revealed)
 
 	held.Release()
 	select {
@@ -174,8 +186,8 @@ func TestStalledSegmentRefusesAnswers(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the bucket did not answer the stalled segment in 20 s after its release")
 	}
-	if g, ok := gateOf(t, b, host); !ok || g.Failed < 2 {
-		t.Errorf("the holder's status counts %d refused answers, want 2 (awake %v)", g.Failed, ok)
+	if g, ok := gateOf(t, b, host); !ok || g.Failed < 1 {
+		t.Errorf("the holder's status counts %d refused answers, want at least the write's (awake %v)", g.Failed, ok)
 	}
 	got := healedKeepsEverything(t, c, a, b, host, acked, deadAfter)
 	_, kept := got["in-the-stalled-segment"]
