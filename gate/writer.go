@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"cmp"
 	"context"
 	"maps"
 	"net/http"
@@ -31,6 +32,9 @@ type writerState uint8
 const (
 	// open: no final status yet. A 1xx passes at once.
 	open writerState = iota
+	// held: the instance's final status is recorded, not passed. It passes with the first
+	// body chunk, at a Flush or at Finish, after one wait.
+	held
 	// passing: the instance's status passed (its wait succeeded); each body chunk passes
 	// after its own wait.
 	passing
@@ -42,20 +46,41 @@ const (
 	broken
 )
 
-// after is the state that follows a wait in state s that succeeded (ok) or failed: the
-// one table of a Writer's moves. refused and broken are final.
-func (s writerState) after(ok bool) writerState {
+// move is what happens to a Writer's answer.
+type move uint8
+
+const (
+	// record: a final status reached the Writer.
+	record move = iota
+	// waited: a wait succeeded.
+	waited
+	// failed: a wait failed.
+	failed
+)
+
+// after is the state that follows move m in state s: the one table of a Writer's moves.
+// A status recorded after the first is dropped; refused and broken are final.
+func (s writerState) after(m move) writerState {
 	switch s {
 	case open:
-		if ok {
+		switch m {
+		case record:
+			return held
+		case waited:
 			return passing
 		}
 		return refused
-	case passing:
-		if ok {
+	case held:
+		switch m {
+		case waited:
 			return passing
+		case failed:
+			return refused
 		}
-		return broken
+	case passing:
+		if m == failed {
+			return broken
+		}
 	}
 	return s
 }
@@ -63,20 +88,26 @@ func (s writerState) after(ok bool) writerState {
 // Writer is the http.ResponseWriter a reverse proxy writes an instance's answer through
 // when the space's durability is "bucket": each part of the answer reaches the client
 // only after a Gate wait that began after that part reached the box, so every commit the
-// instance made before it is durable. What a client may observe:
+// instance made before it is durable. A status and its first chunk share one wait. What
+// a client may observe:
 //
 //   - A 1xx informational status (100, 103; not 101) passes at once, without a wait: it
 //     carries no answer.
-//   - The final status (any 2xx to 5xx, a 101 before its tunnel, an error answer alike)
-//     and the header with it pass only after a wait succeeds. A body Write or a Flush
-//     before any status sends a 200 the same way; that one wait covers the chunk too.
+//   - The final status (any 2xx to 5xx, an error answer alike) is recorded, not passed.
+//     It passes with the header and the first body chunk, after one wait that began at
+//     that chunk's Write (empty or not) or at a Flush. A Write or a Flush before any
+//     status sends a 200 the same way. An answer without a body chunk (a 204, a HEAD, an
+//     empty body) passes at Finish, after its wait; with no Finish it never passes. The
+//     instance's header changes until the status passes go out with it, as they would
+//     have before its WriteHeader.
+//   - A 101 waits at WriteHeader and passes at once, before its tunnel is hijacked.
 //   - Each later non-empty body Write waits again before it passes (a streamed chunk may
 //     reveal a later commit). Flush passes on at once: all it can flush passed a wait.
 //   - If the status's wait fails (ctx ended, WriterConfig.Timeout, a fenced or closed
 //     gate), the client never sees the instance's status, header or body. It gets a
 //     complete 503 Service Unavailable with Retry-After (WriterConfig.RetryAfter), the
 //     box's own header as it stood at NewWriter (the instance's removed: no Set-Cookie, no
-//     Location), Cache-Control: no-store and a short text/plain body. The instance's later
+//     Location), Cache-Control: no-store and a short text/plain body. The instance's
 //     Writes succeed and are dropped, so the proxy finishes cleanly and the 503 arrives
 //     whole (the proxy drains the instance's body meanwhile); its later header changes
 //     (trailers) go to a discarded header.
@@ -88,7 +119,7 @@ func (s writerState) after(ok bool) writerState {
 //     sees a complete answer.
 //
 // A hijacked connection (a 101's tunnel, through Unwrap) is not gated past its status.
-// The proxy's calls are serialized (Caddy flushes from a timer goroutine).
+// The proxy's calls and Finish are serialized (Caddy flushes from a timer goroutine).
 type Writer struct {
 	w          http.ResponseWriter
 	ctx        context.Context
@@ -98,8 +129,9 @@ type Writer struct {
 	own        http.Header // the box's own header at NewWriter, kept on a 503
 
 	mu sync.Mutex
-	// Written by the proxy's calls, under mu.
+	// Written by the proxy's calls and Finish, under mu.
 	state   writerState
+	code    int         // the recorded final status; 0 before one
 	err     error       // the wait's error that refused or broke the answer
 	dropped http.Header // Header() once refused: the instance's late header changes
 }
@@ -122,8 +154,9 @@ func (w *Writer) Err() error {
 	return w.err
 }
 
-// Header is the header the instance's answer goes out with; once the answer is refused,
-// a discarded one.
+// Header is the header the instance's answer goes out with, the client's: a change made
+// before the status passes (recorded or not) goes out with it. Once the answer is
+// refused, a discarded one.
 func (w *Writer) Header() http.Header {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -133,16 +166,13 @@ func (w *Writer) Header() http.Header {
 	return w.w.Header()
 }
 
-// WriteHeader passes a 1xx informational status on at once, and the final status after a
-// wait, or a 503 in its place when the wait fails. A status after the final one is
-// dropped.
+// WriteHeader passes a 1xx informational status on at once and records the final status:
+// it passes with the first body chunk, at a Flush or at Finish, after their one wait. A
+// 101 passes after its own wait. In place of a status whose wait fails the client gets a
+// 503. A status after the final one is dropped.
 func (w *Writer) WriteHeader(code int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.writeHeaderLocked(code)
-}
-
-func (w *Writer) writeHeaderLocked(code int) {
 	if w.state != open {
 		return
 	}
@@ -150,24 +180,22 @@ func (w *Writer) writeHeaderLocked(code int) {
 		w.w.WriteHeader(code)
 		return
 	}
-	w.moveLocked(w.waitLocked())
-	switch w.state {
-	case passing:
-		w.w.WriteHeader(code)
-	case refused:
-		w.refuseLocked()
+	w.code = code
+	w.state = w.state.after(record)
+	if code == http.StatusSwitchingProtocols {
+		w.passLocked() // the proxy hijacks the connection next: nothing else would pass it
 	}
 }
 
-// Write passes a body chunk on after a wait (the status's wait, if it sends the status).
-// Once the answer is refused it drops b and reports success; once it is broken it fails
-// with the wait's error.
+// Write passes a body chunk on after a wait; the first chunk shares its wait with the
+// status (a 200 if none was recorded). Once the answer is refused it drops b and reports
+// success; once it is broken it fails with the wait's error.
 func (w *Writer) Write(b []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch w.state {
-	case open:
-		w.writeHeaderLocked(http.StatusOK) // its wait began after b was in: it covers b
+	case open, held:
+		w.passLocked() // its wait began after b was in: it covers b
 	case passing:
 		if len(b) > 0 {
 			w.moveLocked(w.waitLocked())
@@ -184,18 +212,32 @@ func (w *Writer) Write(b []byte) (int, error) {
 }
 
 // FlushError flushes what passed to the client (a 503 in place of a refused answer), for
-// http.ResponseController. Before any status it sends a 200 first, after its wait.
+// http.ResponseController. Before the status passed it passes it first (a 200 if none
+// was recorded), after its wait.
 func (w *Writer) FlushError() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.state == open {
-		w.writeHeaderLocked(http.StatusOK)
+	if w.state == open || w.state == held {
+		w.passLocked()
 	}
 	return http.NewResponseController(w.w).Flush()
 }
 
 // Flush is FlushError for an http.Flusher.
 func (w *Writer) Flush() { _ = w.FlushError() }
+
+// Finish tells the Writer the proxy returned. A recorded status that has not passed (the
+// answer had no body chunk and no Flush) passes after a wait, or a 503 in its place. With
+// no status recorded (the proxy wrote nothing: its own error answer goes through another
+// writer) Finish does nothing. Finish is idempotent; the caller must call it once the
+// proxy returns, or a bodiless answer never reaches the client.
+func (w *Writer) Finish() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state == held {
+		w.passLocked()
+	}
+}
 
 // Unwrap is the client's writer, for http.ResponseController (deadlines, a hijack).
 func (w *Writer) Unwrap() http.ResponseWriter { return w.w }
@@ -210,11 +252,25 @@ func (w *Writer) waitLocked() error {
 	return w.g.Wait(ctx)
 }
 
-func (w *Writer) moveLocked(err error) {
-	w.state = w.state.after(err == nil)
-	if err != nil {
-		w.err = err
+// passLocked passes the recorded status (a 200 if none) after a wait, or a 503 in its
+// place, in state open or held.
+func (w *Writer) passLocked() {
+	w.moveLocked(w.waitLocked())
+	switch w.state {
+	case passing:
+		w.w.WriteHeader(cmp.Or(w.code, http.StatusOK))
+	case refused:
+		w.refuseLocked()
 	}
+}
+
+func (w *Writer) moveLocked(err error) {
+	if err != nil {
+		w.state = w.state.after(failed)
+		w.err = err
+		return
+	}
+	w.state = w.state.after(waited)
 }
 
 // refuseLocked answers 503 in place of the instance's answer.

@@ -85,7 +85,7 @@ func (p *proxy) lastErr() error {
 }
 
 // writerOp is one step of a Writer scenario: a proxy call ("header 201", "write done",
-// "flush", "set Name: value" on the instance's header), an answer to the Ship in flight,
+// "flush", "set Name: value" on the instance's header) or the glue's "finish", an answer to the Ship in flight,
 // or time passing; then what the client has seen, the Ships started, and whether the
 // last call's error matches ErrNotDurable.
 type writerOp struct {
@@ -105,7 +105,8 @@ var answer503 = []string{"header Service Unavailable", "body " + refusal}
 
 // TestWriter: a table of answers written through a Writer while the test scripts the
 // Ships: the final status and each body chunk reach the client only after a Ship that
-// started after them; a failed wait turns the answer into a 503 with Retry-After and
+// started after them, the status and its first chunk (or a Flush, or Finish) after one
+// Ship together, a 101 at its WriteHeader; a failed wait turns the answer into a 503 with Retry-After and
 // drops the rest; a chunk whose wait fails cuts the answer short; a 1xx passes at once.
 func TestWriter(t *testing.T) {
 	fenced := errors.Join(ErrFenced, errors.New("log sealed by box-b"))
@@ -116,57 +117,102 @@ func TestWriter(t *testing.T) {
 		noneOf  []string    // header fields that must not reach the client
 		refused bool        // Err matches ErrNotDurable
 	}{
-		{name: "a 201 passes only after the ship", ops: []writerOp{
+		{name: "a 201 and its body pass together after one ship", ops: []writerOp{
 			{call: "set Location: /notes/9"},
-			{call: "header 201", ships: 1},
+			{call: "header 201"},
+			{call: "set X-Note: 9"}, // before the pass: it goes out with the status
+			{call: "write done", ships: 1},
+			{answer: true, seen: []string{"header Created", "body done"}, ships: 1},
+		}, header: http.Header{"Location": {"/notes/9"}, "X-Note": {"9"}}},
+		{name: "a 201 with no body passes only at finish after one ship", ops: []writerOp{
+			{call: "set Location: /notes/9"},
+			{call: "header 201"},
+			{call: "finish", ships: 1},
 			{answer: true, seen: []string{"header Created"}, ships: 1},
-			{call: "write done", seen: []string{"header Created"}, ships: 2},
-			{answer: true, seen: []string{"header Created", "body done"}, ships: 2},
 		}, header: http.Header{"Location": {"/notes/9"}}},
+		{name: "finish with nothing recorded writes nothing", ops: []writerOp{
+			{call: "finish"},
+			{call: "finish"},
+		}},
+		{name: "finish twice ships once", ops: []writerOp{
+			{call: "header 204"},
+			{call: "finish", ships: 1},
+			{answer: true, seen: []string{"header No Content"}, ships: 1},
+			{call: "finish", seen: []string{"header No Content"}, ships: 1},
+		}},
+		{name: "finish after the body passed does nothing", ops: []writerOp{
+			{call: "header 200"},
+			{call: "write a", ships: 1},
+			{answer: true, seen: []string{"header OK", "body a"}, ships: 1},
+			{call: "finish", seen: []string{"header OK", "body a"}, ships: 1},
+		}},
 		{name: "an error answer waits as well", ops: []writerOp{
-			{call: "header 500", ships: 1},
-			{answer: true, seen: []string{"header Internal Server Error"}, ships: 1},
+			{call: "header 500"},
+			{call: "write oops", ships: 1},
+			{answer: true, seen: []string{"header Internal Server Error", "body oops"}, ships: 1},
+		}},
+		{name: "a 101 still waits at its status", ops: []writerOp{
+			{call: "header 101", ships: 1},
+			{answer: true, seen: []string{"header Switching Protocols"}, ships: 1},
+			{call: "finish", seen: []string{"header Switching Protocols"}, ships: 1},
 		}},
 		{name: "a fenced wait turns the answer into a 503 and drops the body", ops: []writerOp{
 			{call: "set Set-Cookie: session=new"},
-			{call: "header 201", ships: 1},
+			{call: "header 201"},
+			{call: "write {\"id\":9}", ships: 1},
 			{answer: true, result: fenced, seen: answer503, ships: 1},
-			{call: "write {\"id\":9}", seen: answer503, ships: 1},
 			{call: "set Trailer-Sum: 9", seen: answer503, ships: 1},
 			{call: "flush", seen: append(answer503, "flush"), ships: 1},
 			{call: "header 200", seen: append(answer503, "flush"), ships: 1},
+			{call: "finish", seen: append(answer503, "flush"), ships: 1},
 		}, header: http.Header{
 			"Via": {"1.1 box-a"}, "Retry-After": {"7"}, "Content-Type": {"text/plain; charset=utf-8"},
 			"Content-Length": {strconv.Itoa(len(refusal))}, "Cache-Control": {"no-store"}, "X-Content-Type-Options": {"nosniff"},
 		}, noneOf: []string{"Set-Cookie", "Trailer-Sum"}, refused: true},
+		{name: "a refused recorded status at finish gives the 503", ops: []writerOp{
+			{call: "set Set-Cookie: session=new"},
+			{call: "header 201"},
+			{call: "finish", ships: 1},
+			{answer: true, result: fenced, seen: answer503, ships: 1},
+			{call: "finish", seen: answer503, ships: 1},
+		}, header: http.Header{
+			"Via": {"1.1 box-a"}, "Retry-After": {"7"}, "Content-Length": {strconv.Itoa(len(refusal))}, "Cache-Control": {"no-store"},
+		}, noneOf: []string{"Set-Cookie"}, refused: true},
 		{name: "a wait past the timeout answers 503", ops: []writerOp{
-			{call: "header 200", ships: 1},
+			{call: "header 200"},
+			{call: "write late", ships: 1},
 			{sleep: 10*time.Second - time.Millisecond, ships: 1},
 			{sleep: time.Millisecond, seen: answer503, ships: 1},
-			{call: "write late", seen: answer503, ships: 1},
+			{call: "write later", seen: answer503, ships: 1},
 		}, refused: true},
 		{name: "a streamed body waits per chunk", ops: []writerOp{
-			{call: "header 200", ships: 1},
-			{answer: true, seen: []string{"header OK"}, ships: 1},
-			{call: "write a", seen: []string{"header OK"}, ships: 2},
-			{answer: true, seen: []string{"header OK", "body a"}, ships: 2},
-			{call: "flush", seen: []string{"header OK", "body a", "flush"}, ships: 2},
-			{call: "write b", seen: []string{"header OK", "body a", "flush"}, ships: 3},
-			{answer: true, seen: []string{"header OK", "body a", "flush", "body b"}, ships: 3},
+			{call: "header 200"},
+			{call: "write a", ships: 1},
+			{answer: true, seen: []string{"header OK", "body a"}, ships: 1},
+			{call: "flush", seen: []string{"header OK", "body a", "flush"}, ships: 1},
+			{call: "write b", seen: []string{"header OK", "body a", "flush"}, ships: 2},
+			{answer: true, seen: []string{"header OK", "body a", "flush", "body b"}, ships: 2},
 		}},
 		{name: "a chunk whose wait fails cuts the answer short", ops: []writerOp{
-			{call: "header 200", ships: 1},
-			{answer: true, seen: []string{"header OK"}, ships: 1},
-			{call: "write a", ships: 2, seen: []string{"header OK"}},
-			{answer: true, seen: []string{"header OK", "body a"}, ships: 2},
-			{call: "write b", ships: 3, seen: []string{"header OK", "body a"}},
-			{answer: true, result: fenced, seen: []string{"header OK", "body a"}, ships: 3, callFails: true},
-			{call: "write c", seen: []string{"header OK", "body a"}, ships: 3, callFails: true},
+			{call: "header 200"},
+			{call: "write a", ships: 1},
+			{answer: true, seen: []string{"header OK", "body a"}, ships: 1},
+			{call: "write b", ships: 2, seen: []string{"header OK", "body a"}},
+			{answer: true, result: fenced, seen: []string{"header OK", "body a"}, ships: 2, callFails: true},
+			{call: "write c", seen: []string{"header OK", "body a"}, ships: 2, callFails: true},
+			{call: "finish", seen: []string{"header OK", "body a"}, ships: 2},
 		}, refused: true},
 		{name: "a 1xx passes at once, the final status waits", ops: []writerOp{
 			{call: "header 103", seen: []string{"header Early Hints"}},
-			{call: "header 200", seen: []string{"header Early Hints"}, ships: 1},
-			{answer: true, seen: []string{"header Early Hints", "header OK"}, ships: 1},
+			{call: "header 200", seen: []string{"header Early Hints"}},
+			{call: "write x", seen: []string{"header Early Hints"}, ships: 1},
+			{answer: true, seen: []string{"header Early Hints", "header OK", "body x"}, ships: 1},
+		}},
+		{name: "a status after the recorded one is dropped", ops: []writerOp{
+			{call: "header 201"},
+			{call: "header 500"},
+			{call: "write x", ships: 1},
+			{answer: true, seen: []string{"header Created", "body x"}, ships: 1},
 		}},
 		{name: "a body without a status waits once for both", ops: []writerOp{
 			{call: "write x", ships: 1},
@@ -176,10 +222,24 @@ func TestWriter(t *testing.T) {
 			{call: "flush", ships: 1},
 			{answer: true, seen: []string{"header OK", "flush"}, ships: 1},
 		}},
-		{name: "an empty write does not wait", ops: []writerOp{
-			{call: "header 200", ships: 1},
-			{answer: true, seen: []string{"header OK"}, ships: 1},
-			{call: "write ", seen: []string{"header OK", "body "}, ships: 1},
+		{name: "a status then a flush waits once", ops: []writerOp{
+			{call: "header 202"},
+			{call: "flush", ships: 1},
+			{answer: true, seen: []string{"header Accepted", "flush"}, ships: 1},
+			{call: "flush", seen: []string{"header Accepted", "flush", "flush"}, ships: 1},
+			{call: "write a", seen: []string{"header Accepted", "flush", "flush"}, ships: 2},
+			{answer: true, seen: []string{"header Accepted", "flush", "flush", "body a"}, ships: 2},
+		}},
+		{name: "an empty first write waits for the status", ops: []writerOp{
+			{call: "header 200"},
+			{call: "write ", ships: 1},
+			{answer: true, seen: []string{"header OK", "body "}, ships: 1},
+		}},
+		{name: "a later empty write does not wait", ops: []writerOp{
+			{call: "header 200"},
+			{call: "write a", ships: 1},
+			{answer: true, seen: []string{"header OK", "body a"}, ships: 1},
+			{call: "write ", seen: []string{"header OK", "body a", "body "}, ships: 1},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -248,6 +308,8 @@ func callOn(t *testing.T, w *Writer, call string) func() error {
 		return func() error { _, err := w.Write([]byte(arg)); return err }
 	case "flush":
 		return func() error { return http.NewResponseController(w).Flush() }
+	case "finish":
+		return func() error { w.Finish(); return nil }
 	case "set":
 		k, v, _ := strings.Cut(arg, ": ")
 		return func() error { w.Header().Set(k, v); return nil }
@@ -259,19 +321,22 @@ func callOn(t *testing.T, w *Writer, call string) func() error {
 // TestWriterStates pins the Writer's table of moves.
 func TestWriterStates(t *testing.T) {
 	for _, tc := range []struct {
-		from     writerState
-		ok, fail writerState
+		from             writerState
+		record, ok, fail writerState
 	}{
-		{open, passing, refused},
-		{passing, passing, broken},
-		{refused, refused, refused},
-		{broken, broken, broken},
+		{open, held, passing, refused},
+		{held, held, passing, refused},
+		{passing, passing, passing, broken},
+		{refused, refused, refused, refused},
+		{broken, broken, broken, broken},
 	} {
-		if got := tc.from.after(true); got != tc.ok {
-			t.Errorf("%d after a wait: %d, want %d", tc.from, got, tc.ok)
-		}
-		if got := tc.from.after(false); got != tc.fail {
-			t.Errorf("%d after a failed wait: %d, want %d", tc.from, got, tc.fail)
+		for _, m := range []struct {
+			move move
+			want writerState
+		}{{record, tc.record}, {waited, tc.ok}, {failed, tc.fail}} {
+			if got := tc.from.after(m.move); got != m.want {
+				t.Errorf("%d after move %d: %d, want %d", tc.from, m.move, got, m.want)
+			}
 		}
 	}
 }
