@@ -162,9 +162,12 @@ func (p *proxying) Instance(use *engine.Use) error {
 	p.h.setInstanceHeader(p.w, use)
 	setUpstream(p.r, use.Dial())
 	if g := use.Gate(); g != nil {
-		// Every answer waits until the commits before it are in the bucket, or is a 503.
-		p.w = gate.NewWriter(p.r.Context(), p.w, g, gate.WriterConfig{
+		// Every answer waits until the commits before it are in the bucket, or is a 503;
+		// one without a body passes when the proxy is done (Finish).
+		gw := gate.NewWriter(p.r.Context(), p.w, g, gate.WriterConfig{
 			RetryAfter: int(time.Duration(p.h.RetryAfter) / time.Second), Timeout: engine.DurableAnswerTimeout})
+		p.w = gw
+		defer gw.Finish()
 	}
 	var err error
 	switch door {
