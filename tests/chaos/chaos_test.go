@@ -896,3 +896,45 @@ func logsAround(logs, host string, from, to time.Time, limit int) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestCheckVerdictByDurability pins the checker's verdict on a lost write: a bucket kind
+// may lose none, whatever the fault; a checkpoint kind may lose one its box's hard fault
+// took before a checkpoint covered it, and nothing else.
+func TestCheckVerdictByDurability(t *testing.T) {
+	t0 := time.Now()
+	const bucketHost, checkpointHost = "b.chaos.test", "c.chaos.test"
+	kinds := map[string]string{bucketHost: kindBucket, checkpointHost: kindCheckpoint}
+	write := func(host string) record {
+		return record{box: 1, space: host, op: "write", status: http.StatusCreated, instance: "https://127.0.0.1:9 7@1",
+			msg: "m-" + host, start: t0, end: t0.Add(10 * time.Millisecond)}
+	}
+	for _, tc := range []struct {
+		name      string
+		host      string
+		fault     fault // on box 0, the instance's box
+		stored    bool
+		forbidden int
+		allowed   int
+	}{
+		{"bucket kept", bucketHost, fault{kind: "sigkill", hard: true}, true, 0, 0},
+		{"bucket lost to sigkill", bucketHost, fault{kind: "sigkill", hard: true}, false, 1, 0},
+		{"bucket lost to cut", bucketHost, fault{kind: "cut", hard: true}, false, 1, 0},
+		{"bucket lost to drain", bucketHost, fault{kind: "sigterm"}, false, 1, 0},
+		{"checkpoint lost to sigkill", checkpointHost, fault{kind: "sigkill", hard: true}, false, 0, 1},
+		{"checkpoint lost to drain", checkpointHost, fault{kind: "sigterm"}, false, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := tc.fault
+			f.start, f.heal = t0.Add(time.Second), t0.Add(5*time.Second)
+			h := &history{syncs: map[string][]time.Time{}, reqs: []record{write(tc.host)}, faults: []fault{f}}
+			stored := map[string]map[string]bool{tc.host: {"m-" + tc.host: tc.stored}}
+			rep := check(h, stored, []string{bucketHost, checkpointHost}, kinds)
+			if rep.forbidden != tc.forbidden || rep.allowedLoss != tc.allowed || (len(rep.errors) > 0) != (tc.forbidden > 0) {
+				t.Errorf("forbidden %d, allowed %d, errors %q; want forbidden %d, allowed %d", rep.forbidden, rep.allowedLoss, rep.errors, tc.forbidden, tc.allowed)
+			}
+			if got := len(rep.bucketLost); (kinds[tc.host] == kindBucket && !tc.stored) != (got == 1) {
+				t.Errorf("%d bucket losses listed", got)
+			}
+		})
+	}
+}
