@@ -177,8 +177,11 @@ func (e *Engine) newGeneration(in *inst, d *durable) {
 	d.gen.Store(m.Generation)
 	d.next.Store(1)
 	gen := m.Generation
+	in.mu.Lock()
+	grace := in.kind.GCGrace // a seal must outlast any late append of an earlier holder
+	in.mu.Unlock()
 	safego.Go(&e.wg, e.log, "collect logs", func() {
-		if n, err := spacestore.CollectLogs(e.ctx, e.cfg.Bucket, in.host, gen); err != nil {
+		if n, err := spacestore.CollectLogs(e.ctx, e.cfg.Bucket, in.host, gen, grace); err != nil {
 			in.logger().Warn("collecting the logs a checkpoint covers", zap.Error(err))
 		} else if n > 0 {
 			in.logger().Debug("collected logs", zap.Int("segments", n))

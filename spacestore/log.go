@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/internal/safego"
@@ -360,7 +361,7 @@ func SealLog(ctx context.Context, b bucket.Bucket, host string, gen int64, claim
 // LogPrefixesBefore lists the prefixes of the logs of generations below gen, oldest first.
 func LogPrefixesBefore(ctx context.Context, b bucket.Bucket, host string, gen int64) ([]string, error) {
 	var out []string
-	err := listLogsBefore(ctx, b, host, gen, func(g int64, _ string) error {
+	err := listLogsBefore(ctx, b, host, gen, func(g int64, _ bucket.Info, _ time.Time) error {
 		if p := LogGenPrefix(host, g); len(out) == 0 || out[len(out)-1] != p {
 			out = append(out, p)
 		}
@@ -370,8 +371,9 @@ func LogPrefixesBefore(ctx context.Context, b bucket.Bucket, host string, gen in
 }
 
 // listLogsBefore calls fn for each log key of a generation below gen, in lexical order (so
-// by generation, then seq), and stops listing at the first key of gen or later.
-func listLogsBefore(ctx context.Context, b bucket.Bucket, host string, gen int64, fn func(g int64, key string) error) error {
+// by generation, then seq), with the bucket's clock as its listing page said it, and stops
+// listing at the first key of gen or later.
+func listLogsBefore(ctx context.Context, b bucket.Bucket, host string, gen int64, fn func(g int64, o bucket.Info, now time.Time) error) error {
 	prefix := LogPrefix(host)
 	token := ""
 	for {
@@ -394,7 +396,7 @@ func listLogsBefore(ctx context.Context, b bucket.Bucket, host string, gen int64
 			if g >= gen {
 				return nil
 			}
-			if err := fn(g, o.Key); err != nil {
+			if err := fn(g, o, page.Now); err != nil {
 				return err
 			}
 		}
@@ -411,7 +413,13 @@ func listLogsBefore(ctx context.Context, b bucket.Bucket, host string, gen int64
 // read afresh, so a caller with a stale view cannot reach a live log. It is safe to run more
 // than once and beside writers (a log of gen or later is never touched), and it returns how
 // many segments it deleted. A failure leaves the rest for the next run.
-func CollectLogs(ctx context.Context, b bucket.Bucket, host string, gen int64) (int, error) {
+//
+// A key younger than grace (by the bucket's clock) is kept: a seal is what refuses an
+// earlier holder's late append, and an append that reached the store after its seal was
+// deleted would land on a free key and be acknowledged, in a log nobody reads again. grace
+// (the kind's gc_grace, as for objects) must outlast any request still in flight, as it
+// must for the objects GC keeps; S3 refuses a signed request older than 15 minutes.
+func CollectLogs(ctx context.Context, b bucket.Bucket, host string, gen int64, grace time.Duration) (int, error) {
 	cur, _, err := ReadManifest(ctx, b, host)
 	if err != nil {
 		return 0, err
@@ -421,9 +429,15 @@ func CollectLogs(ctx context.Context, b bucket.Bucket, host string, gen int64) (
 	}
 	gen = min(gen, cur.Generation)
 	deleted := 0
-	err = listLogsBefore(ctx, b, host, gen, func(_ int64, key string) error {
-		if err := b.Delete(ctx, key, bucket.Cond{}); err != nil {
-			return fmt.Errorf("deleting %s: %w", key, err)
+	err = listLogsBefore(ctx, b, host, gen, func(_ int64, o bucket.Info, now time.Time) error {
+		if now.IsZero() {
+			now = time.Now() // a store that reports no clock
+		}
+		if now.Sub(o.LastModified) < grace {
+			return nil
+		}
+		if err := b.Delete(ctx, o.Key, bucket.Cond{}); err != nil {
+			return fmt.Errorf("deleting %s: %w", o.Key, err)
 		}
 		deleted++
 		return nil
