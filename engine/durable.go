@@ -191,20 +191,12 @@ func (e *Engine) newGeneration(in *inst, d *durable) {
 
 // durableOf is in's durable part, nil when its kind does not ship a log or it is not
 // awake.
-func (in *inst) durableOf() *durable {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.dur
-}
+func (in *inst) durableOf() *durable { return in.dur.Load() }
 
 // closeDurable ends in's durable part, if any: answers still waiting fail with err (nil:
 // the space stopped) and no shipment follows.
 func (in *inst) closeDurable(err error) {
-	in.mu.Lock()
-	d := in.dur
-	in.dur = nil
-	in.mu.Unlock()
-	if d != nil {
+	if d := in.dur.Swap(nil); d != nil {
 		d.gate.Close(err)
 	}
 }

@@ -430,7 +430,7 @@ func (e *Engine) Status() []SpaceStatus {
 		if in.proc != nil {
 			st.PID = in.proc.pid
 		}
-		d := in.dur
+		d := in.dur.Load()
 		in.mu.Unlock()
 		if d != nil {
 			st.Log = d.status()

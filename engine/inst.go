@@ -38,6 +38,10 @@ type inst struct {
 	// here mirrors state for lock-free readers (Engine.Here): true while waking or
 	// awake. Written only by setStateLocked, with mu held.
 	here atomic.Bool
+	// dur is the log and output gate of an awake space whose kind ships a log
+	// (durable.go), read lock-free on the request path (Use.Gate): set by the wake,
+	// taken away by the stop; nil otherwise.
+	dur atomic.Pointer[durable]
 
 	mu      sync.Mutex
 	sp      Space
@@ -59,11 +63,8 @@ type inst struct {
 	lastUsed time.Time // LRU order, and the idle clock: set by every Acquire and Release
 	// trans is the wake or stop in flight: non-nil exactly while waking or sleeping.
 	// Written only by setStateLocked.
-	trans *transition
-	proc  *proc
-	// dur is the log and output gate of an awake space whose kind ships a log
-	// (durable.go): set by the wake, ended by the stop; nil otherwise.
-	dur       *durable
+	trans     *transition
+	proc      *proc
 	leaseETag string // "" when this box does not hold the lease
 	// releasedETag is the ETag of the lease as this box last released it (""
 	// unknown): the next wake takes it with one write while nobody wrote it since

@@ -352,10 +352,7 @@ func (e *Engine) fenceThenLog(ctx context.Context, in *inst, pl *pendingLease, h
 	if err := start(); err != nil {
 		return false, err
 	}
-	d := e.newDurable(in, ls)
-	in.mu.Lock()
-	in.dur = d
-	in.mu.Unlock()
+	in.dur.Store(e.newDurable(in, ls))
 	return false, nil
 }
 
