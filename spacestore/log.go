@@ -96,8 +96,10 @@ func parseLogRel(rel string) (gen, seq int64, ok bool) {
 }
 
 // AppendSegment writes seg (a data segment, not a seal) at its seq of the log of seg.Gen,
-// only if that key is free. It must be called in seq order, each only after the one before
-// it returned nil: a segment extends the state the previous one left.
+// only if that key is free. Appends of consecutive segments may run at once (a holder
+// pipelines them), but a segment extends the state the previous one left, so nothing a
+// segment carries may be acknowledged before every segment before it has landed too: a
+// reader stops at the first missing seq (ReadLog).
 //
 // Errors: ErrLogSealed (wrapped; errors.Is) means the key was taken by another writer (a
 // takeover's seal or another holder's segment): the segment did not land, nothing it
