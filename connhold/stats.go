@@ -11,8 +11,10 @@ type counters struct {
 	held, parked, readers                        atomic.Int64
 	pings, autoResponses, delivered, redelivered atomic.Uint64
 	deliveryErrors, overflows, replays           atomic.Uint64
+	streams                                      atomic.Int64 // resumable event streams held
 	mu                                           sync.Mutex
 	closes                                       map[int]uint64 // guarded by mu
+	spaceStreams                                 map[string]int // by space; guarded by mu
 }
 
 func (c *counters) closed(code int) {
@@ -26,6 +28,9 @@ type Stats struct {
 	// Held is connections whose socket is open; Parked those of them with no goroutine,
 	// waiting in the epoll set; Readers the reader goroutines running.
 	Held, Parked, Readers int64
+	// Streams is the resumable event streams the box holds (StreamHeld): each the
+	// response of one client's request, kept open across its space's sleeps.
+	Streams int64
 	// PendingBytes is client message bytes kept for instances; OutBytes bytes queued to
 	// clients.
 	PendingBytes, OutBytes int64
@@ -50,7 +55,7 @@ func (h *Hub) Stats() Stats {
 	closes := maps.Clone(s.closes)
 	s.mu.Unlock()
 	return Stats{
-		Held: s.held.Load(), Parked: s.parked.Load(), Readers: s.readers.Load(),
+		Held: s.held.Load(), Parked: s.parked.Load(), Readers: s.readers.Load(), Streams: s.streams.Load(),
 		PendingBytes: h.pendingBytes.Load(), OutBytes: h.outBytes.Load(),
 		Pings: s.pings.Load(), AutoResponses: s.autoResponses.Load(),
 		Delivered: s.delivered.Load(), Redelivered: s.redelivered.Load(),
@@ -64,14 +69,42 @@ type SpaceStats struct {
 	// Open is connections whose socket is open (a closing one included), as Stats.Held;
 	// Parked those of them with no goroutine, in the epoll set.
 	Open, Parked int
+	// Streams is the space's resumable event streams held by the box, as Stats.Streams.
+	Streams int
 	// PendingBytes is the bytes of the space's client messages kept for its instances
 	// (undelivered, or acknowledged and not yet covered by a checkpoint). Unlike
 	// Stats.PendingBytes it leaves out messages still arriving.
 	PendingBytes int64
 }
 
-// SpaceStats reads each space's held connections, by space. A space with none open and
-// nothing pending is left out.
+// StreamHeld counts one resumable event stream of space among those the box holds, from
+// its first resumable answer until the client's response ends, when the glue calls done
+// (once; later calls do nothing). A held stream is a held connection as a WebSocket is:
+// the client keeps it open while its space sleeps.
+func (h *Hub) StreamHeld(space string) (done func()) {
+	s := &h.st
+	s.mu.Lock()
+	if s.spaceStreams == nil {
+		s.spaceStreams = make(map[string]int)
+	}
+	s.spaceStreams[space]++
+	s.mu.Unlock()
+	s.streams.Add(1)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.streams.Add(-1)
+			s.mu.Lock()
+			if s.spaceStreams[space]--; s.spaceStreams[space] <= 0 {
+				delete(s.spaceStreams, space)
+			}
+			s.mu.Unlock()
+		})
+	}
+}
+
+// SpaceStats reads each space's held connections, by space. A space with no connection
+// or stream open and nothing pending is left out.
 func (h *Hub) SpaceStats() map[string]SpaceStats {
 	h.mu.Lock()
 	by := make(map[string][]*Conn, len(h.spaces))
@@ -81,9 +114,17 @@ func (h *Hub) SpaceStats() map[string]SpaceStats {
 		}
 	}
 	h.mu.Unlock()
+	h.st.mu.Lock()
+	streams := maps.Clone(h.st.spaceStreams)
+	h.st.mu.Unlock()
+	for space := range streams {
+		if _, ok := by[space]; !ok {
+			by[space] = nil
+		}
+	}
 	out := make(map[string]SpaceStats, len(by))
 	for space, cs := range by {
-		var s SpaceStats
+		s := SpaceStats{Streams: streams[space]}
 		for _, c := range cs {
 			c.mu.Lock()
 			if c.state == stateOpen || c.state == stateClosing {

@@ -23,8 +23,8 @@ type Box struct {
 	Version      string            `json:"version,omitempty"`
 	Awake        []string          `json:"awake"`
 	Counters     map[string]uint64 `json:"counters,omitempty"`
-	// Conns is the WebSocket connections the box holds, by space; a space with none is
-	// left out.
+	// Conns is the connections (WebSockets, event streams) the box holds, by space; a
+	// space with none is left out.
 	Conns map[string]Conns `json:"conns,omitempty"`
 	// Error is why the box's status could not be read (its heartbeat is still live).
 	Error string `json:"error,omitempty"`
@@ -94,7 +94,8 @@ type Space struct {
 	Size int64 `json:"size,omitempty"`
 	// AwakeOn names the boxes where the space is awake (filled by Join).
 	AwakeOn []string `json:"awake_on,omitempty"`
-	// Conns is the space's WebSocket connections held by this box; nil when none.
+	// Conns is the space's connections (WebSockets, event streams) held by this box; nil
+	// when none.
 	Conns *Conns `json:"conns,omitempty"`
 	// FleetConns sums the space's held connections over every live box whose status
 	// was read, and HeldOn names those boxes (filled by Join); nil and empty when none.
@@ -119,11 +120,14 @@ type Log struct {
 	Failed  uint64        `json:"failed"`
 }
 
-// Conns counts one space's WebSocket connections held by a box (docs/connections.md).
+// Conns counts one space's connections held by a box (docs/connections.md): its
+// WebSockets and its resumable event streams.
 type Conns struct {
-	// Open connections have their socket up; Parked of them wait with no goroutine.
+	// Open WebSockets have their socket up; Parked of them wait with no goroutine.
 	Open   int `json:"open"`
 	Parked int `json:"parked"`
+	// Streams is the resumable event streams (server-sent events) the box holds open.
+	Streams int `json:"streams"`
 	// PendingBytes is the bytes of client messages the box keeps for the space's
 	// instances (undelivered, or acknowledged and not yet checkpointed).
 	PendingBytes int64 `json:"pending_bytes"`
@@ -152,6 +156,7 @@ func (f Fleet) HeldOn(host string) (Conns, []string) {
 		}
 		sum.Open += c.Open
 		sum.Parked += c.Parked
+		sum.Streams += c.Streams
 		sum.PendingBytes += c.PendingBytes
 		on = append(on, b.Self)
 	}
@@ -179,7 +184,8 @@ type Stats struct {
 	BucketRequests uint64 `json:"bucket_requests"`
 	// Awake is the number of spaces awake on this box.
 	Awake int `json:"awake"`
-	// Held is the WebSocket connections this box holds (open, every space).
+	// Held is the connections this box holds, every space: open WebSockets and event
+	// streams.
 	Held int `json:"held"`
 }
 

@@ -42,7 +42,7 @@ type Sample struct {
 	RequestsPerMin float64 `json:"requests_per_min"`
 	BucketPerMin   float64 `json:"bucket_requests_per_min"`
 	Awake          int     `json:"awake"`
-	Held           int     `json:"held"` // WebSocket connections held by this box
+	Held           int     `json:"held"` // connections held by this box: WebSockets and event streams
 	DERPHome       int     `json:"derp_home,omitempty"`
 }
 

@@ -218,7 +218,7 @@ func (c *Conns) Stats() connhold.Stats { return c.hub.Stats() }
 func (c *Conns) Counters() map[string]uint64 {
 	st := c.hub.Stats()
 	return map[string]uint64{
-		"conns_open": uint64(st.Held), "conns_parked": uint64(st.Parked),
+		"conns_open": uint64(st.Held), "conns_parked": uint64(st.Parked), "conns_streams": uint64(st.Streams),
 		"conn_pending_bytes": uint64(st.PendingBytes), "conn_events_delivered": st.Delivered,
 		"conn_events_redelivered": st.Redelivered, "conn_events_replayed": st.Replayed,
 	}
@@ -230,7 +230,7 @@ func (c *Conns) SpaceConns() map[string]fleetview.Conns {
 	st := c.hub.SpaceStats()
 	out := make(map[string]fleetview.Conns, len(st))
 	for host, s := range st {
-		out[host] = fleetview.Conns{Open: s.Open, Parked: s.Parked, PendingBytes: s.PendingBytes}
+		out[host] = fleetview.Conns{Open: s.Open, Parked: s.Parked, Streams: s.Streams, PendingBytes: s.PendingBytes}
 	}
 	return out
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/connhold"
 )
 
 // A Stream is one client's resumable event stream held by this box (connhold.Resumable):
@@ -19,6 +20,37 @@ type Stream interface {
 	// Answer is how the last pass was answered: its status (0: nothing reached an
 	// instance) and whether it was a resumable stream.
 	Answer() (status int, resumable bool)
+}
+
+// A StreamCount counts one client's resumable event stream among the connections this
+// box holds (connhold.Hub.StreamHeld: conns_streams, each space's streams), from its
+// first resumable answer (Start) until the client's response ends (Done). The stream
+// is counted at the box that holds the client's response, as a WebSocket is at its entry
+// box: a box passing a stream on to the entry box that holds it does not count it. Its
+// methods are called from the request's goroutine.
+type StreamCount struct {
+	hub  *connhold.Hub
+	host string
+	done func()
+}
+
+// CountStream is the count of one stream of host, not started.
+func (c *Conns) CountStream(host string) *StreamCount {
+	return &StreamCount{hub: c.hub, host: host}
+}
+
+// Start counts the stream; a second call does nothing.
+func (s *StreamCount) Start() {
+	if s.done == nil {
+		s.done = s.hub.StreamHeld(s.host)
+	}
+}
+
+// Done ends the count of a started stream.
+func (s *StreamCount) Done() {
+	if s.done != nil {
+		s.done()
+	}
 }
 
 // SSEKeepalive is how often a resumable stream whose space sleeps gets a comment line,

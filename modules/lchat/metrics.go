@@ -28,9 +28,9 @@ var (
 	descLog    = prometheus.NewDesc("lchat_log", "The logs of the awake spaces of durability bucket: segments and bytes landed, answers waiting at their gates, answers refused (503), the longest durable lag and wait p99 in seconds.", []string{"figure"}, nil)
 )
 
-// Held WebSocket connections (connhold), read from the hub of the current box.
+// Held connections (connhold: WebSockets and event streams), read from the hub of the current box.
 var (
-	descConns      = prometheus.NewDesc("lchat_conns", "Held WebSocket connections: open (socket up), parked (no goroutine, in the epoll set), readers (reader goroutines running).", []string{"state"}, nil)
+	descConns      = prometheus.NewDesc("lchat_conns", "Held connections: open WebSockets (socket up), parked (no goroutine, in the epoll set), readers (reader goroutines running), streams (resumable event streams held).", []string{"state"}, nil)
 	descConnBytes  = prometheus.NewDesc("lchat_conn_bytes", "Bytes held for connections: pending (client messages kept for instances), out (queued to clients).", []string{"kind"}, nil)
 	descConnEvents = prometheus.NewDesc("lchat_conn_events_total", "Held connections' counters: pings and auto_responses answered by the box, delivered and redelivered events, delivery_errors, overflows (1013).", []string{"counter"}, nil)
 	descConnCloses = prometheus.NewDesc("lchat_conn_closes_total", "Close frames the box sent, by code.", []string{"code"}, nil)
@@ -65,6 +65,7 @@ func collectConns(ch chan<- prometheus.Metric, b *box.Box) {
 	gauge(descConns, float64(st.Held), "open")
 	gauge(descConns, float64(st.Parked), "parked")
 	gauge(descConns, float64(st.Readers), "readers")
+	gauge(descConns, float64(st.Streams), "streams")
 	gauge(descConnBytes, float64(st.PendingBytes), "pending")
 	gauge(descConnBytes, float64(st.OutBytes), "out")
 	for name, n := range map[string]uint64{"pings": st.Pings, "auto_responses": st.AutoResponses, "delivered": st.Delivered,

@@ -26,12 +26,16 @@ func (p *proxying) instanceSSE(use *engine.Use, cs *held.Conns) error {
 		p.sse.SetRelease(use.Release)
 		return p.proxySSE(p.sse, p.r, p.h.proxy)
 	}
-	sw := held.NewSSEWriter(p.w, use.Release)
 	if p.hops > 0 && p.r.Header.Get(connhold.EntryHeader) != "" {
+		sw := held.NewSSEWriter(p.w, use.Release)
 		connhold.StripPeerHeaders(p.r.Header)
 		sw.KeepMark()
 		return p.proxySSE(sw, p.r, p.h.proxy)
 	}
+	// Counted among the box's held connections from its first resumable answer.
+	n := cs.CountStream(p.host)
+	defer n.Done()
+	sw := held.NewSSEWriter(p.w, func() { use.Release(); n.Start() })
 	err := p.proxySSE(sw, p.r, p.h.proxy)
 	if !sw.ToHold() {
 		return err
@@ -50,7 +54,9 @@ func (p *proxying) forwardSSE(fr *http.Request, cs *held.Conns) (box.Forwarded, 
 		p.sse.SetRelease(func() {})
 		return box.Answered, p.proxySSE(p.sse, fr, p.h.meshProxy)
 	}
-	sw := held.NewSSEWriter(p.w, func() {})
+	n := cs.CountStream(p.host)
+	defer n.Done()
+	sw := held.NewSSEWriter(p.w, n.Start)
 	err := p.proxySSE(sw, fr, p.h.meshProxy)
 	if !sw.Sent() {
 		return box.NotSent, err
