@@ -6,6 +6,7 @@
 package adminapi
 
 import (
+	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
@@ -39,6 +40,20 @@ type HibernateRequest struct {
 	Hibernate *bool `json:"hibernate"`
 	// Upstream is the live upstream when turning hibernation off.
 	Upstream string `json:"upstream,omitempty"`
+}
+
+// Status is the GET /lchat/status answer: this box's status (box.Status) and the build
+// that runs it (buildinfo.String: "lchat-caddy <build> (Caddy <version>)").
+type Status struct {
+	Version string `json:"version"`
+	box.Status
+}
+
+// Spaces is the GET /lchat/spaces answer: every route (or the one ?host= names) with
+// its state on this box, the boxes it is awake on, its held connections over the fleet
+// and its last checkpoint.
+type Spaces struct {
+	Spaces []box.SpaceReport `json:"spaces"`
 }
 
 // HistoryResponse is the GET /lchat/routes/{host}/history answer.

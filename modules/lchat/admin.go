@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/lchat/lchat-caddy/adminapi"
 	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/internal/buildinfo"
 	"github.com/lchat/lchat-caddy/registry"
 )
 
@@ -83,6 +85,10 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		if r.Method == http.MethodGet {
 			return a.status(w)
 		}
+	case path == "spaces":
+		if r.Method == http.MethodGet {
+			return a.spaces(w, r)
+		}
 	case strings.HasPrefix(path, "routes/"):
 		rest := strings.TrimPrefix(path, "routes/")
 		host, action, _ := strings.Cut(rest, "/")
@@ -100,7 +106,11 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return a.history(w, r, host)
 		case action == "restore" && r.Method == http.MethodPost:
 			return a.restore(w, r, host)
-		case action != "" && action != "hibernate" && action != "history" && action != "restore":
+		case action == "sleep" && r.Method == http.MethodPost:
+			return a.sleep(w, r, host)
+		case action == "wake" && r.Method == http.MethodPost:
+			return a.wake(w, r, host)
+		case !slices.Contains([]string{"", "hibernate", "history", "restore", "sleep", "wake"}, action):
 			return apiErr(http.StatusNotFound, "resource not found: %s", r.URL.Path)
 		}
 	default:
@@ -183,7 +193,40 @@ func (a *adminAPI) setHibernate(w http.ResponseWriter, r *http.Request, host str
 }
 
 func (a *adminAPI) status(w http.ResponseWriter) error {
-	return writeJSON(w, http.StatusOK, a.app.box.Status())
+	return writeJSON(w, http.StatusOK, adminapi.Status{Version: buildinfo.String(), Status: a.app.box.Status()})
+}
+
+// spaces answers GET /lchat/spaces[?host=H]: every route, or H's alone, with its state
+// (box.SpaceReports).
+func (a *adminAPI) spaces(w http.ResponseWriter, r *http.Request) error {
+	host := r.URL.Query().Get("host")
+	if host != "" {
+		if err := registry.ValidateHost(host); err != nil {
+			return apiErr(http.StatusBadRequest, "%v", err)
+		}
+	}
+	rep, err := a.app.box.SpaceReports(r.Context(), host)
+	if err != nil {
+		return boxErr(err)
+	}
+	return writeJSON(w, http.StatusOK, adminapi.Spaces{Spaces: rep})
+}
+
+// sleep answers POST /lchat/routes/{host}/sleep: the console's "hibernate now"
+// (box.Box.SleepNow, through box.Console as the console calls it).
+func (a *adminAPI) sleep(w http.ResponseWriter, r *http.Request, host string) error {
+	if err := a.app.box.Console().Hibernate(r.Context(), host); err != nil {
+		return boxErr(err)
+	}
+	return writeJSON(w, http.StatusOK, map[string]string{"asleep": host})
+}
+
+// wake answers POST /lchat/routes/{host}/wake (box.Box.WakeNow).
+func (a *adminAPI) wake(w http.ResponseWriter, r *http.Request, host string) error {
+	if err := a.app.box.WakeNow(r.Context(), host); err != nil {
+		return boxErr(err)
+	}
+	return writeJSON(w, http.StatusOK, map[string]string{"awake": host})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {

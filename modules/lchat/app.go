@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/internal/buildinfo"
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/connhold"
@@ -422,7 +423,9 @@ func (a *App) openBox(ctx caddy.Context, bkt bucket.Bucket, dataDir string) (*bo
 	if err != nil {
 		return nil, fmt.Errorf("reading instance id: %v", err)
 	}
-	version, _ := caddy.Version()
+	// Which lchat build runs, beside Caddy's version: the heartbeat carries it to the
+	// console's VERSION column and the fleet.
+	version := buildinfo.String()
 	return box.Open(box.Config{
 		Bucket:       bkt,
 		StateDir:     a.StateDir,
