@@ -72,6 +72,11 @@ func (c Console) Stored(ctx context.Context, host string) (fleetview.Stored, boo
 		return fleetview.Stored{}, false, err
 	}
 	st := fleetview.Stored{Generation: m.Generation, Files: len(m.Files), WrittenBy: m.WrittenBy, WrittenAt: m.WrittenAt}
+	if c.b.mesh == nil && m.WrittenBy == c.b.cfg.Holder {
+		// Without the mesh a manifest names its writer by the box's lease holder id; the
+		// fleet names this box by its host name.
+		st.WrittenBy = c.b.name()
+	}
 	if m.NextWake != nil {
 		st.NextWake = *m.NextWake
 	}
@@ -85,7 +90,7 @@ func (c Console) Stored(ctx context.Context, host string) (fleetview.Stored, boo
 func (c Console) Stats() fleetview.Stats {
 	st := fleetview.Stats{Awake: len(c.b.awake()), Requests: c.b.requests.Load(), BucketRequests: c.b.bucket.Requests()}
 	for _, n := range c.b.SpaceConns() {
-		st.Held += n.Open
+		st.Held += n.Open + n.Streams
 	}
 	return st
 }
@@ -102,6 +107,12 @@ func (c Console) Subscribe(f func(fleetview.Event)) func() {
 		case engine.EventWake:
 			out.Phases = &fleetview.Phases{Lease: ev.Phases.Lease, Restore: ev.Phases.Restore, Fence: ev.Phases.Fence, Start: ev.Phases.Start, Ready: ev.Phases.Ready}
 		case engine.EventCheckpoint:
+			if ev.Err == "" && ev.Bytes == 0 {
+				// Nothing changed since the last one: a periodic checkpoint of an idle
+				// space would drown the events that matter (the engine's event still
+				// reaches the metrics: lchat_checkpoint_seconds counts it).
+				return
+			}
 			out.Detail = fmt.Sprintf("%s, %d bytes uploaded, %d bytes in all", ev.Duration.Round(time.Millisecond), ev.Bytes, ev.Size)
 		case engine.EventFence:
 			if ev.Host == "" {

@@ -153,6 +153,15 @@ func (b *Box) awake() []string {
 	return out
 }
 
+// name is how the fleet names this box: its SELF with the mesh, else its host name.
+func (b *Box) name() string {
+	if b.mesh != nil {
+		return b.mesh.cfg.Self
+	}
+	host, _ := os.Hostname()
+	return host
+}
+
 // statusReadTimeout bounds reading one peer's status for the fleet.
 const statusReadTimeout = 5 * time.Second
 
@@ -163,7 +172,7 @@ const statusReadTimeout = 5 * time.Second
 func (b *Box) Fleet(ctx context.Context) fleetview.Fleet {
 	ms := b.mesh
 	if ms == nil {
-		host, _ := os.Hostname()
+		host := b.name()
 		return fleetview.Fleet{Self: host, Boxes: []fleetview.Box{{
 			Self: host, This: true, Awake: b.awake(), Version: b.cfg.Version, Counters: b.counters(), Conns: b.SpaceConns(),
 		}}}

@@ -28,6 +28,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request, name string) 
 		if err != nil {
 			return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("listing spaces: %v", err))
 		}
+		h.fillLastSync(ctx, sp)
 		if f, err := h.rec.Fleet(ctx, fleetMaxAge); err == nil {
 			fleetview.Join(sp, f)
 		}

@@ -63,7 +63,7 @@ func buildCharts(c fleetview.Charts, now time.Time) chartsView {
 	}
 	out.Requests = lineChart("chart-requests", "Requests and bucket requests per minute", now, nil, req, bkt)
 	out.Awake = lineChart("chart-awake", "Awake spaces over time", now, nil, awake)
-	out.Held = lineChart("chart-held", "Held WebSocket connections over time", now, nil, held)
+	out.Held = lineChart("chart-held", "Held connections (WebSockets and event streams) over time", now, nil, held)
 	if c.DERP {
 		var marks []time.Time
 		for _, ev := range c.DERPSwitches {

@@ -42,6 +42,7 @@ type Handler struct {
 	src     fleetview.Source
 	actions fleetview.Actions // nil unless Actions and the source offers them
 	rec     *recorder
+	syncs   *syncCache // manifests read for a last sync the box does not know (lastsync.go)
 	poolKey any
 	logger  *zap.Logger
 }
@@ -97,6 +98,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("lchat_console: the lchat app (%T) offers no fleet view", appIface)
 	}
 	h.src = sp.FleetView()
+	h.syncs = new(syncCache)
 	if h.Actions {
 		if a, ok := h.src.(fleetview.Actions); ok {
 			h.actions = a

@@ -22,12 +22,13 @@ import (
 type fakeSource struct {
 	hibernated []string
 	actionErr  error // what every action returns
+	mesh       bool  // the fleet is a mesh
 }
 
 func (f *fakeSource) Fleet(context.Context) (fleetview.Fleet, error) {
-	return fleetview.Fleet{Self: "box", Boxes: []fleetview.Box{
-		{Self: "box", This: true, Awake: []string{"a.example.com"}, Conns: map[string]fleetview.Conns{"a.example.com": {Open: 3, Parked: 2, PendingBytes: 2048}}},
-		{Self: "box-2", Conns: map[string]fleetview.Conns{"a.example.com": {Open: 1, PendingBytes: 1024}}},
+	return fleetview.Fleet{Self: "box", Mesh: f.mesh, Boxes: []fleetview.Box{
+		{Self: "box", This: true, Awake: []string{"a.example.com"}, Conns: map[string]fleetview.Conns{"a.example.com": {Open: 3, Parked: 2, Streams: 1, PendingBytes: 2048}}},
+		{Self: "box-2", Conns: map[string]fleetview.Conns{"a.example.com": {Open: 1, Streams: 2, PendingBytes: 1024}}},
 	}}, nil
 }
 func (f *fakeSource) Spaces(_ context.Context, q string, limit int) ([]fleetview.Space, error) {
@@ -36,7 +37,7 @@ func (f *fakeSource) Spaces(_ context.Context, q string, limit int) ([]fleetview
 		if fleetview.Match(h, q) {
 			sp := fleetview.Space{Host: h, Hibernate: true, State: "awake"}
 			if h == "a.example.com" {
-				sp.Conns = &fleetview.Conns{Open: 3, Parked: 2, PendingBytes: 2048}
+				sp.Conns = &fleetview.Conns{Open: 3, Parked: 2, Streams: 1, PendingBytes: 2048}
 				sp.Durability = "bucket"
 				sp.Log = &fleetview.Log{Segments: 84, Waiting: 2, Lag: 3 * time.Millisecond, WaitP50: 2 * time.Millisecond, WaitP99: 8 * time.Millisecond, Failed: 1}
 			}
@@ -62,7 +63,7 @@ func (f *fakeSource) Remove(context.Context, string) error                 { ret
 
 // newHandler is a console over src, with actions (nil: actions off).
 func newHandler(src fleetview.Source, actions fleetview.Actions) *Handler {
-	return &Handler{src: src, actions: actions, PageSize: 100, logger: zap.NewNop(),
+	return &Handler{src: src, actions: actions, PageSize: 100, logger: zap.NewNop(), syncs: new(syncCache),
 		rec: &recorder{Recorder: fleetview.NewRecorder(src, nil)}}
 }
 
@@ -116,19 +117,19 @@ func TestIndexWorksWithoutScriptAndSearches(t *testing.T) {
 	}
 }
 
-// The spaces table and a space's page show the WebSocket connections the box holds for
-// each space; the JSON has them too.
+// The spaces table and a space's page show the connections the box holds for each space,
+// its WebSockets and its event streams; the JSON has them too.
 func TestHeldConnectionsShownPerSpace(t *testing.T) {
 	h := newHandler(&fakeSource{}, nil)
-	const a = `<td class="conns">3 open, 2 parked, 2.0 KiB pending</td>`
+	const a = `<td class="conns">3 WebSockets (2 parked), 1 event stream, 2.0 KiB pending</td>`
 	const b = `<td class="conns">none</td>`
 	if w := serve(h, httptest.NewRequest("GET", "/", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), a) || !strings.Contains(w.Body.String(), b) {
 		t.Fatalf("index: %d, want %q and %q\n%s", w.Code, a, b, w.Body.String())
 	}
 	// The space's page: this box's, and the sum over the boxes that hold its sockets.
 	for _, page := range []string{
-		`<dt>Held connections on this box</dt><dd class="conns">3 open, 2 parked, 2.0 KiB pending</dd>`,
-		`<dt>Held connections in the fleet</dt><dd class="fleet-conns">4 open, 2 parked, 3.0 KiB pending on box, box-2</dd>`,
+		`<dt>Held connections on this box</dt><dd class="conns">3 WebSockets (2 parked), 1 event stream, 2.0 KiB pending</dd>`,
+		`<dt>Held connections in the fleet</dt><dd class="fleet-conns">4 WebSockets (2 parked), 3 event streams, 3.0 KiB pending on box, box-2</dd>`,
 	} {
 		if w := serve(h, httptest.NewRequest("GET", "/space/a.example.com", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), page) {
 			t.Fatalf("space page: %d, want %q\n%s", w.Code, page, w.Body.String())
@@ -138,7 +139,7 @@ func TestHeldConnectionsShownPerSpace(t *testing.T) {
 	if w := serve(h, httptest.NewRequest("GET", "/space/b.example.com", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), none) {
 		t.Fatalf("space page of b: %d, want %q\n%s", w.Code, none, w.Body.String())
 	}
-	const js = `"conns":{"open":3,"parked":2,"pending_bytes":2048},"fleet_conns":{"open":4,"parked":2,"pending_bytes":3072},"held_on":["box","box-2"]`
+	const js = `"conns":{"open":3,"parked":2,"streams":1,"pending_bytes":2048},"fleet_conns":{"open":4,"parked":2,"streams":3,"pending_bytes":3072},"held_on":["box","box-2"]`
 	if w := serve(h, httptest.NewRequest("GET", "/api/spaces", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), js) {
 		t.Fatalf("/api/spaces: %d, want %s\n%s", w.Code, js, w.Body.String())
 	}
@@ -269,5 +270,50 @@ func TestDurabilityShownPerSpace(t *testing.T) {
 	const b = `<dd class="durability">–</dd>`
 	if w := serve(h, httptest.NewRequest("GET", "/space/b.example.com", nil)); w.Code != 200 || !strings.Contains(w.Body.String(), b) {
 		t.Fatalf("space page of b: %d, want %q", w.Code, b)
+	}
+}
+
+// The footer says whether actions are on, as the config has them; the space's page offers
+// only the actions this box can take: hibernate for a space awake here, relocate only
+// with the mesh, remove always.
+func TestFooterAndActionsFollowTheConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		actions, mesh bool
+		footer        string
+		offered       []string
+		notOffered    []string
+	}{
+		{name: "actions off", footer: "Read-only: actions are off in <code>lchat_console</code>.",
+			notOffered: []string{"actions/hibernate", "actions/relocate", "actions/remove"}},
+		{name: "actions on, no mesh", actions: true, footer: "Actions are on in <code>lchat_console</code>: each asks for confirmation first.",
+			offered: []string{"actions/hibernate", "actions/remove"}, notOffered: []string{"actions/relocate"}},
+		{name: "actions on, mesh", actions: true, mesh: true, footer: "Actions are on in <code>lchat_console</code>",
+			offered: []string{"actions/hibernate", "actions/relocate", "actions/remove"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &fakeSource{mesh: tc.mesh}
+			var actions fleetview.Actions
+			if tc.actions {
+				actions = src
+			}
+			h := newHandler(src, actions)
+			for _, path := range []string{"/", "/space/a.example.com"} {
+				if body := serve(h, httptest.NewRequest("GET", path, nil)).Body.String(); !strings.Contains(body, tc.footer) {
+					t.Errorf("%s: footer lacks %q\n%s", path, tc.footer, body)
+				}
+			}
+			page := serve(h, httptest.NewRequest("GET", "/space/a.example.com", nil)).Body.String()
+			for _, a := range tc.offered {
+				if !strings.Contains(page, `action="../`+a+`"`) {
+					t.Errorf("%s not offered", a)
+				}
+			}
+			for _, a := range tc.notOffered {
+				if strings.Contains(page, a) {
+					t.Errorf("%s offered", a)
+				}
+			}
+		})
 	}
 }

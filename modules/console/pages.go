@@ -39,6 +39,7 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 	"boxname":  boxName,
 	"orNone":   func(s string) string { return cmpOr(s, "(no region)") },
 	"eventtxt": eventText,
+	"plural":   plural,
 }).ParseFS(assets, "assets/*.html"))
 
 // page is what every template renders.
@@ -56,6 +57,9 @@ type page struct {
 	Spaces    []fleetview.Space
 	More      bool
 	SpacesErr string
+	// FromBucket names the spaces whose last sync is their manifest's time: this box
+	// has no memory of one (lastsync.go).
+	FromBucket map[string]bool
 
 	Events  []fleetview.Event
 	LastSeq uint64
@@ -87,6 +91,7 @@ func (h *Handler) load(ctx context.Context, p *page, query string) {
 	if len(sp) > h.PageSize {
 		sp, p.More = sp[:h.PageSize], true
 	}
+	p.FromBucket = h.fillLastSync(ctx, sp)
 	fleetview.Join(sp, f)
 	p.Spaces = sp
 	p.Events = h.rec.Events(0, eventsShown)
@@ -211,6 +216,14 @@ func boxName(self string) string {
 		return u.Host
 	}
 	return self
+}
+
+// plural is "1 thing" or "n things".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }
 
 func cmpOr(s, def string) string {
