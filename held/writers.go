@@ -11,6 +11,66 @@ import (
 // The writers a reverse proxy writes an instance's answer through, for the requests
 // that may become held connections: the glue passes one in place of the client's writer.
 
+// ClientWriter is the writer of every answer the box sends, whatever door it came through
+// (an instance's, a peer's, a live upstream's, the box's own, a 101's before its tunnel):
+// it takes the Lchat-Sse mark (connhold.SSEHeader), an instance's word to the box, off each
+// header as it goes out, so that no client sees it, whether or not the request asked for
+// an event stream. The writers above it (SSEWriter, gate.Writer) read the mark before it
+// goes. KeepMark keeps it on an answer to the entry box that holds the stream.
+type ClientWriter struct {
+	http.ResponseWriter
+	keepMark bool
+	wrote    bool // a final status (or a 101) went out
+}
+
+// NewClientWriter is a ClientWriter in front of w; keepMark keeps the Lchat-Sse mark (the
+// answer goes to the entry box holding the client's stream, never to a client).
+func NewClientWriter(w http.ResponseWriter, keepMark bool) *ClientWriter {
+	return &ClientWriter{ResponseWriter: w, keepMark: keepMark}
+}
+
+// Written reports whether the answer's status went out: nothing else may be written
+// in its place.
+func (w *ClientWriter) Written() bool { return w.wrote }
+
+func (w *ClientWriter) strip() {
+	if !w.keepMark {
+		w.ResponseWriter.Header().Del(connhold.SSEHeader)
+	}
+}
+
+func (w *ClientWriter) WriteHeader(code int) {
+	w.strip()
+	if code >= 200 || code == http.StatusSwitchingProtocols {
+		w.wrote = true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *ClientWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.strip()
+		w.wrote = true
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// FlushError flushes, for http.ResponseController; a flush before the status sends the
+// header, so it is stripped first.
+func (w *ClientWriter) FlushError() error {
+	if !w.wrote {
+		w.strip()
+		w.wrote = true
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush is FlushError for an http.Flusher.
+func (w *ClientWriter) Flush() { _ = w.FlushError() }
+
+// Unwrap lets the proxy reach the client's writer (a hijack, full duplex, deadlines).
+func (w *ClientWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // HoldWriter stands between a reverse proxy and the client for a WebSocket upgrade
 // request: an instance answer that opts in (connhold.Opted) is kept, not written, so the
 // box can complete the handshake itself (Conns.Accept); any other answer (a 101 and its
@@ -227,6 +287,7 @@ func (s *SSEWriter) Unwrap() http.ResponseWriter { return s.w }
 
 // Interface guards
 var (
+	_ http.Flusher = (*ClientWriter)(nil)
 	_ http.Flusher = (*HoldWriter)(nil)
 	_ http.Flusher = (*SSEWriter)(nil)
 )

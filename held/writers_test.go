@@ -398,3 +398,46 @@ func TestRefusedOptInLeavesNoHeader(t *testing.T) {
 		}
 	}
 }
+
+// TestClientWriterTakesTheMarkOff: the Lchat-Sse mark goes out on no answer to a client,
+// however the answer begins (a status, a body without one, a flush, a 1xx before it), and
+// stays only on an answer to the entry box that holds the stream (keepMark).
+func TestClientWriterTakesTheMarkOff(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		keepMark bool
+		answer   func(w http.ResponseWriter)
+	}{
+		{"status", false, func(w http.ResponseWriter) { w.WriteHeader(http.StatusOK) }},
+		{"body alone", false, func(w http.ResponseWriter) { w.Write([]byte("x")) }},
+		{"flush first", false, func(w http.ResponseWriter) { http.NewResponseController(w).Flush() }},
+		{"early hints first", false, func(w http.ResponseWriter) {
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Set(connhold.SSEHeader, connhold.SSEResumable)
+			w.WriteHeader(http.StatusOK)
+		}},
+		{"to the entry box", true, func(w http.ResponseWriter) { w.WriteHeader(http.StatusOK) }},
+	} {
+		c := newClient()
+		cw := NewClientWriter(c, tc.keepMark)
+		cw.Header().Set("Content-Type", "text/event-stream")
+		cw.Header().Set(connhold.SSEHeader, connhold.SSEResumable)
+		if cw.Written() {
+			t.Fatalf("%s: written before anything was", tc.name)
+		}
+		tc.answer(cw)
+		got := c.Result().Header.Get(connhold.SSEHeader)
+		if want := map[bool]string{true: connhold.SSEResumable}[tc.keepMark]; got != want {
+			t.Errorf("%s: the answer went out with Lchat-Sse %q, want %q", tc.name, got, want)
+		}
+		if !cw.Written() {
+			t.Errorf("%s: not written after the answer began", tc.name)
+		}
+	}
+	// A 101 counts as written: the tunnel follows it.
+	cw := NewClientWriter(newClient(), false)
+	cw.WriteHeader(http.StatusSwitchingProtocols)
+	if !cw.Written() {
+		t.Error("a 101 is not written")
+	}
+}

@@ -50,7 +50,7 @@ func (p *proxying) Forward(d mesh.Decision) (box.Forwarded, error) {
 	}
 	if p.hops == 0 && connhold.Reserved(p.r.URL.Path) {
 		// As at the instance (Instance): a client never reaches the box's namespace.
-		return box.Answered, p.Refuse(box.Refusal{Status: http.StatusNotFound, Err: fmt.Errorf("%s is reserved for the box", p.r.URL.Path)})
+		return box.Answered, p.reserved()
 	}
 	ms.C.Forwards.Add(1)
 	caddyhttp.SetVar(p.r.Context(), peerAddrVar, mesh.DialAddr(u))

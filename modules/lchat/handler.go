@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
@@ -34,7 +35,9 @@ const upstreamPlaceholder = "lchat.upstream"
 // 404; a live route is proxied to its upstream; a hibernating route is woken if asleep
 // and proxied to its instance's Unix socket. Proxying is Caddy's own reverse proxy, so
 // streaming, WebSockets and trailers behave as in `reverse_proxy`. A request (and any
-// connection it upgrades to) holds the space awake until it ends.
+// connection it upgrades to) holds the space awake until it ends. A 404 for an unknown
+// host and a 503 come with a short page (pages.go) unless the site has error routes; no
+// answer carries the Lchat-Sse mark (held.ClientWriter).
 type Handler struct {
 	// FlushInterval is the proxy's flush interval. Default -1: flush at once, so
 	// server-sent events and streamed responses are not held back.
@@ -45,6 +48,7 @@ type Handler struct {
 	RetryAfter caddy.Duration `json:"retry_after,omitempty"`
 
 	app       *App
+	logger    *zap.Logger
 	proxy     *reverseproxy.Handler
 	meshProxy *reverseproxy.Handler // forwards to peers; nil without the mesh
 }
@@ -64,6 +68,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("getting lchat app: %v", err)
 	}
 	h.app = appIface.(*App)
+	h.logger = ctx.Logger()
 	if h.RetryAfter == 0 {
 		h.RetryAfter = caddy.Duration(5 * time.Second)
 	}
@@ -94,6 +99,14 @@ func (h *Handler) provisionProxy(ctx caddy.Context, flush caddy.Duration) error 
 	return nil
 }
 
+// log is the handler's logger (a handler made without Provision, in tests: none).
+func (h *Handler) log() *zap.Logger {
+	if h.logger == nil {
+		return zap.NewNop()
+	}
+	return h.logger
+}
+
 // Cleanup releases the embedded proxy.
 func (h *Handler) Cleanup() error {
 	if h.meshProxy != nil {
@@ -117,17 +130,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return caddyhttp.Error(http.StatusBadRequest, err)
 		}
 	}
-	p := &proxying{h: h, w: w, r: r, next: next, host: host, hops: hops}
+	// Every answer goes out through one writer that takes the Lchat-Sse mark off, except
+	// to the entry box that holds the client's event stream (connhold.EntryHeader).
+	out := held.NewClientWriter(w, hops > 0 && r.Header.Get(connhold.EntryHeader) != "")
+	p := &proxying{h: h, w: out, out: out, r: r, next: next, host: host, hops: hops}
 	// A peer reopening an event stream it holds: never a wake (box.Request.Reopen).
 	reopen := hops > 0 && r.Header.Get(connhold.ReopenHeader) != ""
-	return b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint, Reopen: reopen}, p)
+	err := b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint, Reopen: reopen}, p)
+	return p.answerPage(err)
 }
 
 // proxying carries out the box's decisions for one request (box.Proxy) with the
 // handler's reverse proxies.
 type proxying struct {
-	h    *Handler
-	w    http.ResponseWriter
+	h *Handler
+	w http.ResponseWriter
+	// out is the writer the request's answer leaves through (ServeHTTP's), below any the
+	// doors put in p.w; nil on a reopen of a held stream, whose client's answer is sent.
+	out  *held.ClientWriter
 	r    *http.Request
 	next caddyhttp.Handler
 	host string
@@ -153,7 +173,7 @@ func (p *proxying) Instance(use *engine.Use) error {
 	cs := p.h.app.conns
 	door := cs.DoorOf(p.r, p.hops)
 	if door == held.Reserved {
-		return p.Refuse(box.Refusal{Status: http.StatusNotFound, Err: fmt.Errorf("%s is reserved for the box", p.r.URL.Path)})
+		return p.reserved()
 	}
 	if cs != nil && p.h.app.box.Mesh() != nil {
 		// Its instance may send to connections held at any box (held.Conns.EnsureControl).
@@ -200,16 +220,27 @@ func (p *proxying) Refuse(ref box.Refusal) error {
 	return p.refuse(ref)
 }
 
-// refuse is Refuse without saying that no instance saw the request.
+// refuse is Refuse without saying that no instance saw the request. A 404 (the box has
+// no route for the host) and a 503 are answered with their page (answerPage).
 func (p *proxying) refuse(ref box.Refusal) error {
-	if ref.Status == http.StatusServiceUnavailable {
+	err := ref.Err
+	switch ref.Status {
+	case http.StatusNotFound:
+		err = &pageError{kind: pageUnknownHost, err: err}
+	case http.StatusServiceUnavailable:
 		after := ref.RetryAfter
 		if after <= 0 {
 			after = time.Duration(p.h.RetryAfter)
 		}
-		setRetryAfter(p.w, after)
+		err = &pageError{kind: pageUnavailable, retryAfter: setRetryAfter(p.w, after), err: err}
 	}
-	return caddyhttp.Error(ref.Status, ref.Err)
+	return caddyhttp.Error(ref.Status, err)
+}
+
+// reserved refuses a client's request under the box's own namespace (connhold.Reserved)
+// on a route that exists: a plain 404, not the page of an unknown host.
+func (p *proxying) reserved() error {
+	return caddyhttp.Error(http.StatusNotFound, fmt.Errorf("%s is reserved for the box", p.r.URL.Path))
 }
 
 // noAnswer turns the reverse proxy's error for a request its upstream (an instance, a
@@ -229,8 +260,12 @@ func setUpstream(r *http.Request, dial string) {
 	r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer).Set(upstreamPlaceholder, dial)
 }
 
-func setRetryAfter(w http.ResponseWriter, d time.Duration) {
-	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(d, time.Second).Seconds()))))
+// setRetryAfter sets Retry-After to d in whole seconds (at least 1, rounded up) and
+// returns them.
+func setRetryAfter(w http.ResponseWriter, d time.Duration) int {
+	secs := int(math.Ceil(max(d, time.Second).Seconds()))
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	return secs
 }
 
 // requestHost is the request's host in the form every comparison of hosts uses

@@ -17,7 +17,7 @@ import (
 )
 
 // TestKindRemovedIs503WithRetryAfter: a route whose kind a reload removed answers 503
-// with a Retry-After (the handler's default) and a message saying why.
+// with a Retry-After (the handler's default) and its page; why is in the box's log.
 func TestKindRemovedIs503WithRetryAfter(t *testing.T) {
 	app := testApp(t, boxtest.Options{Settings: box.Settings{Kinds: map[string]engine.Kind{"other": {Name: "other", Command: "/bin/true"}}}})
 	const host = "gone.example.com"
@@ -25,18 +25,18 @@ func TestKindRemovedIs503WithRetryAfter(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &Handler{RetryAfter: caddy.Duration(7e9), app: app}
-	w := httptest.NewRecorder()
-	req := caddyhttp.PrepareRequest(httptest.NewRequest("GET", "http://"+host+"/", nil), caddy.NewReplacer(), w, &caddyhttp.Server{})
-	err := h.ServeHTTP(w, req, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
-	var he caddyhttp.HandlerError
-	if !asHandlerError(err, &he) || he.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("ServeHTTP = %v, want a 503", err)
+	a := serveLogged(t, h, httptest.NewRequest("GET", "http://"+host+"/", nil), nil)
+	if a.err != nil || a.Code != http.StatusServiceUnavailable {
+		t.Fatalf("ServeHTTP = %d, %v; want a 503 answered", a.Code, a.err)
 	}
-	if got := w.Header().Get("Retry-After"); got != "7" {
+	if got := a.Header().Get("Retry-After"); got != "7" {
 		t.Fatalf("Retry-After = %q, want the handler's default 7", got)
 	}
-	if !strings.Contains(he.Err.Error(), "kind is not configured") {
-		t.Fatalf("message %q does not say the kind is not configured", he.Err)
+	if !strings.Contains(a.Body.String(), "try again in 7 seconds") {
+		t.Fatalf("page %q does not say when to try again", a.Body.String())
+	}
+	if !strings.Contains(a.logged, "kind is not configured") {
+		t.Fatalf("logged reason %q does not say the kind is not configured", a.logged)
 	}
 }
 

@@ -39,25 +39,23 @@ func TestLivesAtRouteIsForwardedNeverDialed(t *testing.T) {
 	}
 	ms := app.box.Mesh()
 
+	// serve answers the request, with the reason of a refusal (logged beside its page) in
+	// place of the body.
 	serve := func(h *Handler, marked bool) *httptest.ResponseRecorder {
 		t.Helper()
 		req := httptest.NewRequest("GET", "http://"+host+"/x", nil)
 		if marked {
 			ms.Marker().Mark(req.Header, host)
 		}
-		w := httptest.NewRecorder()
-		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
-		err := h.ServeHTTP(w, req, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
-		if err != nil {
-			var he caddyhttp.HandlerError
-			if ok := asHandlerError(err, &he); ok {
-				w.Code = he.StatusCode
-				w.Body.WriteString(he.Err.Error())
-			} else {
-				t.Fatalf("ServeHTTP: %v", err)
-			}
+		a := serveLogged(t, h, req, nil)
+		if a.err != nil {
+			t.Fatalf("ServeHTTP: %v", a.err)
 		}
-		return w
+		if a.logged != "" {
+			a.Body.Reset()
+			a.Body.WriteString(a.logged)
+		}
+		return a.ResponseRecorder
 	}
 
 	withMesh := &Handler{RetryAfter: caddy.Duration(7e9), app: app}
