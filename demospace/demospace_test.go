@@ -792,3 +792,29 @@ func TestSnapshotWhileWriting(t *testing.T) {
 		t.Fatalf("snapshot has gaps in message ids (a torn copy): %v", err)
 	}
 }
+
+// TestRoomSaysWhatItIs: the room's page says what the demo shows (that the space sleeps,
+// and, when the box holds its connections, that open tabs stay connected meanwhile), and
+// an empty room says it has no messages yet, a line that goes with the first message.
+func TestRoomSaysWhatItIs(t *testing.T) {
+	visible := func(page string) bool {
+		return strings.Contains(page, `<p id="empty">No messages yet.`)
+	}
+	s := startSpace(t, t.TempDir(), newFakeClock(t0))
+	code, page := s.do("GET", "/", "", "")
+	if code != 200 || !visible(page) || !strings.Contains(page, "sleeps when nobody uses it") {
+		t.Fatalf("GET / of an empty room = %d, want the empty line shown and what the demo is:\n%s", code, page)
+	}
+	if !strings.Contains(page, "A tab left open keeps it awake.") || strings.Contains(page, "stay connected") {
+		t.Errorf("a room whose connections the box does not hold claims tabs stay connected while it sleeps:\n%s", page)
+	}
+	s.postMessage("ada", "first")
+	if _, page = s.do("GET", "/", "", ""); visible(page) || !strings.Contains(page, `<p id="empty" hidden>`) {
+		t.Errorf("the empty line is still shown after the first message:\n%s", page)
+	}
+
+	held := startSpaceAt(t, filepath.Join(shortTempDir(t), "s.sock"), t.TempDir(), newFakeClock(t0), func(c *Config) { c.Hold = true })
+	if _, page = held.do("GET", "/", "", ""); !visible(page) || !strings.Contains(page, "Open tabs stay connected while it sleeps") {
+		t.Errorf("a room whose connections the box holds does not say its tabs stay connected:\n%s", page)
+	}
+}

@@ -19,10 +19,14 @@ type pageData struct {
 	Messages []Message
 	LastID   int64
 	Pending  []Reminder
+	// Hold: the box holds the room's connections across its sleeps (Config.Hold), so
+	// the page can say that an open tab stays connected while the room sleeps.
+	Hold bool
 }
 
-// handlePage renders the room: the latest messages, the forms, and a script
-// that follows /api/events from the last rendered id. Everything is inline.
+// handlePage renders the room: a line on what the demo shows, the latest messages (or a
+// line saying there are none yet), the forms, and a script that follows /api/events
+// from the last rendered id. Everything is inline.
 func (s *Server) handlePage(w http.ResponseWriter, r *http.Request) {
 	msgs, err := s.store.messages(r.Context(), -1, defaultListLimit)
 	if err != nil {
@@ -36,7 +40,7 @@ func (s *Server) handlePage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "reading reminders failed", http.StatusInternalServerError)
 		return
 	}
-	d := pageData{Host: s.host, Messages: msgs, Pending: rems}
+	d := pageData{Host: s.host, Messages: msgs, Pending: rems, Hold: s.hold}
 	if d.Host == "" {
 		d.Host = "demo space"
 	}
