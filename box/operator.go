@@ -25,9 +25,10 @@ type SpaceReport struct {
 const storedReads = 16
 
 // SpaceReports reads every route (host "") or host's alone, as the console's list does
-// (Console.Spaces, the fleet, fleetview.Join), with each hibernating space's manifest
-// (one bucket read per space, storedReads at once). An unknown host is a 404 error.
-func (b *Box) SpaceReports(ctx context.Context, host string) ([]SpaceReport, error) {
+// (Console.Spaces, the fleet, fleetview.Join), and with stored each hibernating space's
+// manifest (one bucket read per space, storedReads at once). An unknown host is a 404
+// error.
+func (b *Box) SpaceReports(ctx context.Context, host string, stored bool) ([]SpaceReport, error) {
 	var spaces []fleetview.Space
 	if host != "" {
 		if _, err := b.reg.Get(host); errors.Is(err, registry.ErrNotFound) {
@@ -60,7 +61,7 @@ func (b *Box) SpaceReports(ctx context.Context, host string) ([]SpaceReport, err
 	)
 	for i := range spaces {
 		out[i].Space = spaces[i]
-		if !spaces[i].Hibernate {
+		if !stored || !spaces[i].Hibernate {
 			continue
 		}
 		sem <- struct{}{}

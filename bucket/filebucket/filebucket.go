@@ -37,6 +37,10 @@ import (
 // PageSize is the most keys one List call returns, as with S3's ListObjectsV2.
 const PageSize = 1000
 
+// MetaDir is the directory under a root that holds the bucket's lock and temporary
+// files, created by New.
+const MetaDir = metaDir
+
 const (
 	// metaDir holds lock and temporary files under the root. Keys cannot start with it.
 	metaDir = ".lchat-bucket"

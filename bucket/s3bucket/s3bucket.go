@@ -28,6 +28,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/logging"
 	"github.com/aws/smithy-go/middleware"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
@@ -75,6 +76,9 @@ type Config struct {
 	AccessKeyID     string
 	SecretAccessKey string
 	SessionToken    string
+	// QuietSDK drops the AWS SDK's own log lines, which it writes to stderr as plain text
+	// ("WARN falling back to IMDSv1 ..."): bucket-check's one error line says it instead.
+	QuietSDK bool `json:"-"`
 }
 
 // Validate checks the configuration; errors name the config field (in the
@@ -171,6 +175,9 @@ func New(ctx context.Context, cfg Config) (*Bucket, error) {
 	if cfg.AccessKeyID != "" {
 		opts = append(opts, config.WithCredentialsProvider(
 			credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, cfg.SessionToken)))
+	}
+	if cfg.QuietSDK {
+		opts = append(opts, config.WithLogger(logging.Nop{}))
 	}
 	awsCfg, err := config.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
@@ -591,3 +598,27 @@ func (b *Bucket) List(ctx context.Context, prefix, token string) (bucket.ListPag
 
 // Interface guards
 var _ bucket.Bucket = (*Bucket)(nil)
+
+// ErrNoCredentials is CheckCredentials' answer when the AWS credential chain found none.
+var ErrNoCredentials = errors.New("no AWS credentials: the chain looked at $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY, " +
+	"the profile $AWS_PROFILE (default \"default\") in ~/.aws/credentials and ~/.aws/config ($AWS_SHARED_CREDENTIALS_FILE, $AWS_CONFIG_FILE), " +
+	"$AWS_WEB_IDENTITY_TOKEN_FILE, $AWS_CONTAINER_CREDENTIALS_RELATIVE_URI and _FULL_URI, and the EC2 instance metadata service")
+
+// CheckCredentials walks the AWS credential chain once, as the first request would: nil
+// when it found credentials, ErrNoCredentials (one line naming where it looked) when it
+// found none, else the error of the source that failed, on one line. It sends nothing to
+// the bucket.
+func (b *Bucket) CheckCredentials(ctx context.Context) error {
+	p := b.client.Options().Credentials
+	if p == nil {
+		return ErrNoCredentials
+	}
+	if _, err := p.Retrieve(ctx); err != nil {
+		msg := err.Error()
+		if strings.Contains(msg, "no EC2 IMDS role found") || strings.Contains(msg, "failed to refresh cached credentials") {
+			return ErrNoCredentials
+		}
+		return fmt.Errorf("reading AWS credentials: %s", strings.Join(strings.Fields(msg), " "))
+	}
+	return nil
+}

@@ -2,11 +2,15 @@
 package main
 
 import (
+	"os"
+
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
 
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	_ "github.com/lchat/lchat-caddy"
+	"github.com/lchat/lchat-caddy/modules/lchatcli"
 )
 
 func main() {
@@ -21,8 +25,17 @@ Start here:
 
 	lchat-caddy dev                      a local box with a demo space and the console
 	lchat-caddy run --config Caddyfile   a real box (see caddyfiles/ and the README)
+	lchat-caddy status                   every space: awake or asleep, where, last checkpoint
 	lchat-caddy add-instance <host> --kind <kind>
+	lchat-caddy sleep <host>, wake <host>
 	lchat-caddy fleet
 `
+	// The root's help is ours once it is built (lchatcli.BrandRoot). cobra runs its
+	// initializers for `lchat-caddy`, `lchat-caddy help [cmd]` and every command, but not
+	// for a bare --help, which is the same as help.
+	cobra.OnInitialize(lchatcli.BrandRoot)
+	if len(os.Args) == 2 && (os.Args[1] == "--help" || os.Args[1] == "-h") {
+		os.Args[1] = "help"
+	}
 	caddycmd.Main()
 }

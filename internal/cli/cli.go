@@ -86,6 +86,15 @@ func Line(err error) string {
 	return "Error: " + strings.Join(strings.Fields(err.Error()), " ")
 }
 
+// DefaultHelpTemplate is cobra's own help template, which Caddy's root command extends
+// with a footer pointing at Caddy's documentation; ours point at our own (DocsFooter).
+var DefaultHelpTemplate = (&cobra.Command{}).HelpTemplate()
+
+// DocsFooter ends the help of lchat-caddy's own commands.
+const DocsFooter = `Every lchat-caddy command, its flags and exit codes:
+https://github.com/lchat/lchat-caddy/blob/main/docs/cli.md
+`
+
 // exit ends the process; a variable so a test can watch it.
 var exit = os.Exit
 
@@ -96,6 +105,8 @@ func Command(cmd *cobra.Command, args cobra.PositionalArgs, f caddycmd.CommandFu
 	// Arguments are checked in RunE, not by cobra, so that a wrong count is our usage
 	// error rather than cobra's "Error: ..." with exit status 1.
 	cmd.Args = cobra.ArbitraryArgs
+	// Not the footer Caddy's root command gives every command, which points at Caddy's.
+	cmd.SetHelpTemplate(DefaultHelpTemplate + "\n" + DocsFooter)
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		finish(c.ErrOrStderr(), withUsage(c, err), ExitUsage)
 		return err

@@ -69,8 +69,12 @@ func (s *S3) config() s3bucket.Config {
 	return s3bucket.Config{
 		Bucket: s.Bucket, Prefix: s.Prefix, Region: s.Region, Endpoint: s.Endpoint, UsePathStyle: s.UsePathStyle,
 		AccessKeyID: s.AccessKeyID, SecretAccessKey: s.SecretAccessKey, SessionToken: s.SessionToken,
+		QuietSDK: quietSDK,
 	}
 }
+
+// quietSDK drops the AWS SDK's own log lines; bucket-check sets it (command.go).
+var quietSDK bool
 
 // Provision expands placeholders, checks the configuration and builds the client.
 // It does not contact the store; `lchat-caddy bucket-check` does.

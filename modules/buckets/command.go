@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -18,6 +20,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/check"
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/bucket/s3bucket"
 	"github.com/lchat/lchat-caddy/internal/cli"
 )
@@ -25,7 +28,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "bucket-check",
-		Usage: "[--bucket <name>|file:///<dir>] [--prefix <p>] [--region <r>] [--endpoint <url>] [--path-style] | --config <file> [--adapter <name>]",
+		Usage: "[--bucket <name>|file:///<dir> [--create]] [--prefix <p>] [--region <r>] [--endpoint <url>] [--path-style] | --config <file> [--adapter <name>]",
 		Short: "Proves that the bucket enforces conditional writes",
 		Long: `
 Races many If-None-Match creates of one key, many If-Match swaps from one ETag, many
@@ -40,7 +43,9 @@ The bucket comes from flags, with defaults from the environment
 (LCHAT_HIBERNATE_BUCKET, LCHAT_HIBERNATE_PREFIX, AWS_ENDPOINT_URL_S3, AWS_REGION;
 credentials from the standard AWS chain), or with --config from the lchat app's
 "bucket" in a Caddy config (JSON, or any adapter such as the Caddyfile).
---bucket takes a bucket name, or file:///path for a local directory bucket.
+--bucket takes a bucket name, or file:///path for a local directory bucket, which
+must exist (--create makes it). Nothing the check wrote stays behind: its scratch
+keys, and in a directory bucket the lock and temporary files it needed.
 
 Exit status: 0 when every race had the right winners, 2 when one did not,
 1 when the check could not run, 4 when the input is bad (a bucket name or URL
@@ -54,6 +59,7 @@ refused before any request).`,
 			cmd.Flags().Bool("virtual-host", false, "address the bucket virtual-host style even with an endpoint")
 			cmd.Flags().StringP("config", "c", "", "read the lchat app's bucket from this Caddy config file")
 			cmd.Flags().StringP("adapter", "a", "", "name of the config adapter for --config")
+			cmd.Flags().Bool("create", false, "create a file:/// bucket's directory when it does not exist")
 			cmd.Flags().Int("racers", 32, "concurrent writers per race")
 			cmd.Flags().Int("rounds", 3, "races of each kind")
 			cli.Command(cmd, cobra.NoArgs, cmdBucketCheck)
@@ -67,6 +73,7 @@ type checkFlags struct {
 	PathStyle, VirtualHost           bool
 	Config, Adapter                  string
 	Racers, Rounds                   int
+	Create                           bool
 }
 
 func cmdBucketCheck(fl caddycmd.Flags) (int, error) {
@@ -74,8 +81,11 @@ func cmdBucketCheck(fl caddycmd.Flags) (int, error) {
 		Bucket: fl.String("bucket"), Prefix: fl.String("prefix"), Region: fl.String("region"),
 		Endpoint: fl.String("endpoint"), PathStyle: fl.Bool("path-style"), VirtualHost: fl.Bool("virtual-host"),
 		Config: fl.String("config"), Adapter: fl.String("adapter"),
-		Racers: fl.Int("racers"), Rounds: fl.Int("rounds"),
+		Racers: fl.Int("racers"), Rounds: fl.Int("rounds"), Create: fl.Bool("create"),
 	}
+	// The SDK's own stderr lines (an IMDS fallback warning) would come before the one
+	// error line that says what failed.
+	quietSDK = true
 	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: sigCtx})
@@ -85,17 +95,42 @@ func cmdBucketCheck(fl caddycmd.Flags) (int, error) {
 		b   bucket.Bucket
 		err error
 	)
+	var dir *fileDir
 	if f.Config != "" {
 		cfgJSON, _, _, lerr := caddycmd.LoadConfig(f.Config, f.Adapter)
 		if lerr != nil {
 			return caddy.ExitCodeFailedStartup, fmt.Errorf("loading config: %v", lerr)
 		}
+		// Before the module is loaded: loading a file bucket creates its directory.
+		if root := configFileRoot(cfgJSON); root != "" {
+			if dir, err = openFileDir(root, "the config's bucket root", f.Create); err != nil {
+				return cli.ExitFailed, err
+			}
+		}
 		b, err = bucketFromConfig(ctx, cfgJSON)
 	} else {
+		raw, from := f.Bucket, "--bucket"
+		if raw == "" {
+			raw, from = os.Getenv("LCHAT_HIBERNATE_BUCKET"), "$LCHAT_HIBERNATE_BUCKET"
+		}
+		if root, rerr := fileBucketRoot(raw); strings.HasPrefix(raw, "file:") && rerr == nil {
+			if dir, err = openFileDir(root, from+" "+raw, f.Create); err != nil {
+				return cli.ExitFailed, err
+			}
+		}
 		b, err = bucketFromFlags(ctx, f, os.Getenv)
+	}
+	if dir != nil {
+		// Whatever happens next, the directory keeps nothing of the check.
+		defer dir.restore(os.Stdout)
 	}
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
+	}
+	if s3b := s3Of(b); s3b != nil {
+		if err := s3b.CheckCredentials(ctx); err != nil {
+			return cli.ExitFailed, err
+		}
 	}
 	rep, err := runCheck(ctx, b, os.Stdout, check.Options{Racers: f.Racers, Rounds: f.Rounds})
 	if err != nil {
@@ -227,4 +262,83 @@ func bucketFromConfig(ctx caddy.Context, cfgJSON []byte) (bucket.Bucket, error) 
 		return nil, fmt.Errorf("apps.lchat.bucket: module %T is not a bucket", mod)
 	}
 	return b, nil
+}
+
+// fileDir is a directory bucket as bucket-check found it, so that it leaves nothing
+// behind: the bucket's lock and temporary files (filebucket.MetaDir) are removed unless
+// they were there before; a directory made by --create stays (it was asked for).
+type fileDir struct {
+	root        string
+	metaExisted bool
+}
+
+// openFileDir checks that root exists as a directory (from names where it came from),
+// or creates it with create, saying so.
+func openFileDir(root, from string, create bool) (*fileDir, error) {
+	fi, err := os.Stat(root)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && create:
+		if err := os.MkdirAll(root, 0o700); err != nil {
+			return nil, fmt.Errorf("--create: %v", err)
+		}
+		fmt.Printf("created %s (--create)\n", root)
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("%s: directory %s does not exist (bucket-check checks an existing bucket; --create makes it)", from, root)
+	case err != nil:
+		return nil, fmt.Errorf("%s: %v", from, err)
+	case !fi.IsDir():
+		return nil, fmt.Errorf("%s: %s is not a directory", from, root)
+	}
+	_, err = os.Lstat(filepath.Join(root, filebucket.MetaDir))
+	return &fileDir{root: root, metaExisted: err == nil}, nil
+}
+
+// restore removes the lock and temporary files the check made, when it made them.
+func (d *fileDir) restore(out io.Writer) {
+	if d.metaExisted {
+		return
+	}
+	if err := os.RemoveAll(filepath.Join(d.root, filebucket.MetaDir)); err != nil {
+		fmt.Fprintf(out, "warning: the check's lock files under %s were not all removed: %v\n", d.root, err)
+	}
+}
+
+// configFileRoot is the directory of a config's file bucket (backend "file", or an s3
+// bucket named file:///path), "" for any other.
+func configFileRoot(cfgJSON []byte) string {
+	var cfg struct {
+		Apps struct {
+			Lchat struct {
+				Bucket struct {
+					Backend string `json:"backend"`
+					Root    string `json:"root"`
+					Bucket  string `json:"bucket"`
+				} `json:"bucket"`
+			} `json:"lchat"`
+		} `json:"apps"`
+	}
+	if json.Unmarshal(cfgJSON, &cfg) != nil {
+		return ""
+	}
+	repl := caddy.NewReplacer()
+	bk := cfg.Apps.Lchat.Bucket
+	switch bk.Backend {
+	case "file":
+		return repl.ReplaceAll(bk.Root, "")
+	case "s3":
+		if root, err := fileBucketRoot(repl.ReplaceAll(bk.Bucket, "")); err == nil {
+			return root
+		}
+	}
+	return ""
+}
+
+// s3Of is the S3 client under a bucket module, nil for a file bucket.
+func s3Of(b bucket.Bucket) *s3bucket.Bucket {
+	if m, ok := b.(*S3); ok {
+		if c, ok := m.bkt.(*s3bucket.Bucket); ok {
+			return c
+		}
+	}
+	return nil
 }

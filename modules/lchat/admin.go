@@ -196,8 +196,8 @@ func (a *adminAPI) status(w http.ResponseWriter) error {
 	return writeJSON(w, http.StatusOK, adminapi.Status{Version: buildinfo.String(), Status: a.app.box.Status()})
 }
 
-// spaces answers GET /lchat/spaces[?host=H]: every route, or H's alone, with its state
-// (box.SpaceReports).
+// spaces answers GET /lchat/spaces[?host=H][&stored=false]: every route, or H's alone,
+// with its state and, unless stored=false, its last checkpoint (box.SpaceReports).
 func (a *adminAPI) spaces(w http.ResponseWriter, r *http.Request) error {
 	host := r.URL.Query().Get("host")
 	if host != "" {
@@ -205,7 +205,7 @@ func (a *adminAPI) spaces(w http.ResponseWriter, r *http.Request) error {
 			return apiErr(http.StatusBadRequest, "%v", err)
 		}
 	}
-	rep, err := a.app.box.SpaceReports(r.Context(), host)
+	rep, err := a.app.box.SpaceReports(r.Context(), host, r.URL.Query().Get("stored") != "false")
 	if err != nil {
 		return boxErr(err)
 	}

@@ -182,9 +182,20 @@ func cmdRemove(fs caddycmd.Flags) (int, error) {
 
 func cmdRoutes(fs caddycmd.Flags) (int, error) {
 	asJSON := fs.Bool("json")
+	// The state of every space, read once (no bucket reads: `status` has checkpoints).
+	var states adminapi.Spaces
+	if !asJSON {
+		if err := adminCall(fs, http.MethodGet, "/lchat/spaces?stored=false", nil, &states); err != nil {
+			return cli.ExitFailed, err
+		}
+	}
+	state := make(map[string]string, len(states.Spaces))
+	for _, s := range states.Spaces {
+		state[s.Host] = spaceState(s)
+	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	if !asJSON {
-		fmt.Fprintln(tw, "HOST\tKIND\tVERSION\tHIBERNATE\tHOME_REGION\tUPSTREAM\tENV")
+		fmt.Fprintln(tw, "HOST\tKIND\tSTATE\tVERSION\tHIBERNATE\tHOME_REGION\tUPSTREAM\tENV")
 	}
 	enc := json.NewEncoder(os.Stdout)
 	after := ""
@@ -202,7 +213,7 @@ func cmdRoutes(fs caddycmd.Flags) (int, error) {
 				enc.Encode(s)
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s\t%s\n", s.Host, dash(s.Kind), dash(s.Version), s.Hibernate,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\n", s.Host, dash(s.Kind), dash(state[s.Host]), dash(s.Version), s.Hibernate,
 				dash(s.HomeRegion), dash(s.Upstream), dash(strings.Join(s.EnvNames, ",")))
 		}
 		if page.Next == "" {
@@ -223,8 +234,22 @@ func cmdHibernate(fs caddycmd.Flags) (int, error) {
 	if on == off {
 		return cli.ExitUsage, cli.Usagef("give exactly one of --on or --off")
 	}
+	upstream := fs.String("upstream")
+	if on && upstream != "" {
+		return cli.ExitUsage, cli.Usagef("--upstream goes with --off: a hibernating space has no upstream")
+	}
+	if off && upstream == "" {
+		// The server would refuse the row in the registry's words; say it in the flags'.
+		var cur registry.Summary
+		if err := adminCall(fs, http.MethodGet, "/lchat/routes/"+host, nil, &cur); err != nil {
+			return cli.ExitFailed, err
+		}
+		if cur.Upstream == "" && cur.LivesAt == "" {
+			return cli.ExitUsage, cli.Usagef("--off needs --upstream <addr>: %s has no upstream to serve it live", host)
+		}
+	}
 	var out registry.Summary
-	req := adminapi.HibernateRequest{Hibernate: &on, Upstream: fs.String("upstream")}
+	req := adminapi.HibernateRequest{Hibernate: &on, Upstream: upstream}
 	if err := adminCall(fs, http.MethodPost, "/lchat/routes/"+host+"/hibernate", req, &out); err != nil {
 		return cli.ExitFailed, err
 	}

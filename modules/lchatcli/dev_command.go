@@ -7,10 +7,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/lchat/lchat-caddy/internal/cli"
 	"github.com/lchat/lchat-caddy/modules/lchat"
@@ -21,7 +23,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "dev",
-		Usage: "[--dir <dir>] [--listen <addr>] [--admin <addr>]",
+		Usage: "[--dir <dir>] [--listen <addr>] [--admin <addr>] [--idle-timeout <d>] [--log-level <l>] [--log-format auto|console|json]",
 		Short: "Runs a local lchat box with a demo space, no setup needed",
 		Long: `
 Runs lchat-caddy for local development: the bucket is a directory (lchat-dev in
@@ -37,12 +39,18 @@ directory searchable (0711) for that uid; every directory above it, and the bina
 must be reachable too. When the space cannot be isolated, the first lines dev prints
 say why. The commands it prints name this binary as you invoked it (or go run and
 the package, for a go run build).
+
+It prints what it runs first, then logs on stderr: warnings and errors only
+(--log-level info for every wake and sleep, debug for the admin API's requests),
+human-readable in a terminal, JSON lines otherwise (--log-format).
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Flags().String("dir", "", "Directory for the bucket, registry and instance state (default: lchat-dev in Caddy's data directory)")
 			cmd.Flags().String("listen", "localhost:8080", "HTTP listen address")
 			cmd.Flags().String("admin", caddy.DefaultAdminListen, "Admin API address (the CLI subcommands talk to it)")
 			cmd.Flags().String("idle-timeout", "2m", "Idle time before a demo space sleeps")
+			cmd.Flags().String("log-level", "warn", "Lowest level logged: debug, info, warn or error (the admin API's requests are logged at debug)")
+			cmd.Flags().String("log-format", "auto", "auto (console in a terminal, else json), console or json")
 			cli.Command(cmd, cobra.NoArgs, cmdDev)
 		},
 	})
@@ -58,7 +66,7 @@ const (
 // under dir, the kind "demo" running the demo space ({demo_space}, socket-activated
 // where this box can start PID namespaces), and one plain-HTTP
 // server that sends every host through the lchat handler.
-func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
+func DevConfig(dir, listen, admin, idleTimeout string, logs DevLogs) ([]byte, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, err
@@ -83,7 +91,8 @@ func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
 		demo["isolation"] = "none"
 	}
 	cfg := map[string]any{
-		"admin": map[string]any{"listen": admin},
+		"admin":   map[string]any{"listen": admin},
+		"logging": logs.config(),
 		"storage": map[string]any{
 			"module": "file_system",
 			"root":   filepath.Join(abs, "caddy"),
@@ -102,7 +111,10 @@ func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
 				"grace_period": "10s",
 				"servers": map[string]any{
 					"dev": map[string]any{
-						"listen":          []string{listen},
+						"listen": []string{listen},
+						// Plain HTTP/1.1: without TLS, HTTP/2 is skipped anyway, with a
+						// warning on every start.
+						"protocols":       []string{"h1"},
 						"automatic_https": map[string]any{"disable": true},
 						"routes": []any{
 							map[string]any{
@@ -118,6 +130,64 @@ func DevConfig(dir, listen, admin, idleTimeout string) ([]byte, error) {
 		},
 	}
 	return json.MarshalIndent(cfg, "", "  ")
+}
+
+// DevLogs is how `dev` logs: Level is the lowest level written (Caddy's names: debug,
+// info, warn, error); Format is "console" or "json".
+type DevLogs struct{ Level, Format string }
+
+// config is Caddy's logging config for l: the default log at l.Level, except the admin
+// API's log ("admin.api", a line with every request's headers at info: each CLI command
+// and console poll) which shows its requests only at debug.
+func (l DevLogs) config() map[string]any {
+	enc := map[string]any{"format": l.Format}
+	if l.Format == "console" {
+		enc["time_format"] = "wall_milli"
+	}
+	adminLevel := l.Level
+	if strings.ToLower(l.Level) != "debug" {
+		adminLevel = "warn"
+		if lv := strings.ToLower(l.Level); lv == "error" || lv == "fatal" || lv == "panic" {
+			adminLevel = lv
+		}
+	}
+	return map[string]any{"logs": map[string]any{
+		"default": map[string]any{
+			"writer": map[string]any{"output": "stderr"}, "encoder": enc, "level": l.Level,
+			"exclude": []string{"admin.api"},
+		},
+		"admin": map[string]any{
+			"writer": map[string]any{"output": "stderr"}, "encoder": enc, "level": adminLevel,
+			"include": []string{"admin.api"},
+		},
+	}}
+}
+
+// devLogs reads --log-level and --log-format; stderrTerminal says whether "auto" is
+// console.
+func devLogs(level, format string, stderrTerminal bool) (DevLogs, error) {
+	switch strings.ToLower(level) {
+	case "debug", "info", "warn", "error":
+	default:
+		return DevLogs{}, cli.Usagef("--log-level %q: want debug, info, warn or error", level)
+	}
+	switch format {
+	case "auto":
+		format = "json"
+		if stderrTerminal {
+			format = "console"
+		}
+	case "console", "json":
+	default:
+		return DevLogs{}, cli.Usagef("--log-format %q: want auto, console or json", format)
+	}
+	return DevLogs{Level: strings.ToLower(level), Format: format}, nil
+}
+
+// isTerminal reports whether f is a terminal (as Caddy decides for its default log).
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 // makeDevDir creates dev's directory, private to this user (0700). As root it is 0711
@@ -159,10 +229,14 @@ func cmdDev(fs caddycmd.Flags) (int, error) {
 	if err != nil {
 		return cli.ExitUsage, cli.Usagef("--listen %s: %v", listen, err)
 	}
+	logs, err := devLogs(fs.String("log-level"), fs.String("log-format"), isTerminal(os.Stderr))
+	if err != nil {
+		return cli.ExitUsage, err
+	}
 	if err := makeDevDir(dir); err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	cfgJSON, err := DevConfig(dir, listen, admin, fs.String("idle-timeout"))
+	cfgJSON, err := DevConfig(dir, listen, admin, fs.String("idle-timeout"), logs)
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
@@ -186,6 +260,12 @@ func cmdDev(fs caddycmd.Flags) (int, error) {
 		notIsolated = b.Engine().WhyNotIsolated("demo")
 	}
 	abs, _ := filepath.Abs(dir)
-	devBanner(os.Stdout, selfCommand(), abs, port, admin, notIsolated)
+	exe, _ := os.Executable()
+	devBanner(os.Stdout, banner{
+		Self: selfCommand(), GoRun: goRunBuild(exe), Dir: abs, Port: port, Admin: admin,
+		Suggest: freeHost(func(h string) bool { _, ok := b.Lookup(h); return ok }),
+		NotIsolated: notIsolated, Helpers: missingHelpers(exe, notIsolated == nil && os.Geteuid() == 0),
+		LogLevel: logs.Level,
+	})
 	select {}
 }
