@@ -39,23 +39,25 @@ const segmentTimeout = 10 * time.Second
 // 503 (the instance's answer dropped): a box cut off from the bucket acknowledges nothing.
 const DurableAnswerTimeout = 10 * time.Second
 
+// logEvery is how often an awake space's log is shipped with no answer waiting: what the
+// instance commits on its own (a timer's write) is durable within it.
+const logEvery = time.Second
+
 // durable is an awake space's log and output gate: made by the wake once the log is
 // sealed, closed by the stop.
 type durable struct {
 	gate  *gate.Gate
 	claim spacestore.Claim
 
-	// mu gives the shipper one user at a time: a shipment, or a checkpoint (which starts
-	// the next generation's log). Lock order: inst.op, then mu.
+	// mu gives the shipper one user at a time: a cut of the next segment, or a checkpoint
+	// (which starts the next generation's log). The appends of the segments cut run
+	// outside it, several at once (the gate's pipeline). Lock order: inst.op, then mu.
 	mu      sync.Mutex
 	shipper *spacestore.LogShipper
-	// pending is a segment whose landing is not known yet (its append failed with an
-	// error that may have been applied): it is sent again before anything new.
-	pending *spacestore.Segment
 
-	// What status reads, without mu (a shipment may hold it as long as the bucket takes):
-	// segments landed and their page images' bytes, where the log stands, the files it
-	// skips. Written with mu held.
+	// What status reads, without mu: segments landed and their page images' bytes, where
+	// the log stands, the files it skips. gen is also what an append checks: a segment of
+	// an older generation is covered by the checkpoint that started the current one.
 	segments atomic.Uint64
 	bytes    atomic.Uint64
 	gen      atomic.Int64
@@ -114,50 +116,64 @@ func (e *Engine) newDurable(in *inst, ls *logStart) *durable {
 	d := &durable{claim: ls.claim, shipper: spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, ls.base, ls.gen, ls.next, ls.claim)}
 	d.gen.Store(ls.gen)
 	d.next.Store(ls.next)
-	d.gate = gate.New(gate.Config{Ship: func(ctx context.Context) error { return e.ship(ctx, in, d) }, Now: e.now, Logger: in.logger()})
+	d.gate = gate.New(gate.Config{
+		Cut:    func(ctx context.Context) (gate.Land, error) { return e.cutSegment(ctx, in, d) },
+		Every:  logEvery,
+		Now:    e.now,
+		Logger: in.logger(),
+	})
 	return d
 }
 
-// ship lands what the instance committed since the last segment (the gate's Ship): one
-// segment, or nothing when nothing was committed. A log another holder sealed fences the
-// space out; its answers get ErrFenced at once. Changes too large for a segment are
-// checkpointed instead (off the gate's goroutine: the checkpoint takes inst.op, which a
-// stop holds while it closes the gate); the gate's retry then finds nothing new.
-func (e *Engine) ship(ctx context.Context, in *inst, d *durable) error {
+// cutSegment takes what the instance committed since the last segment into the next one
+// (the gate's Cut) and returns its append, nil when nothing was committed. Changes too
+// large for a segment are checkpointed instead (off the gate's goroutine: the checkpoint
+// takes inst.op, which a stop holds while it closes the gate); the gate's retry then
+// finds nothing new.
+func (e *Engine) cutSegment(ctx context.Context, in *inst, d *durable) (gate.Land, error) {
 	if e.life.Fenced() {
-		return errFencedNoWrite // the gate retries; past its deadline the answer is a 503
+		return nil, errFencedNoWrite // the gate retries; past its deadline the answer is a 503
 	}
 	d.mu.Lock()
-	seg := d.pending
-	if seg == nil {
-		var err error
-		seg, err = d.shipper.Next(ctx, e.now())
-		skipped := d.shipper.Skipped()
-		d.skipped.Store(&skipped)
-		if errors.Is(err, spacestore.ErrSegmentTooLarge) {
-			d.mu.Unlock()
-			safego.Go(&e.wg, e.log, "checkpoint for the log", func() { e.syncNow(e.ctx, in) })
-			return err
-		}
-		if err != nil || seg == nil {
-			d.mu.Unlock()
-			return err
-		}
-		d.pending = seg
+	seg, err := d.shipper.Next(ctx, e.now())
+	skipped := d.shipper.Skipped()
+	d.skipped.Store(&skipped)
+	d.next.Store(d.shipper.NextSeq())
+	d.mu.Unlock()
+	if errors.Is(err, spacestore.ErrSegmentTooLarge) {
+		safego.Go(&e.wg, e.log, "checkpoint for the log", func() { e.syncNow(e.ctx, in) })
+		return nil, err
+	}
+	if err != nil || seg == nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error { return e.appendSegment(ctx, in, d, seg) }, nil
+}
+
+// appendSegment lands seg in the space's log (the gate's Land; the gate calls it again
+// after an error until it lands). A log another holder sealed fences the space out; its
+// answers get ErrFenced at once.
+func (e *Engine) appendSegment(ctx context.Context, in *inst, d *durable, seg *spacestore.Segment) error {
+	if d.gen.Load() > seg.Gen {
+		// A checkpoint swapped a newer generation since the cut: it read the files after
+		// the cut (under d.mu), so it holds what seg carried, and the log of seg's
+		// generation is obsolete.
+		return nil
+	}
+	if e.life.Fenced() {
+		return errFencedNoWrite
 	}
 	actx, cancel := context.WithTimeout(ctx, segmentTimeout)
 	err := spacestore.AppendSegment(actx, e.cfg.Bucket, in.host, seg)
 	cancel()
-	if err == nil {
-		d.pending = nil
+	switch {
+	case err == nil:
 		d.segments.Add(1)
-		d.next.Store(d.shipper.NextSeq())
 		for _, db := range seg.DBs {
 			d.bytes.Add(uint64(len(db.LTX)))
 		}
-	}
-	d.mu.Unlock()
-	if errors.Is(err, spacestore.ErrLogSealed) {
+		return nil
+	case errors.Is(err, spacestore.ErrLogSealed):
 		in.logger().Error("log sealed by another holder: this instance acknowledges nothing more", zap.Error(err))
 		safego.Go(&e.wg, e.log, "fence out", func() { e.fenceOut(in) })
 		return fmt.Errorf("%w: %w", gate.ErrFenced, err)
@@ -173,7 +189,6 @@ func (e *Engine) newGeneration(in *inst, d *durable) {
 		return
 	}
 	d.shipper = spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, in.syncer.LogBase(), m.Generation, 1, d.claim)
-	d.pending = nil // the checkpoint read everything it carried
 	d.gen.Store(m.Generation)
 	d.next.Store(1)
 	gen := m.Generation

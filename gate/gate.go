@@ -1,10 +1,11 @@
 // Package gate holds an instance's answers until the commits they may reveal are durable:
 // the output gate of Durable Objects and of celld's bucket proofs, for a kind whose
-// durability is "bucket". A Gate groups the waits of many answers into one Ship of the
-// space's log (group commit); a Writer stands between the reverse proxy and the client and
-// waits on the Gate before it passes each part of an instance's answer on, so no client
-// sees an answer (a 201, an error, a streamed chunk) before every commit the instance made
-// ahead of it is in the bucket.
+// durability is "bucket". A Gate groups the waits of many answers into one shipment of the
+// space's log (group commit) and keeps several shipments landing at once (a pipeline), each
+// released only once every shipment before it has landed too; a Writer stands between the
+// reverse proxy and the client and waits on the Gate before it passes each part of an
+// instance's answer on, so no client sees an answer (a 201, an error, a streamed chunk)
+// before every commit the instance made ahead of it is in the bucket.
 package gate
 
 import (
@@ -20,68 +21,95 @@ import (
 	"github.com/lchat/lchat-caddy/internal/safego"
 )
 
-// shipBackoff spaces the retries of a failed Ship while waiters remain: the first retry at
-// once (a dropped connection, one 500 from the bucket), then 20ms doubling to 1s, so a
-// waiter with the engine's 10s deadline sees about fifteen tries and a sick bucket is not
-// hammered.
+// shipBackoff spaces the retries of a failed Cut or Land: the first retry at once (a
+// dropped connection, one 500 from the bucket), then 20ms doubling to 1s, so a waiter with
+// the engine's 10s deadline sees about fifteen tries and a sick bucket is not hammered.
 var shipBackoff = backoff.Curve{First: 20 * time.Millisecond, Max: time.Second, Free: 1}
+
+// DefaultDepth is how many shipments land at once unless Config.Depth says otherwise.
+const DefaultDepth = 4
 
 var (
 	// ErrNotDurable is matched (errors.Is) by every error Wait returns: the commits the
 	// answer may reveal are not known to be durable, and the answer must not reach the
-	// client. It wraps the cause: the waiter's ctx error and the last Ship's error, or
-	// the error the gate was closed with.
+	// client. It wraps the cause: the waiter's ctx error and the last Cut's or Land's
+	// error, or the error the gate was closed with.
 	ErrNotDurable = errors.New("not durable")
-	// ErrFenced is the sentinel a Ship marks a permanent failure with (wrapped, matched
-	// with errors.Is): a takeover sealed the log, so no later Ship can succeed. The gate
-	// fails every current and future waiter with that error and closes; it calls Ship no
-	// more.
+	// ErrFenced is the sentinel a Cut or Land marks a permanent failure with (wrapped,
+	// matched with errors.Is): a takeover sealed the log, so no later shipment can land.
+	// The gate fails every current and future waiter with that error and closes; it calls
+	// Cut and Land no more.
 	ErrFenced = errors.New("log fenced")
 	// ErrClosed is why a gate closed by Close(nil) fails its waiters.
 	ErrClosed = errors.New("gate closed")
 )
 
+// Land lands one shipment and returns nil once it is durable in the bucket. After an error
+// that does not wrap ErrFenced the gate calls it again (shipBackoff), whether or not
+// anyone still waits, until it lands or the gate closes: a shipment that never lands holds
+// back the release of every later one.
+type Land func(ctx context.Context) error
+
 // Config configures a Gate.
 type Config struct {
-	// Ship ships everything the instance committed so far and returns nil once it is
-	// durable in the bucket. The gate calls it at most once at a time, with a ctx that
-	// ends at Close. An error that wraps ErrFenced is permanent; any other is retried
-	// (shipBackoff) while waiters remain. It must not call the gate's Close. Required.
-	Ship func(ctx context.Context) error
+	// Cut takes everything the instance committed so far into the next shipment and
+	// returns how to land it: nil when nothing was committed since the last Cut (the
+	// shipment is durable at once). The gate calls Cut one at a time, in shipment order,
+	// with a ctx that ends at Close; the shipments it returns may land in any order and at
+	// once (up to Depth). An error that wraps ErrFenced is permanent; any other is retried
+	// (shipBackoff) while waiters remain. Neither Cut nor a Land may call the gate's Close.
+	// Required.
+	Cut func(ctx context.Context) (Land, error)
+	// Depth is how many shipments may be landing at once (0: DefaultDepth): a waiter that
+	// arrives while shipments are in flight has its own cut at once, up to Depth, rather
+	// than wait for them to land. 1 ships one at a time.
+	Depth int
+	// Every, when positive, cuts a shipment at least this often with no waiter (what the
+	// instance commits without answering anyone is then durable within Every). The gate's
+	// goroutine then runs from New to Close.
+	Every time.Duration
 	// Now is the clock of Stats (wait durations, the durable lag). Default time.Now. The
 	// retry waits use the runtime's timers: a test drives both with testing/synctest.
 	Now func() time.Time
-	// Logger logs a panic in Ship. Default zap.L().
+	// Logger logs a panic in Cut or Land. Default zap.L().
 	Logger *zap.Logger
 }
 
-// Gate holds waiters until a Ship that started after each of them has succeeded. Waiters
-// that arrive while a Ship is in flight share the next one; with no waiter nothing ships.
-// A Gate is safe for concurrent use.
+// Gate holds waiters until the shipment cut after each of them, and every shipment before
+// it, has landed. Waiters that arrive between two cuts share the next one; with no waiter
+// (and no Every) nothing is cut. A Gate is safe for concurrent use.
 type Gate struct {
-	ship   func(context.Context) error
+	cut    func(context.Context) (Land, error)
+	depth  int
+	every  time.Duration
 	now    func() time.Time
 	logger *zap.Logger
-	ctx    context.Context // ends at Close or a fence: the ship loop's and each Ship's
+	ctx    context.Context // ends at Close or a fence: every Cut's and Land's
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the ship loop
+	wg     sync.WaitGroup // the cut loop and the landings
+	kick   chan struct{}  // wakes the cut loop: a waiter arrived, a landing ended (buffered 1)
 
 	mu sync.Mutex
-	// Written under mu by Wait (a waiter arriving or leaving), the ship loop (a Ship's
-	// outcome) and Close; the ship loop is the only caller of Ship.
-	closed     error    // why the gate is closed; nil while open
-	running    bool     // a ship loop runs: started by a waiter, it ends when none remain
-	started    uint64   // Ships begun; a waiter arriving now needs Ship number started+1
-	rounds     []*round // unreleased rounds, by target
-	head, tail *waiter  // the waiters not yet released, in arrival order
-	waiting    int      // how many
-	lastErr    error    // the last Ship's error; nil after a success
+	// Written under mu by Wait (a waiter arriving or leaving), the cut loop (a Cut's
+	// outcome), the landings and Close; the cut loop is the only caller of Cut.
+	closed     error         // why the gate is closed; nil while open
+	running    bool          // the cut loop runs: started by a waiter (or New, with every)
+	started    uint64        // shipments cut; a waiter arriving now needs shipment started+1
+	durable    uint64        // every shipment up to this one has landed
+	landed     []bool        // landed[i]: shipment durable+1+i has landed (out of order)
+	landing    int           // shipments cut and not landed
+	rounds     []*round      // unreleased rounds, by target
+	head, tail *waiter       // the waiters not yet released, in arrival order
+	waiting    int           // how many
+	lastErr    error         // the last Cut's or Land's error; nil after a success
+	lastCut    time.Time     // when the last cut started (the runtime's clock)
+	landTime   time.Duration // how long recent shipments took from cut to landed (a moving average)
 	stats      counters
 }
 
-// round is the waiters that arrived between two Ship starts: they share a release.
+// round is the waiters that arrived between two cuts: they share a release.
 type round struct {
-	target uint64        // the first Ship number that covers them
+	target uint64        // the shipment that covers them: cut after they arrived
 	done   chan struct{} // closed at the release
 	err    error         // nil: durable; else why not. Set before done closes.
 }
@@ -94,27 +122,37 @@ type waiter struct {
 	queued     bool // still in the queue: neither released nor gone
 }
 
-// New is a Gate over cfg.Ship. No goroutine runs until the first Wait.
+// New is a Gate over cfg.Cut. No goroutine runs until the first Wait, unless cfg.Every is
+// set.
 func New(cfg Config) *Gate {
-	if cfg.Ship == nil {
-		panic("gate: Config.Ship is nil")
+	if cfg.Cut == nil {
+		panic("gate: Config.Cut is nil")
 	}
-	g := &Gate{ship: cfg.Ship, now: cfg.Now, logger: cfg.Logger}
+	g := &Gate{cut: cfg.Cut, depth: cfg.Depth, every: cfg.Every, now: cfg.Now, logger: cfg.Logger, kick: make(chan struct{}, 1)}
+	if g.depth <= 0 {
+		g.depth = DefaultDepth
+	}
 	if g.now == nil {
 		g.now = time.Now
 	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
+	if g.every > 0 {
+		g.running = true
+		safego.Go(&g.wg, g.logger, "gate cut loop", g.run)
+	}
 	return g
 }
 
-// Wait returns nil once a Ship that started after Wait was called has succeeded, so every
-// commit made before the call is durable. A Ship in flight at the call does not count: it
-// may have read the log before the commit. Errors, all matching ErrNotDurable:
-//   - ctx ended first: the error wraps ctx.Err() and the last Ship's error, if the last
-//     Ship failed. The commits may still become durable later (the gate keeps shipping
-//     while other waiters remain); the caller must answer as if they had not.
+// Wait returns nil once the shipment cut after Wait was called, and every one before it,
+// has landed, so every commit made before the call is durable. A shipment cut before the
+// call does not count: it may have read the log before the commit. Errors, all matching
+// ErrNotDurable:
+//   - ctx ended first: the error wraps ctx.Err() and the last Cut's or Land's error, if it
+//     failed. The commits may still become durable later (the shipments in flight keep
+//     landing); the caller must answer as if they had not.
 //   - the gate is closed, now or while waiting: the error wraps the error it was closed
-//     with (a Ship's ErrFenced, ErrClosed, or Close's argument). Nothing ships again.
+//     with (ErrFenced from a Cut or Land, ErrClosed, or Close's argument). Nothing ships
+//     again.
 func (g *Gate) Wait(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		g.mu.Lock()
@@ -132,7 +170,9 @@ func (g *Gate) Wait(ctx context.Context) error {
 	w := g.enqueueLocked()
 	if !g.running {
 		g.running = true
-		safego.Go(&g.wg, g.logger, "gate ship loop", g.run)
+		safego.Go(&g.wg, g.logger, "gate cut loop", g.run)
+	} else {
+		g.kickLocked()
 	}
 	g.mu.Unlock()
 
@@ -155,9 +195,9 @@ func (g *Gate) Wait(ctx context.Context) error {
 }
 
 // Close closes the gate for the engine's stop: every current and future waiter fails
-// with ErrNotDurable wrapping err (ErrClosed if nil), the ctx of a Ship in flight ends,
-// and Close returns once the ship loop has: no Ship runs after it. Idempotent: the
-// first error stands.
+// with ErrNotDurable wrapping err (ErrClosed if nil), the ctx of every Cut and Land in
+// flight ends, and Close returns once the cut loop and the landings have: none runs after
+// it. Idempotent: the first error stands.
 func (g *Gate) Close(err error) {
 	if err == nil {
 		err = ErrClosed
@@ -177,7 +217,7 @@ func (r *round) result() error {
 	return nil
 }
 
-// enqueueLocked queues a waiter in the round that the next Ship to start covers.
+// enqueueLocked queues a waiter in the round that the next shipment to be cut covers.
 func (g *Gate) enqueueLocked() *waiter {
 	target := g.started + 1
 	var r *round
@@ -213,68 +253,223 @@ func (g *Gate) unlinkLocked(w *waiter) {
 	g.waiting--
 }
 
-// run is the ship loop, the one caller of Ship: it ships while waiters remain, retrying
-// a failure by shipBackoff, and ends when none remain or the gate closes.
+func (g *Gate) kickLocked() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// uncoveredLocked reports whether a waiter still queued needs a shipment not yet cut.
+func (g *Gate) uncoveredLocked() bool {
+	return g.tail != nil && g.tail.r.target > g.started
+}
+
+// run is the cut loop, the one caller of Cut: it cuts a shipment whenever a waiter needs
+// one and fewer than depth are landing (or Every passed), retrying a failed Cut by
+// shipBackoff, and ends when no waiter needs a cut (without Every) or the gate closes.
 func (g *Gate) run() {
 	failures := 0
+	var tick <-chan time.Time
+	var timer *time.Timer
+	if g.every > 0 {
+		timer = time.NewTimer(g.every)
+		defer timer.Stop()
+		tick = timer.C
+	}
 	for {
 		g.mu.Lock()
-		if g.closed != nil || g.waiting == 0 {
+		if g.closed != nil {
 			g.running = false
-			if g.closed == nil {
+			g.mu.Unlock()
+			return
+		}
+		need := g.uncoveredLocked()
+		if !need && g.every <= 0 {
+			g.running = false
+			if g.waiting == 0 {
 				g.rounds = nil // rounds whose waiters all left
 			}
 			g.mu.Unlock()
 			return
 		}
+		pace := g.paceLocked()
+		if !need || g.landing >= g.depth || pace > 0 {
+			g.mu.Unlock()
+			var paced <-chan time.Time
+			var pacer *time.Timer
+			if need && pace > 0 {
+				pacer = time.NewTimer(pace)
+				paced = pacer.C
+			}
+			stopPacer := func() {
+				if pacer != nil {
+					pacer.Stop()
+				}
+			}
+			select {
+			case <-g.kick:
+				stopPacer()
+				continue
+			case <-g.ctx.Done():
+				continue
+			case <-paced:
+				continue
+			case <-tick:
+				stopPacer()
+				timer.Reset(g.every)
+				g.mu.Lock()
+				if g.closed != nil || g.landing >= g.depth {
+					g.mu.Unlock()
+					continue
+				}
+			}
+		}
 		g.started++
 		n := g.started
+		g.landing++
+		at := time.Now()
+		g.lastCut = at
 		g.mu.Unlock()
+		if timer != nil {
+			timer.Reset(g.every)
+		}
 
-		err := g.shipOnce()
+		land, err := g.cutOnce()
 
 		g.mu.Lock()
-		g.stats.ships++
-		if err != nil {
+		switch {
+		case g.closed != nil:
+		case err == nil && land == nil: // nothing new since the last cut
+			failures = 0
+			g.lastErr = nil
+			g.landedLocked(n)
+		case err == nil:
+			failures = 0
+			safego.Go(&g.wg, g.logger, "gate landing", func() { g.landLoop(n, at, land) })
+		case errors.Is(err, ErrFenced):
 			g.stats.shipErrors++
-		}
-		if g.closed == nil {
-			switch {
-			case err == nil:
-				failures = 0
-				g.lastErr = nil
-				g.releaseLocked(n)
-			case errors.Is(err, ErrFenced):
-				g.lastErr = err
-				g.closeLocked(err)
-			default:
-				failures++
-				g.lastErr = err
+			g.lastErr = err
+			g.closeLocked(err)
+		default:
+			// Shipment n was not cut: the next cut takes its number, and covers the
+			// waiters that arrived meanwhile too.
+			g.stats.shipErrors++
+			failures++
+			g.lastErr = err
+			g.landing--
+			g.started--
+			for i := len(g.rounds) - 1; i >= 0 && g.rounds[i].target > g.started+1; i-- {
+				g.rounds[i].target = g.started + 1
 			}
 		}
 		g.mu.Unlock()
 
 		if d := shipBackoff.After(failures); err != nil && d > 0 {
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-g.ctx.Done():
-				t.Stop()
-			}
+			g.sleep(d)
 		}
 	}
 }
 
-// shipOnce calls Ship, turning a panic in it into an error (a retried one).
-func (g *Gate) shipOnce() (err error) {
-	if p := safego.Run(g.logger, "gate ship", func() { err = g.ship(g.ctx) }); p != nil {
-		return fmt.Errorf("shipping: panic: %v", p)
+// paceLocked is how long the next cut should wait so that the shipments in flight are
+// spread over the time one takes to land: with one landing, a cut waits landTime/depth
+// after the last, so that the waiters that arrive meanwhile share it rather than each
+// taking a slot at once and leaving the next ones to wait a whole landing. 0: cut now.
+func (g *Gate) paceLocked() time.Duration {
+	if g.landing == 0 || g.landTime == 0 {
+		return 0
+	}
+	return max(0, g.landTime/time.Duration(g.depth)-time.Since(g.lastCut))
+}
+
+// landLoop lands shipment n, cut at at, retrying by shipBackoff until it lands or the
+// gate closes.
+func (g *Gate) landLoop(n uint64, at time.Time, land Land) {
+	for failures := 0; ; {
+		err := g.landOnce(land)
+		g.mu.Lock()
+		switch {
+		case g.closed != nil:
+			g.mu.Unlock()
+			return
+		case err == nil:
+			g.lastErr = nil
+			if d := time.Since(at); g.landTime == 0 {
+				g.landTime = d
+			} else {
+				g.landTime += (d - g.landTime) / 8
+			}
+			g.landedLocked(n)
+			g.kickLocked()
+			g.mu.Unlock()
+			return
+		case errors.Is(err, ErrFenced):
+			g.stats.shipErrors++
+			g.lastErr = err
+			g.closeLocked(err)
+			g.mu.Unlock()
+			return
+		}
+		g.stats.shipErrors++
+		failures++
+		g.lastErr = err
+		g.mu.Unlock()
+		if d := shipBackoff.After(failures); d > 0 {
+			g.sleep(d)
+		}
+	}
+}
+
+// sleep waits d, or less if the gate closes.
+func (g *Gate) sleep(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-g.ctx.Done():
+	}
+}
+
+// cutOnce calls Cut, turning a panic in it into an error (a retried one).
+func (g *Gate) cutOnce() (land Land, err error) {
+	if p := safego.Run(g.logger, "gate cut", func() { land, err = g.cut(g.ctx) }); p != nil {
+		return nil, fmt.Errorf("cutting a shipment: panic: %v", p)
+	}
+	return land, err
+}
+
+// landOnce calls land, turning a panic in it into an error (a retried one).
+func (g *Gate) landOnce(land Land) (err error) {
+	if p := safego.Run(g.logger, "gate land", func() { err = land(g.ctx) }); p != nil {
+		return fmt.Errorf("landing a shipment: panic: %v", p)
 	}
 	return err
 }
 
-// releaseLocked releases every waiter that Ship number n covers: those that arrived
-// before it started.
+// landedLocked records that shipment n has landed and releases every waiter that the
+// shipments landed without a gap before them now cover.
+func (g *Gate) landedLocked(n uint64) {
+	g.landing--
+	g.stats.ships++
+	i := int(n - g.durable - 1)
+	for len(g.landed) <= i {
+		g.landed = append(g.landed, false)
+	}
+	g.landed[i] = true
+	k := 0
+	for k < len(g.landed) && g.landed[k] {
+		k++
+	}
+	if k == 0 {
+		return
+	}
+	g.durable += uint64(k)
+	g.landed = append(g.landed[:0], g.landed[k:]...)
+	g.releaseLocked(g.durable)
+}
+
+// releaseLocked releases every waiter that shipment n covers: those that arrived before
+// it was cut.
 func (g *Gate) releaseLocked(n uint64) {
 	now := g.now()
 	for g.head != nil && g.head.r.target <= n {
@@ -289,7 +484,8 @@ func (g *Gate) releaseLocked(n uint64) {
 	g.rounds = append(g.rounds[:0], g.rounds[i:]...)
 }
 
-// closeLocked is the one close path (Close, a fenced Ship): every waiter fails with err.
+// closeLocked is the one close path (Close, a fenced Cut or Land): every waiter fails
+// with err.
 func (g *Gate) closeLocked(err error) {
 	g.closed = err
 	now := g.now()

@@ -247,7 +247,7 @@ func TestWriter(t *testing.T) {
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
 				log := newFakeLog()
-				g := New(Config{Ship: log.ship})
+				g := New(log.config(1))
 				defer g.Close(nil)
 				c := newClient()
 				c.h.Set("Via", "1.1 box-a") // the box's own, before the proxy's
@@ -264,8 +264,8 @@ func TestWriter(t *testing.T) {
 						time.Sleep(op.sleep)
 					}
 					synctest.Wait()
-					if seen := c.seen(); !slices.Equal(seen, op.seen) || int(log.started.Load()) != op.ships {
-						t.Fatalf("step %d (%q): client saw %q after %d ships, want %q after %d", i, op.call, seen, log.started.Load(), op.seen, op.ships)
+					if _, ships, _ := log.counts(); !slices.Equal(c.seen(), op.seen) || ships != op.ships {
+						t.Fatalf("step %d (%q): client saw %q after %d ships, want %q after %d", i, op.call, c.seen(), ships, op.seen, op.ships)
 					}
 					if err := p.lastErr(); op.call != "" && (err != nil) != op.callFails || err != nil && !errors.Is(err, ErrNotDurable) {
 						t.Fatalf("step %d (%q): call error %v", i, op.call, err)
@@ -344,7 +344,7 @@ func TestWriterStates(t *testing.T) {
 // TestWriterUnwrap: http.ResponseController reaches the client's writer through Unwrap.
 func TestWriterUnwrap(t *testing.T) {
 	c := newClient()
-	w := NewWriter(context.Background(), c, New(Config{Ship: func(context.Context) error { return nil }}), WriterConfig{})
+	w := NewWriter(context.Background(), c, New(Config{Cut: func(context.Context) (Land, error) { return nil, nil }}), WriterConfig{})
 	if w.Unwrap() != http.ResponseWriter(c) {
 		t.Fatal("Unwrap is not the client's writer")
 	}

@@ -1,0 +1,86 @@
+package meshe2e
+
+import (
+	"bytes"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+// TestPipelineGapIsNeverAcknowledged: the holder lands several log segments at once (the
+// gate's pipeline). One segment is caught on its bucket link (the link's proxy holds the
+// PUT) while a later segment, carrying a later write, lands beside it: the later write's
+// client still waits, since an answer goes out only once every segment before its own has
+// landed. Then the holder is killed. The other box reads the log up to the gap, leaves the
+// landed segment past it unapplied (a segment extends the state the one before it left),
+// seals the gap and serves the room: every write answered 201 is there, the room is
+// whole, and neither write of the stuck segments was ever answered 201.
+func TestPipelineGapIsNeverAcknowledged(t *testing.T) {
+	c := newCluster(t)
+	entry, holder, host, acked := durableRoom(t, c, "gap")
+	before, ok := gateOf(t, holder, host)
+	if !ok || before.Segments == 0 {
+		t.Fatalf("%s ships no log for %s (%+v, %v)", holder.self, host, before, ok)
+	}
+
+	logKey := []byte("/spaces/" + host + "/log/")
+	held := holder.bucketProxy.Hold(func(b []byte) bool { return bytes.HasPrefix(b, []byte("PUT ")) && bytes.Contains(b, logKey) })
+	defer held.Release()
+	first := c.timedDo(holder, "POST", host, "/api/messages", `{"author":"test","text":"in-the-stuck-segment"}`)
+	select {
+	case <-held.Caught():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the holder shipped no segment in 20 s")
+	}
+	// The next write's segment goes out on another connection and lands.
+	later := c.timedDo(holder, "POST", host, "/api/messages", `{"author":"test","text":"past-the-gap"}`)
+	harness.WaitFor(t, 20*time.Second, "a later segment to land while both writes still wait at the gate", func() bool {
+		g, ok := gateOf(t, holder, host)
+		return ok && g.Segments > before.Segments && g.Waiting >= 2
+	})
+	select {
+	case a := <-later:
+		t.Fatalf("the write past the gap was answered %d before the segment ahead of it landed", a.code)
+	case a := <-first:
+		t.Fatalf("the write in the stuck segment was answered %d", a.code)
+	default:
+	}
+
+	holder.Kill()
+	for what, ch := range map[string]<-chan timedAnswer{"the write in the stuck segment": first, "the write past the gap": later} {
+		select {
+		case a := <-ch:
+			if a.code == http.StatusCreated {
+				t.Errorf("%s was answered 201", what)
+			}
+		case <-time.After(20 * time.Second):
+			t.Errorf("%s got no answer and no error in 20 s after the kill", what)
+		}
+	}
+
+	var got map[string]int64
+	harness.WaitFor(t, deadAfter+30*time.Second, "the room served by the other box", func() bool {
+		var code int
+		got, code, _ = c.roomTexts(entry, host)
+		return code == http.StatusOK
+	})
+	if lost := missing(acked, got); len(lost) > 0 {
+		t.Fatalf("after the holder's kill, %d of %d writes answered 201 are gone: %v", len(lost), len(acked), lost)
+	}
+	if has(got, "past-the-gap") {
+		t.Errorf("the write past the gap is in the room: the segment after the gap was applied")
+	}
+	// The room takes writes again on the other box: the seal filled the gap, and the new
+	// holder appends after the orphan.
+	c.post(entry, host, "after-the-takeover")
+	if got, _, _ = c.roomTexts(entry, host); !has(got, "after-the-takeover") {
+		t.Errorf("the write after the takeover is not in the room: %v", got)
+	}
+}
+
+func has[V any](m map[string]V, k string) bool {
+	_, ok := m[k]
+	return ok
+}
