@@ -62,7 +62,7 @@ func (p *proxying) answerPage(err error) error {
 	}
 	if c := p.h.log().Check(lvl, "refused"); c != nil {
 		c.Write(zap.String("host", p.host), zap.Int("status", he.StatusCode), zap.Int("hops", p.hops),
-			zap.String("method", p.r.Method), zap.String("uri", p.r.RequestURI), zap.Error(pe.err))
+			zap.String("method", p.r.Method), zap.String("path", p.r.URL.Path), zap.Error(pe.err))
 	}
 	return nil
 }
