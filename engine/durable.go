@@ -182,7 +182,7 @@ func (e *Engine) appendSegment(ctx context.Context, in *inst, d *durable, seg *s
 }
 
 // newGeneration, after a checkpoint of in swapped a new manifest generation (with d.mu
-// and inst.op held), starts the log again under it, and collects the logs it covers.
+// and inst.op held), starts the log again under it.
 func (e *Engine) newGeneration(in *inst, d *durable) {
 	m, _ := in.syncer.Manifest()
 	if m == nil || m.Generation == d.shipper.Gen() {
@@ -191,17 +191,9 @@ func (e *Engine) newGeneration(in *inst, d *durable) {
 	d.shipper = spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, in.syncer.LogBase(), m.Generation, 1, d.claim)
 	d.gen.Store(m.Generation)
 	d.next.Store(1)
-	gen := m.Generation
-	in.mu.Lock()
-	grace := in.kind.GCGrace // a seal must outlast any late append of an earlier holder
-	in.mu.Unlock()
-	safego.Go(&e.wg, e.log, "collect logs", func() {
-		if n, err := spacestore.CollectLogs(e.ctx, e.cfg.Bucket, in.host, gen, grace); err != nil {
-			in.logger().Warn("collecting the logs a checkpoint covers", zap.Error(err))
-		} else if n > 0 {
-			in.logger().Debug("collected logs", zap.Int("segments", n))
-		}
-	})
+	// The log of the generation before stays: point-in-time restore applies it on top of
+	// that checkpoint, and GC collects it with the checkpoint's history entry
+	// (spacestore.Collect).
 }
 
 // durableOf is in's durable part, nil when its kind does not ship a log or it is not

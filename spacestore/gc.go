@@ -32,10 +32,13 @@ type GCStats struct {
 	BytesDeleted   int64
 	History        int // history entries left
 	HistoryDeleted int
+	LogsDeleted    int // log segments deleted with the checkpoints they extend
 }
 
-// Collect deletes a space's objects that no retained manifest references, and history entries
-// past retention. It runs under the space's lease (a checkpoint calls it), and is safe beside
+// Collect deletes a space's objects that no retained manifest references, history entries
+// past retention, and the logs of the checkpoints whose entries are not retained (the log of
+// generation g goes with the entry of g: a point-in-time restore applies it on top of that
+// checkpoint; see CollectLogs for the grace a seal needs). It runs under the space's lease (a checkpoint calls it), and is safe beside
 // writers that are not: the roots are the current manifest (read afresh) and every history
 // entry younger than retention plus grace or among the newest keepGenerations; an object is
 // deleted only if no root references it, it belongs to a generation no newer than the current
@@ -64,9 +67,11 @@ func Collect(ctx context.Context, b bucket.Bucket, host string, retention, grace
 		keep[r.Key] = true
 	}
 	var roots, expired []Checkpoint
+	rootGens := make(map[int64]bool)
 	for _, cp := range hist {
 		if cp.Generation > cur.Generation-keepGenerations || cp.Stored.After(now.Add(-retention-grace)) {
 			roots = append(roots, cp)
+			rootGens[cp.Generation] = true
 		} else {
 			expired = append(expired, cp)
 		}
@@ -109,6 +114,14 @@ func Collect(ctx context.Context, b bucket.Bucket, host string, retention, grace
 		return st, err
 	}
 	if err := sweep("blobs/", func(string) bool { return cur.Format >= 2 }); err != nil {
+		return st, err
+	}
+	// Logs before their entries: a log whose entry is gone is never read again, an entry
+	// whose log is gone would restore without it.
+	st.LogsDeleted, err = CollectLogs(ctx, b, host, func(g int64) bool {
+		return rootGens[g] || g > cur.Generation-keepGenerations
+	}, grace)
+	if err != nil {
 		return st, err
 	}
 	for _, cp := range expired {

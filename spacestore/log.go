@@ -29,8 +29,9 @@ import (
 // gen is the generation of the manifest the segments extend: the one the holder restored
 // (and fenced, which keeps the generation) or last checkpointed. A checkpoint of generation
 // gen+1 includes every segment shipped under gen (the engine ships and checkpoints one at a
-// time), so the holder starts the log of gen+1 at seq 1 and the older logs are garbage
-// (CollectLogs).
+// time), so the holder starts the log of gen+1 at seq 1. An older log is kept as long as
+// the history entry of the checkpoint it extends, for point-in-time restore (restore_pitr.go),
+// and collected with it (Collect, CollectLogs).
 //
 // Fencing works as the manifest's does, with If-None-Match in place of If-Match: every
 // segment is written at its seq only if that key is free. A holder that takes a space over
@@ -409,19 +410,20 @@ func listLogsBefore(ctx context.Context, b bucket.Bucket, host string, gen int64
 	}
 }
 
-// CollectLogs deletes the logs of generations below gen, the generation of a manifest
-// swap that has landed: that checkpoint's snapshot holds every segment shipped under an
-// older generation, so they are obsolete. The bound is also held to the current manifest,
-// read afresh, so a caller with a stale view cannot reach a live log. It is safe to run more
-// than once and beside writers (a log of gen or later is never touched), and it returns how
-// many segments it deleted. A failure leaves the rest for the next run.
+// CollectLogs deletes the logs of generations below the current manifest's (read afresh)
+// that keep does not keep (nil keeps none): a log is what a point-in-time restore applies on
+// top of the checkpoint it extends, so it lives as long as that checkpoint's history entry,
+// and Collect, which expires the entries, is its caller. The log of the current generation,
+// or a later one, is never touched. It is safe to run more than once and beside writers,
+// and it returns how many segments it deleted. A failure leaves the rest for the next run.
 //
 // A key younger than grace (by the bucket's clock) is kept: a seal is what refuses an
 // earlier holder's late append, and an append that reached the store after its seal was
 // deleted would land on a free key and be acknowledged, in a log nobody reads again. grace
 // (the kind's gc_grace, as for objects) must outlast any request still in flight, as it
-// must for the objects GC keeps; S3 refuses a signed request older than 15 minutes.
-func CollectLogs(ctx context.Context, b bucket.Bucket, host string, gen int64, grace time.Duration) (int, error) {
+// must for the objects GC keeps; S3 refuses a signed request older than 15 minutes. A log
+// kept for its checkpoint's retention (days) is far older than that when it goes.
+func CollectLogs(ctx context.Context, b bucket.Bucket, host string, keep func(gen int64) bool, grace time.Duration) (int, error) {
 	cur, _, err := ReadManifest(ctx, b, host)
 	if err != nil {
 		return 0, err
@@ -429,9 +431,11 @@ func CollectLogs(ctx context.Context, b bucket.Bucket, host string, gen int64, g
 	if cur == nil {
 		return 0, nil
 	}
-	gen = min(gen, cur.Generation)
 	deleted := 0
-	err = listLogsBefore(ctx, b, host, gen, func(_ int64, o bucket.Info, now time.Time) error {
+	err = listLogsBefore(ctx, b, host, cur.Generation, func(g int64, o bucket.Info, now time.Time) error {
+		if keep != nil && keep(g) {
+			return nil
+		}
 		if now.IsZero() {
 			now = time.Now() // a store that reports no clock
 		}

@@ -460,8 +460,8 @@ func TestAppendSegmentOutcomes(t *testing.T) {
 }
 
 // TestCollectLogs: the logs of generations below the current manifest's are deleted once
-// older than the grace, the current one kept whatever generation the caller names, and a
-// second run finds nothing. Within the grace a collected log's seal stays, so an earlier
+// older than the grace (keep nil keeps none), the current one kept, and a second run finds
+// nothing. Within the grace a collected log's seal stays, so an earlier
 // holder's late append at the sealed seq still fails (ErrLogSealed) rather than land on a
 // free key of a log nobody reads: the campaign's lost writes (seed 1796561633074473269).
 func TestCollectLogs(t *testing.T) {
@@ -485,7 +485,7 @@ func TestCollectLogs(t *testing.T) {
 		if err != nil || !slices.Equal(prefixes, []string{LogGenPrefix("s.test", 1), LogGenPrefix("s.test", 2)}) {
 			t.Fatalf("LogPrefixesBefore = %v, %v", prefixes, err)
 		}
-		if n, err := CollectLogs(ctx, b, "s.test", 9, time.Hour); err != nil || n != 0 {
+		if n, err := CollectLogs(ctx, b, "s.test", nil, time.Hour); err != nil || n != 0 {
 			t.Fatalf("CollectLogs within the grace = %d, %v; want 0", n, err)
 		}
 		late, err := DecodeSegment(shippedSegment(t))
@@ -497,10 +497,10 @@ func TestCollectLogs(t *testing.T) {
 		if err := AppendSegment(ctx, b, "s.test", late); !errors.Is(err, ErrLogSealed) {
 			t.Fatalf("a late append at a collected log's sealed seq, within the grace: %v, want ErrLogSealed", err)
 		}
-		if n, err := CollectLogs(ctx, b, "s.test", 9, 0); err != nil || n != 4 {
+		if n, err := CollectLogs(ctx, b, "s.test", nil, 0); err != nil || n != 4 {
 			t.Fatalf("CollectLogs = %d, %v; want the 4 segments of generations 1 and 2", n, err)
 		}
-		if n, err := CollectLogs(ctx, b, "s.test", 9, 0); err != nil || n != 0 {
+		if n, err := CollectLogs(ctx, b, "s.test", nil, 0); err != nil || n != 0 {
 			t.Fatalf("CollectLogs again = %d, %v; want 0", n, err)
 		}
 		l, err := ReadLog(ctx, b, "s.test", 3)
