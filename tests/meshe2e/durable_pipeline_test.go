@@ -3,6 +3,7 @@ package meshe2e
 import (
 	"bytes"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,6 +78,48 @@ func TestPipelineGapIsNeverAcknowledged(t *testing.T) {
 	c.post(entry, host, "after-the-takeover")
 	if got, _, _ = c.roomTexts(entry, host); !has(got, "after-the-takeover") {
 		t.Errorf("the write after the takeover is not in the room: %v", got)
+	}
+}
+
+// TestTimerWriteIsShippedUnasked: a commit the instance makes on its own, answering nobody
+// (durable_walapp's POST /later: a 202, then the insert 300 ms later), lands in the space's log within
+// the log's interval with no answer waiting at the gate, so a kill -9 of the holder after
+// that keeps it.
+func TestTimerWriteIsShippedUnasked(t *testing.T) {
+	c := newCluster(t)
+	c.kind = logOnlyKind(map[string]any{
+		"command": harness.Program(t, "lchat-test-durable-walapp", "./tests/meshe2e/durable_walapp"),
+		"args":    []string{},
+	})
+	a, b := c.start(false), c.start(false)
+	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	host := hostOwnedBy(t, "timer", b, a, b)
+	c.createSpace(a, host)
+	harness.WaitFor(t, 5*time.Second, "the row on the holder", func() bool { return hasRoute(b, host) })
+	c.mustDo(b, "POST", host, "/rows", "asked", http.StatusCreated)
+	before, ok := gateOf(t, b, host)
+	if !ok || before.Segments == 0 {
+		t.Fatalf("%s ships no log for %s (%+v, %v)", b.self, host, before, ok)
+	}
+
+	// The row is committed 300 ms after the 202, and nothing is asked of the space from
+	// then on (a request would wait at the gate, and ship it): the log ships it by itself.
+	c.mustDo(b, "POST", host, "/later", "on-its-own", http.StatusAccepted)
+	harness.WaitFor(t, 10*time.Second, "the unasked row's segment to land", func() bool {
+		g, ok := gateOf(t, b, host)
+		return ok && g.Segments > before.Segments
+	})
+	b.Kill()
+	var body string
+	harness.WaitFor(t, deadAfter+30*time.Second, "the other box to serve the space", func() bool {
+		code, got, err := c.do(a, "GET", host, "/rows", "", nil)
+		body = got
+		return err == nil && code == http.StatusOK
+	})
+	for _, want := range []string{"asked", "on-its-own"} {
+		if !strings.Contains(body, `"`+want+`"`) {
+			t.Errorf("after the holder's kill the row %q is gone: %.300s", want, body)
+		}
 	}
 }
 

@@ -6,6 +6,8 @@
 //
 //	POST /rows    inserts the body as a row (with 3 KB of random padding: a page or
 //	              more per commit), 201 {"id": n}
+//	POST /later   answers 202 at once, then inserts the body as a row 300 ms later (a
+//	              timer's write: the commit answers nobody)
 //	GET  /rows    every row, [{"id": n, "text": "..."}], by id
 //	GET  /stats   the checkpoints run: {"TRUNCATE": n, "RESTART": n, "PASSIVE": n}
 //	              count the complete ones (SQLite's busy 0), "busy" the others
@@ -25,6 +27,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	_ "modernc.org/sqlite"
 )
@@ -88,6 +91,21 @@ func main() {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":%d}`, id)
+	})
+	mux.HandleFunc("POST /later", func(w http.ResponseWriter, r *http.Request) {
+		text, err := io.ReadAll(io.LimitReader(r.Body, 4096))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusAccepted)
+		time.AfterFunc(300*time.Millisecond, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if _, err := db.Exec(`INSERT INTO rows (text, pad) VALUES (?, randomblob(3000))`, string(text)); err != nil {
+				log.Printf("later insert: %v", err)
+			}
+		})
 	})
 	mux.HandleFunc("GET /rows", func(w http.ResponseWriter, r *http.Request) {
 		rows, err := db.Query(`SELECT id, text FROM rows ORDER BY id`)
