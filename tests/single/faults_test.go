@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -152,6 +154,26 @@ func TestFailedWakeBacksOffOnS3(t *testing.T) {
 	t.Logf("FIGURE corrupt blob: %v answers in 2.5s, %d restore attempts (wake_failures %v)", codes, restores(), fails)
 	if n := restores(); n < 1 || n > 2 {
 		t.Fatalf("corrupt blob: %d restore attempts under a 2.5s flood, want 1 or 2 (backoff 1s, 2s)", n)
+	}
+	// What a client of the failing space gets: a 503 with Retry-After and a page that
+	// says when to try again, and nothing of the box's reason.
+	req, _ := http.NewRequest("GET", b.URL(corrupt, "/api/messages"), nil)
+	req.Header.Set("Accept", "application/json")
+	resp, err := b.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var p struct {
+		Status     int    `json:"status"`
+		Host       string `json:"host"`
+		RetryAfter int    `json:"retry_after"`
+	}
+	if err := json.Unmarshal(page, &p); err != nil || resp.StatusCode != 503 || p.Status != 503 || p.Host != corrupt ||
+		strconv.Itoa(p.RetryAfter) != resp.Header.Get("Retry-After") || strings.Contains(string(page), "restore") {
+		t.Fatalf("a request to the failing space: %d Retry-After %q %s (%v), want 503 with a page giving the same Retry-After",
+			resp.StatusCode, resp.Header.Get("Retry-After"), page, err)
 	}
 
 	const cut = "cut.example.com"

@@ -572,8 +572,10 @@ func TestOperatorSurface(t *testing.T) {
 	b := e.box(t, cfgOpts{})
 	const secret = "s3cr3t-v4lue-never-shown"
 
-	if code, _ := do(t, b, "GET", "nobody.example.com", "/", ""); code != http.StatusNotFound {
-		t.Fatalf("unknown host: %d, want 404", code)
+	// A mistyped host gets a page saying so, not a browser's own error page.
+	if code, page := do(t, b, "GET", "nobody.example.com", "/", ""); code != http.StatusNotFound ||
+		page != "404 Not Found: nobody.example.com is not a space on this server.\n" {
+		t.Fatalf("unknown host: %d %q, want 404 with its page", code, page)
 	}
 
 	for body, want := range map[string]string{
