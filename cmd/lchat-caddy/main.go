@@ -31,10 +31,13 @@ Start here:
 	lchat-caddy fleet
 `
 	// The root's help is ours once it is built (lchatcli.BrandRoot). cobra runs its
-	// initializers for `lchat-caddy`, `lchat-caddy help [cmd]` and every command, but not
-	// for a bare --help, which is the same as help.
+	// initializers for `lchat-caddy help [cmd]` and every command that runs, but not for
+	// the root alone or a bare --help, which print the same help.
 	cobra.OnInitialize(lchatcli.BrandRoot)
-	if len(os.Args) == 2 && (os.Args[1] == "--help" || os.Args[1] == "-h") {
+	switch {
+	case len(os.Args) == 1:
+		os.Args = append(os.Args, "help")
+	case len(os.Args) == 2 && (os.Args[1] == "--help" || os.Args[1] == "-h"):
 		os.Args[1] = "help"
 	}
 	caddycmd.Main()

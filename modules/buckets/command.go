@@ -86,7 +86,9 @@ func cmdBucketCheck(fl caddycmd.Flags) (int, error) {
 	// The SDK's own stderr lines (an IMDS fallback warning) would come before the one
 	// error line that says what failed.
 	quietSDK = true
-	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// A signal stops the races and the scratch keys are still removed: SIGPIPE too (the
+	// output piped to a reader that quit), which would otherwise end the process at once.
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
 	defer stop()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: sigCtx})
 	defer cancel()

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lchat/lchat-caddy/internal/cli"
+	"github.com/lchat/lchat-caddy/internal/selfcmd"
 	"github.com/lchat/lchat-caddy/modules/lchat"
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/sandbox"
@@ -262,7 +263,7 @@ func cmdDev(fs caddycmd.Flags) (int, error) {
 	abs, _ := filepath.Abs(dir)
 	exe, _ := os.Executable()
 	devBanner(os.Stdout, banner{
-		Self: selfCommand(), GoRun: goRunBuild(exe), Dir: abs, Port: port, Admin: admin,
+		Self: selfcmd.Command(), GoRun: selfcmd.GoRun(exe), Dir: abs, Port: port, Admin: admin,
 		Suggest: freeHost(func(h string) bool { _, ok := b.Lookup(h); return ok }),
 		NotIsolated: notIsolated, Helpers: missingHelpers(exe, notIsolated == nil && os.Geteuid() == 0),
 		LogLevel: logs.Level,

@@ -1,14 +1,10 @@
 package lchatcli
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime/debug"
-	"strings"
 
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/modules/lchat"
@@ -17,7 +13,7 @@ import (
 
 // banner is what `lchat-caddy dev` says once it runs (devBanner).
 type banner struct {
-	// Self is how this binary is run again (selfCommand); GoRun, that it is a go run build.
+	// Self is how this binary is run again (selfcmd.Command); GoRun, that it is a go run build.
 	Self  string
 	GoRun bool
 	// Dir is dev's state directory; Port its HTTP port; Admin its admin API address.
@@ -117,112 +113,3 @@ func executable(path string) bool {
 	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
 }
 
-// selfCommand is the command that runs this binary again from the current directory, for
-// the commands dev prints: the path it was invoked by (os.Args[0]: as typed when it holds
-// a slash or names this binary on PATH, else the absolute path), or, for a binary `go run`
-// built in its temporary directory (which is gone once it exits), `go run` and the
-// package ("go run ./cmd/lchat-caddy" inside the module's tree).
-func selfCommand() string {
-	exe, err := os.Executable()
-	if err != nil {
-		return shellQuote(os.Args[0])
-	}
-	if goRunBuild(exe) {
-		if cmd, ok := goRunCommand(); ok {
-			return cmd
-		}
-	}
-	arg0 := os.Args[0]
-	if strings.Contains(arg0, "/") {
-		return shellQuote(arg0)
-	}
-	if p, err := exec.LookPath(arg0); err == nil && sameFile(p, exe) {
-		return shellQuote(arg0)
-	}
-	return shellQuote(exe)
-}
-
-// goRunBuild reports whether exe is where `go run` puts the binary it runs: the one it
-// builds, $GOTMPDIR (or $TMPDIR)/go-build<random>/b001/exe/<name>, or, once that is
-// cached (Go 1.24 and later: every run after the first), Go's build cache entry,
-// $GOCACHE/<xx>/<xx...: 64 hex digits>-d/<name>.
-func goRunBuild(exe string) bool {
-	d := filepath.Dir(exe)
-	if filepath.Base(d) == "exe" && strings.HasPrefix(filepath.Base(filepath.Dir(filepath.Dir(d))), "go-build") {
-		return true
-	}
-	entry, shard := filepath.Base(d), filepath.Base(filepath.Dir(d))
-	hash, ok := strings.CutSuffix(entry, "-d")
-	return ok && len(hash) == 64 && isHex(hash) && len(shard) == 2 && strings.HasPrefix(hash, shard)
-}
-
-func isHex(s string) bool {
-	return strings.Trim(s, "0123456789abcdef") == ""
-}
-
-// goRunCommand is `go run` and this binary's main package: a path relative to the
-// current directory when that is inside the main module's tree, else the package's
-// import path (with its version when it has a real one).
-func goRunCommand() (string, bool) {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok || bi.Path == "" {
-		return "", false
-	}
-	if cwd, err := os.Getwd(); err == nil {
-		if root, ok := moduleRoot(cwd, bi.Main.Path); ok {
-			pkg := filepath.Join(root, strings.TrimPrefix(bi.Path, bi.Main.Path))
-			if rel, err := filepath.Rel(cwd, pkg); err == nil {
-				if !strings.HasPrefix(rel, ".") {
-					rel = "./" + rel
-				}
-				return "go run " + shellQuote(rel), true
-			}
-		}
-	}
-	if v := bi.Main.Version; v != "" && v != "(devel)" && !strings.Contains(v, "+") {
-		return "go run " + bi.Path + "@" + v, true
-	}
-	return "go run " + bi.Path, true
-}
-
-// moduleRoot finds the directory at or above dir whose go.mod declares module mod.
-func moduleRoot(dir, mod string) (string, bool) {
-	for {
-		if f, err := os.Open(filepath.Join(dir, "go.mod")); err == nil {
-			sc := bufio.NewScanner(f)
-			for sc.Scan() {
-				if fields := strings.Fields(sc.Text()); len(fields) == 2 && fields[0] == "module" {
-					f.Close()
-					if strings.Trim(fields[1], `"`) == mod {
-						return dir, true
-					}
-					return "", false
-				}
-			}
-			f.Close()
-			return "", false
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", false
-		}
-		dir = parent
-	}
-}
-
-func sameFile(a, b string) bool {
-	fa, err := os.Stat(a)
-	if err != nil {
-		return false
-	}
-	fb, err := os.Stat(b)
-	return err == nil && os.SameFile(fa, fb)
-}
-
-// shellQuote quotes s for a POSIX shell when it holds anything but plain path characters.
-func shellQuote(s string) string {
-	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./-+:@=,") == "" {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
