@@ -21,7 +21,6 @@ const caddyPath = "github.com/caddyserver/caddy/v2"
 // else "devel" (a build without version control information, such as `go test`'s).
 func Lchat() string { return lchat(debug.ReadBuildInfo()) }
 
-
 // Caddy is the Caddy module's version, "unknown" when the binary does not say.
 func Caddy() string { return caddy(debug.ReadBuildInfo()) }
 

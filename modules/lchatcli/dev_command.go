@@ -264,7 +264,7 @@ func cmdDev(fs caddycmd.Flags) (int, error) {
 	exe, _ := os.Executable()
 	devBanner(os.Stdout, banner{
 		Self: selfcmd.Command(), GoRun: selfcmd.GoRun(exe), Dir: abs, Port: port, Admin: admin,
-		Suggest: freeHost(func(h string) bool { _, ok := b.Lookup(h); return ok }),
+		Suggest:     freeHost(func(h string) bool { _, ok := b.Lookup(h); return ok }),
 		NotIsolated: notIsolated, Helpers: missingHelpers(exe, notIsolated == nil && os.Geteuid() == 0),
 		LogLevel: logs.Level,
 	})
