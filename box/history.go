@@ -10,8 +10,14 @@ import (
 	"github.com/lchat/lchat-caddy/spacestore"
 )
 
-// History lists host's checkpoints within its kind's retention, oldest first; never nil.
+// History lists host's checkpoints within its kind's retention, oldest first, each with
+// the log that extends it; never nil. A host without a route is a 404, as for Restore.
 func (b *Box) History(ctx context.Context, host string) ([]spacestore.Checkpoint, error) {
+	if _, err := b.reg.Get(host); errors.Is(err, registry.ErrNotFound) {
+		return nil, fail(http.StatusNotFound, "no route for host %s", host)
+	} else if err != nil {
+		return nil, err
+	}
 	cps, err := b.eng.History(ctx, host)
 	if err != nil {
 		return nil, err

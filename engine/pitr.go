@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/lchat/lchat-caddy/spacestore"
 )
@@ -12,17 +13,21 @@ import (
 // or, as a *LeaseHeldError, on another).
 var ErrAwake = errors.New("space is awake: put it to sleep before restoring")
 
-// History lists host's checkpoints, oldest first.
+// History lists host's checkpoints, oldest first, each with the log that extends it
+// (spacestore.Timeline): every point a restore can bring back.
 func (e *Engine) History(ctx context.Context, host string) ([]spacestore.Checkpoint, error) {
 	if !validHost(host) {
 		return nil, fmt.Errorf("invalid host %q", host)
 	}
-	cps, _, err := spacestore.History(ctx, e.cfg.Bucket, host)
+	cps, _, err := spacestore.Timeline(ctx, e.cfg.Bucket, host)
 	return cps, err
 }
 
-// RestoreTo makes checkpoint t of the asleep space host its current state, as a new
-// generation, within the retention of kind (DefaultRetention when the kind sets none). It
+// RestoreTo makes the state t names (a checkpoint, or the newest acknowledged state at or
+// before a time: a checkpoint plus its log's segments, spacestore.RestoreToWith) of the
+// asleep space host its current state, as a new generation, within the retention of kind
+// (DefaultRetention when the kind sets none). A restore that applies segments rebuilds the
+// state under the state dir (pitr/), which needs room for the space. It
 // holds the space's operation lock, so this box cannot wake it meanwhile; a space awake here
 // is refused with ErrAwake, one awake on another box with a *LeaseHeldError. Nothing is
 // written when refused.
@@ -43,7 +48,9 @@ func (e *Engine) RestoreTo(ctx context.Context, host, kind string, t spacestore.
 	if holding || (state != StateAsleep && state != StateFailed && state != StateFenced) {
 		return spacestore.RestoreResult{}, ErrAwake
 	}
-	res, err := spacestore.RestoreTo(ctx, e.cfg.Bucket, host, e.holder, t, k.Retention, e.now())
+	opts := spacestore.RestoreOptions{Retention: k.Retention, WorkDir: filepath.Join(e.cfg.StateDir, "pitr"),
+		SealLog: k.Durability == DurabilityBucket}
+	res, err := spacestore.RestoreToWith(ctx, e.cfg.Bucket, host, e.holder, t, opts, e.now())
 	var held *spacestore.LeaseHeldError
 	if errors.As(err, &held) {
 		return res, &LeaseHeldError{Holder: held.Holder}

@@ -21,7 +21,7 @@ func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "history",
 		Usage: "<host> [--json] [--address <admin>]",
-		Short: "Lists a space's checkpoints (time, generation, size) within retention",
+		Short: "Lists a space's checkpoints (time, generation, size) and the log after each: every point restore --at reaches",
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Flags().Bool("json", false, "Print JSON instead of a table")
 			addAdminFlags(cmd)
@@ -33,10 +33,12 @@ func init() {
 		Usage: "<host> --at <RFC3339|generation> [--address <admin>]",
 		Short: "Restores an asleep space to an earlier checkpoint, as a new generation",
 		Long: `
-Makes the checkpoint named by --at (a generation, or the newest checkpoint at or
-before an RFC 3339 time) the space's current state, as a new generation: restore
-the generation before it to undo. Refused, changing nothing, while the space is
-awake on any box.
+Makes the state named by --at the space's current state, as a new generation:
+a generation names its checkpoint; an RFC 3339 time the newest acknowledged state
+at or before it (the newest checkpoint at or before it, plus the log segments that
+had landed by then, for a kind of durability bucket). Restore the generation before
+it to undo. Refused, changing nothing, while the space is awake on any box. --at is
+required.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Flags().String("at", "", "RFC 3339 time or generation to restore")
@@ -60,9 +62,13 @@ func cmdHistory(fs caddycmd.Flags) (int, error) {
 		enc.SetIndent("", "  ")
 		return caddy.ExitCodeSuccess, enc.Encode(out)
 	}
-	fmt.Printf("%-12s %-24s %s\n", "GENERATION", "TIME", "SIZE")
+	fmt.Printf("%-12s %-24s %-12s %-9s %s\n", "GENERATION", "TIME", "SIZE", "SEGMENTS", "LOG UNTIL")
 	for _, cp := range out.Checkpoints {
-		fmt.Printf("%-12d %-24s %d\n", cp.Generation, cp.At.UTC().Format(time.RFC3339), cp.Size)
+		segs, until := "-", "-"
+		if cp.Log != nil {
+			segs, until = fmt.Sprint(cp.Log.Segments), cp.Log.Last.UTC().Format(time.RFC3339)
+		}
+		fmt.Printf("%-12d %-24s %-12d %-9s %s\n", cp.Generation, cp.At.UTC().Format(time.RFC3339), cp.Size, segs, until)
 	}
 	return caddy.ExitCodeSuccess, nil
 }
@@ -78,6 +84,11 @@ func cmdRestore(fs caddycmd.Flags) (int, error) {
 	var out spacestore.RestoreResult
 	if err := adminCall(fs, http.MethodPost, "/lchat/routes/"+host+"/restore", adminapi.RestoreRequest{At: fs.String("at")}, &out); err != nil {
 		return cli.ExitFailed, err
+	}
+	if out.Segments > 0 && out.Through != nil {
+		fmt.Printf("restored %s to generation %d (%s) plus %d log segments through %s, as generation %d\n", host, out.From.Generation,
+			out.From.At.UTC().Format(time.RFC3339), out.Segments, out.Through.UTC().Format(time.RFC3339), out.Generation)
+		return caddy.ExitCodeSuccess, nil
 	}
 	fmt.Printf("restored %s to generation %d (%s) as generation %d\n", host, out.From.Generation, out.From.At.UTC().Format(time.RFC3339), out.Generation)
 	return caddy.ExitCodeSuccess, nil
