@@ -141,8 +141,8 @@ func pageFormatOf(accept string) pageFormat {
 // pageContent is what a page says.
 type pageContent struct {
 	Status     int    `json:"status"`
-	Error      string `json:"error"` // a code: not_a_space, unavailable
-	Message    string `json:"message"`
+	Message    string `json:"error"` // what an API client shows, as the admin API's errors
+	Code       string `json:"code"`  // not_a_space, unavailable
 	Host       string `json:"host"`
 	RetryAfter int    `json:"retry_after,omitempty"`
 	Title      string `json:"-"`
@@ -152,14 +152,14 @@ type pageContent struct {
 
 func pageContentOf(status int, host string, pe *pageError, method string) pageContent {
 	if pe.kind == pageUnknownHost {
-		return pageContent{Status: status, Error: "not_a_space", Host: host,
+		return pageContent{Status: status, Code: "not_a_space", Host: host,
 			Message: host + " is not a space on this server.",
 			Title:   "No space here",
 			Detail: "Nothing is served at this address here. Check the address; a space created " +
 				"a moment ago may take a few seconds to reach this server."}
 	}
 	secs := max(pe.retryAfter, 1)
-	return pageContent{Status: status, Error: "unavailable", Host: host, RetryAfter: secs,
+	return pageContent{Status: status, Code: "unavailable", Host: host, RetryAfter: secs,
 		Message: fmt.Sprintf("%s is not available right now; try again in %d seconds.", host, secs),
 		Title:   "Not available right now",
 		Detail: fmt.Sprintf("The space may be starting up or moving between servers. "+

@@ -90,10 +90,11 @@ func TestUnknownHostGetsAPage(t *testing.T) {
 	var page struct {
 		Status int    `json:"status"`
 		Error  string `json:"error"`
+		Code   string `json:"code"`
 		Host   string `json:"host"`
 	}
 	if err := json.Unmarshal(a.Body.Bytes(), &page); err != nil || a.Header().Get("Content-Type") != "application/json" ||
-		page.Status != 404 || page.Error != "not_a_space" || page.Host != host {
+		page.Status != 404 || page.Code != "not_a_space" || page.Host != host || page.Error != host+" is not a space on this server." {
 		t.Errorf("API client: %s %q (%v), want JSON naming the host", a.Header().Get("Content-Type"), a.Body.String(), err)
 	}
 
@@ -131,7 +132,7 @@ func TestUnavailablePage(t *testing.T) {
 	}{
 		{"GET", "text/html", []string{`<meta http-equiv="refresh" content="7">`, host + " is not available right now", "Try again in 7 seconds"}, nil},
 		{"POST", "text/html", []string{"Try again in 7 seconds"}, []string{"refresh"}},
-		{"GET", "application/json", []string{`"status":503`, `"error":"unavailable"`, `"retry_after":7`, `"host":"` + host + `"`}, nil},
+		{"GET", "application/json", []string{`"status":503`, `"code":"unavailable"`, `"error":"` + host + ` is not available right now; try again in 7 seconds."`, `"retry_after":7`, `"host":"` + host + `"`}, nil},
 		{"GET", "*/*", []string{"503 Service Unavailable: " + host + " is not available right now; try again in 7 seconds.\n"}, nil},
 	} {
 		req := httptest.NewRequest(tc.method, "http://"+host+"/", nil)
