@@ -165,11 +165,11 @@ func TestConsoleFleet(t *testing.T) {
 	var page string
 	harness.WaitFor(t, 30*time.Second, "the space's page to show 2 connections held"+wantOn, func() bool {
 		page = spacePage()
-		return strings.Contains(page, `<dd class="fleet-conns">2 open, `) && strings.Contains(page, wantOn+"</dd>")
+		return strings.Contains(page, `<dd class="fleet-conns">2 WebSockets`) && strings.Contains(page, wantOn+"</dd>")
 	}, func() string { return "the page:\n" + page })
 	b.do("open "+host, chromedp.Navigate("http://console.test:"+port+"/space/"+host))
-	if held := eval[string](b, `document.querySelector('dd.fleet-conns').textContent`); !strings.HasPrefix(held, "2 open, ") || !strings.HasSuffix(held, wantOn) {
-		t.Fatalf("held connections in the fleet: %q; want 2 open%s", held, wantOn)
+	if held := eval[string](b, `document.querySelector('dd.fleet-conns').textContent`); !strings.HasPrefix(held, "2 WebSockets") || !strings.HasSuffix(held, wantOn) {
+		t.Fatalf("held connections in the fleet: %q; want 2 WebSockets%s", held, wantOn)
 	}
 	if got := eval[string](b, `document.querySelector('dd.conns').textContent`); got != "none" {
 		t.Fatalf("box 0 holds none of the room's sockets, its page says %q", got)
