@@ -303,6 +303,18 @@ func TestConsoleInBrowser(t *testing.T) {
 	if got := eval[string](b, `document.querySelector('dl.stored').textContent`); !regexp.MustCompile(`Generation[1-9]`).MatchString(got) || !strings.Contains(got, "KiB") {
 		t.Errorf("space page's bucket state %q, want the checkpoint's generation and size", got)
 	}
+	// Names and actions match the box: the checkpoint's writer is this box by the name
+	// the fleet table gives it, the footer says the actions are on, and relocate is not
+	// offered without a mesh.
+	if got, name := eval[string](b, `document.querySelector('dl.stored').textContent`), d.boxName(t); !strings.Contains(got, "ago by "+name) {
+		t.Errorf("space page's bucket state %q, want its last checkpoint by %s", got, name)
+	}
+	if got := eval[string](b, `document.querySelector('footer').textContent`); !strings.HasPrefix(got, "Actions are on in lchat_console") {
+		t.Errorf("footer %q, want it to say the actions are on", got)
+	}
+	if eval[bool](b, `document.querySelector('form[action$="actions/relocate"]') !== null`) {
+		t.Error("relocate offered on a box without a mesh")
+	}
 	b.shot("space-page")
 	b.do("ask to hibernate", chromedp.Click(chromedp.CSS(`form[action$="actions/hibernate"] button`)))
 	b.wait("confirmation page", `document.querySelector('h1') && document.querySelector('h1').textContent.startsWith('Confirm')`, 10*time.Second)
@@ -333,6 +345,17 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
+}
+
+// boxName is the name the console's fleet table gives the dev box.
+func (d *dev) boxName(t *testing.T) string {
+	t.Helper()
+	_, page := d.get(t, "console.localhost", "/")
+	m := regexp.MustCompile(`<table class="grid fleet">[\s\S]*?<th scope="row">([^<]+?) <span class="tag">this box`).FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no box in the console's fleet table:\n%s", page)
+	}
+	return m[1]
 }
 
 // stateOfSpacePageless is the state cell of a page without a spaces table: empty.
