@@ -29,6 +29,18 @@ type Node struct {
 	// Placement, when set, answers Owner over the same view as Live, cached per host
 	// until the view changes (Membership.Placement). Nil: Owner over Live on each call.
 	Placement *Placement
+	// Balance is bounded-load placement's ε (Target): a wake goes past its HRW owner when
+	// that box's warm set plus the space would pass (1+Balance)× the mean. 0: plain HRW.
+	Balance float64
+}
+
+// target is where a space of size bytes (0: unknown) homed in homeRegion wakes, over the
+// live view and its loads: bounded-load placement (Placement.Target, BoundedOwner).
+func (b *Node) target(host, homeRegion string, size int64) (Member, bool) {
+	if b.Placement != nil {
+		return b.Placement.Target(host, homeRegion, size, b.Balance)
+	}
+	return BoundedOwner(host, b.Live(), homeRegion, size, b.Balance)
 }
 
 // owner is the HRW owner of host, homed in homeRegion, over the live view.
@@ -101,13 +113,16 @@ func (b *Node) Targets(host, homeRegion string) []Member {
 // here is pinned to this box's SELF.
 func (b *Node) RowFromRoute(rt *registry.Route) RouteRow {
 	row := RouteRow{
-		Host:       rt.Host,
-		Kind:       rt.Kind,
-		Version:    rt.Version,
-		Hibernate:  rt.Hibernate,
-		HomeRegion: rt.HomeRegion,
-		Env:        rt.Env,
-		Rev:        rt.Rev,
+		Host:          rt.Host,
+		Kind:          rt.Kind,
+		Version:       rt.Version,
+		Hibernate:     rt.Hibernate,
+		HomeRegion:    rt.HomeRegion,
+		Env:           rt.Env,
+		Rev:           rt.Rev,
+		Provider:      rt.Provider,
+		ProviderState: rt.ProviderState,
+		HostedFor:     rt.HostedFor,
 	}
 	if !rt.Hibernate {
 		row.LivesAt = rt.LivesAt
@@ -123,14 +138,17 @@ func (b *Node) RowFromRoute(rt *registry.Route) RouteRow {
 // nothing is ever dialed for it locally.
 func RouteFromRow(row RouteRow) registry.Route {
 	return registry.Route{
-		Host:       row.Host,
-		Kind:       row.Kind,
-		Version:    row.Version,
-		Hibernate:  row.Hibernate,
-		HomeRegion: row.HomeRegion,
-		Env:        row.Env,
-		LivesAt:    row.LivesAt,
-		Rev:        row.Rev,
+		Host:          row.Host,
+		Kind:          row.Kind,
+		Version:       row.Version,
+		Hibernate:     row.Hibernate,
+		HomeRegion:    row.HomeRegion,
+		Env:           row.Env,
+		LivesAt:       row.LivesAt,
+		Rev:           row.Rev,
+		Provider:      row.Provider,
+		ProviderState: row.ProviderState,
+		HostedFor:     row.HostedFor,
 	}
 }
 

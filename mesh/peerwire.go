@@ -62,6 +62,11 @@ type RouteRow struct {
 	// store it and forward there instead of looking for a local socket. Required when
 	// Hibernate is false, empty otherwise.
 	LivesAt string `json:"lives_at,omitempty"`
+	// Provider, ProviderState and HostedFor are the delegation fields
+	// (registry.Route): a space delegated to a provider, or hosted for another fleet.
+	Provider      string `json:"provider,omitempty"`
+	ProviderState string `json:"provider_state,omitempty"`
+	HostedFor     string `json:"hosted_for,omitempty"`
 }
 
 // String describes the row for logs; env values are never shown, only their names.
@@ -134,6 +139,9 @@ func (r *RouteRow) Validate() error {
 			return &RowError{"env." + k, "value too long, not UTF-8, or holds a NUL byte"}
 		}
 	}
+	if err := r.validateProvider(); err != nil {
+		return err
+	}
 	if r.Hibernate {
 		if r.LivesAt != "" {
 			return &RowError{"lives_at", "must be empty for a hibernating space"}
@@ -148,6 +156,18 @@ func (r *RouteRow) Validate() error {
 		return &RowError{"lives_at", "must be a box's SELF URL (scheme://host[:port])"}
 	}
 	r.LivesAt = self
+	return nil
+}
+
+// validateProvider checks the delegation fields by the registry's one rule.
+func (r *RouteRow) validateProvider() error {
+	if r.Provider == "" && r.ProviderState == "" && r.HostedFor == "" {
+		return nil
+	}
+	rt := registry.Route{Host: r.Host, Hibernate: r.Hibernate, Provider: r.Provider, ProviderState: r.ProviderState, HostedFor: r.HostedFor}
+	if err := rt.ValidateProvider(); err != nil {
+		return &RowError{"provider", err.Error()}
+	}
 	return nil
 }
 

@@ -37,6 +37,16 @@ type Route struct {
 	// SELF URL (scheme://host[:port]). Such a row has no Upstream: requests are
 	// forwarded to LivesAt and never dialed from here.
 	LivesAt string `json:"lives_at,omitempty"`
+	// Provider names the provider this fleet has delegated the space to (provider.go):
+	// every box forwards its requests there. Empty: the fleet runs it (the default).
+	Provider string `json:"provider,omitempty"`
+	// ProviderState is where a delegation stands while Provider is set: empty once the
+	// provider serves the space, ProviderDelegating or ProviderReclaiming while it moves
+	// (no side serves it then: every request is a 503 with Retry-After).
+	ProviderState string `json:"provider_state,omitempty"`
+	// HostedFor names, on a provider's fleet, the fleet that delegated the space here:
+	// only requests and calls signed by that fleet reach it. Empty: the fleet's own.
+	HostedFor string `json:"hosted_for,omitempty"`
 	// Created and Updated are set by the registry.
 	Created time.Time `json:"created"`
 	Updated time.Time `json:"updated"`
@@ -47,32 +57,39 @@ type Route struct {
 
 // Summary is a Route as listings and status output show it: env names only.
 type Summary struct {
-	Host       string    `json:"host"`
-	Kind       string    `json:"kind,omitempty"`
-	Version    string    `json:"version,omitempty"`
-	Hibernate  bool      `json:"hibernate"`
-	HomeRegion string    `json:"home_region,omitempty"`
-	EnvNames   []string  `json:"env_names,omitempty"`
-	Upstream   string    `json:"upstream,omitempty"`
-	LivesAt    string    `json:"lives_at,omitempty"`
-	Created    time.Time `json:"created"`
-	Updated    time.Time `json:"updated"`
-	Rev        string    `json:"rev,omitempty"`
+	Host       string   `json:"host"`
+	Kind       string   `json:"kind,omitempty"`
+	Version    string   `json:"version,omitempty"`
+	Hibernate  bool     `json:"hibernate"`
+	HomeRegion string   `json:"home_region,omitempty"`
+	EnvNames   []string `json:"env_names,omitempty"`
+	Upstream   string   `json:"upstream,omitempty"`
+	LivesAt    string   `json:"lives_at,omitempty"`
+	Provider   string   `json:"provider,omitempty"`
+	// ProviderState: ProviderDelegating, ProviderReclaiming or empty.
+	ProviderState string    `json:"provider_state,omitempty"`
+	HostedFor     string    `json:"hosted_for,omitempty"`
+	Created       time.Time `json:"created"`
+	Updated       time.Time `json:"updated"`
+	Rev           string    `json:"rev,omitempty"`
 }
 
 // Summary returns rt without env values.
 func (rt *Route) Summary() Summary {
 	s := Summary{
-		Host:       rt.Host,
-		Kind:       rt.Kind,
-		Version:    rt.Version,
-		Hibernate:  rt.Hibernate,
-		HomeRegion: rt.HomeRegion,
-		Upstream:   rt.Upstream,
-		LivesAt:    rt.LivesAt,
-		Created:    rt.Created,
-		Updated:    rt.Updated,
-		Rev:        rt.Rev,
+		Host:          rt.Host,
+		Kind:          rt.Kind,
+		Version:       rt.Version,
+		Hibernate:     rt.Hibernate,
+		HomeRegion:    rt.HomeRegion,
+		Upstream:      rt.Upstream,
+		LivesAt:       rt.LivesAt,
+		Provider:      rt.Provider,
+		ProviderState: rt.ProviderState,
+		HostedFor:     rt.HostedFor,
+		Created:       rt.Created,
+		Updated:       rt.Updated,
+		Rev:           rt.Rev,
 	}
 	for k := range rt.Env {
 		s.EnvNames = append(s.EnvNames, k)
@@ -115,6 +132,9 @@ func (rt *Route) Validate() error {
 				return fmt.Errorf("route %s: lives_at: %v", rt.Host, err)
 			}
 		}
+	}
+	if err := rt.ValidateProvider(); err != nil {
+		return err
 	}
 	if rt.Kind != "" && !ValidKind(rt.Kind) {
 		return fmt.Errorf("route %s: invalid kind name %q", rt.Host, rt.Kind)
