@@ -15,18 +15,21 @@ import (
 	"github.com/lchat/lchat-caddy/spacestore"
 )
 
-// Durable acknowledgements (Kind.Durability DurabilityBucket). While a space of such a
-// kind is awake its SQLite commits are shipped, in groups, to its log in the bucket
-// (spacestore/log.go), and every answer of its instance waits at its output gate
-// (package gate) until a shipment that started after the answer reached the box has
-// landed: a write the box acknowledged survives the death of its box, disk included.
+// Durable acknowledgements (Kind.Durability DurabilityBucket, the default). While a space
+// of such a kind is awake its SQLite commits are shipped, in groups, to its log in the
+// bucket (spacestore/log.go), and every answer of its instance waits at its output gate
+// (package gate) until the segment cut after the answer reached the box, and every one
+// before it, has landed: a write the box acknowledged survives the death of its box, disk
+// included. Segments are cut one at a time under durable.mu and appended several at once
+// (the gate's pipeline).
 //
 // The wake reads the log of the manifest's generation after the fence, applies it to the
 // restored data dir and seals it (spacestore.SealLog) before the instance starts, so an
 // earlier holder's next segment fails (ErrLogSealed) and that box acknowledges nothing
-// more. Shipping and checkpoints take turns (durable.mu): a checkpoint that swaps a new
-// generation covers every segment of the log before it, and the log starts again, at 1,
-// under the new generation; the logs of older generations are then collected.
+// more. Cuts and checkpoints take turns (durable.mu): a checkpoint that swaps a new
+// generation covers every segment cut before it, and the log starts again, at 1, under
+// the new generation; the older logs stay as long as their checkpoints' history entries
+// (spacestore.Collect), for point-in-time restore.
 //
 // What the log does not carry, a checkpoint still does: databases not in WAL mode and
 // every other file (logged at wake, in Status as log_skipped).
@@ -218,9 +221,10 @@ func (u *Use) Gate() *gate.Gate {
 }
 
 // WaitDurable returns once the commits the instance made before the call are in the
-// space's log (a shipment that started after it landed), at once for a kind that
-// acknowledges at checkpoints; an error (gate.ErrNotDurable) within DurableAnswerTimeout
-// when they could not be shipped: what they carried must not be acknowledged.
+// space's log (the segment cut after it, and every one before, landed), at once for a
+// kind that acknowledges at checkpoints; an error (gate.ErrNotDurable) within
+// DurableAnswerTimeout when they could not be shipped: what they carried must not be
+// acknowledged.
 func (u *Use) WaitDurable(ctx context.Context) error {
 	return u.in.waitDurable(ctx)
 }

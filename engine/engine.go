@@ -50,11 +50,11 @@ type Durability string
 // Durabilities.
 const (
 	// DurabilityCheckpoint: a write survives once a checkpoint holds it; a box's death
-	// takes what its replication class bounds (up to a periodic interval).
+	// takes what its replication class bounds (up to a periodic interval). The opt-out.
 	DurabilityCheckpoint Durability = "checkpoint"
 	// DurabilityBucket: every answer of the instance waits until the SQLite commits made
 	// before it are in the space's log in the bucket (durable.go): a write the box
-	// acknowledged survives the death of its box, its disk included.
+	// acknowledged survives the death of its box, its disk included. The default.
 	DurabilityBucket Durability = "bucket"
 	// DurabilityStandby is reserved for a warm standby's acknowledgement.
 	DurabilityStandby Durability = "standby"
@@ -93,7 +93,7 @@ type Kind struct {
 	ReadyTimeout time.Duration
 	// Replication defaults to periodic, 60s.
 	Replication Replication
-	// Durability is DurabilityCheckpoint (default) or DurabilityBucket.
+	// Durability is DurabilityBucket (default) or DurabilityCheckpoint.
 	Durability Durability
 	// WakePath is the POST target of scheduled wakes. Default "/".
 	WakePath string

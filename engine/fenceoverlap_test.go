@@ -15,12 +15,14 @@ import (
 // TestInstanceStartsWhileTheFenceIsInFlight: the wake's instance runs while its fence is
 // written (the start does not wait for the fence), and when that fence finds a
 // newer manifest (another writer's late write landed first) the instance is ended, the
-// newer state restored and a new instance started on it before anything is proxied.
+// newer state restored and a new instance started on it before anything is proxied. A
+// checkpoint kind: a kind whose durability is bucket starts its instance only once the
+// fence is written and the log sealed after it.
 func TestInstanceStartsWhileTheFenceIsInFlight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs real instances")
 	}
-	e, c := forgetTestEngine(t)
+	e, c := forgetTestEngine(t, checkpointKinds)
 	ctx := context.Background()
 	sp := Space{Host: "overlap.example.com", Kind: "app"}
 	u, err := e.Acquire(ctx, sp)

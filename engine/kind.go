@@ -112,7 +112,7 @@ func (k Kind) withDefaults(name string) (Kind, error) {
 	}
 	switch k.Durability {
 	case "":
-		k.Durability = DurabilityCheckpoint
+		k.Durability = DurabilityBucket
 	case DurabilityCheckpoint, DurabilityBucket:
 	case DurabilityStandby:
 		return k, errors.New("durability: standby is not available yet: use bucket or checkpoint")

@@ -66,6 +66,15 @@ func refuseManifests(c *membucket.Counting) *atomic.Bool {
 	return refuse
 }
 
+// checkpointKinds makes every kind of cfg acknowledge at checkpoints (the opt-out of
+// the default, bucket), for tests of what only such a kind does.
+func checkpointKinds(cfg *Config) {
+	for name, k := range cfg.Kinds {
+		k.Durability = DurabilityCheckpoint
+		cfg.Kinds[name] = k
+	}
+}
+
 func forgetTestEngine(t *testing.T, mod ...func(*Config)) (*Engine, *membucket.Counting) {
 	self, err := os.Executable()
 	if err != nil {

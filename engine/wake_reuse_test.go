@@ -73,7 +73,9 @@ func TestWakeAfterSleepKeepsTheDataDir(t *testing.T) {
 	}
 	in := e.get(host)
 	dbPath := filepath.Join(in.dataDir, "app.db")
-	db, err := sql.Open("sqlite", "file:"+dbPath+"?_pragma=journal_mode(WAL)")
+	// busy_timeout, as any app needs: the box reads the database under its write lock
+	// (the log after each group of commits, checkpoints), and SQLite's default fails at once.
+	db, err := sql.Open("sqlite", "file:"+dbPath+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,12 +31,14 @@ func putLease(t *testing.T, b bucket.Bucket, host string, l spacestore.Lease) {
 // write is in flight (the lease does not wait in front of the restore and start), and when
 // the lease turns out held by a live other box the instance is ended before the wake
 // returns, nothing is proxied to it, and what it wrote into the data dir as it started is
-// not kept: the next wake serves the bucket's state.
+// not kept: the next wake serves the bucket's state. A checkpoint kind: a kind whose
+// durability is bucket starts its instance only once the lease and fence are written and
+// the log sealed after them.
 func TestLeaseInFlightWhileTheInstanceStarts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs real instances")
 	}
-	e, c := forgetTestEngine(t, func(cfg *Config) {
+	e, c := forgetTestEngine(t, checkpointKinds, func(cfg *Config) {
 		cfg.HolderLive = func(holder, _ string) bool { return holder == "other" }
 		k := cfg.Kinds["app"]
 		k.Env = map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1", "START_NOTE": "1"}
