@@ -3,6 +3,7 @@ package mesh
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -36,8 +37,9 @@ func SelfFromKey(key string) (string, bool) {
 }
 
 // Heartbeat is the body of a heartbeat object. It is written byte-for-byte identically on
-// every beat of one process, which is what keeps peers from re-reading it (see Membership);
-// it changes once at most, when the box starts draining.
+// every beat of one process, which is what keeps peers from re-reading it (see Membership),
+// until it changes: when the box starts draining, and when its published load moves by a
+// step (PublishLoad).
 type Heartbeat struct {
 	Region      string   `json:"region"`
 	Domains     []string `json:"domains"`
@@ -53,12 +55,15 @@ type Heartbeat struct {
 	// fan-out at once, but it is still live, so the leases it holds stay held until it
 	// releases them (see MarkDraining).
 	Draining bool `json:"draining,omitempty"`
+	// Load is the box's memory: warm set, budget, awake spaces (absent from older boxes).
+	Load
 }
 
 // ApplyTo copies what the heartbeat says about its box into mem.
 func (hb Heartbeat) ApplyTo(mem *Member) {
 	mem.Region, mem.Domains, mem.Incarnation, mem.Version = hb.Region, hb.Domains, hb.Incarnation, hb.Version
 	mem.Address, mem.Bucket, mem.Draining = hb.Address, hb.Bucket, hb.Draining
+	mem.Load = hb.Load
 }
 
 // encodeHeartbeat is the body a box writes for hb. The same hb always encodes to the same
@@ -94,6 +99,9 @@ func DecodeHeartbeat(raw []byte) (Heartbeat, error) {
 		if _, err := netip.ParseAddr(hb.Address); err != nil {
 			return Heartbeat{}, fmt.Errorf("heartbeat: address %q is not an IP address", hb.Address)
 		}
+	}
+	if hb.WarmSet < 0 || hb.Budget < 0 || hb.Awake < 0 {
+		return Heartbeat{}, errors.New("heartbeat: negative warm_set, budget or awake")
 	}
 	return hb, nil
 }

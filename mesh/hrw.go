@@ -45,24 +45,12 @@ func mix64(z uint64) uint64 {
 // may own it (none, or all draining).
 func Owner(host string, members []Member, homeRegion string) (owner Member, ok bool) {
 	host = NormalizeHost(host)
-	holds, scoped := false, false
-	for i := range members {
-		m := &members[i]
-		if !m.Draining && RouteInScope(host, homeRegion, m.Domains, m.Region) {
-			holds = true
-			scoped = scoped || homeRegion != "" && m.Region == homeRegion
-		}
-	}
-	if !holds && homeRegion != "" {
-		for i := range members {
-			scoped = scoped || !members[i].Draining && members[i].Region == homeRegion
-		}
-	}
+	c := candidacyOf(host, members, homeRegion)
 	var best uint64
 	bestIdx := -1
 	for i := range members {
 		m := &members[i]
-		if m.Draining || holds && !RouteInScope(host, homeRegion, m.Domains, m.Region) || scoped && m.Region != homeRegion {
+		if !c.eligible(m) {
 			continue
 		}
 		s := Score(m.Self, host)
@@ -74,4 +62,36 @@ func Owner(host string, members []Member, homeRegion string) (owner Member, ok b
 		return Member{}, false
 	}
 	return members[bestIdx], true
+}
+
+// candidacy is which members compete for one host (see Owner): the rule Owner, the ranking
+// bounded-load placement walks (Ranked) and the mean load it compares with all share it.
+type candidacy struct {
+	host, homeRegion string
+	// holds: some live member holds the host's row; scoped: some candidate is of homeRegion.
+	holds, scoped bool
+}
+
+// candidacyOf decides which of members compete for host (normalized), homed in homeRegion.
+func candidacyOf(host string, members []Member, homeRegion string) candidacy {
+	c := candidacy{host: host, homeRegion: homeRegion}
+	for i := range members {
+		m := &members[i]
+		if !m.Draining && RouteInScope(host, homeRegion, m.Domains, m.Region) {
+			c.holds = true
+			c.scoped = c.scoped || homeRegion != "" && m.Region == homeRegion
+		}
+	}
+	if !c.holds && homeRegion != "" {
+		for i := range members {
+			c.scoped = c.scoped || !members[i].Draining && members[i].Region == homeRegion
+		}
+	}
+	return c
+}
+
+// eligible reports whether m competes for the host.
+func (c candidacy) eligible(m *Member) bool {
+	return !m.Draining && (!c.holds || RouteInScope(c.host, c.homeRegion, m.Domains, m.Region)) &&
+		(!c.scoped || m.Region == c.homeRegion)
 }

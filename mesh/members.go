@@ -38,6 +38,9 @@ type Member struct {
 	// Draining is set while the member shuts down: it is still live (its leases hold)
 	// but takes no new spaces and no replicated rows.
 	Draining bool `json:"draining,omitempty"`
+	// Load is the member's published memory (warm set, budget, awake spaces), as of its
+	// heartbeat body.
+	Load
 }
 
 // memberReader reads who is live in one bucket from the heartbeats under MembersPrefix: it

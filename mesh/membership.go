@@ -61,6 +61,10 @@ type MembershipConfig struct {
 	Lifecycle *lifecycle.Machine
 	// Logger receives membership logs. Default: a no-op logger.
 	Logger *zap.Logger
+	// Load measures this box's memory (its warm set, budget and awake spaces), asked at
+	// the start of every beat; what the heartbeat carries follows it by PublishLoad's
+	// steps. Nil: the heartbeat carries no load.
+	Load func() Load
 	// WallClock is this box's wall clock. Default: time.Now. Tests set one that is off
 	// by minutes to show that nothing depends on the boxes' clocks agreeing (clock.go).
 	WallClock func() time.Time
@@ -115,8 +119,14 @@ type Membership struct {
 	stats      membershipCounters
 
 	// body is the heartbeat body; MarkDraining replaces it once, before it asks the loop
-	// for a beat, so every beat that starts after that writes the draining body.
+	// for a beat, so every beat that starts after that writes the draining body. A beat
+	// replaces it when the published load moves (PublishLoad).
 	body atomic.Pointer[[]byte]
+	// bodyMu orders the writers of body and load, so a beat's new load never brings back
+	// the body of before the drain.
+	bodyMu sync.Mutex
+	// load is the load the body carries.
+	load atomic.Pointer[Load]
 	// life is the box's lifecycle: fenced (moved by the loop only) and draining.
 	life *lifecycle.Machine
 	// kick carries MarkDraining's requests for a beat now; the loop answers each on the
@@ -200,7 +210,8 @@ func NewMembership(b bucket.Bucket, cfg MembershipConfig) (*Membership, error) {
 		fenceAfter: fenceAfter,
 		kick:       make(chan chan bool),
 	}
-	if err := m.encodeBody(m.life.Draining()); err != nil {
+	m.load.Store(new(Load))
+	if err := m.encodeBody(nil); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -209,18 +220,41 @@ func NewMembership(b bucket.Bucket, cfg MembershipConfig) (*Membership, error) {
 // heartbeat is this box's heartbeat body.
 func (m *Membership) heartbeat(draining bool) Heartbeat {
 	return Heartbeat{Region: m.cfg.Region, Domains: m.cfg.Domains, Incarnation: m.cfg.Incarnation,
-		Version: m.cfg.Version, Address: m.cfg.Address, Bucket: m.cfg.Bucket, Draining: draining}
+		Version: m.cfg.Version, Address: m.cfg.Address, Bucket: m.cfg.Bucket, Draining: draining, Load: *m.load.Load()}
 }
 
-// encodeBody sets the body that every beat from now on writes.
-func (m *Membership) encodeBody(draining bool) error {
-	body, err := encodeHeartbeat(m.heartbeat(draining))
+// encodeBody sets the body that every beat from now on writes, with the lifecycle's
+// draining flag and, when load is set, that load.
+func (m *Membership) encodeBody(load *Load) error {
+	m.bodyMu.Lock()
+	defer m.bodyMu.Unlock()
+	if load != nil {
+		m.load.Store(load)
+	}
+	body, err := encodeHeartbeat(m.heartbeat(m.life.Draining()))
 	if err != nil {
 		return fmt.Errorf("membership: encoding heartbeat: %v", err)
 	}
 	m.body.Store(&body)
 	return nil
 }
+
+// measureLoad asks the box for its load and, when it moved by a step, sets the body that
+// carries it (PublishLoad).
+func (m *Membership) measureLoad() {
+	if m.cfg.Load == nil {
+		return
+	}
+	measured := m.cfg.Load()
+	if pub := PublishLoad(*m.load.Load(), measured); pub != *m.load.Load() {
+		if err := m.encodeBody(&pub); err != nil {
+			m.logger.Error("publishing load", zap.Error(err))
+		}
+	}
+}
+
+// PublishedLoad is the load this box's heartbeat carries now.
+func (m *Membership) PublishedLoad() Load { return *m.load.Load() }
 
 // Config returns the effective configuration, defaults filled in.
 func (m *Membership) Config() MembershipConfig { return m.cfg }
@@ -377,6 +411,7 @@ func (m *Membership) Fenced() bool { return m.life.Fenced() }
 // putHeartbeat writes this box's heartbeat, returning when it was sent.
 func (m *Membership) putHeartbeat(ctx context.Context) (time.Time, bool) {
 	m.stats.beats.Add(1)
+	m.measureLoad()
 	m.stats.puts.Add(1)
 	pctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
 	defer cancel()
@@ -458,7 +493,7 @@ func (m *Membership) MarkDraining(ctx context.Context) error {
 	// The box may be draining already (its lifecycle's Drain): the body and the view
 	// follow it here, once or again, alike.
 	m.life.Drain()
-	if err := m.encodeBody(true); err != nil {
+	if err := m.encodeBody(nil); err != nil {
 		return err
 	}
 	m.mu.Lock()

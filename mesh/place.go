@@ -47,6 +47,9 @@ type Request struct {
 	AwakeHere bool
 	// ViaHint is set when the last forward followed a Holders entry (HintHeader).
 	ViaHint bool
+	// Size is the space's last known size in bytes (Sizes), what it adds to the warm set
+	// of the box it wakes on; 0: unknown, taken as the fleet's mean awake space.
+	Size int64
 }
 
 // Place decides where a request goes once its route is known.
@@ -57,9 +60,11 @@ type Request struct {
 //
 // A hibernating space in this box's scope is served where it is awake: here when it is
 // (even while this box drains: it serves the space until the drain puts it to sleep);
-// else on the box it was last seen awake on (Holders), directly; else on its HRW owner
-// among the live boxes that are not draining, which wakes it or, finding its lease held,
-// forwards once more to the holder (LeaseHeld). A request sent on a Holders entry that
+// else on the box it was last seen awake on (Holders), directly; else where it wakes: its
+// HRW owner among the live boxes that are not draining, or, when that box has no room for
+// it, the next box in the host's HRW order that has (bounded loads: Placement.Target,
+// with req.Size), which wakes it or, finding its lease held, forwards once more to the
+// holder (LeaseHeld). A request sent on a Holders entry that
 // finds the space asleep (the entry went stale when it slept) goes on to the owner, so
 // the space wakes there, not wherever the entry pointed. A request forwarded twice is served
 // where it lands. A forward to the holder or the owner may fall back to serving here when
@@ -99,11 +104,11 @@ func (b *Node) Place(req Request) Decision {
 	if req.Hops == 1 && !req.ViaHint && !b.draining() {
 		return Decision{Action: Serve}
 	}
-	owner, ok := b.owner(rt.Host, rt.HomeRegion)
-	if !ok || owner.Self == b.Self {
+	to, ok := b.target(rt.Host, rt.HomeRegion, req.Size)
+	if !ok || to.Self == b.Self {
 		return Decision{Action: Serve}
 	}
-	return Decision{Action: Forward, Peer: owner.Self, Fallback: true}
+	return Decision{Action: Forward, Peer: to.Self, Fallback: true}
 }
 
 // holder is the live box other than this one that host's space was last seen awake on.
@@ -136,10 +141,11 @@ func (b *Node) LeaseHeld(host, holder string, hops int) Decision {
 }
 
 // Draining decides where a request goes that this draining box cannot serve (its space
-// is asleep here, or was just put to sleep by the drain): to the owner among the boxes
-// that are not draining, which wakes it once this box has released its lease.
+// is asleep here, or was just put to sleep by the drain): to where it wakes among the
+// boxes that are not draining (bounded loads, its size unknown here), which wakes it once
+// this box has released its lease.
 func (b *Node) Draining(host, homeRegion string, hops int) Decision {
-	owner, ok := b.owner(host, homeRegion)
+	owner, ok := b.target(host, homeRegion, 0)
 	if !ok || owner.Self == b.Self || hops >= MaxHops || !b.InScope(host, homeRegion) {
 		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s: this box is shutting down", host)}
 	}

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 )
 
-// maxCachedOwners bounds the answers one view keeps (about 100 bytes each). Only hosts
+// maxCachedOwners bounds the answers one view keeps (about 150 bytes each). Only hosts
 // with a registry row reach placement, so this is a bound on a very large registry, not
 // on what clients send; past it Owner still answers, by hashing, and the next view starts
 // empty.
@@ -36,13 +36,80 @@ type Placement struct {
 type placementView struct {
 	gen     uint64
 	members []Member
+	// loads is the members' published loads, replaced on every SetView, the same
+	// generation or not (loads move on beats that keep the placement).
+	loads atomic.Pointer[loadView]
 
 	mu sync.RWMutex
-	// owners maps (host, home region) to the owner's index in members, or -1 for none.
-	owners map[ownerKey]int32
+	// owners maps (host, home region) to the host's ranking, nil when no member may own it.
+	owners map[ownerKey]*ranking
+	// groups interns the candidate sets of the rankings (few: one per scope of the fleet).
+	groups map[uint64][]*group
 }
 
 type ownerKey struct{ host, homeRegion string }
+
+// rankTop is how many of a host's candidates a ranking keeps in HRW order: bounded-load
+// placement walks them, and only when none of them has room ranks the whole group.
+const rankTop = 8
+
+// ranking is one host's first candidates in HRW order, and the group they come from.
+type ranking struct {
+	top []int32
+	g   *group
+}
+
+// group is one set of candidates, as indexes into the view's members.
+type group struct {
+	idx []int32
+	// slot is the group's index in a loadView's sums.
+	slot int
+}
+
+// loadView is the members' published loads, aligned with the view's members.
+type loadView struct {
+	warm, budget []int64
+	awake        []int
+	any          bool // some member publishes a warm set or a budget
+	meanSize     int64
+
+	mu   sync.Mutex
+	sums []int64 // by group slot; -1 until computed
+}
+
+// sum is the warm set of g's members.
+func (l *loadView) sum(g *group) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(l.sums) <= g.slot {
+		l.sums = append(l.sums, -1)
+	}
+	if s := l.sums[g.slot]; s >= 0 {
+		return s
+	}
+	var s int64
+	for _, i := range g.idx {
+		s += l.warm[i]
+	}
+	l.sums[g.slot] = s
+	return s
+}
+
+func newLoadView(members []Member) *loadView {
+	l := &loadView{warm: make([]int64, len(members)), budget: make([]int64, len(members)), awake: make([]int, len(members))}
+	var warm int64
+	var awake int
+	for i := range members {
+		l.warm[i], l.budget[i], l.awake[i] = max(members[i].WarmSet, 0), members[i].Budget, members[i].Awake
+		l.any = l.any || members[i].WarmSet > 0 || members[i].Budget > 0
+		warm += l.warm[i]
+		awake += l.awake[i]
+	}
+	if awake > 0 {
+		l.meanSize = warm / int64(awake)
+	}
+	return l
+}
 
 // SetView installs members (the live view, as Membership.Live returns it, sorted by Self)
 // and reports whether placement changed, which starts a new generation. members is copied
@@ -55,9 +122,11 @@ func (p *Placement) SetView(members []Member) (changed bool) {
 	defer p.setMu.Unlock()
 	old := p.cur.Load()
 	if old != nil && samePlacement(old.members, members) {
+		old.loads.Store(newLoadView(members))
 		return false
 	}
-	v := &placementView{members: append([]Member(nil), members...), owners: map[ownerKey]int32{}}
+	v := &placementView{members: append([]Member(nil), members...), owners: map[ownerKey]*ranking{}, groups: map[uint64][]*group{}}
+	v.loads.Store(newLoadView(members))
 	if old != nil {
 		v.gen = old.gen + 1
 	} else {
@@ -122,37 +191,133 @@ func (p *Placement) Owner(host, homeRegion string) (owner Member, ok bool) {
 	if v == nil {
 		return Member{}, false
 	}
-	k := ownerKey{host, homeRegion}
-	v.mu.RLock()
-	i, hit := v.owners[k]
-	v.mu.RUnlock()
-	if !hit {
-		i = -1
-		if o, ok := ownerIndex(host, v.members, homeRegion); ok {
-			i = int32(o)
-		}
-		v.mu.Lock()
-		if len(v.owners) < maxCachedOwners {
-			v.owners[k] = i
-		}
-		v.mu.Unlock()
-	}
-	if i < 0 {
+	r := v.ranking(host, homeRegion)
+	if r == nil {
 		return Member{}, false
 	}
-	return v.members[i], true
+	return v.members[r.top[0]], true
 }
 
-// ownerIndex is Owner returning the owner's index in members.
-func ownerIndex(host string, members []Member, homeRegion string) (int, bool) {
-	o, ok := Owner(host, members, homeRegion)
-	if !ok {
-		return -1, false
+// Target is BoundedOwner over the current view and the loads of the last listing: where
+// a space of size bytes that wakes goes (size <= 0: unknown, taken as the fleet's mean
+// awake space). It costs a cache lookup and a walk of the host's first candidates; the
+// host's ranking is computed once per view, like Owner's. When no member publishes a
+// load, or eps <= 0, it is Owner.
+func (p *Placement) Target(host, homeRegion string, size int64, eps float64) (Member, bool) {
+	v := p.cur.Load()
+	if v == nil {
+		return Member{}, false
 	}
-	for i := range members {
-		if members[i].Self == o.Self {
-			return i, true
+	r := v.ranking(host, homeRegion)
+	if r == nil {
+		return Member{}, false
+	}
+	l := v.loads.Load()
+	if eps <= 0 || !l.any {
+		return v.members[r.top[0]], true
+	}
+	if size <= 0 {
+		size = l.meanSize
+	}
+	bound := boundOf(l.sum(r.g), size, len(r.g.idx), eps)
+	for _, i := range r.top {
+		if hasRoom(l.warm[i], l.budget[i], size, bound) {
+			return v.members[i], true
 		}
 	}
-	return -1, false
+	if len(r.top) < len(r.g.idx) {
+		// Every one of the first candidates is full: rank the whole group (rare, linear).
+		host = NormalizeHost(host)
+		best, bestScore := -1, uint64(0)
+		for _, i := range r.g.idx {
+			if slices.Contains(r.top, i) || !hasRoom(l.warm[i], l.budget[i], size, bound) {
+				continue
+			}
+			s := Score(v.members[i].Self, host)
+			if best < 0 || rankCmp(v.members, int(i), s, best, bestScore) < 0 {
+				best, bestScore = int(i), s
+			}
+		}
+		if best >= 0 {
+			return v.members[best], true
+		}
+	}
+	return v.members[r.top[0]], true
+}
+
+// ranking is host's cached ranking in this view, computed on first use; nil when no
+// member may own the host.
+func (v *placementView) ranking(host, homeRegion string) *ranking {
+	k := ownerKey{host, homeRegion}
+	v.mu.RLock()
+	r, hit := v.owners[k]
+	v.mu.RUnlock()
+	if hit {
+		return r
+	}
+	r = v.rank(host, homeRegion)
+	v.mu.Lock()
+	if r != nil {
+		r.g = v.internLocked(r.g)
+	}
+	if len(v.owners) < maxCachedOwners {
+		v.owners[k] = r
+	}
+	v.mu.Unlock()
+	return r
+}
+
+// rank computes host's ranking: its candidates (Owner's), the first rankTop of them in
+// HRW order. Its group is not interned yet.
+func (v *placementView) rank(host, homeRegion string) *ranking {
+	host = NormalizeHost(host)
+	ms := v.members
+	c := candidacyOf(host, ms, homeRegion)
+	g := &group{}
+	var top []int32
+	var scores []uint64
+	for i := range ms {
+		if !c.eligible(&ms[i]) {
+			continue
+		}
+		g.idx = append(g.idx, int32(i))
+		s := Score(ms[i].Self, host)
+		// Insert into the first rankTop, in HRW order.
+		at := len(top)
+		for at > 0 && rankCmp(ms, i, s, int(top[at-1]), scores[at-1]) < 0 {
+			at--
+		}
+		if at >= rankTop {
+			continue
+		}
+		top = slices.Insert(top, at, int32(i))
+		scores = slices.Insert(scores, at, s)
+		if len(top) > rankTop {
+			top, scores = top[:rankTop], scores[:rankTop]
+		}
+	}
+	if len(top) == 0 {
+		return nil
+	}
+	return &ranking{top: top, g: g}
+}
+
+// internLocked returns the view's group with g's members, adding g when it is new. v.mu
+// is held.
+func (v *placementView) internLocked(g *group) *group {
+	h := uint64(fnvOffset64)
+	for _, i := range g.idx {
+		h = (h ^ uint64(i)) * fnvPrime64
+	}
+	for _, old := range v.groups[h] {
+		if slices.Equal(old.idx, g.idx) {
+			return old
+		}
+	}
+	g.slot = 0
+	for _, gs := range v.groups {
+		g.slot += len(gs)
+	}
+	v.groups[h] = append(v.groups[h], g)
+	return g
 }
