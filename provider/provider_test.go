@@ -1,0 +1,88 @@
+package provider
+
+import (
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/registry"
+)
+
+// TestScopeRules: a provider hosts only its domains up to its cap; a client acts only on
+// the routes hosted for it, never on the fleet's own or another client's.
+func TestScopeRules(t *testing.T) {
+	p := &Provider{Name: "partner", Domains: []string{"rooms.example.com"}, MaxSpaces: 2}
+	if err := p.MayDelegate("a.rooms.example.com", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.MayDelegate("a.other.example.com", 0); !errors.Is(err, ErrNotCovered) {
+		t.Fatalf("outside the domains: %v", err)
+	}
+	if err := p.MayDelegate("rooms.example.com", 0); !errors.Is(err, ErrNotCovered) {
+		t.Fatalf("the domain itself: %v", err)
+	}
+	if err := p.MayDelegate("a.rooms.example.com", 2); !errors.Is(err, ErrCap) {
+		t.Fatalf("at the cap: %v", err)
+	}
+	a := &Client{Name: "fleet-a", Domains: []string{"rooms.example.com"}, MaxSpaces: 1}
+	own := &registry.Route{Host: "x.rooms.example.com"}
+	ofB := &registry.Route{Host: "y.rooms.example.com", HostedFor: "fleet-b"}
+	ofA := &registry.Route{Host: "z.rooms.example.com", HostedFor: "fleet-a"}
+	for _, tc := range []struct {
+		cur    *registry.Route
+		hosted int
+		want   error
+	}{
+		{nil, 0, nil}, {ofA, 5, nil}, {own, 0, ErrNotYours}, {ofB, 0, ErrNotYours}, {nil, 1, ErrCap},
+	} {
+		host := "new.rooms.example.com"
+		if tc.cur != nil {
+			host = tc.cur.Host
+		}
+		if err := a.MayHost(host, tc.cur, tc.hosted); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {
+			t.Errorf("MayHost(%s, %+v, %d) = %v, want %v", host, tc.cur, tc.hosted, err, tc.want)
+		}
+	}
+}
+
+// TestMarkerNamesItsClient: the marker verifies only with the token that signed it, for
+// the host it was signed for, within the window; it is removed whatever it is.
+func TestMarkerNamesItsClient(t *testing.T) {
+	a := &Client{Name: "fleet-a", Token: keyA}
+	b := &Client{Name: "fleet-b", Token: keyB}
+	cs := Clients{a, b}
+	now := time.Unix(1_700_000_000, 0)
+	h := http.Header{}
+	(&Provider{Token: keyB}).Mark(h, testHost, now)
+	if c := cs.StripClient(h, testHost, now); c != b || h.Get(MarkerHeader) != "" {
+		t.Fatalf("client %v, header left %q", c, h.Get(MarkerHeader))
+	}
+	for name, tc := range map[string]struct {
+		value string
+		host  string
+		at    time.Time
+	}{
+		"another host": {"", "other.example.com", now},
+		"stale":        {"", testHost, now.Add(2 * time.Minute)},
+		"forged":       {"1700000000.00", testHost, now},
+	} {
+		h := http.Header{}
+		(&Provider{Token: keyA}).Mark(h, testHost, now)
+		if tc.value != "" {
+			h.Set(MarkerHeader, tc.value)
+		}
+		if c := cs.StripClient(h, tc.host, tc.at); c != nil || h.Get(MarkerHeader) != "" {
+			t.Errorf("%s: client %v, header left %q", name, c, h.Get(MarkerHeader))
+		}
+	}
+	r, _ := http.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("Authorization", "Bearer "+string(keyA))
+	if cs.Authenticate(r) != a {
+		t.Fatal("fleet-a's token did not authenticate fleet-a")
+	}
+	r.Header.Set("Authorization", "Bearer "+string(keyA)+"x")
+	if cs.Authenticate(r) != nil {
+		t.Fatal("a wrong token authenticated")
+	}
+}
