@@ -12,4 +12,5 @@ import (
 	_ "github.com/lchat/lchat-caddy/modules/dnsproviders/route53"
 	_ "github.com/lchat/lchat-caddy/modules/lchat"
 	_ "github.com/lchat/lchat-caddy/modules/lchatcli"
+	_ "github.com/lchat/lchat-caddy/modules/proxyprotocol"
 )
