@@ -24,6 +24,11 @@ type WriterConfig struct {
 	// Timeout bounds each wait (the status's, each chunk's) on top of the Writer's ctx:
 	// the engine's durability deadline, e.g. 10s. Default none: only ctx ends a wait.
 	Timeout time.Duration
+	// Refuse, when set, writes the 503 that replaces an answer whose wait failed, in
+	// place of the Writer's plain-text one (the glue's page, by the client's Accept). It
+	// gets the client's writer with a header of the box's own fields and Retry-After
+	// only, and must write the status 503; it may set fields and write a body.
+	Refuse func(w http.ResponseWriter)
 }
 
 // writerState is where a Writer's answer stands.
@@ -125,6 +130,7 @@ type Writer struct {
 	ctx        context.Context
 	g          *Gate
 	retryAfter int
+	refuse     func(http.ResponseWriter)
 	timeout    time.Duration
 	own        http.Header // the box's own header at NewWriter, kept on a 503
 
@@ -143,7 +149,7 @@ func NewWriter(ctx context.Context, w http.ResponseWriter, g *Gate, cfg WriterCo
 	if ra <= 0 {
 		ra = DefaultRetryAfter
 	}
-	return &Writer{w: w, ctx: ctx, g: g, retryAfter: ra, timeout: cfg.Timeout, own: w.Header().Clone()}
+	return &Writer{w: w, ctx: ctx, g: g, retryAfter: ra, timeout: cfg.Timeout, refuse: cfg.Refuse, own: w.Header().Clone()}
 }
 
 // Err is the wait's error that refused the answer (a 503 in its place) or broke it (cut
@@ -279,6 +285,11 @@ func (w *Writer) refuseLocked() {
 	h := w.w.Header()
 	clear(h)
 	maps.Copy(h, w.own)
+	if w.refuse != nil {
+		h.Set("Retry-After", strconv.Itoa(w.retryAfter))
+		w.refuse(w.w)
+		return
+	}
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Cache-Control", "no-store")

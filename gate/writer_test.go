@@ -318,6 +318,39 @@ func callOn(t *testing.T, w *Writer, call string) func() error {
 	return nil
 }
 
+// TestWriterRefuseHook: with WriterConfig.Refuse, a refused answer is what the hook
+// writes, on a header of the box's own fields and Retry-After only.
+func TestWriterRefuseHook(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := newFakeLog()
+		g := New(log.config(1))
+		defer g.Close(nil)
+		c := newClient()
+		c.h.Set("Via", "1.1 box-a")
+		var seen http.Header
+		w := NewWriter(context.Background(), c, g, WriterConfig{RetryAfter: retryAfter, Refuse: func(rw http.ResponseWriter) {
+			seen = rw.Header().Clone()
+			rw.Header().Set("Content-Type", "application/json")
+			rw.WriteHeader(http.StatusServiceUnavailable)
+			rw.Write([]byte(`{"code":"unavailable"}`))
+		}})
+		w.Header().Set("Set-Cookie", "session=new")
+		w.WriteHeader(http.StatusCreated)
+		done := make(chan struct{})
+		go func() { w.Write([]byte("created")); close(done) }()
+		synctest.Wait()
+		log.answer(errors.Join(ErrFenced, errors.New("sealed")))
+		<-done
+		want := []string{"header Service Unavailable", `body {"code":"unavailable"}`}
+		if got := c.seen(); !slices.Equal(got, want) {
+			t.Fatalf("client saw %q, want %q", got, want)
+		}
+		if seen.Get("Via") != "1.1 box-a" || seen.Get("Retry-After") != strconv.Itoa(retryAfter) || seen.Get("Set-Cookie") != "" {
+			t.Fatalf("the hook got header %v", seen)
+		}
+	})
+}
+
 // TestWriterStates pins the Writer's table of moves.
 func TestWriterStates(t *testing.T) {
 	for _, tc := range []struct {

@@ -184,8 +184,12 @@ func (p *proxying) Instance(use *engine.Use) error {
 	if g := use.Gate(); g != nil {
 		// Every answer waits until the commits before it are in the bucket, or is a 503;
 		// one without a body passes when the proxy is done (Finish).
+		ra := int(time.Duration(p.h.RetryAfter) / time.Second)
 		gw := gate.NewWriter(p.r.Context(), p.w, g, gate.WriterConfig{
-			RetryAfter: int(time.Duration(p.h.RetryAfter) / time.Second), Timeout: engine.DurableAnswerTimeout})
+			RetryAfter: ra, Timeout: engine.DurableAnswerTimeout,
+			Refuse: func(w http.ResponseWriter) {
+				writePage(w, p.r, http.StatusServiceUnavailable, p.host, &pageError{kind: pageUnavailable, retryAfter: ra})
+			}})
 		p.w = gw
 		defer gw.Finish()
 	}

@@ -42,6 +42,10 @@ func refused(t *testing.T, what string, a timedAnswer) {
 	if a.code != http.StatusServiceUnavailable || a.retry == "" {
 		t.Fatalf("%s: %d (Retry-After %q) after %v, want 503 with Retry-After: %.200s", what, a.code, a.retry, a.elapsed, a.body)
 	}
+	// The box's 503 page (plain text without an Accept), not the instance's answer.
+	if !strings.Contains(a.body, "is not available right now") {
+		t.Errorf("%s: the 503's body is not the box's page: %.200s", what, a.body)
+	}
 	if a.elapsed > refusedWithin {
 		t.Errorf("%s was refused after %v, want within %v", what, a.elapsed, refusedWithin)
 	}
