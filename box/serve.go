@@ -37,6 +37,9 @@ type Request struct {
 	Reopen bool
 	// AwakeAt is the peer that last announced the space awake, for a Reopen.
 	AwakeAt string
+	// Client, on a provider's box, is the fleet whose forwarded marker the request
+	// carries (provider.Clients.StripClient); it counts as one hop.
+	Client string
 }
 
 // Proxy carries out Serve's decisions for one request.
@@ -76,6 +79,11 @@ func (b *Box) Serve(ctx context.Context, req Request, p Proxy) error {
 	rt, ok := b.reg.Lookup(req.Host)
 	if !ok {
 		return p.Refuse(Refusal{Status: http.StatusNotFound, Err: fmt.Errorf("no route for host %q", req.Host)})
+	}
+	if rt.Provider != "" || rt.HostedFor != "" || rt.ProviderState != "" {
+		if err, done := b.serveProvided(rt, req, p); done {
+			return err
+		}
 	}
 	d := b.Place(rt, req.Hops, req.ViaHint)
 	if req.Reopen {

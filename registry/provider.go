@@ -8,6 +8,8 @@ const (
 	// being handed over); no side serves it.
 	ProviderDelegating = "delegating"
 	// ProviderReclaiming: the space is on its way back from the provider; no side serves it.
+	// On the provider's side (a route hosted for another fleet) the same state holds the
+	// space asleep for its take-back.
 	ProviderReclaiming = "reclaiming"
 )
 
@@ -41,7 +43,8 @@ func (rt *Route) ValidateProvider() error {
 	switch rt.ProviderState {
 	case "":
 	case ProviderDelegating, ProviderReclaiming:
-		if rt.Provider == "" {
+		held := rt.HostedFor != "" && rt.ProviderState == ProviderReclaiming
+		if rt.Provider == "" && !held {
 			return fmt.Errorf("route %s: provider_state %q needs a provider", rt.Host, rt.ProviderState)
 		}
 	default:

@@ -18,6 +18,8 @@ func TestValidateProvider(t *testing.T) {
 		{"delegating", Route{Hibernate: true, Kind: "k", Provider: "p", ProviderState: ProviderDelegating}, ""},
 		{"reclaiming", Route{Hibernate: true, Kind: "k", Provider: "p", ProviderState: ProviderReclaiming}, ""},
 		{"hosted", Route{Hibernate: true, Kind: "k", HostedFor: "fleet-a"}, ""},
+		{"hosted, held for a take-back", Route{Hibernate: true, Kind: "k", HostedFor: "fleet-a", ProviderState: ProviderReclaiming}, ""},
+		{"hosted, delegating", Route{Hibernate: true, Kind: "k", HostedFor: "fleet-a", ProviderState: ProviderDelegating}, "needs a provider"},
 		{"bad provider name", Route{Hibernate: true, Kind: "k", Provider: "Partner"}, "provider name"},
 		{"provider name starting with -", Route{Hibernate: true, Kind: "k", Provider: "-p"}, "provider name"},
 		{"long provider name", Route{Hibernate: true, Kind: "k", Provider: strings.Repeat("p", 33)}, "provider name"},

@@ -1,0 +1,103 @@
+package box_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/box/boxtest"
+	"github.com/lchat/lchat-caddy/registry"
+)
+
+// providerProxy is a fakeProxy that can reach providers.
+type providerProxy struct {
+	fakeProxy
+	provider string
+}
+
+func (p *providerProxy) Provider(name string) error { p.provider = name; return nil }
+
+// TestServeProvided: a delegated space goes to its provider, from any door that can
+// reach one (any other door gets a 503); a space moving between the fleet and its
+// provider is a 503 with Retry-After on either side; a hosted space is served to its own
+// fleet (or a box of this fleet that forwarded it) and is an unknown host to anyone else.
+func TestServeProvided(t *testing.T) {
+	b := boxtest.Open(t, boxtest.Options{Settings: box.Settings{Kinds: boxtest.InstanceKinds(t)}})
+	for _, rt := range []registry.Route{
+		{Host: "out.example.com", Kind: "demo", Hibernate: true, Provider: "partner"},
+		{Host: "moving.example.com", Kind: "demo", Hibernate: true, Provider: "partner", ProviderState: registry.ProviderDelegating},
+		{Host: "hosted.example.com", Kind: "demo", Hibernate: true, HostedFor: "fleet-a"},
+		{Host: "held.example.com", Kind: "demo", Hibernate: true, HostedFor: "fleet-a", ProviderState: registry.ProviderReclaiming},
+	} {
+		if _, err := b.Registry().Put(rt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		req      box.Request
+		plain    bool // a door without ProviderProxy
+		status   int  // refused with; 0: not refused
+		provider string
+		instance bool
+	}{
+		{"delegated", box.Request{Host: "out.example.com"}, false, 0, "partner", false},
+		{"delegated, a held connection's door", box.Request{Host: "out.example.com"}, true, 503, "", false},
+		{"moving", box.Request{Host: "moving.example.com"}, false, 503, "", false},
+		{"hosted, held for a take-back", box.Request{Host: "held.example.com", Client: "fleet-a", Hops: 1}, false, 503, "", false},
+		{"hosted, its fleet", box.Request{Host: "hosted.example.com", Client: "fleet-a", Hops: 1}, false, 0, "", true},
+		{"hosted, a peer of this fleet", box.Request{Host: "hosted.example.com", Hops: 1}, false, 0, "", true},
+		{"hosted, another fleet", box.Request{Host: "hosted.example.com", Client: "fleet-b", Hops: 1}, false, 404, "", false},
+		{"hosted, a client", box.Request{Host: "hosted.example.com"}, false, 404, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pp := &providerProxy{}
+			var p box.Proxy = pp
+			if tc.plain {
+				p = &pp.fakeProxy
+			}
+			b.Serve(t.Context(), tc.req, p)
+			switch {
+			case tc.status != 0 && (pp.refused == nil || pp.refused.Status != tc.status):
+				t.Fatalf("refused %+v, want %d", pp.refused, tc.status)
+			case tc.status == http.StatusServiceUnavailable && tc.name != "delegated, a held connection's door" && pp.refused.RetryAfter != box.MovingRetryAfter:
+				t.Fatalf("Retry-After %v, want %v", pp.refused.RetryAfter, box.MovingRetryAfter)
+			case tc.status == 0 && pp.refused != nil:
+				t.Fatalf("refused %+v", pp.refused)
+			case pp.provider != tc.provider || pp.instance != tc.instance:
+				t.Fatalf("provider %q instance %v, want %q %v", pp.provider, pp.instance, tc.provider, tc.instance)
+			}
+			if tc.status == 404 && strings.Contains(pp.refused.Err.Error(), "fleet") {
+				t.Fatalf("a stranger's 404 names a fleet: %v", pp.refused.Err)
+			}
+		})
+	}
+}
+
+// TestSetDelegationSleepsTheSpace: a space awake here is put to sleep when its route is
+// delegated (or starts moving), and its route says so.
+func TestSetDelegationSleepsTheSpace(t *testing.T) {
+	b := boxtest.Open(t, boxtest.Options{Settings: box.Settings{Kinds: boxtest.InstanceKinds(t)}})
+	const host = "space.example.com"
+	if _, err := b.Create(t.Context(), registry.Spec{Host: host, Kind: "demo"}); err != nil {
+		t.Fatal(err)
+	}
+	boxtest.Wake(t, b, host)
+	rt, err := b.SetDelegation(t.Context(), host, box.Delegation{Provider: "partner", State: registry.ProviderDelegating})
+	if err != nil || rt.Provider != "partner" || rt.ProviderState != registry.ProviderDelegating {
+		t.Fatalf("SetDelegation: %+v %v", rt, err)
+	}
+	if boxtest.Awake(b, host) {
+		t.Fatal("the space stayed awake on a box that no longer runs it")
+	}
+	if n := b.Delegated("partner"); n != 1 {
+		t.Fatalf("Delegated = %d", n)
+	}
+	if _, err := b.SetDelegation(t.Context(), "none.example.com", box.Delegation{Provider: "partner"}); box.StatusOf(err) != http.StatusNotFound {
+		t.Fatalf("an unknown host: %v", err)
+	}
+	if _, err := b.SetDelegation(t.Context(), host, box.Delegation{Provider: "Bad Name"}); box.StatusOf(err) != http.StatusBadRequest {
+		t.Fatalf("a bad provider name: %v", err)
+	}
+}
