@@ -63,9 +63,15 @@ type durable struct {
 	// an older generation is covered by the checkpoint that started the current one.
 	segments atomic.Uint64
 	bytes    atomic.Uint64
-	gen      atomic.Int64
-	next     atomic.Int64
-	skipped  atomic.Pointer[[]spacestore.SkippedFile]
+	// unproven is the bytes of the segments cut and not landed; genSegments the segments
+	// landed under the current generation, and folded those a checkpoint's new generation
+	// covered (landed or still in flight then).
+	unproven    atomic.Int64
+	genSegments atomic.Uint64
+	folded      atomic.Uint64
+	gen         atomic.Int64
+	next        atomic.Int64
+	skipped     atomic.Pointer[[]spacestore.SkippedFile]
 }
 
 // openLog, for a wake of a space whose kind has DurabilityBucket, with in.op held, the
@@ -150,7 +156,20 @@ func (e *Engine) cutSegment(ctx context.Context, in *inst, d *durable) (gate.Lan
 	if err != nil || seg == nil {
 		return nil, err
 	}
-	return func(ctx context.Context) error { return e.appendSegment(ctx, in, d, seg) }, nil
+	size := int64(0)
+	for _, db := range seg.DBs {
+		size += int64(len(db.LTX))
+	}
+	d.unproven.Add(size)
+	proven := false // the gate calls a shipment's Land from one goroutine, in turn
+	return func(ctx context.Context) error {
+		err := e.appendSegment(ctx, in, d, seg)
+		if err == nil && !proven {
+			proven = true
+			d.unproven.Add(-size)
+		}
+		return err
+	}, nil
 }
 
 // appendSegment lands seg in the space's log (the gate's Land; the gate calls it again
@@ -161,6 +180,7 @@ func (e *Engine) appendSegment(ctx context.Context, in *inst, d *durable, seg *s
 		// A checkpoint swapped a newer generation since the cut: it read the files after
 		// the cut (under d.mu), so it holds what seg carried, and the log of seg's
 		// generation is obsolete.
+		d.folded.Add(1)
 		return nil
 	}
 	if e.life.Fenced() {
@@ -172,6 +192,7 @@ func (e *Engine) appendSegment(ctx context.Context, in *inst, d *durable, seg *s
 	switch {
 	case err == nil:
 		d.segments.Add(1)
+		d.genSegments.Add(1)
 		for _, db := range seg.DBs {
 			d.bytes.Add(uint64(len(db.LTX)))
 		}
@@ -194,6 +215,7 @@ func (e *Engine) newGeneration(in *inst, d *durable) {
 	d.shipper = spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, in.syncer.LogBase(), m.Generation, 1, d.claim)
 	d.gen.Store(m.Generation)
 	d.next.Store(1)
+	d.folded.Add(d.genSegments.Swap(0))
 	// The log of the generation before stays: point-in-time restore applies it on top of
 	// that checkpoint, and GC collects it with the checkpoint's history entry
 	// (spacestore.Collect).
@@ -251,9 +273,16 @@ func (in *inst) waitDurable(ctx context.Context) error {
 
 // DurableStatus is an awake space's log and gate, for /lchat/status and the console.
 type DurableStatus struct {
-	// Segments and Bytes are the segments landed in the log and their page images' bytes.
+	// Segments and Bytes are the segments landed in the log and their page images' bytes;
+	// Folded the segments a checkpoint covered since (a new generation).
 	Segments uint64 `json:"segments"`
 	Bytes    uint64 `json:"bytes"`
+	Folded   uint64 `json:"folded"`
+	// Unproven is the bytes of the segments cut and not landed yet (the durable lag in
+	// bytes); Landing how many, and LandTime how long recent ones took from cut to landed.
+	Unproven int64         `json:"unproven_bytes"`
+	Landing  int           `json:"landing"`
+	LandTime time.Duration `json:"land_ns"`
 	// Generation and NextSeq are where the log stands.
 	Generation int64 `json:"generation"`
 	NextSeq    int64 `json:"next_seq"`
@@ -276,7 +305,8 @@ func (d *durable) status() *DurableStatus {
 	if sk := d.skipped.Load(); sk != nil {
 		ds.Skipped = *sk
 	}
-	ds.Segments, ds.Bytes = d.segments.Load(), d.bytes.Load()
+	ds.Segments, ds.Bytes, ds.Folded, ds.Unproven = d.segments.Load(), d.bytes.Load(), d.folded.Load(), d.unproven.Load()
+	ds.Landing, ds.LandTime = st.Landing, st.LandTime
 	ds.Waiting, ds.Lag, ds.WaitP50, ds.WaitP99, ds.Failed = st.Waiting, st.Lag, st.WaitP50, st.WaitP99, st.Failed
 	return ds
 }

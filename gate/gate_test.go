@@ -425,7 +425,7 @@ func TestStats(t *testing.T) {
 		ws.start(g, context.Background()) // held 20ms + 40ms: shipment 2
 		time.Sleep(20 * time.Millisecond)
 		synctest.Wait()
-		if s := g.Stats(); s.Lag != 30*time.Millisecond || s.Waiting != 2 {
+		if s := g.Stats(); s.Lag != 30*time.Millisecond || s.Waiting != 2 || s.Landing != 1 {
 			t.Fatalf("two held: %+v", s)
 		}
 		log.answer(nil)
@@ -439,7 +439,8 @@ func TestStats(t *testing.T) {
 		log.answer(nil) // the retry, at once
 		synctest.Wait()
 		s := g.Stats()
-		want := Stats{Waits: 2, WaitP50: 30 * time.Millisecond, WaitP99: 60 * time.Millisecond, Ships: 2, ShipErrors: 1}
+		// Shipment 1 took 30ms from its cut to landed, shipment 2 40ms: 30 + (40-30)/8.
+		want := Stats{Waits: 2, WaitP50: 30 * time.Millisecond, WaitP99: 60 * time.Millisecond, Ships: 2, ShipErrors: 1, LandTime: 31250 * time.Microsecond}
 		if s != want {
 			t.Fatalf("stats %+v, want %+v", s, want)
 		}

@@ -25,6 +25,10 @@ type Stats struct {
 	Waiting int
 	// Lag is the durable lag: how long the oldest waiter held now has waited; 0 with none.
 	Lag time.Duration
+	// Landing is how many shipments are cut and not landed now; LandTime how long recent
+	// ones took from their cut to landed (a moving average; 0 before the first).
+	Landing  int
+	LandTime time.Duration
 	// Closed is why the gate is closed (a Ship's ErrFenced, ErrClosed, Close's error);
 	// nil while it is open.
 	Closed error
@@ -76,6 +80,8 @@ func (g *Gate) Stats() Stats {
 		Ships:      g.stats.ships,
 		ShipErrors: g.stats.shipErrors,
 		Waiting:    g.waiting,
+		Landing:    g.landing,
+		LandTime:   g.landTime,
 		Closed:     g.closed,
 	}
 	s.WaitP50, s.WaitP99 = g.stats.percentiles()

@@ -25,7 +25,7 @@ var (
 	descRoutes = prometheus.NewDesc("lchat_routes", "Routes in this box's registry.", nil, nil)
 	descSpaces = prometheus.NewDesc("lchat_spaces", "Spaces known to this box's engine, by state.", []string{"state"}, nil)
 	descEngine = prometheus.NewDesc("lchat_engine_events_total", "Engine counters (wakes, sleeps, crashes, lease conflicts, syncs, ...).", []string{"counter"}, nil)
-	descLog    = prometheus.NewDesc("lchat_log", "The logs of the awake spaces of durability bucket: segments and bytes landed, answers waiting at their gates, answers refused (503), the longest durable lag and wait p99 in seconds.", []string{"figure"}, nil)
+	descLog    = prometheus.NewDesc("lchat_log", "The logs of the awake spaces of durability bucket: segments and bytes landed, segments folded by checkpoints, bytes cut and not yet landed, answers waiting at their gates, answers refused (503), the longest durable lag and wait p99 in seconds.", []string{"figure"}, nil)
 )
 
 // Held connections (connhold: WebSockets and event streams), read from the hub of the current box.
@@ -84,12 +84,14 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descRoutes, prometheus.GaugeValue, float64(b.Registry().Len()))
 	byState := map[engine.State]int{}
-	logs := map[string]float64{"segments": 0, "bytes": 0, "waiting": 0, "failed": 0, "lag_seconds": 0, "wait_p99_seconds": 0}
+	logs := map[string]float64{"segments": 0, "bytes": 0, "folded": 0, "unproven_bytes": 0, "waiting": 0, "failed": 0, "lag_seconds": 0, "wait_p99_seconds": 0}
 	for _, s := range b.Spaces() {
 		byState[s.State]++
 		if l := s.Log; l != nil {
 			logs["segments"] += float64(l.Segments)
 			logs["bytes"] += float64(l.Bytes)
+			logs["folded"] += float64(l.Folded)
+			logs["unproven_bytes"] += float64(l.Unproven)
 			logs["waiting"] += float64(l.Waiting)
 			logs["failed"] += float64(l.Failed)
 			logs["lag_seconds"] = max(logs["lag_seconds"], l.Lag.Seconds())
