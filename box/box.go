@@ -194,7 +194,13 @@ func Open(cfg Config) (*Box, error) {
 		}
 		return nil, fmt.Errorf("starting engine: %v", err)
 	}
+	b := &Box{reg: reg, eng: eng, bucket: counted, mesh: ms, life: life, logger: cfg.Logger, cfg: cfg,
+		stopWatch: make(chan struct{}), exiting: make(chan struct{})}
+	b.settings.Store(&Settings{Kinds: cfg.Engine.Kinds})
 	if ms != nil {
+		// Seeded before it announces itself: once peers see its heartbeat they place
+		// spaces here and forward their requests, and a balancer sends it clients.
+		b.seedOnJoin()
 		if err := ms.start(eng, reg); err != nil {
 			eng.Close()
 			ms.close()
@@ -210,9 +216,6 @@ func Open(cfg Config) (*Box, error) {
 	if cfg.Observer != nil {
 		eng.Observe(cfg.Observer)
 	}
-	b := &Box{reg: reg, eng: eng, bucket: counted, mesh: ms, life: life, logger: cfg.Logger, cfg: cfg,
-		stopWatch: make(chan struct{}), exiting: make(chan struct{})}
-	b.settings.Store(&Settings{Kinds: cfg.Engine.Kinds})
 	b.watchExit()
 	return b, nil
 }

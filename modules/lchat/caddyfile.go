@@ -25,6 +25,8 @@ func init() {
 	httpcaddyfile.RegisterDirectiveOrder("lchat", httpcaddyfile.Before, "reverse_proxy")
 	httpcaddyfile.RegisterHandlerDirective("lchat_mesh_api", parseMeshAPI)
 	httpcaddyfile.RegisterDirectiveOrder("lchat_mesh_api", httpcaddyfile.Before, "redir")
+	httpcaddyfile.RegisterHandlerDirective("lchat_health", parseHealth)
+	httpcaddyfile.RegisterDirectiveOrder("lchat_health", httpcaddyfile.Before, "redir")
 }
 
 // parseGlobalOption sets up the lchat app from the global option. Repeated blocks
@@ -630,6 +632,19 @@ func (r *RelocateDNS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	lchat_mesh_api {
 //		max_row_bytes <n>
 //	}
+// parseHealth sets up the load balancer's health check (Health).
+//
+// Syntax:
+//
+//	lchat_health
+func parseHealth(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	h.Next()
+	if h.NextArg() || h.NextBlock(0) {
+		return nil, h.Errf("lchat_health takes no arguments")
+	}
+	return new(Health), nil
+}
+
 func parseMeshAPI(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	m := new(MeshAPI)
 	err := m.UnmarshalCaddyfile(h.Dispenser)
