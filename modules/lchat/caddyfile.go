@@ -625,13 +625,6 @@ func (r *RelocateDNS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// parseMeshAPI sets up the handler from the `lchat_mesh_api` directive.
-//
-// Syntax:
-//
-//	lchat_mesh_api {
-//		max_row_bytes <n>
-//	}
 // parseHealth sets up the load balancer's health check (Health).
 //
 // Syntax:
@@ -645,6 +638,13 @@ func parseHealth(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	return new(Health), nil
 }
 
+// parseMeshAPI sets up the handler from the `lchat_mesh_api` directive.
+//
+// Syntax:
+//
+//	lchat_mesh_api {
+//		max_row_bytes <n>
+//	}
 func parseMeshAPI(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	m := new(MeshAPI)
 	err := m.UnmarshalCaddyfile(h.Dispenser)
