@@ -359,6 +359,16 @@ func TestDurabilityFigures(t *testing.T) {
 		if puts := b.req.count("PUT log"); puts > 0 {
 			row("  log PUTs per write; time per segment", fmt.Sprintf("%.3f (%d / %d); %s", float64(puts)/float64(b.writes), puts, b.writes, ms(b.took/time.Duration(puts))), "", "")
 		}
+		// Little's law: a write waits at least one PUT of its segment, so 64 writers can
+		// never take more than 64 / (PUT p50) writes a second, whatever the gate does.
+		pp := l.local["PUT"]
+		if key == "linked" {
+			pp = l.linked["PUT"]
+		}
+		if put := pct(pp, .5); put > 0 {
+			bound := float64(writers) / put.Seconds()
+			row("  bound: writers / one PUT p50 (Little's law)", fmt.Sprintf("%.0f writes/s", bound), "", fmt.Sprintf("%.2fx at most", bound/cps))
+		}
 	}
 	bill := map[string]float64{}
 	per := map[string]requests{}
