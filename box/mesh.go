@@ -36,6 +36,14 @@ type MeshOptions struct {
 	// TestClockOffset shifts this box's wall clock as the mesh sees it. Test-only: tests
 	// that run boxes whose clocks disagree set it (tests/meshe2e); never set on a real box.
 	TestClockOffset time.Duration
+	// MemoryBudget is the bytes this box has for spaces, published in its heartbeat.
+	// Default: its memory less a reserve (DefaultBudget).
+	MemoryBudget int64
+	// Balance is bounded-load placement's ε (mesh.Node.Balance): 0 is
+	// mesh.DefaultBalance, a negative value plain HRW.
+	Balance float64
+	// Autoscale is how the fleet's desired box count is computed (mesh.FleetOf).
+	Autoscale mesh.Autoscale
 }
 
 // Mesh is this box's running mesh: identity, membership, placement, replication, the peer
@@ -43,6 +51,7 @@ type MeshOptions struct {
 type Mesh struct {
 	cfg     mesh.Config
 	m       *mesh.Membership
+	mem     *memory
 	node    *mesh.Node
 	repl    *mesh.Replicator
 	catchUp *mesh.CatchUp
@@ -156,6 +165,8 @@ func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version strin
 		logger:  logger,
 	}
 	ms.ctx, ms.cancel = context.WithCancel(context.Background())
+	sizes := &mesh.Sizes{Bucket: bkt}
+	ms.mem = &memory{budget: budgetOf(opts), sizes: sizes, logger: logger.Named("memory"), ctx: ms.ctx}
 	ms.client = &mesh.Client{
 		Token: cfg.Token,
 		HTTPClient: &http.Client{
@@ -191,6 +202,7 @@ func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version strin
 		Lifecycle:   life,
 		Logger:      logger.Named("membership"),
 		WallClock:   wall,
+		Load:        ms.mem.measure,
 	})
 	if err != nil {
 		ms.cancel()
@@ -200,7 +212,7 @@ func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version strin
 	// clock: boxes whose clocks disagree still recognize each other's (mesh/clock.go).
 	ms.marker.Now = ms.m.BucketNow
 	ms.node = &mesh.Node{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, IsDraining: ms.m.Draining,
-		Holders: new(mesh.Holders), Placement: ms.m.Placement()}
+		Holders: new(mesh.Holders), Placement: ms.m.Placement(), Balance: balanceOf(opts), Sizes: sizes}
 	ms.repl = &mesh.Replicator{Node: ms.node, Client: ms.client, Ctx: ms.ctx}
 	ms.catchUp = &mesh.CatchUp{Node: ms.node, Peer: ms.client, Resync: opts.ResyncInterval,
 		Logger: logger.Named("replication")}
@@ -224,6 +236,7 @@ func (ms *Mesh) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 // start starts the loop (the box's lifecycle stays fenced until its first good
 // heartbeat) and the catch-up.
 func (ms *Mesh) start(eng *engine.Engine, reg *registry.Registry) error {
+	ms.mem.eng.Store(eng)
 	if err := ms.m.Start(ms.ctx); err != nil {
 		return err
 	}

@@ -61,7 +61,8 @@ const (
 	DefaultHysteresis = 0.1
 )
 
-func (a Autoscale) withDefaults() Autoscale {
+// WithDefaults is a with its zero fields set to the defaults.
+func (a Autoscale) WithDefaults() Autoscale {
 	if a.Headroom <= 0 {
 		a.Headroom = DefaultHeadroom
 	}
@@ -94,7 +95,7 @@ type Fleet struct {
 // runs. The rule reads nothing but the listing, so every box that made the same listing
 // gives the same answer, whichever box an autoscaler asks.
 func FleetOf(members []Member, a Autoscale) Fleet {
-	a = a.withDefaults()
+	a = a.WithDefaults()
 	var f Fleet
 	var budgets int64
 	var withBudget int

@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -32,6 +33,18 @@ type Node struct {
 	// Balance is bounded-load placement's ε (Target): a wake goes past its HRW owner when
 	// that box's warm set plus the space would pass (1+Balance)× the mean. 0: plain HRW.
 	Balance float64
+	// Sizes gives the last known size of a space placement sends to where it wakes. Nil:
+	// every size is unknown (the fleet's mean awake space).
+	Sizes *Sizes
+}
+
+// sizeOf is host's last known size, 0 when unknown (or when placement does not weigh
+// loads, so the bucket is not asked).
+func (b *Node) sizeOf(host string) int64 {
+	if b.Sizes == nil || b.Balance <= 0 {
+		return 0
+	}
+	return b.Sizes.Get(context.Background(), host)
 }
 
 // target is where a space of size bytes (0: unknown) homed in homeRegion wakes, over the

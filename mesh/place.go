@@ -47,9 +47,6 @@ type Request struct {
 	AwakeHere bool
 	// ViaHint is set when the last forward followed a Holders entry (HintHeader).
 	ViaHint bool
-	// Size is the space's last known size in bytes (Sizes), what it adds to the warm set
-	// of the box it wakes on; 0: unknown, taken as the fleet's mean awake space.
-	Size int64
 }
 
 // Place decides where a request goes once its route is known.
@@ -63,7 +60,7 @@ type Request struct {
 // else on the box it was last seen awake on (Holders), directly; else where it wakes: its
 // HRW owner among the live boxes that are not draining, or, when that box has no room for
 // it, the next box in the host's HRW order that has (bounded loads: Placement.Target,
-// with req.Size), which wakes it or, finding its lease held, forwards once more to the
+// with the space's last known size, Node.Sizes), which wakes it or, finding its lease held, forwards once more to the
 // holder (LeaseHeld). A request sent on a Holders entry that
 // finds the space asleep (the entry went stale when it slept) goes on to the owner, so
 // the space wakes there, not wherever the entry pointed. A request forwarded twice is served
@@ -104,7 +101,7 @@ func (b *Node) Place(req Request) Decision {
 	if req.Hops == 1 && !req.ViaHint && !b.draining() {
 		return Decision{Action: Serve}
 	}
-	to, ok := b.target(rt.Host, rt.HomeRegion, req.Size)
+	to, ok := b.target(rt.Host, rt.HomeRegion, b.sizeOf(rt.Host))
 	if !ok || to.Self == b.Self {
 		return Decision{Action: Serve}
 	}
