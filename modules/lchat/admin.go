@@ -152,7 +152,9 @@ func (a *adminAPI) createRoute(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeStrict(r, &req); err != nil {
 		return err
 	}
-	stored, err := a.app.box.Create(r.Context(), registry.Spec(req))
+	// HostedFor stays empty: only a provider's API hosts a space for another fleet.
+	stored, err := a.app.box.Create(r.Context(), registry.Spec{Host: req.Host, Kind: req.Kind, Version: req.Version,
+		Hibernate: req.Hibernate, HomeRegion: req.HomeRegion, Env: req.Env, Upstream: req.Upstream, Mint: req.Mint})
 	if err != nil {
 		return boxErr(err)
 	}
