@@ -66,12 +66,14 @@ func TestGoldenShippedCaddyfiles(t *testing.T) {
 		env  map[string]string
 	}{
 		{"single.Caddyfile", nil},
-		{"mesh.Caddyfile", map[string]string{"LCHAT_MESH_SELF": "https://box-1.example.net", "LCHAT_CERT_CACHE": "s3"}},
+		{"mesh.Caddyfile", map[string]string{"LCHAT_MESH_SELF": "https://box-1.example.net", "LCHAT_CERT_CACHE": "s3",
+			"LCHAT_PROXY_PROTOCOL_FROM": "10.0.1.0/24,10.0.2.0/24", "LCHAT_SHUTDOWN_DELAY": "15s"}},
 		{"dev.Caddyfile", map[string]string{"LCHAT_DEV_DIR": "/tmp/lchat-dev"}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			for _, k := range []string{"LCHAT_ADMIN_LISTEN", "LCHAT_HTTP_PORT", "LCHAT_HTTPS_PORT", "LCHAT_CERT_CACHE",
-				"LCHAT_STATE_DIR", "LCHAT_DNS_PROVIDER", "LCHAT_DEV_DIR", "LCHAT_MESH_SELF"} {
+				"LCHAT_STATE_DIR", "LCHAT_DNS_PROVIDER", "LCHAT_DEV_DIR", "LCHAT_MESH_SELF",
+				"LCHAT_PROXY_PROTOCOL_FROM", "LCHAT_SHUTDOWN_DELAY", "LCHAT_HEALTH_PORT"} {
 				t.Setenv(k, tc.env[k])
 				if tc.env[k] == "" {
 					os.Unsetenv(k)
