@@ -35,6 +35,23 @@ func (c *cluster) timedDo(n *node, method, host, path, body string) <-chan timed
 	return ch
 }
 
+// holdNextSegment arms n's bucket link to hold the next PUT of a segment of host's log,
+// calls start (which sends the write that segment will carry) and returns once the PUT is
+// caught; the test's end releases it.
+func holdNextSegment(t *testing.T, n *node, host string, start func()) *harness.Held {
+	t.Helper()
+	logKey := []byte("/spaces/" + host + "/log/")
+	held := n.bucketProxy.Hold(func(b []byte) bool { return bytes.HasPrefix(b, []byte("PUT ")) && bytes.Contains(b, logKey) })
+	t.Cleanup(held.Release)
+	start()
+	select {
+	case <-held.Caught():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s shipped no segment of %s in 20 s", n.self, host)
+	}
+	return held
+}
+
 // refused checks that a write whose commits could not land was refused: a 503 with
 // Retry-After within refusedWithin, never a 201.
 func refused(t *testing.T, what string, a timedAnswer) {
@@ -153,15 +170,10 @@ func TestStalledSegmentRefusesAnswers(t *testing.T) {
 	c := newCluster(t)
 	a, b, host, acked := durableRoom(t, c, "stall")
 
-	logKey := []byte("/spaces/" + host + "/log/")
-	held := b.bucketProxy.Hold(func(p []byte) bool { return bytes.HasPrefix(p, []byte("PUT ")) && bytes.Contains(p, logKey) })
-	defer held.Release()
-	wrote := c.timedDo(b, "POST", host, "/api/messages", `{"author":"test","text":"in-the-stalled-segment"}`)
-	select {
-	case <-held.Caught():
-	case <-time.After(20 * time.Second):
-		t.Fatal("the holder shipped no segment in 20 s")
-	}
+	var wrote <-chan timedAnswer
+	held := holdNextSegment(t, b, host, func() {
+		wrote = c.timedDo(b, "POST", host, "/api/messages", `{"author":"test","text":"in-the-stalled-segment"}`)
+	})
 	read := c.timedDo(b, "GET", host, "/api/messages?limit=1000", "")
 	// The box's status answers while a segment is stuck on the bucket (gateOf fails the
 	// test past 5 s), and shows the write waiting at the gate.

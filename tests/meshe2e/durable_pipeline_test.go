@@ -1,7 +1,6 @@
 package meshe2e
 
 import (
-	"bytes"
 	"net/http"
 	"strings"
 	"testing"
@@ -26,15 +25,10 @@ func TestPipelineGapIsNeverAcknowledged(t *testing.T) {
 		t.Fatalf("%s ships no log for %s (%+v, %v)", holder.self, host, before, ok)
 	}
 
-	logKey := []byte("/spaces/" + host + "/log/")
-	held := holder.bucketProxy.Hold(func(b []byte) bool { return bytes.HasPrefix(b, []byte("PUT ")) && bytes.Contains(b, logKey) })
-	defer held.Release()
-	first := c.timedDo(holder, "POST", host, "/api/messages", `{"author":"test","text":"in-the-stuck-segment"}`)
-	select {
-	case <-held.Caught():
-	case <-time.After(20 * time.Second):
-		t.Fatal("the holder shipped no segment in 20 s")
-	}
+	var first <-chan timedAnswer
+	holdNextSegment(t, holder, host, func() {
+		first = c.timedDo(holder, "POST", host, "/api/messages", `{"author":"test","text":"in-the-stuck-segment"}`)
+	})
 	// The next write's segment goes out on another connection and lands.
 	later := c.timedDo(holder, "POST", host, "/api/messages", `{"author":"test","text":"past-the-gap"}`)
 	harness.WaitFor(t, 20*time.Second, "a later segment to land while both writes still wait at the gate", func() bool {

@@ -1,7 +1,6 @@
 package meshe2e
 
 import (
-	"bytes"
 	"fmt"
 	"net/http"
 	"strings"
@@ -49,23 +48,17 @@ func TestLateSegmentAfterTakeoverIsRefused(t *testing.T) {
 
 	// The next segment the holder ships is held on its way to the bucket: it carries the
 	// write posted now, whose client waits at the gate meanwhile.
-	logKey := []byte("/spaces/" + host + "/log/")
-	held := old.bucketProxy.Hold(func(b []byte) bool { return bytes.HasPrefix(b, []byte("PUT ")) && bytes.Contains(b, logKey) })
-	defer held.Release()
 	type answer struct {
 		code int
 		by   string
 	}
 	carried := make(chan answer, 1)
-	go func() {
-		code, hdr := c.postText(old, host, "in-the-late-segment")
-		carried <- answer{code, answeredBy(hdr)}
-	}()
-	select {
-	case <-held.Caught():
-	case <-time.After(20 * time.Second):
-		t.Fatal("the holder shipped no segment in 20 s")
-	}
+	held := holdNextSegment(t, old, host, func() {
+		go func() {
+			code, hdr := c.postText(old, host, "in-the-late-segment")
+			carried <- answer{code, answeredBy(hdr)}
+		}()
+	})
 	old.Pause()
 	defer old.Resume()
 
