@@ -201,8 +201,10 @@ func demoKind(bin string, args []string, activated bool) engine.Kind {
 // (asleep → first answer of GET / through the box's socket) beside the machine's floor
 // (exec of a minimal Go HTTP server on a fresh socket until its first answer), the demo
 // binary's own exec to first answer, and the engine's overhead (wake minus the app's own
-// start). LCHAT_WAKE_ROUNDS sets the rounds (default 5), LCHAT_WAKE_BUCKET the bucket
-// (file, the default, or mem).
+// start). The kinds are of the default durability, bucket, whose wake starts the instance
+// once its lease, fence and log seal are written; the checkpoint series beside them starts
+// it while they are written. LCHAT_WAKE_ROUNDS sets the rounds (default 5),
+// LCHAT_WAKE_BUCKET the bucket (file, the default, or mem).
 func TestWakeFigures(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("figures are taken as CI runs: root")
@@ -218,12 +220,15 @@ func TestWakeFigures(t *testing.T) {
 	if bk == "" {
 		bk = "file"
 	}
+	checkpoint := demoKind(demo, nil, true)
+	checkpoint.Durability = engine.DurabilityCheckpoint
 	e := newEngine(t, bk, map[string]engine.Kind{
-		"small":   demoKind(demo, nil, true),
-		"cgo":     demoKind(demoCgo, nil, true),
-		"alias":   demoKind(big, []string{"demo-space"}, true),
-		"polling": demoKind(demo, nil, false),
-		"before":  demoKind(big, []string{"demo-space"}, false),
+		"small":      demoKind(demo, nil, true),
+		"checkpoint": checkpoint,
+		"cgo":        demoKind(demoCgo, nil, true),
+		"alias":      demoKind(big, []string{"demo-space"}, true),
+		"polling":    demoKind(demo, nil, false),
+		"before":     demoKind(big, []string{"demo-space"}, false),
 	})
 	// The same socket-activated kind on a box whose wakes hold the lease before they
 	// restore and start (as before the lease overlapped the start), for the side-by-side.
@@ -255,7 +260,7 @@ func TestWakeFigures(t *testing.T) {
 	var floorCPU, demoCPU, demoCgoCPU dist
 	wakes := map[string]*dist{}
 	phaseSum := map[string][]engine.WakePhases{}
-	order := []string{"small", "serial", "cgo", "alias", "polling", "before"}
+	order := []string{"small", "checkpoint", "serial", "cgo", "alias", "polling", "before"}
 	for _, k := range order {
 		wakes[k] = &dist{}
 		// The first wake of a space creates its database; the figures are of wakes of a
@@ -311,12 +316,13 @@ func TestWakeFigures(t *testing.T) {
 	fmt.Printf("  CPU from exec to first answer, p50: floor %.2f ms, lchat-demo-space %.2f ms, with cgo %.2f ms\n",
 		ms(floorCPU.q(.5)), ms(demoCPU.q(.5)), ms(demoCgoCPU.q(.5)))
 	names := map[string]string{
-		"small":   "demo room wake: lchat-demo-space, socket activation",
-		"serial":  "  the same, lease held before restore and start (old)",
-		"cgo":     "  the same, lchat-demo-space built with cgo",
-		"alias":   "demo room wake: lchat-caddy demo-space, socket act.",
-		"polling": "demo room wake: lchat-demo-space, polled readiness",
-		"before":  "demo room wake: lchat-caddy demo-space, polled (old)",
+		"small":      "demo room wake: lchat-demo-space, socket activation",
+		"checkpoint": "  the same, durability checkpoint (start beside lease)",
+		"serial":     "  the same, lease held before restore and start (old)",
+		"cgo":        "  the same, lchat-demo-space built with cgo",
+		"alias":      "demo room wake: lchat-caddy demo-space, socket act.",
+		"polling":    "demo room wake: lchat-demo-space, polled readiness",
+		"before":     "demo room wake: lchat-caddy demo-space, polled (old)",
 	}
 	for _, k := range order {
 		d := *wakes[k]
