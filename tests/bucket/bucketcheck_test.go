@@ -143,7 +143,9 @@ func TestBucketCheckCommand(t *testing.T) {
 		{"malformed endpoint in the environment", append([]string{"AWS_ENDPOINT_URL_S3=127.0.0.1:9"}, creds...), []string{"--bucket", s3.Bucket}, "$AWS_ENDPOINT_URL_S3 \"127.0.0.1:9\": endpoint must be http(s)://host[:port]", 4},
 		{"wrong secret", []string{"AWS_ACCESS_KEY_ID=" + s3.AccessKey, "AWS_SECRET_ACCESS_KEY=wrong-" + s3.SecretKey}, []string{"--bucket", s3.Bucket, "--endpoint", s3.Endpoint}, "writing a probe object", 1},
 		{"missing bucket", creds, []string{"--bucket", "no-such-bucket", "--endpoint", s3.Endpoint}, "writing a probe object", 1},
-		{"unwritable directory", nil, []string{"--bucket", "file:///proc/lchat-bucket-check"}, "lchat.buckets.file: root", 1},
+		{"missing directory", nil, []string{"--bucket", "file:///nonexistent/lchat-bucket-check"}, "does not exist (bucket-check checks an existing bucket; --create makes it)", 1},
+		{"unwritable directory", nil, []string{"--bucket", "file:///proc"}, "lchat.buckets.file: root", 1},
+		{"unwritable directory to create", nil, []string{"--bucket", "file:///proc/lchat-bucket-check", "--create"}, "--create: mkdir /proc/lchat-bucket-check", 1},
 		{"config without a bucket", nil, []string{"--config", writeFile(t, "{\"apps\":{}}")}, "no apps.lchat.bucket", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
