@@ -79,6 +79,27 @@ type FleetMember struct {
 type Fleet struct {
 	Self    string        `json:"self"`
 	Members []FleetMember `json:"members"`
+	// Capacity is the fleet's memory and the box count it wants, as this box computes it
+	// from its last listing (the lchat_fleet_desired_boxes metric).
+	Capacity *FleetCapacity `json:"capacity,omitempty"`
+}
+
+// FleetCapacity is the fleet's memory and desired box count (mesh.FleetOf).
+type FleetCapacity struct {
+	// Boxes is the live boxes that are not draining.
+	Boxes int `json:"boxes"`
+	// WarmSet is the fleet's warm set in bytes; BoxBudget the mean budget of a box.
+	WarmSet   int64 `json:"warm_set_bytes"`
+	BoxBudget int64 `json:"box_budget_bytes"`
+	// DesiredBoxes is lchat_fleet_desired_boxes: 0 when no box publishes a budget.
+	DesiredBoxes int `json:"desired_boxes"`
+	// Headroom and Hysteresis are the shares it was computed with.
+	Headroom   float64 `json:"headroom"`
+	Hysteresis float64 `json:"hysteresis"`
+	// BoxWarmSet and BoxBudgetOwn are this box's (lchat_box_warm_set_bytes,
+	// lchat_box_memory_budget_bytes).
+	BoxWarmSet   int64 `json:"box_warm_set_bytes"`
+	BoxBudgetOwn int64 `json:"box_memory_budget_bytes"`
 }
 
 // SeedRequest is the POST /lchat/mesh/seed body; the answer is a stream of SeedEvent

@@ -183,6 +183,7 @@ func (b *Box) Fleet(ctx context.Context) fleetview.Fleet {
 	for i, m := range live {
 		fb := &f.Boxes[i]
 		fb.Self, fb.Region, fb.Version, fb.HeartbeatAge, fb.Draining = m.Self, m.Region, m.Version, m.Age, m.Draining
+		fb.WarmSet, fb.Budget = m.WarmSet, m.Budget
 		if m.Self == ms.cfg.Self {
 			st := b.MeshStatus()
 			fb.This, fb.Fenced, fb.Draining, fb.Awake, fb.Counters, fb.Conns = true, st.Fenced, st.Draining, st.Awake, st.Counters, st.Conns

@@ -14,15 +14,19 @@ import (
 
 // Box is one live box of the fleet, as its heartbeat and its status report it.
 type Box struct {
-	Self         string            `json:"self"`
-	Region       string            `json:"region,omitempty"`
-	This         bool              `json:"this,omitempty"` // the box serving the console
-	HeartbeatAge time.Duration     `json:"heartbeat_age"`
-	Draining     bool              `json:"draining,omitempty"`
-	Fenced       bool              `json:"fenced,omitempty"`
-	Version      string            `json:"version,omitempty"`
-	Awake        []string          `json:"awake"`
-	Counters     map[string]uint64 `json:"counters,omitempty"`
+	Self         string        `json:"self"`
+	Region       string        `json:"region,omitempty"`
+	This         bool          `json:"this,omitempty"` // the box serving the console
+	HeartbeatAge time.Duration `json:"heartbeat_age"`
+	Draining     bool          `json:"draining,omitempty"`
+	Fenced       bool          `json:"fenced,omitempty"`
+	Version      string        `json:"version,omitempty"`
+	Awake        []string      `json:"awake"`
+	// WarmSet and Budget are the box's memory as its heartbeat publishes it (bytes; 0:
+	// not published).
+	WarmSet  int64             `json:"warm_set_bytes,omitempty"`
+	Budget   int64             `json:"budget_bytes,omitempty"`
+	Counters map[string]uint64 `json:"counters,omitempty"`
 	// Conns is the connections (WebSockets, event streams) the box holds, by space; a
 	// space with none is left out.
 	Conns map[string]Conns `json:"conns,omitempty"`

@@ -392,6 +392,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 		connsOf.Store(b, cs)
 		b.SetCounters(cs.Counters)
 		b.SetSpaceConns(cs.SpaceConns)
+		b.SetHeldCost(func() int64 {
+			st := cs.Stats()
+			return box.HeldCost(st.Held, st.Streams, st.PendingBytes, st.OutBytes)
+		})
 		return pooled{b, cs}, nil
 	})
 	if err != nil {
@@ -491,6 +495,9 @@ func (a *App) Validate() error {
 	}
 	if a.MaxAwake < 0 {
 		return fmt.Errorf("max_awake: must not be negative, got %d", a.MaxAwake)
+	}
+	if err := a.Mesh.validate(); err != nil {
+		return err
 	}
 	if a.MaxStarting < 0 {
 		return fmt.Errorf("max_starting: must not be negative, got %d", a.MaxStarting)

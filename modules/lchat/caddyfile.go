@@ -522,6 +522,10 @@ func scalarArg(d *caddyfile.Dispenser, fields map[string]any) (ok bool, err erro
 //		fence_margin <duration>
 //		forward_timeout <duration>
 //		resync_interval <duration>
+//		memory_budget <size>
+//		balance_factor <percent>|-1
+//		autoscale_headroom <percent>
+//		autoscale_hysteresis <percent>
 //		trusted_ca_files <pem...>
 //		public_address <ip>
 //		relocate_dns {
@@ -542,6 +546,11 @@ func (o *MeshOptions) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		"forward_timeout": &o.ForwardTimeout,
 		"resync_interval": &o.ResyncInterval,
 		"public_address":  &o.PublicAddress,
+		// memory and autoscaling: docs/operations.md "Capacity and autoscaling"
+		"memory_budget":        &o.MemoryBudget,
+		"balance_factor":       &o.BalanceFactor,
+		"autoscale_headroom":   &o.AutoscaleHeadroom,
+		"autoscale_hysteresis": &o.AutoscaleHysteresis,
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		if ok, err := scalarArg(d, scalars); ok {

@@ -2,11 +2,13 @@ package lchat
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/mesh"
 )
 
 // MeshOptions tunes the mesh of the lchat app. The mesh itself is switched on and
@@ -44,6 +46,42 @@ type MeshOptions struct {
 	// only: tests that run boxes whose clocks disagree set it (tests/meshe2e); never set
 	// it on a real box. Default 0.
 	TestClockOffset caddy.Duration `json:"test_clock_offset,omitempty"`
+	// MemoryBudget is the bytes this box has for spaces, published in its heartbeat for
+	// bounded-load placement and the fleet's desired box count. Default: the box's memory
+	// (MemTotal, or its own cgroup's memory.max when lower) less the larger of 512 MiB and
+	// 10%.
+	MemoryBudget int64 `json:"memory_budget,omitempty"`
+	// BalanceFactor is bounded-load placement's bound in percent of the mean warm set, as
+	// HAProxy's hash-balance-factor: a wake goes past its HRW owner when that box would
+	// pass BalanceFactor% of the mean. At least 101; -1 turns it off (plain HRW). Default
+	// 125.
+	BalanceFactor int `json:"balance_factor,omitempty"`
+	// AutoscaleHeadroom is the percent of every box's budget the desired box count keeps
+	// free (lchat_fleet_desired_boxes). Default 20.
+	AutoscaleHeadroom int `json:"autoscale_headroom,omitempty"`
+	// AutoscaleHysteresis is the extra percent the warm set must fall by before the
+	// desired count drops below the boxes running. Default 10.
+	AutoscaleHysteresis int `json:"autoscale_hysteresis,omitempty"`
+}
+
+// validate checks the memory and autoscaling settings.
+func (o *MeshOptions) validate() error {
+	if o == nil {
+		return nil
+	}
+	if o.MemoryBudget < 0 {
+		return fmt.Errorf("mesh.memory_budget: %d is negative", o.MemoryBudget)
+	}
+	if f := o.BalanceFactor; f != 0 && f != -1 && f <= 100 {
+		return fmt.Errorf("mesh.balance_factor: %d: want more than 100 (percent of the mean), or -1 for none", f)
+	}
+	if o.AutoscaleHeadroom < 0 || o.AutoscaleHeadroom > 1000 {
+		return fmt.Errorf("mesh.autoscale_headroom: %d: want a percent from 0 to 1000", o.AutoscaleHeadroom)
+	}
+	if o.AutoscaleHysteresis < 0 || o.AutoscaleHysteresis > 1000 {
+		return fmt.Errorf("mesh.autoscale_hysteresis: %d: want a percent from 0 to 1000", o.AutoscaleHysteresis)
+	}
+	return nil
 }
 
 // options are o for the box; nil o is the defaults.
@@ -60,5 +98,20 @@ func (o *MeshOptions) options() box.MeshOptions {
 		ResyncInterval:  time.Duration(o.ResyncInterval),
 		PublicAddress:   o.PublicAddress,
 		TestClockOffset: time.Duration(o.TestClockOffset),
+		MemoryBudget:    o.MemoryBudget,
+		Balance:         balance(o.BalanceFactor),
+		Autoscale: mesh.Autoscale{Headroom: float64(o.AutoscaleHeadroom) / 100,
+			Hysteresis: float64(o.AutoscaleHysteresis) / 100},
 	}
+}
+
+// balance is the box's ε for a balance_factor: 0 the default, -1 none.
+func balance(factor int) float64 {
+	switch {
+	case factor == 0:
+		return 0
+	case factor < 0:
+		return -1
+	}
+	return float64(factor-100) / 100
 }

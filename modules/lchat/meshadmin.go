@@ -62,6 +62,10 @@ func (a *meshAdmin) fleet(w http.ResponseWriter, r *http.Request) error {
 	for i, m := range f.Boxes {
 		out.Members[i] = adminapi.FleetMember{Box: m, HeartbeatAge: m.HeartbeatAge.Round(time.Millisecond).String()}
 	}
+	c := b.Capacity()
+	out.Capacity = &adminapi.FleetCapacity{Boxes: c.Fleet.Boxes, WarmSet: c.Fleet.WarmSet, BoxBudget: c.Fleet.BoxBudget,
+		DesiredBoxes: c.Fleet.Desired, Headroom: c.Autoscale.Headroom, Hysteresis: c.Autoscale.Hysteresis,
+		BoxWarmSet: c.WarmSet, BoxBudgetOwn: c.Budget}
 	return writeJSON(w, http.StatusOK, out)
 }
 

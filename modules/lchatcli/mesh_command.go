@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
 	"github.com/lchat/lchat-caddy/adminapi"
@@ -161,7 +162,7 @@ func cmdFleet(fs caddycmd.Flags) (int, error) {
 
 func printFleet(w io.Writer, f adminapi.Fleet) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SELF\tREGION\tHEARTBEAT\tVERSION\tAWAKE\tFORWARDS\tWAKES\tLEASE CONFLICTS\tSTATE")
+	fmt.Fprintln(tw, "SELF\tREGION\tHEARTBEAT\tVERSION\tAWAKE\tWARM SET\tBUDGET\tFORWARDS\tWAKES\tLEASE CONFLICTS\tSTATE")
 	for _, m := range f.Members {
 		state := "ok"
 		switch {
@@ -173,10 +174,26 @@ func printFleet(w io.Writer, f adminapi.Fleet) {
 		if m.Self == f.Self {
 			state += " (this box)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", m.Self, dash(m.Region), m.HeartbeatAge, dash(m.Version),
-			len(m.Awake), m.Counters["forwards"], m.Counters["wakes"], m.Counters["lease_conflicts"], state)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\n", m.Self, dash(m.Region), m.HeartbeatAge, dash(m.Version),
+			len(m.Awake), bytesOrDash(m.WarmSet), bytesOrDash(m.Budget), m.Counters["forwards"], m.Counters["wakes"], m.Counters["lease_conflicts"], state)
 	}
 	tw.Flush()
+	if c := f.Capacity; c != nil {
+		// The same names as the metrics, so a script can read either.
+		fmt.Fprintf(w, "\nlchat_fleet_desired_boxes %d\n", c.DesiredBoxes)
+		fmt.Fprintf(w, "lchat_box_warm_set_bytes %d\n", c.BoxWarmSet)
+		fmt.Fprintf(w, "lchat_box_memory_budget_bytes %d\n", c.BoxBudgetOwn)
+		fmt.Fprintf(w, "fleet: %d boxes, warm set %s, budget %s a box, headroom %.0f%%, hysteresis %.0f%%: wants %d boxes\n",
+			c.Boxes, bytesOrDash(c.WarmSet), bytesOrDash(c.BoxBudget), c.Headroom*100, c.Hysteresis*100, c.DesiredBoxes)
+	}
+}
+
+// bytesOrDash is n bytes for people (IEC units), or "-" for 0 (not published).
+func bytesOrDash(n int64) string {
+	if n <= 0 {
+		return "-"
+	}
+	return humanize.IBytes(uint64(n))
 }
 
 func cmdRelocate(fs caddycmd.Flags) (int, error) {
