@@ -173,12 +173,25 @@ func applyDB(dataDir string, d SegmentDB, base *LogBase) error {
 // A LogShipper is used by one goroutine at a time, which ships and checkpoints in turn:
 // after a checkpoint swaps the manifest, the log of the new generation starts with a new
 // LogShipper on the Syncer's LogBase, at seq 1.
+//
+// Between segments it keeps, per database, the SQLite connection that takes the write lock
+// (pageread.Keeper; for an isolated space one lchat-pageread process that keeps them,
+// HelperViews), so a segment costs a BEGIN IMMEDIATE per changed database rather than a
+// new connection or a new process. What a kept connection means for the instance is in
+// pageread.Keeper's doc; one not used for keepIdle is closed, so a space whose writes
+// paused holds none. Close closes them: the owner calls it when it is done with the
+// shipper.
 type LogShipper struct {
 	dataDir string
 	reader  *PageReader
-	gen     int64
-	next    int64
-	claim   Claim
+	// keep opens the views and keeps their connections (nil: each view opens its own).
+	keep viewKeeper
+	// viewed holds, by absolute path, when each database with a kept connection was last
+	// read (the caller's clock).
+	viewed map[string]time.Time
+	gen    int64
+	next   int64
+	claim  Claim
 	// dbs holds, by path, the state of each database as the last segment (or the base) left it.
 	dbs map[string]*dbState
 	// seen holds, by path, the stat signature of a database and its WAL when last read:
@@ -198,13 +211,48 @@ type LogShipper struct {
 // every database shipped whole). The shipper owns base from then on.
 func NewLogShipper(dataDir string, reader *PageReader, base *LogBase, gen, next int64, claim Claim) *LogShipper {
 	l := &LogShipper{dataDir: dataDir, reader: reader, gen: gen, next: next, claim: claim,
-		dbs: make(map[string]*dbState), seen: make(map[string]dbSig), kinds: make(map[string]kindSig)}
+		dbs: make(map[string]*dbState), seen: make(map[string]dbSig), kinds: make(map[string]kindSig),
+		viewed: make(map[string]time.Time)}
+	if reader == nil {
+		l.keep = inProcess{pageread.NewKeeper()}
+	} else {
+		l.keep = NewHelperViews(reader)
+	}
 	if base != nil {
 		for rel, st := range base.dbs {
 			l.dbs[rel] = st
 		}
 	}
 	return l
+}
+
+// keepIdle is how long a LogShipper keeps a database's connection after its last view: a
+// space that writes keeps its connections, one whose writes paused holds none.
+const keepIdle = 5 * time.Second
+
+// viewKeeper opens views and keeps their connections: pageread.Keeper in this process,
+// HelperViews in lchat-pageread.
+type viewKeeper interface {
+	Open(ctx context.Context, abs string, since *pageread.WALPos) (pageread.Source, error)
+	Forget(abs string)
+	Close() error
+}
+
+// inProcess is a pageread.Keeper as a viewKeeper.
+type inProcess struct{ *pageread.Keeper }
+
+func (k inProcess) Open(ctx context.Context, abs string, since *pageread.WALPos) (pageread.Source, error) {
+	return k.Keeper.Open(ctx, abs, since)
+}
+
+// Close closes the connections the shipper keeps (and the helper that keeps them). Next may
+// still be called after it; its views then open connections of their own. It is
+// idempotent and safe to call while Next runs.
+func (l *LogShipper) Close() error {
+	if l.keep == nil {
+		return nil
+	}
+	return l.keep.Close()
 }
 
 // Gen is the generation of the log the shipper writes.
@@ -293,6 +341,12 @@ func (l *LogShipper) Next(ctx context.Context, now time.Time) (*Segment, error) 
 		delete(l.dbs, rel)
 		delete(l.seen, rel)
 		delete(l.kinds, rel)
+		l.forget(filepath.Join(l.dataDir, filepath.FromSlash(rel)))
+	}
+	for abs, at := range l.viewed {
+		if now.Sub(at) > keepIdle {
+			l.forget(abs)
+		}
 	}
 	l.skipped = skipped
 	if len(dbs) == 0 {
@@ -311,7 +365,14 @@ func (l *LogShipper) read(ctx context.Context, abs, rel string, prev *dbState, n
 		since = &prev.wal
 	}
 	l.opens++
-	v, err := openSource(ctx, l.reader, abs, since)
+	var v pageread.Source
+	var err error
+	if l.keep != nil {
+		l.viewed[abs] = now
+		v, err = l.keep.Open(ctx, abs, since)
+	} else {
+		v, err = openSource(ctx, l.reader, abs, since)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -334,6 +395,14 @@ func (l *LogShipper) read(ctx context.Context, abs, rel string, prev *dbState, n
 		return nil, nil, err
 	}
 	return &SegmentDB{Path: rel, PageSize: ch.pageSize, Pages: ch.pages, LTX: data}, st, nil
+}
+
+// forget closes the connection kept for the database at abs.
+func (l *LogShipper) forget(abs string) {
+	if _, ok := l.viewed[abs]; ok {
+		delete(l.viewed, abs)
+		l.keep.Forget(abs)
+	}
 }
 
 // openSource opens one consistent view of the database at abs through reader (nil: in this

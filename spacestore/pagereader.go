@@ -82,21 +82,42 @@ func (s *Syncer) openPages(ctx context.Context, abs string, since *pageread.WALP
 	return s.PageReader.open(ctx, abs, since)
 }
 
-// open starts the helper for the database at abs and dials it. The box's own lstat of the
-// files (never followed through a link) is what the helper's answers are checked against.
+// open starts a helper for one view of the database at abs: the view's Close ends the
+// helper. The box's own lstat of the files (never followed through a link) is what the
+// helper's answers are checked against.
 func (r *PageReader) open(ctx context.Context, abs string, since *pageread.WALPos) (pageread.Source, error) {
-	abs, err := filepath.Abs(abs) // the helper runs in /
+	abs, files, err := r.files(abs)
 	if err != nil {
 		return nil, err
+	}
+	h, err := r.start()
+	if err != nil {
+		return nil, err
+	}
+	v, _, err := h.view(ctx, abs, since, files)
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// files is the box's own view of the database at abs (made absolute: the helper runs in /).
+func (r *PageReader) files(abs string) (string, pageread.Files, error) {
+	abs, err := filepath.Abs(abs)
+	if err != nil {
+		return "", pageread.Files{}, err
 	}
 	files, err := statDB(abs)
-	if err != nil {
-		return nil, err
-	}
+	return abs, files, err
+}
+
+// start starts a helper, whose life is its owner's to end (end): never the context of the
+// request that started it, since a kept helper serves many.
+func (r *PageReader) start() (*helperProc, error) {
 	if _, err := os.Stat(r.Path); err != nil {
 		return nil, fmt.Errorf("page reader %s: %w (build it beside lchat-caddy, docs/parsers.md)", r.Path, err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, r.Path, "-max-memory", strconv.FormatInt(r.maxMemory(), 10))
 	cmd.Env = []string{} // the box's environment holds credentials; the space's uid could read the helper's
 	cmd.Dir = "/"
@@ -138,17 +159,13 @@ func (r *PageReader) open(ctx context.Context, abs string, since *pageread.WALPo
 		cancel()
 		return nil, fmt.Errorf("starting page reader %s: %w", r.Path, err)
 	}
-	h := &helperSession{cmd: cmd, stdin: stdin, stdout: stdout, cancel: cancel, release: release, timeout: r.timeout(), stderr: stderr}
+	h := &helperProc{cmd: cmd, stdin: stdin, stdout: stdout, cancel: cancel, release: release, timeout: r.timeout(), stderr: stderr,
+		session: pageread.NewSession(stdout, stdin)}
 	h.deadline = time.AfterFunc(h.timeout, func() {
 		h.timedOut.Store(true)
 		cancel() // CommandContext kills the helper; its pipe closes and the read fails
 	})
-	c, err := pageread.Dial(stdout, stdin, abs, since, files)
 	h.deadline.Stop()
-	if err != nil {
-		return nil, h.end(err)
-	}
-	h.Client = c
 	return h, nil
 }
 
@@ -177,9 +194,10 @@ func statDB(abs string) (pageread.Files, error) {
 	return f, nil
 }
 
-// helperSession is a Client whose Close also ends the helper's process.
-type helperSession struct {
-	*pageread.Client
+// helperProc is one lchat-pageread process and the box's session with it, serving views
+// in turn; its owner ends it (end).
+type helperProc struct {
+	session *pageread.Session
 	cmd     *exec.Cmd
 	stdin   interface{ Close() error }
 	stdout  *os.File
@@ -192,16 +210,48 @@ type helperSession struct {
 	timedOut atomic.Bool
 	stderr   *capped
 	once     sync.Once
+	ended    atomic.Bool
 	err      error
 }
 
-// end closes the helper's stdin (it exits at the end of its requests), waits for it (it is
+// view asks the helper for a view of the database at abs, checked against files; the
+// helper is killed if ctx ends before the view is closed. On an error the helper is ended;
+// reported is true when the helper itself reported it (an error frame, or its deadline),
+// false when the session broke (the helper died or was killed before it answered).
+func (h *helperProc) view(ctx context.Context, abs string, since *pageread.WALPos, files pageread.Files) (v *helperView, reported bool, err error) {
+	stop := context.AfterFunc(ctx, h.cancel)
+	h.deadline.Reset(h.timeout)
+	c, err := h.session.Open(abs, since, files)
+	h.deadline.Stop()
+	if err != nil {
+		stop()
+		var he *pageread.HelperError
+		reported = errors.As(err, &he) || h.timedOut.Load() || ctx.Err() != nil
+		return nil, reported, h.end(err)
+	}
+	return &helperView{Client: c, h: h, stop: stop}, false, nil
+}
+
+// forget asks the helper to close the connection it keeps for abs; an error ends it.
+func (h *helperProc) forget(abs string) {
+	h.deadline.Reset(h.timeout)
+	err := h.session.Forget(abs)
+	h.deadline.Stop()
+	if err != nil {
+		h.end(err)
+	}
+}
+
+// end closes the helper's stdin (it closes its connections and exits), waits for it (it is
 // killed at its deadline, or at once after a failure) and returns err explained: a helper
 // killed at its deadline says so, and one that failed adds what it wrote on stderr.
-func (h *helperSession) end(err error) error {
+func (h *helperProc) end(err error) error {
 	h.once.Do(func() {
+		h.ended.Store(true)
 		if err != nil {
 			h.cancel() // kills it: after a failure its answer is of no use
+		} else {
+			h.deadline.Reset(h.timeout) // closing its connections may checkpoint a WAL: bounded too
 		}
 		h.stdin.Close()
 		werr := h.cmd.Wait()
@@ -226,41 +276,223 @@ func (h *helperSession) end(err error) error {
 	return h.err
 }
 
-// Close ends the session and the helper.
-func (h *helperSession) Close() error {
-	h.Client.Close()
-	return h.end(nil)
+// helperView is one view a helper serves: each request runs under the helper's deadline,
+// and an error ends the helper, reported with the process's fate.
+type helperView struct {
+	*pageread.Client
+	h    *helperProc
+	stop func() bool // of the AfterFunc that kills the helper with the view's context
+	// kept is set for a helper kept between views (HelperViews): Close ends the view
+	// only, and done, called with the view's fate (nil: it ended cleanly), hands the helper
+	// back. Otherwise Close ends the helper.
+	kept   bool
+	done   func(error) error
+	closed bool
 }
 
-// Each request runs under the deadline, and its error is reported with the process's
-// fate.
-func (h *helperSession) IndexAll() error {
-	h.deadline.Reset(h.timeout)
-	return h.wrap(h.Client.IndexAll())
+// Close ends the view and, unless the helper is kept, the helper.
+func (v *helperView) Close() error {
+	if v.closed {
+		return nil
+	}
+	v.closed = true
+	v.stop()
+	var err error
+	switch {
+	case v.h.ended.Load():
+		err = v.h.end(nil) // ended by an error of the view: that error
+	case v.kept:
+		v.h.deadline.Reset(v.h.timeout)
+		err = v.Client.Close()
+		v.h.deadline.Stop()
+		if err != nil {
+			err = v.h.end(err)
+		}
+	default:
+		err = v.h.end(nil)
+	}
+	if v.done != nil {
+		return v.done(err)
+	}
+	return err
 }
 
-func (h *helperSession) ChangedSinceTail() ([]uint32, error) {
-	h.deadline.Reset(h.timeout)
-	p, err := h.Client.ChangedSinceTail()
-	return p, h.wrap(err)
+func (v *helperView) IndexAll() error {
+	v.h.deadline.Reset(v.h.timeout)
+	return v.wrap(v.Client.IndexAll())
 }
 
-func (h *helperSession) ReadPages(pgnos []uint32, fn func(uint32, []byte) error) error {
-	h.deadline.Reset(h.timeout)
-	return h.wrap(h.Client.ReadPages(pgnos, fn))
+func (v *helperView) ChangedSinceTail() ([]uint32, error) {
+	v.h.deadline.Reset(v.h.timeout)
+	p, err := v.Client.ChangedSinceTail()
+	return p, v.wrap(err)
 }
 
-func (h *helperSession) Scan(fn func(uint32, []byte) error) error {
-	h.deadline.Reset(h.timeout)
-	return h.wrap(h.Client.Scan(fn))
+func (v *helperView) ReadPages(pgnos []uint32, fn func(uint32, []byte) error) error {
+	v.h.deadline.Reset(v.h.timeout)
+	return v.wrap(v.Client.ReadPages(pgnos, fn))
 }
 
-func (h *helperSession) wrap(err error) error {
-	h.deadline.Stop()
+func (v *helperView) Scan(fn func(uint32, []byte) error) error {
+	v.h.deadline.Reset(v.h.timeout)
+	return v.wrap(v.Client.Scan(fn))
+}
+
+func (v *helperView) wrap(err error) error {
+	v.h.deadline.Stop()
 	if err == nil {
 		return nil
 	}
-	return h.end(err)
+	return v.h.end(err)
+}
+
+// HelperViews keeps one lchat-pageread process of a space between views, and in it one
+// SQLite connection per database (pageread.Keeper): a view then costs two round trips on
+// a pipe and a BEGIN IMMEDIATE, where a helper per view costs an exec, the Go runtime's
+// start and opening SQLite. The process is confined as every helper is (PageReader: the
+// space's uid, an empty environment, the answer deadline, the memory bound, Pdeathsig),
+// and the box checks every frame it sends. A helper that died or failed is replaced at the
+// next open; a helper whose every database was forgotten ends. The owner closes it (Close)
+// when the space stops. Safe for concurrent use: a second view while one is open gets a
+// helper of its own, ended at its Close.
+type HelperViews struct {
+	r *PageReader
+
+	mu     sync.Mutex
+	h      *helperProc     // the kept helper, nil when none runs
+	busy   bool            // a view of h is open
+	paths  map[string]bool // the databases h keeps a connection for
+	closed bool
+}
+
+// NewHelperViews keeps views of databases read through r.
+func NewHelperViews(r *PageReader) *HelperViews {
+	return &HelperViews{r: r, paths: make(map[string]bool)}
+}
+
+// Open opens a view of the database at abs (since as in pageread.Open) in the kept helper,
+// started if none runs or it died.
+func (k *HelperViews) Open(ctx context.Context, abs string, since *pageread.WALPos) (pageread.Source, error) {
+	abs, files, err := k.r.files(abs)
+	if err != nil {
+		return nil, err
+	}
+	k.mu.Lock()
+	if k.closed || k.busy {
+		k.mu.Unlock()
+		return k.r.open(ctx, abs, since)
+	}
+	k.busy = true
+	h := k.h
+	k.mu.Unlock()
+	if h != nil && h.ended.Load() {
+		h = nil
+	}
+	var v *helperView
+	if h != nil {
+		var reported bool
+		v, reported, err = h.view(ctx, abs, since, files)
+		if err != nil && !reported {
+			h = nil // it died between views: once more, on a new one
+		} else if err != nil {
+			k.drop()
+			return nil, err
+		}
+	}
+	if h == nil {
+		if h, err = k.r.start(); err == nil {
+			v, _, err = h.view(ctx, abs, since, files)
+		}
+		if err != nil {
+			k.drop()
+			return nil, err
+		}
+	}
+	k.mu.Lock()
+	k.h = h
+	k.paths[abs] = true
+	k.mu.Unlock()
+	v.kept = true
+	v.done = func(err error) error {
+		k.mu.Lock()
+		k.busy = false
+		end := k.closed || err != nil
+		if end && k.h == h {
+			k.h = nil
+			clear(k.paths)
+		}
+		k.mu.Unlock()
+		if end {
+			return h.end(err)
+		}
+		return nil
+	}
+	return v, nil
+}
+
+// drop forgets the kept helper after a failed open (it has ended).
+func (k *HelperViews) drop() {
+	k.mu.Lock()
+	k.busy = false
+	k.h = nil
+	clear(k.paths)
+	k.mu.Unlock()
+}
+
+// Forget closes the helper's connection to the database at abs (the database is gone, or
+// idle); the helper ends when it keeps none.
+func (k *HelperViews) Forget(abs string) {
+	if a, err := filepath.Abs(abs); err == nil {
+		abs = a
+	}
+	k.mu.Lock()
+	h := k.h
+	if h == nil || k.busy || !k.paths[abs] {
+		k.mu.Unlock()
+		return
+	}
+	delete(k.paths, abs)
+	if len(k.paths) == 0 {
+		k.h = nil
+		k.mu.Unlock()
+		h.end(nil) // it closes its connections as it exits
+		return
+	}
+	k.busy = true // the session is the forget's until it is answered
+	k.mu.Unlock()
+	h.forget(abs)
+	k.mu.Lock()
+	k.busy = false
+	if h.ended.Load() && k.h == h {
+		k.h = nil
+		clear(k.paths)
+	}
+	if k.closed && k.h == h {
+		k.h = nil
+		k.mu.Unlock()
+		h.end(nil)
+		return
+	}
+	k.mu.Unlock()
+}
+
+// Close ends the kept helper (at the end of its open view, if one is); views opened after
+// it get a helper each. It is idempotent.
+func (k *HelperViews) Close() error {
+	k.mu.Lock()
+	k.closed = true
+	h := k.h
+	if k.busy {
+		h = nil // the view's Close ends it
+	} else {
+		k.h = nil
+		clear(k.paths)
+	}
+	k.mu.Unlock()
+	if h != nil {
+		return h.end(nil)
+	}
+	return nil
 }
 
 // capped keeps the first max bytes written to it (the helper's stderr).
@@ -293,4 +525,4 @@ func (c *capped) note() string {
 }
 
 // Interface guards
-var _ pageread.Source = (*helperSession)(nil)
+var _ pageread.Source = (*helperView)(nil)

@@ -18,41 +18,121 @@ type Files struct {
 	MainSize, WALSize int64
 }
 
-// Client is a Source whose pages lchat-pageread reads under the space's uid and sends over
-// a pipe. Everything it receives is untrusted: each frame's kind, length and checksum are
-// checked before use, the shape against the box's own Files (page size, page count against
-// the files' sizes, WAL frames against the WAL's size, the file's identity), page numbers
-// against the request, and it never holds more than one frame (a page of at most 64 KiB)
-// besides the changed-page list, which is bounded by the WAL's size. The first error ends
-// the session: every later call returns it.
-type Client struct {
+// Session is the box's side of one lchat-pageread process, which serves views of a
+// space's databases in turn (wire.go): Open asks for a view, the view's Close ends it and
+// leaves the helper's connection to the database kept for the next. Everything it receives
+// is untrusted: each frame's kind, length and checksum are checked before use, and each
+// view's shape against the box's own Files. The first error ends the session: every later
+// call returns it, and the helper's owner ends the process. One view at a time.
+type Session struct {
 	r     *bufio.Reader
 	w     io.Writer
-	files Files
-	since *WALPos
-	shape Shape
 	buf   []byte
 	err   error
+	hello bool    // the helper answered the hello
+	view  *Client // the open view, nil between views
 }
 
-// Dial asks the helper on (r, w) to open the database at path (since as in Open) and
-// checks the shape it answers with.
-func Dial(r io.Reader, w io.Writer, path string, since *WALPos, files Files) (*Client, error) {
-	c := &Client{r: bufio.NewReaderSize(r, 256<<10), w: w, files: files, since: since}
+// NewSession is a session with the helper whose stdout is r and stdin w.
+func NewSession(r io.Reader, w io.Writer) *Session {
+	return &Session{r: bufio.NewReaderSize(r, 256<<10), w: w}
+}
+
+// Err is the error that ended the session, nil while it can serve views.
+func (s *Session) Err() error { return s.err }
+
+// Open asks the helper for a view of the database at path (since as in the package's Open)
+// and checks the shape it answers with against files. The first Open also checks that the
+// helper speaks this Version.
+func (s *Session) Open(path string, since *WALPos, files Files) (*Client, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	if s.view != nil {
+		return nil, errors.New("page reader session: a view is open")
+	}
+	if !s.hello {
+		// The open goes with the hello: no round trip of its own.
+		if err := s.request(opHello, binary.BigEndian.AppendUint32(nil, Version)); err != nil {
+			return nil, err
+		}
+	}
 	req := make([]byte, 1+walPosLen, 1+walPosLen+len(path))
 	if since != nil {
 		req[0] = 1
 		putWALPos(req[1:], *since)
 	}
-	if err := c.request(opOpen, append(req, path...)); err != nil {
+	if err := s.request(opOpen, append(req, path...)); err != nil {
 		return nil, err
 	}
-	s, err := c.readShape()
+	if !s.hello {
+		if err := s.readHello(); err != nil {
+			return nil, err
+		}
+		s.hello = true
+	}
+	c := &Client{s: s, files: files, since: since}
+	sh, err := c.readShape()
 	if err != nil {
 		return nil, err
 	}
-	c.shape = s
+	c.shape = sh
+	s.view = c
 	return c, nil
+}
+
+// readHello reads the helper's answer to the hello. A helper of version 1 knows no hello
+// and answers with an error: it is named as older than the box.
+func (s *Session) readHello() error {
+	kind, b, err := s.readFrame(0)
+	var he *HelperError
+	if errors.As(err, &he) {
+		return fmt.Errorf("page reader is not of this box's version %d (an older lchat-pageread? install the one built with lchat-caddy): it answered %q", Version, he.Msg)
+	}
+	if err != nil {
+		return err
+	}
+	if kind != frameHello || len(b) != 4 {
+		return s.fail(fmt.Errorf("page reader sent frame %q, not its version", kind))
+	}
+	if v := binary.BigEndian.Uint32(b); v != Version {
+		return s.fail(fmt.Errorf("page reader speaks version %d, this box %d: install the lchat-pageread built with lchat-caddy", v, Version))
+	}
+	return nil
+}
+
+// Forget asks the helper to close the connection it keeps for path (between views).
+func (s *Session) Forget(path string) error {
+	if s.err != nil {
+		return s.err
+	}
+	if s.view != nil {
+		return errors.New("page reader session: a view is open")
+	}
+	if err := s.request(opForget, []byte(path)); err != nil {
+		return err
+	}
+	return s.readDone()
+}
+
+// Client is a Source whose pages lchat-pageread reads under the space's uid and sends over
+// a pipe: one view of a Session. Everything it receives is untrusted: the shape is checked
+// against the box's own Files (page size, page count against the files' sizes, WAL frames
+// against the WAL's size, the file's identity), page numbers against the request, and it
+// never holds more than one frame (a page of at most 64 KiB) besides the changed-page
+// list, which is bounded by the WAL's size. An error ends the session.
+type Client struct {
+	s      *Session
+	files  Files
+	since  *WALPos
+	shape  Shape
+	closed bool
+}
+
+// Dial starts a session with the helper on (r, w) and opens its first view: Open of a
+// NewSession.
+func Dial(r io.Reader, w io.Writer, path string, since *WALPos, files Files) (*Client, error) {
+	return NewSession(r, w).Open(path, since, files)
 }
 
 // Shape returns the checked shape.
@@ -60,8 +140,8 @@ func (c *Client) Shape() Shape { return c.shape }
 
 // IndexAll asks the helper to index every frame; the shape must stay the same but for Tail.
 func (c *Client) IndexAll() error {
-	if !c.shape.Tail || c.err != nil {
-		return c.err
+	if err := c.usable(); err != nil || !c.shape.Tail {
+		return err
 	}
 	if err := c.request(opIndexAll, nil); err != nil {
 		return err
@@ -85,8 +165,8 @@ func (c *Client) IndexAll() error {
 // ChangedSinceTail returns the pages the helper found written since the caller's WALPos:
 // strictly ascending, within the database, and no more than the WAL frames read since.
 func (c *Client) ChangedSinceTail() ([]uint32, error) {
-	if c.err != nil {
-		return nil, c.err
+	if err := c.usable(); err != nil {
+		return nil, err
 	}
 	if err := c.request(opChanged, nil); err != nil {
 		return nil, err
@@ -128,8 +208,8 @@ func (c *Client) ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) err
 		}
 	}
 	for len(pgnos) > 0 {
-		if c.err != nil {
-			return c.err
+		if err := c.usable(); err != nil {
+			return err
 		}
 		batch := pgnos[:min(len(pgnos), maxReadBatch)]
 		pgnos = pgnos[len(batch):]
@@ -149,8 +229,8 @@ func (c *Client) ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) err
 
 // Scan reads every page through the helper, in order.
 func (c *Client) Scan(fn func(pgno uint32, data []byte) error) error {
-	if c.err != nil {
-		return c.err
+	if err := c.usable(); err != nil {
+		return err
 	}
 	if err := c.request(opScan, nil); err != nil {
 		return err
@@ -191,39 +271,68 @@ func (c *Client) pages(want []uint32, all uint32, fn func(uint32, []byte) error)
 	return nil
 }
 
-// Close ends the session (the helper's process is its owner's to end).
+// Close ends the view: the helper lets its lock go and keeps its connection. An error
+// means the session ended (its owner ends the helper); Close is idempotent.
 func (c *Client) Close() error {
-	if c.err == nil {
-		c.err = errors.New("page reader session closed")
+	if c.closed {
+		return nil
 	}
-	return nil
+	c.closed = true
+	s := c.s
+	if s.view != c {
+		return nil
+	}
+	s.view = nil
+	if s.err != nil {
+		return s.err
+	}
+	if err := s.request(opEnd, nil); err != nil {
+		return err
+	}
+	return s.readDone()
 }
 
-func (c *Client) fail(err error) error {
-	if c.err == nil {
-		c.err = err
+// usable is nil while the view can be read.
+func (c *Client) usable() error {
+	if c.closed {
+		return errors.New("page reader view closed")
+	}
+	return c.s.err
+}
+
+func (c *Client) fail(err error) error { return c.s.fail(err) }
+
+func (c *Client) request(op byte, payload []byte) error { return c.s.request(op, payload) }
+
+func (c *Client) readDone() error { return c.s.readDone() }
+
+func (c *Client) readFrame() (byte, []byte, error) { return c.s.readFrame(c.shape.PageSize) }
+
+func (s *Session) fail(err error) error {
+	if s.err == nil {
+		s.err = err
 	}
 	return err
 }
 
-func (c *Client) request(op byte, payload []byte) error {
-	if c.err != nil {
-		return c.err
+func (s *Session) request(op byte, payload []byte) error {
+	if s.err != nil {
+		return s.err
 	}
-	if err := writeRequest(c.w, op, payload); err != nil {
-		return c.fail(fmt.Errorf("writing to the page reader: %w", err))
+	if err := writeRequest(s.w, op, payload); err != nil {
+		return s.fail(fmt.Errorf("writing to the page reader: %w", err))
 	}
 	return nil
 }
 
 // readDone reads the frame that ends an answer.
-func (c *Client) readDone() error {
-	kind, _, err := c.readFrame()
+func (s *Session) readDone() error {
+	kind, _, err := s.readFrame(0)
 	if err != nil {
 		return err
 	}
 	if kind != frameDone {
-		return c.fail(fmt.Errorf("page reader sent frame %q, not the end of its answer", kind))
+		return s.fail(fmt.Errorf("page reader sent frame %q, not the end of its answer", kind))
 	}
 	return nil
 }
@@ -269,22 +378,25 @@ func (c *Client) checkShape(s Shape) error {
 }
 
 // readFrame reads one frame whose kind and length are valid at this point of the session
-// and whose checksum holds; an error frame ends the session with its (cleaned) message.
-func (c *Client) readFrame() (byte, []byte, error) {
-	if c.err != nil {
-		return 0, nil, c.err
+// and whose checksum holds (a page frame only with pageSize, the view's, non-zero); an
+// error frame ends the session with its (cleaned) message.
+func (s *Session) readFrame(pageSize int) (byte, []byte, error) {
+	if s.err != nil {
+		return 0, nil, s.err
 	}
 	var hdr [5]byte
-	if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
-		return 0, nil, c.fail(fmt.Errorf("reading from the page reader: %w", unexpected(err)))
+	if _, err := io.ReadFull(s.r, hdr[:]); err != nil {
+		return 0, nil, s.fail(fmt.Errorf("reading from the page reader: %w", unexpected(err)))
 	}
 	kind, n := hdr[0], binary.BigEndian.Uint32(hdr[1:])
 	ok := false
 	switch kind {
 	case frameShape:
 		ok = n == shapeLen
+	case frameHello:
+		ok = n == 4
 	case framePage:
-		ok = c.shape.PageSize > 0 && n == uint32(4+c.shape.PageSize)
+		ok = pageSize > 0 && n == uint32(4+pageSize)
 	case frameChanged:
 		ok = n > 0 && n%4 == 0 && n <= 4*maxChangedPerFrame
 	case frameDone:
@@ -293,21 +405,21 @@ func (c *Client) readFrame() (byte, []byte, error) {
 		ok = n <= maxErrorLen
 	}
 	if !ok {
-		return 0, nil, c.fail(fmt.Errorf("page reader sent a frame of kind %q and %d bytes", kind, n))
+		return 0, nil, s.fail(fmt.Errorf("page reader sent a frame of kind %q and %d bytes", kind, n))
 	}
-	if cap(c.buf) < int(n)+4 {
-		c.buf = make([]byte, max(int(n)+4, 1024))
+	if cap(s.buf) < int(n)+4 {
+		s.buf = make([]byte, max(int(n)+4, 1024))
 	}
-	b := c.buf[:n+4]
-	if _, err := io.ReadFull(c.r, b); err != nil {
-		return 0, nil, c.fail(fmt.Errorf("reading from the page reader: %w", unexpected(err)))
+	b := s.buf[:n+4]
+	if _, err := io.ReadFull(s.r, b); err != nil {
+		return 0, nil, s.fail(fmt.Errorf("reading from the page reader: %w", unexpected(err)))
 	}
 	sum := crc32.Update(crc32.Checksum(hdr[:], castagnoli), castagnoli, b[:n])
 	if sum != binary.BigEndian.Uint32(b[n:]) {
-		return 0, nil, c.fail(fmt.Errorf("page reader frame of kind %q fails its checksum", kind))
+		return 0, nil, s.fail(fmt.Errorf("page reader frame of kind %q fails its checksum", kind))
 	}
 	if kind == frameError {
-		return 0, nil, c.fail(&HelperError{Msg: clean(string(b[:n]))})
+		return 0, nil, s.fail(&HelperError{Msg: clean(string(b[:n]))})
 	}
 	return kind, b[:n], nil
 }

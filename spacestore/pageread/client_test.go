@@ -19,6 +19,11 @@ func goodShape() Shape {
 
 type stream struct{ bytes.Buffer }
 
+// newStream is a helper's answer so far: its hello, as a helper of this Version says it.
+func newStream() *stream {
+	return new(stream).frame(frameHello, binary.BigEndian.AppendUint32(nil, Version))
+}
+
 func (s *stream) frame(kind byte, parts ...[]byte) *stream {
 	(&frameWriter{w: &s.Buffer}).frame(kind, parts...)
 	return s
@@ -60,13 +65,13 @@ func TestClientRefusesBadShapes(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			sh := goodShape()
 			c.mut(&sh)
-			_, err := dial(t, new(stream).shape(sh), nil)
+			_, err := dial(t, newStream().shape(sh), nil)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v, want an error saying %q", err, c.want)
 			}
 		})
 	}
-	if _, err := dial(t, new(stream).shape(goodShape()), nil); err != nil {
+	if _, err := dial(t, newStream().shape(goodShape()), nil); err != nil {
 		t.Fatalf("a good shape: %v", err)
 	}
 }
@@ -81,7 +86,7 @@ func TestClientRefusesBadFrames(t *testing.T) {
 		return c.Scan(func(uint32, []byte) error { n++; return nil })
 	}
 	full := func() *stream {
-		s := new(stream).shape(goodShape())
+		s := newStream().shape(goodShape())
 		return s
 	}
 	withPages := func(s *stream, pgs ...uint32) *stream {
@@ -146,7 +151,7 @@ func TestClientRefusesBadChangedLists(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cl, err := dial(t, new(stream).shape(sh).frame(frameChanged, list(c.pgs...)).frame(frameDone), since)
+			cl, err := dial(t, newStream().shape(sh).frame(frameChanged, list(c.pgs...)).frame(frameDone), since)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,7 +161,7 @@ func TestClientRefusesBadChangedLists(t *testing.T) {
 			}
 		})
 	}
-	cl, err := dial(t, new(stream).shape(sh).frame(frameChanged, list(2, 5)).frame(frameDone), since)
+	cl, err := dial(t, newStream().shape(sh).frame(frameChanged, list(2, 5)).frame(frameDone), since)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,13 +173,13 @@ func TestClientRefusesBadChangedLists(t *testing.T) {
 // FuzzClient: whatever a helper sends, the box's client returns or fails; it never panics,
 // and never hands fn a page of another size or number than asked.
 func FuzzClient(f *testing.F) {
-	good := new(stream).shape(goodShape())
+	good := newStream().shape(goodShape())
 	for pg := uint32(1); pg <= 8; pg++ {
 		good.page(pg, 4096)
 	}
 	good.frame(frameDone)
 	f.Add(good.Bytes())
-	f.Add(new(stream).shape(goodShape()).frame(frameError, []byte("x")).Bytes())
+	f.Add(newStream().shape(goodShape()).frame(frameError, []byte("x")).Bytes())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := Dial(bytes.NewReader(b), io.Discard, "/d/app.db", nil, goodFiles)
 		if err != nil {

@@ -8,7 +8,6 @@ package pageread
 
 import (
 	"context"
-	"database/sql"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,8 +17,6 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
-
-	_ "modernc.org/sqlite" // the pure-Go "sqlite" driver: the write lock
 )
 
 // WALPos is how far the box has read a database's WAL: the WAL's identity (file and salts)
@@ -34,16 +31,20 @@ type WALPos struct {
 }
 
 // View is one transactionally consistent, unchanging view of a SQLite database. It holds the
-// database's write lock (BEGIN IMMEDIATE on its own connection) while pages are read, so no
+// database's write lock (BEGIN IMMEDIATE on its own connection, or on one a Keeper lends
+// it) while pages are read, so no
 // commit, WAL restart or journal-mode change can happen meanwhile; a checkpoint of the WAL
 // into the main file may still run, but it only copies committed frames, which the view reads
 // from the WAL anyway. A page is read from its newest committed WAL frame, else from the main
 // file, exactly as SQLite's own readers do.
 type View struct {
-	db   *sql.DB
-	conn *sql.Conn
-	main *os.File
-	wal  *os.File
+	// keeper, when set, lends conn and takes it back at Close (keep.go); without one the
+	// connection is the view's own.
+	keeper *Keeper
+	conn   *conn
+	locked bool
+	main   *os.File
+	wal    *os.File
 
 	dev, ino uint64
 	pageSize int
@@ -60,33 +61,22 @@ type View struct {
 	tail bool
 }
 
-// Open locks the database at p and reads its shape. since, when non-nil, is the WALPos
-// of the last view: if the WAL is the same file with the same salts, only the frames after it
-// are read and view.tail is set.
-func Open(ctx context.Context, p string, since *WALPos) (v *View, err error) {
-	view := &View{frames: make(map[uint32]int64)}
+// Open locks the database at p and reads its shape, on a connection of its own that Close
+// ends. since, when non-nil, is the WALPos of the last view: if the WAL is the same file
+// with the same salts, only the frames after it are read and view.tail is set.
+func Open(ctx context.Context, p string, since *WALPos) (*View, error) {
+	return open(ctx, nil, p, since)
+}
+
+func open(ctx context.Context, k *Keeper, p string, since *WALPos) (v *View, err error) {
+	view := &View{keeper: k, frames: make(map[uint32]int64)}
 	defer func() {
 		if err != nil {
 			view.close() // v is nil by then
 		}
 	}()
 	v = view
-	// The connection only takes the write lock; no statement reads the schema. The pragmas
-	// are defence in depth should SQLite parse more than the header and the WAL index.
-	if v.db, err = sql.Open("sqlite", SQLiteURI(p)+hardening); err != nil {
-		return nil, err
-	}
-	v.db.SetMaxOpenConns(1)
-	if v.conn, err = v.db.Conn(ctx); err != nil {
-		return nil, fmt.Errorf("opening database: %w", err)
-	}
-	if _, err = v.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		return nil, fmt.Errorf("locking database: %w", err)
-	}
-	if v.main, err = openRegular(p); err != nil {
-		return nil, err
-	}
-	fi, err := v.main.Stat()
+	fi, err := v.lock(ctx, p)
 	if err != nil {
 		return nil, err
 	}
@@ -116,6 +106,76 @@ func Open(ctx context.Context, p string, since *WALPos) (v *View, err error) {
 		return nil, fmt.Errorf("database claims %d pages of %d bytes, more than its files hold", v.pages, v.pageSize)
 	}
 	return v, nil
+}
+
+// lock takes the database's write lock (BEGIN IMMEDIATE) on a connection to the file now
+// at p, kept or new, and opens the main file for reading. The lock must be on the file the
+// pages are read from: a connection, kept or new, whose file is no longer the one at p (the
+// instance renamed another over it) is dropped and a new one tried, and so is a kept one
+// that fails to lock for another reason than a writer holding the lock.
+func (v *View) lock(ctx context.Context, p string) (os.FileInfo, error) {
+	for attempt := 1; ; attempt++ {
+		c, kept, err := v.keeper.take(ctx, p)
+		if err != nil {
+			return nil, fmt.Errorf("opening database: %w", err)
+		}
+		v.conn = c
+		if err := c.begin(ctx); err != nil {
+			v.release(busy(err)) // a writer held the lock: the connection is fine
+			if kept && ctx.Err() == nil && !busy(err) {
+				continue // a kept connection in a bad state: once more, on a new one
+			}
+			return nil, fmt.Errorf("locking database: %w", err)
+		}
+		v.locked = true
+		f, err := openRegular(p)
+		if err != nil {
+			return nil, err
+		}
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		if dev, ino := fileID(fi); dev == c.dev && ino == c.ino {
+			v.main = f
+			return fi, nil
+		}
+		f.Close()
+		v.release(false)
+		if attempt >= maxLockAttempts {
+			return nil, errors.New("the database file was replaced while it was being locked, again and again")
+		}
+	}
+}
+
+// maxLockAttempts bounds how often lock tries again on a file replaced under it: an
+// instance that renames files over its database in a loop gets an error, not a livelock.
+const maxLockAttempts = 4
+
+// release ends the view's hold on its connection: the write lock is let go (ROLLBACK) and
+// the connection goes back to the keeper to keep if keep and it rolled back cleanly, else it
+// is closed.
+func (v *View) release(keep bool) {
+	c := v.conn
+	if c == nil {
+		return
+	}
+	v.conn = nil
+	if v.locked {
+		v.locked = false
+		if err := c.rollback(); err != nil {
+			keep = false // a connection in a bad state is not kept
+		}
+	}
+	v.keeper.put(c, keep)
+}
+
+func fileID(fi os.FileInfo) (dev, ino uint64) {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Dev), st.Ino
+	}
+	return 0, 0
 }
 
 // openRegular opens p for reading only if it is a regular file: never through a symlink,
@@ -343,18 +403,14 @@ func (v *View) scan(fn func(pgno uint32, data []byte) error) error {
 }
 
 func (v *View) close() {
-	if v.conn != nil {
-		v.conn.ExecContext(context.Background(), "ROLLBACK")
-		v.conn.Close()
-	}
-	if v.db != nil {
-		v.db.Close()
-	}
+	v.release(true)
 	if v.main != nil {
 		v.main.Close()
+		v.main = nil
 	}
 	if v.wal != nil {
 		v.wal.Close()
+		v.wal = nil
 	}
 }
 
@@ -418,7 +474,8 @@ func (v *View) ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) error
 // Scan reads every page in order.
 func (v *View) Scan(fn func(pgno uint32, data []byte) error) error { return v.scan(fn) }
 
-// Close ends the view and releases the write lock.
+// Close ends the view and releases the write lock (and the connection, unless a Keeper
+// keeps it). It is idempotent.
 func (v *View) Close() error {
 	v.close()
 	return nil

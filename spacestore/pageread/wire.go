@@ -16,19 +16,33 @@ import (
 // lying helper: what a helper under the space's uid sends is the space's own data, and
 // the box bounds and checks its shape (page size, page count against the files' sizes,
 // page numbers, order) rather than trusting it.
+//
+// A session (Version 2) starts with a hello and serves views in turn: an open, the view's
+// requests, an end (the view's lock let go, its connection kept), then the next open or a
+// forget, until the box closes the helper's stdin. A box of version 1 sent no hello and
+// one view per helper: the helper still serves that. A helper of version 1 answers the
+// hello with an error ("first request is 'V', not open"), which the box reports as an
+// old helper.
 const (
+	opHello    = 'V' // uint32 Version: the first request of a session
 	opOpen     = 'O' // flags byte (1: since present), WALPos (walPosLen), path
 	opIndexAll = 'I'
 	opChanged  = 'T'
 	opRead     = 'R' // uint32 page numbers
 	opScan     = 'A'
+	opEnd      = 'X' // empty: ends the view, keeping its connection
+	opForget   = 'F' // path: closes the connection kept for it (between views)
 
+	frameHello   = 'V' // uint32: the helper's Version
 	frameShape   = 'S' // shapeLen bytes
 	framePage    = 'P' // uint32 pgno, then the page
 	frameChanged = 'C' // uint32 page numbers, at most maxChangedPerFrame
 	frameDone    = 'D' // empty: the request is answered
 	frameError   = 'E' // a message of at most maxErrorLen bytes; the session ends
 )
+
+// Version is the wire's protocol version: 2 serves many views per helper (1 served one).
+const Version = 2
 
 const (
 	walPosLen          = 8 + 8 + 4 + 4 + 8 + 4 + 4
