@@ -85,6 +85,30 @@ func (b *Box) SetDelegation(ctx context.Context, host string, d Delegation) (reg
 	return stored, nil
 }
 
+// CreateHosted stores, as Create does, a new route hosted for the fleet client (a
+// provider's API): hosted from its first revision, so it is never served to anyone else.
+func (b *Box) CreateHosted(ctx context.Context, spec registry.Spec, client string) (registry.Route, error) {
+	rt, err := registry.NewRoute(spec, b.settings.Load().CloudRegion)
+	if err != nil {
+		return registry.Route{}, fail(http.StatusBadRequest, "%v", err)
+	}
+	rt.HostedFor = client
+	if err := b.checkRoute(&rt); err != nil {
+		return registry.Route{}, fail(http.StatusBadRequest, "%v", err)
+	}
+	stored, err := b.reg.Create(rt)
+	if errors.Is(err, registry.ErrExists) {
+		return registry.Route{}, fail(http.StatusConflict, "route %s exists", rt.Host)
+	}
+	if err != nil {
+		return registry.Route{}, err
+	}
+	b.logger.Info("route created for a client fleet", zap.String("host", stored.Host), zap.String("hosted_for", client),
+		zap.String("kind", stored.Kind), zap.Strings("env_names", stored.Summary().EnvNames))
+	b.fanout(stored)
+	return stored, nil
+}
+
 // Delegated counts the routes delegated to provider.
 func (b *Box) Delegated(provider string) int {
 	return b.countRoutes(func(rt *registry.Route) bool { return rt.Provider == provider })

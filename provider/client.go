@@ -432,3 +432,11 @@ func (c *Conn) Export(ctx context.Context, host string, read func(io.Reader) err
 
 // Interface guards
 var _ http.RoundTripper = (*Conn)(nil)
+
+// Addr is the provider's host:port, as its base URL names it.
+func (c *Conn) Addr() string {
+	if c.base.Port() == "" {
+		return net.JoinHostPort(c.base.Hostname(), "443")
+	}
+	return c.base.Host
+}

@@ -16,8 +16,8 @@ type Hosting interface {
 	Lookup(host string) (*registry.Route, bool)
 	// Hosted counts the routes hosted for client.
 	Hosted(client string) int
-	// Create stores and fans out a new route.
-	Create(ctx context.Context, spec registry.Spec) (registry.Route, error)
+	// CreateHosted stores and fans out a new route hosted for client.
+	CreateHosted(ctx context.Context, spec registry.Spec, client string) (registry.Route, error)
 	// SetHeld holds a hosted space asleep on every box (registry.ProviderReclaiming), or
 	// serves it again.
 	SetHeld(ctx context.Context, host string, held bool) (registry.Route, error)
@@ -58,8 +58,8 @@ func (a *API) Host(ctx context.Context, c *Client, host string, req CreateReques
 	}
 	if cur == nil {
 		on := true
-		if _, err := a.F.Create(ctx, registry.Spec{Host: host, Kind: req.Kind, Version: req.Version, Env: req.Env,
-			Hibernate: &on, HostedFor: c.Name}); err != nil {
+		if _, err := a.F.CreateHosted(ctx, registry.Spec{Host: host, Kind: req.Kind, Version: req.Version, Env: req.Env,
+			Hibernate: &on}, c.Name); err != nil {
 			return Status{}, false, err
 		}
 		created = true

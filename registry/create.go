@@ -16,8 +16,6 @@ type Spec struct {
 	HomeRegion string
 	Env        map[string]string
 	Upstream   string
-	// HostedFor is set by a provider's API only: the fleet the space is hosted for.
-	HostedFor string
 	// Mint names the host from the next id instead; Host must then be empty.
 	Mint bool
 }
@@ -38,7 +36,6 @@ func NewRoute(s Spec, defaultRegion string) (Route, error) {
 		HomeRegion: s.HomeRegion,
 		Env:        s.Env,
 		Upstream:   s.Upstream,
-		HostedFor:  s.HostedFor,
 	}
 	if s.Hibernate != nil {
 		rt.Hibernate = *s.Hibernate

@@ -195,7 +195,7 @@ func (a *adminAPI) setHibernate(w http.ResponseWriter, r *http.Request, host str
 }
 
 func (a *adminAPI) status(w http.ResponseWriter) error {
-	return writeJSON(w, http.StatusOK, adminapi.Status{Version: buildinfo.String(), Status: a.app.box.Status()})
+	return writeJSON(w, http.StatusOK, statusWithProviders{adminapi.Status{Version: buildinfo.String(), Status: a.app.box.Status()}, a.app.providerStatus()})
 }
 
 // spaces answers GET /lchat/spaces[?host=H][&stored=false]: every route, or H's alone,

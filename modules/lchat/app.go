@@ -19,13 +19,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box"
-	"github.com/lchat/lchat-caddy/internal/buildinfo"
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/held"
+	"github.com/lchat/lchat-caddy/internal/buildinfo"
 	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -101,6 +101,15 @@ type App struct {
 	// challenge. Default: {env.LCHAT_WILDCARD_DOMAINS}, and none when that is empty.
 	WildcardDomains []string `json:"wildcard_domains,omitempty"`
 
+	// Providers are the partners this fleet may delegate spaces to
+	// (modules/lchat/providers.go, docs/providers.md). Default: none.
+	Providers []*ProviderConfig `json:"providers,omitempty"`
+
+	// ProviderClients are the fleets this fleet hosts spaces for, as their provider.
+	// Default: none.
+	ProviderClients []*ProviderClientConfig `json:"provider_clients,omitempty"`
+
+	prov     *providerSet  // this config's providers and clients (providers.go)
 	tlsApp   *caddytls.TLS // set when there are wildcard domains
 	reloc    relocator     // mesh.relocate_dns and mesh.region_buckets (relocate.go)
 	meshCfg  mesh.Config
@@ -350,6 +359,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.checkConsistency(); err != nil {
 		return err
 	}
+	if err := a.provisionProviders(); err != nil {
+		return err
+	}
+	registerProviderMetrics(ctx, a.logger)
 	idLedger, err := idLedgerFromEnv()
 	if err != nil {
 		return err
@@ -540,6 +553,7 @@ func (a *App) Stop() error {
 
 // Cleanup releases this config's reference to the box; the last reference drains it.
 func (a *App) Cleanup() error {
+	a.prov.close()
 	if a.poolKey == "" {
 		return nil
 	}

@@ -65,7 +65,7 @@ func (p *proxying) Forward(d mesh.Decision) (box.Forwarded, error) {
 	case cs != nil && p.hops == 0 && connhold.AcceptsEventStream(p.r):
 		// A resumable stream is held here, whichever box runs the space (sse.go).
 		var res box.Forwarded
-		if res, err = p.forwardSSE(fr, cs); res == box.Answered {
+		if res, err = p.forwardSSE(fr, cs, p.h.meshProxy); res == box.Answered {
 			return box.Answered, err
 		}
 	default:

@@ -51,6 +51,8 @@ type Handler struct {
 	logger    *zap.Logger
 	proxy     *reverseproxy.Handler
 	meshProxy *reverseproxy.Handler // forwards to peers; nil without the mesh
+	// providerProxies forward to this config's providers, by name (providerfwd.go).
+	providerProxies map[string]*reverseproxy.Handler
 }
 
 // CaddyModule returns the Caddy module information.
@@ -84,7 +86,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
-	return nil
+	return h.provisionProviderProxies(ctx, flush)
 }
 
 // provisionProxy sets up the embedded reverse proxy to local upstreams.
@@ -112,6 +114,9 @@ func (h *Handler) Cleanup() error {
 	if h.meshProxy != nil {
 		h.meshProxy.Cleanup()
 	}
+	for _, pp := range h.providerProxies {
+		pp.Cleanup()
+	}
 	if h.proxy != nil {
 		return h.proxy.Cleanup()
 	}
@@ -125,6 +130,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	b.Count()
 	host := requestHost(r)
 	hops, viaHint := b.Strip(r.Header, host)
+	client := h.stripClient(r, host, &hops)
 	if hops == 0 {
 		if err := h.app.conns.FromClient(r, w.Header()); err != nil {
 			return caddyhttp.Error(http.StatusBadRequest, err)
@@ -136,7 +142,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	p := &proxying{h: h, w: out, out: out, r: r, next: next, host: host, hops: hops}
 	// A peer reopening an event stream it holds: never a wake (box.Request.Reopen).
 	reopen := hops > 0 && r.Header.Get(connhold.ReopenHeader) != ""
-	err := b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint, Reopen: reopen}, p)
+	err := b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint, Reopen: reopen, Client: client}, p)
 	return p.answerPage(err)
 }
 

@@ -44,20 +44,21 @@ func (p *proxying) instanceSSE(use *engine.Use, cs *held.Conns) error {
 	return nil
 }
 
-// forwardSSE forwards a client's request for server-sent events to the peer d chose,
+// forwardSSE forwards a client's request for server-sent events through via (to the peer
+// d chose, or to a delegated space's provider),
 // asking it to leave a resumable stream to this box (connhold.EntryHeader), which holds
 // it as it holds its own instances' (held.Conns.HoldSSE): the stream then follows the space from box
 // to box. A reopen (p.sse) is one pass.
-func (p *proxying) forwardSSE(fr *http.Request, cs *held.Conns) (box.Forwarded, error) {
+func (p *proxying) forwardSSE(fr *http.Request, cs *held.Conns, via *reverseproxy.Handler) (box.Forwarded, error) {
 	fr.Header.Set(connhold.EntryHeader, p.h.app.box.Self())
 	if p.sse != nil {
 		p.sse.SetRelease(func() {})
-		return box.Answered, p.proxySSE(p.sse, fr, p.h.meshProxy)
+		return box.Answered, p.proxySSE(p.sse, fr, via)
 	}
 	n := cs.CountStream(p.host)
 	defer n.Done()
 	sw := held.NewSSEWriter(p.w, n.Start)
-	err := p.proxySSE(sw, fr, p.h.meshProxy)
+	err := p.proxySSE(sw, fr, via)
 	if !sw.Sent() {
 		return box.NotSent, err
 	}

@@ -1,0 +1,94 @@
+package lchat
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/connhold"
+)
+
+// The hop to a provider (package provider): Caddy's reverse proxy over the provider's
+// Conn, so streaming, WebSockets, trailers and flushing behave as for any reverse_proxy.
+
+// provisionProviderProxies sets up one reverse proxy per provider of the app's config.
+func (h *Handler) provisionProviderProxies(ctx caddy.Context, flush caddy.Duration) error {
+	if h.app.prov == nil {
+		return nil
+	}
+	h.providerProxies = map[string]*reverseproxy.Handler{}
+	for name, c := range h.app.prov.conns {
+		p := &reverseproxy.Handler{
+			Upstreams:     reverseproxy.UpstreamPool{{Dial: c.Addr()}},
+			FlushInterval: flush,
+			Transport:     c,
+		}
+		if err := p.Provision(ctx); err != nil {
+			return fmt.Errorf("provisioning the proxy to provider %s: %v", name, err)
+		}
+		h.providerProxies[name] = p
+	}
+	return nil
+}
+
+// stripClient, on a provider's box, takes the provider marker off r (it never reaches
+// anything else) and names the fleet that signed it for host (provider.Clients): its
+// request counts as one hop, like a peer's forward, so that its entry box's headers
+// (a held stream's) are kept. Empty: no valid marker.
+func (h *Handler) stripClient(r *http.Request, host string, hops *int) string {
+	var ps *providerSet
+	if h.app != nil {
+		ps = h.app.prov
+	}
+	if ps == nil {
+		r.Header.Del("X-Lchat-Provider-Forwarded")
+		return ""
+	}
+	c := ps.clients.StripClient(r.Header, host, time.Now())
+	if c == nil {
+		return ""
+	}
+	if *hops == 0 {
+		*hops = 1
+	}
+	return c.Name
+}
+
+// Provider forwards the request of a delegated space to its provider (box.ProviderProxy),
+// Host kept. A resumable event stream is held here, as for a space of this fleet's own
+// (sse.go): the provider leaves it to this box, which reopens it through its provider
+// when the space is awake there again. A provider that gives no answer is a 503 with
+// Retry-After for this space alone.
+func (p *proxying) Provider(name string) error {
+	pp := p.h.providerProxies[name]
+	if pp == nil {
+		return p.Refuse(box.Refusal{Status: http.StatusServiceUnavailable,
+			Err: fmt.Errorf("space %s: its provider %s is not configured on this box", p.host, name)})
+	}
+	if p.hops == 0 && connhold.Reserved(p.r.URL.Path) {
+		return p.reserved()
+	}
+	var err error
+	switch cs := p.h.app.conns; {
+	case cs != nil && p.hops == 0 && (p.sse != nil || connhold.AcceptsEventStream(p.r)):
+		var res box.Forwarded
+		if res, err = p.forwardSSE(p.r, cs, pp); res == box.NotSent {
+			return p.Refuse(box.Refusal{Status: http.StatusServiceUnavailable,
+				Err: fmt.Errorf("space %s: its provider %s cannot be reached: %w", p.host, name, err)})
+		}
+	default:
+		err = pp.ServeHTTP(p.w, p.r, p.next)
+	}
+	if proxyDialError(err) {
+		return p.Refuse(box.Refusal{Status: http.StatusServiceUnavailable,
+			Err: fmt.Errorf("space %s: its provider %s cannot be reached: %w", p.host, name, err)})
+	}
+	return p.noAnswer(err, "space "+p.host+": its provider "+name)
+}
+
+// Interface guards
+var _ box.ProviderProxy = (*proxying)(nil)
