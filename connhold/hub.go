@@ -198,6 +198,7 @@ func (h *Hub) Adopt(nc net.Conn, buffered []byte, space, id string, open Reply) 
 
 // connFD is the socket fd under nc (a TCP, Unix or TLS connection).
 func connFD(nc net.Conn) (int, error) {
+	nc = underHijacked(nc)
 	raw := nc
 	if tc, ok := nc.(*tls.Conn); ok {
 		raw = tc.NetConn()
