@@ -151,6 +151,14 @@ func TestRoomHeldAcrossASleepInTabs(t *testing.T) {
 		})()`)
 		b.wait("the room's WebSocket open", `JSON.parse(window.__connsReport()).some(c => c.kind === 'WebSocket' && c.state === 1)`, 20*time.Second)
 		bs = append(bs, b)
+		t.Cleanup(func() {
+			if t.Failed() {
+				ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+				defer cancel()
+				report, err := chromedp.Run(ctx, chromedp.Evaluate[string](`window.__connsReport()`))
+				t.Logf("tab %d's connections: %s %v", i, report, err)
+			}
+		})
 	}
 
 	// The space sleeps (its idle timeout) with every tab's connections held by the box,
