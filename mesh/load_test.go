@@ -1,0 +1,66 @@
+package mesh
+
+import "testing"
+
+// TestFleetOf: the desired box count, up at once, down only past the hysteresis, the same
+// from any box's copy of the listing.
+func TestFleetOf(t *testing.T) {
+	const gib = 1 << 30
+	boxes := func(n int, warm int64) []Member {
+		ms := fleet(n)
+		for i := range ms {
+			ms[i].Budget, ms[i].WarmSet = 10*gib, warm
+		}
+		return ms
+	}
+	a := Autoscale{Headroom: 0.2, Hysteresis: 0.1}
+	tests := []struct {
+		name string
+		ms   []Member
+		want int
+	}{
+		{"no budget published: 0", fleet(3), 0},
+		{"an idle fleet wants one box", boxes(3, 0), 1},
+		// 3×8 GiB × 1.2 / 10 GiB = 2.88 → 3: steady.
+		{"steady", boxes(3, 8*gib), 3},
+		// 3×9 × 1.2 / 10 = 3.24 → 4: up at once.
+		{"up at once", boxes(3, 9*gib), 4},
+		// 3×6.2 × 1.2 / 10 = 2.23 → 3 with headroom, 3×6.2×1.3/10 = 2.42 → 3: stays 3.
+		{"not down inside the hysteresis", boxes(3, 62*gib/10), 3},
+		// 3×5 × 1.3 / 10 = 1.95 → 2: down.
+		{"down past it", boxes(3, 5*gib), 2},
+	}
+	for _, tc := range tests {
+		if got := FleetOf(tc.ms, a).Desired; got != tc.want {
+			t.Errorf("%s: desired %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	// A draining box counts its warm set, not as a box.
+	ms := boxes(3, 8*gib)
+	ms[0].Draining = true
+	if f := FleetOf(ms, a); f.Boxes != 2 || f.Desired != 3 {
+		t.Errorf("with one draining: %+v, want 2 boxes running and 3 desired", f)
+	}
+}
+
+// TestPublishLoad: the heartbeat's load follows the measured one by steps of budget/32.
+func TestPublishLoad(t *testing.T) {
+	pub := Load{WarmSet: 1000 << 20, Budget: 3200 << 20, Awake: 3} // step 100 MiB
+	tests := []struct {
+		name     string
+		measured Load
+		moved    bool
+	}{
+		{"less than a step: kept", Load{WarmSet: 1099 << 20, Budget: 3200 << 20, Awake: 4}, false},
+		{"a step up", Load{WarmSet: 1100 << 20, Budget: 3200 << 20, Awake: 4}, true},
+		{"a step down", Load{WarmSet: 900 << 20, Budget: 3200 << 20, Awake: 2}, true},
+		{"a new budget", Load{WarmSet: 1000 << 20, Budget: 1600 << 20, Awake: 3}, true},
+		{"to empty", Load{Budget: 3200 << 20}, true},
+	}
+	for _, tc := range tests {
+		got := PublishLoad(pub, tc.measured)
+		if moved := got != pub; moved != tc.moved || moved && got != tc.measured {
+			t.Errorf("%s: published %+v", tc.name, got)
+		}
+	}
+}
