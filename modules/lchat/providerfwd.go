@@ -1,11 +1,13 @@
 package lchat
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/lchat/lchat-caddy/box"
@@ -78,16 +80,26 @@ func (p *proxying) Provider(name string) error {
 		var res box.Forwarded
 		if res, err = p.forwardSSE(p.r, cs, pp); res == box.NotSent {
 			return p.Refuse(box.Refusal{Status: http.StatusServiceUnavailable,
-				Err: fmt.Errorf("space %s: its provider %s cannot be reached: %w", p.host, name, err)})
+				Err: fmt.Errorf("space %s: its provider %s cannot be reached: %w", p.host, name, innerError(err))})
 		}
 	default:
 		err = pp.ServeHTTP(p.w, p.r, p.next)
 	}
 	if proxyDialError(err) {
 		return p.Refuse(box.Refusal{Status: http.StatusServiceUnavailable,
-			Err: fmt.Errorf("space %s: its provider %s cannot be reached: %w", p.host, name, err)})
+			Err: fmt.Errorf("space %s: its provider %s cannot be reached: %w", p.host, name, innerError(err))})
 	}
 	return p.noAnswer(err, "space "+p.host+": its provider "+name)
+}
+
+// innerError is err without the reverse proxy's HandlerError around it: a refusal
+// wrapping that would keep its 502 (caddyhttp.Error returns the HandlerError it finds).
+func innerError(err error) error {
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) {
+		return he.Err
+	}
+	return err
 }
 
 // Interface guards
