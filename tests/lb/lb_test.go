@@ -1,0 +1,307 @@
+// Package lb runs boxes behind a real network load balancer: Debian's HAProxy in TCP mode,
+// checking each box's health (lchat_health) and sending the PROXY protocol v2, on loopback
+// addresses. The test plays the autoscaling group: it starts boxes and registers them
+// through HAProxy's runtime API, and terminates them (SIGTERM, the drain) and deregisters
+// them, while clients write to spaces and hold WebSockets through the balancer.
+package lb
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+const (
+	domain = "lb.test"
+	token  = "test-mesh-token-lb-7c1e4a9f2b6d8e0a3c5f"
+	// lbIP is where clients reach the balancer; lbSource the address it connects to the
+	// boxes from, the one the boxes take a PROXY header from.
+	lbIP     = "127.0.0.99"
+	lbSource = "127.0.0.100"
+	// writerIP and holderIP are the clients' own addresses, which the boxes must log.
+	writerIP = "127.0.0.50"
+	holderIP = "127.0.0.51"
+	beat     = time.Second
+	dead     = 3 * time.Second
+	// shutdownDelay is how long a stopping box keeps its listeners open, its health check
+	// failing: HAProxy counts it down after two failed checks 200 ms apart, well within.
+	shutdownDelay = 3 * time.Second
+)
+
+// fleet is the autoscaling group: the bucket, the balancer and the boxes.
+type fleet struct {
+	t      *testing.T
+	s3     *harness.S3
+	prefix string
+	lb     *harness.HAProxy
+	boxes  []*lbBox // every box started, in order
+}
+
+type lbBox struct {
+	*harness.Box
+	name, ip, addr, health, self string
+}
+
+func newFleet(t *testing.T) *fleet {
+	f := &fleet{t: t, s3: harness.StartS3(t), prefix: fmt.Sprintf("lb%d", time.Now().UnixNano()%1e9)}
+	f.lb = harness.StartHAProxy(t, harness.HAProxyOptions{IP: lbIP, Source: lbSource, CheckPath: "/"})
+	return f
+}
+
+// config is a box's JSON config: the mesh on the shared bucket, the demo room with
+// durability bucket and its WebSockets held by the box, the PROXY protocol from the
+// balancer on the main listener and the health listener, access logs, and the shutdown
+// delay and grace period of the shipped mesh.Caddyfile.
+func (f *fleet) config(b *lbBox) string {
+	pp := []any{map[string]any{"wrapper": "lchat_proxy_protocol", "allow": []string{lbSource}}}
+	js := harness.Config{
+		Listen: b.addr,
+		Lchat: map[string]any{
+			"wake_scan_interval": "1s",
+			"mesh":               map[string]any{"beat": beat.String(), "dead_after": dead.String()},
+			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
+				"idle_timeout": "10m", "durability": "bucket",
+				"env": map[string]string{"DEMO_HOLD_CONNECTIONS": "1"},
+			})},
+		},
+		MeshAPIHost: b.ip,
+		Main:        map[string]any{"listener_wrappers": pp, "logs": map[string]any{}},
+		Servers: map[string]any{"health": map[string]any{
+			"listen": []string{b.health}, "listener_wrappers": pp,
+			"routes": []any{map[string]any{"handle": []any{map[string]any{"handler": "lchat_health"}}}},
+		}},
+	}.JSON()
+	var cfg map[string]any
+	if err := json.Unmarshal([]byte(js), &cfg); err != nil {
+		f.t.Fatal(err)
+	}
+	h := cfg["apps"].(map[string]any)["http"].(map[string]any)
+	h["shutdown_delay"] = shutdownDelay.String()
+	h["grace_period"] = "10s"
+	out, _ := json.Marshal(cfg)
+	return string(out)
+}
+
+// launch starts box number i and registers it with the balancer, as a launch hook
+// does; it returns once the balancer counts it up, and how long that took from the
+// start.
+func (f *fleet) launch() (*lbBox, time.Duration) {
+	t := f.t
+	i := len(f.boxes)
+	ip := fmt.Sprintf("127.0.0.%d", 10+i)
+	b := &lbBox{name: fmt.Sprintf("box%d", i), ip: ip}
+	b.addr = harness.FreeAddr(t, ip)
+	b.health = harness.FreeAddr(t, ip)
+	b.self = "http://" + b.addr
+	env := append(f.s3.Env(f.prefix), mesh.EnvSelf+"="+b.self, mesh.EnvDomains+"="+domain, mesh.EnvToken+"="+token)
+	start := time.Now()
+	b.Box = harness.StartBox(t, harness.BoxOptions{JSON: f.config(b), Env: env, IP: ip})
+	_, port, _ := net.SplitHostPort(b.health)
+	f.lb.AddServer(b.name, b.addr, port)
+	harness.WaitFor(t, 30*time.Second, b.name+" up in the balancer", func() bool { return f.lb.State(b.name) == "UP" })
+	f.boxes = append(f.boxes, b)
+	return b, time.Since(start)
+}
+
+// terminate stops b as a scale-in does: SIGTERM (the box's health check fails at once,
+// the balancer counts it down while its listeners are still open, its spaces drain,
+// held sockets close with 1012), then the balancer forgets it. It returns how long the
+// box took to exit.
+func (f *fleet) terminate(b *lbBox) time.Duration {
+	t := f.t
+	start := time.Now()
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.Stop() }()
+	harness.WaitFor(t, 30*time.Second, b.name+" down in the balancer", func() bool { return f.lb.State(b.name) == "DOWN" })
+	if b.Exited() {
+		t.Errorf("%s exited before the balancer counted it down: its listener closed with the check still passing", b.name)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("stopping %s: %v", b.name, err)
+	}
+	took := time.Since(start)
+	f.lb.DelServer(b.name)
+	return took
+}
+
+func (f *fleet) createSpace(b *lbBox, host string) {
+	b.AdminJSON("POST", "/lchat/routes", map[string]any{"host": host, "kind": "demo"}, 201, nil)
+}
+
+// accessLogged counts b's access log lines by the client address they name.
+func accessLogged(b *lbBox) map[string]int {
+	out := map[string]int{}
+	for _, l := range strings.Split(b.Logs(), "\n") {
+		if !strings.Contains(l, `"logger":"http.log.access`) {
+			continue
+		}
+		var e struct {
+			Request struct {
+				RemoteIP string `json:"remote_ip"`
+			} `json:"request"`
+		}
+		if json.Unmarshal([]byte(l), &e) == nil {
+			out[e.Request.RemoteIP]++
+		}
+	}
+	return out
+}
+
+// TestScaleOutAndInBehindHAProxy: the fleet grows from 1 to 3 boxes and back to 1 under
+// a load of spaces whose clients keep writing and holding WebSockets through HAProxy. No
+// request fails except with a retryable 503, no write answered 201 is lost, a new box
+// holds every route as soon as it starts and serves within moments, a stopping box is
+// counted down by the balancer before its listener closes, and the boxes log the
+// clients' addresses (the PROXY protocol), never the balancer's.
+//
+// LCHAT_LB_SPACES and LCHAT_LB_BOXES size a longer run (defaults 4 and 3).
+func TestScaleOutAndInBehindHAProxy(t *testing.T) {
+	spaces, peak := envInt(t, "LCHAT_LB_SPACES", 4), envInt(t, "LCHAT_LB_BOXES", 3)
+	f := newFleet(t)
+	first, _ := f.launch()
+	var hosts []string
+	for i := range spaces {
+		h := fmt.Sprintf("room%d.%s", i, domain)
+		f.createSpace(first, h)
+		hosts = append(hosts, h)
+	}
+	cl := newClients(t, f.lb.Addr)
+	for _, h := range hosts {
+		harness.WaitFor(t, 30*time.Second, h+" served through the balancer", func() bool {
+			code, _, _ := cl.get(h, "/api/messages")
+			return code == 200
+		})
+	}
+	load := cl.start(hosts)
+
+	var joins []time.Duration
+	for len(f.boxes) < peak {
+		b, took := f.launch()
+		joins = append(joins, took)
+		// Seeded before it served: every route is on it the moment it is up.
+		for _, h := range hosts {
+			if code, _, err := b.Admin("GET", "/lchat/routes/"+h, nil); err != nil || code != 200 {
+				t.Errorf("%s lacks %s once up in the balancer: %d %v", b.name, h, code, err)
+			}
+		}
+		harness.WaitFor(t, 30*time.Second, b.name+" serving the clients", func() bool {
+			return accessLogged(b)[writerIP] > 0
+		})
+		cl.holdMore(load, hosts)
+	}
+	var drains []time.Duration
+	closedHeld := 0 // WebSockets held by the boxes terminated, as they counted them
+	for len(f.boxes) > 1 {
+		b := f.boxes[len(f.boxes)-1]
+		// Writes reach it before it goes: the load crosses the drain.
+		n := accessLogged(b)[writerIP]
+		harness.WaitFor(t, 30*time.Second, b.name+" taking writes before its drain", func() bool {
+			return accessLogged(b)[writerIP] > n
+		})
+		closedHeld += heldOpen(t, b)
+		drains = append(drains, f.terminate(b))
+		f.boxes = f.boxes[:len(f.boxes)-1]
+	}
+	// The load goes on against the one box left, then stops.
+	n := accessLogged(first)[writerIP]
+	harness.WaitFor(t, 30*time.Second, "writes served by the last box", func() bool { return accessLogged(first)[writerIP] > n+len(hosts) })
+	r := load.stop()
+
+	// Every write answered 201 is there, read through the balancer.
+	lost := 0
+	for _, h := range hosts {
+		got, err := cl.texts(h)
+		if err != nil {
+			t.Fatalf("reading %s: %v", h, err)
+		}
+		for _, text := range r.acked[h] {
+			if !got[text] {
+				lost++
+				t.Errorf("%s: %q was answered 201 and is gone", h, text)
+			}
+		}
+	}
+	// Every holder got its WebSocket held at least once (a box that cannot hold it
+	// answers 503, which a holder retries, forever).
+	if holders := spaces * peak; r.wsOpened < holders {
+		t.Errorf("%d WebSockets opened for %d holders (%d refused with 503)", r.wsOpened, holders, r.wsRetryable)
+	}
+	if r.ws1012 < closedHeld {
+		t.Errorf("the terminated boxes held %d WebSockets, and their clients got %d closes with 1012", closedHeld, r.ws1012)
+	}
+	for _, fl := range r.failures {
+		t.Errorf("failed request: %s", fl)
+	}
+	for _, b := range f.boxes[:1] {
+		logged := accessLogged(b)
+		if logged[lbSource] > 0 {
+			t.Errorf("%s logged %d requests from the balancer's address %s: the PROXY header was not used", b.name, logged[lbSource], lbSource)
+		}
+		if logged[writerIP] == 0 {
+			t.Errorf("%s logged no request from the client %s: %v", b.name, writerIP, logged)
+		}
+	}
+	t.Logf("figures: boxes 1→%d→1, %d spaces: %d writes acknowledged, %d failed, %d retryable 503s, %d acknowledged writes lost; "+
+		"WebSockets: %d opened, %d held by the boxes terminated, %d closed with 1012, %d refused with a retryable 503; join (start to up in HAProxy): %v; terminate (SIGTERM to exit): %v",
+		peak, spaces, r.total(), len(r.failures), r.retryable, lost, r.wsOpened, closedHeld, r.ws1012, r.wsRetryable, joins, drains)
+}
+
+// heldOpen is how many WebSockets b holds open (lchat_conns{state="open"}).
+func heldOpen(t *testing.T, b *lbBox) int {
+	code, body, err := b.Admin("GET", "/metrics", nil)
+	if err != nil || code != 200 {
+		t.Fatalf("%s /metrics: %d %v", b.name, code, err)
+	}
+	for _, l := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(l, `lchat_conns{state="open"} `); ok {
+			n, _ := strconv.ParseFloat(v, 64)
+			return int(n)
+		}
+	}
+	return 0
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("%s=%q: want a positive number", name, v)
+		}
+		return n
+	}
+	return def
+}
+
+// results is what the clients saw.
+type results struct {
+	mu          sync.Mutex
+	acked       map[string][]string // host -> texts answered 201
+	failures    []string
+	retryable   int
+	wsOpened    int
+	ws1012      int
+	wsRetryable int
+}
+
+func (r *results) total() int {
+	n := 0
+	for _, a := range r.acked {
+		n += len(a)
+	}
+	return n
+}
+
+func (r *results) fail(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failures = append(r.failures, fmt.Sprintf(format, args...))
+}
