@@ -178,7 +178,7 @@ func Open(cfg Config) (*Box, error) {
 	ecfg.Lifecycle = life
 	ecfg.Resolve = func(host string) (engine.Space, bool) {
 		rt, ok := reg.Lookup(host)
-		if !ok || !rt.Hibernate {
+		if !ok || !rt.Hibernate || rt.Delegated() {
 			return engine.Space{}, false
 		}
 		return SpaceOf(rt), true

@@ -99,6 +99,9 @@ func (b *Box) WakeNow(ctx context.Context, host string) error {
 	if !rt.Hibernate {
 		return fail(http.StatusConflict, "%s is a live route: it has no space to wake", host)
 	}
+	if rt.Delegated() {
+		return fail(http.StatusConflict, "%s is served by its provider %s, not by this fleet", host, rt.Provider)
+	}
 	if d := b.Place(rt, 0, false); d.Action == mesh.Forward {
 		return fail(http.StatusConflict, "%s runs on %s, not on this box: wake it there (or send it a request)", host, d.Peer)
 	} else if d.Action == mesh.Unavailable {

@@ -4,10 +4,14 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/box/boxtest"
+	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/internal/testwait"
 	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // providerProxy is a fakeProxy that can reach providers.
@@ -99,5 +103,31 @@ func TestSetDelegationSleepsTheSpace(t *testing.T) {
 	}
 	if _, err := b.SetDelegation(t.Context(), host, box.Delegation{Provider: "Bad Name"}); box.StatusOf(err) != http.StatusBadRequest {
 		t.Fatalf("a bad provider name: %v", err)
+	}
+}
+
+// TestDelegatedSpaceIsNeverWokenHere: a space delegated to a provider (or moving) is not
+// this box's to run: an operator's wake is refused, and a scheduled wake due in this
+// fleet's bucket does not wake it (the record is dropped as a host's with no space here;
+// the provider's bucket has its own).
+func TestDelegatedSpaceIsNeverWokenHere(t *testing.T) {
+	bkt := membucket.New()
+	b := boxtest.Open(t, boxtest.Options{Bucket: bkt, WakeScan: 20 * time.Millisecond, Settings: box.Settings{Kinds: boxtest.InstanceKinds(t)}})
+	const host = "out.example.com"
+	if _, err := b.Registry().Put(registry.Route{Host: host, Kind: "demo", Hibernate: true, Provider: "partner"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WakeNow(t.Context(), host); box.StatusOf(err) != http.StatusConflict || !strings.Contains(err.Error(), "provider partner") {
+		t.Fatalf("WakeNow of a delegated space: %v, want 409 naming the provider", err)
+	}
+	if _, err := spacestore.PutWake(t.Context(), bkt, host, time.Now().Add(-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	testwait.WaitFor(t, 10*time.Second, "the due scheduled wake dropped", func() bool {
+		recs, _, err := (&spacestore.WakeScanner{Bucket: bkt}).Scan(t.Context())
+		return err == nil && len(recs) == 0
+	})
+	if boxtest.Awake(b, host) {
+		t.Fatal("a scheduled wake woke a delegated space on the fleet's box")
 	}
 }

@@ -40,7 +40,7 @@ func (b *Box) settle(ctx context.Context, host string, discard bool) error {
 		return b.eng.Discard(ctx, host)
 	case !ok:
 		return b.eng.Remove(ctx, host)
-	case !rt.Hibernate, rt.Provider != "" || rt.ProviderState != "":
+	case !rt.Hibernate, rt.Delegated():
 		// Not this box's to run: live elsewhere, delegated to a provider, or moving
 		// between this fleet and a provider (box/provider.go).
 		return b.eng.Sleep(ctx, host)

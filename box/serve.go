@@ -80,7 +80,7 @@ func (b *Box) Serve(ctx context.Context, req Request, p Proxy) error {
 	if !ok {
 		return p.Refuse(Refusal{Status: http.StatusNotFound, Err: fmt.Errorf("no route for host %q", req.Host)})
 	}
-	if rt.Provider != "" || rt.HostedFor != "" || rt.ProviderState != "" {
+	if rt.Delegated() || rt.HostedFor != "" {
 		if err, done := b.serveProvided(rt, req, p); done {
 			return err
 		}

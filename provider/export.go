@@ -161,7 +161,21 @@ func ReadExport(ctx context.Context, r io.Reader, dst bucket.Bucket, dstLive spa
 	if err := readStream(ctx, r, spool, host, key, lim.withDefaults()); err != nil {
 		return spacestore.CopyResult{}, err
 	}
-	return spacestore.CopySpace(ctx, spool, dst, host, never, dstLive)
+	res, err := spacestore.CopySpace(ctx, spool, dst, host, never, dstLive)
+	if err != nil || res.Skipped {
+		return res, err
+	}
+	// The bucket's record of the space's next scheduled wake (wakes/<host>, outside the
+	// space's prefix) is the one thing of it the copy leaves behind: made again from the
+	// manifest, which carries it, so a wake due before the space first runs here fires.
+	m, _, err := spacestore.ReadManifest(ctx, dst, host)
+	if err == nil && m != nil && m.NextWake != nil {
+		_, err = spacestore.PutWake(ctx, dst, host, *m.NextWake)
+	}
+	if err != nil {
+		return res, fmt.Errorf("recording the next scheduled wake: %v", err)
+	}
+	return res, nil
 }
 
 // readStream spools an export into spool, checking everything before it returns nil.

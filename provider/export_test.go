@@ -152,3 +152,24 @@ func FuzzReadExport(f *testing.F) {
 		}
 	})
 }
+
+// TestExportCarriesTheNextWake: the space's next scheduled wake, recorded outside its
+// prefix, is recorded again in the destination from the manifest, so a wake due before
+// the space first runs there fires there.
+func TestExportCarriesTheNextWake(t *testing.T) {
+	ctx := context.Background()
+	src, dst := membucket.New(), membucket.New()
+	at := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	m := &spacestore.Manifest{Generation: 4, NextWake: &at}
+	if _, err := spacestore.WriteManifest(ctx, src, testHost, m, ""); err != nil {
+		t.Fatal(err)
+	}
+	raw := exportOf(t, src, keyA)
+	if _, err := ReadExport(ctx, bytes.NewReader(raw), dst, never, testHost, t.TempDir(), keyA, Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	recs, _, err := (&spacestore.WakeScanner{Bucket: dst}).Scan(ctx)
+	if err != nil || len(recs) != 1 || recs[0].Host != testHost || !recs[0].At.Equal(at) {
+		t.Fatalf("wake records in the destination: %+v %v, want %s at %v", recs, err, testHost, at)
+	}
+}

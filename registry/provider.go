@@ -13,6 +13,11 @@ const (
 	ProviderReclaiming = "reclaiming"
 )
 
+// Delegated reports whether the space is not this fleet's to run now: delegated to a
+// provider, or moving between this fleet and its provider (on either side). No box wakes
+// such a space: not a request, not an operator's wake, not a scheduled wake.
+func (rt *Route) Delegated() bool { return rt.Provider != "" || rt.ProviderState != "" }
+
 // ValidateProviderName accepts the name of a provider or of a fleet a provider hosts for
 // (Route.Provider, Route.HostedFor): 1 to 32 of a-z, 0-9 and '-', starting with a letter
 // or a digit.

@@ -31,6 +31,8 @@ type Options struct {
 	Settings box.Settings
 	// Exiting is box.Config.Exiting. Default: never.
 	Exiting func() bool
+	// WakeScan is the engine's WakeScanInterval. Default: the engine's.
+	WakeScan time.Duration
 }
 
 // Open opens and starts a box in a temporary directory, closed (drained) when the test
@@ -56,7 +58,7 @@ func Open(t testing.TB, o Options) *box.Box {
 		Registry:     filepath.Join(dir, "registry.db"),
 		Holder:       "box:test",
 		DrainTimeout: 30 * time.Second,
-		Engine:       engine.Config{Kinds: o.Settings.Kinds},
+		Engine:       engine.Config{Kinds: o.Settings.Kinds, WakeScanInterval: o.WakeScan},
 		Mesh:         o.Mesh,
 		Exiting:      o.Exiting,
 	})
