@@ -155,6 +155,15 @@ func TestDelegateAndReclaim(t *testing.T) {
 		t.Fatalf("no error counted for partner in A's metrics (%d)", code)
 	}
 
+	// A reclaim that cannot reach B is undone: B still serves the space, once back.
+	out, err = a1.CLI("reclaim", room)
+	if err == nil || !strings.Contains(out, "served by partner, as before") {
+		t.Fatalf("reclaim with B down: %v\n%s", err, out)
+	}
+	if rt := route(t, a1, room); rt["provider"] != "partner" || rt["provider_state"] != nil {
+		t.Fatalf("the failed reclaim left the route %v", rt)
+	}
+
 	// B back: reclaimed with what was written there.
 	b1.Start()
 	harness.WaitFor(t, 30*time.Second, "the delegated space served again through A", func() bool {
