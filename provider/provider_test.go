@@ -86,3 +86,24 @@ func TestMarkerNamesItsClient(t *testing.T) {
 		t.Fatal("a wrong token authenticated")
 	}
 }
+
+// FuzzSplitPath: a provider API path names a valid host and a known operation, or nothing.
+func FuzzSplitPath(f *testing.F) {
+	for _, s := range []string{PathSpaces + "a.example.com", PathSpaces + "a.example.com/export", PathSpaces + "../x", PathSpaces + "A.example.com/state", "/api/provider/v1/spaces"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		host, op, ok := SplitPath(p)
+		if !ok {
+			return
+		}
+		if registry.ValidateHost(host) != nil {
+			t.Fatalf("%q: host %q is not valid", p, host)
+		}
+		switch op {
+		case OpSpace, OpState, OpHibernate, OpResume, OpExport:
+		default:
+			t.Fatalf("%q: operation %q", p, op)
+		}
+	})
+}

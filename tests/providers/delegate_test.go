@@ -107,6 +107,22 @@ func TestDelegateAndReclaim(t *testing.T) {
 	if code, body := apiCall(t, b, b1, tokenCToB, http.MethodGet, base+"/export"); code != http.StatusNotFound {
 		t.Fatalf("fleet-c's token exporting fleet-a's space: %d %.200s, want 404", code, body)
 	}
+	// Malformed calls: a clear 4xx, nothing changed.
+	const other = "other." + domainA
+	req, _ := http.NewRequest(http.MethodPut, "https://"+b1.addr+"/api/provider/v1/spaces/"+other, strings.NewReader(`{"kind": 7, "shell": true}`))
+	req.Header.Set("Authorization", "Bearer "+tokenAToB)
+	if resp, err := b.client(b1).Do(req); err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a malformed PUT of a space: %v %v, want 400", err, resp)
+	}
+	if code, _ := apiCall(t, b, b1, tokenAToB, http.MethodGet, "/api/provider/v1/spaces/"+other); code != http.StatusNotFound {
+		t.Fatalf("a malformed PUT created %s: %d", other, code)
+	}
+	if code, body, _ := a1.Admin(http.MethodPost, "/lchat/providers/delegate/"+own, map[string]string{"to": "nobody"}); code != http.StatusBadRequest {
+		t.Fatalf("delegate to an unknown provider: %d %s, want 400", code, body)
+	}
+	if out, err := a1.CLI("delegate", "Not_A_Host", "--to", "partner"); err == nil || !strings.Contains(out, "lowercase") {
+		t.Fatalf("delegate of a malformed host: %v\n%s", err, out)
+	}
 	if code, _ := apiCall(t, b, b1, "", http.MethodGet, base); code != http.StatusUnauthorized {
 		t.Fatalf("no token: %d, want 401", code)
 	}
