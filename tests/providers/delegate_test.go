@@ -315,4 +315,3 @@ func (s *stream) wait(t *testing.T, text string) {
 }
 
 func (s *stream) close() { s.stop() }
-

@@ -81,7 +81,7 @@ func TestHostileProvider(t *testing.T) {
 	bad := hostileProvider(t, badCA)
 	a.lchat = map[string]any{"providers": []any{
 		map[string]any{"name": "bad", "url": bad, "token": tokenAToB, "accept_token": tokenBToA, "domains": []string{domainA},
-			"trusted_ca_files": []string{badCA.CAFile},
+			"trusted_ca_files":        []string{badCA.CAFile},
 			"response_header_timeout": "1s", "max_response_bytes": 1 << 20},
 		map[string]any{"name": "untrusted", "url": bad, "token": tokenCToB, "accept_token": tokenBToC, "domains": []string{domainA},
 			"trusted_ca_files": []string{a.ca.CAFile}},
