@@ -7,17 +7,21 @@ import "slices"
 // owner unless that box's warm set plus the space's size would pass (1+ε)× the mean warm
 // set of the boxes that compete for the host (or the box's own budget); then to the next
 // box in the host's HRW order that has room. The order is the host's, the loads are the
-// listing's, so boxes with the same view agree. A box whose warm set is empty always has
-// room: a space larger than the bound still lands somewhere, on its owner when every box is
-// busy; max_awake stays the hard cap on each box.
+// listing's, so boxes with the same view agree. A box whose warm set is empty, or that
+// stays under half its budget with the space, always has room: a space larger than the
+// bound still lands somewhere, on its owner when every box is busy; max_awake stays the
+// hard cap on each box.
 
 // DefaultBalance is ε: no box takes a wake past 1.25× the mean warm set.
 const DefaultBalance = 0.25
 
 // hasRoom is the rule for one box: warm and budget are its published load, size the
-// space's, bound (1+ε)× the mean warm set of the candidates counting the space.
+// space's, bound (1+ε)× the mean warm set of the candidates counting the space. A box that
+// stays under half its budget with the space always has room: balance matters as boxes
+// fill, and a load published a beat ago (a box that has just put this very space to sleep
+// still counts it) must not move a space off its owner in a fleet with room everywhere.
 func hasRoom(warm, budget, size int64, bound float64) bool {
-	if warm <= 0 {
+	if warm <= 0 || budget > 0 && warm+size <= budget/2 {
 		return true
 	}
 	if budget > 0 && warm+size > budget {

@@ -62,6 +62,10 @@ func TestBoundedOwnerRules(t *testing.T) {
 		// first two.
 		{"the owner's budget, not only the mean", []int64{350, 300, 250}, 390, 100, 0.25, 2},
 		{"a budget of 0 is no budget", []int64{350, 300, 250}, 0, 40, 0.25, 0},
+		// The owner still publishes the space it has just put to sleep: past the mean of an
+		// idle fleet, but far under its budget.
+		{"under half its budget with the space, the owner keeps it", []int64{60, 0, 0}, 4096, 60, 0.25, 0},
+		{"past half its budget, the mean decides again", []int64{2100, 0, 0}, 4096, 60, 0.25, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
