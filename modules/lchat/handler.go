@@ -187,15 +187,9 @@ func (p *proxying) Instance(use *engine.Use) error {
 	}
 	p.h.setInstanceHeader(p.w, use)
 	setUpstream(p.r, use.Dial())
-	if g := use.Gate(); g != nil {
-		// Every answer waits until the commits before it are in the bucket, or is a 503;
-		// one without a body passes when the proxy is done (Finish).
-		ra := int(time.Duration(p.h.RetryAfter) / time.Second)
-		gw := gate.NewWriter(p.r.Context(), p.w, g, gate.WriterConfig{
-			RetryAfter: ra, Timeout: engine.DurableAnswerTimeout,
-			Refuse: func(w http.ResponseWriter) {
-				writePage(w, p.r, http.StatusServiceUnavailable, p.host, &pageError{kind: pageUnavailable, retryAfter: ra})
-			}})
+	if gw := p.gateWriter(use, p.w); gw != nil && door != held.EventStream {
+		// An event stream passes its gate per pass (proxySSE): a held one is proxied
+		// again after each wake, through that wake's gate.
 		p.w = gw
 		defer gw.Finish()
 	}
@@ -218,6 +212,23 @@ func (p *proxying) Instance(use *engine.Use) error {
 		use.Unreachable()
 	}
 	return p.noAnswer(err, "space "+p.host+": its instance")
+}
+
+// gateWriter is the writer that holds the instance's answer to w at use's output gate
+// (Kind.Durability bucket), nil when its kind acknowledges at checkpoints: every part of
+// the answer waits until the commits before it are in the bucket, or the answer is the
+// box's 503 page; one without a body passes at Finish.
+func (p *proxying) gateWriter(use *engine.Use, w http.ResponseWriter) *gate.Writer {
+	g := use.Gate()
+	if g == nil {
+		return nil
+	}
+	ra := int(time.Duration(p.h.RetryAfter) / time.Second)
+	return gate.NewWriter(p.r.Context(), w, g, gate.WriterConfig{
+		RetryAfter: ra, Timeout: engine.DurableAnswerTimeout,
+		Refuse: func(w http.ResponseWriter) {
+			writePage(w, p.r, http.StatusServiceUnavailable, p.host, &pageError{kind: pageUnavailable, retryAfter: ra})
+		}})
 }
 
 // Refuse answers ref, with Retry-After on a 503.

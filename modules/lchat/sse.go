@@ -24,19 +24,19 @@ func (p *proxying) instanceSSE(use *engine.Use, cs *held.Conns) error {
 	if p.sse != nil {
 		// A reopen of a stream this box holds (heldStream).
 		p.sse.SetRelease(use.Release)
-		return p.proxySSE(p.sse, p.r, p.h.proxy)
+		return p.proxySSE(p.sse, p.r, p.h.proxy, use)
 	}
 	if p.hops > 0 && p.r.Header.Get(connhold.EntryHeader) != "" {
 		sw := held.NewSSEWriter(p.w, use.Release)
 		connhold.StripPeerHeaders(p.r.Header)
 		sw.KeepMark()
-		return p.proxySSE(sw, p.r, p.h.proxy)
+		return p.proxySSE(sw, p.r, p.h.proxy, use)
 	}
 	// Counted among the box's held connections from its first resumable answer.
 	n := cs.CountStream(p.host)
 	defer n.Done()
 	sw := held.NewSSEWriter(p.w, func() { use.Release(); n.Start() })
-	err := p.proxySSE(sw, p.r, p.h.proxy)
+	err := p.proxySSE(sw, p.r, p.h.proxy, use)
 	if !sw.ToHold() {
 		return err
 	}
@@ -53,12 +53,12 @@ func (p *proxying) forwardSSE(fr *http.Request, cs *held.Conns, via *reverseprox
 	fr.Header.Set(connhold.EntryHeader, p.h.app.box.Self())
 	if p.sse != nil {
 		p.sse.SetRelease(func() {})
-		return box.Answered, p.proxySSE(p.sse, fr, via)
+		return box.Answered, p.proxySSE(p.sse, fr, via, nil)
 	}
 	n := cs.CountStream(p.host)
 	defer n.Done()
 	sw := held.NewSSEWriter(p.w, n.Start)
-	err := p.proxySSE(sw, fr, via)
+	err := p.proxySSE(sw, fr, via, nil)
 	if !sw.Sent() {
 		return box.NotSent, err
 	}
@@ -90,10 +90,19 @@ func (s *heldStream) Pass() box.Proxy {
 // errStreamCut is proxySSE's error for a resumable stream its instance ended mid-way.
 var errStreamCut = errors.New("event stream cut by its instance")
 
-// proxySSE proxies r through sw. Caddy's proxy panics with http.ErrAbortHandler when the
+// proxySSE proxies r through sw, and through the output gate of use's wake before it (nil:
+// a forward, gated where the space runs): each pass of a held stream through the gate of
+// the instance it reaches. Caddy's proxy panics with http.ErrAbortHandler when the
 // upstream ends a response it has begun (so that the client sees the response cut); a
 // resumable stream is not cut: the box goes on with the next instance.
-func (p *proxying) proxySSE(sw *held.SSEWriter, r *http.Request, proxy *reverseproxy.Handler) (err error) {
+func (p *proxying) proxySSE(sw *held.SSEWriter, r *http.Request, proxy *reverseproxy.Handler, use *engine.Use) (err error) {
+	var w http.ResponseWriter = sw
+	if use != nil {
+		if gw := p.gateWriter(use, sw); gw != nil {
+			w = gw
+			defer gw.Finish()
+		}
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			if _, resumable := sw.Answer(); v == http.ErrAbortHandler && resumable {
@@ -103,5 +112,5 @@ func (p *proxying) proxySSE(sw *held.SSEWriter, r *http.Request, proxy *reversep
 			panic(v)
 		}
 	}()
-	return proxy.ServeHTTP(sw, r, p.next)
+	return proxy.ServeHTTP(w, r, p.next)
 }
