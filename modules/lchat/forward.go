@@ -56,8 +56,12 @@ func (p *proxying) Forward(d mesh.Decision) (box.Forwarded, error) {
 	caddyhttp.SetVar(p.r.Context(), peerAddrVar, mesh.DialAddr(u))
 	fr := p.r.WithContext(box.WithPeer(p.r.Context(), box.Peer{Self: d.Peer, Hint: d.Hint, Hops: p.hops}))
 	switch cs := p.h.app.conns; {
-	case cs != nil && connhold.IsUpgrade(p.r):
-		// The client's socket is held here if the instance opts in (websocket.go).
+	case cs != nil && connhold.IsUpgrade(p.r) && p.r.Header.Get(connhold.EntryHeader) == "":
+		// The client's socket is held here if the instance opts in (websocket.go). An
+		// upgrade a peer forwarded for a client it holds itself goes on as it came (the
+		// default below): held here, a box on the way, the entry box would only proxy the
+		// socket, and close it with Caddy's 1001 when it stops instead of a held socket's
+		// 1012.
 		var held bool
 		if held, err = p.forwardUpgrade(fr, cs); held {
 			return box.Answered, err
