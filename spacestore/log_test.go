@@ -28,10 +28,36 @@ var logBuckets = map[string]func(t *testing.T) bucket.Bucket{
 	},
 }
 
+// forEachLogBucket runs f on each bucket, with the shippers of the test keeping their
+// views' connections (as the engine's do) and opening each view's own (freshLogViews).
 func forEachLogBucket(t *testing.T, f func(t *testing.T, b bucket.Bucket)) {
-	for name, mk := range logBuckets {
-		t.Run(name, func(t *testing.T) { f(t, mk(t)) })
+	for _, fresh := range []bool{false, true} {
+		for name, mk := range logBuckets {
+			if fresh {
+				name += "/fresh"
+			}
+			t.Run(name, func(t *testing.T) {
+				freshLogViews = fresh
+				defer func() { freshLogViews = false }()
+				f(t, mk(t))
+			})
+		}
 	}
+}
+
+// freshLogViews makes testShipper's shippers open a connection per view, as before they
+// kept them: both ways must ship the same.
+var freshLogViews bool
+
+// testShipper is NewLogShipper for the tests, closed with the test.
+func testShipper(t testing.TB, dataDir string, reader *PageReader, base *LogBase, gen, next int64, claim Claim) *LogShipper {
+	l := NewLogShipper(dataDir, reader, base, gen, next, claim)
+	if freshLogViews {
+		l.keep.Close()
+		l.keep = nil
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // settled is a clock far enough ahead that every stat signature taken now is trusted:
@@ -90,7 +116,7 @@ func (h *logHolder) seal() (more []*Segment, next int64) {
 	if err := h.s.ApplySegments(h.base, more); err != nil {
 		h.t.Fatal(err)
 	}
-	h.ship = NewLogShipper(h.s.DataDir, nil, h.base, h.gen(), next, h.claim)
+	h.ship = testShipper(h.t, h.s.DataDir, nil, h.base, h.gen(), next, h.claim)
 	return more, next
 }
 
@@ -112,7 +138,10 @@ func (h *logHolder) checkpoint() {
 	if _, err := h.s.Checkpoint(context.Background(), Periodic, nil, time.Now()); err != nil {
 		h.t.Fatal(err)
 	}
-	h.ship = NewLogShipper(h.s.DataDir, nil, h.s.LogBase(), h.gen(), 1, h.claim)
+	if h.ship != nil {
+		h.ship.Close()
+	}
+	h.ship = testShipper(h.t, h.s.DataDir, nil, h.s.LogBase(), h.gen(), 1, h.claim)
 }
 
 // shipOne builds the next segment, which must exist, and appends it; then nothing is new.
@@ -366,7 +395,7 @@ func shippedSegment(t testing.TB) []byte {
 		t.Fatal(err)
 	}
 	fillDB(t, db, 5, 100)
-	ship := NewLogShipper(s.DataDir, nil, s.LogBase(), 1, 1, Claim{Holder: "https://a", Incarnation: "1", Lease: `"l"`, At: time.Unix(1e9, 0)})
+	ship := testShipper(t, s.DataDir, nil, s.LogBase(), 1, 1, Claim{Holder: "https://a", Incarnation: "1", Lease: `"l"`, At: time.Unix(1e9, 0)})
 	seg, err := ship.Next(context.Background(), settled())
 	if err != nil || seg == nil {
 		t.Fatalf("Next = %v, %v", seg, err)

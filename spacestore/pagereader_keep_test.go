@@ -1,0 +1,210 @@
+package spacestore
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lchat/lchat-caddy/bucket/membucket"
+	"github.com/lchat/lchat-caddy/spacestore/pageread"
+)
+
+// viewOf is everything a view gives: its shape and every page.
+type viewOf struct {
+	shape pageread.Shape
+	pages []string
+}
+
+func readView(t *testing.T, v pageread.Source, err error) viewOf {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := v.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	got := viewOf{shape: v.Shape()}
+	if err := v.IndexAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Scan(func(_ uint32, data []byte) error { got.pages = append(got.pages, string(data)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	got.shape.Tail = false
+	return got
+}
+
+func sameView(t *testing.T, what string, got, want viewOf) {
+	t.Helper()
+	if got.shape != want.shape || len(got.pages) != len(want.pages) {
+		t.Fatalf("%s: %+v (%d pages), want %+v (%d pages)", what, got.shape, len(got.pages), want.shape, len(want.pages))
+	}
+	for i := range want.pages {
+		if got.pages[i] != want.pages[i] {
+			t.Fatalf("%s: page %d differs", what, i+1)
+		}
+	}
+}
+
+// waitExited returns once the process pid has exited, leaving it for its parent to reap.
+func waitExited(t *testing.T, pid int) {
+	t.Helper()
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHelperViewsKeepOneHelper: one lchat-pageread serves many views of a database written
+// between them, each the same as a view in this process; a killed helper, and one that
+// failed on a file that is not a database, is replaced at the next open; forgetting the
+// last database ends the helper, which closes its connection: the instance may then leave
+// WAL mode.
+func TestHelperViewsKeepOneHelper(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var pids []int
+	s := spaceDir(t, membucket.New(), testSpaceUID, func(pid int) { mu.Lock(); pids = append(pids, pid); mu.Unlock() })
+	started := func() []int { mu.Lock(); defer mu.Unlock(); return append([]int(nil), pids...) }
+	p := filepath.Join(s.DataDir, "app.db")
+	db := openDB(t, p)
+	fillDB(t, db, 5, 100)
+	handTo(t, s.DataDir, testSpaceUID)
+	k := NewHelperViews(s.PageReader)
+	defer k.Close()
+	inProcess := func(since *pageread.WALPos) viewOf {
+		v, err := pageread.Open(ctx, p, since)
+		return readView(t, v, err)
+	}
+	var since *pageread.WALPos
+	for i := range 30 {
+		fillDB(t, db, 1+i%4, 300)
+		if i == 12 {
+			db.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
+		}
+		handTo(t, s.DataDir, testSpaceUID)
+		want := inProcess(since)
+		v, err := k.Open(ctx, p, since)
+		got := readView(t, v, err)
+		sameView(t, "view "+string(rune('A'+i)), got, want)
+		pos := want.shape.Pos
+		since = &pos
+	}
+	if n := len(started()); n != 1 {
+		t.Fatalf("%d helpers started for 30 views, want 1", n)
+	}
+
+	syscall.Kill(started()[0], syscall.SIGKILL)
+	waitExited(t, started()[0])
+	fillDB(t, db, 2, 300)
+	want := inProcess(nil)
+	v, err := k.Open(ctx, p, nil)
+	sameView(t, "after the helper was killed", readView(t, v, err), want)
+	if n := len(started()); n != 2 {
+		t.Fatalf("%d helpers started, want a second after the kill", n)
+	}
+
+	junk := filepath.Join(s.DataDir, "junk.db")
+	os.WriteFile(junk, append([]byte("SQLite format 3\x00\x00\x03"), make([]byte, 4096)...), 0o600)
+	handTo(t, s.DataDir, testSpaceUID)
+	if v, err := k.Open(ctx, junk, nil); err == nil {
+		v.Close()
+		t.Fatal("a view of a file with page size 3")
+	}
+	v, err = k.Open(ctx, p, nil)
+	sameView(t, "after the helper failed", readView(t, v, err), want)
+	if n := len(started()); n != 3 {
+		t.Fatalf("%d helpers started, want a third after the one that failed", n)
+	}
+
+	k.Forget(p)
+	if k.h != nil {
+		t.Fatal("the helper outlives its last database")
+	}
+	var mode string
+	if err := db.QueryRow("PRAGMA journal_mode=DELETE").Scan(&mode); err != nil || mode != "delete" {
+		t.Fatalf("leaving WAL mode once forgotten = %q, %v", mode, err)
+	}
+}
+
+// TestLogShipperViewsAgree: the segments a shipper cuts are the same byte for byte
+// whether its views keep their connection or open their own, in this process or through
+// lchat-pageread, across commits, a WAL restart and a pause longer than keepIdle (whose
+// connections are closed, then opened again).
+func TestLogShipperViewsAgree(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	s := spaceDir(t, membucket.New(), testSpaceUID, nil)
+	p := filepath.Join(s.DataDir, "app.db")
+	db := openDB(t, p)
+	fillDB(t, db, 20, 200)
+	handTo(t, s.DataDir, testSpaceUID)
+	claim := Claim{Holder: "https://a", Incarnation: "1", Lease: `"l"`, At: time.Unix(1e9, 0)}
+	ways := map[string]*LogShipper{
+		"kept":          NewLogShipper(s.DataDir, nil, nil, 1, 1, claim),
+		"fresh":         NewLogShipper(s.DataDir, nil, nil, 1, 1, claim),
+		"helper kept":   NewLogShipper(s.DataDir, s.PageReader, nil, 1, 1, claim),
+		"helper a view": NewLogShipper(s.DataDir, s.PageReader, nil, 1, 1, claim),
+	}
+	for name, l := range ways {
+		if name == "fresh" || name == "helper a view" {
+			l.keep.Close()
+			l.keep = nil
+		}
+		defer l.Close()
+	}
+	now := time.Now().Add(time.Second)
+	for i := range 12 {
+		switch i {
+		case 0:
+		case 5:
+			db.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
+			fillDB(t, db, 3, 200)
+		case 8:
+			// Nothing written for longer than keepIdle: the connections are let go.
+			now = now.Add(2 * keepIdle)
+			for name, l := range ways {
+				if seg, err := l.Next(ctx, now); err != nil || seg != nil {
+					t.Fatalf("%s after a pause: %v, %v", name, seg, err)
+				}
+			}
+			if k := ways["kept"].keep.(inProcess); len(k.Kept()) != 0 {
+				t.Fatalf("idle connections kept: %v", k.Kept())
+			}
+			if k := ways["helper kept"].keep.(*HelperViews); k.h != nil {
+				t.Fatal("an idle helper kept")
+			}
+			fillDB(t, db, 1, 200)
+		default:
+			fillDB(t, db, i, 200)
+		}
+		handTo(t, s.DataDir, testSpaceUID)
+		now = now.Add(time.Second)
+		var want *Segment
+		for name, l := range ways {
+			seg, err := l.Next(ctx, now)
+			if err != nil || seg == nil {
+				t.Fatalf("step %d, %s: %v, %v", i, name, seg, err)
+			}
+			if want == nil {
+				want = seg
+				continue
+			}
+			if len(seg.DBs) != 1 || len(want.DBs) != 1 || string(seg.DBs[0].LTX) != string(want.DBs[0].LTX) || seg.Seq != want.Seq {
+				t.Fatalf("step %d: %s cut another segment", i, name)
+			}
+		}
+	}
+	if k := ways["helper kept"].keep.(*HelperViews); k.h == nil {
+		t.Fatal("the isolated shipper keeps no helper")
+	}
+}
