@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -40,4 +41,32 @@ func (cs Clients) StripClient(h http.Header, host string, now time.Time) *Client
 		}
 	}
 	return found
+}
+
+// ClientRequest readies a request whose fleet's marker verified on this (the provider's)
+// box. It counts as a forward from the fleet's entry box only for what the seam carries:
+// an event stream that entry box holds (Lchat-Ws-Entry on a request for one, and
+// Lchat-Sse-Reopen, kept). Nothing else a peer of the mesh may send survives: no other
+// held-connection header, no connection id, no upgrade held at the fleet's box (the
+// provider's box holds the socket itself), so a fleet can never make this box call an
+// address it names with this fleet's mesh token; and no request under the box's own
+// namespace (/.lchat/, held-connection events): false, the request is refused.
+func ClientRequest(r *http.Request) bool {
+	if connhold.Reserved(r.URL.Path) {
+		return false
+	}
+	h := r.Header
+	entry, reopen := h.Get(connhold.EntryHeader), h.Get(connhold.ReopenHeader)
+	connhold.StripPeerHeaders(h)
+	h.Del(connhold.ConnIDHeader)
+	if connhold.IsUpgrade(r) {
+		return true
+	}
+	if entry != "" && connhold.AcceptsEventStream(r) {
+		h.Set(connhold.EntryHeader, entry)
+	}
+	if reopen != "" {
+		h.Set(connhold.ReopenHeader, reopen)
+	}
+	return true
 }

@@ -107,3 +107,34 @@ func FuzzSplitPath(f *testing.F) {
 		}
 	})
 }
+
+// TestClientRequest: a fleet's signed request keeps only a held event stream's headers;
+// an upgrade loses every peer header (its entry box is never called), and the box's own
+// namespace is refused.
+func TestClientRequest(t *testing.T) {
+	mk := func(path string, h map[string]string) *http.Request {
+		r, _ := http.NewRequest(http.MethodGet, "https://room.example.com"+path, nil)
+		for k, v := range h {
+			r.Header.Set(k, v)
+		}
+		return r
+	}
+	entry := "https://a-box.example.net"
+	r := mk("/api/events", map[string]string{"Accept": "text/event-stream", "Lchat-Ws-Entry": entry, "Lchat-Sse-Reopen": "1",
+		"Lchat-Ws-Prior": "x", "Lchat-Conn-Id": "id"})
+	if !ClientRequest(r) || r.Header.Get("Lchat-Ws-Entry") != entry || r.Header.Get("Lchat-Sse-Reopen") != "1" ||
+		r.Header.Get("Lchat-Ws-Prior") != "" || r.Header.Get("Lchat-Conn-Id") != "" {
+		t.Fatalf("an event stream: %v", r.Header)
+	}
+	r = mk("/api/ws", map[string]string{"Connection": "Upgrade", "Upgrade": "websocket", "Lchat-Ws-Entry": entry, "Lchat-Conn-Id": "id"})
+	if !ClientRequest(r) || r.Header.Get("Lchat-Ws-Entry") != "" || r.Header.Get("Lchat-Conn-Id") != "" {
+		t.Fatalf("an upgrade kept a peer header: %v", r.Header)
+	}
+	r = mk("/api/messages", map[string]string{"Lchat-Ws-Entry": entry})
+	if !ClientRequest(r) || r.Header.Get("Lchat-Ws-Entry") != "" {
+		t.Fatalf("a plain request kept the entry: %v", r.Header)
+	}
+	if ClientRequest(mk("/.lchat/ws/event", nil)) {
+		t.Fatal("a fleet reached the box's namespace")
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
+	"github.com/lchat/lchat-caddy/provider"
 )
 
 // The hop to a provider (package provider): Caddy's reverse proxy over the provider's
@@ -39,8 +40,9 @@ func (h *Handler) provisionProviderProxies(ctx caddy.Context, flush caddy.Durati
 
 // stripClient, on a provider's box, takes the provider marker off r (it never reaches
 // anything else) and names the fleet that signed it for host (provider.Clients): its
-// request counts as one hop, like a peer's forward, so that its entry box's headers
-// (a held stream's) are kept. Empty: no valid marker.
+// request counts as one hop, like a peer's forward, with only the headers of a held
+// event stream kept (provider.ClientRequest). Empty: no valid marker, or a request a
+// fleet may not make (under /.lchat/).
 func (h *Handler) stripClient(r *http.Request, host string, hops *int) string {
 	var ps *providerSet
 	if h.app != nil {
@@ -51,7 +53,7 @@ func (h *Handler) stripClient(r *http.Request, host string, hops *int) string {
 		return ""
 	}
 	c := ps.clients.StripClient(r.Header, host, time.Now())
-	if c == nil {
+	if c == nil || !provider.ClientRequest(r) {
 		return ""
 	}
 	if *hops == 0 {

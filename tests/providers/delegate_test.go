@@ -6,12 +6,15 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"github.com/lchat/lchat-caddy/connhold"
+	"github.com/lchat/lchat-caddy/provider"
 	"github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
@@ -95,6 +98,7 @@ func TestDelegateAndReclaim(t *testing.T) {
 	a.post(a2, room, "written at the partner")
 	waitMessage(t, ctx, ws, "written at the partner")
 	events.wait(t, "written at the partner")
+	forgedEntry(t, a, b, room)
 	harness.WaitFor(t, 20*time.Second, "the message in B's bucket (a checkpoint of a newer generation)", func() bool {
 		return generationIn(t, b, room) > genBefore
 	})
@@ -315,3 +319,38 @@ func (s *stream) wait(t *testing.T, text string) {
 }
 
 func (s *stream) close() { s.stop() }
+
+// forgedEntry: a fleet's signed upgrade naming an entry box of its choosing
+// (Lchat-Ws-Entry) never makes the provider's box call that address when the room sends
+// to its held WebSockets (a peer of the provider's mesh would get those calls, with the
+// provider's mesh token); the provider's box holds the socket itself.
+func forgedEntry(t *testing.T, a, b *fleet, room string) {
+	t.Helper()
+	calls := make(chan string, 16)
+	rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls <- r.Method + " " + r.URL.Path
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	defer rec.Close()
+	b1 := b.nodes[0]
+	req, _ := http.NewRequest(http.MethodGet, "https://"+b1.addr+"/api/ws", nil)
+	req.Host = room
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Sec-WebSocket-Version", "13")
+	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	req.Header.Set("Lchat-Ws-Entry", rec.URL)
+	req.Header.Set("Lchat-Conn-Id", connhold.NewID())
+	(&provider.Provider{Token: tokenAToB}).Mark(req.Header, room, time.Now())
+	resp, err := b.client(b1).Do(req)
+	if err != nil {
+		t.Fatalf("a signed upgrade straight at B: %v", err)
+	}
+	defer resp.Body.Close()
+	a.post(a.nodes[1], room, "after a forged entry")
+	select {
+	case c := <-calls:
+		t.Fatalf("B called the entry box a fleet named: %s", c)
+	default:
+	}
+}
