@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -218,6 +219,10 @@ func NewLogShipper(dataDir string, reader *PageReader, base *LogBase, gen, next 
 	} else {
 		l.keep = NewHelperViews(reader)
 	}
+	// Close is the owner's; a shipper dropped without it lets its connections (and its
+	// helper) go when it is collected, off the collector's goroutine (a helper's end waits
+	// for it to exit).
+	runtime.AddCleanup(l, func(k viewKeeper) { go k.Close() }, l.keep)
 	if base != nil {
 		for rel, st := range base.dbs {
 			l.dbs[rel] = st

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -206,5 +207,28 @@ func TestLogShipperViewsAgree(t *testing.T) {
 	}
 	if k := ways["helper kept"].keep.(*HelperViews); k.h == nil {
 		t.Fatal("the isolated shipper keeps no helper")
+	}
+}
+
+// TestDroppedShipperLetsGoItsConnections: a LogShipper its owner dropped without Close
+// closes its kept connections once collected.
+func TestDroppedShipperLetsGoItsConnections(t *testing.T) {
+	dir := t.TempDir()
+	fillDB(t, openDB(t, filepath.Join(dir, "app.db")), 5, 100)
+	l := NewLogShipper(dir, nil, nil, 1, 1, Claim{Holder: "https://a", Incarnation: "1", Lease: `"l"`, At: time.Unix(1e9, 0)})
+	if seg, err := l.Next(context.Background(), time.Now()); err != nil || seg == nil {
+		t.Fatalf("Next = %v, %v", seg, err)
+	}
+	k := l.keep.(inProcess)
+	if len(k.Kept()) != 1 {
+		t.Fatalf("kept %v", k.Kept())
+	}
+	l = nil
+	for i := 0; len(k.Kept()) != 0; i++ {
+		if i == 10000 {
+			t.Fatalf("kept %v after the shipper was collected", k.Kept())
+		}
+		runtime.GC()
+		runtime.Gosched()
 	}
 }
