@@ -95,16 +95,21 @@ const clientPause = 100 * time.Millisecond
 
 func (c *clients) start(hosts []string) *load {
 	l := &load{stopCh: make(chan struct{}), r: &results{acked: map[string][]string{}}}
-	for _, h := range hosts {
-		l.wg.Add(2)
-		go func() { defer l.wg.Done(); c.write(l, h) }()
-		go func() { defer l.wg.Done(); c.hold(l, h) }()
-	}
+	c.writeMore(l, hosts)
+	c.holdMore(l, hosts)
 	return l
 }
 
-// holdMore opens one more held WebSocket per host: opened after a scale-out, some land on
-// the new boxes, and the scale-in closes them.
+// writeMore starts a writer per host.
+func (c *clients) writeMore(l *load, hosts []string) {
+	for _, h := range hosts {
+		l.wg.Add(1)
+		go func() { defer l.wg.Done(); c.write(l, h) }()
+	}
+}
+
+// holdMore opens one more held WebSocket per host (reopened after each close): opened
+// after a scale-out, some land on the new boxes, and the scale-in closes them.
 func (c *clients) holdMore(l *load, hosts []string) {
 	for _, h := range hosts {
 		l.wg.Add(1)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -198,6 +199,45 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 		})
 		cl.holdMore(load, hosts)
 	}
+	// New wakes go to the new boxes at once: spaces created now (never awake, so no box
+	// remembers a holder of theirs) wake on their owners among the boxes now live, when
+	// their clients first write.
+	var members []mesh.Member
+	for _, b := range f.boxes {
+		members = append(members, mesh.Member{Self: b.self})
+		harness.WaitFor(t, 30*time.Second, b.name+" seeing every box", func() bool { return len(status(t, b).Mesh.Live) == len(f.boxes) })
+	}
+	var fresh []string
+	for i := range spaces {
+		h := fmt.Sprintf("new%d.%s", i, domain)
+		f.createSpace(first, h)
+		for _, b := range f.boxes {
+			harness.WaitFor(t, 30*time.Second, h+" replicated to "+b.name, func() bool {
+				code, _, err := b.Admin("GET", "/lchat/routes/"+h, nil)
+				return err == nil && code == 200
+			})
+		}
+		fresh = append(fresh, h)
+	}
+	cl.writeMore(load, fresh)
+	wokeOnNew := 0
+	for _, h := range fresh {
+		owner, _ := mesh.Owner(h, members, "")
+		ob := f.box(owner.Self)
+		harness.WaitFor(t, 30*time.Second, h+" woken by its clients on its owner "+ob.name, func() bool {
+			return slices.Contains(status(t, ob).Mesh.Awake, h)
+		}, func() string {
+			var w []string
+			for _, b := range f.boxes {
+				w = append(w, fmt.Sprintf("%s %s awake %v", b.name, b.self, status(t, b).Mesh.Awake))
+			}
+			return strings.Join(w, "; ")
+		})
+		if ob != first {
+			wokeOnNew++
+		}
+	}
+	hosts = append(hosts, fresh...)
 	var drains []time.Duration
 	closedHeld := 0 // WebSockets held by the boxes terminated, as they counted them
 	for len(f.boxes) > 1 {
@@ -232,7 +272,7 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 	}
 	// Every holder got its WebSocket held at least once (a box that cannot hold it
 	// answers 503, which a holder retries, forever).
-	if holders := spaces * peak; r.wsOpened < holders {
+	if holders := spaces*peak + len(fresh); r.wsOpened < holders {
 		t.Errorf("%d WebSockets opened for %d holders (%d refused with 503)", r.wsOpened, holders, r.wsRetryable)
 	}
 	if r.ws1012 < closedHeld {
@@ -251,8 +291,32 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 		}
 	}
 	t.Logf("figures: boxes 1→%d→1, %d spaces: %d writes acknowledged, %d failed, %d retryable 503s, %d acknowledged writes lost; "+
-		"WebSockets: %d opened, %d held by the boxes terminated, %d closed with 1012, %d refused with a retryable 503; join (start to up in HAProxy): %v; terminate (SIGTERM to exit): %v",
-		peak, spaces, r.total(), len(r.failures), r.retryable, lost, r.wsOpened, closedHeld, r.ws1012, r.wsRetryable, joins, drains)
+		"spaces created at %d boxes woken on the new ones %d of %d; WebSockets: %d opened, %d held by the boxes terminated, %d closed with 1012, %d refused with a retryable 503; join (start to up in HAProxy): %v; terminate (SIGTERM to exit): %v",
+		peak, spaces, r.total(), len(r.failures), r.retryable, lost, peak, wokeOnNew, len(fresh), r.wsOpened, closedHeld, r.ws1012, r.wsRetryable, joins, drains)
+}
+
+func (f *fleet) box(self string) *lbBox {
+	for _, b := range f.boxes {
+		if b.self == self {
+			return b
+		}
+	}
+	f.t.Fatalf("no box %s", self)
+	return nil
+}
+
+// boxStatus is what the test reads of GET /lchat/status.
+type boxStatus struct {
+	Mesh struct {
+		Awake []string `json:"awake"`
+		Live  []string `json:"live_members"`
+	} `json:"mesh"`
+}
+
+func status(t *testing.T, b *lbBox) boxStatus {
+	var st boxStatus
+	b.AdminJSON("GET", "/lchat/status", nil, 200, &st)
+	return st
 }
 
 // heldOpen is how many WebSockets b holds open (lchat_conns{state="open"}).
