@@ -13,11 +13,13 @@ import (
 )
 
 // The box's status and its console count the WebSocket connections it holds per space
-// (open, parked, and the bytes of acknowledged messages kept until a checkpoint); a
-// space with none is left out.
+// (open, parked, and the bytes of acknowledged messages kept until a checkpoint: a kind of
+// durability checkpoint, since bucket retires them at their acknowledgement); a space
+// with none is left out.
 func TestStatusAndConsoleCountHeldConnectionsPerSpace(t *testing.T) {
 	const hostA, hostB, hostC = "a.example.com", "b.example.com", "c.example.com"
 	cfg := kindConfig(t, "1m", nil)
+	cfg.Lchat["kinds"].(map[string]any)["hold"].(map[string]any)["durability"] = "checkpoint"
 	consoleAddr := harness.FreeAddr(t, "127.0.0.1")
 	cfg.Servers = map[string]any{"console": map[string]any{
 		"listen": []string{consoleAddr}, "automatic_https": map[string]any{"disable": true},
