@@ -2,6 +2,7 @@ package spacestore
 
 import (
 	"context"
+	"database/sql"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -230,5 +231,64 @@ func TestDroppedShipperLetsGoItsConnections(t *testing.T) {
 		}
 		runtime.GC()
 		runtime.Gosched()
+	}
+}
+
+// TestKeptHelperFollowsTheInstancesLastClose: when every connection of the instance closes
+// between two views (an app that opens its database per request), SQLite's last close
+// may checkpoint and delete the WAL and -shm files, and the instance's next connection makes
+// new ones. The next view must lock the new ones: the instance's write (busy timeout 0)
+// meets its lock, and it reads what a view in this process reads. The kept connection's
+// close, while the instance has its database open, leaves the instance's WAL alone.
+func TestKeptHelperFollowsTheInstancesLastClose(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	s := spaceDir(t, membucket.New(), testSpaceUID, nil)
+	p := filepath.Join(s.DataDir, "app.db")
+	instance := func() *sql.DB {
+		db, err := sql.Open("sqlite", "file:"+p+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(0)")
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.SetMaxOpenConns(1)
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+	db := instance()
+	fillDB(t, db, 5, 100)
+	handTo(t, s.DataDir, testSpaceUID)
+	k := NewHelperViews(s.PageReader)
+	defer k.Close()
+	for i := range 3 {
+		v, err := k.Open(ctx, p, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec("INSERT INTO messages (room, created_at, body) VALUES (1, 2, 'x')"); err == nil {
+			t.Fatalf("round %d: the instance wrote while a view was open: the view's lock is not the instance's", i)
+		}
+		got := readView(t, v, nil)
+		want := func() viewOf { v, err := pageread.Open(ctx, p, nil); return readView(t, v, err) }()
+		sameView(t, "round", got, want)
+		// Every connection of the instance closes, and it opens a new one.
+		db.Close()
+		db = instance()
+		fillDB(t, db, 1, 100)
+		handTo(t, s.DataDir, testSpaceUID)
+	}
+	// The kept connection closes while the instance has commits in its WAL.
+	var n int
+	db.QueryRow("SELECT count(*) FROM messages").Scan(&n)
+	walBefore, err := os.ReadFile(p + "-wal")
+	if err != nil || len(walBefore) == 0 {
+		t.Fatalf("no WAL to keep (%v)", err)
+	}
+	k.Close()
+	if _, err := os.Lstat(p + "-wal"); err != nil {
+		t.Fatalf("the kept connection's close removed the instance's WAL: %v", err)
+	}
+	db.Close()
+	if got := rows(t, p); got != n {
+		t.Fatalf("%d rows after the kept connection closed, want %d", got, n)
 	}
 }

@@ -6,8 +6,9 @@ import (
 	"testing"
 )
 
-// TestStaysSmall: the helper starts per database per checkpoint, so it must not grow into
-// the box: no Caddy, and of this module only the page reader.
+// TestStaysSmall: the helper starts per database per checkpoint (and per awake space for
+// the log), so it must not grow into the box: no Caddy, and of this module only the page
+// reader.
 func TestStaysSmall(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
 	if err != nil {

@@ -1,9 +1,10 @@
-// Command lchat-pageread reads one SQLite database's pages for a checkpoint, under the
+// Command lchat-pageread reads an isolated space's SQLite databases' pages, under the
 // space's uid, and streams them to the box over its stdin and stdout (the wire of
-// spacestore/pageread). The box starts it for each database of an isolated space: a crafted
-// file then attacks this process, with the space's privileges and a memory bound, not the
-// box. It is small on purpose (no Caddy): it starts in a few milliseconds. See
-// docs/parsers.md.
+// spacestore/pageread): a crafted file then attacks this process, with the space's
+// privileges and a memory bound, not the box. A checkpoint starts one per database for one
+// view; the log keeps one per awake space, which serves views in turn and keeps a SQLite
+// connection per database between them until the box closes its stdin. It is small on
+// purpose (no Caddy): it starts in a few milliseconds. See docs/parsers.md.
 package main
 
 import (

@@ -17,16 +17,18 @@ import (
 //
 // What a kept connection holds between views: no transaction, so no read mark and no write
 // lock; the instance's reads, writes and checkpoints (TRUNCATE included) go on as if it
-// were not there. But SQLite keeps, for as long as a connection to a database in WAL mode
-// is open, a SHARED lock on the database file and a shared lock on the -shm file's "alive"
-// byte: that is how the last connection to close knows it is the last. So while a
-// connection is kept:
+// were not there. But it is an open connection to a database in WAL mode: it holds a shared
+// lock on the -shm file's "alive" byte (SQLite's SHARED lock on the database file too,
+// until the view's own close of the file lets the kernel drop it), and SQLite refuses
+// the exclusive lock on the database file while another process holds that byte. So
+// while a connection is kept:
 //   - the instance cannot leave WAL mode (journal_mode=DELETE waits for it, then fails
 //     with SQLITE_BUSY), nor take locking_mode=EXCLUSIVE;
 //   - the instance's last connection to close is not the last: it leaves the WAL and -shm
 //     files in place, and the kept connection, closed by Forget, Close or an eviction,
 //     checkpoints the WAL into the database and deletes them if it is the last then (as a
-//     view's own connection does today when the instance holds none open).
+//     view's own connection did when the instance held none open). Likewise the kept
+//     connection's close leaves them while the instance has the database open.
 //
 // The kept connection is checked against the file at the path at every view: if the
 // instance replaced or renamed the database (another device and inode at the path), the
