@@ -31,12 +31,11 @@ type WALPos struct {
 }
 
 // View is one transactionally consistent, unchanging view of a SQLite database. It holds the
-// database's write lock (BEGIN IMMEDIATE on its own connection, or on one a Keeper lends
-// it) while pages are read, so no
-// commit, WAL restart or journal-mode change can happen meanwhile; a checkpoint of the WAL
-// into the main file may still run, but it only copies committed frames, which the view reads
-// from the WAL anyway. A page is read from its newest committed WAL frame, else from the main
-// file, exactly as SQLite's own readers do.
+// database's write lock (BEGIN IMMEDIATE on its own connection, or on one a Keeper lends it)
+// while pages are read, so no commit, WAL restart or journal-mode change can happen
+// meanwhile; a checkpoint of the WAL into the main file may still run, but it only copies
+// committed frames, which the view reads from the WAL anyway. A page is read from its newest
+// committed WAL frame, else from the main file, exactly as SQLite's own readers do.
 type View struct {
 	// keeper, when set, lends conn and takes it back at Close (keep.go); without one the
 	// connection is the view's own.
