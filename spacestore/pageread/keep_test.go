@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -223,8 +222,8 @@ func TestKeptConnectionNeverBlocksTheInstance(t *testing.T) {
 }
 
 // TestKeeperLendsOneViewAtATime: a second view of a database while the first holds its
-// kept connection gets one of its own, closed at its end; views after Close still work and
-// keep nothing.
+// kept connection gets one of its own, closed at its end, and the next view the kept one;
+// views after Close still work and keep nothing.
 func TestKeeperLendsOneViewAtATime(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -236,25 +235,24 @@ func TestKeeperLendsOneViewAtATime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The second view waits for the first's lock (busy_timeout): end the first meanwhile.
-	done := make(chan error, 1)
-	go func() {
-		v2, err := k.Open(ctx, p, nil)
-		if err == nil {
-			if v2.conn == k.conns[p] {
-				err = errors.New("the second view got the kept connection")
-			}
-			v2.Close()
-		}
-		done <- err
-	}()
+	// A second view now would wait for the first's lock: what it is lent is checked here.
 	kept := k.conns[p]
-	v1.Close()
-	if err := <-done; err != nil {
+	c, reused, err := k.take(ctx, p)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if reused || c == kept {
+		t.Fatal("a second view got the kept connection while the first holds it")
+	}
+	k.put(c, true)
+	v1.Close()
 	if k.conns[p] != kept || len(k.Kept()) != 1 {
 		t.Fatalf("kept %v", k.Kept())
+	}
+	if v, err := k.Open(ctx, p, nil); err != nil || v.conn != kept {
+		t.Fatalf("the next view got %v, %v; want the kept connection", v, err)
+	} else {
+		v.Close()
 	}
 	k.Close()
 	k.Close()
