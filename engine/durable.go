@@ -242,6 +242,23 @@ func (u *Use) Gate() *gate.Gate {
 	return nil
 }
 
+// LogCarriesAll reports whether the space's log carries every file of its data dir as its
+// last cut found them (log_skipped empty): then what the instance committed before a
+// WaitDurable that returned nil is in the bucket, and a held message it acknowledged may be
+// retired at once. False for a kind that acknowledges at checkpoints, before the first
+// cut, and while the data dir holds a file the log does not carry (a plain file, a
+// database not in WAL mode): that state is durable at checkpoints only, so its held
+// messages are kept until one, as a checkpoint kind's are. Call it after WaitDurable: that
+// wait's cut read the data dir after the instance's answer.
+func (u *Use) LogCarriesAll() bool {
+	d := u.in.durableOf()
+	if d == nil {
+		return false
+	}
+	sk := d.skipped.Load()
+	return sk != nil && len(*sk) == 0
+}
+
 // WaitDurable returns once the commits the instance made before the call are in the
 // space's log (the segment cut after it, and every one before, landed), at once for a
 // kind that acknowledges at checkpoints; an error (gate.ErrNotDurable) within

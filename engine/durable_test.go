@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"database/sql"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -50,6 +51,24 @@ func TestDurableStatusCountsTheLog(t *testing.T) {
 	if st.Segments < 3 || st.Unproven != 0 || st.Landing != 0 || st.Folded != 0 {
 		t.Fatalf("after three commits, each waited for: %+v", st)
 	}
+	if !u.LogCarriesAll() {
+		t.Fatal("a data dir of one database in WAL mode: the log does not carry it all")
+	}
+	// A plain file is durable at checkpoints only: acknowledgements are no longer durable
+	// at the gate.
+	if err := os.WriteFile(filepath.Join(in.dataDir, "notes.txt"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.WaitDurable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if u.LogCarriesAll() {
+		t.Fatalf("the log carries all beside a plain file (skipped %v)", logStatusOf(t, e, host).Skipped)
+	}
+	if err := os.Remove(filepath.Join(in.dataDir, "notes.txt")); err != nil {
+		t.Fatal(err)
+	}
+	st = logStatusOf(t, e, host)
 	landed := st.Segments
 
 	e.syncNow(ctx, in)

@@ -73,10 +73,11 @@ func (d *eventDoor) Instance(use *engine.Use) error {
 	if err == nil {
 		// The acknowledgement (and the messages it sends) counts once the commits the
 		// instance made for it are in the bucket; until then the event is redelivered.
+		// It is retired at once only when the log carries all the instance's state.
 		if werr := use.WaitDurable(d.ctx); werr != nil {
 			reply, err = connhold.Reply{}, fmt.Errorf("%w: %w", connhold.ErrNotAcknowledged, werr)
 		} else {
-			reply.Durable = use.Gate() != nil
+			reply.Durable = use.LogCarriesAll()
 		}
 	}
 	reply.At = now

@@ -280,8 +280,10 @@ func (c *Conns) PeerEvent(host string, use *engine.Use, w http.ResponseWriter, h
 		h.Set(connhold.AckAtHeader, now.String())
 		h.Set(connhold.AckMarkHeader, strconv.FormatUint(mark, 10))
 		h.Set(connhold.CoveredHeader, strconv.FormatUint(covered, 10))
-		if use.Gate() != nil {
-			// The answer passes the output gate below this writer, or is a 503.
+		// The answer passes the output gate below this writer, or is a 503. The entry box
+		// retires the message at once only when the log carries all the instance's
+		// state: a cut after the instance's answer says so.
+		if use.Gate() != nil && use.WaitDurable(context.Background()) == nil && use.LogCarriesAll() {
 			h.Set(connhold.DurableHeader, "1")
 		}
 	}}, nil

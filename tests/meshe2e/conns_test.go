@@ -197,10 +197,11 @@ func buildConnApp(t *testing.T) string {
 // to the instance on another; that box is killed before any checkpoint holds what its
 // instance acknowledged; the survivor's instance gets the acknowledged message again,
 // marked as a redelivery with its sequence number, before the next one, on the same
-// socket.
+// socket. A kind of durability checkpoint: under bucket an acknowledgement that passed
+// the gate is retired at once (TestCrashDoesNotRedeliverADurableAcknowledgement).
 func TestHeldEventsFollowTheSpace(t *testing.T) {
 	c := newCluster(t)
-	c.kind = connAppKind(t, map[string]any{"idle_timeout": "5s"})
+	c.kind = connAppKind(t, map[string]any{"idle_timeout": "5s", "durability": "checkpoint"})
 	a, b, cc := c.start(false), c.start(false), c.start(false)
 	harness.WaitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 	// Owned by b; once b is gone, by cc: the space moves away from the client's box twice.

@@ -17,9 +17,12 @@ import (
 // record is the instance's durable state for the soak tests: every client message it
 // applied, one line each ("<conn> <seq> <payload>") in $LCHAT_DATA_DIR/record, written
 // before the event is acknowledged. It drops a message whose Lchat-Seq is at or below the
-// highest it applied on that connection, as docs/connections.md tells an app to.
+// highest it applied on that connection, as docs/connections.md tells an app to. The file
+// is created at the first append: an instance that applies nothing has no file a bucket
+// kind's log does not carry (its acknowledgements are then durable at the gate).
 type record struct {
 	mu      sync.Mutex
+	path    string
 	f       *os.File
 	lines   []string
 	high    map[string]uint64
@@ -48,11 +51,7 @@ func openRecord(path string) *record {
 		}
 		f.Close()
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		log.Fatal(err)
-	}
-	r.f = f
+	r.path = path
 	return r
 }
 
@@ -71,6 +70,13 @@ func (r *record) apply(conn string, seq uint64, payload string) bool {
 		return false
 	}
 	l := fmt.Sprintf("%s %d %s", conn, seq, payload)
+	if r.f == nil {
+		f, err := os.OpenFile(r.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			log.Fatal(err)
+		}
+		r.f = f
+	}
 	if _, err := r.f.WriteString(l + "\n"); err != nil {
 		log.Fatal(err)
 	}
