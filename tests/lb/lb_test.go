@@ -119,22 +119,23 @@ func (f *fleet) launch() (*lbBox, time.Duration) {
 // terminate stops b as a scale-in does: SIGTERM (the box's health check fails at once,
 // the balancer counts it down while its listeners are still open, its spaces drain,
 // held sockets close with 1012), then the balancer forgets it. It returns how long the
-// box took to exit.
-func (f *fleet) terminate(b *lbBox) time.Duration {
+// balancer took to count it down, and the box to exit.
+func (f *fleet) terminate(b *lbBox) (down, exit time.Duration) {
 	t := f.t
 	start := time.Now()
 	stopped := make(chan error, 1)
 	go func() { stopped <- b.Stop() }()
 	harness.WaitFor(t, 30*time.Second, b.name+" down in the balancer", func() bool { return f.lb.State(b.name) == "DOWN" })
+	down = time.Since(start)
 	if b.Exited() {
 		t.Errorf("%s exited before the balancer counted it down: its listener closed with the check still passing", b.name)
 	}
 	if err := <-stopped; err != nil {
 		t.Errorf("stopping %s: %v", b.name, err)
 	}
-	took := time.Since(start)
+	exit = time.Since(start)
 	f.lb.DelServer(b.name)
-	return took
+	return down, exit
 }
 
 func (f *fleet) createSpace(b *lbBox, host string) {
@@ -241,7 +242,7 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 		}
 	}
 	hosts = append(hosts, fresh...)
-	var drains []time.Duration
+	var downs, drains []time.Duration
 	closedHeld := 0 // WebSockets held by the boxes terminated, as they counted them
 	for len(f.boxes) > 1 {
 		b := f.boxes[len(f.boxes)-1]
@@ -251,7 +252,8 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 			return accessLogged(b)[writerIP] > n
 		})
 		closedHeld += heldOpen(t, b)
-		drains = append(drains, f.terminate(b))
+		down, exit := f.terminate(b)
+		downs, drains = append(downs, down), append(drains, exit)
 		f.boxes = f.boxes[:len(f.boxes)-1]
 	}
 	// The load goes on against the one box left, then stops.
@@ -294,8 +296,8 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 		}
 	}
 	t.Logf("figures: boxes 1→%d→1, %d spaces: %d writes acknowledged, %d failed, %d retryable 503s, %d acknowledged writes lost; "+
-		"spaces created at %d boxes woken on the new ones %d of %d; WebSockets: %d opened, %d held by the boxes terminated, %d closed with 1012, %d refused with a retryable 503; join (start to up in HAProxy): %v; terminate (SIGTERM to exit): %v",
-		peak, spaces, r.total(), len(r.failures), r.retryable, lost, peak, wokeOnNew, len(fresh), r.wsOpened, closedHeld, r.ws1012, r.wsRetryable, joins, drains)
+		"spaces created at %d boxes woken on the new ones %d of %d; WebSockets: %d opened, %d held by the boxes terminated, %d closed with 1012, %d refused with a retryable 503; join (start to up in HAProxy): %v; terminate: SIGTERM to down in HAProxy %v, to exit %v",
+		peak, spaces, r.total(), len(r.failures), r.retryable, lost, peak, wokeOnNew, len(fresh), r.wsOpened, closedHeld, r.ws1012, r.wsRetryable, joins, downs, drains)
 }
 
 func (f *fleet) box(self string) *lbBox {
