@@ -50,6 +50,11 @@ func (b *Box) seedOnJoin() {
 				continue
 			}
 			rows++
+			if held, ok := b.reg.Lookup(row.Host); ok && row.Rev != "" && held.Rev >= row.Rev {
+				// Held at this revision or newer (a box that restarts): ApplyRow would
+				// find it stale, after a write transaction of its own.
+				continue
+			}
 			a, err := b.ApplyRow(ctx, row)
 			switch {
 			case err != nil:
