@@ -212,6 +212,7 @@ func (e *Engine) newGeneration(in *inst, d *durable) {
 	if m == nil || m.Generation == d.shipper.Gen() {
 		return
 	}
+	d.shipper.Close()
 	d.shipper = spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, in.syncer.LogBase(), m.Generation, 1, d.claim)
 	d.gen.Store(m.Generation)
 	d.next.Store(1)
@@ -230,6 +231,12 @@ func (in *inst) durableOf() *durable { return in.dur.Load() }
 func (in *inst) closeDurable(err error) {
 	if d := in.dur.Swap(nil); d != nil {
 		d.gate.Close(err)
+		// The shipper's kept connections (and an isolated space's helper) go now, before
+		// the final checkpoint: were one the last connection to a database, its close
+		// checkpoints the WAL into it.
+		d.mu.Lock()
+		d.shipper.Close()
+		d.mu.Unlock()
 	}
 }
 

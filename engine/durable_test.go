@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
@@ -87,4 +88,67 @@ func logStatusOf(t *testing.T, e *Engine, host string) DurableStatus {
 	}
 	t.Fatalf("no log in the status of %s", host)
 	return DurableStatus{}
+}
+
+// TestSleepLetsGoOfTheDatabases: the log's cuts keep a connection to each database
+// between segments; the space's sleep closes them, so the box holds no file of a sleeping
+// space open (its final checkpoint, and a later wake elsewhere, see the files as the
+// instance left them).
+func TestSleepLetsGoOfTheDatabases(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a real instance")
+	}
+	ctx := context.Background()
+	fb, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := reuseTestEngine(t, fb, "box-a")
+	const host = "letgo.example.com"
+	u, err := e.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := e.get(host)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(in.dataDir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	for _, q := range []string{"CREATE TABLE m (id INTEGER PRIMARY KEY)", "INSERT INTO m DEFAULT VALUES"} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close() // the instance's own connection: what stays open is the box's
+	if err := u.WaitDurable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if open := filesOpenUnder(t, in.dataDir); len(open) == 0 {
+		t.Fatal("no connection kept between cuts: the test proves nothing")
+	}
+	u.Release()
+	if err := e.Sleep(ctx, host); err != nil {
+		t.Fatal(err)
+	}
+	if open := filesOpenUnder(t, in.dataDir); len(open) > 0 {
+		t.Fatalf("asleep, the box still holds %v open", open)
+	}
+}
+
+// filesOpenUnder lists the files under dir this process holds open.
+func filesOpenUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	var out []string
+	for _, e := range ents {
+		p, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err == nil && strings.HasPrefix(p, dir+"/") {
+			out = append(out, p)
+		}
+	}
+	return out
 }
