@@ -31,6 +31,7 @@ import (
 type cfgOpts struct {
 	Idle        string // demo idle_timeout
 	Replication string // demo periodic interval
+	Durability  string // demo durability; "": the default (bucket)
 	WakeScan    string
 }
 
@@ -45,14 +46,18 @@ func boxConfig(o cfgOpts) string {
 	if o.WakeScan == "" {
 		o.WakeScan = "1s"
 	}
+	demo := map[string]any{
+		"idle_timeout": o.Idle,
+		"replication":  map[string]any{"class": "periodic", "interval": o.Replication},
+		"allowed_env":  []string{"DEMO_SECRET"},
+	}
+	if o.Durability != "" {
+		demo["durability"] = o.Durability
+	}
 	return harness.Config{Lchat: map[string]any{
 		"wake_scan_interval": o.WakeScan,
 		"kinds": map[string]any{
-			"demo": harness.DemoKind(map[string]any{
-				"idle_timeout": o.Idle,
-				"replication":  map[string]any{"class": "periodic", "interval": o.Replication},
-				"allowed_env":  []string{"DEMO_SECRET"},
-			}),
+			"demo": harness.DemoKind(demo),
 			// The demo with a short idle timeout, for tests that need a space
 			// to fall asleep on its own while other kinds stay up.
 			"nap": harness.DemoKind(map[string]any{"idle_timeout": "1s", "replication": map[string]any{"class": "sleep"}}),

@@ -78,7 +78,7 @@ func checkModules(t *testing.T, bin string) {
 }
 
 // TestOwnBuild: cmd/lchat-caddy is Caddy with the standard modules and ours, and
-// `version` names the Caddy it is built on.
+// `version` names the lchat build, then the Caddy it is built on.
 func TestOwnBuild(t *testing.T) {
 	bin := harness.Binary(t)
 	checkModules(t, bin)
@@ -87,8 +87,8 @@ func TestOwnBuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := exec.Command(bin, "version").CombinedOutput()
-	if err != nil || !strings.HasPrefix(string(out), m.CaddyVersion) {
-		t.Fatalf("version: %v: %q, want it to start with %s", err, out, m.CaddyVersion)
+	if err != nil || !strings.HasPrefix(string(out), "lchat-caddy ") || !strings.Contains(string(out), ", Caddy "+m.CaddyVersion) {
+		t.Fatalf("version: %v: %q, want lchat-caddy <build>, Caddy %s", err, out, m.CaddyVersion)
 	}
 }
 
