@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -67,6 +68,42 @@ type history struct {
 	// segments the most log segments one status showed for it (bucket durability).
 	durability map[string]map[string]bool
 	segments   map[string]uint64
+	// fenced is, per box, when it fenced itself because its heartbeat writes failed
+	// (read from its log at the end, selfFences).
+	fenced map[int][]time.Time
+}
+
+// selfFenceMsg is what a box logs when it fences itself for failing heartbeat writes.
+const selfFenceMsg = "fencing this box: heartbeat writes are failing"
+
+// selfFences lists when a box's log (JSON lines) says it fenced itself for failing
+// heartbeat writes.
+func selfFences(logs string) []time.Time {
+	var out []time.Time
+	for _, l := range strings.Split(logs, "\n") {
+		if !strings.Contains(l, selfFenceMsg) {
+			continue
+		}
+		var e struct {
+			TS  float64 `json:"ts"`
+			Msg string  `json:"msg"`
+		}
+		if json.Unmarshal([]byte(strings.TrimSpace(l)), &e) == nil && strings.HasPrefix(e.Msg, selfFenceMsg) {
+			sec, frac := math.Modf(e.TS)
+			out = append(out, time.Unix(int64(sec), int64(frac*1e9)))
+		}
+	}
+	return out
+}
+
+// selfFenced is box b's first self-fence in [from, to], if any.
+func (h *history) selfFenced(b int, from, to time.Time) (time.Time, bool) {
+	for _, at := range h.fenced[b] {
+		if !at.Before(from) && !at.After(to) {
+			return at, true
+		}
+	}
+	return time.Time{}, false
 }
 
 func (h *history) add(r record) {
@@ -398,6 +435,10 @@ func campaign(t *testing.T, seed uint64, p params) {
 			t.Errorf("reading back %s: %v", host, err)
 		}
 	}
+	h.fenced = map[int][]time.Time{}
+	for _, n := range c.nodes {
+		h.fenced[n.i] = selfFences(n.Logs())
+	}
 	rep := check(h, stored, hosts, spaceKind)
 	rep.counts, rep.outcomes = counts, outcomes
 	rep.print(os.Stdout)
@@ -706,10 +747,23 @@ func calm(faults []fault, start, end time.Time) bool {
 // after the acknowledgment and finished before the fault. A sync's last_sync is when it
 // ended; the first one to end after the acknowledgment may have taken its snapshot
 // before it, so a covering checkpoint is the second distinct last_sync after it.
+//
+// A box that fenced itself because its heartbeat writes failed, after the write and before
+// its instance ended, was cut from the bucket whatever cut it (the shared S3 server
+// stalled on a loaded machine): that is a hard fault too, "selffence", though the campaign
+// did not throw it.
 func hardFaultUncheckpointed(h *history, b int, r record) (fault, bool) {
 	f, ok := endingFault(h, b, r)
+	end := f.heal
+	if !ok {
+		end = r.end.Add(24 * time.Hour)
+	}
 	if !ok || !f.hard {
-		return fault{}, false
+		at, fenced := h.selfFenced(b, r.end, end)
+		if !fenced {
+			return fault{}, false
+		}
+		f = fault{kind: "selffence", box: b, start: at, heal: at, hard: true}
 	}
 	n := 0
 	for _, s := range h.syncs[strconv.Itoa(b)+"|"+r.space] {
@@ -765,6 +819,9 @@ func (rep *report) print(w io.Writer) {
 	fmt.Fprintf(w, "  %-34s %d\n", "faults", total)
 	for _, k := range kinds {
 		fmt.Fprintf(w, "    %-32s %d\n", k, rep.counts[k])
+	}
+	if rep.allowedBy["selffence"] > 0 {
+		kinds = append(kinds, "selffence") // not thrown: a box fenced itself (hardFaultUncheckpointed)
 	}
 	var outs []string
 	for k := range rep.outcomes {
@@ -922,11 +979,22 @@ func TestCheckVerdictByDurability(t *testing.T) {
 		{"bucket lost to drain", bucketHost, fault{kind: "sigterm"}, false, 1, 0},
 		{"checkpoint lost to sigkill", checkpointHost, fault{kind: "sigkill", hard: true}, false, 0, 1},
 		{"checkpoint lost to drain", checkpointHost, fault{kind: "sigterm"}, false, 1, 0},
+		{"checkpoint lost to a drain its box fenced", checkpointHost, fault{kind: "sigterm"}, false, 0, 1},
+		{"bucket lost to a drain its box fenced", bucketHost, fault{kind: "sigterm"}, false, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := tc.fault
 			f.start, f.heal = t0.Add(time.Second), t0.Add(5*time.Second)
 			h := &history{syncs: map[string][]time.Time{}, reqs: []record{write(tc.host)}, faults: []fault{f}}
+			if strings.Contains(tc.name, "fenced") {
+				// As its log says it: "fencing this box: heartbeat writes are failing".
+				at := t0.Add(2 * time.Second)
+				line := fmt.Sprintf(`{"level":"warn","ts":%.6f,"logger":"lchat.mesh.membership","msg":%q}`, float64(at.UnixNano())/1e9, selfFenceMsg)
+				h.fenced = map[int][]time.Time{0: selfFences("other\n" + line + "\n")} // box 0, the instance's
+				if len(h.fenced[0]) != 1 {
+					t.Fatalf("no self-fence read from %s", line)
+				}
+			}
 			stored := map[string]map[string]bool{tc.host: {"m-" + tc.host: tc.stored}}
 			rep := check(h, stored, []string{bucketHost, checkpointHost}, kinds)
 			if rep.forbidden != tc.forbidden || rep.allowedLoss != tc.allowed || (len(rep.errors) > 0) != (tc.forbidden > 0) {
