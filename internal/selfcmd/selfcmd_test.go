@@ -33,8 +33,9 @@ func TestGoRun(t *testing.T) {
 
 // What a person types after a go run: the command printed names `go run` and the
 // package, both on the first run (a binary in a go-build temporary directory) and on the
-// second (Go's cached binary), never the binary's path. The build is made new for this
-// test (-X main.nonce), so the first run builds and the second is served from the cache.
+// second (Go's cached binary), never the binary's path. Both runs share a build cache of
+// their own, fresh as a new user's (GOCACHE), so the first run builds and the second is
+// served from that cache.
 func TestCommandUnderGoRunTwice(t *testing.T) {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
@@ -46,9 +47,11 @@ func TestCommandUnderGoRunTwice(t *testing.T) {
 	}
 	nonce := make([]byte, 8)
 	rand.Read(nonce)
+	cache := t.TempDir()
 	run := func() (printed, exe string) {
 		cmd := exec.Command(gobin, "run", "-ldflags=-X main.nonce="+hex.EncodeToString(nonce), "./internal/selfcmd/testdata/printself")
 		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "GOCACHE="+cache)
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("go run: %v\n%s", err, out)
