@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -197,15 +196,14 @@ func (h *Hub) Adopt(nc net.Conn, buffered []byte, space, id string, open Reply) 
 	return c, nil
 }
 
-// connFD is the socket fd under nc (a TCP, Unix or TLS connection, or one under Caddy's
-// HTTP/2 preface check: passedThrough).
+// connFD is the socket fd under nc (a TCP, Unix or TLS connection, under Caddy's
+// wrappers that pass every byte through: underPassThrough).
 func connFD(nc net.Conn) (int, error) {
-	nc = underHijacked(nc)
+	nc = underPassThrough(nc)
 	raw := nc
 	if tc, ok := nc.(*tls.Conn); ok {
-		raw = tc.NetConn()
+		raw = underPassThrough(tc.NetConn())
 	}
-	raw = passedThrough(raw)
 	sc, ok := raw.(syscall.Conn)
 	if !ok {
 		return -1, fmt.Errorf("holding a %T: no file descriptor", raw)
@@ -219,28 +217,6 @@ func connFD(nc net.Conn) (int, error) {
 		return -1, err
 	}
 	return fd, nil
-}
-
-// passedThrough is the connection under the one listener wrapper known to pass every
-// byte through as its reader asks, buffering none, so that the socket under it can be
-// parked: Caddy's check of the HTTP/2 client preface (caddyhttp.http2Conn), which wraps
-// every plain-HTTP connection of a server whose protocols leave HTTP/1.1 or HTTP/2 out
-// (`protocols h1`, as `lchat-caddy dev` serves). Any other connection is returned as it
-// is: a wrapper that buffers or transforms bytes cannot be parked (Hub.Accept refuses it).
-func passedThrough(nc net.Conn) net.Conn {
-	t := reflect.TypeOf(nc)
-	if t == nil || t.Kind() != reflect.Pointer || t.Elem().Name() != "http2Conn" ||
-		t.Elem().PkgPath() != "github.com/caddyserver/caddy/v2/modules/caddyhttp" {
-		return nc
-	}
-	f := reflect.ValueOf(nc).Elem().FieldByName("Conn")
-	if !f.IsValid() || !f.CanInterface() {
-		return nc
-	}
-	if inner, ok := f.Interface().(net.Conn); ok && inner != nil {
-		return inner
-	}
-	return nc
 }
 
 // readable is the poller's callback: a parked connection has bytes.
