@@ -19,27 +19,13 @@ func TestDurableStatusCountsTheLog(t *testing.T) {
 		t.Skip("runs a real instance")
 	}
 	ctx := context.Background()
-	fb, err := filebucket.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := reuseTestEngine(t, fb, "box-a")
 	const host = "durable.example.com"
-	u, err := e.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, u, in, db := awakeWithDatabase(t, host)
 	defer u.Release()
+	defer db.Close()
 	if u.Gate() == nil {
 		t.Fatal("a kind with no durability set has no gate: bucket is the default")
 	}
-	in := e.get(host)
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(in.dataDir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	db.SetMaxOpenConns(1)
 	for _, q := range []string{"CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT)", "INSERT INTO m (body) VALUES ('one')", "INSERT INTO m (body) VALUES ('two')"} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)
@@ -79,6 +65,30 @@ func TestDurableStatusCountsTheLog(t *testing.T) {
 	}
 }
 
+// awakeWithDatabase wakes host, of the default durability, on an engine of its own with a
+// file bucket, and opens app.db in its data dir as its instance would (WAL, busy_timeout):
+// the test writes through it what the instance commits.
+func awakeWithDatabase(t *testing.T, host string) (*Engine, *Use, *inst, *sql.DB) {
+	t.Helper()
+	fb, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := reuseTestEngine(t, fb, "box-a")
+	u, err := e.Acquire(context.Background(), Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := e.get(host)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(in.dataDir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+	if err != nil {
+		u.Release()
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	return e, u, in, db
+}
+
 func logStatusOf(t *testing.T, e *Engine, host string) DurableStatus {
 	t.Helper()
 	for _, s := range e.Status() {
@@ -99,22 +109,8 @@ func TestSleepLetsGoOfTheDatabases(t *testing.T) {
 		t.Skip("runs a real instance")
 	}
 	ctx := context.Background()
-	fb, err := filebucket.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := reuseTestEngine(t, fb, "box-a")
 	const host = "letgo.example.com"
-	u, err := e.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	in := e.get(host)
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(in.dataDir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(1)
+	e, u, in, db := awakeWithDatabase(t, host)
 	for _, q := range []string{"CREATE TABLE m (id INTEGER PRIMARY KEY)", "INSERT INTO m DEFAULT VALUES"} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)

@@ -298,26 +298,35 @@ func dialHeld(t *testing.T, ctx context.Context, b *harness.Box, host string) *w
 	return c
 }
 
-// On a kind of durability checkpoint, a message the instance acknowledged but no
-// checkpoint saved is delivered again, with its sequence number and marked, to the
-// instance that follows a crash.
-func TestCrashRedeliversToTheNextInstance(t *testing.T) {
-	b, host := startHoldBoxOf(t, nil, "checkpoint")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c := dialHeld(t, ctx, b, host)
+// ackedThenCrashed sends x on a held WebSocket of a space of the durability given
+// ("": the default), reads its echo, SIGKILLs the instance that acknowledged it and
+// returns the connection and that instance's pid.
+func ackedThenCrashed(t *testing.T, ctx context.Context, durability string) (b *harness.Box, host string, c *websocket.Conn, pid1 int) {
+	t.Helper()
+	b, host = startHoldBoxOf(t, nil, durability)
+	c = dialHeld(t, ctx, b, host)
 	if err := c.Write(ctx, websocket.MessageText, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	_, got, err := c.Read(ctx)
-	_, pid1 := spaceState(t, b, host)
+	_, pid1 = spaceState(t, b, host)
 	if err != nil || string(got) != fmt.Sprintf("echo x from %d seq 1", pid1) {
 		t.Fatalf("first answer %q, %v", got, err)
 	}
 	if err := syscall.Kill(pid1, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	_, got, err = c.Read(ctx)
+	return b, host, c, pid1
+}
+
+// On a kind of durability checkpoint, a message the instance acknowledged but no
+// checkpoint saved is delivered again, with its sequence number and marked, to the
+// instance that follows a crash.
+func TestCrashRedeliversToTheNextInstance(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, host, c, pid1 := ackedThenCrashed(t, ctx, "checkpoint")
+	_, got, err := c.Read(ctx)
 	_, pid2 := spaceState(t, b, host)
 	if err != nil || string(got) != fmt.Sprintf("echo x from %d seq 1 redelivered", pid2) || pid2 == pid1 {
 		t.Fatalf("after the crash: %q, %v (pids %d, %d)", got, err, pid1, pid2)
@@ -325,30 +334,19 @@ func TestCrashRedeliversToTheNextInstance(t *testing.T) {
 }
 
 // On a kind of durability bucket (the default), a message whose acknowledgement passed
-// the output gate is retired at once: the instance that follows a crash is not given it
-// again, and the next message is the next in sequence.
+// the output gate (the instance keeps no state outside SQLite's WAL: nothing here) is
+// retired at once: the instance that follows a crash is not given it again, and the next
+// message is the next in sequence.
 func TestCrashDoesNotRedeliverADurableAcknowledgement(t *testing.T) {
-	b, host := startHoldBox(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c := dialHeld(t, ctx, b, host)
-	if err := c.Write(ctx, websocket.MessageText, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	_, got, err := c.Read(ctx)
-	_, pid1 := spaceState(t, b, host)
-	if err != nil || string(got) != fmt.Sprintf("echo x from %d seq 1", pid1) {
-		t.Fatalf("first answer %q, %v", got, err)
-	}
-	if err := syscall.Kill(pid1, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	b, host, c, pid1 := ackedThenCrashed(t, ctx, "")
 	// The next message wakes the next instance; were x delivered again, its echo would
 	// come first.
 	if err := c.Write(ctx, websocket.MessageText, []byte("y")); err != nil {
 		t.Fatal(err)
 	}
-	_, got, err = c.Read(ctx)
+	_, got, err := c.Read(ctx)
 	_, pid2 := spaceState(t, b, host)
 	// y itself may be marked redelivered: the box may have tried it on the dead instance.
 	want := fmt.Sprintf("echo y from %d seq 2", pid2)
