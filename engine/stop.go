@@ -333,14 +333,18 @@ func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, mode spacestore
 	}
 	// Shipping waits for the checkpoint: one that swaps a new generation covers every
 	// segment before it, and the log starts again under it (durable.go).
+	// d.mu is let go before anything below: a lost swap fences the space out here, and the
+	// stop that follows closes the gate, whose cut loop may be waiting for d.mu.
 	d := in.durableOf()
 	if d != nil {
 		d.mu.Lock()
-		defer d.mu.Unlock()
 	}
 	st, err := in.syncer.Checkpoint(ctx, mode, next, e.now())
-	if err == nil && d != nil {
-		e.newGeneration(in, d)
+	if d != nil {
+		if err == nil {
+			e.newGeneration(in, d)
+		}
+		d.mu.Unlock()
 	}
 	ev := Event{Type: EventCheckpoint, Host: in.host, Started: began, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}
 	e.noteSkipped(in, st.Skipped)
