@@ -199,7 +199,13 @@ func (e *Engine) appendSegment(ctx context.Context, in *inst, d *durable, seg *s
 		return nil
 	case errors.Is(err, spacestore.ErrLogSealed):
 		in.logger().Error("log sealed by another holder: this instance acknowledges nothing more", zap.Error(err))
-		safego.Go(&e.wg, e.log, "fence out", func() { e.fenceOut(in) })
+		safego.Go(&e.wg, e.log, "fence out", func() {
+			in.op.Lock()
+			defer in.op.Unlock()
+			if in.durableOf() == d { // else a stop (or a new wake) came first: nothing to fence
+				e.fenceOut(in)
+			}
+		})
 		return fmt.Errorf("%w: %w", gate.ErrFenced, err)
 	}
 	return err
