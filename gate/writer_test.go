@@ -351,6 +351,43 @@ func TestWriterRefuseHook(t *testing.T) {
 	})
 }
 
+// TestWriterPassedHook: WriterConfig.Passed sees the final status once its wait succeeded,
+// and what it sets goes out with it; a refused answer never calls it.
+func TestWriterPassedHook(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			log := newFakeLog()
+			g := New(log.config(1))
+			defer g.Close(nil)
+			c := newClient()
+			var got []int
+			w := NewWriter(context.Background(), c, g, WriterConfig{Passed: func(code int, h http.Header) {
+				got = append(got, code)
+				h.Set("X-Durable", "1")
+			}})
+			w.WriteHeader(http.StatusAccepted)
+			done := make(chan struct{})
+			go func() { w.Finish(); close(done) }()
+			synctest.Wait()
+			if fail {
+				log.answer(errors.Join(ErrFenced, errors.New("sealed")))
+			} else {
+				log.answer(nil)
+			}
+			<-done
+			if fail {
+				if len(got) != 0 || c.headers[0].Get("X-Durable") != "" {
+					t.Fatalf("refused: hook called %v, header %v", got, c.headers[0])
+				}
+				return
+			}
+			if !slices.Equal(got, []int{http.StatusAccepted}) || c.headers[0].Get("X-Durable") != "1" {
+				t.Fatalf("passed: hook called %v, header %v", got, c.headers[0])
+			}
+		})
+	}
+}
+
 // TestWriterStates pins the Writer's table of moves.
 func TestWriterStates(t *testing.T) {
 	for _, tc := range []struct {

@@ -280,13 +280,20 @@ func (c *Conns) PeerEvent(host string, use *engine.Use, w http.ResponseWriter, h
 		h.Set(connhold.AckAtHeader, now.String())
 		h.Set(connhold.AckMarkHeader, strconv.FormatUint(mark, 10))
 		h.Set(connhold.CoveredHeader, strconv.FormatUint(covered, 10))
-		// The answer passes the output gate below this writer, or is a 503. The entry box
-		// retires the message at once only when the log carries all the instance's
-		// state: a cut after the instance's answer says so.
-		if use.Gate() != nil && use.WaitDurable(context.Background()) == nil && use.LogCarriesAll() {
+	}}, nil
+}
+
+// DurableStamp is the gate's Passed hook for the answer to a peer's event (the output gate
+// below PeerEvent's writer, Kind.Durability bucket): a 2xx that passed the gate is marked
+// durable (connhold.DurableHeader), and the entry box retires the message at once, when
+// the log carries all the instance's state, as the cut that the wait made after the
+// instance's answer found it.
+func DurableStamp(use *engine.Use) func(code int, h http.Header) {
+	return func(code int, h http.Header) {
+		if code/100 == 2 && use.LogCarriesAll() {
 			h.Set(connhold.DurableHeader, "1")
 		}
-	}}, nil
+	}
 }
 
 // PeerUpgrade readies an upgrade a peer forwarded (its header h) for a client it will

@@ -187,7 +187,7 @@ func (p *proxying) Instance(use *engine.Use) error {
 	}
 	p.h.setInstanceHeader(p.w, use)
 	setUpstream(p.r, use.Dial())
-	if gw := p.gateWriter(use, p.w); gw != nil && door != held.EventStream {
+	if gw := p.gateWriter(use, p.w, door); gw != nil && door != held.EventStream {
 		// An event stream passes its gate per pass (proxySSE): a held one is proxied
 		// again after each wake, through that wake's gate.
 		p.w = gw
@@ -218,17 +218,21 @@ func (p *proxying) Instance(use *engine.Use) error {
 // (Kind.Durability bucket), nil when its kind acknowledges at checkpoints: every part of
 // the answer waits until the commits before it are in the bucket, or the answer is the
 // box's 503 page; one without a body passes at Finish.
-func (p *proxying) gateWriter(use *engine.Use, w http.ResponseWriter) *gate.Writer {
+func (p *proxying) gateWriter(use *engine.Use, w http.ResponseWriter, door held.Door) *gate.Writer {
 	g := use.Gate()
 	if g == nil {
 		return nil
 	}
 	ra := int(time.Duration(p.h.RetryAfter) / time.Second)
-	return gate.NewWriter(p.r.Context(), w, g, gate.WriterConfig{
+	cfg := gate.WriterConfig{
 		RetryAfter: ra, Timeout: engine.DurableAnswerTimeout,
 		Refuse: func(w http.ResponseWriter) {
 			writePage(w, p.r, http.StatusServiceUnavailable, p.host, &pageError{kind: pageUnavailable, retryAfter: ra})
-		}})
+		}}
+	if door == held.PeerEvent {
+		cfg.Passed = held.DurableStamp(use)
+	}
+	return gate.NewWriter(p.r.Context(), w, g, cfg)
 }
 
 // Refuse answers ref, with Retry-After on a 503.

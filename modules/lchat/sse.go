@@ -98,7 +98,7 @@ var errStreamCut = errors.New("event stream cut by its instance")
 func (p *proxying) proxySSE(sw *held.SSEWriter, r *http.Request, proxy *reverseproxy.Handler, use *engine.Use) (err error) {
 	var w http.ResponseWriter = sw
 	if use != nil {
-		if gw := p.gateWriter(use, sw); gw != nil {
+		if gw := p.gateWriter(use, sw, held.EventStream); gw != nil {
 			w = gw
 			defer gw.Finish()
 		}
