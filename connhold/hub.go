@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -143,6 +144,9 @@ type Conn struct {
 	closeAfter bool // end the socket once outq is written
 	closeCode  int  // the code the box closed with (sent or, for a slow reader, meant)
 	closeWhy   string
+	// cutBy, once set (a slow reader's cut), is when the write in progress and the close
+	// frame must be done: the box does not wait WriteTimeout for a client that reads nothing.
+	cutBy time.Time
 }
 
 // ID is the connection id.

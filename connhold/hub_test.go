@@ -221,12 +221,14 @@ func TestFloodIs1013(t *testing.T) {
 
 // TestSlowReaderIsCutWithBoundedMemory: a client that reads nothing is closed with 1008
 // once what it has not read behind the write in progress would pass MaxOutBytes, so the
-// box holds at most that write and MaxOutBytes (or one larger message) for it.
+// box holds at most that write and MaxOutBytes (or one larger message) for it. The cut
+// does not wait out WriteTimeout (a minute here, past the wait for the close event) for
+// the write the client is not reading.
 func TestSlowReaderIsCutWithBoundedMemory(t *testing.T) {
 	const maxOut = 64 << 10
 	for _, size := range []int{4096, 100 << 10} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
-			tb := newTestBox(t, Limits{MaxOutBytes: maxOut}, false)
+			tb := newTestBox(t, Limits{MaxOutBytes: maxOut, WriteTimeout: time.Minute}, false)
 			tb.dialRaw(t) // never reads
 			id := tb.lastID()
 			msg := Message{Payload: bytes.Repeat([]byte("x"), size)}
@@ -250,6 +252,37 @@ func TestSlowReaderIsCutWithBoundedMemory(t *testing.T) {
 				t.Errorf("close event %+v", ev)
 			}
 		})
+	}
+}
+
+// TestSlowReaderCutEndsTheWriteInProgress: a client cut as a slow reader while the box is
+// stuck writing it a message it does not read (a message larger than the sockets' buffers)
+// has its socket ended within a second, and the instance hears of the close then, not
+// after WriteTimeout (a minute here, past the test's wait).
+func TestSlowReaderCutEndsTheWriteInProgress(t *testing.T) {
+	const maxOut = 64 << 10
+	tb := newTestBox(t, Limits{MaxOutBytes: maxOut, WriteTimeout: time.Minute}, false)
+	tb.dialRaw(t) // never reads
+	id := tb.lastID()
+	// Nothing queued: it is taken whatever its size, and its write blocks.
+	if err := tb.hub.Send("s1", id, Message{Payload: make([]byte, 16<<20)}); err != nil {
+		t.Fatal(err)
+	}
+	c := tb.hub.lookup("s1", id)
+	testwait.WaitFor(t, 10*time.Second, "the writer took the large message", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.writing && c.queued == 0
+	})
+	small := Message{Payload: make([]byte, maxOut/2)}
+	for i := 0; tb.hub.Send("s1", id, small) == nil; i++ {
+		if i > 10 {
+			t.Fatal("the box kept queueing behind a write the client does not read")
+		}
+	}
+	ev := tb.app.next(t)
+	if ev.Kind != KindClose || ev.CloseCode != ClosePolicy {
+		t.Errorf("close event %+v, want 1008", ev)
 	}
 }
 

@@ -18,8 +18,9 @@ type Limits struct {
 	MaxBoxPendingBytes int64
 	// MaxOutBytes is the most bytes queued towards one client behind the write in
 	// progress (what it has not read); a message that would pass it makes the client a
-	// slow reader: its queue is dropped and it is closed with 1008. A message that finds
-	// nothing queued is sent whatever its size. Default 1 MiB.
+	// slow reader: its queue is dropped and it is closed with 1008, its write in progress
+	// and the close frame given a second (not WriteTimeout) before its socket ends. A
+	// message that finds nothing queued is sent whatever its size. Default 1 MiB.
 	MaxOutBytes int
 	// MaxBoxOutBytes is the same bound for the whole box. Default 256 MiB.
 	MaxBoxOutBytes int64

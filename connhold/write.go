@@ -9,6 +9,10 @@ import (
 	"github.com/gobwas/ws"
 )
 
+// slowReaderGrace bounds how long a client cut as a slow reader is given to take the
+// write in progress and the 1008 close frame before its socket ends.
+const slowReaderGrace = time.Second
+
 // serverFrame is one unmasked, unfragmented frame.
 func serverFrame(op ws.OpCode, payload []byte) []byte {
 	var b bytes.Buffer
@@ -58,6 +62,11 @@ func (c *Conn) enqueue(frame []byte, inline bool) bool {
 	if c.overCapLocked(len(frame)) || h.outBytes.Load()+int64(len(frame)) > h.lim.MaxBoxOutBytes {
 		c.dropOutLocked()
 		c.closeLocked(ClosePolicy, ClosePolicy, "slow reader")
+		// The write in progress is what this client does not read: it and the close frame
+		// get slowReaderGrace, not WriteTimeout, so the socket and the instance's close
+		// event do not wait on a client that has stopped reading.
+		c.cutBy = time.Now().Add(min(slowReaderGrace, h.lim.WriteTimeout))
+		c.nc.SetWriteDeadline(c.cutBy)
 		c.mu.Unlock()
 		return false
 	}
@@ -161,8 +170,12 @@ func (c *Conn) writeLoop() {
 		}
 		c.outq, c.queued, c.pongAt = nil, 0, 0
 		c.room.Broadcast()
+		deadline := time.Now().Add(h.lim.WriteTimeout)
+		if !c.cutBy.IsZero() && c.cutBy.Before(deadline) {
+			deadline = c.cutBy
+		}
 		c.mu.Unlock()
-		c.nc.SetWriteDeadline(time.Now().Add(h.lim.WriteTimeout))
+		c.nc.SetWriteDeadline(deadline)
 		_, err := batch.WriteTo(c.nc)
 		c.mu.Lock()
 		c.outBytes -= n
