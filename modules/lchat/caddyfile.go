@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,6 +18,8 @@ import (
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/internal/caddyfileutil"
 	"github.com/lchat/lchat-caddy/modules/buckets"
+	"github.com/lchat/lchat-caddy/provider"
+	"github.com/lchat/lchat-caddy/registry"
 )
 
 func init() {
@@ -27,6 +30,8 @@ func init() {
 	httpcaddyfile.RegisterDirectiveOrder("lchat_mesh_api", httpcaddyfile.Before, "redir")
 	httpcaddyfile.RegisterHandlerDirective("lchat_health", parseHealth)
 	httpcaddyfile.RegisterDirectiveOrder("lchat_health", httpcaddyfile.Before, "redir")
+	httpcaddyfile.RegisterHandlerDirective("lchat_provider_api", parseProviderAPI)
+	httpcaddyfile.RegisterDirectiveOrder("lchat_provider_api", httpcaddyfile.Before, "redir")
 }
 
 // parseGlobalOption sets up the lchat app from the global option. Repeated blocks
@@ -92,6 +97,25 @@ func init() {
 //				pids <n>
 //				disk <size>
 //			}
+//		}
+//		provider <name> {
+//			url <https://host[:port]>
+//			token <placeholder>
+//			accept_token <placeholder>
+//			domains <domain...>
+//			max_spaces <n>
+//			trusted_ca_files <pem...>
+//			dial_timeout <duration>
+//			response_header_timeout <duration>
+//			max_response_bytes <size>
+//			max_export_bytes <size>
+//		}
+//		provider_client <name> {
+//			token <placeholder>
+//			sign_token <placeholder>
+//			domains <domain...>
+//			max_spaces <n>
+//			max_export_bytes <size>
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -210,6 +234,14 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.Kinds[name] = k
 			}
 			if err := k.unmarshalCaddyfile(d); err != nil {
+				return err
+			}
+		case "provider":
+			if err := a.unmarshalProvider(d); err != nil {
+				return err
+			}
+		case "provider_client":
+			if err := a.unmarshalProviderClient(d); err != nil {
 				return err
 			}
 		default:
@@ -632,6 +664,212 @@ func (r *RelocateDNS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	return nil
+}
+
+// unmarshalProvider reads a `provider <name> {...}` block of the lchat global option
+// into a ProviderConfig (see parseGlobalOption for the syntax). What can be checked
+// before placeholders are expanded is checked here, with the line; the rest, and the
+// defaults, in Provision, as for JSON.
+func (a *App) unmarshalProvider(d *caddyfile.Dispenser) error {
+	var name string
+	if err := caddyfileutil.OneArg(d, &name); err != nil {
+		return err
+	}
+	if err := registry.ValidateProviderName(name); err != nil {
+		return d.Err(err.Error())
+	}
+	for _, o := range a.Providers {
+		if o != nil && o.Name == name {
+			return d.Errf("provider %s given twice", name)
+		}
+	}
+	pc := &ProviderConfig{Name: name}
+	scalars := map[string]any{
+		"url":                     &pc.URL,
+		"dial_timeout":            positiveDuration(&pc.DialTimeout),
+		"response_header_timeout": positiveDuration(&pc.ResponseHeaderTimeout),
+		"max_response_bytes":      &pc.MaxResponseBytes,
+		"max_export_bytes":        &pc.MaxExportBytes,
+	}
+	secrets := map[string]*string{"token": &pc.Token, "accept_token": &pc.AcceptToken}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		if ok, err := scalarArg(d, scalars); ok {
+			if err != nil {
+				return err
+			}
+			if sub == "url" && !strings.Contains(pc.URL, "{") {
+				if err := provider.ValidBaseURL(pc.URL); err != nil {
+					return d.Errf("provider %s: url: %v", name, err)
+				}
+			}
+			continue
+		}
+		if dst, ok := secrets[sub]; ok {
+			if err := secretArg(d, "provider "+name, dst); err != nil {
+				return err
+			}
+			continue
+		}
+		switch sub {
+		case "domains":
+			if err := domainsArg(d, "provider "+name, &pc.Domains); err != nil {
+				return err
+			}
+		case "max_spaces":
+			if err := maxSpacesArg(d, "provider "+name, &pc.MaxSpaces); err != nil {
+				return err
+			}
+		case "trusted_ca_files":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			pc.TrustedCAFiles = append(pc.TrustedCAFiles, args...)
+		default:
+			return d.Errf("provider %s: unrecognized subdirective %s", name, sub)
+		}
+	}
+	if err := required(d, "provider "+name, map[string]bool{"url": pc.URL != "", "token": pc.Token != "",
+		"accept_token": pc.AcceptToken != "", "domains": len(pc.Domains) > 0}); err != nil {
+		return err
+	}
+	a.Providers = append(a.Providers, pc)
+	return nil
+}
+
+// unmarshalProviderClient reads a `provider_client <name> {...}` block of the lchat
+// global option into a ProviderClientConfig, as unmarshalProvider does a provider.
+func (a *App) unmarshalProviderClient(d *caddyfile.Dispenser) error {
+	var name string
+	if err := caddyfileutil.OneArg(d, &name); err != nil {
+		return err
+	}
+	if err := registry.ValidateProviderName(name); err != nil {
+		return d.Err(err.Error())
+	}
+	for _, o := range a.ProviderClients {
+		if o != nil && o.Name == name {
+			return d.Errf("provider_client %s given twice", name)
+		}
+	}
+	cc := &ProviderClientConfig{Name: name}
+	scalars := map[string]any{"max_export_bytes": &cc.MaxExportBytes}
+	secrets := map[string]*string{"token": &cc.Token, "sign_token": &cc.SignToken}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		if ok, err := scalarArg(d, scalars); ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if dst, ok := secrets[sub]; ok {
+			if err := secretArg(d, "provider_client "+name, dst); err != nil {
+				return err
+			}
+			continue
+		}
+		switch sub {
+		case "domains":
+			if err := domainsArg(d, "provider_client "+name, &cc.Domains); err != nil {
+				return err
+			}
+		case "max_spaces":
+			if err := maxSpacesArg(d, "provider_client "+name, &cc.MaxSpaces); err != nil {
+				return err
+			}
+		default:
+			return d.Errf("provider_client %s: unrecognized subdirective %s", name, sub)
+		}
+	}
+	if err := required(d, "provider_client "+name, map[string]bool{"token": cc.Token != "",
+		"sign_token": cc.SignToken != "", "domains": len(cc.Domains) > 0}); err != nil {
+		return err
+	}
+	a.ProviderClients = append(a.ProviderClients, cc)
+	return nil
+}
+
+// secretArg reads a token of a provider block: one placeholder ({env.NAME},
+// {file./path}), expanded in Provision, so that the adapted JSON (caddy adapt, the
+// admin API's /config/) never holds the token. A literal, or a {$NAME} the Caddyfile
+// substituted, is refused; the error never repeats the value.
+func secretArg(d *caddyfile.Dispenser, block string, dst *string) error {
+	sub := d.Val()
+	if *dst != "" {
+		return d.Errf("%s: %s given twice", block, sub)
+	}
+	var v string
+	if err := caddyfileutil.OneArg(d, &v); err != nil {
+		return err
+	}
+	if len(v) < 3 || v[0] != '{' || v[len(v)-1] != '}' || strings.Count(v, "{") != 1 {
+		return d.Errf("%s: %s must be a placeholder such as {env.NAME} or {file./path/to/token} "+
+			"(a literal token, or one substituted from {$NAME}, would be written into the adapted JSON)", block, sub)
+	}
+	*dst = v
+	return nil
+}
+
+// domainsArg appends the domains of a provider block, each a hostname or a placeholder.
+func domainsArg(d *caddyfile.Dispenser, block string, dst *[]string) error {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return d.ArgErr()
+	}
+	for _, v := range args {
+		if strings.Contains(v, "{") {
+			continue // checked once expanded, in Provision
+		}
+		if err := registry.ValidateHost(v); err != nil {
+			return d.Errf("%s: domains: %v", block, err)
+		}
+	}
+	*dst = append(*dst, args...)
+	return nil
+}
+
+// maxSpacesArg reads a provider block's cap on spaces: 0 (no cap) or more.
+func maxSpacesArg(d *caddyfile.Dispenser, block string, dst *int) error {
+	var v string
+	if err := caddyfileutil.OneArg(d, &v); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return d.Errf("%s: max_spaces: want 0 (no cap) or a positive number, got %q", block, v)
+	}
+	*dst = n
+	return nil
+}
+
+// required is an error naming, sorted, the subdirectives of block that set marks missing.
+func required(d *caddyfile.Dispenser, block string, set map[string]bool) error {
+	var missing []string
+	for name, ok := range set {
+		if !ok {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	slices.Sort(missing)
+	return d.Errf("%s: missing %s", block, strings.Join(missing, ", "))
+}
+
+// parseProviderAPI sets up the provider API (ProviderAPI) on a provider's site.
+//
+// Syntax:
+//
+//	lchat_provider_api
+func parseProviderAPI(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	h.Next()
+	if h.NextArg() || h.NextBlock(0) {
+		return nil, h.Errf("lchat_provider_api takes no arguments")
+	}
+	return new(ProviderAPI), nil
 }
 
 // parseHealth sets up the load balancer's health check (Health).

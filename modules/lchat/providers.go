@@ -16,7 +16,7 @@ import (
 )
 
 // ProviderConfig is a provider this fleet may delegate spaces to (package provider):
-// the lchat app's `providers`. JSON only.
+// the lchat app's `providers`, or a `provider <name>` block of its Caddyfile option.
 type ProviderConfig struct {
 	// Name is how routes name it (`provider`): 1 to 32 of a-z, 0-9 and '-'. Required.
 	Name string `json:"name,omitempty"`
@@ -48,7 +48,7 @@ type ProviderConfig struct {
 }
 
 // ProviderClientConfig is a fleet this fleet hosts spaces for, as its provider: the lchat
-// app's `provider_clients`. JSON only.
+// app's `provider_clients`, or a `provider_client <name>` block of its Caddyfile option.
 type ProviderClientConfig struct {
 	// Name is how its hosted routes name it (`hosted_for`). Required.
 	Name string `json:"name,omitempty"`
