@@ -12,7 +12,7 @@ import (
 	"github.com/lchat/lchat-caddy/fleetview"
 )
 
-// serveAPI answers the console's JSON: fleet, spaces?q=, charts, events?after=.
+// serveAPI answers the console's JSON: fleet, spaces?q=, providers, charts, events?after=.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request, name string) error {
 	ctx := r.Context()
 	var v any
@@ -32,7 +32,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request, name string) 
 		if f, err := h.rec.Fleet(ctx, fleetMaxAge); err == nil {
 			fleetview.Join(sp, f)
 		}
-		v = sp
+		v = h.readSeam().withSeam(sp)
+	case "providers":
+		v = h.readSeam().apiProviders()
 	case "charts":
 		v = h.rec.Charts()
 	case "events":

@@ -41,6 +41,7 @@ type Handler struct {
 
 	src     fleetview.Source
 	actions fleetview.Actions // nil unless Actions and the source offers them
+	prov    ProviderSource    // the provider seam; nil when the app offers none
 	rec     *recorder
 	syncs   *syncCache // manifests read for a last sync the box does not know (lastsync.go)
 	poolKey any
@@ -98,6 +99,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("lchat_console: the lchat app (%T) offers no fleet view", appIface)
 	}
 	h.src = sp.FleetView()
+	h.prov, _ = appIface.(ProviderSource)
 	h.syncs = new(syncCache)
 	if h.Actions {
 		if a, ok := h.src.(fleetview.Actions); ok {

@@ -66,6 +66,8 @@ type page struct {
 
 	Charts chartsView
 
+	Seam seamView
+
 	Space     *fleetview.Space
 	Wakes     []fleetview.Wake
 	Stored    *fleetview.Stored
@@ -102,6 +104,7 @@ func (h *Handler) load(ctx context.Context, p *page, query string) {
 		p.LastSeq = p.Events[0].Seq
 	}
 	p.Charts = buildCharts(h.rec.Charts(), p.Now)
+	p.Seam = h.readSeam()
 }
 
 func (h *Handler) serveIndex(w http.ResponseWriter, r *http.Request) error {
@@ -136,7 +139,7 @@ func (h *Handler) serveSpace(w http.ResponseWriter, r *http.Request, host string
 // serveFragment renders one section of the index page, for the live updates.
 func (h *Handler) serveFragment(w http.ResponseWriter, r *http.Request, name string) error {
 	switch name {
-	case "fleet", "spaces", "charts":
+	case "fleet", "spaces", "charts", "providers":
 	default:
 		return caddyhttp.Error(http.StatusNotFound, fmt.Errorf("no fragment %q", name))
 	}

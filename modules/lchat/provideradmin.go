@@ -145,6 +145,11 @@ type statusWithProviders struct {
 	Providers *adminapi.Providers `json:"providers,omitempty"`
 }
 
+// ProviderStatus is the seam as this box sees it, the document of GET /lchat/providers;
+// nil when the config has no providers and no clients. The console shows it
+// (console.ProviderSource).
+func (a *App) ProviderStatus() *adminapi.Providers { return a.providerStatus() }
+
 // providerStatus is the seam as this box sees it; nil when the config has no providers
 // and no clients.
 func (a *App) providerStatus() *adminapi.Providers {

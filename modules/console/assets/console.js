@@ -112,5 +112,6 @@
   window.addEventListener("pagehide", function () { if (es) { es.close(); es = null; } setLive(false); });
   window.addEventListener("pageshow", function (e) { if (e.persisted && !es) openStream(); });
   // Heartbeat ages and boxes joining or leaving show within 5 s even when no event comes.
-  if (index) setInterval(function () { refresh(["fleet", "charts"]); }, 5000);
+  // A provider's health changes with no event either.
+  if (index) setInterval(function () { refresh(["fleet", "charts", "providers"]); }, 5000);
 })();
