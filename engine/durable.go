@@ -72,6 +72,20 @@ type durable struct {
 	gen         atomic.Int64
 	next        atomic.Int64
 	skipped     atomic.Pointer[[]spacestore.SkippedFile]
+
+	// sb is the stream to the standby (standby.go), nil unless the kind's durability is
+	// standby; its counters: segments the standby took, standbys given up.
+	sb          *streamer
+	streamed    atomic.Uint64
+	standbyLost atomic.Uint64
+}
+
+// answers is the gate the instance's answers wait on: the stream's, else the bucket log's.
+func (d *durable) answers() *gate.Gate {
+	if d.sb != nil {
+		return d.sb.gate
+	}
+	return d.gate
 }
 
 // openLog, for a wake of a space whose kind has DurabilityBucket, with in.op held, the
@@ -93,7 +107,16 @@ func (e *Engine) openLog(ctx context.Context, in *inst, kept bool) (*logStart, e
 	var base *spacestore.LogBase // nil: every database shipped whole at first
 	if !kept {
 		base = in.syncer.LogBase()
-		if err := in.syncer.ApplySegments(base, lg.Segments); err != nil {
+		rec, stream, err := e.takeStream(ctx, in, gen, claim, lg)
+		if err != nil {
+			return nil, err
+		}
+		if stream != nil {
+			err = e.applyStream(ctx, in, base, lg, rec, stream)
+		} else {
+			err = in.syncer.ApplySegments(base, lg.Segments)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("applying the log: %w", err)
 		}
 	}
@@ -131,6 +154,13 @@ func (e *Engine) newDurable(in *inst, ls *logStart) *durable {
 		Now:    e.now,
 		Logger: in.logger(),
 	})
+	in.mu.Lock()
+	streams := in.kind.Durability == DurabilityStandby && e.cfg.Standby != nil
+	in.mu.Unlock()
+	if streams {
+		// The stream builds on the state the wake left: the seal (next-1) of the log.
+		d.sb = e.newStreamer(in, d, ls.base.Clone(), ls.gen, ls.next-1)
+	}
 	return d
 }
 
@@ -220,6 +250,9 @@ func (e *Engine) newGeneration(in *inst, d *durable) {
 	}
 	d.shipper.Close()
 	d.shipper = spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, in.syncer.LogBase(), m.Generation, 1, d.claim)
+	if d.sb != nil {
+		e.restartStream(in, d, d.sb, in.syncer.LogBase(), m.Generation)
+	}
 	d.gen.Store(m.Generation)
 	d.next.Store(1)
 	d.folded.Add(d.genSegments.Swap(0))
@@ -236,12 +269,18 @@ func (in *inst) durableOf() *durable { return in.dur.Load() }
 // the space stopped) and no shipment follows.
 func (in *inst) closeDurable(err error) {
 	if d := in.dur.Swap(nil); d != nil {
+		if d.sb != nil {
+			d.sb.gate.Close(err)
+		}
 		d.gate.Close(err)
 		// The shipper's kept connections (and an isolated space's helper) go now, before
 		// the final checkpoint: were one the last connection to a database, its close
 		// checkpoints the WAL into it.
 		d.mu.Lock()
 		d.shipper.Close()
+		if d.sb != nil {
+			d.sb.shipper.Close()
+		}
 		d.mu.Unlock()
 	}
 }
@@ -250,7 +289,7 @@ func (in *inst) closeDurable(err error) {
 // DurabilityBucket), nil when its kind acknowledges at checkpoints.
 func (u *Use) Gate() *gate.Gate {
 	if d := u.in.durableOf(); d != nil {
-		return d.gate
+		return d.answers()
 	}
 	return nil
 }
@@ -298,7 +337,7 @@ func (in *inst) waitDurable(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, DurableAnswerTimeout)
 	defer cancel()
-	return d.gate.Wait(ctx)
+	return d.answers().Wait(ctx)
 }
 
 // DurableStatus is an awake space's log and gate, for /lchat/status and the console.
@@ -327,16 +366,41 @@ type DurableStatus struct {
 	Failed uint64 `json:"failed"`
 	// Skipped are the files the log does not carry (checkpoints do).
 	Skipped []spacestore.SkippedFile `json:"log_skipped,omitempty"`
+	// Standby is the stream of a kind whose durability is standby; nil for others.
+	Standby *StandbyStatus `json:"standby,omitempty"`
+}
+
+// StandbyStatus is where an awake space's stream goes (standby.go).
+type StandbyStatus struct {
+	// Box is the standby; empty when the space has none (NoStandby says why): its answers
+	// then wait for the bucket log.
+	Box       string `json:"box,omitempty"`
+	NoStandby string `json:"no_standby,omitempty"`
+	// Sent is the stream's last segment the standby has; Streamed the segments it took
+	// since the wake, Lost how many standbys were given up.
+	Sent     int64  `json:"sent_seq"`
+	Streamed uint64 `json:"streamed"`
+	Lost     uint64 `json:"lost"`
 }
 
 func (d *durable) status() *DurableStatus {
-	st := d.gate.Stats()
+	st, ans := d.gate.Stats(), d.answers().Stats()
 	ds := &DurableStatus{Generation: d.gen.Load(), NextSeq: d.next.Load()}
+	if d.sb != nil {
+		cur := d.sb.cur.Load()
+		ss := &StandbyStatus{Sent: cur.sent.Load(), Streamed: d.streamed.Load(), Lost: d.standbyLost.Load()}
+		if !cur.broken.Load() {
+			ss.Box = cur.box
+		} else if why := cur.why.Load(); why != nil {
+			ss.NoStandby = *why
+		}
+		ds.Standby = ss
+	}
 	if sk := d.skipped.Load(); sk != nil {
 		ds.Skipped = *sk
 	}
 	ds.Segments, ds.Bytes, ds.Folded, ds.Unproven = d.segments.Load(), d.bytes.Load(), d.folded.Load(), d.unproven.Load()
 	ds.Landing, ds.LandTime = st.Landing, st.LandTime
-	ds.Waiting, ds.Lag, ds.WaitP50, ds.WaitP99, ds.Failed = st.Waiting, st.Lag, st.WaitP50, st.WaitP99, st.Failed
+	ds.Waiting, ds.Lag, ds.WaitP50, ds.WaitP99, ds.Failed = ans.Waiting, ans.Lag, ans.WaitP50, ans.WaitP99, ans.Failed
 	return ds
 }

@@ -56,7 +56,9 @@ const (
 	// before it are in the space's log in the bucket (durable.go): a write the box
 	// acknowledged survives the death of its box, its disk included. The default.
 	DurabilityBucket Durability = "bucket"
-	// DurabilityStandby is reserved for a warm standby's acknowledgement.
+	// DurabilityStandby: every answer waits until the commits made before it are on the
+	// disk of the space's standby box as well (standby.go), or, with no standby, in the
+	// bucket log: a write the box acknowledged survives the death of its box.
 	DurabilityStandby Durability = "standby"
 )
 
@@ -194,7 +196,10 @@ type Config struct {
 	// (it serves and writes no space) and draining (it wakes none), and whose fence moves
 	// it hears (SetFenced's actions). Default: its own, serving.
 	Lifecycle *lifecycle.Machine
-	Logger    *zap.Logger
+	// Standby reaches the standbys of spaces whose kind's durability is standby
+	// (standby.go). nil: such a space acknowledges on bucket proofs.
+	Standby StandbyLink
+	Logger  *zap.Logger
 }
 
 // errFencedNoWrite is why a fenced box writes nothing.

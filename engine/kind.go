@@ -113,11 +113,9 @@ func (k Kind) withDefaults(name string) (Kind, error) {
 	switch k.Durability {
 	case "":
 		k.Durability = DurabilityBucket
-	case DurabilityCheckpoint, DurabilityBucket:
-	case DurabilityStandby:
-		return k, errors.New("durability: standby is not available yet: use bucket or checkpoint")
+	case DurabilityCheckpoint, DurabilityBucket, DurabilityStandby:
 	default:
-		return k, fmt.Errorf("durability: %q is not bucket or checkpoint", k.Durability)
+		return k, fmt.Errorf("durability: %q is not bucket, standby or checkpoint", k.Durability)
 	}
 	return k, nil
 }

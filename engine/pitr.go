@@ -49,7 +49,7 @@ func (e *Engine) RestoreTo(ctx context.Context, host, kind string, t spacestore.
 		return spacestore.RestoreResult{}, ErrAwake
 	}
 	opts := spacestore.RestoreOptions{Retention: k.Retention, WorkDir: filepath.Join(e.cfg.StateDir, "pitr"),
-		SealLog: k.Durability == DurabilityBucket}
+		SealLog: k.Durability.Logs()}
 	res, err := spacestore.RestoreToWith(ctx, e.cfg.Bucket, host, e.holder, t, opts, e.now())
 	var held *spacestore.LeaseHeldError
 	if errors.As(err, &held) {

@@ -277,7 +277,7 @@ func (e *Engine) restoreAndFence(ctx context.Context, in *inst, pl *pendingLease
 			return kept, &RetryError{After: 5 * time.Second, Reason: "box fenced: bucket heartbeat failing"}
 		}
 		in.mu.Lock()
-		logged := in.kind.Durability == DurabilityBucket
+		logged := in.kind.Durability.Logs()
 		in.mu.Unlock()
 		if logged {
 			// The log is read, applied and sealed before the instance starts: after the

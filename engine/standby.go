@@ -1,0 +1,326 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/gate"
+	"github.com/lchat/lchat-caddy/internal/safego"
+	"github.com/lchat/lchat-caddy/spacestore"
+	"github.com/lchat/lchat-caddy/standby"
+)
+
+// Standby acknowledgements (Kind.Durability DurabilityStandby). A space of such a kind
+// ships its log to the bucket as a "bucket" kind does (durable.go), about once a second
+// (logEvery) with nobody waiting on it, and its answers wait instead for a second log, its
+// stream: each group of commits cut into the stream's next segment and sent to the space's
+// standby box (StandbyLink.Pick: the next box of its placement among the live boxes of its
+// region), which answers once the segment is fsynced in its spool (package standby). A
+// write is acknowledged once it is on two boxes' disks, at a LAN round trip rather than a
+// bucket PUT.
+//
+// Never one copy: a holder whose standby does not answer (or that has none) waits, for
+// that answer and every later one of the stream, for the bucket log instead (the bucket's
+// gate: a shipment cut after the answer, landed), until its next checkpoint starts a new
+// stream. A sealed stream (a takeover) fences the holder out, as a sealed bucket log does.
+//
+// A takeover (openLog) reads the holder's standby record (spacestore.StandbyRecord), seals
+// the stream on the standby and takes its segments; when the stream's last segment was
+// cut after the bucket log's last (Entry.BucketBefore), the stream is newer: the data dir
+// is rebuilt from the bucket log up to the stream's base and the stream, and the pages in
+// which that state differs from the bucket log's are appended to the bucket log (a fixup
+// segment) before it is sealed, so the bucket log alone carries the state from then on.
+// A standby that is not a live member is a second failure: the takeover goes on from the
+// bucket, and what only the two dead boxes held is lost (logged).
+
+// StandbyLink is how a holder reaches its spaces' standbys (the box wires it to the mesh).
+type StandbyLink interface {
+	// Pick names host's standby: a live box of its region other than this one, the same
+	// for every box with the same view; ok false when there is none.
+	Pick(host string) (box string, ok bool)
+	// Put sends one segment of host's stream to box and returns nil once box has it on
+	// disk. Errors: standby.ErrSealed (wrapped) when a takeover sealed the stream.
+	Put(ctx context.Context, box, host string, e standby.Entry) error
+	// Seal seals host's stream of (gen, claim) on box and returns its segments.
+	Seal(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) ([]standby.Entry, error)
+	// Live reports whether box is a live member.
+	Live(box string) bool
+}
+
+// standbyPutTimeout bounds one send of a segment to the standby: a standby that does not
+// answer within it is given up for bucket proofs.
+const standbyPutTimeout = 2 * time.Second
+
+// streamer is an awake space's stream: its own shipper and the gate its answers wait on.
+type streamer struct {
+	link    StandbyLink
+	shipper *spacestore.LogShipper // under durable.mu, as the bucket log's
+	gate    *gate.Gate
+	cur     atomic.Pointer[stream]
+}
+
+// stream is one stream of a streamer: from a wake, or from a checkpoint's new generation.
+type stream struct {
+	gen, baseSeq int64
+	box          string // "" when there is no standby: every answer waits for the bucket
+	recorded     atomic.Bool
+	broken       atomic.Bool
+	sent         atomic.Int64 // the last seq the standby has
+	why          atomic.Pointer[string]
+}
+
+func (s *stream) breakWith(why string) bool {
+	s.why.Store(&why)
+	return s.broken.CompareAndSwap(false, true)
+}
+
+// newStreamer starts in's stream on base (a copy the streamer owns) at the bucket log's
+// seq baseSeq of generation gen.
+func (e *Engine) newStreamer(in *inst, d *durable, base *spacestore.LogBase, gen, baseSeq int64) *streamer {
+	sb := &streamer{link: e.cfg.Standby}
+	sb.shipper = spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, base, gen, 1, d.claim)
+	sb.cur.Store(e.newStream(in, sb, gen, baseSeq))
+	sb.gate = gate.New(gate.Config{
+		Cut: func(ctx context.Context) (gate.Land, error) { return e.cutStream(ctx, in, d, sb) },
+		// The standby takes a stream's segments in order: one lands at a time.
+		Depth:  1,
+		Now:    e.now,
+		Logger: in.logger(),
+	})
+	return sb
+}
+
+func (e *Engine) newStream(in *inst, sb *streamer, gen, baseSeq int64) *stream {
+	st := &stream{gen: gen, baseSeq: baseSeq}
+	box, ok := sb.link.Pick(in.host)
+	if !ok {
+		st.breakWith("no other live box in the space's region")
+		in.logger().Warn("no standby for the space: its answers wait for the bucket log", zap.Int64("generation", gen))
+		return st
+	}
+	st.box = box
+	return st
+}
+
+// restart, after a checkpoint started generation gen (d.mu held), starts a new stream on
+// base: a standby given up comes back, or another is picked.
+func (e *Engine) restartStream(in *inst, d *durable, sb *streamer, base *spacestore.LogBase, gen int64) {
+	sb.shipper.Close()
+	sb.shipper = spacestore.NewLogShipper(in.dataDir, in.syncer.PageReader, base, gen, 1, d.claim)
+	sb.cur.Store(e.newStream(in, sb, gen, 0))
+}
+
+// cutStream is the stream gate's Cut: the next segment of the stream, cut under d.mu with
+// the bucket log's cuts (so BucketBefore orders the two), and its Land: sent to the
+// standby; on bucket proofs when there is none.
+func (e *Engine) cutStream(ctx context.Context, in *inst, d *durable, sb *streamer) (gate.Land, error) {
+	if e.life.Fenced() {
+		return nil, errFencedNoWrite
+	}
+	st := sb.cur.Load()
+	if st.broken.Load() {
+		return func(ctx context.Context) error { return e.bucketProof(ctx, d) }, nil
+	}
+	d.mu.Lock()
+	st = sb.cur.Load() // a checkpoint may have started a new stream
+	seg, err := sb.shipper.Next(ctx, e.now())
+	before := d.shipper.NextSeq() - 1
+	d.mu.Unlock()
+	if errors.Is(err, spacestore.ErrSegmentTooLarge) {
+		safego.Go(&e.wg, e.log, "checkpoint for the log", func() { e.syncNow(e.ctx, in) })
+		return nil, err
+	}
+	if err != nil || seg == nil {
+		return nil, err
+	}
+	data, err := spacestore.EncodeSegment(seg)
+	if err != nil {
+		return nil, err
+	}
+	entry := standby.Entry{BucketBefore: before, Data: data}
+	return func(ctx context.Context) error {
+		if d.gen.Load() > st.gen {
+			return nil // a checkpoint covers it (appendSegment says why)
+		}
+		if st.sent.Load() >= seg.Seq {
+			return nil
+		}
+		if !st.broken.Load() {
+			err := e.sendToStandby(ctx, in, d, st, seg.Seq, entry)
+			if err == nil {
+				return nil
+			}
+			if errors.Is(err, gate.ErrFenced) {
+				return err
+			}
+		}
+		return e.bucketProof(ctx, d)
+	}, nil
+}
+
+// sendToStandby lands one segment of st on its standby: the record first, for the first
+// segment. An error that is not ErrFenced has given the standby up (st broken).
+func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *stream, seq int64, entry standby.Entry) error {
+	log := in.logger()
+	if !st.recorded.Load() {
+		rec := spacestore.StandbyRecord{Gen: st.gen, BaseSeq: st.baseSeq, Claim: d.claim, Box: st.box}
+		rctx, cancel := context.WithTimeout(ctx, segmentTimeout)
+		err := spacestore.WriteStandbyRecord(rctx, e.cfg.Bucket, in.host, rec)
+		cancel()
+		if err != nil {
+			if st.breakWith("the standby record could not be written: " + err.Error()) {
+				log.Warn("standby record not written: the space's answers wait for the bucket log", zap.Error(err))
+			}
+			return err
+		}
+		st.recorded.Store(true)
+	}
+	pctx, cancel := context.WithTimeout(ctx, standbyPutTimeout)
+	err := e.cfg.Standby.Put(pctx, st.box, in.host, entry)
+	cancel()
+	switch {
+	case err == nil:
+		st.sent.Store(seq)
+		d.streamed.Add(1)
+		return nil
+	case errors.Is(err, standby.ErrSealed):
+		log.Error("stream sealed by a takeover: this instance acknowledges nothing more", zap.String("standby", st.box))
+		safego.Go(&e.wg, e.log, "fence out", func() {
+			in.op.Lock()
+			defer in.op.Unlock()
+			if in.durableOf() == d {
+				e.fenceOut(in)
+			}
+		})
+		return fmt.Errorf("%w: %w", gate.ErrFenced, err)
+	}
+	if st.breakWith(err.Error()) {
+		d.standbyLost.Add(1)
+		log.Warn("standby lost: the space's answers wait for the bucket log until its next checkpoint",
+			zap.String("standby", st.box), zap.Error(err))
+		// The next checkpoint starts a new stream: sooner than the replication class's.
+		safego.Go(&e.wg, e.log, "checkpoint for a new stream", func() { e.syncNow(e.ctx, in) })
+	}
+	return err
+}
+
+// bucketProof returns once what the instance committed before the call is in the bucket
+// log: the proof an answer takes when its stream has no standby.
+func (e *Engine) bucketProof(ctx context.Context, d *durable) error {
+	ctx, cancel := context.WithTimeout(ctx, DurableAnswerTimeout)
+	defer cancel()
+	return d.gate.Wait(ctx)
+}
+
+// takeStream, for a takeover of host's log of gen (lg, read and not sealed yet) under
+// claim, seals the previous holder's stream on its standby and returns it when it is newer
+// than the bucket log, with the record naming its base; nil when there is none to take.
+// An error means the stream could be there and was not read: the wake must not go on
+// without it.
+func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spacestore.Claim, lg *spacestore.Log) (*spacestore.StandbyRecord, []*spacestore.Segment, error) {
+	if e.cfg.Standby == nil {
+		return nil, nil, nil
+	}
+	log := in.logger()
+	rec, err := spacestore.ReadStandbyRecord(ctx, e.cfg.Bucket, in.host)
+	if err != nil || rec == nil {
+		return nil, nil, err
+	}
+	switch {
+	case rec.Gen != gen, spacestore.SameClaim(rec.Claim, claim):
+		return nil, nil, nil // a stream of an older generation (a checkpoint covers it), or ours
+	case rec.BaseSeq > 0 && (lg.Sealer == nil || !spacestore.SameClaim(*lg.Sealer, rec.Claim)):
+		return nil, nil, nil // a later holder sealed the log since: the stream is older
+	case rec.BaseSeq == 0 && lg.Sealer != nil:
+		return nil, nil, nil
+	case lg.Last < rec.BaseSeq:
+		return nil, nil, fmt.Errorf("the stream builds on segment %d of the log, which ends at %d", rec.BaseSeq, lg.Last)
+	}
+	if !e.cfg.Standby.Live(rec.Box) {
+		log.Warn("the space's standby is not a live member: writes it alone held with the dead holder are lost",
+			zap.String("standby", rec.Box), zap.String("holder", rec.Claim.Holder))
+		return nil, nil, nil
+	}
+	entries, err := e.cfg.Standby.Seal(ctx, rec.Box, in.host, gen, rec.Claim)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sealing the stream on the standby %s: %w", rec.Box, err)
+	}
+	if len(entries) == 0 {
+		return nil, nil, nil
+	}
+	segs := make([]*spacestore.Segment, len(entries))
+	for i, en := range entries {
+		seg, err := spacestore.DecodeSegment(en.Data)
+		if err != nil {
+			return nil, nil, fmt.Errorf("the standby's stream: %w", err)
+		}
+		if seg.Gen != gen || seg.Seq != int64(i+1) || seg.Seal || !spacestore.SameClaim(seg.Claim, rec.Claim) {
+			return nil, nil, fmt.Errorf("the standby's stream: segment %d is %d of generation %d", i+1, seg.Seq, seg.Gen)
+		}
+		segs[i] = seg
+	}
+	lastB := int64(0) // the bucket log's last segment of the stream's holder
+	for _, s := range lg.Segments {
+		if spacestore.SameClaim(s.Claim, rec.Claim) {
+			lastB = max(lastB, s.Seq)
+		}
+	}
+	if last := entries[len(entries)-1]; last.BucketBefore < lastB {
+		// The bucket log was cut after the stream's last segment: it is the newer state.
+		return nil, nil, nil
+	}
+	return rec, segs, nil
+}
+
+// applyStream rebuilds the data dir from the bucket log up to the stream's base and the
+// stream (base brought in step), and appends to the bucket log, at its end, the pages in
+// which that state differs from the log's, under the stream's claim: the log then carries
+// the stream. lg is extended with it.
+func (e *Engine) applyStream(ctx context.Context, in *inst, base *spacestore.LogBase, lg *spacestore.Log, rec *spacestore.StandbyRecord, stream []*spacestore.Segment) error {
+	pages := make(map[string]map[uint32]bool)
+	var upTo []*spacestore.Segment
+	for _, s := range lg.Segments {
+		if s.Seq <= rec.BaseSeq {
+			upTo = append(upTo, s)
+		} else if err := spacestore.SegmentPages(s, pages); err != nil {
+			return err
+		}
+	}
+	for _, s := range stream {
+		if err := spacestore.SegmentPages(s, pages); err != nil {
+			return err
+		}
+	}
+	if err := in.syncer.ApplySegments(base, upTo); err != nil {
+		return fmt.Errorf("applying the log: %w", err)
+	}
+	if err := in.syncer.ApplySegments(base, stream); err != nil {
+		return fmt.Errorf("applying the stream: %w", err)
+	}
+	fix, err := spacestore.FixupSegment(in.dataDir, pages, lg.Gen, lg.Last+1, rec.Claim, e.now())
+	if err != nil {
+		return err
+	}
+	if len(fix.DBs) > 0 {
+		actx, cancel := context.WithTimeout(ctx, segmentTimeout)
+		err := spacestore.AppendSegment(actx, e.cfg.Bucket, in.host, fix)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("appending the stream to the log: %w", err)
+		}
+		lg.Segments = append(lg.Segments, fix)
+		lg.Last = fix.Seq
+	}
+	in.logger().Info("took the standby's stream", zap.String("standby", rec.Box), zap.Int("segments", len(stream)),
+		zap.Int64("log_seq", lg.Last))
+	return nil
+}
+
+// Logs reports whether a kind of durability d ships its log to the bucket (bucket and
+// standby do).
+func (d Durability) Logs() bool { return d == DurabilityBucket || d == DurabilityStandby }

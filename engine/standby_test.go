@@ -1,0 +1,347 @@
+package engine
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/bucket/filebucket"
+	"github.com/lchat/lchat-caddy/gate"
+	"github.com/lchat/lchat-caddy/spacestore"
+	"github.com/lchat/lchat-caddy/standby"
+)
+
+// spoolLink is a StandbyLink between engines of one test: each box's spool is a real
+// standby.Spool in its own directory, reached by a call instead of the peer API.
+type spoolLink struct {
+	self   string
+	spools map[string]*standby.Spool
+	mu     *sync.Mutex
+	dead   map[string]bool
+	puts   *atomic.Int64
+}
+
+func (l spoolLink) Pick(host string) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, box := range slices.Sorted(maps.Keys(l.spools)) {
+		if box != l.self && !l.dead[box] {
+			return box, true
+		}
+	}
+	return "", false
+}
+
+func (l spoolLink) Put(ctx context.Context, box, host string, e standby.Entry) error {
+	if !l.Live(box) {
+		return errors.New("connection refused")
+	}
+	l.puts.Add(1)
+	return l.spools[box].Put(host, e)
+}
+
+func (l spoolLink) Seal(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) ([]standby.Entry, error) {
+	if !l.Live(box) {
+		return nil, errors.New("connection refused")
+	}
+	return l.spools[box].Seal(host, gen, claim)
+}
+
+func (l spoolLink) Live(box string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.dead[box]
+}
+
+// logCut is a box's way to the bucket that can be cut: its writes fail, as from a box cut
+// off from the bucket, while its reads (and the test's) go on.
+type logCut struct {
+	bucket.Bucket
+	cut atomic.Bool
+}
+
+func (b *logCut) Put(ctx context.Context, key string, r io.Reader, size int64, c bucket.Cond) (bucket.Info, error) {
+	if b.cut.Load() {
+		return bucket.Info{}, errors.New("bucket unreachable")
+	}
+	return b.Bucket.Put(ctx, key, r, size, c)
+}
+
+// standbyFleet is two engines sharing a file bucket, each with a spool, spaces of kind
+// "app" on standby durability.
+type standbyFleet struct {
+	engines map[string]*Engine
+	buckets map[string]*logCut
+	link    spoolLink
+}
+
+func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
+	t.Helper()
+	fb, err := filebucket.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &standbyFleet{engines: map[string]*Engine{}, buckets: map[string]*logCut{}}
+	spools := map[string]*standby.Spool{}
+	for _, box := range boxes {
+		sp, err := standby.Open(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		spools[box] = sp
+	}
+	var mu sync.Mutex
+	dead := map[string]bool{}
+	puts := new(atomic.Int64)
+	for _, box := range boxes {
+		dir, err := os.MkdirTemp("", "eng")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		lb := &logCut{Bucket: fb}
+		link := spoolLink{self: box, spools: spools, mu: &mu, dead: dead, puts: puts}
+		e, err := New(Config{
+			Bucket: lb, StateDir: dir, Holder: box, Incarnation: "1",
+			Kinds: map[string]Kind{"app": {
+				Command:     self,
+				Env:         map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+				Replication: Replication{Class: ReplicateSleep},
+				StopGrace:   5 * time.Second,
+				Durability:  DurabilityStandby,
+			}},
+			HolderLive: func(holder, _ string) bool { return link.Live(holder) },
+			Standby:    link,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		drainAtEnd(t, e)
+		f.engines[box], f.buckets[box] = e, lb
+		f.link = link
+	}
+	return f
+}
+
+func (f *standbyFleet) kill(box string) {
+	f.link.mu.Lock()
+	f.link.dead[box] = true
+	f.link.mu.Unlock()
+}
+
+// openDB opens the space's app.db on e as its instance would.
+func openDB(t *testing.T, e *Engine, host string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(e.get(host).dataDir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// TestStandbyTakeoverKeepsWhatTheStandbyAcknowledged: a holder cut off from the bucket
+// acknowledges writes on its standby's word alone; killed, its space is taken over by the
+// standby's box, which finds every acknowledged write (the stream taken from its spool, the
+// bucket log lacking them), writes them to the bucket log before it seals it, and the old
+// holder acknowledges nothing more (the stream is sealed).
+func TestStandbyTakeoverKeepsWhatTheStandbyAcknowledged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	const host = "standby.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
+	a, b := f.engines["box-a"], f.engines["box-b"]
+	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Release()
+	db := openDB(t, a, host)
+	exec := func(q string) error {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+		return u.WaitDurable(ctx)
+	}
+	if err := exec("CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT)"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if err := exec(fmt.Sprintf("INSERT INTO m (body) VALUES ('before %d')", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := logStatusOf(t, a, host); st.Standby == nil || st.Standby.Box != "box-b" || st.Standby.Streamed == 0 {
+		t.Fatalf("status %+v: want a stream to box-b", st.Standby)
+	}
+	// The bucket log has the first rows (its cut, once a second, landed); the stream goes on
+	// from the wake's seal, so the takeover rebuilds from both.
+	if err := a.get(host).durableOf().gate.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Cut from the bucket, the holder still acknowledges: the standby has each write.
+	f.buckets["box-a"].cut.Store(true)
+	for i := range 30 {
+		if err := exec(fmt.Sprintf("INSERT INTO m (body) VALUES ('after %d')", i)); err != nil {
+			t.Fatalf("write %d with the bucket cut: %v", i, err)
+		}
+	}
+	f.kill("box-a")
+
+	ub, err := b.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ub.Release()
+	var n int
+	if err := openDB(t, b, host).QueryRow("SELECT count(*) FROM m").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 50 {
+		t.Fatalf("the taker has %d of the 50 acknowledged rows", n)
+	}
+	// The old holder, still running, acknowledges nothing more: its stream is sealed.
+	f.link.mu.Lock()
+	delete(f.link.dead, "box-a") // it comes back from a pause, say
+	f.link.mu.Unlock()
+	if _, err := db.Exec("INSERT INTO m (body) VALUES ('late')"); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.WaitDurable(ctx); err == nil || !errors.Is(err, gate.ErrNotDurable) {
+		t.Fatalf("the old holder acknowledged a write after the takeover: %v", err)
+	}
+	// The bucket log alone now carries every acknowledged row (the stream was written to it
+	// before the seal): with box-b gone too, cut from the bucket and from its standby
+	// before it streamed anything, box-c finds them all.
+	f.buckets["box-b"].cut.Store(true)
+	f.kill("box-b")
+	f.kill("box-a")
+	uc, err := f.engines["box-c"].Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Release()
+	if err := openDB(t, f.engines["box-c"], host).QueryRow("SELECT count(*) FROM m").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 50 {
+		t.Fatalf("from the bucket log alone: %d of the 50 acknowledged rows", n)
+	}
+}
+
+// TestStandbyLostFallsBackToTheBucket: a holder whose standby dies acknowledges on bucket
+// proofs, says so in its status, and with the bucket cut as well acknowledges nothing: a
+// write is never acknowledged on one box's disk alone.
+func TestStandbyLostFallsBackToTheBucket(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	const host = "lost.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b")
+	a := f.engines["box-a"]
+	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Release()
+	db := openDB(t, a, host)
+	if _, err := db.Exec("CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.WaitDurable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.kill("box-b")
+	before := logStatusOf(t, a, host)
+	if _, err := db.Exec("INSERT INTO m (body) VALUES ('x')"); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.WaitDurable(ctx); err != nil {
+		t.Fatalf("with the standby dead and the bucket up: %v", err)
+	}
+	st := logStatusOf(t, a, host)
+	// In the bucket: a segment of the log, or the checkpoint that losing the standby asked
+	// for (a new generation, the next stream's start).
+	if st.Segments <= before.Segments && st.Generation <= before.Generation {
+		t.Fatalf("acknowledged with no standby and nothing new in the bucket: %+v", st)
+	}
+	if st.Standby == nil || st.Standby.Box != "" || st.Standby.NoStandby == "" || st.Standby.Lost != 1 {
+		t.Fatalf("status %+v: want the standby given up, and why", st.Standby)
+	}
+	f.buckets["box-a"].cut.Store(true)
+	if _, err := db.Exec("INSERT INTO m (body) VALUES ('y')"); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := u.WaitDurable(wctx); !errors.Is(err, gate.ErrNotDurable) {
+		t.Fatalf("acknowledged with neither a standby nor the bucket: %v", err)
+	}
+}
+
+// TestTakeoverPrefersTheNewerLog: when the bucket log was cut after the stream's last
+// segment (commits the holder made after its last answer, shipped by the bucket's timer),
+// the takeover restores from the bucket log, which holds them, not from the stream.
+func TestTakeoverPrefersTheNewerLog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	const host = "newer.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b")
+	a, b := f.engines["box-a"], f.engines["box-b"]
+	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Release()
+	db := openDB(t, a, host)
+	for _, q := range []string{"CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT)", "INSERT INTO m (body) VALUES ('answered')"} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+		if err := u.WaitDurable(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Committed with no answer waiting: only the bucket's cut takes it.
+	if _, err := db.Exec("INSERT INTO m (body) VALUES ('unanswered')"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.get(host).durableOf().gate.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.buckets["box-a"].cut.Store(true)
+	f.kill("box-a")
+	ub, err := b.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ub.Release()
+	var n int
+	if err := openDB(t, b, host).QueryRow("SELECT count(*) FROM m").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("the taker has %d rows, want both (the bucket log is the newer)", n)
+	}
+}
