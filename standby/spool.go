@@ -200,7 +200,7 @@ func (s *Spool) host(name string, create bool) (*hostSpool, error) {
 	}
 }
 
-// forget removes h from the map if it holds nothing; h is locked.
+// forgetLocked removes h from the map if it holds nothing; h is locked.
 func (s *Spool) forgetLocked(h *hostSpool) {
 	if h.cur != nil || len(h.seals) > 0 || len(h.past) > 0 {
 		return
@@ -247,6 +247,7 @@ func (s *Spool) Put(host string, e Entry) error {
 	}
 	defer h.mu.Unlock()
 	err = s.putLocked(h, seg, e)
+	s.forgetLocked(h) // a refused first put leaves nothing listed
 	if err != nil {
 		return fmt.Errorf("standby %s: segment %d of generation %d: %w", host, seg.Seq, seg.Gen, err)
 	}

@@ -329,6 +329,9 @@ func TestDrop(t *testing.T) {
 		t.Fatalf("the dropped host's directory: %v", err)
 	}
 	wantErr(t, "the next seq after a drop", s.Put("plain.test", entry(t, 1, 3, claimA, 0)), ErrGap)
+	if _, ok := hostStatus(s, "plain.test"); ok {
+		t.Fatal("a refused put lists the host")
+	}
 	s.Close()
 	s = openSpool(t, dir)
 	if st, ok := hostStatus(s, host); !ok || st.LastSeq != 0 || st.Seals != 1 {
