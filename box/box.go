@@ -71,14 +71,17 @@ type Config struct {
 // Box is one running box: its registry, engine and, with the mesh, its membership and
 // replication. Its methods are safe for concurrent use.
 type Box struct {
-	reg    *registry.Registry
-	eng    *engine.Engine
-	life   *lifecycle.Machine // the box's lifecycle, which the engine and the membership read
-	bucket *bucket.Counted    // the bucket, counting its requests
-	mesh   *Mesh              // nil without the mesh
-	logger *zap.Logger
-	cfg    Config
-	ids    ledger.Allocators
+	reg *registry.Registry
+	// standby is this box's spool and the engine's way to its spaces' standbys; nil
+	// without a mesh.
+	standby *standbyLink
+	eng     *engine.Engine
+	life    *lifecycle.Machine // the box's lifecycle, which the engine and the membership read
+	bucket  *bucket.Counted    // the bucket, counting its requests
+	mesh    *Mesh              // nil without the mesh
+	logger  *zap.Logger
+	cfg     Config
+	ids     ledger.Allocators
 
 	// requests counts the requests the lchat handler took (Count); it only grows.
 	requests atomic.Uint64
@@ -183,18 +186,26 @@ func Open(cfg Config) (*Box, error) {
 		}
 		return SpaceOf(rt), true
 	}
+	var sl *standbyLink
 	if ms != nil {
 		ms.engineConfig(&ecfg, reg)
+		if sl, err = newStandbyLink(ms, reg, cfg.StateDir); err != nil {
+			reg.Close()
+			ms.close()
+			return nil, err
+		}
+		ecfg.Standby = sl
 	}
 	eng, err := engine.New(ecfg)
 	if err != nil {
 		reg.Close()
 		if ms != nil {
 			ms.close()
+			sl.spool.Close()
 		}
 		return nil, fmt.Errorf("starting engine: %v", err)
 	}
-	b := &Box{reg: reg, eng: eng, bucket: counted, mesh: ms, life: life, logger: cfg.Logger, cfg: cfg,
+	b := &Box{reg: reg, eng: eng, bucket: counted, mesh: ms, standby: sl, life: life, logger: cfg.Logger, cfg: cfg,
 		stopWatch: make(chan struct{}), exiting: make(chan struct{})}
 	b.settings.Store(&Settings{Kinds: cfg.Engine.Kinds})
 	if ms != nil {
@@ -355,6 +366,7 @@ func (b *Box) Close() error {
 		if b.mesh != nil {
 			b.mesh.leave()
 			b.mesh.close()
+			b.standby.spool.Close()
 		}
 		if cerr := b.reg.Close(); err == nil {
 			err = cerr

@@ -81,7 +81,7 @@ func init() {
 //			ready_path <path>
 //			ready_timeout <duration>
 //			replication sleep|continuous|periodic [<interval>]
-//			durability bucket|checkpoint
+//			durability bucket|standby|checkpoint
 //			wake_path <path>
 //			retention <duration>
 //			gc_grace <duration>

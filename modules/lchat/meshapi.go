@@ -11,6 +11,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/standby"
 )
 
 func init() {
@@ -20,8 +21,9 @@ func init() {
 // MeshAPI serves the peer endpoints of the mesh on this box's SELF site, each behind
 // the mesh token (bearer, constant-time compare): PUT and DELETE /api/mesh/route/{host}
 // (replicate a row, tombstone it), GET /api/mesh/routes (this box's in-scope rows) and
-// GET /api/mesh/status, and the held connections' calls under /api/mesh/conns/
-// (held.Conns.ServePeer). Other paths go to the next handler. A row or tombstone is
+// GET /api/mesh/status, the held connections' calls under /api/mesh/conns/
+// (held.Conns.ServePeer), and the standby's spool under /api/mesh/standby/
+// (standby.Spool.ServePeer). Other paths go to the next handler. A row or tombstone is
 // answered once the box has carried it out (box.Box.ApplyRow, ApplyTombstone): an error
 // status says it failed, and the sending box logs it and retries.
 type MeshAPI struct {
@@ -55,7 +57,8 @@ func (h *MeshAPI) Provision(ctx caddy.Context) error {
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	p := r.URL.Path
-	if p != mesh.PathRoutes && p != mesh.PathStatus && !strings.HasPrefix(p, mesh.PathRoute) && !strings.HasPrefix(p, mesh.PathConns) {
+	if p != mesh.PathRoutes && p != mesh.PathStatus && !strings.HasPrefix(p, mesh.PathRoute) && !strings.HasPrefix(p, mesh.PathConns) &&
+		!strings.HasPrefix(p, standby.PathPrefix) {
 		return next.ServeHTTP(w, r)
 	}
 	b := h.app.box
@@ -68,6 +71,9 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(http.StatusUnauthorized, errors.New("mesh token missing or wrong"))
 	}
 	switch {
+	case strings.HasPrefix(p, standby.PathPrefix):
+		// The streams of the spaces this box stands by for (engine/standby.go).
+		return b.Standby().ServePeer(w, r)
 	case strings.HasPrefix(p, mesh.PathConns):
 		cs := h.app.conns
 		if cs == nil {

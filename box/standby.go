@@ -1,0 +1,82 @@
+package box
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/spacestore"
+	"github.com/lchat/lchat-caddy/standby"
+)
+
+// standbyLink is the engine's StandbyLink over the mesh (engine/standby.go): a space's
+// standby is the first live box, other than this one and not draining, of the space's
+// placement (mesh.Ranked among the members homed like it), reached through the peer API
+// under the mesh token; this box's own spool (state_dir/standby) takes the streams of the
+// spaces it stands by for, through MeshAPI.
+type standbyLink struct {
+	ms     *Mesh
+	reg    *registry.Registry
+	spool  *standby.Spool
+	client *standby.Client
+}
+
+var _ engine.StandbyLink = (*standbyLink)(nil)
+
+// newStandbyLink opens this box's spool under stateDir.
+func newStandbyLink(ms *Mesh, reg *registry.Registry, stateDir string) (*standbyLink, error) {
+	sp, err := standby.Open(filepath.Join(stateDir, "standby"))
+	if err != nil {
+		return nil, fmt.Errorf("opening the standby spool: %w", err)
+	}
+	return &standbyLink{ms: ms, reg: reg, spool: sp,
+		client: &standby.Client{Token: string(ms.client.Token), HTTP: ms.client.HTTPClient}}, nil
+}
+
+func (l *standbyLink) self() string { return l.ms.cfg.Self }
+
+// Pick implements engine.StandbyLink.
+func (l *standbyLink) Pick(host string) (string, bool) {
+	live := l.ms.m.Live()
+	region := ""
+	if rt, ok := l.reg.Lookup(host); ok {
+		region = rt.HomeRegion
+	}
+	for _, i := range mesh.Ranked(host, live, region) {
+		if m := live[i]; m.Self != l.self() && !m.Draining {
+			return m.Self, true
+		}
+	}
+	return "", false
+}
+
+// Put implements engine.StandbyLink.
+func (l *standbyLink) Put(ctx context.Context, box, host string, e standby.Entry) error {
+	if box == l.self() {
+		return l.spool.Put(host, e)
+	}
+	return l.client.Put(ctx, box, host, e)
+}
+
+// Seal implements engine.StandbyLink: this box's own spool when it is the standby (the
+// usual takeover: the standby is next in the space's placement once its holder is gone).
+func (l *standbyLink) Seal(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) ([]standby.Entry, error) {
+	if box == l.self() {
+		return l.spool.Seal(host, gen, claim)
+	}
+	return l.client.Seal(ctx, box, host, gen, claim)
+}
+
+// Live implements engine.StandbyLink.
+func (l *standbyLink) Live(box string) bool { return l.ms.node.IsLiveMember(box) }
+
+// Standby is this box's spool, nil without a mesh: the peer API's standby endpoints.
+func (b *Box) Standby() *standby.Spool {
+	if b.standby == nil {
+		return nil
+	}
+	return b.standby.spool
+}

@@ -1,0 +1,111 @@
+package meshe2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+// standbyOf is the stream part of a space's log status on n (engine.StandbyStatus).
+func standbyOf(t *testing.T, n *node, host string) (s struct {
+	Box       string `json:"box"`
+	NoStandby string `json:"no_standby"`
+	Streamed  uint64 `json:"streamed"`
+}) {
+	t.Helper()
+	var st boxStatus
+	if err := json.Unmarshal([]byte(c0Status(t, n)), &st); err != nil {
+		t.Fatal(err)
+	}
+	var log struct {
+		Standby json.RawMessage `json:"standby"`
+	}
+	if raw := st.logOf(host); raw != "" {
+		json.Unmarshal([]byte(raw), &log)
+	}
+	if len(log.Standby) > 0 {
+		json.Unmarshal(log.Standby, &s)
+	}
+	return s
+}
+
+func c0Status(t *testing.T, n *node) string {
+	t.Helper()
+	cl := &http.Client{Timeout: 5 * time.Second}
+	resp, err := cl.Get(n.AdminURL + "/lchat/status")
+	if err != nil {
+		t.Fatalf("%s's /lchat/status: %v", n.self, err)
+	}
+	defer resp.Body.Close()
+	var raw json.RawMessage
+	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
+		t.Fatal(err)
+	}
+	return string(raw)
+}
+
+// TestStandbyAcknowledgesWithTheBucketCut: a room of a kind whose durability is standby,
+// awake on a box whose standby is the other box. Its bucket link cut, the holder still
+// answers writes 201 within the round trip to its standby (a bucket kind would answer
+// 503: TestCutBucketRefusesWritesThenHeals); killed with -9 right after the last answer,
+// the other box takes the room over from the stream it keeps, and every write answered
+// 201 is there, the ones the bucket never saw included.
+func TestStandbyAcknowledgesWithTheBucketCut(t *testing.T) {
+	c := newCluster(t)
+	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
+	a := c.start(false)
+	b := c.start(true)
+	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	host := hostOwnedBy(t, "standby", b, a, b)
+	c.createSpace(a, host)
+	harness.WaitFor(t, 5*time.Second, "the row on the holder", func() bool { return hasRoute(b, host) })
+	var acked []string
+	for i := range 5 {
+		text := fmt.Sprintf("before-%d", i)
+		c.post(a, host, text)
+		acked = append(acked, text)
+	}
+	if got := awakeOn(t, host, a, b); len(got) != 1 || got[0] != b.self {
+		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
+	}
+	if s := standbyOf(t, b, host); s.Box != a.self || s.Streamed == 0 {
+		t.Fatalf("the holder's stream: %+v, want %s as its standby", s, a.self)
+	}
+
+	b.bucketProxy.SetDown(true)
+	start := time.Now()
+	for i := range 5 {
+		text := fmt.Sprintf("cut-%d", i)
+		c.post(a, host, text)
+		acked = append(acked, text)
+	}
+	t.Logf("5 writes answered 201 with the holder's bucket cut, in %v", time.Since(start).Round(time.Millisecond))
+	b.Kill()
+	killed := time.Now()
+	var got map[string]int64
+	harness.WaitFor(t, deadAfter+30*time.Second, "the room served by the standby's box", func() bool {
+		var code int
+		got, code, _ = c.roomTexts(a, host)
+		return code == http.StatusOK
+	})
+	t.Logf("served again %v after the kill", time.Since(killed).Round(time.Millisecond))
+	if lost := missing(acked, got); len(lost) > 0 {
+		t.Fatalf("after the holder's kill, %d of %d writes answered 201 are gone: %v", len(lost), len(acked), lost)
+	}
+	// The next message's id follows them: no id handed out twice.
+	var maxID int64
+	for _, id := range got {
+		maxID = max(maxID, id)
+	}
+	code, body, _ := c.do(a, "POST", host, "/api/messages", `{"author":"test","text":"after"}`, nil)
+	var next struct {
+		ID int64 `json:"id"`
+	}
+	if code != http.StatusCreated || json.Unmarshal([]byte(body), &next) != nil || next.ID <= maxID {
+		t.Fatalf("the write after the takeover: %d %.200s (ids up to %d before)", code, body, maxID)
+	}
+}
