@@ -66,6 +66,9 @@ type inst struct {
 	trans     *transition
 	proc      *proc
 	leaseETag string // "" when this box does not hold the lease
+	// goneHolder is the lease holder (holder and incarnation) a TakeOver found dead before
+	// its heartbeat says so: the next wake's lease counts it dead (standby.go). One try.
+	goneHolder [2]string
 	// releasedETag is the ETag of the lease as this box last released it (""
 	// unknown): the next wake takes it with one write while nobody wrote it since
 	// (spacestore.AcquireLeaseAfter).

@@ -324,3 +324,31 @@ func (e *Engine) applyStream(ctx context.Context, in *inst, base *spacestore.Log
 // Logs reports whether a kind of durability d ships its log to the bucket (bucket and
 // standby do).
 func (d Durability) Logs() bool { return d == DurabilityBucket || d == DurabilityStandby }
+
+// TakeOver wakes sp here in place of holder (at incarnation), which the caller found dead
+// before its heartbeat says so (its process gone: its address refuses connections), and
+// returns a Use as Acquire does. Only a space whose kind's durability is standby is taken
+// over early: the wake seals the holder's stream and its bucket log before the instance
+// starts, so were the holder alive after all it could acknowledge nothing more; a space of
+// another kind could go on acknowledging writes on the old holder, and waits for the
+// holder's heartbeat to die (ErrNotStandby).
+func (e *Engine) TakeOver(ctx context.Context, sp Space, holder, incarnation string) (*Use, error) {
+	kind, ok := e.kind(sp.Kind)
+	if !ok {
+		return nil, ErrUnknownKind
+	}
+	if kind.Durability != DurabilityStandby {
+		return nil, ErrNotStandby
+	}
+	if !validHost(sp.Host) {
+		return nil, fmt.Errorf("invalid host %q", sp.Host)
+	}
+	in := e.get(sp.Host)
+	in.mu.Lock()
+	in.goneHolder = [2]string{holder, incarnation}
+	in.mu.Unlock()
+	return e.acquire(ctx, sp, kind, in)
+}
+
+// ErrNotStandby is TakeOver's refusal of a space whose kind's durability is not standby.
+var ErrNotStandby = errors.New("only a space of standby durability is taken over before its holder's heartbeat dies")

@@ -29,7 +29,10 @@ type spoolLink struct {
 	spools map[string]*standby.Spool
 	mu     *sync.Mutex
 	dead   map[string]bool
-	puts   *atomic.Int64
+	// beating names the dead boxes whose heartbeat still looks live (killed within
+	// dead_after): their leases hold but for a TakeOver.
+	beating map[string]bool
+	puts    *atomic.Int64
 }
 
 func (l spoolLink) Pick(host string) (string, bool) {
@@ -106,7 +109,7 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 		spools[box] = sp
 	}
 	var mu sync.Mutex
-	dead := map[string]bool{}
+	dead, beating := map[string]bool{}, map[string]bool{}
 	puts := new(atomic.Int64)
 	for _, box := range boxes {
 		dir, err := os.MkdirTemp("", "eng")
@@ -115,7 +118,7 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		lb := &logCut{Bucket: fb}
-		link := spoolLink{self: box, spools: spools, mu: &mu, dead: dead, puts: puts}
+		link := spoolLink{self: box, spools: spools, mu: &mu, dead: dead, beating: beating, puts: puts}
 		e, err := New(Config{
 			Bucket: lb, StateDir: dir, Holder: box, Incarnation: "1",
 			Kinds: map[string]Kind{"app": {
@@ -124,8 +127,17 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 				Replication: Replication{Class: ReplicateSleep},
 				StopGrace:   5 * time.Second,
 				Durability:  DurabilityStandby,
+			}, "ckpt": {
+				Command:     self,
+				Env:         map[string]string{"LCHAT_ENGINE_TEST_INSTANCE": "1"},
+				Replication: Replication{Class: ReplicateSleep},
+				Durability:  DurabilityCheckpoint,
 			}},
-			HolderLive: func(holder, _ string) bool { return link.Live(holder) },
+			HolderLive: func(holder, _ string) bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return !dead[holder] || beating[holder]
+			},
 			Standby:    link,
 		})
 		if err != nil {
@@ -343,5 +355,53 @@ func TestTakeoverPrefersTheNewerLog(t *testing.T) {
 	}
 	if n != 2 {
 		t.Fatalf("the taker has %d rows, want both (the bucket log is the newer)", n)
+	}
+}
+
+// TestTakeOverBeforeTheHeartbeatDies: a holder killed while its heartbeat still looks live
+// holds its lease against a plain wake; TakeOver, told the holder is gone, takes the space
+// over at once with every acknowledged write. A kind that does not acknowledge through a
+// stream is not taken over early.
+func TestTakeOverBeforeTheHeartbeatDies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	const host = "early.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b")
+	a, b := f.engines["box-a"], f.engines["box-b"]
+	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Release()
+	db := openDB(t, a, host)
+	for _, q := range []string{"CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT)", "INSERT INTO m (body) VALUES ('one')", "INSERT INTO m (body) VALUES ('two')"} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+		if err := u.WaitDurable(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.buckets["box-a"].cut.Store(true)
+	f.link.mu.Lock()
+	f.link.dead["box-a"], f.link.beating["box-a"] = true, true
+	f.link.mu.Unlock()
+	var held *LeaseHeldError
+	if _, err := b.Acquire(ctx, Space{Host: host, Kind: "app"}); !errors.As(err, &held) {
+		t.Fatalf("a plain wake while the holder's heartbeat looks live: %v, want the lease held", err)
+	}
+	ub, err := b.TakeOver(ctx, Space{Host: host, Kind: "app"}, "box-a", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ub.Release()
+	var n int
+	if err := openDB(t, b, host).QueryRow("SELECT count(*) FROM m").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("after the takeover: %d rows (%v), want 2", n, err)
+	}
+	if _, err := b.TakeOver(ctx, Space{Host: "other.example.com", Kind: "ckpt"}, "box-a", "1"); !errors.Is(err, ErrNotStandby) {
+		t.Fatalf("TakeOver of a checkpoint kind: %v", err)
 	}
 }

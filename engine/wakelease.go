@@ -53,10 +53,18 @@ func (e *Engine) acquireLeaseAsync(in *inst) *pendingLease {
 	in.mu.Lock()
 	released := in.releasedETag
 	in.releasedETag = "" // one try: whatever happens now, it is no longer the lease
+	h := e.holder
+	if gone := in.goneHolder; gone[0] != "" && h.Live != nil {
+		live := h.Live
+		h.Live = func(holder, incarnation string) bool {
+			return (holder != gone[0] || incarnation != gone[1]) && live(holder, incarnation)
+		}
+	}
+	in.goneHolder = [2]string{}
 	in.mu.Unlock()
 	safego.Go(&e.wg, e.log, "lease", func() {
 		defer close(pl.done)
-		pl.etag, pl.err = spacestore.AcquireLeaseAfter(e.ctx, e.cfg.Bucket, in.host, e.holder, now, released)
+		pl.etag, pl.err = spacestore.AcquireLeaseAfter(e.ctx, e.cfg.Bucket, in.host, h, now, released)
 	})
 	return pl
 }
