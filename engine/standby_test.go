@@ -138,7 +138,7 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 				defer mu.Unlock()
 				return !dead[holder] || beating[holder]
 			},
-			Standby:    link,
+			Standby: link,
 		})
 		if err != nil {
 			t.Fatal(err)
