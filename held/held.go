@@ -210,6 +210,19 @@ func (c *Conns) signalWake(host string) {
 	}
 }
 
+// AwakeAtProvider tells the event streams held for host, a space delegated to a
+// provider, that it is awake there (a request of it got the provider's answer): those
+// held here reopen now rather than at their next probe, and with tellPeers, those the
+// fleet's other boxes hold at the next announcement. The provider announces no wake of
+// its own; a reopen of a delegated space goes to the provider whatever box an
+// announcement names (box.Serve).
+func (c *Conns) AwakeAtProvider(host string, tellPeers bool) {
+	c.signalWake(host)
+	if tellPeers {
+		c.announce(host)
+	}
+}
+
 // Stats are the hub's figures, for the metrics.
 func (c *Conns) Stats() connhold.Stats { return c.hub.Stats() }
 

@@ -74,10 +74,13 @@ const sseProbe = 30 * time.Second
 // (the stream then ends with a retry hint, so the client reconnects to another box).
 func (c *Conns) HoldSSE(ctx context.Context, host string, s Stream) {
 	wait := time.Second // the first try: the space may still be awake where the stream ended
+	woke := c.wakeSignal(host)
 	for {
-		if !c.awaitAwake(ctx, host, s, wait) {
+		if !c.awaitAwake(ctx, host, s, wait, woke) {
 			return
 		}
+		// Taken before the reopen: a wake signalled while it is under way is not missed.
+		woke = c.wakeSignal(host)
 		wait = sseProbe
 		if _, ok := c.box.Lookup(host); !ok {
 			return
@@ -93,17 +96,16 @@ func (c *Conns) HoldSSE(ctx context.Context, host string, s Stream) {
 	}
 }
 
-// awaitAwake waits until host's space is awake here or announced awake at a peer, or,
-// with the mesh, until try has passed, writing keepalives to s meanwhile; false when the
-// client went away or the box is exiting or closed (the stream then ends with a retry
-// hint).
-func (c *Conns) awaitAwake(ctx context.Context, host string, s Stream, try time.Duration) bool {
+// awaitAwake waits until host's space is awake here or announced awake at a peer (woke,
+// its wake signal, is closed), or, with the mesh, until try has passed, writing
+// keepalives to s meanwhile; false when the client went away or the box is exiting or
+// closed (the stream then ends with a retry hint).
+func (c *Conns) awaitAwake(ctx context.Context, host string, s Stream, try time.Duration, woke <-chan struct{}) bool {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	lastWrite := time.Now()
 	deadline := time.Now().Add(try)
 	for {
-		woke := c.wakeSignal(host)
 		if c.box.Engine().Here(host) {
 			// The stream ended with its space awake: the instance ended it, or is being
 			// stopped. A moment's wait keeps an instance that ends its streams from being

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/mesh"
 )
 
@@ -27,6 +28,12 @@ type Conn struct {
 	P *Provider
 	// Observe, when set, hears every forwarded request's outcome (the glue's metrics).
 	Observe func(provider string, d time.Duration, failed bool)
+	// Answered, when set, hears the host of each forwarded request that the provider
+	// answered with a status below 500, a held event stream's reopen
+	// (connhold.ReopenHeader) aside: the space is awake there, since a request wakes it,
+	// and the provider announces its wakes no other way. It is called before the answer
+	// is passed on, and must not block.
+	Answered func(host string)
 
 	base   *url.URL
 	tr     *http.Transport
@@ -212,6 +219,9 @@ func (c *Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	dropLchatHeaders(resp.Header)
 	dropLchatHeaders(resp.Trailer)
+	if c.Answered != nil && resp.StatusCode < http.StatusInternalServerError && req.Header.Get(connhold.ReopenHeader) == "" {
+		c.Answered(host)
+	}
 	if resp.StatusCode != http.StatusSwitchingProtocols && !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		resp.Body = &limitedBody{ReadCloser: resp.Body, left: c.opts.MaxResponseBytes, done: func(err error) { c.note(start, err) }}
 		return resp, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -73,6 +74,43 @@ type providerSet struct {
 	clients provider.Clients
 	// clientLimits bound what each client sends.
 	clientLimits map[string]provider.Limits
+
+	// toldMu guards told: when each delegated host was last announced awake at its
+	// provider to this box's peers (awakeAtProvider).
+	toldMu sync.Mutex
+	told   map[string]time.Time
+}
+
+// tellPeersEvery is how often a delegated host found awake at its provider is announced
+// to this box's peers, at most: each forwarded request finds it so, and one announcement
+// reopens every stream waiting for it.
+const tellPeersEvery = 5 * time.Second
+
+// awakeAtProvider is a provider.Conn's Answered: the event streams held for a delegated
+// space whose provider answered one of its requests reopen at once (held.Conns.AwakeAtProvider),
+// rather than at their next probe, 30 s later.
+func (ps *providerSet) awakeAtProvider(a *App) func(host string) {
+	return func(host string) {
+		cs := a.conns
+		if cs == nil {
+			return
+		}
+		now := time.Now()
+		ps.toldMu.Lock()
+		tell := now.Sub(ps.told[host]) >= tellPeersEvery
+		if tell {
+			if len(ps.told) >= 4096 {
+				for h, at := range ps.told {
+					if now.Sub(at) >= tellPeersEvery {
+						delete(ps.told, h)
+					}
+				}
+			}
+			ps.told[host] = now
+		}
+		ps.toldMu.Unlock()
+		cs.AwakeAtProvider(host, tell)
+	}
 }
 
 // provisionProviders reads `providers` and `provider_clients`. Errors name the field,
@@ -80,7 +118,8 @@ type providerSet struct {
 func (a *App) provisionProviders() error {
 	repl := caddy.NewReplacer()
 	expand := func(s string) string { return repl.ReplaceKnown(s, "") }
-	ps := &providerSet{conns: map[string]*provider.Conn{}, limits: map[string]provider.Limits{}, clientLimits: map[string]provider.Limits{}}
+	ps := &providerSet{conns: map[string]*provider.Conn{}, limits: map[string]provider.Limits{}, clientLimits: map[string]provider.Limits{},
+		told: map[string]time.Time{}}
 	for i, pc := range a.Providers {
 		if pc == nil {
 			return fmt.Errorf("providers[%d]: empty", i)
@@ -104,6 +143,7 @@ func (a *App) provisionProviders() error {
 			return fmt.Errorf("providers[%d]: %v", i, err)
 		}
 		c.Observe = observeProvider
+		c.Answered = ps.awakeAtProvider(a)
 		ps.conns[p.Name] = c
 		ps.limits[p.Name] = provider.Limits{MaxBytes: pc.MaxExportBytes}
 	}

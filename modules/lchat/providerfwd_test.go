@@ -1,0 +1,174 @@
+package lchat
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/connhold"
+	"github.com/lchat/lchat-caddy/held"
+	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/tests/harness"
+)
+
+// sleepyProvider is a provider whose space ends its event stream at once (it slept the
+// space) and wakes on a POST, as a provider's box does; a held stream's reopen is served
+// only while the space is awake (409 otherwise), each reported on reopens.
+type sleepyProvider struct {
+	mu      sync.Mutex
+	awake   bool
+	reopens chan bool // whether each reopen found the space awake
+}
+
+func (p *sleepyProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost {
+		p.mu.Lock()
+		p.awake = true
+		p.mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+		return
+	}
+	p.mu.Lock()
+	awake := p.awake
+	p.mu.Unlock()
+	reopen := r.Header.Get(connhold.ReopenHeader) != ""
+	if reopen {
+		p.reopens <- awake
+		if !awake {
+			w.WriteHeader(http.StatusConflict)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set(connhold.SSEHeader, connhold.SSEResumable)
+	w.WriteHeader(http.StatusOK)
+	w.(http.Flusher).Flush() // a stream: chunked, with no length
+	if !reopen {
+		fmt.Fprint(w, "id: 1\ndata: before the sleep\n\n")
+		return // the provider slept the space: its stream ends
+	}
+	fmt.Fprint(w, "id: 2\ndata: after the wake\n\n")
+	w.(http.Flusher).Flush()
+	<-r.Context().Done()
+}
+
+// TestDelegatedStreamReopensWhenTheProviderAnswers: a resumable event stream of a
+// delegated space, held by the entry box after the provider slept the space, reopens as
+// soon as a request of the space gets the provider's answer (the space is awake there),
+// not at the held stream's next probe 30 s later: the provider announces no wake.
+func TestDelegatedStreamReopensWhenTheProviderAnswers(t *testing.T) {
+	const room = "room.mesh.test"
+	ca := harness.NewTestCA(t, t.TempDir(), "mesh.test")
+	cert, err := tls.LoadX509KeyPair(ca.CertFile, ca.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov := &sleepyProvider{reopens: make(chan bool, 16)}
+	srv := httptest.NewUnstartedServer(prov)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	srv.StartTLS()
+	defer srv.Close()
+
+	app, cctx := testMesh(t)
+	app.Providers = []*ProviderConfig{{Name: "partner", URL: srv.URL, Domains: []string{"mesh.test"}, TrustedCAFiles: []string{ca.CAFile},
+		Token: strings.Repeat("t", 40), AcceptToken: strings.Repeat("a", 40)}}
+	if err := app.provisionProviders(); err != nil {
+		t.Fatal(err)
+	}
+	defer app.prov.close()
+	cs, err := held.New(held.Config{Box: app.box, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Finish()
+	defer cs.Close()
+	app.conns = cs
+	ctx := context.Background()
+	if _, err := app.box.Create(ctx, registry.Spec{Host: room, Kind: "demo"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := app.box.SetDelegation(ctx, room, box.Delegation{Provider: "partner"}); err != nil {
+		t.Fatal(err)
+	}
+	h := &Handler{RetryAfter: caddy.Duration(5 * time.Second), app: app}
+	if err := h.provisionProviderProxies(cctx, -1); err != nil {
+		t.Fatal(err)
+	}
+	entry := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+		if err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+		}
+	}))
+	defer entry.Close()
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(sctx, http.MethodGet, entry.URL+"/api/events", nil)
+	req.Host = room
+	req.Header.Set("Accept", "text/event-stream")
+	cl := &http.Client{Transport: &http.Transport{}}
+	defer cl.CloseIdleConnections()
+	resp, err := cl.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("event stream: %v %v", err, resp)
+	}
+	defer resp.Body.Close()
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	waitLine := func(text string, within time.Duration) {
+		t.Helper()
+		timeout := time.After(within)
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("the held stream ended before %q", text)
+				}
+				if strings.Contains(l, text) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no %q on the held stream within %v", text, within)
+			}
+		}
+	}
+	waitLine("before the sleep", 10*time.Second)
+	// The entry box's first try finds the space asleep at the provider; its next
+	// probe is 30 s away.
+	select {
+	case awake := <-prov.reopens:
+		if awake {
+			t.Fatal("the first reopen found the space awake")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the entry box never tried to reopen the stream")
+	}
+
+	post, _ := http.NewRequest(http.MethodPost, entry.URL+"/api/messages", strings.NewReader(`{"text":"hi"}`))
+	post.Host = room
+	presp, err := cl.Do(post)
+	if err != nil || presp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST through the entry box: %v %v", err, presp)
+	}
+	presp.Body.Close()
+	// Well inside the probe's 30 s: the reopen follows the provider's answer.
+	waitLine("after the wake", 15*time.Second)
+}
