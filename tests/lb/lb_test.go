@@ -44,6 +44,7 @@ type fleet struct {
 	t      *testing.T
 	s3     *harness.S3
 	prefix string
+	budget int64 // each box's memory_budget
 	lb     *harness.HAProxy
 	boxes  []*lbBox // the boxes running, in the order they started
 	all    []*lbBox // every box started
@@ -70,7 +71,10 @@ func (f *fleet) config(b *lbBox) string {
 		Listen: b.addr,
 		Lchat: map[string]any{
 			"wake_scan_interval": "1s",
-			"mesh":               map[string]any{"beat": beat.String(), "dead_after": dead.String()},
+			// The budget is small, so that the few spaces the test wakes move the fleet's
+			// signal; plain HRW, so that the test knows where a new space wakes.
+			"mesh": map[string]any{"beat": beat.String(), "dead_after": dead.String(),
+				"memory_budget": f.budget, "balance_factor": -1},
 			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
 				"idle_timeout": "10m", "durability": "bucket",
 				"env": map[string]string{"DEMO_HOLD_CONNECTIONS": "1"},
@@ -99,21 +103,49 @@ func (f *fleet) config(b *lbBox) string {
 // start.
 func (f *fleet) launch() (*lbBox, time.Duration) {
 	t := f.t
-	i := len(f.boxes)
-	ip := fmt.Sprintf("127.0.0.%d", 10+i)
-	b := &lbBox{name: fmt.Sprintf("box%d", i), ip: ip}
-	b.addr = harness.FreeAddr(t, ip)
-	b.health = harness.FreeAddr(t, ip)
-	b.self = "http://" + b.addr
-	env := append(f.s3.Env(f.prefix), mesh.EnvSelf+"="+b.self, mesh.EnvDomains+"="+domain, mesh.EnvToken+"="+token)
 	start := time.Now()
-	b.Box = harness.StartBox(t, harness.BoxOptions{JSON: f.config(b), Env: env, IP: ip})
+	b := f.startBox(len(f.all), f.prefix)
 	_, port, _ := net.SplitHostPort(b.health)
 	f.lb.AddServer(b.name, b.addr, port)
 	harness.WaitFor(t, 30*time.Second, b.name+" up in the balancer", func() bool { return f.lb.State(b.name) == "UP" })
 	f.boxes = append(f.boxes, b)
 	f.all = append(f.all, b)
 	return b, time.Since(start)
+}
+
+// startBox starts box number i of the mesh on the bucket's prefix.
+func (f *fleet) startBox(i int, prefix string) *lbBox {
+	t := f.t
+	ip := fmt.Sprintf("127.0.0.%d", 10+i)
+	b := &lbBox{name: fmt.Sprintf("box%d", i), ip: ip}
+	b.addr = harness.FreeAddr(t, ip)
+	b.health = harness.FreeAddr(t, ip)
+	b.self = "http://" + b.addr
+	env := append(f.s3.Env(prefix), mesh.EnvSelf+"="+b.self, mesh.EnvDomains+"="+domain, mesh.EnvToken+"="+token)
+	b.Box = harness.StartBox(t, harness.BoxOptions{JSON: f.config(b), Env: env, IP: ip})
+	return b
+}
+
+// spaceSize is the warm set of one awake space of the test's kind on this machine (the demo
+// room's resident memory differs with how it was built), measured on a box of its own
+// (another prefix of the bucket: no member of the fleet), so that the fleet's budget can be
+// a number of spaces.
+func (f *fleet) spaceSize() int64 {
+	t := f.t
+	f.budget = 1 << 40
+	b := f.startBox(99, f.prefix+"-size")
+	defer func() {
+		if err := b.Stop(); err != nil {
+			t.Errorf("stopping the sizing box: %v", err)
+		}
+	}()
+	h := "size." + domain
+	f.createSpace(b, h)
+	b.AdminJSON("POST", "/lchat/routes/"+h+"/wake", nil, 200, nil)
+	harness.WaitFor(t, 30*time.Second, "a space's warm set measured", func() bool {
+		return gauge(t, b, "lchat_box_warm_set_bytes") > 0
+	})
+	return int64(gauge(t, b, "lchat_box_warm_set_bytes"))
 }
 
 // terminate stops b as a scale-in does: SIGTERM (the box's health check fails at once,
@@ -161,17 +193,28 @@ func accessLogged(b *lbBox) map[string]int {
 	return out
 }
 
-// TestScaleOutAndInBehindHAProxy: the fleet grows from 1 to 3 boxes and back to 1 under
-// a load of spaces whose clients keep writing and holding WebSockets through HAProxy. No
-// request fails except with a retryable 503, no write answered 201 is lost, a new box
-// holds every route as soon as it starts and serves within moments, a stopping box is
-// counted down by the balancer before its listener closes, and the boxes log the
-// clients' addresses (the PROXY protocol), never the balancer's.
+// TestScaleOutAndInBehindHAProxy: the test is the autoscaling group, and it scales on the
+// fleet's own signal, lchat_fleet_desired_boxes read from a box's /metrics (Prometheus
+// text): as more spaces wake the warm set grows past one box's budget and the signal asks
+// for more boxes, which the test starts and registers with HAProxy; as spaces go to sleep
+// the signal falls and the test drains boxes away, down to one. All the while clients write
+// to spaces and hold WebSockets through the balancer. No request fails except with a
+// retryable 503, no write answered 201 is lost, a new box holds every route as soon as it
+// starts and serves within moments, a stopping box is counted down by the balancer before
+// its listener closes, and the boxes log the clients' addresses (the PROXY protocol),
+// never the balancer's.
 //
-// LCHAT_LB_SPACES and LCHAT_LB_BOXES size a longer run (defaults 4 and 3).
+// LCHAT_LB_SPACES and LCHAT_LB_BOXES size a longer run (defaults 4 spaces with clients and
+// a peak of 3 boxes); a box's budget is twice the clients' spaces, measured.
 func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 	spaces, peak := envInt(t, "LCHAT_LB_SPACES", 4), envInt(t, "LCHAT_LB_BOXES", 3)
 	f := newFleet(t)
+	// A box's budget is room for budgetSpaces spaces: the clients' spaces (which stay
+	// awake, and grow as they take writes) fit one box with the signal's headroom and
+	// hysteresis; a few more spaces awake ask for a second box.
+	size := f.spaceSize()
+	budgetSpaces := int64(2 * spaces)
+	f.budget = budgetSpaces * size
 	first, _ := f.launch()
 	var hosts []string
 	for i := range spaces {
@@ -187,22 +230,77 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 		})
 	}
 	load := cl.start(hosts)
-
-	var joins []time.Duration
-	for len(f.boxes) < peak {
-		b, took := f.launch()
-		joins = append(joins, took)
-		// Seeded before it served: every route is on it the moment it is up.
-		for _, h := range hosts {
-			if code, _, err := b.Admin("GET", "/lchat/routes/"+h, nil); err != nil || code != 200 {
-				t.Errorf("%s lacks %s once up in the balancer: %d %v", b.name, h, code, err)
-			}
-		}
-		harness.WaitFor(t, 30*time.Second, b.name+" serving the clients", func() bool {
-			return accessLogged(b)[writerIP] > 0
-		})
-		cl.holdMore(load, hosts)
+	harness.WaitFor(t, 30*time.Second, "the fleet's warm set published", func() bool {
+		return gauge(t, first, "lchat_fleet_warm_set_bytes") > 0
+	})
+	if d := desired(t, first); d != 1 {
+		t.Fatalf("the signal asks for %d boxes with the clients' %d spaces awake (warm set %.0f bytes, budget %d, a space measured %d alone)",
+			d, spaces, gauge(t, first, "lchat_fleet_warm_set_bytes"), f.budget, size)
 	}
+
+	var joins, downs, drains []time.Duration
+	closedHeld := 0 // WebSockets held by the boxes terminated, as they counted them
+	var trace []string
+	holders := len(hosts) // held WebSockets kept open (reopened after each close)
+	// follow does what an autoscaler does with the signal: start boxes up to it (each one
+	// registered with the balancer once up, seeded, serving), or drain boxes down to it.
+	follow := func() {
+		d := desired(t, first)
+		trace = append(trace, fmt.Sprintf("%d→%d", len(f.boxes), d))
+		for len(f.boxes) < d {
+			b, took := f.launch()
+			joins = append(joins, took)
+			// Seeded before it served: every route is on it the moment it is up.
+			for _, h := range hosts {
+				if code, _, err := b.Admin("GET", "/lchat/routes/"+h, nil); err != nil || code != 200 {
+					t.Errorf("%s lacks %s once up in the balancer: %d %v", b.name, h, code, err)
+				}
+			}
+			harness.WaitFor(t, 30*time.Second, b.name+" serving the clients", func() bool {
+				return accessLogged(b)[writerIP] > 0
+			})
+			cl.holdMore(load, hosts)
+			holders += len(hosts)
+		}
+		for len(f.boxes) > max(d, 1) {
+			b := f.boxes[len(f.boxes)-1]
+			// Writes reach it before it goes: the load crosses the drain.
+			n := accessLogged(b)[writerIP]
+			harness.WaitFor(t, 30*time.Second, b.name+" taking writes before its drain", func() bool {
+				return accessLogged(b)[writerIP] > n
+			})
+			closedHeld += heldOpen(t, b)
+			down, exit := f.terminate(b)
+			downs, drains = append(downs, down), append(drains, exit)
+			f.boxes = f.boxes[:len(f.boxes)-1]
+		}
+	}
+
+	// Scale-out: more spaces wake (one request each through the balancer; they stay awake),
+	// the warm set grows, and the fleet follows the signal up to the peak.
+	maxExtra := int(budgetSpaces) * peak
+	var extra []string
+	for len(f.boxes) < peak {
+		if len(extra) == maxExtra {
+			harness.WaitFor(t, 30*time.Second, fmt.Sprintf("the signal asking for more than %d boxes", len(f.boxes)), func() bool {
+				return desired(t, first) > len(f.boxes)
+			}, func() string {
+				return fmt.Sprintf("%d spaces awake more, fleet warm set %.0f bytes, budget %d a box",
+					len(extra), gauge(t, first, "lchat_fleet_warm_set_bytes"), f.budget)
+			})
+		} else {
+			h := fmt.Sprintf("extra%d.%s", len(extra), domain)
+			f.createEverywhere(first, h)
+			harness.WaitFor(t, 30*time.Second, h+" woken through the balancer", func() bool {
+				code, _, _ := cl.get(h, "/api/messages")
+				return code == 200
+			})
+			extra = append(extra, h)
+		}
+		follow()
+	}
+	reached, woken := len(f.boxes), len(extra)
+
 	// New wakes go to the new boxes at once: spaces created now (never awake, so no box
 	// remembers a holder of theirs) wake on their owners among the boxes now live, when
 	// their clients first write.
@@ -214,16 +312,12 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 	var fresh []string
 	for i := range spaces {
 		h := fmt.Sprintf("new%d.%s", i, domain)
-		f.createSpace(first, h)
-		for _, b := range f.boxes {
-			harness.WaitFor(t, 30*time.Second, h+" replicated to "+b.name, func() bool {
-				code, _, err := b.Admin("GET", "/lchat/routes/"+h, nil)
-				return err == nil && code == 200
-			})
-		}
+		f.createEverywhere(first, h)
 		fresh = append(fresh, h)
+		// The first request wakes it (and it stays awake until the scale-in puts it
+		// to sleep with the other extra spaces).
+		go cl.get(h, "/api/messages")
 	}
-	cl.writeMore(load, fresh)
 	wokeOnNew := 0
 	for _, h := range fresh {
 		owner, _ := mesh.Owner(h, members, "")
@@ -241,20 +335,33 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 			wokeOnNew++
 		}
 	}
-	hosts = append(hosts, fresh...)
-	var downs, drains []time.Duration
-	closedHeld := 0 // WebSockets held by the boxes terminated, as they counted them
+	extra = append(extra, fresh...)
+
+	// Scale-in: the extra spaces go to sleep one by one (on whichever box holds each), the
+	// warm set falls, and the fleet follows the signal down to one box.
 	for len(f.boxes) > 1 {
-		b := f.boxes[len(f.boxes)-1]
-		// Writes reach it before it goes: the load crosses the drain.
-		n := accessLogged(b)[writerIP]
-		harness.WaitFor(t, 30*time.Second, b.name+" taking writes before its drain", func() bool {
-			return accessLogged(b)[writerIP] > n
-		})
-		closedHeld += heldOpen(t, b)
-		down, exit := f.terminate(b)
-		downs, drains = append(downs, down), append(drains, exit)
-		f.boxes = f.boxes[:len(f.boxes)-1]
+		if len(extra) > 0 {
+			h := extra[0]
+			extra = extra[1:]
+			for _, b := range f.boxes {
+				if slices.Contains(status(t, b).Mesh.Awake, h) {
+					b.AdminJSON("POST", "/lchat/routes/"+h+"/sleep", nil, 200, nil)
+				}
+			}
+		} else {
+			harness.WaitFor(t, 30*time.Second, fmt.Sprintf("the signal asking for fewer than %d boxes", len(f.boxes)), func() bool {
+				return desired(t, first) < len(f.boxes)
+			}, func() string {
+				return fmt.Sprintf("fleet warm set %.0f bytes, budget %d a box", gauge(t, first, "lchat_fleet_warm_set_bytes"), f.budget)
+			})
+		}
+		follow()
+	}
+	if d := desired(t, first); d != 1 {
+		t.Errorf("one box left and the signal asks for %d", d)
+	}
+	if reached < peak {
+		t.Errorf("the fleet reached %d boxes, want %d", reached, peak)
 	}
 	// The load goes on against the one box left, then stops.
 	n := accessLogged(first)[writerIP]
@@ -277,7 +384,7 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 	}
 	// Every holder got its WebSocket held at least once (a box that cannot hold it
 	// answers 503, which a holder retries, forever).
-	if holders := spaces*peak + len(fresh); r.wsOpened < holders {
+	if r.wsOpened < holders {
 		t.Errorf("%d WebSockets opened for %d holders (%d refused with 503)", r.wsOpened, holders, r.wsRetryable)
 	}
 	if r.ws1012 < closedHeld {
@@ -295,9 +402,27 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 			t.Errorf("%s logged no request from the client %s: %v", b.name, writerIP, logged)
 		}
 	}
-	t.Logf("figures: boxes 1→%d→1, %d spaces: %d writes acknowledged, %d failed, %d retryable 503s, %d acknowledged writes lost; "+
+	t.Logf("figures: boxes 1→%d→1 on lchat_fleet_desired_boxes (boxes→signal at each step: %s), %d spaces with clients and %d more woken to grow the warm set (budget %d MiB a box, %d spaces of %d MiB): "+
+		"%d writes acknowledged, %d failed, %d retryable 503s, %d acknowledged writes lost; "+
 		"spaces created at %d boxes woken on the new ones %d of %d; WebSockets: %d opened, %d held by the boxes terminated, %d closed with 1012, %d refused with a retryable 503; join (start to up in HAProxy): %v; terminate: SIGTERM to down in HAProxy %v, to exit %v",
-		peak, spaces, r.total(), len(r.failures), r.retryable, lost, peak, wokeOnNew, len(fresh), r.wsOpened, closedHeld, r.ws1012, r.wsRetryable, joins, downs, drains)
+		reached, strings.Join(trace, " "), spaces, woken, f.budget>>20, budgetSpaces, size>>20, r.total(), len(r.failures), r.retryable, lost, reached, wokeOnNew, len(fresh), r.wsOpened, closedHeld, r.ws1012, r.wsRetryable, joins, downs, drains)
+}
+
+// createEverywhere creates host on b and waits until every running box holds its route,
+// so that the balancer may send its first request to any of them.
+func (f *fleet) createEverywhere(b *lbBox, host string) {
+	f.createSpace(b, host)
+	for _, o := range f.boxes {
+		harness.WaitFor(f.t, 30*time.Second, host+" replicated to "+o.name, func() bool {
+			code, _, err := o.Admin("GET", "/lchat/routes/"+host, nil)
+			return err == nil && code == 200
+		})
+	}
+}
+
+// desired is the autoscaling signal as b publishes it on /metrics.
+func desired(t *testing.T, b *lbBox) int {
+	return int(gauge(t, b, "lchat_fleet_desired_boxes"))
 }
 
 func (f *fleet) box(self string) *lbBox {
@@ -326,14 +451,23 @@ func status(t *testing.T, b *lbBox) boxStatus {
 
 // heldOpen is how many WebSockets b holds open (lchat_conns{state="open"}).
 func heldOpen(t *testing.T, b *lbBox) int {
+	return int(gauge(t, b, `lchat_conns{state="open"}`))
+}
+
+// gauge is the value of the series named (with its labels, as the Prometheus text format
+// writes them) on b's /metrics, as a scraper reads it; 0 when b publishes none.
+func gauge(t *testing.T, b *lbBox, series string) float64 {
 	code, body, err := b.Admin("GET", "/metrics", nil)
 	if err != nil || code != 200 {
 		t.Fatalf("%s /metrics: %d %v", b.name, code, err)
 	}
 	for _, l := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(l, `lchat_conns{state="open"} `); ok {
-			n, _ := strconv.ParseFloat(v, 64)
-			return int(n)
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("%s /metrics: %q: %v", b.name, l, err)
+			}
+			return n
 		}
 	}
 	return 0
