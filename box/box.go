@@ -75,6 +75,7 @@ type Box struct {
 	// standby is this box's spool and the engine's way to its spaces' standbys; nil
 	// without a mesh.
 	standby *standbyLink
+	watch   *standbyWatch // the holders of the spaces this box stands by for; nil without a mesh
 	eng     *engine.Engine
 	life    *lifecycle.Machine // the box's lifecycle, which the engine and the membership read
 	bucket  *bucket.Counted    // the bucket, counting its requests
@@ -218,6 +219,7 @@ func Open(cfg Config) (*Box, error) {
 			reg.Close()
 			return nil, fmt.Errorf("starting mesh membership: %v", err)
 		}
+		b.startStandbyWatch()
 		cfg.Logger.Info("mesh on", zap.Stringer("mesh", ms.cfg), zap.Duration("beat", ms.m.Config().Beat),
 			zap.Duration("dead_after", ms.m.Config().DeadAfter), zap.Bool("fenced", ms.m.Fenced()))
 	}

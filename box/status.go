@@ -78,6 +78,8 @@ type MeshStatus struct {
 	// console sums a space's over the fleet.
 	Conns      map[string]fleetview.Conns `json:"conns,omitempty"`
 	Membership any                        `json:"membership"`
+	// StandbyFor is the spaces this box stands by for: the streams its spool keeps.
+	StandbyFor []StandbyFor `json:"standby_for,omitempty"`
 }
 
 // MeshStatus reads this box's mesh status document; its counters are the mesh's and the
@@ -98,6 +100,7 @@ func (b *Box) MeshStatus() MeshStatus {
 		Counters:     ms.Counters(),
 		Conns:        b.SpaceConns(),
 		Membership:   ms.m.Stats(),
+		StandbyFor:   b.standbyFor(),
 	}
 	for _, m := range ms.m.Live() {
 		st.Live = append(st.Live, m.Self)

@@ -30,7 +30,16 @@ const (
 	// + host + a control path (/ws/send, /ws/close, /ws/set, /ws/conns) acts on the
 	// connections of host this box holds.
 	PathConns = "/api/mesh/conns/"
+	// PathWatch is held open by a box that stands by for spaces of this one (GET): it
+	// answers at once with this box's incarnation (IncarnationHeader) and ends when the
+	// box exits (the body says "exiting") or reloads its config; a watch that breaks and
+	// cannot be opened again because the address refuses connections means this process
+	// is gone (box/standbywatch.go).
+	PathWatch = "/api/mesh/watch"
 )
+
+// IncarnationHeader carries a box's incarnation on PathWatch's answer.
+const IncarnationHeader = "X-Lchat-Incarnation"
 
 // RevHeader carries a tombstone's revision on DELETE PathRoute.
 const RevHeader = "X-Lchat-Rev"

@@ -22,15 +22,17 @@ func init() {
 // the mesh token (bearer, constant-time compare): PUT and DELETE /api/mesh/route/{host}
 // (replicate a row, tombstone it), GET /api/mesh/routes (this box's in-scope rows) and
 // GET /api/mesh/status, the held connections' calls under /api/mesh/conns/
-// (held.Conns.ServePeer), and the standby's spool under /api/mesh/standby/
-// (standby.Spool.ServePeer). Other paths go to the next handler. A row or tombstone is
+// (held.Conns.ServePeer), the standby's spool under /api/mesh/standby/
+// (standby.Spool.ServePeer), and GET /api/mesh/watch, held open by the boxes that stand by
+// for this one's spaces (box.Box.ServeWatch). Other paths go to the next handler. A row or tombstone is
 // answered once the box has carried it out (box.Box.ApplyRow, ApplyTombstone): an error
 // status says it failed, and the sending box logs it and retries.
 type MeshAPI struct {
 	// MaxRowBytes bounds a replicated row's body. Default 256 KiB.
 	MaxRowBytes int64 `json:"max_row_bytes,omitempty"`
 
-	app *App
+	app  *App
+	done <-chan struct{} // closed when this config is unloaded
 }
 
 // CaddyModule returns the Caddy module information.
@@ -48,6 +50,7 @@ func (h *MeshAPI) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("getting lchat app: %v", err)
 	}
 	h.app = appIface.(*App)
+	h.done = ctx.Done()
 	if h.MaxRowBytes <= 0 {
 		h.MaxRowBytes = mesh.DefaultMaxRowBytes
 	}
@@ -58,7 +61,7 @@ func (h *MeshAPI) Provision(ctx caddy.Context) error {
 func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	p := r.URL.Path
 	if p != mesh.PathRoutes && p != mesh.PathStatus && !strings.HasPrefix(p, mesh.PathRoute) && !strings.HasPrefix(p, mesh.PathConns) &&
-		!strings.HasPrefix(p, standby.PathPrefix) {
+		!strings.HasPrefix(p, standby.PathPrefix) && p != mesh.PathWatch {
 		return next.ServeHTTP(w, r)
 	}
 	b := h.app.box
@@ -71,8 +74,14 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(http.StatusUnauthorized, errors.New("mesh token missing or wrong"))
 	}
 	switch {
+	case p == mesh.PathWatch && r.Method == http.MethodGet:
+		// Held open by the boxes that stand by for this one's spaces (box/standbywatch.go);
+		// ended by a reload, which unloads this handler.
+		return b.ServeWatch(w, r, h.done)
 	case strings.HasPrefix(p, standby.PathPrefix):
-		// The streams of the spaces this box stands by for (engine/standby.go).
+		// The streams of the spaces this box stands by for (engine/standby.go); the
+		// watcher looks for a new holder to watch at once.
+		defer b.KickStandbyWatch()
 		return b.Standby().ServePeer(w, r)
 	case strings.HasPrefix(p, mesh.PathConns):
 		cs := h.app.conns

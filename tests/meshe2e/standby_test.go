@@ -33,6 +33,30 @@ func standbyOf(t *testing.T, n *node, host string) (s struct {
 	return s
 }
 
+// standbyFor is n's mesh status's standby_for: the streams its spool keeps.
+func standbyFor(t *testing.T, n *node) []struct {
+	Host     string `json:"host"`
+	Holder   string `json:"holder"`
+	LastSeq  int64  `json:"last_seq"`
+	Watching bool   `json:"watching"`
+} {
+	t.Helper()
+	var st struct {
+		Mesh struct {
+			StandbyFor []struct {
+				Host     string `json:"host"`
+				Holder   string `json:"holder"`
+				LastSeq  int64  `json:"last_seq"`
+				Watching bool   `json:"watching"`
+			} `json:"standby_for"`
+		} `json:"mesh"`
+	}
+	if err := json.Unmarshal([]byte(c0Status(t, n)), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Mesh.StandbyFor
+}
+
 func c0Status(t *testing.T, n *node) string {
 	t.Helper()
 	cl := &http.Client{Timeout: 5 * time.Second}
@@ -107,5 +131,51 @@ func TestStandbyAcknowledgesWithTheBucketCut(t *testing.T) {
 	}
 	if code != http.StatusCreated || json.Unmarshal([]byte(body), &next) != nil || next.ID <= maxID {
 		t.Fatalf("the write after the takeover: %d %.200s (ids up to %d before)", code, body, maxID)
+	}
+}
+
+// TestStandbyTakesOverBeforeDeadAfter: with dead_after at 30 s, a holder killed with -9
+// right after its last answer is replaced by its standby's box well before its heartbeat
+// could look dead: the standby's watch of the holder breaks, the holder's address refuses
+// connections, and the standby takes the room over with every write answered 201.
+func TestStandbyTakesOverBeforeDeadAfter(t *testing.T) {
+	const longDeadAfter = 30 * time.Second
+	c := newCluster(t)
+	c.mesh = map[string]any{"dead_after": longDeadAfter.String()}
+	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
+	a, b := c.start(false), c.start(false)
+	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	host := hostOwnedBy(t, "early", b, a, b)
+	c.createSpace(a, host)
+	harness.WaitFor(t, 5*time.Second, "the row on the holder", func() bool { return hasRoute(b, host) })
+	var acked []string
+	for i := range 10 {
+		text := fmt.Sprintf("m-%d", i)
+		c.post(a, host, text)
+		acked = append(acked, text)
+	}
+	if s := standbyOf(t, b, host); s.Box != a.self {
+		t.Fatalf("the holder's stream: %+v, want %s as its standby", s, a.self)
+	}
+	// The standby shows the stream it keeps and its watch of the holder.
+	harness.WaitFor(t, 5*time.Second, "the standby watching the holder", func() bool {
+		for _, f := range standbyFor(t, a) {
+			if f.Host == host && f.Holder == b.self && f.Watching && f.LastSeq > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	b.Kill()
+	killed := time.Now()
+	var got map[string]int64
+	harness.WaitFor(t, longDeadAfter/2, "the room served by the standby's box before dead_after", func() bool {
+		var code int
+		got, code, _ = c.roomTexts(a, host)
+		return code == http.StatusOK
+	})
+	t.Logf("served again %v after the kill (dead_after %v)", time.Since(killed).Round(time.Millisecond), longDeadAfter)
+	if lost := missing(acked, got); len(lost) > 0 {
+		t.Fatalf("after the holder's kill, %d of %d writes answered 201 are gone: %v", len(lost), len(acked), lost)
 	}
 }
