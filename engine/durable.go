@@ -76,6 +76,7 @@ type durable struct {
 	// sb is the stream to the standby (standby.go), nil unless the kind's durability is
 	// standby; its counters: segments the standby took, standbys given up.
 	sb          *streamer
+	noStandby   string // why a standby kind has no stream (sb nil)
 	streamed    atomic.Uint64
 	standbyLost atomic.Uint64
 }
@@ -155,11 +156,15 @@ func (e *Engine) newDurable(in *inst, ls *logStart) *durable {
 		Logger: in.logger(),
 	})
 	in.mu.Lock()
-	streams := in.kind.Durability == DurabilityStandby && e.cfg.Standby != nil
+	standbyKind := in.kind.Durability == DurabilityStandby
 	in.mu.Unlock()
-	if streams {
+	switch {
+	case standbyKind && e.cfg.Standby != nil:
 		// The stream builds on the state the wake left: the seal (next-1) of the log.
 		d.sb = e.newStreamer(in, d, ls.base.Clone(), ls.gen, ls.next-1)
+	case standbyKind:
+		d.noStandby = "this box is not in a mesh: the space's answers wait for the bucket log"
+		in.logger().Warn("durability standby without a mesh: the space's answers wait for the bucket log")
 	}
 	return d
 }
@@ -395,6 +400,8 @@ func (d *durable) status() *DurableStatus {
 			ss.NoStandby = *why
 		}
 		ds.Standby = ss
+	} else if d.noStandby != "" {
+		ds.Standby = &StandbyStatus{NoStandby: d.noStandby}
 	}
 	if sk := d.skipped.Load(); sk != nil {
 		ds.Skipped = *sk

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -403,5 +404,34 @@ func TestTakeOverBeforeTheHeartbeatDies(t *testing.T) {
 	}
 	if _, err := b.TakeOver(ctx, Space{Host: "other.example.com", Kind: "ckpt"}, "box-a", "1"); !errors.Is(err, ErrNotStandby) {
 		t.Fatalf("TakeOver of a checkpoint kind: %v", err)
+	}
+}
+
+// TestStandbyWithoutAMeshSaysWhy: a standby kind on a box with no mesh acknowledges on
+// bucket proofs and its status says why it has no standby.
+func TestStandbyWithoutAMeshSaysWhy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a real instance")
+	}
+	ctx := context.Background()
+	const host = "alone.example.com"
+	f := newStandbyFleet(t, "box-a")
+	a := f.engines["box-a"]
+	a.cfg.Standby = nil // as a box without a mesh is configured
+	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Release()
+	db := openDB(t, a, host)
+	if _, err := db.Exec("CREATE TABLE m (id INTEGER PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.WaitDurable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := logStatusOf(t, a, host)
+	if st.Standby == nil || st.Standby.Box != "" || !strings.Contains(st.Standby.NoStandby, "not in a mesh") || st.Segments == 0 {
+		t.Fatalf("status %+v, standby %+v: want the bucket's proofs and why there is no standby", st, st.Standby)
 	}
 }

@@ -9,8 +9,10 @@
 // A stream is the segments one holder (one claim) cut in one generation of the space's
 // log, numbered by the stream's own seq from 1 (spacestore.Segment.Seq), each with the seq
 // of the last segment of the bucket log the holder had cut before it (Entry.BucketBefore),
-// which orders the stream against the bucket log: a takeover applies the bucket log, then
-// the entries whose BucketBefore it has covered are already in it and the rest follow.
+// which orders the stream against the bucket log: a takeover (engine/standby.go) takes the
+// stream when its last entry was cut after the bucket log's last segment, rebuilding from
+// the bucket log up to the stream's base and the whole stream, and the bucket log
+// otherwise.
 //
 // The rules of a stream (Put, Seal) live here and nowhere else:
 //   - Seq 1 of a generation at least the current stream's, under a claim not sealed here,
