@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -39,6 +40,7 @@ func standbyFor(t *testing.T, n *node) []struct {
 	Holder   string `json:"holder"`
 	LastSeq  int64  `json:"last_seq"`
 	Watching bool   `json:"watching"`
+	Sealed   bool   `json:"sealed"`
 } {
 	t.Helper()
 	var st struct {
@@ -48,6 +50,7 @@ func standbyFor(t *testing.T, n *node) []struct {
 				Holder   string `json:"holder"`
 				LastSeq  int64  `json:"last_seq"`
 				Watching bool   `json:"watching"`
+				Sealed   bool   `json:"sealed"`
 			} `json:"standby_for"`
 		} `json:"mesh"`
 	}
@@ -178,4 +181,67 @@ func TestStandbyTakesOverBeforeDeadAfter(t *testing.T) {
 	if lost := missing(acked, got); len(lost) > 0 {
 		t.Fatalf("after the holder's kill, %d of %d writes answered 201 are gone: %v", len(lost), len(acked), lost)
 	}
+}
+
+// TestStandbyWaitsForAPausedHolder: a holder that is frozen (SIGSTOP), not dead, keeps
+// its watch open: its standby does not take its room over early, however long the pause,
+// until the holder's heartbeat dies (dead_after); then the room is served by the other box
+// with every write answered 201, and the holder, resumed, finds its stream sealed.
+func TestStandbyWaitsForAPausedHolder(t *testing.T) {
+	const pausedDeadAfter = 8 * time.Second
+	c := newCluster(t)
+	c.mesh = map[string]any{"dead_after": pausedDeadAfter.String()}
+	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
+	a, b := c.start(false), c.start(false)
+	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	host := hostOwnedBy(t, "paused", b, a, b)
+	c.createSpace(a, host)
+	harness.WaitFor(t, 5*time.Second, "the row on the holder", func() bool { return hasRoute(b, host) })
+	var acked []string
+	for i := range 5 {
+		text := fmt.Sprintf("m-%d", i)
+		c.post(a, host, text)
+		acked = append(acked, text)
+	}
+	harness.WaitFor(t, 5*time.Second, "the standby watching the holder", func() bool {
+		for _, f := range standbyFor(t, a) {
+			if f.Host == host && f.Watching {
+				return true
+			}
+		}
+		return false
+	})
+	b.Pause()
+	paused := time.Now()
+	// Well within dead_after the standby has not taken the room over: the watch did not
+	// break, so nothing says the holder is gone.
+	time.Sleep(pausedDeadAfter / 3)
+	if status(t, a).awake(host) {
+		t.Fatalf("%s took the room over %v into the holder's pause (dead_after %v)", a.self, time.Since(paused).Round(time.Millisecond), pausedDeadAfter)
+	}
+	// A request sent while the holder still looks live would be forwarded to it and wait
+	// for its answer (a peer has minutes to send headers): ask once it is dead.
+	harness.WaitFor(t, pausedDeadAfter+10*time.Second, "the paused holder dead in the standby's view", func() bool {
+		return !slices.Contains(status(t, a).Mesh.Live, b.self)
+	})
+	var got map[string]int64
+	harness.WaitFor(t, 30*time.Second, "the room served by the other box after dead_after", func() bool {
+		var code int
+		got, code, _ = c.roomTexts(a, host)
+		return code == http.StatusOK
+	})
+	took := time.Since(paused)
+	if took < pausedDeadAfter {
+		t.Fatalf("served by the other box %v into the pause, before dead_after %v", took.Round(time.Millisecond), pausedDeadAfter)
+	}
+	if lost := missing(acked, got); len(lost) > 0 {
+		t.Fatalf("after the takeover, %d of %d writes answered 201 are gone: %v", len(lost), len(acked), lost)
+	}
+	b.Resume()
+	for _, f := range standbyFor(t, a) {
+		if f.Host == host && f.Holder == b.self && !f.Sealed {
+			t.Fatalf("the paused holder's stream was not sealed by the takeover: %+v", f)
+		}
+	}
+	t.Logf("served by the standby's box %v after the pause (dead_after %v)", took.Round(time.Millisecond), pausedDeadAfter)
 }
