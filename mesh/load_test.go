@@ -1,6 +1,11 @@
 package mesh
 
-import "testing"
+import (
+	"context"
+	"testing"
+
+	"github.com/lchat/lchat-caddy/bucket/membucket"
+)
 
 // TestFleetOf: the desired box count, up at once, down only past the hysteresis, the same
 // from any box's copy of the listing.
@@ -61,6 +66,42 @@ func TestPublishLoad(t *testing.T) {
 		got := PublishLoad(pub, tc.measured)
 		if moved := got != pub; moved != tc.moved || moved && got != tc.measured {
 			t.Errorf("%s: published %+v", tc.name, got)
+		}
+	}
+}
+
+// TestSizesNameTheBox: a size record names the box that wrote it, so any box that reads it
+// knows where the space last woke (Placement.Last); what a box measures itself names it.
+func TestSizesNameTheBox(t *testing.T) {
+	ctx := context.Background()
+	bkt := membucket.New()
+	a := &Sizes{Bucket: bkt, Self: "https://a.example.net"}
+	b := &Sizes{Bucket: bkt, Self: "https://b.example.net"}
+	if err := a.Save(ctx, "room.example.com", 300*mib); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Get(ctx, "room.example.com"); got != 300*mib {
+		t.Fatalf("b reads size %d, want %d", got, 300*mib)
+	}
+	if got := b.Box("room.example.com"); got != a.Self {
+		t.Fatalf("b reads last box %q, want %q", got, a.Self)
+	}
+	if rec, err := ReadSize(ctx, bkt, "room.example.com"); err != nil || rec.Box != a.Self {
+		t.Fatalf("record %+v, %v: want box %q", rec, err, a.Self)
+	}
+	b.Note("room.example.com", 310*mib)
+	if got := b.Box("room.example.com"); got != b.Self {
+		t.Fatalf("after waking on b, b knows %q, want %q", got, b.Self)
+	}
+	// A record from a box that names none, and a host with no record: unknown.
+	old := &Sizes{Bucket: bkt}
+	if err := old.Save(ctx, "old.example.com", 50*mib); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"old.example.com", "none.example.com"} {
+		b.Get(ctx, h)
+		if got := b.Box(h); got != "" {
+			t.Fatalf("%s: last box %q, want unknown", h, got)
 		}
 	}
 }

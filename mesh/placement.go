@@ -26,6 +26,12 @@ const maxCachedOwners = 1 << 20
 // SetView has one caller at a time (the membership loop); Owner is safe for any number
 // of concurrent callers. The zero Placement has an empty view (Owner answers false).
 type Placement struct {
+	// Last, when set, names the box (its SELF) that host's space last woke on, "" when
+	// unknown (Sizes.Box): Target keeps a space there while that box has room under the
+	// loose bound (choose). Set it before the Placement is used. Nil: every last wake is
+	// unknown.
+	Last func(host string) string
+
 	// setMu serializes SetView; readers never take it.
 	setMu sync.Mutex
 	cur   atomic.Pointer[placementView]
@@ -198,12 +204,22 @@ func (p *Placement) Owner(host, homeRegion string) (owner Member, ok bool) {
 	return v.members[r.top[0]], true
 }
 
-// Target is BoundedOwner over the current view and the loads of the last listing: where
+// Target is BoundedTarget over the current view and the loads of the last listing: where
 // a space of size bytes that wakes goes (size <= 0: unknown, taken as the fleet's mean
-// awake space). It costs a cache lookup and a walk of the host's first candidates; the
-// host's ranking is computed once per view, like Owner's. When no member publishes a
-// load, or eps <= 0, it is Owner.
+// awake space), the box it last woke on named by Last. It costs a cache lookup and a walk of
+// the host's first candidates; the host's ranking is computed once per view, like Owner's.
+// When no member publishes a load, or eps <= 0, it is Owner.
 func (p *Placement) Target(host, homeRegion string, size int64, eps float64) (Member, bool) {
+	return p.target(host, homeRegion, size, eps, p.Last)
+}
+
+// TargetAfter is Target for a space that last woke on the box last (a SELF; "": unknown),
+// whatever Last says.
+func (p *Placement) TargetAfter(host, homeRegion string, size int64, last string, eps float64) (Member, bool) {
+	return p.target(host, homeRegion, size, eps, func(string) string { return last })
+}
+
+func (p *Placement) target(host, homeRegion string, size int64, eps float64, lastFn func(string) string) (Member, bool) {
 	v := p.cur.Load()
 	if v == nil {
 		return Member{}, false
@@ -219,30 +235,66 @@ func (p *Placement) Target(host, homeRegion string, size int64, eps float64) (Me
 	if size <= 0 {
 		size = l.meanSize
 	}
-	bound := boundOf(l.sum(r.g), size, len(r.g.idx), eps)
-	for _, i := range r.top {
-		if hasRoom(l.warm[i], l.budget[i], size, bound) {
-			return v.members[i], true
+	room := func(i int, bound float64) bool { return hasRoom(l.warm[i], l.budget[i], size, bound) }
+	last := func() int {
+		if lastFn == nil {
+			return -1
 		}
+		self := lastFn(host)
+		if self == "" {
+			return -1
+		}
+		i, ok := slices.BinarySearchFunc(v.members, self, func(m Member, s string) int { return strings.Compare(m.Self, s) })
+		if !ok {
+			return -1
+		}
+		if _, in := slices.BinarySearch(r.g.idx, int32(i)); !in {
+			return -1
+		}
+		return i
 	}
-	if len(r.top) < len(r.g.idx) {
-		// Every one of the first candidates is full: rank the whole group (rare, linear).
-		host = NormalizeHost(host)
+	first := func(bound float64) int {
+		for _, i := range r.top {
+			if room(int(i), bound) {
+				return int(i)
+			}
+		}
+		if len(r.top) == len(r.g.idx) {
+			return -1
+		}
+		// Every one of the first candidates is full: the rest of the group, by score
+		// (rare, linear).
+		h := NormalizeHost(host)
 		best, bestScore := -1, uint64(0)
 		for _, i := range r.g.idx {
-			if slices.Contains(r.top, i) || !hasRoom(l.warm[i], l.budget[i], size, bound) {
+			if slices.Contains(r.top, i) || !room(int(i), bound) {
 				continue
 			}
-			s := Score(v.members[i].Self, host)
+			s := Score(v.members[i].Self, h)
 			if best < 0 || rankCmp(v.members, int(i), s, best, bestScore) < 0 {
 				best, bestScore = int(i), s
 			}
 		}
-		if best >= 0 {
-			return v.members[best], true
-		}
+		return best
 	}
-	return v.members[r.top[0]], true
+	lightest := func() int {
+		// No candidate has room (rare, linear): the one with the smallest warm set, the
+		// first in HRW order among equals.
+		h := NormalizeHost(host)
+		best, bestScore := -1, uint64(0)
+		for _, i := range r.g.idx {
+			if best >= 0 && l.warm[i] > l.warm[best] {
+				continue
+			}
+			s := Score(v.members[i].Self, h)
+			if best < 0 || l.warm[i] < l.warm[best] || rankCmp(v.members, int(i), s, best, bestScore) < 0 {
+				best, bestScore = int(i), s
+			}
+		}
+		return best
+	}
+	total, n := l.sum(r.g), len(r.g.idx)
+	return v.members[choose(int(r.top[0]), last, room, first, lightest, boundOf(total, size, n, eps), boundOf(total, size, n+1, eps))], true
 }
 
 // ranking is host's cached ranking in this view, computed on first use; nil when no

@@ -14,9 +14,10 @@ import (
 )
 
 // SizeKey is the bucket key of a space's size record, relative to the bucket's prefix:
-// the memory its last wake took at its peak, written by the box it ran on when it went to
-// sleep. It is advisory (no lease guards it, the last writer wins): bounded-load placement
-// reads it to know what a sleeping space adds to the box it wakes on.
+// the memory its last wake took at its peak, and the box it ran on, written by that box when
+// the space went to sleep. It is advisory (no lease guards it, the last writer wins):
+// bounded-load placement reads it to know what a sleeping space adds to the box it wakes
+// on, and keeps the space on the box it last woke on while that box has room (choose).
 func SizeKey(host string) string { return "spaces/" + host + "/size" }
 
 // SizeRecord is the body of a size record.
@@ -25,6 +26,9 @@ type SizeRecord struct {
 	Bytes int64 `json:"bytes"`
 	// At is when it was written, by the writer's clock.
 	At time.Time `json:"at"`
+	// Box is the SELF of the box the space ran on in that wake; empty from a box that
+	// does not name itself (an older box, or one outside a mesh).
+	Box string `json:"box,omitempty"`
 }
 
 // DefaultSizeTTL is how long a size read from the bucket (or found missing) is used before
@@ -35,10 +39,16 @@ const DefaultSizeTTL = 10 * time.Minute
 // its knowledge of one size, not the request its latency.
 const sizeReadTimeout = 500 * time.Millisecond
 
-// Sizes remembers spaces' sizes on this box: measured here while a space is awake here
-// (Note), read from its size record in the bucket otherwise (Get, once per TTL per host),
-// and written to the bucket when a space this box ran goes to sleep (Save).
+// Sizes remembers spaces' sizes, and the box each last woke on, on this box: measured here
+// while a space is awake here (Note), read from its size record in the bucket otherwise
+// (Get, once per TTL per host), and written to the bucket when a space this box ran goes
+// to sleep (Save). Boxes whose copies of a record differ (one read it before the space's
+// last sleep) may place its next wake differently; the lease decides, as for any two
+// views.
 type Sizes struct {
+	// Self is this box's SELF, the box named in what it measures (Note) and writes
+	// (Save). Empty: this box names none.
+	Self string
 	// Bucket holds the size records. Nil: sizes are known only from this box's own wakes.
 	Bucket bucket.Bucket
 	// TTL is how long a read size is used. Default DefaultSizeTTL.
@@ -55,6 +65,7 @@ type Sizes struct {
 
 type sizeEntry struct {
 	bytes int64
+	box   string
 	until time.Time
 }
 
@@ -72,18 +83,28 @@ func (s *Sizes) ttl() time.Duration {
 	return DefaultSizeTTL
 }
 
-// Note records n bytes as host's size, measured on this box.
+// Note records n bytes as host's size, measured on this box (so this box is where it
+// last woke).
 func (s *Sizes) Note(host string, n int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.putLocked(host, n)
+	s.putLocked(host, n, s.Self)
 }
 
-func (s *Sizes) putLocked(host string, n int64) {
+func (s *Sizes) putLocked(host string, n int64, box string) {
 	if s.m == nil {
 		s.m = map[string]sizeEntry{}
 	}
-	s.m[host] = sizeEntry{bytes: n, until: s.now().Add(s.ttl())}
+	s.m[host] = sizeEntry{bytes: n, box: box, until: s.now().Add(s.ttl())}
+}
+
+// Box is the box host's space last woke on as this box knows it (from Note, or from the
+// record the last Get read, however old), "" when unknown. It reads no bucket: Get, on
+// the same request, refreshed what it knows. It is Placement.Last.
+func (s *Sizes) Box(host string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[host].box
 }
 
 // Get returns host's last known size: remembered while fresh, else read from its size
@@ -122,7 +143,7 @@ func (s *Sizes) Get(ctx context.Context, host string) int64 {
 		s.mu.Lock()
 		delete(s.reads, host)
 		if err == nil || errors.Is(err, bucket.ErrNotFound) {
-			s.putLocked(host, rec.Bytes)
+			s.putLocked(host, rec.Bytes, rec.Box)
 		}
 		s.mu.Unlock()
 		close(done)
@@ -130,13 +151,13 @@ func (s *Sizes) Get(ctx context.Context, host string) int64 {
 	}
 }
 
-// Save writes host's size record and remembers it here.
+// Save writes host's size record, naming this box, and remembers it here.
 func (s *Sizes) Save(ctx context.Context, host string, n int64) error {
 	s.Note(host, n)
 	if s.Bucket == nil {
 		return nil
 	}
-	body, err := json.Marshal(SizeRecord{Bytes: n, At: s.now().UTC()})
+	body, err := json.Marshal(SizeRecord{Bytes: n, At: s.now().UTC(), Box: s.Self})
 	if err != nil {
 		return err
 	}
