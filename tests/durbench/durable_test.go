@@ -171,6 +171,11 @@ func (s *space) paced(d time.Duration, wg *sync.WaitGroup) {
 type logStatus struct {
 	Segments uint64 `json:"segments"`
 	Failed   uint64 `json:"failed"`
+	Standby  *struct {
+		Box      string `json:"box"`
+		Streamed uint64 `json:"streamed"`
+		Lost     uint64 `json:"lost"`
+	} `json:"standby"`
 }
 
 func (s *space) log(t *testing.T) logStatus {
