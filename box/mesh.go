@@ -165,7 +165,7 @@ func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version strin
 		logger:  logger,
 	}
 	ms.ctx, ms.cancel = context.WithCancel(context.Background())
-	sizes := &mesh.Sizes{Bucket: bkt}
+	sizes := &mesh.Sizes{Bucket: bkt, Self: cfg.Self}
 	ms.mem = &memory{budget: budgetOf(opts), sizes: sizes, logger: logger.Named("memory"), ctx: ms.ctx}
 	ms.client = &mesh.Client{
 		Token: cfg.Token,
@@ -211,6 +211,8 @@ func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version strin
 	// Markers are signed and checked against the bucket's clock, not this box's wall
 	// clock: boxes whose clocks disagree still recognize each other's (mesh/clock.go).
 	ms.marker.Now = ms.m.BucketNow
+	// Bounded loads keep a space on the box it last woke on while that box has room.
+	ms.m.Placement().Last = sizes.Box
 	ms.node = &mesh.Node{Self: cfg.Self, Domains: cfg.Domains, Region: cfg.Region, Live: ms.m.Live, IsDraining: ms.m.Draining,
 		Holders: new(mesh.Holders), Placement: ms.m.Placement(), Balance: balanceOf(opts), Sizes: sizes}
 	ms.repl = &mesh.Replicator{Node: ms.node, Client: ms.client, Ctx: ms.ctx}
