@@ -12,7 +12,8 @@ import (
 	"github.com/lchat/lchat-caddy/fleetview"
 )
 
-// serveAPI answers the console's JSON: fleet, spaces?q=, providers, charts, events?after=.
+// serveAPI answers the console's JSON: fleet, spaces?q=, providers, box?self=, charts,
+// events?after=.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request, name string) error {
 	ctx := r.Context()
 	var v any
@@ -35,6 +36,12 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request, name string) 
 		v = h.readSeam().withSeam(sp)
 	case "providers":
 		v = h.readSeam().apiProviders()
+	case "box":
+		bs, err := h.apiBox(ctx, r.URL.Query().Get("self"))
+		if err != nil {
+			return err
+		}
+		v = bs
 	case "charts":
 		v = h.rec.Charts()
 	case "events":

@@ -1,12 +1,16 @@
 package console
 
 import (
+	"bytes"
 	"context"
 	"net/http/httptest"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/superfly/ltx"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/box/boxtest"
@@ -14,6 +18,8 @@ import (
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/registry"
+	"github.com/lchat/lchat-caddy/spacestore"
+	"github.com/lchat/lchat-caddy/standby"
 )
 
 // TestMain doubles as an instance (boxtest.RunInstance) for the boxes the tests open.
@@ -120,4 +126,71 @@ func TestLastSyncFromTheBucketAfterARestart(t *testing.T) {
 	if m == nil || m[1] != "never" {
 		t.Fatalf("a space never checkpointed: %q, want never", m)
 	}
+}
+
+// On a box without a mesh a kind that asks for durability standby has none, and the
+// space's page says why (the engine's status, through the box's console source).
+func TestStandbyKindWithoutAMeshSaysWhy(t *testing.T) {
+	const host = "alone.example.com"
+	kinds := boxtest.InstanceKinds(t)
+	k := kinds["demo"]
+	k.Durability = engine.DurabilityStandby
+	kinds["demo"] = k
+	b := boxtest.Open(t, boxtest.Options{Bucket: membucket.New(), Settings: box.Settings{Kinds: kinds}})
+	if _, err := b.Create(context.Background(), registry.Spec{Host: host, Kind: "demo"}); err != nil {
+		t.Fatal(err)
+	}
+	boxtest.Wake(t, b, host)
+	page := serve(newHandler(b.Console(), nil), httptest.NewRequest("GET", "/space/"+host, nil)).Body.String()
+	if want := `<dt>Standby</dt><dd class="standby"><span class="warn">none</span>: this box is not in a mesh`; !strings.Contains(page, want) {
+		t.Fatalf("the space's page lacks %q:\n%s", want, page)
+	}
+}
+
+// The box page of a mesh box lists the stream its spool keeps for a space of another
+// holder (the box's own spool, fed as a holder's Put feeds it).
+func TestBoxPageListsTheSpoolsStreams(t *testing.T) {
+	const host = "held.example.com"
+	b, _ := boxtest.MeshBox(t)
+	claim := spacestore.Claim{Holder: boxtest.SelfB, Incarnation: "1", Lease: `"l"`, At: time.Now().UTC()}
+	for seq := int64(1); seq <= 3; seq++ {
+		if err := b.Standby().Put(host, standby.Entry{BucketBefore: 7, Data: segment(t, 4, seq, claim)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := serve(newHandler(b.Console(), nil), httptest.NewRequest("GET", "/box", nil))
+	row := regexp.MustCompile(`<tr data-host="held.example.com">[\s\S]*?</tr>`).FindString(w.Body.String())
+	for _, want := range []string{`box-b.example.net</a>`, `<td>4</td><td class="last-seq">3</td><td>7</td>`} {
+		if w.Code != 200 || !strings.Contains(row, want) {
+			t.Fatalf("the box page (%d): row %q lacks %q\n%s", w.Code, row, want, w.Body.String())
+		}
+	}
+}
+
+// segment is an encoded data segment of seq in gen by claim, as a holder's shipper cuts
+// it: one database, one changed page.
+func segment(t *testing.T, gen, seq int64, claim spacestore.Claim) []byte {
+	t.Helper()
+	const pageSize = 4096
+	var buf bytes.Buffer
+	enc, err := ltx.NewEncoder(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := enc.EncodeHeader(ltx.Header{Version: ltx.Version, Flags: ltx.HeaderFlagNoChecksum, PageSize: pageSize,
+		Commit: 3, MinTXID: ltx.TXID(seq + 1), MaxTXID: ltx.TXID(seq + 1), Timestamp: 1e12}); err != nil {
+		t.Fatal(err)
+	}
+	if err := enc.EncodePage(ltx.PageHeader{Pgno: 2}, make([]byte, pageSize)); err != nil {
+		t.Fatal(err)
+	}
+	if err := enc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := spacestore.EncodeSegment(&spacestore.Segment{Gen: gen, Seq: seq, Claim: claim,
+		DBs: []spacestore.SegmentDB{{Path: "app.db", PageSize: pageSize, Pages: 3, LTX: buf.Bytes()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }

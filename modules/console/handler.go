@@ -42,6 +42,7 @@ type Handler struct {
 	src     fleetview.Source
 	actions fleetview.Actions // nil unless Actions and the source offers them
 	prov    ProviderSource    // the provider seam; nil when the app offers none
+	stby    StandbySource     // the warm standbys; nil when the source offers none
 	rec     *recorder
 	syncs   *syncCache // manifests read for a last sync the box does not know (lastsync.go)
 	poolKey any
@@ -100,6 +101,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.src = sp.FleetView()
 	h.prov, _ = appIface.(ProviderSource)
+	h.stby, _ = h.src.(StandbySource)
 	h.syncs = new(syncCache)
 	if h.Actions {
 		if a, ok := h.src.(fleetview.Actions); ok {
@@ -172,6 +174,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 			return nil
 		}
 		return h.serveIndex(w, r)
+	case path == "box":
+		return h.serveBox(w, r)
 	case strings.HasPrefix(path, "space/"):
 		return h.serveSpace(w, r, strings.TrimPrefix(path, "space/"))
 	case strings.HasPrefix(path, "fragment/"):

@@ -63,8 +63,10 @@ func (f *fakeSource) Remove(context.Context, string) error                 { ret
 
 // newHandler is a console over src, with actions (nil: actions off).
 func newHandler(src fleetview.Source, actions fleetview.Actions) *Handler {
-	return &Handler{src: src, actions: actions, PageSize: 100, logger: zap.NewNop(), syncs: new(syncCache),
+	h := &Handler{src: src, actions: actions, PageSize: 100, logger: zap.NewNop(), syncs: new(syncCache),
 		rec: &recorder{Recorder: fleetview.NewRecorder(src, nil)}}
+	h.stby, _ = src.(StandbySource)
+	return h
 }
 
 func serve(h *Handler, r *http.Request) *httptest.ResponseRecorder {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/mesh"
 )
@@ -40,6 +41,7 @@ var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 	"orNone":   func(s string) string { return cmpOr(s, "(no region)") },
 	"eventtxt": eventText,
 	"plural":   plural,
+	"int":      func(n uint64) int { return int(n) },
 }).ParseFS(assets, "assets/*.html"))
 
 // page is what every template renders.
@@ -68,11 +70,16 @@ type page struct {
 
 	Seam seamView
 
-	Space     *fleetview.Space
+	Space *fleetview.Space
+	// Standby is the space's stream on this box (durability standby), nil without one.
+	Standby   *box.SpaceStandby
 	Wakes     []fleetview.Wake
 	Stored    *fleetview.Stored
 	StoredErr string
 	Notice    string
+
+	// Box is the box page's box.
+	Box *boxView
 }
 
 func (h *Handler) load(ctx context.Context, p *page, query string) {
@@ -127,6 +134,7 @@ func (h *Handler) serveSpace(w http.ResponseWriter, r *http.Request, host string
 		return render(w, http.StatusNotFound, "space.html", p)
 	}
 	p.Wakes = h.rec.Wakes(host)
+	p.Standby = h.spaceStandby(host)
 	if st, ok, err := h.src.Stored(r.Context(), host); err != nil {
 		p.StoredErr = err.Error()
 	} else if ok {
