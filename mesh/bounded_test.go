@@ -491,27 +491,42 @@ func skewedSizes(n int, seed uint64) []int64 {
 	return out
 }
 
-// BenchmarkTarget is the cost of one bounded-load placement at 1,000 members with loads
-// (the host's ranking cached, as on the request path after its first request in a view).
+// BenchmarkTarget is the cost of one bounded-load placement at 10 and 1,000 members with
+// loads (the host's ranking cached, as on the request path after its first request in a
+// view): "half" with budgets that keep most owners under half of theirs, "bound" without
+// budgets, loads around the mean, so the bounds decide and the box of the last wake is
+// looked up (Placement.Last, a map as Sizes.Box is).
 func BenchmarkTarget(b *testing.B) {
 	for _, n := range []int{10, 1000} {
-		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
-			warm := make([]int64, n)
-			rng := rand.New(rand.NewPCG(1, 1))
-			for i := range warm {
-				warm[i] = 1000 + rng.Int64N(1000)
+		for _, budget := range []int64{4000, 0} {
+			name := fmt.Sprintf("members=%d/half", n)
+			if budget == 0 {
+				name = fmt.Sprintf("members=%d/bound", n)
 			}
-			var p Placement
-			p.SetView(loaded(warm, 4000))
-			hosts := make([]string, 1024)
-			for i := range hosts {
-				hosts[i] = fmt.Sprintf("s%d.example.com", i)
-				p.Target(hosts[i], "", 200*mib, DefaultBalance)
-			}
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				p.Target(hosts[i&1023], "", 200*mib, DefaultBalance)
-			}
-		})
+			b.Run(name, func(b *testing.B) {
+				warm := make([]int64, n)
+				rng := rand.New(rand.NewPCG(1, 1))
+				for i := range warm {
+					warm[i] = 1000 + rng.Int64N(1000)
+				}
+				ms := loaded(warm, budget)
+				var p Placement
+				p.SetView(ms)
+				hosts := make([]string, 1024)
+				last := map[string]string{}
+				for i := range hosts {
+					hosts[i] = fmt.Sprintf("s%d.example.com", i)
+					last[hosts[i]] = ms[rng.IntN(n)].Self
+				}
+				p.Last = func(h string) string { return last[h] }
+				for _, h := range hosts {
+					p.Target(h, "", 200*mib, DefaultBalance)
+				}
+				b.ResetTimer()
+				for i := 0; b.Loop(); i++ {
+					p.Target(hosts[i&1023], "", 200*mib, DefaultBalance)
+				}
+			})
+		}
 	}
 }
