@@ -1,7 +1,6 @@
 package console
 
 import (
-	"bytes"
 	"context"
 	"net/http/httptest"
 	"os"
@@ -10,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/superfly/ltx"
-
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/box/boxtest"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
@@ -19,7 +16,6 @@ import (
 	"github.com/lchat/lchat-caddy/fleetview"
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/spacestore"
-	"github.com/lchat/lchat-caddy/standby"
 )
 
 // TestMain doubles as an instance (boxtest.RunInstance) for the boxes the tests open.
@@ -154,7 +150,7 @@ func TestBoxPageListsTheSpoolsStreams(t *testing.T) {
 	b, _ := boxtest.MeshBox(t)
 	claim := spacestore.Claim{Holder: boxtest.SelfB, Incarnation: "1", Lease: `"l"`, At: time.Now().UTC()}
 	for seq := int64(1); seq <= 3; seq++ {
-		if err := b.Standby().Put(host, standby.Entry{BucketBefore: 7, Data: segment(t, 4, seq, claim)}); err != nil {
+		if err := b.Standby().Put(host, boxtest.StreamEntry(t, 4, seq, claim, 7)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -165,32 +161,4 @@ func TestBoxPageListsTheSpoolsStreams(t *testing.T) {
 			t.Fatalf("the box page (%d): row %q lacks %q\n%s", w.Code, row, want, w.Body.String())
 		}
 	}
-}
-
-// segment is an encoded data segment of seq in gen by claim, as a holder's shipper cuts
-// it: one database, one changed page.
-func segment(t *testing.T, gen, seq int64, claim spacestore.Claim) []byte {
-	t.Helper()
-	const pageSize = 4096
-	var buf bytes.Buffer
-	enc, err := ltx.NewEncoder(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := enc.EncodeHeader(ltx.Header{Version: ltx.Version, Flags: ltx.HeaderFlagNoChecksum, PageSize: pageSize,
-		Commit: 3, MinTXID: ltx.TXID(seq + 1), MaxTXID: ltx.TXID(seq + 1), Timestamp: 1e12}); err != nil {
-		t.Fatal(err)
-	}
-	if err := enc.EncodePage(ltx.PageHeader{Pgno: 2}, make([]byte, pageSize)); err != nil {
-		t.Fatal(err)
-	}
-	if err := enc.Close(); err != nil {
-		t.Fatal(err)
-	}
-	data, err := spacestore.EncodeSegment(&spacestore.Segment{Gen: gen, Seq: seq, Claim: claim,
-		DBs: []spacestore.SegmentDB{{Path: "app.db", PageSize: pageSize, Pages: 3, LTX: buf.Bytes()}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
 }

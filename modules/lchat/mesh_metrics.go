@@ -1,6 +1,10 @@
 package lchat
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lchat/lchat-caddy/box"
+)
 
 var (
 	descMesh        = prometheus.NewDesc("lchat_mesh_events_total", "Mesh counters (forwards, forwarded_in, markers_stripped, fan-outs, rows and tombstones in, ...).", []string{"counter"}, nil)
@@ -16,6 +20,14 @@ var (
 	descBoxWarm      = prometheus.NewDesc("lchat_box_warm_set_bytes", "This box's warm set: the memory of its awake spaces (their cgroups', or their processes' resident memory) plus what the connections it holds cost, as last measured.", nil, nil)
 	descBoxBudget    = prometheus.NewDesc("lchat_box_memory_budget_bytes", "This box's memory budget for spaces (mesh memory_budget, or its memory less a reserve).", nil, nil)
 	descBoxMemRead   = prometheus.NewDesc("lchat_box_memory_read_seconds", "How long the last reading of the awake spaces' memory took (once per heartbeat).", nil, nil)
+
+	// The warm standbys (durability standby), with the mesh: this box as a standby (its
+	// spool) and as a holder (its spaces' streams). Takeovers are lchat_standby_takeover_seconds.
+	descStandbySpaces   = prometheus.NewDesc("lchat_standby_spaces", "Spaces this box stands by for: streams its spool keeps that no takeover sealed.", nil, nil)
+	descStandbyWatched  = prometheus.NewDesc("lchat_standby_streams_watched", "Streams whose holder this box watches now: a holder found dead is taken over at once; the spaces of one not watched wait for its heartbeat to die.", nil, nil)
+	descStandbyBytes    = prometheus.NewDesc("lchat_standby_bytes", "Bytes of the streams this box's spool keeps.", nil, nil)
+	descStandbyStreamed = prometheus.NewDesc("lchat_standby_segments_streamed_total", "Segments of this box's spaces' streams that their standbys took (on their disks).", nil, nil)
+	descStandbyLost     = prometheus.NewDesc("lchat_standby_lost_total", "Standbys this box's spaces gave up: their answers then waited for the bucket log until a new stream.", nil, nil)
 )
 
 // meshCollector reads the mesh of the current box; reloads keep the counters (they live
@@ -28,7 +40,8 @@ func (meshCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descMeshFenced
 	ch <- descMeshBucket
 	ch <- descMeshHBAge
-	for _, d := range []*prometheus.Desc{descDesiredBoxes, descFleetWarm, descFleetBoxes, descBoxWarm, descBoxBudget, descBoxMemRead} {
+	for _, d := range []*prometheus.Desc{descDesiredBoxes, descFleetWarm, descFleetBoxes, descBoxWarm, descBoxBudget, descBoxMemRead,
+		descStandbySpaces, descStandbyWatched, descStandbyBytes, descStandbyStreamed, descStandbyLost} {
 		ch <- d
 	}
 }
@@ -66,6 +79,27 @@ func (meshCollector) Collect(ch chan<- prometheus.Metric) {
 	} {
 		ch <- prometheus.MustNewConstMetric(descMeshBucket, prometheus.CounterValue, float64(v), name)
 	}
+	collectStandby(ch, b)
+}
+
+// collectStandby reports b's standbys: the streams its spool keeps and its spaces' totals.
+func collectStandby(ch chan<- prometheus.Metric, b *box.Box) {
+	var spaces, watched, bytes float64
+	for _, f := range b.StandbyFor() {
+		if !f.Sealed {
+			spaces++
+		}
+		if f.Watching {
+			watched++
+		}
+		bytes += float64(f.Bytes)
+	}
+	ch <- prometheus.MustNewConstMetric(descStandbySpaces, prometheus.GaugeValue, spaces)
+	ch <- prometheus.MustNewConstMetric(descStandbyWatched, prometheus.GaugeValue, watched)
+	ch <- prometheus.MustNewConstMetric(descStandbyBytes, prometheus.GaugeValue, bytes)
+	t := b.StandbyTotals()
+	ch <- prometheus.MustNewConstMetric(descStandbyStreamed, prometheus.CounterValue, float64(t.Streamed))
+	ch <- prometheus.MustNewConstMetric(descStandbyLost, prometheus.CounterValue, float64(t.Lost))
 }
 
 // Interface guards

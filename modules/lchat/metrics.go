@@ -128,6 +128,11 @@ var (
 		Help:    "Duration of a checkpoint (snapshot, upload, manifest write), by result (ok, error).",
 		Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 	}, []string{"result"})
+	takeoverSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "lchat_standby_takeover_seconds",
+		Help:    "Duration of a takeover by this box of a space whose holder was found dead before its heartbeat said so (durability standby), from the verdict to the space awake here, by result (ok, error). Its count is the failovers this box took.",
+		Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60},
+	}, []string{"result"})
 	checkpointBytes = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "lchat_checkpoint_bytes",
 		Help:    "Bytes a successful checkpoint uploaded (new blobs only; unchanged files cost nothing).",
@@ -135,7 +140,8 @@ var (
 	})
 )
 
-// observeMetrics feeds the histograms from the engine's events.
+// observeMetrics feeds the histograms from the engine's events (a takeover's are the
+// box's: box.Box.NoteTakeover).
 func observeMetrics(ev engine.Event) {
 	result := "ok"
 	if ev.Err != "" {
@@ -150,6 +156,8 @@ func observeMetrics(ev engine.Event) {
 			}
 		}
 		wakeSeconds.WithLabelValues(result).Observe(ev.Phases.Total().Seconds())
+	case engine.EventTakeover:
+		takeoverSeconds.WithLabelValues(result).Observe(ev.Duration.Seconds())
 	case engine.EventCheckpoint:
 		checkpointSeconds.WithLabelValues(result).Observe(ev.Duration.Seconds())
 		if result == "ok" {
@@ -164,7 +172,7 @@ func registerMetrics(ctx caddy.Context, a *App) {
 	if reg == nil {
 		return
 	}
-	for _, c := range []prometheus.Collector{collector{}, meshCollector{}, wakePhaseSeconds, wakeSeconds, checkpointSeconds, checkpointBytes} {
+	for _, c := range []prometheus.Collector{collector{}, meshCollector{}, wakePhaseSeconds, wakeSeconds, checkpointSeconds, checkpointBytes, takeoverSeconds} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
