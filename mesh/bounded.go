@@ -21,13 +21,13 @@ import "slices"
 // spaces whose HRW owner the new box is move, as with plain HRW. Without the two bounds the
 // boxes sit at the bound, a join pushes every one of them past it, and in one listing's
 // wakes each such box sheds every space that wakes: 3.6× plain HRW's moves at 10 boxes,
-// 10× at 1,000 (TestBoundedLoadFigures).
+// 10× at 1,000, measured as TestBoundedLoadFigures measures (about 1× with the two).
 
 // DefaultBalance is ε: no box takes a wake past 1.25× the mean warm set.
 const DefaultBalance = 0.25
 
 // hasRoom is the rule for one box: warm and budget are its published load, size the
-// space's, bound (1+ε)× the mean warm set of the candidates counting the space. A box that
+// space's, bound one of choose's two (boundOf). A box that
 // stays under half its budget with the space always has room: balance matters as boxes
 // fill, and a load published a beat ago (a box that has just put this very space to sleep
 // still counts it) must not move a space off its owner in a fleet with room everywhere.
