@@ -16,6 +16,7 @@ import (
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/standby"
 )
 
@@ -243,6 +244,15 @@ func (w *standbyWatch) takeOver(holder, inc, why string) {
 			}
 			ctx, cancel := context.WithTimeout(w.ctx, time.Minute)
 			defer cancel()
+			// A stream outlives its space's sleep here: take over only what the dead
+			// holder still held (not released, not taken since), or a space that slept
+			// would wake on this box for nothing.
+			if l, _, err := spacestore.ReadLease(ctx, w.b.bucket, host); err != nil || l.Released || l.Holder != holder || l.Incarnation != inc {
+				if err != nil {
+					log.Warn("standby takeover: reading the lease", zap.String("host", host), zap.Error(err))
+				}
+				return
+			}
 			u, err := w.b.eng.TakeOver(ctx, SpaceOf(rt), holder, inc)
 			if err != nil {
 				if !errors.Is(err, engine.ErrNotStandby) {

@@ -245,3 +245,35 @@ func TestStandbyWaitsForAPausedHolder(t *testing.T) {
 	}
 	t.Logf("served by the standby's box %v after the pause (dead_after %v)", took.Round(time.Millisecond), pausedDeadAfter)
 }
+
+// TestStandbyLeavesASleptSpaceAsleep: the standby keeps the stream of a space after the
+// space slept on its holder (its lease released); when the holder is then killed, the
+// standby takes nothing over: the space stays asleep until a request wakes it.
+func TestStandbyLeavesASleptSpaceAsleep(t *testing.T) {
+	const longDeadAfter = 30 * time.Second
+	c := newCluster(t)
+	c.mesh = map[string]any{"dead_after": longDeadAfter.String()}
+	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
+	a, b := c.start(false), c.start(false)
+	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	host := hostOwnedBy(t, "slept", b, a, b)
+	c.createSpace(a, host)
+	harness.WaitFor(t, 5*time.Second, "the row on the holder", func() bool { return hasRoute(b, host) })
+	c.post(a, host, "m")
+	b.AdminJSON("POST", "/lchat/routes/"+host+"/sleep", nil, http.StatusOK, nil)
+	harness.WaitFor(t, 5*time.Second, "the standby watching the holder of the slept space", func() bool {
+		for _, f := range standbyFor(t, a) {
+			if f.Host == host && f.Watching {
+				return true
+			}
+		}
+		return false
+	})
+	b.Kill()
+	// The watch breaks at once and the address refuses: were the space taken over, it
+	// would be awake on a within a second or two.
+	time.Sleep(3 * time.Second)
+	if status(t, a).awake(host) {
+		t.Fatalf("%s woke %s, which had slept on its holder, when the holder died", a.self, host)
+	}
+}
