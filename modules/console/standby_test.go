@@ -89,7 +89,7 @@ func TestSpacePageShowsItsStandby(t *testing.T) {
 func TestBoxPageShowsWhatItStandsByFor(t *testing.T) {
 	src := &standbySource{}
 	h := newHandler(src, nil)
-	if idx := serve(h, httptest.NewRequest("GET", "/", nil)).Body.String(); !strings.Contains(idx, `<a href="./box?self=box-2">box-2</a>`) {
+	if idx := serve(h, httptest.NewRequest("GET", "/", nil)).Body.String(); !strings.Contains(idx, `<th scope="row">box-2 <small><a class="box-page" href="./box?self=box-2">box page</a></small></th>`) {
 		t.Fatalf("the fleet table does not link the box page:\n%s", idx)
 	}
 	w := serve(h, httptest.NewRequest("GET", "/box", nil))
