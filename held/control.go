@@ -45,7 +45,7 @@ func (c *Conns) EnsureControl(host string) {
 		c.log.Error("serving a space's control endpoint", zap.String("host", host), zap.Error(err))
 		return
 	}
-	var handler http.Handler = c.durableControl(host, c.hub.ControlHandler(host))
+	var handler http.Handler = c.durableControl(host, &clientControl{c: c, host: host, local: c.hub.ControlHandler(host)})
 	if c.box.Mesh() != nil {
 		handler = &fanoutControl{c: c, host: host, local: handler}
 	}
@@ -226,7 +226,7 @@ func (f *fanoutControl) peers() []string {
 		}
 	}
 	for _, e := range f.c.relay.Entries(f.host) {
-		if e != f.c.box.Self() && !slices.Contains(out, e) {
+		if e != f.c.box.Self() && !isClientEntry(e) && !slices.Contains(out, e) {
 			out = append(out, e)
 		}
 	}

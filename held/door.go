@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/lchat/lchat-caddy/connhold"
+	"github.com/lchat/lchat-caddy/provider"
 )
 
 // Door is what a request reaching a space's instance is, for the held connections: which
@@ -23,6 +24,9 @@ const (
 	Upgrade
 	// EventStream: a request for server-sent events, held here if resumable.
 	EventStream
+	// ClientPull: a fleet's entry box pulling what waits for it of a space hosted for
+	// that fleet (Conns.ServePull).
+	ClientPull
 )
 
 // FromClient readies a request from a client (not a peer's forward) to the box: the
@@ -48,6 +52,11 @@ func (c *Conns) FromClient(r *http.Request, h http.Header) error {
 func (c *Conns) DoorOf(r *http.Request, hops int) Door {
 	fromPeer := hops > 0 && c != nil
 	peerEvent := fromPeer && r.Method == http.MethodPost && r.URL.Path == connhold.EventPath
+	clientPull := fromPeer && r.Method == http.MethodGet && r.URL.Path == provider.PullPath &&
+		isClientEntry(r.Header.Get(connhold.EntryHeader))
+	if clientPull {
+		return ClientPull
+	}
 	if connhold.Reserved(r.URL.Path) && !peerEvent {
 		return Reserved
 	}

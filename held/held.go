@@ -55,6 +55,8 @@ type Conns struct {
 	pt     *box.PeerTransport
 	tells  sync.WaitGroup // notices being sent
 
+	providerState // the provider seam (provider.go)
+
 	// mu guards the fields below it.
 	mu         sync.Mutex
 	clients    map[string]*connhold.EventClient // by host: the link to its instance's socket
@@ -63,6 +65,7 @@ type Conns struct {
 	controls   map[string]*http.Server          // by host: control endpoints (control.go)
 	lastCkptOK map[string]bool                  // by host: whether the last checkpoint succeeded (observe)
 	awakeAt    map[string]string                // by host: the peer that last announced it awake
+	pulling    map[string]bool                  // by host: a delegated space's pull runs (provider.go)
 
 	// announceMu guards announced: the hosts woken here since the last announcement.
 	announceMu sync.Mutex

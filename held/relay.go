@@ -43,6 +43,11 @@ func (c *Conns) tell(n connhold.Notice, entries []string) {
 	}
 	body, _ := json.Marshal(n)
 	for _, entry := range entries {
+		if isClientEntry(entry) {
+			// A fleet's entry box takes it with its pull (provider.go).
+			c.enqueue(n.Space, entry, pullItem{Notice: &n})
+			continue
+		}
 		if entry == c.box.Self() || !ms.Node().IsLiveMember(entry) {
 			continue
 		}
@@ -167,6 +172,11 @@ func (c *Conns) watchPeers() {
 		case <-t.C:
 		}
 		for _, k := range c.hub.RemoteBoxes() {
+			if strings.HasPrefix(k[0], providerAtPrefix) {
+				// A provider's box: its notices come with the pull, and a new instance
+				// there asks for a replay (provider.go).
+				continue
+			}
 			if !ms.Membership().IsLive(k[0], k[1]) {
 				if n := c.hub.BoxGone(k[0], k[1]); n > 0 {
 					c.log.Info("a box left the mesh with held connections' messages unsaved; delivering them again",
@@ -274,6 +284,7 @@ func (c *Conns) PeerEvent(host string, use *engine.Use, w http.ResponseWriter, h
 		return nil, &connhold.ReplayError{Stale: stale}
 	}
 	connhold.StripPeerHeaders(h)
+	c.touch(host, entry)
 	c.EnsureControl(host)
 	return &ackWriter{ResponseWriter: w, stamp: func(h http.Header) {
 		mark, covered := c.relay.Acked(host, now, entry, time.Now())
@@ -307,5 +318,5 @@ func (c *Conns) PeerUpgrade(host string, use *engine.Use, h http.Header) (held f
 	}
 	connhold.StripPeerHeaders(h)
 	c.EnsureControl(host)
-	return func() { c.relay.Track(host, c.At(use), entry) }, nil
+	return func() { c.touch(host, entry); c.relay.Track(host, c.At(use), entry) }, nil
 }

@@ -43,23 +43,65 @@ func (cs Clients) StripClient(h http.Header, host string, now time.Time) *Client
 	return found
 }
 
+// PullPath is the path of a fleet's entry box's pull (GET, Lchat-Ws-Entry and
+// Lchat-Sse-Reopen set): what the instance of a space hosted for the fleet sent, through
+// its control endpoint, to the WebSockets the entry box holds, and the notices of what its
+// checkpoints saved (docs/providers.md, "Held connections"). Under the box's namespace, so
+// no client reaches it.
+const PullPath = "/.lchat/ws/pull"
+
+// ClientEntryPrefix begins the entry box a fleet's request names (Lchat-Ws-Entry), as
+// the provider's box records it (ClientEntry): never an address this box calls, and
+// never one of another client's.
+const ClientEntryPrefix = "client/"
+
+// ClientEntry is entry, named by client's request, as the provider's box records it.
+func ClientEntry(client, entry string) string { return ClientEntryPrefix + client + "/" + entry }
+
 // ClientRequest readies a request whose fleet's marker verified on this (the provider's)
-// box. It counts as a forward from the fleet's entry box only for what the seam carries:
-// an event stream that entry box holds (Lchat-Ws-Entry on a request for one, and
-// Lchat-Sse-Reopen, kept). Nothing else a peer of the mesh may send survives: no other
-// held-connection header, no connection id, no upgrade held at the fleet's box (the
-// provider's box holds the socket itself), so a fleet can never make this box call an
-// address it names with this fleet's mesh token; and no request under the box's own
-// namespace (/.lchat/, held-connection events): false, the request is refused.
+// box. It counts as a forward from the fleet's entry box only for what the seam carries,
+// the held connections that entry box keeps: an event stream (Lchat-Ws-Entry on a request
+// for one, and Lchat-Sse-Reopen, kept), a WebSocket upgrade (Lchat-Ws-Entry and
+// Lchat-Conn-Id, kept: the opt-in answer goes back to the fleet's box, which holds the
+// socket), an event of such a WebSocket (POST connhold.EventPath with its entry,
+// connection id and Lchat-Ws-Prior) and the entry box's pull (PullPath). Nothing else a
+// peer of the mesh may send survives, and no other request under the box's own namespace
+// (/.lchat/): false, the request is refused. The entry box named is the fleet's word
+// only: the caller records it with ClientEntry, and the provider's box never calls it.
 func ClientRequest(r *http.Request) bool {
-	if connhold.Reserved(r.URL.Path) {
+	h := r.Header
+	entry, reopen, id := h.Get(connhold.EntryHeader), h.Get(connhold.ReopenHeader), h.Get(connhold.ConnIDHeader)
+	prior := h.Values(connhold.PriorHeader)
+	event := r.Method == http.MethodPost && r.URL.Path == connhold.EventPath
+	pull := r.Method == http.MethodGet && r.URL.Path == PullPath
+	if connhold.Reserved(r.URL.Path) && !event && !pull {
 		return false
 	}
-	h := r.Header
-	entry, reopen := h.Get(connhold.EntryHeader), h.Get(connhold.ReopenHeader)
 	connhold.StripPeerHeaders(h)
 	h.Del(connhold.ConnIDHeader)
-	if connhold.IsUpgrade(r) {
+	switch {
+	case event:
+		if entry == "" || !connhold.ValidID(id) {
+			return false
+		}
+		h.Set(connhold.EntryHeader, entry)
+		h.Set(connhold.ConnIDHeader, id)
+		for _, p := range prior {
+			h.Add(connhold.PriorHeader, p)
+		}
+		return true
+	case pull:
+		if entry == "" {
+			return false
+		}
+		h.Set(connhold.EntryHeader, entry)
+		h.Set(connhold.ReopenHeader, "1")
+		return true
+	case connhold.IsUpgrade(r):
+		if entry != "" && connhold.ValidID(id) {
+			h.Set(connhold.EntryHeader, entry)
+			h.Set(connhold.ConnIDHeader, id)
+		}
 		return true
 	}
 	if entry != "" && connhold.AcceptsEventStream(r) {

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"errors"
+	"github.com/lchat/lchat-caddy/connhold"
 	"net/http"
 	"testing"
 	"time"
@@ -108,33 +109,51 @@ func FuzzSplitPath(f *testing.F) {
 	})
 }
 
-// TestClientRequest: a fleet's signed request keeps only a held event stream's headers;
-// an upgrade loses every peer header (its entry box is never called), and the box's own
-// namespace is refused.
+// TestClientRequest: a fleet's signed request keeps only the headers of the held
+// connections its entry box keeps (an event stream's, an upgrade's, an event's, a pull's);
+// a plain request loses every peer header, and the rest of the box's own namespace, or
+// an event without its entry or connection, is refused.
 func TestClientRequest(t *testing.T) {
-	mk := func(path string, h map[string]string) *http.Request {
-		r, _ := http.NewRequest(http.MethodGet, "https://room.example.com"+path, nil)
+	mk := func(method, path string, h map[string]string) *http.Request {
+		r, _ := http.NewRequest(method, "https://room.example.com"+path, nil)
 		for k, v := range h {
 			r.Header.Set(k, v)
 		}
 		return r
 	}
-	entry := "https://a-box.example.net"
-	r := mk("/api/events", map[string]string{"Accept": "text/event-stream", "Lchat-Ws-Entry": entry, "Lchat-Sse-Reopen": "1",
-		"Lchat-Ws-Prior": "x", "Lchat-Conn-Id": "id"})
+	entry, id := "https://a-box.example.net", connhold.NewID()
+	r := mk("GET", "/api/events", map[string]string{"Accept": "text/event-stream", "Lchat-Ws-Entry": entry, "Lchat-Sse-Reopen": "1",
+		"Lchat-Ws-Prior": "x", "Lchat-Conn-Id": id})
 	if !ClientRequest(r) || r.Header.Get("Lchat-Ws-Entry") != entry || r.Header.Get("Lchat-Sse-Reopen") != "1" ||
 		r.Header.Get("Lchat-Ws-Prior") != "" || r.Header.Get("Lchat-Conn-Id") != "" {
 		t.Fatalf("an event stream: %v", r.Header)
 	}
-	r = mk("/api/ws", map[string]string{"Connection": "Upgrade", "Upgrade": "websocket", "Lchat-Ws-Entry": entry, "Lchat-Conn-Id": "id"})
-	if !ClientRequest(r) || r.Header.Get("Lchat-Ws-Entry") != "" || r.Header.Get("Lchat-Conn-Id") != "" {
-		t.Fatalf("an upgrade kept a peer header: %v", r.Header)
+	r = mk("GET", "/api/ws", map[string]string{"Connection": "Upgrade", "Upgrade": "websocket", "Lchat-Ws-Entry": entry,
+		"Lchat-Conn-Id": id, "Lchat-Ws-Ack-At": "x y z"})
+	if !ClientRequest(r) || r.Header.Get("Lchat-Ws-Entry") != entry || r.Header.Get("Lchat-Conn-Id") != id || r.Header.Get("Lchat-Ws-Ack-At") != "" {
+		t.Fatalf("an upgrade for the entry box: %v", r.Header)
 	}
-	r = mk("/api/messages", map[string]string{"Lchat-Ws-Entry": entry})
+	r = mk("GET", "/api/ws", map[string]string{"Connection": "Upgrade", "Upgrade": "websocket", "Lchat-Ws-Entry": entry, "Lchat-Conn-Id": "bad"})
+	if !ClientRequest(r) || r.Header.Get("Lchat-Ws-Entry") != "" || r.Header.Get("Lchat-Conn-Id") != "" {
+		t.Fatalf("an upgrade with a malformed connection id kept its peer headers: %v", r.Header)
+	}
+	r = mk("POST", "/.lchat/ws/event", map[string]string{"Lchat-Ws-Entry": entry, "Lchat-Conn-Id": id, "Lchat-Ws-Prior": "a b c",
+		"Lchat-Ws-Covered": "9"})
+	if !ClientRequest(r) || r.Header.Get("Lchat-Ws-Prior") != "a b c" || r.Header.Get("Lchat-Ws-Covered") != "" {
+		t.Fatalf("an event: %v", r.Header)
+	}
+	r = mk("GET", PullPath, map[string]string{"Lchat-Ws-Entry": entry})
+	if !ClientRequest(r) || r.Header.Get("Lchat-Sse-Reopen") != "1" {
+		t.Fatalf("a pull is never a wake: %v", r.Header)
+	}
+	r = mk("GET", "/api/messages", map[string]string{"Lchat-Ws-Entry": entry})
 	if !ClientRequest(r) || r.Header.Get("Lchat-Ws-Entry") != "" {
 		t.Fatalf("a plain request kept the entry: %v", r.Header)
 	}
-	if ClientRequest(mk("/.lchat/ws/event", nil)) {
-		t.Fatal("a fleet reached the box's namespace")
+	for _, bad := range []*http.Request{mk("POST", "/.lchat/ws/event", nil), mk("POST", "/.lchat/ws/event", map[string]string{"Lchat-Ws-Entry": entry}),
+		mk("GET", PullPath, nil), mk("POST", "/.lchat/ws/send", map[string]string{"Lchat-Ws-Entry": entry}), mk("GET", "/.lchat/ws/conns", nil)} {
+		if ClientRequest(bad) {
+			t.Fatalf("a fleet reached the box's namespace: %s %s %v", bad.Method, bad.URL.Path, bad.Header)
+		}
 	}
 }

@@ -181,6 +181,10 @@ func (p *proxying) Instance(use *engine.Use) error {
 	if door == held.Reserved {
 		return p.reserved()
 	}
+	if door == held.ClientPull {
+		// A fleet's entry box pulling what its held WebSockets get (providerfwd.go).
+		return p.instancePull(use, cs)
+	}
 	if cs != nil && p.h.app.box.Mesh() != nil {
 		// Its instance may send to connections held at any box (held.Conns.EnsureControl).
 		cs.EnsureControl(p.host)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
+	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/held"
 	"github.com/lchat/lchat-caddy/provider"
 )
 
@@ -20,6 +22,16 @@ import (
 
 // provisionProviderProxies sets up one reverse proxy per provider of the app's config.
 func (h *Handler) provisionProviderProxies(ctx caddy.Context, flush caddy.Duration) error {
+	if cs := h.app.conns; cs != nil {
+		// The events and pulls of the WebSockets this box holds for delegated spaces.
+		ps := h.app.prov
+		cs.SetProviders(func(name string) http.RoundTripper {
+			if c := ps.conn(name); c != nil {
+				return c
+			}
+			return nil
+		})
+	}
 	if h.app.prov == nil {
 		return nil
 	}
@@ -56,6 +68,11 @@ func (h *Handler) stripClient(r *http.Request, host string, hops *int) string {
 	if c == nil || !provider.ClientRequest(r) {
 		return ""
 	}
+	if e := r.Header.Get(connhold.EntryHeader); e != "" {
+		// The fleet's word for its entry box: recorded under the fleet's name, never
+		// called (held/provider.go).
+		r.Header.Set(connhold.EntryHeader, provider.ClientEntry(c.Name, e))
+	}
 	if *hops == 0 {
 		*hops = 1
 	}
@@ -63,10 +80,12 @@ func (h *Handler) stripClient(r *http.Request, host string, hops *int) string {
 }
 
 // Provider forwards the request of a delegated space to its provider (box.ProviderProxy),
-// Host kept. A resumable event stream is held here, as for a space of this fleet's own
-// (sse.go): the provider leaves it to this box, which reopens it through its provider
-// when the space is awake there again. A provider that gives no answer is a 503 with
-// Retry-After for this space alone.
+// Host kept. Held connections are held here, as for a space of this fleet's own: a
+// resumable event stream (sse.go), which the provider leaves to this box and which it
+// reopens through its provider when the space is awake there again; and a WebSocket
+// whose instance opts in (forwardUpgrade), whose events go over the same hop
+// (held/provider.go). A provider that gives no answer is a 503 with Retry-After for this
+// space alone.
 func (p *proxying) Provider(name string) error {
 	pp := p.h.providerProxies[name]
 	if pp == nil {
@@ -78,6 +97,11 @@ func (p *proxying) Provider(name string) error {
 	}
 	var err error
 	switch cs := p.h.app.conns; {
+	case cs != nil && p.hops == 0 && connhold.IsUpgrade(p.r):
+		var kept bool
+		if kept, err = p.forwardUpgradeVia(p.r, cs, pp); kept {
+			cs.HoldForProvider(p.host, name)
+		}
 	case cs != nil && p.hops == 0 && (p.sse != nil || connhold.AcceptsEventStream(p.r)):
 		var res box.Forwarded
 		if res, err = p.forwardSSE(p.r, cs, pp); res == box.NotSent {
@@ -92,6 +116,15 @@ func (p *proxying) Provider(name string) error {
 			Err: fmt.Errorf("space %s: its provider %s cannot be reached: %w", p.host, name, innerError(err))})
 	}
 	return p.noAnswer(err, "space "+p.host+": its provider "+name)
+}
+
+// instancePull, on the provider's box, answers a fleet entry box's pull of what the
+// space's instance sent to the WebSockets it holds (held.Conns.ServePull).
+func (p *proxying) instancePull(use *engine.Use, cs *held.Conns) error {
+	if err := cs.ServePull(p.w, p.r, p.host, use); err != nil {
+		return caddyhttp.Error(box.StatusOf(err), err)
+	}
+	return nil
 }
 
 // innerError is err without the reverse proxy's HandlerError around it: a refusal

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
@@ -73,15 +74,22 @@ func (p *proxying) instanceUpgradeForEntry(use *engine.Use, cs *held.Conns) erro
 	return err
 }
 
-// forwardUpgrade, on the entry box, forwards a client's upgrade with a fresh connection
-// id, asking the peer to pass an opt-in answer back: the client's socket is then held
-// here, whichever box runs the space now or later.
+// forwardUpgrade, on the entry box, forwards a client's upgrade to the peer the box
+// chose (forwardUpgradeVia).
 func (p *proxying) forwardUpgrade(fr *http.Request, cs *held.Conns) (kept bool, err error) {
+	return p.forwardUpgradeVia(fr, cs, p.h.meshProxy)
+}
+
+// forwardUpgradeVia forwards a client's upgrade with a fresh connection id through via
+// (to a peer, or to a delegated space's provider), asking it to pass an opt-in answer
+// back: the client's socket is then held here, whichever box runs the space now or
+// later.
+func (p *proxying) forwardUpgradeVia(fr *http.Request, cs *held.Conns, via *reverseproxy.Handler) (kept bool, err error) {
 	id := connhold.NewID()
 	fr.Header.Set(connhold.ConnIDHeader, id)
 	fr.Header.Set(connhold.EntryHeader, p.h.app.box.Self())
 	hw := held.NewHoldWriter(p.w)
-	err = p.h.meshProxy.ServeHTTP(hw, fr, p.next)
+	err = via.ServeHTTP(hw, fr, p.next)
 	if !hw.Held() {
 		return false, err
 	}

@@ -1,0 +1,473 @@
+package held
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/box"
+	"github.com/lchat/lchat-caddy/connhold"
+	"github.com/lchat/lchat-caddy/engine"
+	"github.com/lchat/lchat-caddy/internal/safego"
+	"github.com/lchat/lchat-caddy/provider"
+)
+
+// Held WebSockets of a delegated space (docs/providers.md, "Held connections"): the
+// fleet's entry box holds the client's socket as for any space, and its provider is one
+// more kind of peer. On the fleet's side each event goes over the provider hop
+// (eventDoor.Provider), its acknowledgement stamped as a peer stamps it, the instance
+// named under the provider's name (providerAt) so that it is never taken for a box of
+// the fleet; and one pull per delegated space with held connections (pullLoop) brings
+// back what the space's instance sent to them through its control endpoint and the
+// notices of what its checkpoints saved. On the provider's side the fleet's entry box is
+// never called: what is for it waits in an outbox until its pull takes it (ServePull).
+
+// providerAtPrefix begins the Box of an instance at a provider, as this fleet names it.
+const providerAtPrefix = "provider/"
+
+// providerAt is at, an instance on a box of provider name, as this fleet names it.
+func providerAt(name string, at connhold.At) connhold.At {
+	at.Box = providerAtPrefix + name + "/" + at.Box
+	return at
+}
+
+// fromProviderAt is the provider and its own name of at, when at is a provider's.
+func fromProviderAt(at connhold.At) (name string, inner connhold.At, ok bool) {
+	rest, ok := strings.CutPrefix(at.Box, providerAtPrefix)
+	if !ok {
+		return "", at, false
+	}
+	name, at.Box, ok = strings.Cut(rest, "/")
+	return name, at, ok
+}
+
+// SetProviders gives the transports of this config's providers (provider.Conn, by
+// name; nil when there is none of that name): the events and pulls of held connections
+// of delegated spaces go through them. Each config sets its own; the last one wins.
+func (c *Conns) SetProviders(conn func(name string) http.RoundTripper) {
+	c.providers.Store(&conn)
+}
+
+func (c *Conns) providerConn(name string) http.RoundTripper {
+	f := c.providers.Load()
+	if f == nil || *f == nil {
+		return nil
+	}
+	return (*f)(name)
+}
+
+// Provider carries the event to the provider the space is delegated to, as a forward
+// to a peer (Forward): with this box as its entry box and the provider's instances among
+// its priors under their own names. The answer is the provider's: bounded and decoded
+// as a peer's (readForwardedAnswer), its instance renamed under the provider's name.
+func (d *eventDoor) Provider(name string) error {
+	c, ev := d.c, d.ev
+	rt := c.providerConn(name)
+	if rt == nil {
+		d.err = errEventRefused{box.Refusal{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("provider %s is not configured on this box", name)}}
+		return nil
+	}
+	req, err := connhold.NewEventRequest(d.ctx, "https://"+ev.Space, ev)
+	if err != nil {
+		d.err = err
+		return nil
+	}
+	req.Header.Set(connhold.EntryHeader, c.box.Self())
+	sent := make(map[connhold.At]connhold.At, len(ev.Prior))
+	for _, p := range ev.Prior {
+		wire := p
+		if pn, inner, ok := fromProviderAt(p); ok && pn == name {
+			wire = inner
+		}
+		sent[wire] = p
+		req.Header.Add(connhold.PriorHeader, wire.String())
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		if box.IsDialError(err) || errors.As(err, new(provider.DialError)) {
+			d.err = fmt.Errorf("%w: provider %s: %w", connhold.ErrNotDelivered, name, err)
+		} else {
+			d.err = fmt.Errorf("%w: provider %s: %w", connhold.ErrNotAcknowledged, name, err)
+		}
+		return nil
+	}
+	defer resp.Body.Close()
+	reply, err := readForwardedAnswer(resp)
+	if re, ok := connhold.IsReplay(err); ok {
+		// Only the priors it was sent: a provider cannot name a box of this fleet.
+		var stale []connhold.At
+		for _, s := range re.Stale {
+			if p, ok := sent[s]; ok {
+				stale = append(stale, p)
+			}
+		}
+		if len(stale) == 0 {
+			err = fmt.Errorf("%w: provider %s asked for a replay of nothing it was sent", connhold.ErrNotAcknowledged, name)
+		} else {
+			err = &connhold.ReplayError{Stale: stale}
+		}
+	}
+	if err == nil {
+		reply.At = providerAt(name, reply.At)
+	}
+	d.reply, d.err = reply, err
+	return nil
+}
+
+// The pull: GET provider.PullPath, answered 200 with a body of pullItem (JSON, one a
+// line) once something waits for the entry box, 204 after pullWait with nothing, or 409
+// when the space is not awake there (a pull never wakes it).
+const (
+	pullWait = 25 * time.Second
+	// pullProbe is how long an entry box waits for a wake of the space at its provider
+	// (a request of it answered) before it pulls again anyway.
+	pullProbe = 5 * time.Second
+	// maxPullBytes bounds a pull's answer (as read by the entry box) and an outbox (as
+	// kept by the provider's box: past it the oldest items are dropped).
+	maxPullBytes = 16 << 20
+	// outboxIdle is how long an outbox no pull takes from is kept.
+	outboxIdle = 2 * time.Minute
+)
+
+// pullItem is one line of a pull's answer: a notice about the messages the space's
+// instance acknowledged for the entry box, or a control call its instance made.
+type pullItem struct {
+	Notice  *connhold.Notice `json:"notice,omitempty"`
+	Control *controlCall     `json:"control,omitempty"`
+}
+
+// controlCall is a control call (POST connhold.SendPath, ClosePath or SetPath) to be
+// applied by the entry box to the connections of the space it holds.
+type controlCall struct {
+	Path   string            `json:"path"`
+	Query  string            `json:"query,omitempty"`
+	Header map[string]string `json:"header,omitempty"`
+	Body   []byte            `json:"body,omitempty"`
+}
+
+// controlHeaders are the headers a control call carries between boxes (fanoutControl).
+var controlHeaders = []string{"Content-Type", connhold.SetTagsHeader, connhold.SetMetaHeader, connhold.CloseHeader,
+	connhold.CloseReasonHeader, connhold.AutoRequestHeader, connhold.AutoResponseHeader}
+
+// outbox is what waits on the provider's box for one fleet entry box's pull of a space.
+type outbox struct {
+	items   [][]byte
+	bytes   int
+	ready   chan struct{} // closed when an item is added, replaced when taken
+	pulls   int           // pulls waiting on it
+	touched time.Time
+}
+
+// outboxes are the provider's side: by host, by client entry (provider.ClientEntry).
+type outboxes struct {
+	mu sync.Mutex
+	by map[string]map[string]*outbox
+}
+
+// isClientEntry reports whether entry is a fleet's entry box, which this box never calls.
+func isClientEntry(entry string) bool { return strings.HasPrefix(entry, provider.ClientEntryPrefix) }
+
+// touchLocked is host's outbox for entry, made if needed, touched now.
+func (o *outboxes) touchLocked(host, entry string, now time.Time) *outbox {
+	if o.by == nil {
+		o.by = make(map[string]map[string]*outbox)
+	}
+	m := o.by[host]
+	if m == nil {
+		m = make(map[string]*outbox)
+		o.by[host] = m
+	}
+	ob := m[entry]
+	if ob == nil {
+		ob = &outbox{ready: make(chan struct{})}
+		m[entry] = ob
+	}
+	ob.touched = now
+	return ob
+}
+
+// touch makes sure host's outbox for a client entry exists: from an upgrade or an event
+// of that entry box on, the instance's sends for it are kept until its pull.
+func (c *Conns) touch(host, entry string) {
+	if !isClientEntry(entry) {
+		return
+	}
+	c.out.mu.Lock()
+	c.out.touchLocked(host, entry, time.Now())
+	c.out.mu.Unlock()
+}
+
+// enqueue adds it to host's outboxes: entry's alone, or every one when entry is "".
+// It reports whether there was any. An outbox no pull took from for outboxIdle is
+// dropped; one past maxPullBytes loses its oldest items.
+func (c *Conns) enqueue(host, entry string, it pullItem) bool {
+	line, err := json.Marshal(it)
+	if err != nil {
+		return false
+	}
+	now := time.Now()
+	c.out.mu.Lock()
+	defer c.out.mu.Unlock()
+	any := false
+	for e, ob := range c.out.by[host] {
+		if ob.pulls == 0 && now.Sub(ob.touched) > outboxIdle {
+			delete(c.out.by[host], e)
+			continue
+		}
+		if entry != "" && e != entry {
+			continue
+		}
+		any = true
+		ob.items = append(ob.items, line)
+		ob.bytes += len(line)
+		for ob.bytes > maxPullBytes && len(ob.items) > 1 {
+			ob.bytes -= len(ob.items[0])
+			ob.items = ob.items[1:]
+			c.log.Warn("a fleet's entry box does not pull a delegated space's held-connection calls; dropping the oldest",
+				zap.String("host", host))
+		}
+		close(ob.ready)
+		ob.ready = make(chan struct{})
+	}
+	if len(c.out.by[host]) == 0 {
+		delete(c.out.by, host)
+	}
+	return any
+}
+
+// ServePull answers a fleet entry box's pull of host's outbox (entry, a client entry)
+// on the box where the space is awake (use, released at once: a pull keeps the space
+// awake no more than a held connection does): what waits, or what comes within
+// pullWait, as JSON lines; 204 when nothing came.
+func (c *Conns) ServePull(w http.ResponseWriter, r *http.Request, host string, use *engine.Use) error {
+	use.Release()
+	entry := r.Header.Get(connhold.EntryHeader)
+	if !isClientEntry(entry) {
+		return &box.Error{Status: http.StatusBadRequest, Err: errors.New("a pull names no fleet's entry box")}
+	}
+	c.out.mu.Lock()
+	ob := c.out.touchLocked(host, entry, time.Now())
+	ob.pulls++
+	c.out.mu.Unlock()
+	defer func() {
+		c.out.mu.Lock()
+		ob.pulls--
+		ob.touched = time.Now()
+		c.out.mu.Unlock()
+	}()
+	t := time.NewTimer(pullWait)
+	defer t.Stop()
+	for {
+		c.out.mu.Lock()
+		items, ready := ob.items, ob.ready
+		if len(items) > 0 {
+			ob.items, ob.bytes = nil, 0
+		}
+		c.out.mu.Unlock()
+		if len(items) > 0 {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			for _, l := range items {
+				w.Write(l)
+				w.Write([]byte("\n"))
+			}
+			return nil
+		}
+		select {
+		case <-ready:
+		case <-t.C:
+			w.WriteHeader(http.StatusNoContent)
+			return nil
+		case <-r.Context().Done():
+			return nil
+		case <-c.box.Exiting():
+			w.WriteHeader(http.StatusNoContent)
+			return nil
+		}
+	}
+}
+
+// clientControl is a space's control endpoint on the provider's side: a call that sends,
+// closes or sets is also queued for the fleets' entry boxes that hold connections of
+// the space. A call for one connection this box does not hold is answered 204 when it
+// was queued (the entry box that holds it applies it; one that does not ignores it).
+type clientControl struct {
+	c     *Conns
+	host  string
+	local http.Handler
+}
+
+func (cc *clientControl) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case connhold.SendPath, connhold.ClosePath, connhold.SetPath:
+	default:
+		cc.local.ServeHTTP(w, r)
+		return
+	}
+	if r.Method != http.MethodPost {
+		cc.local.ServeHTTP(w, r)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 16<<20+1))
+	if err != nil || len(body) > 16<<20 {
+		http.Error(w, "body too large or unreadable", http.StatusRequestEntityTooLarge)
+		return
+	}
+	call := &controlCall{Path: r.URL.Path, Query: r.URL.RawQuery, Body: body, Header: map[string]string{}}
+	for _, k := range controlHeaders {
+		if v := r.Header.Get(k); v != "" {
+			call.Header[k] = v
+		}
+	}
+	rec := record(cc.local, r, body)
+	queued := cc.c.enqueue(cc.host, "", pullItem{Control: call})
+	if queued && rec.code == http.StatusNotFound && r.URL.Query().Get("conn") != "" {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	rec.writeTo(w)
+}
+
+// HoldForProvider notes that this box holds a WebSocket of host, delegated to the
+// provider name: one pull of host runs while it holds any (pullLoop).
+func (c *Conns) HoldForProvider(host, name string) {
+	c.mu.Lock()
+	if c.pulling == nil {
+		c.pulling = make(map[string]bool)
+	}
+	if c.pulling[host] || c.done {
+		c.mu.Unlock()
+		return
+	}
+	c.pulling[host] = true
+	c.mu.Unlock()
+	safego.Go(nil, c.log, "pull of a delegated space's held connections", func() {
+		defer func() {
+			c.mu.Lock()
+			delete(c.pulling, host)
+			c.mu.Unlock()
+		}()
+		c.pullLoop(host, name)
+	})
+}
+
+// pullLoop pulls host's calls and notices from its provider name while this box holds
+// connections of it and it is delegated there: again at once after an answer, after the
+// space's next wake there (or pullProbe) when it is not awake.
+func (c *Conns) pullLoop(host, name string) {
+	for {
+		if c.ctx.Err() != nil || c.hub.SpaceStats()[host].Open == 0 {
+			return
+		}
+		if rt, ok := c.box.Lookup(host); !ok || rt.Provider != name {
+			return
+		}
+		woke := c.wakeSignal(host)
+		if c.pullOnce(host, name) {
+			continue
+		}
+		t := time.NewTimer(pullProbe)
+		select {
+		case <-c.ctx.Done():
+		case <-woke:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// pullOnce makes one pull; false when it got no answer from the space's instance there
+// (an error, the space asleep or moving).
+func (c *Conns) pullOnce(host, name string) bool {
+	rt := c.providerConn(name)
+	if rt == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, pullWait+30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+host+provider.PullPath, nil)
+	if err != nil {
+		return false
+	}
+	req.Header.Set(connhold.EntryHeader, c.box.Self())
+	req.Header.Set(connhold.ReopenHeader, "1")
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		c.log.Debug("pulling a delegated space's held-connection calls", zap.String("host", host), zap.String("provider", name), zap.Error(err))
+		return false
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusNoContent:
+		return true
+	case http.StatusOK:
+	default:
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return false
+	}
+	dec := json.NewDecoder(io.LimitReader(resp.Body, maxPullBytes))
+	for {
+		var it pullItem
+		if err := dec.Decode(&it); err != nil {
+			if err != io.EOF {
+				c.log.Warn("a provider's pull answer is malformed; the rest is dropped", zap.String("host", host),
+					zap.String("provider", name), zap.Error(err))
+			}
+			return true
+		}
+		c.applyPulled(host, name, it)
+	}
+}
+
+// applyPulled applies one item of host's pull from provider name, scoped to host: a
+// notice of another space, a call to another path, are ignored.
+func (c *Conns) applyPulled(host, name string, it pullItem) {
+	if n := it.Notice; n != nil && n.Space == host {
+		at, err := connhold.ParseAt(n.At)
+		if err != nil {
+			return
+		}
+		at = providerAt(name, at)
+		if n.Gone {
+			c.hub.RemoteGone(host, at, n.Covered)
+		} else {
+			c.hub.RemoteCovered(host, at, n.Covered)
+		}
+	}
+	call := it.Control
+	if call == nil {
+		return
+	}
+	switch call.Path {
+	case connhold.SendPath, connhold.ClosePath, connhold.SetPath:
+	default:
+		return
+	}
+	req, err := http.NewRequest(http.MethodPost, "http://"+host+call.Path+"?"+call.Query, bytes.NewReader(call.Body))
+	if err != nil {
+		return
+	}
+	for _, k := range controlHeaders {
+		if v, ok := call.Header[k]; ok {
+			req.Header.Set(k, v)
+		}
+	}
+	rec := &recorded{header: http.Header{}}
+	c.hub.ControlHandler(host).ServeHTTP(rec, req)
+}
+
+// providerState is the fields of Conns for the provider seam.
+type providerState struct {
+	providers atomic.Pointer[func(name string) http.RoundTripper]
+	out       outboxes
+}
