@@ -65,7 +65,7 @@ type Conns struct {
 	controls   map[string]*http.Server          // by host: control endpoints (control.go)
 	lastCkptOK map[string]bool                  // by host: whether the last checkpoint succeeded (observe)
 	awakeAt    map[string]string                // by host: the peer that last announced it awake
-	pulling    map[string]bool                  // by host: a delegated space's pull runs (provider.go)
+	pulling    map[string]int                   // by host: its pull's state (provider.go)
 
 	// announceMu guards announced: the hosts woken here since the last announcement.
 	announceMu sync.Mutex

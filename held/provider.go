@@ -119,6 +119,8 @@ func (d *eventDoor) Provider(name string) error {
 	}
 	if err == nil {
 		reply.At = providerAt(name, reply.At)
+		// Its pull may have ended (re-delegated, this box restarted its loop).
+		c.HoldForProvider(ev.Space, name)
 	}
 	d.reply, d.err = reply, err
 	return nil
@@ -211,14 +213,17 @@ func (c *Conns) touch(host, entry string) {
 // It reports whether there was any. An outbox no pull took from for outboxIdle is
 // dropped; one past maxPullBytes loses its oldest items.
 func (c *Conns) enqueue(host, entry string, it pullItem) bool {
+	c.out.mu.Lock()
+	defer c.out.mu.Unlock()
+	if len(c.out.by[host]) == 0 {
+		return false
+	}
 	line, err := json.Marshal(it)
 	if err != nil {
 		return false
 	}
 	now := time.Now()
-	c.out.mu.Lock()
-	defer c.out.mu.Unlock()
-	any := false
+	queued := false
 	for e, ob := range c.out.by[host] {
 		if ob.pulls == 0 && now.Sub(ob.touched) > outboxIdle {
 			delete(c.out.by[host], e)
@@ -227,7 +232,7 @@ func (c *Conns) enqueue(host, entry string, it pullItem) bool {
 		if entry != "" && e != entry {
 			continue
 		}
-		any = true
+		queued = true
 		ob.items = append(ob.items, line)
 		ob.bytes += len(line)
 		for ob.bytes > maxPullBytes && len(ob.items) > 1 {
@@ -242,7 +247,7 @@ func (c *Conns) enqueue(host, entry string, it pullItem) bool {
 	if len(c.out.by[host]) == 0 {
 		delete(c.out.by, host)
 	}
-	return any
+	return queued
 }
 
 // ServePull answers a fleet entry box's pull of host's outbox (entry, a client entry)
@@ -338,26 +343,44 @@ func (cc *clientControl) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec.writeTo(w)
 }
 
+// The states of a delegated space's pull (Conns.pulling).
+const (
+	pullRunning = 1 + iota // its loop runs
+	pullAgain              // and was asked for since its last look: it looks again before it ends
+)
+
 // HoldForProvider notes that this box holds a WebSocket of host, delegated to the
-// provider name: one pull of host runs while it holds any (pullLoop).
+// provider name (a connection accepted, or an event delivered there): one pull of host
+// runs while it holds any and the space stays delegated there (pullLoop).
 func (c *Conns) HoldForProvider(host, name string) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.pulling == nil {
-		c.pulling = make(map[string]bool)
+		c.pulling = make(map[string]int)
 	}
-	if c.pulling[host] || c.done {
-		c.mu.Unlock()
+	switch {
+	case c.done:
+		return
+	case c.pulling[host] != 0:
+		c.pulling[host] = pullAgain
 		return
 	}
-	c.pulling[host] = true
-	c.mu.Unlock()
+	c.pulling[host] = pullRunning
 	safego.Go(nil, c.log, "pull of a delegated space's held connections", func() {
-		defer func() {
+		for {
+			c.pullLoop(host, name)
 			c.mu.Lock()
-			delete(c.pulling, host)
+			again := c.pulling[host] == pullAgain && c.ctx.Err() == nil
+			if !again {
+				delete(c.pulling, host)
+			} else {
+				c.pulling[host] = pullRunning
+			}
 			c.mu.Unlock()
-		}()
-		c.pullLoop(host, name)
+			if !again {
+				return
+			}
+		}
 	})
 }
 

@@ -173,8 +173,11 @@ func TestHeldWebSocketOfADelegatedSpace(t *testing.T) {
 
 	// B's box killed with messages acknowledged since its last checkpoint, and started
 	// again while the client sends: every message reaches the new instance, the ones its
-	// state lost again.
+	// state lost again; those its checkpoint holds are dropped if they come again.
+	gen := generationIn(t, b, host)
+	harness.WaitFor(t, 20*time.Second, "a checkpoint on B holding the first messages", func() bool { return generationIn(t, b, host) > gen })
 	apply(3)
+	settle("before the kill", 20*time.Second)
 	b1.Kill()
 	apply(3)
 	b1.Start()
