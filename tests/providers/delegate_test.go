@@ -323,7 +323,8 @@ func (s *stream) close() { s.stop() }
 // forgedEntry: a fleet's signed upgrade naming an entry box of its choosing
 // (Lchat-Ws-Entry) never makes the provider's box call that address when the room sends
 // to its held WebSockets (a peer of the provider's mesh would get those calls, with the
-// provider's mesh token); the provider's box holds the socket itself.
+// provider's mesh token): the entry box is recorded under the fleet's name and only takes
+// what is for it with its pull.
 func forgedEntry(t *testing.T, a, b *fleet, room string) {
 	t.Helper()
 	calls := make(chan string, 16)
