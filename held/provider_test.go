@@ -1,13 +1,19 @@
 package held
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/box/boxtest"
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/provider"
 )
@@ -91,5 +97,84 @@ func TestOutboxesKeepWhatTheEntryBoxesPull(t *testing.T) {
 	c.out.mu.Unlock()
 	if c.enqueue(host, "", send) {
 		t.Error("queued for entry boxes that stopped pulling long ago")
+	}
+}
+
+// roundTripFunc is an http.RoundTripper from a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A provider's answer to an event is untrusted: its instance is named under the
+// provider's name, it may ask for a replay only of the priors it was sent (in its own
+// naming), and an answer too large, unstamped or malformed acknowledges nothing; a
+// provider that cannot be reached has not seen the event.
+func TestProviderEventAnswersAreUntrusted(t *testing.T) {
+	c := openConns(t, boxtest.Open(t, boxtest.Options{}))
+	const host = "room.example.com"
+	mine := connhold.At{Box: "https://p1:443", Incarnation: "i1", Instance: "3"}
+	fleetBox := connhold.At{Box: "https://a2:443", Incarnation: "j", Instance: "1"}
+	ev := connhold.Event{Space: host, ConnID: connhold.NewID(), Seq: 4, Kind: connhold.KindText, Payload: []byte("hi"),
+		Prior: []connhold.At{providerAt("partner", mine), fleetBox}}
+	answer := func(code int, h map[string][]string, body string) func(*http.Request) (*http.Response, error) {
+		return func(r *http.Request) (*http.Response, error) {
+			rec := httptest.NewRecorder()
+			for k, v := range h {
+				rec.Header()[k] = v
+			}
+			rec.WriteHeader(code)
+			rec.WriteString(body)
+			return rec.Result(), nil
+		}
+	}
+	stamp := map[string][]string{connhold.AckAtHeader: {"https://p2:443 i2 9"}, connhold.AckMarkHeader: {"5"}}
+	for _, tc := range []struct {
+		name    string
+		rt      func(*http.Request) (*http.Response, error)
+		replay  []connhold.At
+		err     error
+		replyAt connhold.At
+	}{
+		{name: "acknowledged", rt: answer(200, stamp, "ok"), replyAt: providerAt("partner", connhold.At{Box: "https://p2:443", Incarnation: "i2", Instance: "9"})},
+		{name: "a replay of what it was sent", rt: answer(409, map[string][]string{connhold.ReplayHeader: {mine.String(), fleetBox.String()}}, ""),
+			replay: []connhold.At{providerAt("partner", mine), fleetBox}},
+		{name: "a replay of an instance it was not sent", rt: answer(409, map[string][]string{connhold.ReplayHeader: {"https://a9:443 x 1"}}, ""),
+			err: connhold.ErrNotAcknowledged},
+		{name: "no mark", rt: answer(200, map[string][]string{connhold.AckAtHeader: {"https://p2:443 i2 9"}}, "ok"), err: errors.New("no mark")},
+		{name: "too large", rt: answer(200, stamp, strings.Repeat("x", connhold.MaxAnswer+1)), err: connhold.ErrNotAcknowledged},
+		{name: "refused", rt: answer(503, map[string][]string{connhold.RefusedHeader: {"1"}}, ""), err: connhold.ErrNotDelivered},
+		{name: "unreachable", rt: func(*http.Request) (*http.Response, error) {
+			return nil, provider.DialError{Err: errors.New("connection refused")}
+		}, err: connhold.ErrNotDelivered},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var sent http.Header
+			c.SetProviders(func(name string) http.RoundTripper {
+				if name != "partner" {
+					return nil
+				}
+				return roundTripFunc(func(r *http.Request) (*http.Response, error) { sent = r.Header.Clone(); return tc.rt(r) })
+			})
+			d := &eventDoor{c: c, ctx: context.Background(), ev: ev}
+			d.Provider("partner")
+			if got := sent.Values(connhold.PriorHeader); len(got) != 2 || got[0] != mine.String() || got[1] != fleetBox.String() {
+				t.Fatalf("priors sent %q: want the provider's own naming of its instance", got)
+			}
+			re, isReplay := connhold.IsReplay(d.err)
+			switch {
+			case tc.replay != nil:
+				if !isReplay || !slices.Equal(re.Stale, tc.replay) {
+					t.Fatalf("replay %v (%v), want %v", re, d.err, tc.replay)
+				}
+			case tc.err != nil:
+				if d.err == nil || isReplay || (errors.Is(tc.err, connhold.ErrNotDelivered) || errors.Is(tc.err, connhold.ErrNotAcknowledged)) && !errors.Is(d.err, tc.err) {
+					t.Fatalf("error %v, want %v", d.err, tc.err)
+				}
+			default:
+				if d.err != nil || d.reply.At != tc.replyAt || d.reply.Mark != 5 {
+					t.Fatalf("reply %+v %v, want at %v mark 5", d.reply, d.err, tc.replyAt)
+				}
+			}
+		})
 	}
 }
