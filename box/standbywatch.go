@@ -254,6 +254,7 @@ func (w *standbyWatch) takeOver(holder, inc, why string) {
 				return
 			}
 			u, err := w.b.eng.TakeOver(ctx, SpaceOf(rt), holder, inc)
+			w.b.NoteTakeover(host, holder, why, time.Since(start), err)
 			if err != nil {
 				if !errors.Is(err, engine.ErrNotStandby) {
 					log.Error("standby takeover failed", zap.String("host", host), zap.Error(err))

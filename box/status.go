@@ -80,6 +80,8 @@ type MeshStatus struct {
 	Membership any                        `json:"membership"`
 	// StandbyFor is the spaces this box stands by for: the streams its spool keeps.
 	StandbyFor []StandbyFor `json:"standby_for,omitempty"`
+	// StandbyTotals is this box's streams and takeovers since it started.
+	StandbyTotals *engine.StandbyTotals `json:"standby_totals,omitempty"`
 }
 
 // MeshStatus reads this box's mesh status document; its counters are the mesh's and the
@@ -102,6 +104,8 @@ func (b *Box) MeshStatus() MeshStatus {
 		Membership:   ms.m.Stats(),
 		StandbyFor:   b.standbyFor(),
 	}
+	tot := b.StandbyTotals()
+	st.StandbyTotals = &tot
 	for _, m := range ms.m.Live() {
 		st.Live = append(st.Live, m.Self)
 	}

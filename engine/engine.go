@@ -54,11 +54,13 @@ const (
 	DurabilityCheckpoint Durability = "checkpoint"
 	// DurabilityBucket: every answer of the instance waits until the SQLite commits made
 	// before it are in the space's log in the bucket (durable.go): a write the box
-	// acknowledged survives the death of its box, its disk included. The default.
+	// acknowledged survives the death of its box, its disk included. The default on a box
+	// with no mesh.
 	DurabilityBucket Durability = "bucket"
 	// DurabilityStandby: every answer waits until the commits made before it are on the
 	// disk of the space's standby box as well (standby.go), or, with no standby, in the
-	// bucket log: a write the box acknowledged survives the death of its box.
+	// bucket log: a write the box acknowledged survives the death of its box. The default
+	// on a box of a mesh.
 	DurabilityStandby Durability = "standby"
 )
 
@@ -149,8 +151,9 @@ type Config struct {
 	HolderLive func(holder, incarnation string) bool
 	// WakeScanInterval is the scheduled-wake LIST interval. Default 30s.
 	WakeScanInterval time.Duration
-	// Owns limits scheduled wakes to owned hosts; nil = all.
-	Owns func(host string) bool
+	// Owns reports whether this box fires host's due scheduled wake, late past its due
+	// time (a mesh: mesh.Node.FiresWake); nil = all.
+	Owns func(host string, late time.Duration) bool
 	// Resolve maps a host with a due scheduled wake to its route; not found means the host
 	// has no route (its record is deleted when this box owns the host). nil falls back to
 	// the last Space this engine was asked to serve under that host.
@@ -318,6 +321,8 @@ type Engine struct {
 	disks  *sandbox.Disks
 	// tmpHidden caches hiddenByPrivateTmp by command: error, or nil.
 	tmpHidden sync.Map
+	// standby is the totals of the streams and takeovers (standbystats.go).
+	standby standbyTotals
 }
 
 // New validates cfg, applies defaults and returns an engine. Call Start for the background
@@ -350,7 +355,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.MaxStarting = 2 * runtime.GOMAXPROCS(0)
 	}
 	cfg.PageReader = pageReaderPath(cfg.PageReader)
-	kinds, err := kindsWithDefaults(cfg.Kinds)
+	kinds, err := kindsWithDefaults(cfg.Kinds, cfg.Standby != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -510,9 +515,15 @@ func validHost(h string) bool {
 	return !strings.ContainsAny(h, "/\\\x00") && !strings.HasPrefix(h, ".")
 }
 
-func kindsWithDefaults(in map[string]Kind) (map[string]Kind, error) {
+// kindsWithDefaults checks the kinds and fills in their defaults; a kind that names no
+// durability gets standby on a box of a mesh (withStandby: its spaces acknowledge on bucket
+// proofs while the mesh has no other box for them), bucket elsewhere.
+func kindsWithDefaults(in map[string]Kind, withStandby bool) (map[string]Kind, error) {
 	kinds := make(map[string]Kind, len(in))
 	for name, k := range in {
+		if k.Durability == "" && withStandby {
+			k.Durability = DurabilityStandby
+		}
 		k, err := k.withDefaults(name)
 		if err != nil {
 			return nil, fmt.Errorf("engine: kind %s: %v", name, err)
@@ -537,7 +548,7 @@ func (e *Engine) Kinds() map[string]Kind { return *e.kinds.Load() }
 // CheckKinds reports whether SetKinds would accept kinds, changing nothing: a config
 // checks its kinds while it provisions and applies them only once it starts.
 func CheckKinds(kinds map[string]Kind) error {
-	_, err := kindsWithDefaults(kinds)
+	_, err := kindsWithDefaults(kinds, false)
 	return err
 }
 
@@ -545,7 +556,7 @@ func CheckKinds(kinds map[string]Kind) error {
 // were started with until they sleep; the next wake uses the new one. An invalid kind
 // leaves the current set in place.
 func (e *Engine) SetKinds(kinds map[string]Kind) error {
-	k, err := kindsWithDefaults(kinds)
+	k, err := kindsWithDefaults(kinds, e.cfg.Standby != nil)
 	if err != nil {
 		return err
 	}

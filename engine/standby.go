@@ -97,13 +97,20 @@ func (e *Engine) newStreamer(in *inst, d *durable, base *spacestore.LogBase, gen
 
 func (e *Engine) newStream(in *inst, sb *streamer, gen, baseSeq int64) *stream {
 	st := &stream{gen: gen, baseSeq: baseSeq}
+	prev := sb.cur.Load()
 	box, ok := sb.link.Pick(in.host)
 	if !ok {
 		st.breakWith("no other live box in the space's region")
-		in.logger().Warn("no standby for the space: its answers wait for the bucket log", zap.Int64("generation", gen))
+		if prev == nil || prev.box != "" {
+			// Said once per change, not at every checkpoint of a fleet of one.
+			in.logger().Info("no standby for the space: its answers wait for the bucket log", zap.Int64("generation", gen))
+		}
 		return st
 	}
 	st.box = box
+	if prev != nil && prev.box != box {
+		in.logger().Info("standby for the space", zap.String("standby", box), zap.Int64("generation", gen))
+	}
 	return st
 }
 
@@ -186,7 +193,7 @@ func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *st
 	switch {
 	case err == nil:
 		st.sent.Store(seq)
-		d.streamed.Add(1)
+		e.noteStreamed(d)
 		return nil
 	case errors.Is(err, standby.ErrSealed):
 		log.Error("stream sealed by a takeover: this instance acknowledges nothing more", zap.String("standby", st.box))
@@ -200,7 +207,7 @@ func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *st
 		return fmt.Errorf("%w: %w", gate.ErrFenced, err)
 	}
 	if st.breakWith(err.Error()) {
-		d.standbyLost.Add(1)
+		e.noteStandbyLost(d)
 		log.Warn("standby lost: the space's answers wait for the bucket log until its next checkpoint",
 			zap.String("standby", st.box), zap.Error(err))
 		// The next checkpoint starts a new stream: sooner than the replication class's.

@@ -2,12 +2,10 @@ package engine
 
 import (
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-	"weak"
 )
 
 // The standby totals of an engine (standby.go), for the metrics and the status: a space's
@@ -57,21 +55,7 @@ type standbyTotals struct {
 	recent []Takeover // oldest first, at most recentTakeovers
 }
 
-// totalsOf holds each engine's totals, keyed weakly: an engine that is gone takes its
-// entry with it (the cleanup below), so tests that make many engines do not keep them.
-var totalsOf sync.Map // weak.Pointer[Engine] -> *standbyTotals
-
-func (e *Engine) standbyTotals() *standbyTotals {
-	key := weak.Make(e)
-	if v, ok := totalsOf.Load(key); ok {
-		return v.(*standbyTotals)
-	}
-	v, loaded := totalsOf.LoadOrStore(key, new(standbyTotals))
-	if !loaded {
-		runtime.AddCleanup(e, func(k weak.Pointer[Engine]) { totalsOf.Delete(k) }, key)
-	}
-	return v.(*standbyTotals)
-}
+func (e *Engine) standbyTotals() *standbyTotals { return &e.standby }
 
 // noteStreamed counts a segment d's standby took, in d's status and the engine's totals.
 func (e *Engine) noteStreamed(d *durable) {

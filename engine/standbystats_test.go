@@ -83,6 +83,9 @@ func TestStreamStatusOfAnAwakeSpace(t *testing.T) {
 	if !ok || st.Gen != log.Generation || st.Landing != 0 || log.Standby == nil || log.Standby.Box != "box-b" || log.Standby.Sent == 0 {
 		t.Fatalf("stream %+v (ok %v), log %+v standby %+v: want box-b holding the acknowledged segment", st, ok, log, log.Standby)
 	}
+	if tot := a.StandbyTotals(); tot.Streamed == 0 {
+		t.Fatalf("totals %+v: the segment the standby took is not counted", tot)
+	}
 	uc, err := a.Acquire(ctx, Space{Host: ckpt, Kind: "ckpt"})
 	if err != nil {
 		t.Fatal(err)

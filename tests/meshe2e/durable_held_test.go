@@ -54,10 +54,19 @@ func keys[V any](m map[string]V) []string {
 // box is killed right after the WebSocket got the last one. The room wakes on a survivor
 // from the manifest and the log, and more messages are posted. Every message either
 // client received is in the room with the same id (none lost), every message of the room
-// reached both clients on their same connections, each once and in order.
+// reached both clients on their same connections, each once and in order. Run for both
+// durabilities that ship a log: with standby, the room's standby takes it over as soon as
+// the kill is seen (engine.TakeOver), possibly while the clients' next messages are in
+// flight.
 func TestHeldConnectionsAcrossALogTakeover(t *testing.T) {
+	for _, durability := range []string{"bucket", "standby"} {
+		t.Run(durability, func(t *testing.T) { heldAcrossALogTakeover(t, durability) })
+	}
+}
+
+func heldAcrossALogTakeover(t *testing.T, durability string) {
 	c := newCluster(t)
-	c.kind = logOnlyKind(map[string]any{"env": map[string]string{"DEMO_HOLD_CONNECTIONS": "1"}})
+	c.kind = logOnlyKind(map[string]any{"env": map[string]string{"DEMO_HOLD_CONNECTIONS": "1"}, "durability": durability})
 	a, b, cc := c.start(false), c.start(false), c.start(false)
 	harness.WaitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, a).Mesh.Live) == 3 })
 	// Owned by b; once b is gone, by cc (the box that takes it over may be a: the first
