@@ -223,7 +223,7 @@ func newMesh(cfg mesh.Config, opts MeshOptions, bkt bucket.Bucket, version strin
 
 // engineConfig points the engine's lease identity and liveness at the mesh: leases
 // carry this box's SELF and incarnation, a lease is held while its holder's heartbeat
-// is live, and scheduled wakes fire only on the HRW owner of a host.
+// is live, and a host's due scheduled wake fires where it would wake (mesh.Node.FiresWake).
 func (ms *Mesh) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 	mc := ms.m.Config()
 	cfg.Holder = ms.cfg.Self
@@ -232,7 +232,7 @@ func (ms *Mesh) engineConfig(cfg *engine.Config, reg *registry.Registry) {
 	cfg.Fresh = ms.m.Fresh
 	// A fenced box's instances must be gone well before peers count it dead.
 	cfg.FenceStopGrace = mc.FenceMargin / 2
-	cfg.Owns = func(host string) bool { return ms.node.OwnsRoute(reg.Lookup, host) }
+	cfg.Owns = func(host string, late time.Duration) bool { return ms.node.FiresWakeRoute(reg.Lookup, host, late) }
 }
 
 // start starts the loop (the box's lifecycle stays fenced until its first good

@@ -216,7 +216,7 @@ func TestScanDeletesWakeOfHostWithNoRoute(t *testing.T) {
 	e, c := newCountingEngine(t, Config{
 		WakeScanInterval: 10 * time.Millisecond,
 		Resolve:          func(string) (Space, bool) { return Space{}, false },
-		Owns:             func(host string) bool { return host == "mine.example.com" },
+		Owns:             func(host string, _ time.Duration) bool { return host == "mine.example.com" },
 	})
 	defer e.Close()
 	past := time.Now().Add(-time.Minute)

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/spacestore"
 
 	"github.com/lchat/lchat-caddy/internal/safego"
@@ -18,7 +19,8 @@ import (
 const WakeReasonHeader = "X-Lchat-Wake-Reason"
 
 // scanLoop lists wakes/ every WakeScanInterval (one LIST per scan, whatever the number of
-// spaces) and fires the due wakes of owned hosts.
+// spaces) and fires the due wakes this box fires (Config.Owns, asked with how late each
+// is by the bucket's clock).
 func (e *Engine) scanLoop() {
 	sc := &spacestore.WakeScanner{Bucket: e.cfg.Bucket}
 	var mu sync.Mutex
@@ -32,7 +34,7 @@ func (e *Engine) scanLoop() {
 				e.log.Warn("scanning scheduled wakes", zap.Error(err))
 			}
 			for _, r := range recs {
-				if r.At.After(now) || (e.cfg.Owns != nil && !e.cfg.Owns(r.Host)) {
+				if r.At.After(now) || (e.cfg.Owns != nil && !e.cfg.Owns(r.Host, now.Sub(r.At))) {
 					continue
 				}
 				mu.Lock()
@@ -74,7 +76,10 @@ func (e *Engine) resolve(host string) (Space, bool) {
 }
 
 // fireWake wakes the space and POSTs its WakePath until a 2xx, backing off, then deletes the
-// record (only if it is still the one that fired).
+// record (only if it is still the one that fired). Another box may fire the same record
+// (boxes whose views differ, or an overdue wake: Config.Owns); the lease decides which box
+// wakes the space, and a box that failed stops retrying once the record is gone or
+// replaced (delivered by the other), so a wake is not delivered twice.
 func (e *Engine) fireWake(ctx context.Context, r spacestore.WakeRecord) {
 	log := e.log.With(zap.String("host", r.Host))
 	delay := wakeDeliveryBackoff.Next(0)
@@ -112,8 +117,23 @@ func (e *Engine) fireWake(ctx context.Context, r spacestore.WakeRecord) {
 			return
 		case <-time.After(delay):
 		}
+		if e.wakeSettled(ctx, r) {
+			log.Info("scheduled wake delivered or replaced elsewhere; not retrying", zap.Time("due", r.At), zap.Int("attempts", attempt))
+			return
+		}
 		delay = wakeDeliveryBackoff.Next(delay)
 	}
+}
+
+// wakeSettled reports whether r is no longer the listed record of its host: deleted (the
+// wake was delivered, here or by another box) or replaced by a newer one (which a scan
+// fires in its turn). A failed read counts as not settled: the retry goes on.
+func (e *Engine) wakeSettled(ctx context.Context, r spacestore.WakeRecord) bool {
+	info, err := e.cfg.Bucket.Head(ctx, spacestore.WakeKey(r.Host))
+	if errors.Is(err, bucket.ErrNotFound) {
+		return true
+	}
+	return err == nil && r.ETag != "" && info.ETag != r.ETag
 }
 
 func (e *Engine) postWake(ctx context.Context, sp Space) error {

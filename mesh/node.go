@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/lchat/lchat-caddy/registry"
 )
@@ -90,7 +91,7 @@ func (b *Node) IsLiveMember(self string) bool {
 // Owns reports whether this box is where host, homed in homeRegion, is placed: its HRW
 // owner among the live boxes. A host outside this box's mesh scope is this box's own (it
 // is the only one that serves it), unless it is homed in a region whose owner holds its
-// row (homeOwner). Scheduled wakes fire only on the owner.
+// row (homeOwner). Scheduled wakes fire where FiresWake says.
 func (b *Node) Owns(host, homeRegion string) bool {
 	if !b.InScope(host, homeRegion) {
 		_, elsewhere := b.homeOwner(host, homeRegion)
@@ -98,6 +99,36 @@ func (b *Node) Owns(host, homeRegion string) bool {
 	}
 	owner, ok := b.owner(host, homeRegion)
 	return ok && owner.Self == b.Self
+}
+
+// WakeOverdue is how late a due scheduled wake is when its plain HRW owner fires it as
+// well as the box bounded loads place it on (FiresWake): a wake whose boxes' views of the
+// loads disagree, each placing it on the other, is late by this much at most, not skipped
+// forever. It is several scans (engine.Config.WakeScanInterval, default 30 s) and beats:
+// a wake that its target fires and retries is not fired twice for a slow first attempt.
+const WakeOverdue = 2 * time.Minute
+
+// FiresWake reports whether this box fires host's due scheduled wake (homed in
+// homeRegion), late past its due time: this box is where the space wakes (target: bounded
+// loads, with its last known size and the box it last woke on), the box a request for it
+// would wake it on; or the wake is WakeOverdue late and this box is the host's plain HRW
+// owner. A host outside this box's mesh scope is fired as Owns says.
+//
+// Boxes whose views of the loads differ (a beat apart, or sizes read at different times)
+// may each place the wake on itself, and both fire it: the lease decides which wakes the
+// space, and the other stops once the record is gone (engine's fireWake). Or each may
+// place it on the other, and both skip it: then the owner fires it once it is WakeOverdue
+// late. The owner's view of who owns the host changes only with membership, which every
+// box sees alike within a beat, so a wake is late at most WakeOverdue plus a scan, never
+// skipped for good.
+func (b *Node) FiresWake(host, homeRegion string, late time.Duration) bool {
+	if !b.InScope(host, homeRegion) {
+		return b.Owns(host, homeRegion)
+	}
+	if to, ok := b.target(host, homeRegion, b.sizeOf(host)); ok && to.Self == b.Self {
+		return true
+	}
+	return late >= WakeOverdue && b.Owns(host, homeRegion)
 }
 
 // homeOwner is where a route outside this box's scope goes instead of being served

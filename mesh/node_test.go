@@ -122,6 +122,9 @@ func TestPlace(t *testing.T) {
 		{"sent on a stale holder entry, asleep here", Request{Route: hib(theirs), Hops: 1, ViaHint: true}, false, "", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
 		{"sent on a holder entry to the owner, asleep here", Request{Route: hib(mine), Hops: 1, ViaHint: true}, false, "", Decision{Action: Serve}},
 		{"forwarded twice", Request{Route: hib(theirs), Hops: 2}, false, "https://c.mesh.test", Decision{Action: Serve}},
+		{"sent on the owner's stale holder entry, asleep here", Request{Route: hib(theirs), Hops: 2, ViaHint: true}, false, "", Decision{Action: Forward, Peer: "https://b.mesh.test", Fallback: true}},
+		{"sent on the owner's holder entry, woken here", Request{Route: hib(mine), Hops: 2, ViaHint: true}, false, "", Decision{Action: Serve}},
+		{"forwarded as often as allowed on a stale entry", Request{Route: hib(theirs), Hops: MaxHops, ViaHint: true}, false, "", Decision{Action: Serve}},
 		{"awake on a non-owner", Request{Route: hib(theirs)}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Hint: true, Fallback: true}},
 		{"awake on a non-owner, owned here", Request{Route: hib(mine)}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Hint: true, Fallback: true}},
 		{"forwarded to the owner, awake on a non-owner", Request{Route: hib(mine), Hops: 1}, false, "https://c.mesh.test", Decision{Action: Forward, Peer: "https://c.mesh.test", Hint: true, Fallback: true}},
@@ -236,5 +239,124 @@ func TestNextLeaseWait(t *testing.T) {
 	}
 	if waited > MaxLeaseWait || waited < MaxLeaseWait-time.Second {
 		t.Errorf("gave up after %v (%d tries), want about %v", waited, steps, MaxLeaseWait)
+	}
+}
+
+// loadedBox is box self of a fleet of mesh.test boxes with the given published loads,
+// placing by bounded loads over a Placement of that view.
+func loadedBox(self string, ms []Member) *Node {
+	p := new(Placement)
+	p.SetView(ms)
+	return &Node{Self: self, Domains: []string{"mesh.test"}, Live: func() []Member { return ms },
+		Placement: p, Balance: DefaultBalance, Holders: new(Holders)}
+}
+
+// ownerFull is a three-box view of host's candidates in HRW order: a budget of 1,000 MiB
+// each, 100 MiB warm on each box but the owner, which holds ownerWarm.
+func ownerFull(host string, ownerWarm int64) (ms []Member, ranked []string) {
+	ms = []Member{{Self: "https://a.mesh.test"}, {Self: "https://b.mesh.test"}, {Self: "https://c.mesh.test"}}
+	for i := range ms {
+		ms[i].Budget, ms[i].WarmSet, ms[i].Awake = 1000*mib, 100*mib, 1
+	}
+	r := Ranked(host, ms, "")
+	ms[r[0]].WarmSet = ownerWarm * mib
+	for _, i := range r {
+		ranked = append(ranked, ms[i].Self)
+	}
+	return ms, ranked
+}
+
+// TestFiresWake: a due scheduled wake fires where bounded loads wake the space, not on
+// its plain HRW owner; boxes whose views of the loads differ may each place it on the
+// other, and then the owner fires it once it is WakeOverdue late, never never.
+func TestFiresWake(t *testing.T) {
+	const host = "wake.mesh.test"
+	full, r := ownerFull(host, 990)
+	roomy, _ := ownerFull(host, 100)
+	owner, next := r[0], r[1]
+	for _, tc := range []struct {
+		name string
+		box  *Node
+		late time.Duration
+		want bool
+	}{
+		{"the owner, full in its view, on time", loadedBox(owner, full), 0, false},
+		{"the next box, the target in its view", loadedBox(next, full), 0, true},
+		{"the owner, with room in its view", loadedBox(owner, roomy), 0, true},
+		{"the next box, the owner having room in its view", loadedBox(next, roomy), 0, false},
+		// Views that differ so that each places the wake on the other: both skip it, until
+		// it is overdue; then the plain owner fires it, and only the owner.
+		{"the owner, full in its view, nearly overdue", loadedBox(owner, full), WakeOverdue - time.Second, false},
+		{"the owner, full in its view, overdue", loadedBox(owner, full), WakeOverdue, true},
+		{"the next box, the owner having room in its view, overdue", loadedBox(next, roomy), WakeOverdue, false},
+		{"a third box, overdue", loadedBox(r[2], full), time.Hour, false},
+	} {
+		if got := tc.box.FiresWake(host, "", tc.late); got != tc.want {
+			t.Errorf("%s: FiresWake = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestAtCap: a box that refused a wake at max_awake sends the request to where the space
+// would wake without it: the next box with room in the host's HRW order, not a full one,
+// and never back to itself; the hops stay bounded.
+func TestAtCap(t *testing.T) {
+	const host = "wake.mesh.test"
+	ms, r := ownerFull(host, 100)
+	// The third candidate is the lightest; the second is past the tight bound.
+	for i := range ms {
+		switch ms[i].Self {
+		case r[1]:
+			ms[i].WarmSet = 700 * mib
+		case r[2]:
+			ms[i].WarmSet = 50 * mib
+		}
+	}
+	b := loadedBox(r[0], ms)
+	if d := b.AtCap(host, "", 0); d != (Decision{Action: Forward, Peer: r[2]}) {
+		t.Errorf("at the cap, from a client: %+v, want a forward to %s, the box with room", d, r[2])
+	}
+	if d := loadedBox(r[2], ms).AtCap(host, "", 1); d.Action != Forward || d.Peer == r[2] {
+		t.Errorf("the box forwarded to is at its cap too: %+v, want a forward to another box", d)
+	}
+	for name, d := range map[string]Decision{
+		"forwarded as often as allowed": b.AtCap(host, "", MaxHops),
+		"outside the mesh":              b.AtCap("x.other.net", "", 0),
+		"no other box":                  loadedBox(r[0], ms[:0:0]).AtCap(host, "", 0),
+	} {
+		if d.Action != Unavailable || !strings.Contains(d.Reason, "max_awake") {
+			t.Errorf("%s: %+v, want unavailable at the cap", name, d)
+		}
+	}
+	alone := []Member{{Self: r[0]}}
+	alone[0].Budget = 1000 * mib
+	if d := loadedBox(r[0], alone).AtCap(host, "", 0); d.Action != Unavailable {
+		t.Errorf("the only box: %+v, want unavailable", d)
+	}
+}
+
+// TestHintedRequestGoesToTheTarget: a request sent on a holder entry that finds the space
+// asleep (it slept there, the entry still fresh) goes on to where the space wakes by
+// bounded loads, not to its plain HRW owner, which is full, and not woken where the entry
+// pointed; at the entry box's first forward as at the owner's.
+func TestHintedRequestGoesToTheTarget(t *testing.T) {
+	const host = "wake.mesh.test"
+	ms, r := ownerFull(host, 990)
+	owner, target, stale := r[0], r[1], r[2]
+	route := &registry.Route{Host: host, Kind: "demo", Hibernate: true}
+	b := loadedBox(stale, ms)
+	for _, hops := range []int{1, 2} {
+		if d := b.Place(Request{Route: route, Hops: hops, ViaHint: true}); d != (Decision{Action: Forward, Peer: target, Fallback: true}) {
+			t.Errorf("hinted request, hop %d, asleep on %s: %+v, want a forward to %s (plain HRW: %s)", hops, stale, d, target, owner)
+		}
+	}
+	if d := loadedBox(target, ms).Place(Request{Route: route, Hops: 2, ViaHint: true}); d.Action != Serve {
+		t.Errorf("hinted request reaching the target: %+v, want served there", d)
+	}
+	// The entry box follows a fresh entry; the box it points at decides as above.
+	entry := loadedBox(owner, ms)
+	entry.Holders.Put(host, stale)
+	if d := entry.Place(Request{Route: route}); d != (Decision{Action: Forward, Peer: stale, Hint: true, Fallback: true}) {
+		t.Errorf("entry box with a fresh holder entry: %+v, want a hinted forward to %s", d, stale)
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"github.com/lchat/lchat-caddy/registry"
 )
 
-func TestOwnsRoute(t *testing.T) {
+func TestFiresWakeRoute(t *testing.T) {
 	members := []Member{{Self: "https://a.mesh.test", Region: "fi"}, {Self: "https://b.mesh.test", Region: "fi"}}
 	b := testBox(members...)
 	mine := hostOwnedBy(t, members, "https://a.mesh.test")
@@ -27,8 +27,8 @@ func TestOwnsRoute(t *testing.T) {
 		{"gone.mesh.test", false},
 		{"gone.other.net", false}, // no route: nobody's, even outside the mesh
 	} {
-		if got := b.OwnsRoute(lookup, tc.host); got != tc.want {
-			t.Errorf("OwnsRoute(%s) = %v, want %v", tc.host, got, tc.want)
+		if got := b.FiresWakeRoute(lookup, tc.host, 0); got != tc.want {
+			t.Errorf("FiresWakeRoute(%s) = %v, want %v", tc.host, got, tc.want)
 		}
 	}
 }

@@ -62,10 +62,12 @@ type Request struct {
 // it, the next box in the host's HRW order that has (bounded loads: Placement.Target,
 // with the space's last known size, Node.Sizes), which wakes it or, finding its lease held, forwards once more to the
 // holder (LeaseHeld). A request sent on a Holders entry that
-// finds the space asleep (the entry went stale when it slept) goes on to the owner, so
-// the space wakes there, not wherever the entry pointed. A request forwarded twice is served
-// where it lands. A forward to the holder or the owner may fall back to serving here when
-// that box cannot be dialed.
+// finds the space asleep (the entry went stale when it slept) goes on to where the space
+// wakes by the same rule (bounded loads as this box sees them: this box itself while it
+// has room and is where the space last woke), not wherever the entry pointed, at its
+// second forward (an owner's entry) as at its first. Any other request forwarded twice,
+// and any forwarded MaxHops times, is served where it lands. A forward to the holder or
+// the owner may fall back to serving here when that box cannot be dialed.
 //
 // A route outside this box's scope (its host outside the mesh domains, homed in another
 // region) is served here, as a single box would, unless it has a home region and its
@@ -83,7 +85,7 @@ func (b *Node) Place(req Request) Decision {
 		}
 		return Decision{Action: Forward, Peer: rt.LivesAt}
 	}
-	if req.AwakeHere || req.Hops >= 2 {
+	if req.AwakeHere || req.Hops >= MaxHops || req.Hops >= 2 && !req.ViaHint {
 		return Decision{Action: Serve}
 	}
 	if !b.InScope(rt.Host, rt.HomeRegion) {
@@ -147,6 +149,37 @@ func (b *Node) Draining(host, homeRegion string, hops int) Decision {
 		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s: this box is shutting down", host)}
 	}
 	return Decision{Action: Forward, Peer: owner.Self}
+}
+
+// AtCap decides where a request goes whose space this box refused to wake at its
+// max_awake cap (every space awake here in use): to where the space would wake were this
+// box not a candidate (bounded loads over the other live boxes that compete for the host,
+// with the space's last known size and the box it last woke on; the next HRW choice under
+// plain HRW), which serves it as a forwarded request. It runs only on a refusal, so it
+// ranks the live view afresh (linear in the fleet) rather than through Placement. Unavailable (the cap's 503) when the
+// request has made its last forward, the host is outside this box's scope, or no other
+// box competes for it. A box that is full as well forwards in its turn until the hops
+// run out, so a full fleet costs a request at most MaxHops forwards.
+func (b *Node) AtCap(host, homeRegion string, hops int) Decision {
+	if hops < MaxHops && b.InScope(host, homeRegion) {
+		// The host's candidates without this box (not the live boxes without it, which
+		// could take a space out of its home region).
+		live := b.Live()
+		var others []Member
+		for _, i := range Ranked(host, live, homeRegion) {
+			if live[i].Self != b.Self {
+				others = append(others, live[i])
+			}
+		}
+		last := ""
+		if b.Sizes != nil {
+			last = b.Sizes.Box(host)
+		}
+		if to, ok := BoundedTarget(host, others, homeRegion, b.sizeOf(host), last, b.Balance); ok {
+			return Decision{Action: Forward, Peer: to.Self}
+		}
+	}
+	return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s: this box is at its max_awake cap", host)}
 }
 
 // MaxLeaseWait bounds how long a request waits for a space whose lease holder takes no
