@@ -70,6 +70,14 @@ func (l *standbyLink) Seal(ctx context.Context, box, host string, gen int64, cla
 	return l.client.Seal(ctx, box, host, gen, claim)
 }
 
+// Retire implements engine.StandbyLink.
+func (l *standbyLink) Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) error {
+	if box == l.self() {
+		return l.spool.Retire(host, gen, claim)
+	}
+	return l.client.Retire(ctx, box, host, gen, claim)
+}
+
 // Live implements engine.StandbyLink.
 func (l *standbyLink) Live(box string) bool { return l.ms.node.IsLiveMember(box) }
 

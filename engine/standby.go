@@ -48,6 +48,9 @@ type StandbyLink interface {
 	Put(ctx context.Context, box, host string, e standby.Entry) error
 	// Seal seals host's stream of (gen, claim) on box and returns its segments.
 	Seal(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) ([]standby.Entry, error)
+	// Retire asks box to drop host's stream of (gen, claim): a checkpoint after it holds
+	// what it carried (the space slept).
+	Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) error
 	// Live reports whether box is a live member.
 	Live(box string) bool
 }
@@ -359,3 +362,30 @@ func (e *Engine) TakeOver(ctx context.Context, sp Space, holder, incarnation str
 
 // ErrNotStandby is TakeOver's refusal of a space whose kind's durability is not standby.
 var ErrNotStandby = errors.New("only a space of standby durability is taken over before its holder's heartbeat dies")
+
+// streamToRetire is in's current stream and its claim, for retireStream once the final
+// checkpoint after it has landed; nil when there is none the standby has.
+func (in *inst) streamToRetire() (*stream, spacestore.Claim) {
+	d := in.durableOf()
+	if d == nil || d.sb == nil {
+		return nil, spacestore.Claim{}
+	}
+	st := d.sb.cur.Load()
+	if st.box == "" || !st.recorded.Load() {
+		return nil, spacestore.Claim{}
+	}
+	return st, d.claim
+}
+
+// retireStream, after a checkpoint that followed st (the space slept), asks its standby to
+// drop it, in the background: best effort, the standby keeps it otherwise (a later stream
+// of the space replaces it, and a takeover never takes it: its generation is older).
+func (e *Engine) retireStream(in *inst, st *stream, claim spacestore.Claim) {
+	safego.Go(&e.wg, e.log, "retire the stream", func() {
+		ctx, cancel := context.WithTimeout(e.ctx, standbyPutTimeout)
+		defer cancel()
+		if err := e.cfg.Standby.Retire(ctx, st.box, in.host, st.gen, claim); err != nil {
+			in.logger().Info("the standby keeps the slept space's stream", zap.String("standby", st.box), zap.Error(err))
+		}
+	})
+}

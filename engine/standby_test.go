@@ -19,6 +19,7 @@ import (
 	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/filebucket"
 	"github.com/lchat/lchat-caddy/gate"
+	"github.com/lchat/lchat-caddy/internal/testwait"
 	"github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/standby"
 )
@@ -60,6 +61,13 @@ func (l spoolLink) Seal(ctx context.Context, box, host string, gen int64, claim 
 		return nil, errors.New("connection refused")
 	}
 	return l.spools[box].Seal(host, gen, claim)
+}
+
+func (l spoolLink) Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) error {
+	if !l.Live(box) {
+		return errors.New("connection refused")
+	}
+	return l.spools[box].Retire(host, gen, claim)
 }
 
 func (l spoolLink) Live(box string) bool {
@@ -434,4 +442,46 @@ func TestStandbyWithoutAMeshSaysWhy(t *testing.T) {
 	if st.Standby == nil || st.Standby.Box != "" || !strings.Contains(st.Standby.NoStandby, "not in a mesh") || st.Segments == 0 {
 		t.Fatalf("status %+v, standby %+v: want the bucket's proofs and why there is no standby", st, st.Standby)
 	}
+}
+
+// TestSleepRetiresTheStream: once a space's final checkpoint has landed, its standby drops
+// the stream (the checkpoint holds what it carried); the standby keeps nothing of a slept
+// space, and a wake elsewhere later starts from the bucket.
+func TestSleepRetiresTheStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a real instance")
+	}
+	ctx := context.Background()
+	const host = "retire.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b")
+	a := f.engines["box-a"]
+	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := openDB(t, a, host)
+	if _, err := db.Exec("CREATE TABLE m (id INTEGER PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.WaitDurable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	spool := f.link.spools["box-b"]
+	kept := func() int64 {
+		for _, st := range spool.Status() {
+			if st.Host == host {
+				return st.LastSeq
+			}
+		}
+		return 0
+	}
+	if kept() == 0 {
+		t.Fatal("the standby has no stream of the awake space")
+	}
+	db.Close()
+	u.Release()
+	if err := a.Sleep(ctx, host); err != nil {
+		t.Fatal(err)
+	}
+	testwait.WaitFor(t, 10*time.Second, "the standby dropping the slept space's stream", func() bool { return kept() == 0 })
 }

@@ -121,10 +121,14 @@ func (e *Engine) stopOpHeld(ctx context.Context, in *inst, spec stopSpec) (stopp
 	// The instance is gone: answers still waiting at its gate get 503 (what they carried
 	// is in the final checkpoint, or was never acknowledged), and a shipment stuck on the
 	// bucket is cancelled rather than waited for by that checkpoint.
+	retire, claim := in.streamToRetire()
 	in.closeDurable(nil)
 	var saved State
 	if spec.outcome == stopSave {
 		saved, err = e.checkpointAndRelease(ctx, in)
+		if err == nil && retire != nil {
+			e.retireStream(in, retire, claim)
+		}
 	}
 
 	in.mu.Lock()

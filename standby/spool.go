@@ -359,6 +359,30 @@ func (s *Spool) Seal(host string, gen int64, claim spacestore.Claim) ([]Entry, e
 	return ents, nil
 }
 
+// Retire drops host's stream of (gen, claim) when it is the current one: its holder's
+// checkpoint after it (the space slept) holds everything it carried. A stream of another
+// generation or claim, and a sealed one (a takeover's), is left as it is; so is a host with
+// no stream.
+func (s *Spool) Retire(host string, gen int64, claim spacestore.Claim) error {
+	if err := ValidateHost(host); err != nil {
+		return err
+	}
+	if err := checkClaim(claim); err != nil {
+		return err
+	}
+	h, err := s.host(host, false)
+	if err != nil || h == nil {
+		return err
+	}
+	cur := h.cur
+	retire := cur != nil && cur.gen == gen && sameClaim(cur.claim, claim) && !h.sealed(mark{Gen: gen, Claim: claim})
+	h.mu.Unlock()
+	if !retire {
+		return nil
+	}
+	return s.dropIf(host, cur)
+}
+
 // Drop forgets host's stream (the space moved on: a checkpoint the standby heard of, a
 // removal): its entries are deleted. The seals stay (a claim names one lease acquisition,
 // so they never refuse a newer holder), so a sealed holder cannot start a stream here
@@ -367,12 +391,17 @@ func (s *Spool) Drop(host string) error {
 	if err := ValidateHost(host); err != nil {
 		return err
 	}
+	return s.dropIf(host, nil)
+}
+
+// dropIf drops host's current stream; only when it is still only (non-nil).
+func (s *Spool) dropIf(host string, only *stream) error {
 	h, err := s.host(host, false)
 	if err != nil || h == nil {
 		return err
 	}
 	defer h.mu.Unlock()
-	if h.cur == nil {
+	if h.cur == nil || only != nil && h.cur != only {
 		return nil
 	}
 	if err := h.writeState(nil, h.seals, h.past); err != nil {

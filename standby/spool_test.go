@@ -387,3 +387,48 @@ func TestConcurrentHosts(t *testing.T) {
 		sameEntries(t, got, segs[h])
 	}
 }
+
+// TestRetireDropsOnlyThatStream: a holder's retire (its checkpoint after the stream landed)
+// drops its current stream, and nothing else: not another claim's, not a sealed one's,
+// not after a restart of the spool that kept a newer stream.
+func TestRetireDropsOnlyThatStream(t *testing.T) {
+	sp, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(host string, gen, seq int64, c spacestore.Claim) {
+		t.Helper()
+		if err := sp.Put(host, Entry{Data: segment(t, gen, seq, c, byte(seq))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lastSeq := func(host string) int64 {
+		for _, st := range sp.Status() {
+			if st.Host == host {
+				return st.LastSeq
+			}
+		}
+		return 0
+	}
+	put("a.test", 3, 1, claimA)
+	put("a.test", 3, 2, claimA)
+	if err := sp.Retire("a.test", 3, claimB); err != nil || lastSeq("a.test") != 2 {
+		t.Fatalf("another claim's retire: %v, last seq %d", err, lastSeq("a.test"))
+	}
+	if err := sp.Retire("a.test", 2, claimA); err != nil || lastSeq("a.test") != 2 {
+		t.Fatalf("another generation's retire: %v, last seq %d", err, lastSeq("a.test"))
+	}
+	if err := sp.Retire("a.test", 3, claimA); err != nil || lastSeq("a.test") != 0 {
+		t.Fatalf("the stream's own retire: %v, last seq %d", err, lastSeq("a.test"))
+	}
+	put("b.test", 1, 1, claimA)
+	if _, err := sp.Seal("b.test", 1, claimA); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.Retire("b.test", 1, claimA); err != nil || lastSeq("b.test") != 1 {
+		t.Fatalf("a sealed stream's retire: %v, last seq %d", err, lastSeq("b.test"))
+	}
+	if err := sp.Retire("none.test", 1, claimA); err != nil {
+		t.Fatalf("retiring a host with no stream: %v", err)
+	}
+}

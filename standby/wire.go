@@ -82,7 +82,7 @@ func (s *Spool) ServePeer(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	host, op, ok := strings.Cut(rest, "/")
-	if !ok || (op != "segment" && op != "seal") {
+	if !ok || (op != "segment" && op != "seal" && op != "retire") {
 		writeError(w, http.StatusNotFound, "", "no standby endpoint at "+sanitize(r.URL.Path))
 		return nil
 	}
@@ -94,12 +94,31 @@ func (s *Spool) ServePeer(w http.ResponseWriter, r *http.Request) error {
 		writeErr(w, err)
 		return nil
 	}
-	if op == "segment" {
+	switch op {
+	case "segment":
 		s.serveSegment(w, r, host)
-	} else {
+	case "seal":
 		s.serveSeal(w, r, host)
+	default:
+		s.serveRetire(w, r, host)
 	}
 	return nil
+}
+
+// serveRetire drops host's stream of the (gen, claim) in the body, when it is the current
+// one (Retire): answered 204 either way.
+func (s *Spool) serveRetire(w http.ResponseWriter, r *http.Request, host string) {
+	var req sealRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxSealRequestBytes))
+	if err := dec.Decode(&req); err != nil || dec.More() || req.Claim == nil {
+		writeError(w, http.StatusBadRequest, "malformed", "a retire body is JSON {\"gen\": n, \"claim\": {...}}")
+		return
+	}
+	if err := s.Retire(host, req.Gen, *req.Claim); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Spool) serveSegment(w http.ResponseWriter, r *http.Request, host string) {
@@ -345,6 +364,27 @@ func (c *Client) Seal(ctx context.Context, baseURL, host string, gen int64, clai
 		return nil, fmt.Errorf("standby %s: sealing %s: %w", redact(baseURL), host, err)
 	}
 	return ents, nil
+}
+
+// Retire asks the standby to drop host's stream of (gen, claim) if it is the current one
+// (Spool.Retire): the holder's checkpoint after it holds what it carried.
+func (c *Client) Retire(ctx context.Context, baseURL, host string, gen int64, claim spacestore.Claim) error {
+	if err := ValidateHost(host); err != nil {
+		return err
+	}
+	body, err := json.Marshal(sealRequest{Gen: gen, Claim: &claim})
+	if err != nil {
+		return err
+	}
+	resp, err := c.do(ctx, baseURL, host, "retire", "application/json", int64(len(body)), func() io.Reader { return bytes.NewReader(body) })
+	if err != nil {
+		return err
+	}
+	defer drainClose(resp.Body)
+	if resp.StatusCode != http.StatusNoContent {
+		return answerError(baseURL, host, "retiring", resp)
+	}
+	return nil
 }
 
 // Status reads the standby's spool status.
