@@ -99,6 +99,7 @@ func TestStandbyFigures(t *testing.T) {
 		took   time.Duration
 		lat    []time.Duration
 		req    requests
+		segs   uint64 // the standby space's stream segments
 	}
 	tp := map[string]map[string]*tput{}
 	for _, key := range []string{"local", "linked"} {
@@ -108,9 +109,10 @@ func TestStandbyFigures(t *testing.T) {
 			tp[key][s.name] = &tput{req: requests{}}
 		}
 		rotate(sh.tputRounds, spaces, func(s *space) {
-			before := link.snapshot()
+			before, segs := link.snapshot(), streamed(t, s)
 			n, d, l := s.throughput(sh.tputBlock)
 			r := tp[key][s.name]
+			r.segs += streamed(t, s) - segs
 			r.writes, r.took, r.lat = r.writes+n, r.took+d, append(r.lat, l...)
 			for op, c := range since(before, link.snapshot(), s.host) {
 				r.req[op] += c
@@ -161,6 +163,9 @@ func TestStandbyFigures(t *testing.T) {
 			put, _, _ := r.req.tiers()
 			return fmt.Sprintf("%.1f (%d log)", float64(put)/r.took.Seconds(), r.req.count("PUT log"))
 		}
+		if r := tp[key]["standby"]; r.segs > 0 {
+			row("  stream segments per write; time per segment", "", "", fmt.Sprintf("%.3f; %s", float64(r.segs)/float64(r.writes), ms(r.took/time.Duration(r.segs))), "")
+		}
 		row("  bucket PUTs per second of the space", puts("checkpoint"), puts("bucket"), puts("standby"), "")
 	}
 	per := map[string]requests{}
@@ -200,6 +205,15 @@ func TestStandbyFigures(t *testing.T) {
 	if n := per["checkpoint"].count("PUT log"); n > 0 {
 		t.Errorf("the checkpoint space wrote %d log segments", n)
 	}
+}
+
+// streamed is the segments s's stream has sent to its standby since its wake (0 for a
+// space of another durability).
+func streamed(t *testing.T, s *space) uint64 {
+	if st := s.log(t).Standby; st != nil {
+		return st.Streamed
+	}
+	return 0
 }
 
 // added is a - b in milliseconds, signed.
