@@ -65,6 +65,11 @@ type streamer struct {
 	shipper *spacestore.LogShipper // under durable.mu, as the bucket log's
 	gate    *gate.Gate
 	cur     atomic.Pointer[stream]
+	// recETag is the standby record's ETag as this streamer last read or wrote it (read
+	// first when unknown): its writes are conditioned on it. Used by the gate's one
+	// landing at a time (Depth 1).
+	recETag   string
+	recETagOK bool
 }
 
 // stream is one stream of a streamer: from a wake, or from a checkpoint's new generation.
@@ -180,7 +185,7 @@ func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *st
 	if !st.recorded.Load() {
 		rec := spacestore.StandbyRecord{Gen: st.gen, BaseSeq: st.baseSeq, Claim: d.claim, Box: st.box}
 		rctx, cancel := context.WithTimeout(ctx, segmentTimeout)
-		err := spacestore.WriteStandbyRecord(rctx, e.cfg.Bucket, in.host, rec)
+		err := e.writeRecord(rctx, in, d.sb, rec)
 		cancel()
 		if err != nil {
 			if st.breakWith("the standby record could not be written: " + err.Error()) {
@@ -219,6 +224,30 @@ func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *st
 	return err
 }
 
+// writeRecord writes the standby record, conditioned on the one sb last read or wrote
+// (spacestore.WriteStandbyRecord says why): when it changed since (a paused earlier
+// holder's late write landed), it is read again and written over.
+func (e *Engine) writeRecord(ctx context.Context, in *inst, sb *streamer, rec spacestore.StandbyRecord) error {
+	for try := 0; ; try++ {
+		if !sb.recETagOK {
+			_, etag, err := spacestore.ReadStandbyRecord(ctx, e.cfg.Bucket, in.host)
+			if err != nil {
+				return err
+			}
+			sb.recETag, sb.recETagOK = etag, true
+		}
+		etag, err := spacestore.WriteStandbyRecord(ctx, e.cfg.Bucket, in.host, rec, sb.recETag)
+		if err == nil {
+			sb.recETag = etag
+			return nil
+		}
+		sb.recETagOK = false
+		if !errors.Is(err, spacestore.ErrStandbyRecordMoved) || try == 2 {
+			return err
+		}
+	}
+}
+
 // bucketProof returns once what the instance committed before the call is in the bucket
 // log: the proof an answer takes when its stream has no standby.
 func (e *Engine) bucketProof(ctx context.Context, d *durable) error {
@@ -237,7 +266,7 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 		return nil, nil, nil
 	}
 	log := in.logger()
-	rec, err := spacestore.ReadStandbyRecord(ctx, e.cfg.Bucket, in.host)
+	rec, _, err := spacestore.ReadStandbyRecord(ctx, e.cfg.Bucket, in.host)
 	if err != nil || rec == nil {
 		return nil, nil, err
 	}

@@ -45,28 +45,45 @@ type StandbyRecord struct {
 	Box string `json:"box"`
 }
 
-// WriteStandbyRecord writes host's standby record.
-func WriteStandbyRecord(ctx context.Context, b bucket.Bucket, host string, r StandbyRecord) error {
+// WriteStandbyRecord writes host's standby record over the one at etag ("" when there was
+// none: If-None-Match) and returns its new ETag. Every holder writes it conditioned on the
+// record it last read or wrote, so a holder paused with a write in flight cannot land it
+// over a newer holder's record once that one was written: the late write fails, or lands
+// first and the newer holder's fails, reads again and writes over it. ErrStandbyRecordMoved
+// means the record changed since etag: read it again (ReadStandbyRecord) and retry.
+func WriteStandbyRecord(ctx context.Context, b bucket.Bucket, host string, r StandbyRecord, etag string) (string, error) {
 	data, err := json.Marshal(r)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if _, err := b.Put(ctx, StandbyKey(host), bytes.NewReader(data), int64(len(data)), bucket.Cond{}); err != nil {
-		return fmt.Errorf("writing the standby record: %w", err)
+	cond := bucket.Cond{IfMatch: etag, IfNoneMatch: etag == ""}
+	info, err := b.Put(ctx, StandbyKey(host), bytes.NewReader(data), int64(len(data)), cond)
+	if bucket.LostRace(err) {
+		if tag, _, ok := bucket.Landed(ctx, b, StandbyKey(host), data); ok {
+			return tag, nil
+		}
+		return "", ErrStandbyRecordMoved
 	}
-	return nil
+	if err != nil {
+		return "", fmt.Errorf("writing the standby record: %w", err)
+	}
+	return info.ETag, nil
 }
 
-// ReadStandbyRecord reads host's standby record; nil when there is none.
-func ReadStandbyRecord(ctx context.Context, b bucket.Bucket, host string) (*StandbyRecord, error) {
+// ErrStandbyRecordMoved is WriteStandbyRecord's lost condition.
+var ErrStandbyRecordMoved = errors.New("the standby record changed since it was read")
+
+// ReadStandbyRecord reads host's standby record and its ETag; nil and "" when there is none.
+func ReadStandbyRecord(ctx context.Context, b bucket.Bucket, host string) (*StandbyRecord, string, error) {
 	var r StandbyRecord
-	if _, err := getJSON(ctx, b, StandbyKey(host), &r); err != nil {
+	etag, err := getJSON(ctx, b, StandbyKey(host), &r)
+	if err != nil {
 		if errors.Is(err, bucket.ErrNotFound) {
-			return nil, nil
+			return nil, "", nil
 		}
-		return nil, fmt.Errorf("reading the standby record: %w", err)
+		return nil, "", fmt.Errorf("reading the standby record: %w", err)
 	}
-	return &r, nil
+	return &r, etag, nil
 }
 
 // SameClaim reports whether two claims name the same lease acquisition.
