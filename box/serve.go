@@ -130,10 +130,15 @@ func (b *Box) Serve(ctx context.Context, req Request, p Proxy) error {
 			if res == Answered {
 				return ferr
 			}
-			// The box holding the lease is live but takes no connections: it is shutting
-			// down (and frees each lease as its drain puts the space to sleep), or
-			// restarting, or dead (its lease frees with its heartbeat). Try again shortly.
-			wait = leaseWait(ctx, wait)
+			if engine.CapRefused(err) {
+				// The box with room takes no connections: the cap's refusal stands.
+				ok = false
+			} else {
+				// The box holding the lease is live but takes no connections: it is shutting
+				// down (and frees each lease as its drain puts the space to sleep), or
+				// restarting, or dead (its lease frees with its heartbeat). Try again shortly.
+				wait = leaseWait(ctx, wait)
+			}
 		}
 		if !ok || wait == 0 {
 			ref := RefusalOf(rt.Host, err, ctx.Err() != nil)
@@ -245,9 +250,11 @@ func (b *Box) Place(rt *registry.Route, hops int, viaHint bool) mesh.Decision {
 }
 
 // AcquireFailed decides where a request goes whose space this box could not wake: its
-// lease held by another live box (mesh.Node.LeaseHeld: forward to the holder), or this box
-// draining (mesh.Node.Draining: forward to the owner that takes the space over). ok is
-// false when no forward applies: the request gets the refusal of err (RefusalOf).
+// lease held by another live box (mesh.Node.LeaseHeld: forward to the holder), this box
+// draining (mesh.Node.Draining: forward to the owner that takes the space over), or this
+// box at its max_awake cap with every awake space in use (mesh.Node.AtCap: forward to the
+// next box with room, nothing having been written). ok is false when no forward applies:
+// the request gets the refusal of err (RefusalOf).
 func (b *Box) AcquireFailed(err error, rt *registry.Route, hops int) (d mesh.Decision, ok bool) {
 	ms := b.mesh
 	if ms == nil {
@@ -259,6 +266,14 @@ func (b *Box) AcquireFailed(err error, rt *registry.Route, hops int) (d mesh.Dec
 		d = ms.node.LeaseHeld(rt.Host, held.Holder, hops)
 	case errors.Is(err, engine.ErrDraining):
 		d = ms.node.Draining(rt.Host, rt.HomeRegion, hops)
+	case engine.CapRefused(err):
+		if d = ms.node.AtCap(rt.Host, rt.HomeRegion, hops); d.Action == mesh.Forward {
+			if c := b.logger.Check(zapcore.InfoLevel, "awake cap reached; sending the wake to a box with room"); c != nil {
+				c.Write(zap.String("host", rt.Host), zap.String("peer", d.Peer), zap.Int("hops", hops))
+			}
+			return d, true
+		}
+		return mesh.Decision{}, false
 	default:
 		return mesh.Decision{}, false
 	}

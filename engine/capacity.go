@@ -21,6 +21,12 @@ import (
 // errAwakeCap marks the refusal of a wake at the awake cap (a RetryError wraps it).
 var errAwakeCap = errors.New("awake cap reached and every awake space is in use")
 
+// CapRefused reports whether err is a wake refused at the awake cap (max_awake, every
+// awake space in use): the space is not awake anywhere on this box's account and nothing
+// was written, so a box of a mesh may send the request to another box with room
+// (mesh.Node.AtCap) instead of the refusal's 503.
+func CapRefused(err error) bool { return errors.Is(err, errAwakeCap) }
+
 // capRetryAfter is the Retry-After of a wake refused at the awake cap.
 const capRetryAfter = 5 * time.Second
 

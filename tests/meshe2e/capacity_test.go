@@ -1,14 +1,17 @@
 package meshe2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lchat/lchat-caddy/adminapi"
+	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -130,4 +133,106 @@ func TestWakesGoWhereThereIsRoom(t *testing.T) {
 				metrics["lchat_box_warm_set_bytes"], metrics["lchat_fleet_desired_boxes"])
 		}
 	}
+}
+
+// TestFullBoxSendsTheWakeOn: two boxes with max_awake 1. Every space is one whose HRW owner
+// is box A, and every request enters through A. With A's one awake space held in use by an
+// open event stream, A refuses the next wake at its cap, and the request goes on to B,
+// which has room, instead of a 503: the space wakes on B and the write is answered 201.
+// Once B is full too, a wake goes round the boxes at most mesh.MaxHops times and is
+// refused with 503 and Retry-After. Each space put to sleep leaves its size record naming
+// the box it ran on (spaces/<host>/size's box is that box's SELF).
+func TestFullBoxSendsTheWakeOn(t *testing.T) {
+	c := newCluster(t)
+	c.lchat = map[string]any{"max_awake": 1}
+	a := c.start(false)
+	b := c.start(false)
+	harness.WaitFor(t, 5*time.Second, "both boxes see two live members", func() bool {
+		return len(status(t, a).Mesh.Live) == 2 && len(status(t, b).Mesh.Live) == 2
+	})
+	var hosts []string
+	for i := range 3 {
+		h := hostOwnedBy(t, fmt.Sprintf("full%d-", i), a, a, b)
+		hosts = append(hosts, h)
+		c.createSpace(a, h)
+	}
+	held, moved, refused := hosts[0], hosts[1], hosts[2]
+	harness.WaitFor(t, 5*time.Second, "rows on B", func() bool { return hasRoute(b, refused) })
+
+	// stream holds host's space in use through A: an event stream open until closed.
+	streams := map[string]func(){}
+	stream := func(host string) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		req, _ := http.NewRequestWithContext(ctx, "GET", "https://"+host+"/api/events", nil)
+		resp, err := c.client(a).Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("event stream of %s through A: %v %v", host, resp, err)
+		}
+		streams[host] = func() { cancel(); resp.Body.Close() }
+	}
+	stream(held)
+	if where := awakeOn(t, held, a, b); !slices.Equal(where, []string{a.self}) {
+		t.Fatalf("%s, owned by A, is awake on %v", held, where)
+	}
+
+	c.post(a, moved, "hello") // 201, or the test fails: a 503 is the cap's refusal
+	if where := awakeOn(t, moved, a, b); !slices.Equal(where, []string{b.self}) {
+		t.Fatalf("%s, refused by a full A, is awake on %v, want on B", moved, where)
+	}
+	if n := capRefusals(t, a); n == 0 {
+		t.Errorf("A counted no refusal at its cap: the wake did not reach it")
+	}
+
+	// B full too: the wake goes from box to box until its hops run out, then 503.
+	stream(moved)
+	code, hdr, body, err := c.doH(a, "POST", refused, "/api/messages", `{"author":"test","text":"x"}`, nil)
+	if err != nil || code != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" {
+		t.Fatalf("a wake with both boxes full: %d Retry-After %q %v: %.200s, want 503 with Retry-After", code, hdr.Get("Retry-After"), err, body)
+	}
+	if where := awakeOn(t, refused, a, b); len(where) != 0 {
+		t.Fatalf("%s woke on %v over both boxes' caps", refused, where)
+	}
+	if na, nb := capRefusals(t, a), capRefusals(t, b); nb == 0 || na < 2 {
+		t.Errorf("cap refusals: A %d, B %d; want the refused wake tried on both", na, nb)
+	}
+
+	// The size records name the box each space ran on. A space's size is its peak over the
+	// beats of its wake: wait until a beat measured both (their boxes' warm sets published).
+	harness.WaitFor(t, 10*time.Second, "both boxes' warm sets published", func() bool {
+		var f adminapi.Fleet
+		a.AdminJSON("GET", "/lchat/fleet", nil, 200, &f)
+		warm := 0
+		for _, m := range f.Members {
+			if m.WarmSet > 0 {
+				warm++
+			}
+		}
+		return warm == 2
+	})
+	bkt := c.s3.NewBucket(t, c.prefix)
+	for host, n := range map[string]*node{held: a, moved: b} {
+		streams[host]()
+		n.AdminJSON("POST", "/lchat/routes/"+host+"/sleep", nil, http.StatusOK, nil)
+		var rec mesh.SizeRecord
+		harness.WaitFor(t, 10*time.Second, "the size record of "+host, func() bool {
+			var err error
+			rec, err = mesh.ReadSize(context.Background(), bkt, host)
+			return err == nil
+		})
+		if rec.Box != n.self || rec.Bytes <= 0 {
+			t.Errorf("size record of %s, run on %s: %+v, want its box named and its bytes", host, n.self, rec)
+		}
+	}
+}
+
+// capRefusals is n's count of wakes refused at max_awake.
+func capRefusals(t *testing.T, n *node) uint64 {
+	t.Helper()
+	var st struct {
+		Counters map[string]uint64 `json:"counters"`
+	}
+	n.AdminJSON("GET", "/lchat/status", nil, 200, &st)
+	return st.Counters["cap_refusals"]
 }
