@@ -177,6 +177,58 @@ func openDB(t *testing.T, e *Engine, host string) *sql.DB {
 	return db
 }
 
+// awakeSpace is a space awake on one engine of a test, its database written as its
+// instance would write it.
+type awakeSpace struct {
+	t  *testing.T
+	u  *Use
+	db *sql.DB
+}
+
+// wake wakes host, of kind app, on e (released at the test's end) and opens its database.
+func wake(t *testing.T, e *Engine, host string) *awakeSpace {
+	t.Helper()
+	u, err := e.Acquire(context.Background(), Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(u.Release)
+	return &awakeSpace{t: t, u: u, db: openDB(t, e, host)}
+}
+
+// write commits q and returns what the answer's wait at the gate gives (ctx bounds it).
+func (s *awakeSpace) write(ctx context.Context, q string) error {
+	s.t.Helper()
+	if _, err := s.db.Exec(q); err != nil {
+		s.t.Fatal(err)
+	}
+	return s.u.WaitDurable(ctx)
+}
+
+// acknowledged commits each statement and fails the test unless each is acknowledged.
+func (s *awakeSpace) acknowledged(qs ...string) {
+	s.t.Helper()
+	for _, q := range qs {
+		if err := s.write(context.Background(), q); err != nil {
+			s.t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// rowsOn wakes host on e and counts the rows of its table m.
+func rowsOn(t *testing.T, e *Engine, host string) int {
+	t.Helper()
+	var n int
+	if err := wake(t, e, host).db.QueryRow("SELECT count(*) FROM m").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+const createM = "CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT)"
+
+func insertM(body string) string { return fmt.Sprintf("INSERT INTO m (body) VALUES ('%s')", body) }
+
 // TestStandbyTakeoverKeepsWhatTheStandbyAcknowledged: a holder cut off from the bucket
 // acknowledges writes on its standby's word alone; killed, its space is taken over by the
 // standby's box, which finds every acknowledged write (the stream taken from its spool, the
@@ -190,25 +242,10 @@ func TestStandbyTakeoverKeepsWhatTheStandbyAcknowledged(t *testing.T) {
 	const host = "standby.example.com"
 	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
 	a, b := f.engines["box-a"], f.engines["box-b"]
-	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Release()
-	db := openDB(t, a, host)
-	exec := func(q string) error {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-		return u.WaitDurable(ctx)
-	}
-	if err := exec("CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT)"); err != nil {
-		t.Fatal(err)
-	}
+	sp := wake(t, a, host)
+	sp.acknowledged(createM)
 	for i := range 20 {
-		if err := exec(fmt.Sprintf("INSERT INTO m (body) VALUES ('before %d')", i)); err != nil {
-			t.Fatal(err)
-		}
+		sp.acknowledged(insertM(fmt.Sprint("before ", i)))
 	}
 	if st := logStatusOf(t, a, host); st.Standby == nil || st.Standby.Box != "box-b" || st.Standby.Streamed == 0 {
 		t.Fatalf("status %+v: want a stream to box-b", st.Standby)
@@ -221,32 +258,17 @@ func TestStandbyTakeoverKeepsWhatTheStandbyAcknowledged(t *testing.T) {
 	// Cut from the bucket, the holder still acknowledges: the standby has each write.
 	f.buckets["box-a"].cut.Store(true)
 	for i := range 30 {
-		if err := exec(fmt.Sprintf("INSERT INTO m (body) VALUES ('after %d')", i)); err != nil {
-			t.Fatalf("write %d with the bucket cut: %v", i, err)
-		}
+		sp.acknowledged(insertM(fmt.Sprint("after ", i)))
 	}
 	f.kill("box-a")
-
-	ub, err := b.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ub.Release()
-	var n int
-	if err := openDB(t, b, host).QueryRow("SELECT count(*) FROM m").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 50 {
+	if n := rowsOn(t, b, host); n != 50 {
 		t.Fatalf("the taker has %d of the 50 acknowledged rows", n)
 	}
 	// The old holder, still running, acknowledges nothing more: its stream is sealed.
 	f.link.mu.Lock()
 	delete(f.link.dead, "box-a") // it comes back from a pause, say
 	f.link.mu.Unlock()
-	if _, err := db.Exec("INSERT INTO m (body) VALUES ('late')"); err != nil {
-		t.Fatal(err)
-	}
-	if err := u.WaitDurable(ctx); err == nil || !errors.Is(err, gate.ErrNotDurable) {
+	if err := sp.write(ctx, insertM("late")); !errors.Is(err, gate.ErrNotDurable) {
 		t.Fatalf("the old holder acknowledged a write after the takeover: %v", err)
 	}
 	// The bucket log alone now carries every acknowledged row (the stream was written to it
@@ -255,15 +277,7 @@ func TestStandbyTakeoverKeepsWhatTheStandbyAcknowledged(t *testing.T) {
 	f.buckets["box-b"].cut.Store(true)
 	f.kill("box-b")
 	f.kill("box-a")
-	uc, err := f.engines["box-c"].Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer uc.Release()
-	if err := openDB(t, f.engines["box-c"], host).QueryRow("SELECT count(*) FROM m").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 50 {
+	if n := rowsOn(t, f.engines["box-c"], host); n != 50 {
 		t.Fatalf("from the bucket log alone: %d of the 50 acknowledged rows", n)
 	}
 }
@@ -279,24 +293,11 @@ func TestStandbyLostFallsBackToTheBucket(t *testing.T) {
 	const host = "lost.example.com"
 	f := newStandbyFleet(t, "box-a", "box-b")
 	a := f.engines["box-a"]
-	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Release()
-	db := openDB(t, a, host)
-	if _, err := db.Exec("CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT)"); err != nil {
-		t.Fatal(err)
-	}
-	if err := u.WaitDurable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	sp := wake(t, a, host)
+	sp.acknowledged(createM)
 	f.kill("box-b")
 	before := logStatusOf(t, a, host)
-	if _, err := db.Exec("INSERT INTO m (body) VALUES ('x')"); err != nil {
-		t.Fatal(err)
-	}
-	if err := u.WaitDurable(ctx); err != nil {
+	if err := sp.write(ctx, insertM("x")); err != nil {
 		t.Fatalf("with the standby dead and the bucket up: %v", err)
 	}
 	st := logStatusOf(t, a, host)
@@ -309,12 +310,9 @@ func TestStandbyLostFallsBackToTheBucket(t *testing.T) {
 		t.Fatalf("status %+v: want the standby given up, and why", st.Standby)
 	}
 	f.buckets["box-a"].cut.Store(true)
-	if _, err := db.Exec("INSERT INTO m (body) VALUES ('y')"); err != nil {
-		t.Fatal(err)
-	}
 	wctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	if err := u.WaitDurable(wctx); !errors.Is(err, gate.ErrNotDurable) {
+	if err := sp.write(wctx, insertM("y")); !errors.Is(err, gate.ErrNotDurable) {
 		t.Fatalf("acknowledged with neither a standby nor the bucket: %v", err)
 	}
 }
@@ -330,22 +328,10 @@ func TestTakeoverPrefersTheNewerLog(t *testing.T) {
 	const host = "newer.example.com"
 	f := newStandbyFleet(t, "box-a", "box-b")
 	a, b := f.engines["box-a"], f.engines["box-b"]
-	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Release()
-	db := openDB(t, a, host)
-	for _, q := range []string{"CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT)", "INSERT INTO m (body) VALUES ('answered')"} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-		if err := u.WaitDurable(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sp := wake(t, a, host)
+	sp.acknowledged(createM, insertM("answered"))
 	// Committed with no answer waiting: only the bucket's cut takes it.
-	if _, err := db.Exec("INSERT INTO m (body) VALUES ('unanswered')"); err != nil {
+	if _, err := sp.db.Exec(insertM("unanswered")); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.get(host).durableOf().gate.Wait(ctx); err != nil {
@@ -353,16 +339,7 @@ func TestTakeoverPrefersTheNewerLog(t *testing.T) {
 	}
 	f.buckets["box-a"].cut.Store(true)
 	f.kill("box-a")
-	ub, err := b.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ub.Release()
-	var n int
-	if err := openDB(t, b, host).QueryRow("SELECT count(*) FROM m").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 2 {
+	if n := rowsOn(t, b, host); n != 2 {
 		t.Fatalf("the taker has %d rows, want both (the bucket log is the newer)", n)
 	}
 }
@@ -379,20 +356,7 @@ func TestTakeOverBeforeTheHeartbeatDies(t *testing.T) {
 	const host = "early.example.com"
 	f := newStandbyFleet(t, "box-a", "box-b")
 	a, b := f.engines["box-a"], f.engines["box-b"]
-	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Release()
-	db := openDB(t, a, host)
-	for _, q := range []string{"CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT)", "INSERT INTO m (body) VALUES ('one')", "INSERT INTO m (body) VALUES ('two')"} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-		if err := u.WaitDurable(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	wake(t, a, host).acknowledged(createM, insertM("one"), insertM("two"))
 	f.buckets["box-a"].cut.Store(true)
 	f.link.mu.Lock()
 	f.link.dead["box-a"], f.link.beating["box-a"] = true, true
@@ -406,9 +370,8 @@ func TestTakeOverBeforeTheHeartbeatDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ub.Release()
-	var n int
-	if err := openDB(t, b, host).QueryRow("SELECT count(*) FROM m").Scan(&n); err != nil || n != 2 {
-		t.Fatalf("after the takeover: %d rows (%v), want 2", n, err)
+	if n := rowsOn(t, b, host); n != 2 {
+		t.Fatalf("after the takeover: %d rows, want 2", n)
 	}
 	if _, err := b.TakeOver(ctx, Space{Host: "other.example.com", Kind: "ckpt"}, "box-a", "1"); !errors.Is(err, ErrNotStandby) {
 		t.Fatalf("TakeOver of a checkpoint kind: %v", err)
@@ -421,23 +384,11 @@ func TestStandbyWithoutAMeshSaysWhy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a real instance")
 	}
-	ctx := context.Background()
 	const host = "alone.example.com"
 	f := newStandbyFleet(t, "box-a")
 	a := f.engines["box-a"]
 	a.cfg.Standby = nil // as a box without a mesh is configured
-	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Release()
-	db := openDB(t, a, host)
-	if _, err := db.Exec("CREATE TABLE m (id INTEGER PRIMARY KEY)"); err != nil {
-		t.Fatal(err)
-	}
-	if err := u.WaitDurable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	wake(t, a, host).acknowledged(createM)
 	st := logStatusOf(t, a, host)
 	if st.Standby == nil || st.Standby.Box != "" || !strings.Contains(st.Standby.NoStandby, "not in a mesh") || st.Segments == 0 {
 		t.Fatalf("status %+v, standby %+v: want the bucket's proofs and why there is no standby", st, st.Standby)
@@ -451,21 +402,11 @@ func TestSleepRetiresTheStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a real instance")
 	}
-	ctx := context.Background()
 	const host = "retire.example.com"
 	f := newStandbyFleet(t, "box-a", "box-b")
 	a := f.engines["box-a"]
-	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := openDB(t, a, host)
-	if _, err := db.Exec("CREATE TABLE m (id INTEGER PRIMARY KEY)"); err != nil {
-		t.Fatal(err)
-	}
-	if err := u.WaitDurable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	sp := wake(t, a, host)
+	sp.acknowledged(createM)
 	spool := f.link.spools["box-b"]
 	kept := func() int64 {
 		for _, st := range spool.Status() {
@@ -478,9 +419,9 @@ func TestSleepRetiresTheStream(t *testing.T) {
 	if kept() == 0 {
 		t.Fatal("the standby has no stream of the awake space")
 	}
-	db.Close()
-	u.Release()
-	if err := a.Sleep(ctx, host); err != nil {
+	sp.db.Close()
+	sp.u.Release()
+	if err := a.Sleep(context.Background(), host); err != nil {
 		t.Fatal(err)
 	}
 	testwait.WaitFor(t, 10*time.Second, "the standby dropping the slept space's stream", func() bool { return kept() == 0 })

@@ -66,18 +66,7 @@ func TestStreamStatusOfAnAwakeSpace(t *testing.T) {
 	if _, ok := a.StreamStatus(host); ok {
 		t.Fatal("a stream for a space not awake")
 	}
-	u, err := a.Acquire(ctx, Space{Host: host, Kind: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Release()
-	db := openDB(t, a, host)
-	if _, err := db.Exec("CREATE TABLE m (id INTEGER PRIMARY KEY)"); err != nil {
-		t.Fatal(err)
-	}
-	if err := u.WaitDurable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	wake(t, a, host).acknowledged(createM)
 	st, ok := a.StreamStatus(host)
 	log := logStatusOf(t, a, host)
 	if !ok || st.Gen != log.Generation || st.Landing != 0 || log.Standby == nil || log.Standby.Box != "box-b" || log.Standby.Sent == 0 {
