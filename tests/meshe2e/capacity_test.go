@@ -2,6 +2,7 @@ package meshe2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -11,7 +12,9 @@ import (
 	"time"
 
 	"github.com/lchat/lchat-caddy/adminapi"
+	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/spacestore"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -235,4 +238,51 @@ func capRefusals(t *testing.T, n *node) uint64 {
 	}
 	n.AdminJSON("GET", "/lchat/status", nil, 200, &st)
 	return st.Counters["cap_refusals"]
+}
+
+// TestScheduledWakeFiresOnTheTarget: a due scheduled wake fires on the box a request would
+// wake its space on, not on its plain HRW owner. Two boxes with a budget so small that one
+// awake space fills box A past half of it: a space A owns, with a due wake and no request,
+// is woken by B, which has room, and its wake delivered (the record deleted).
+func TestScheduledWakeFiresOnTheTarget(t *testing.T) {
+	c := newCluster(t)
+	c.mesh = map[string]any{"memory_budget": 4 << 20}
+	a := c.start(false)
+	b := c.start(false)
+	harness.WaitFor(t, 5*time.Second, "both boxes see two live members", func() bool {
+		return len(status(t, a).Mesh.Live) == 2 && len(status(t, b).Mesh.Live) == 2
+	})
+	filler := hostOwnedBy(t, "filler-", a, a, b)
+	woken := hostOwnedBy(t, "sched-", a, a, b)
+	c.createSpace(a, filler)
+	c.createSpace(a, woken)
+	harness.WaitFor(t, 5*time.Second, "rows on B", func() bool { return hasRoute(b, woken) })
+	c.post(a, filler, "hello")
+	if where := awakeOn(t, filler, a, b); !slices.Equal(where, []string{a.self}) {
+		t.Fatalf("%s, owned by A and woken first, is awake on %v", filler, where)
+	}
+	// Both boxes place wakes on A's published warm set: wait until both listings show it.
+	harness.WaitFor(t, 10*time.Second, "A's warm set in both boxes' listings", func() bool {
+		for _, n := range []*node{a, b} {
+			var f adminapi.Fleet
+			n.AdminJSON("GET", "/lchat/fleet", nil, 200, &f)
+			for _, m := range f.Members {
+				if m.Self == a.self && m.WarmSet == 0 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	bkt := c.s3.NewBucket(t, c.prefix)
+	if _, err := spacestore.PutWake(context.Background(), bkt, woken, time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 15*time.Second, "the scheduled wake delivered", func() bool {
+		_, err := bkt.Head(context.Background(), spacestore.WakeKey(woken))
+		return errors.Is(err, bucket.ErrNotFound)
+	})
+	if where := awakeOn(t, woken, a, b); !slices.Equal(where, []string{b.self}) {
+		t.Fatalf("%s, owned by A, full, woke for its scheduled wake on %v, want on B", woken, where)
+	}
 }
