@@ -74,8 +74,17 @@ type standbyWatch struct {
 // startStandbyWatch starts the watcher; it ends with the mesh.
 func (b *Box) startStandbyWatch() {
 	ms := b.mesh
+	// A transport of its own, keeping no idle connection: the dial after a watch broke is
+	// the verdict, so it must be a new connection (one kept alive from before the holder
+	// died fails with a reset, not a refusal, and costs a retry).
+	var tr http.RoundTripper = ms.client.HTTPClient.Transport
+	if t, ok := tr.(*http.Transport); ok {
+		t = t.Clone()
+		t.DisableKeepAlives = true
+		tr = t
+	}
 	w := &standbyWatch{b: b, ctx: ms.ctx, on: map[string]bool{}, opened: map[string]bool{}, kick: make(chan struct{}, 1),
-		client: &http.Client{Transport: ms.client.HTTPClient.Transport}}
+		client: &http.Client{Transport: tr}}
 	b.watch = w
 	safego.Go(nil, ms.logger, "standby watch", w.scan)
 }

@@ -75,6 +75,63 @@ func c0Status(t *testing.T, n *node) string {
 	return string(raw)
 }
 
+// standbyPair starts two boxes (mesh settings mesh, nil for the cluster's), the second with
+// its bucket link through a proxy when proxied, and a demo room of a standby kind awake on
+// the second (its holder; the first is its standby), with n messages posted through the
+// first, each answered 201 (returned).
+func standbyPair(t *testing.T, tag string, mesh map[string]any, proxied bool, n int) (c *cluster, a, b *node, host string, acked []string) {
+	t.Helper()
+	c = newCluster(t)
+	if mesh != nil {
+		c.mesh = mesh
+	}
+	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
+	a, b = c.start(false), c.start(proxied)
+	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
+	host = hostOwnedBy(t, tag, b, a, b)
+	c.createSpace(a, host)
+	harness.WaitFor(t, 5*time.Second, "the row on the holder", func() bool { return hasRoute(b, host) })
+	for i := range n {
+		text := fmt.Sprintf("m-%d", i)
+		c.post(a, host, text)
+		acked = append(acked, text)
+	}
+	if got := awakeOn(t, host, a, b); len(got) != 1 || got[0] != b.self {
+		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
+	}
+	return c, a, b, host, acked
+}
+
+// watching waits until n shows that it keeps host's stream and watches its holder.
+func watching(t *testing.T, n *node, host string) {
+	t.Helper()
+	harness.WaitFor(t, 5*time.Second, "the standby watching the holder", func() bool {
+		for _, f := range standbyFor(t, n) {
+			if f.Host == host && f.Watching {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// served waits up to within for the room to be served through n and checks that every
+// message of acked is in it; it returns the room's messages and how long the wait took.
+func served(t *testing.T, c *cluster, n *node, host string, acked []string, within time.Duration) (map[string]int64, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	var got map[string]int64
+	harness.WaitFor(t, within, "the room served through "+n.self, func() bool {
+		var code int
+		got, code, _ = c.roomTexts(n, host)
+		return code == http.StatusOK
+	})
+	if lost := missing(acked, got); len(lost) > 0 {
+		t.Fatalf("after the holder's loss, %d of %d writes answered 201 are gone: %v", len(lost), len(acked), lost)
+	}
+	return got, time.Since(start)
+}
+
 // TestStandbyAcknowledgesWithTheBucketCut: a room of a kind whose durability is standby,
 // awake on a box whose standby is the other box. Its bucket link cut, the holder still
 // answers writes 201 within the round trip to its standby (a bucket kind would answer
@@ -82,27 +139,10 @@ func c0Status(t *testing.T, n *node) string {
 // the other box takes the room over from the stream it keeps, and every write answered
 // 201 is there, the ones the bucket never saw included.
 func TestStandbyAcknowledgesWithTheBucketCut(t *testing.T) {
-	c := newCluster(t)
-	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
-	a := c.start(false)
-	b := c.start(true)
-	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
-	host := hostOwnedBy(t, "standby", b, a, b)
-	c.createSpace(a, host)
-	harness.WaitFor(t, 5*time.Second, "the row on the holder", func() bool { return hasRoute(b, host) })
-	var acked []string
-	for i := range 5 {
-		text := fmt.Sprintf("before-%d", i)
-		c.post(a, host, text)
-		acked = append(acked, text)
-	}
-	if got := awakeOn(t, host, a, b); len(got) != 1 || got[0] != b.self {
-		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
-	}
+	c, a, b, host, acked := standbyPair(t, "standby", nil, true, 5)
 	if s := standbyOf(t, b, host); s.Box != a.self || s.Streamed == 0 {
 		t.Fatalf("the holder's stream: %+v, want %s as its standby", s, a.self)
 	}
-
 	b.bucketProxy.SetDown(true)
 	start := time.Now()
 	for i := range 5 {
@@ -112,17 +152,8 @@ func TestStandbyAcknowledgesWithTheBucketCut(t *testing.T) {
 	}
 	t.Logf("5 writes answered 201 with the holder's bucket cut, in %v", time.Since(start).Round(time.Millisecond))
 	b.Kill()
-	killed := time.Now()
-	var got map[string]int64
-	harness.WaitFor(t, deadAfter+30*time.Second, "the room served by the standby's box", func() bool {
-		var code int
-		got, code, _ = c.roomTexts(a, host)
-		return code == http.StatusOK
-	})
-	t.Logf("served again %v after the kill", time.Since(killed).Round(time.Millisecond))
-	if lost := missing(acked, got); len(lost) > 0 {
-		t.Fatalf("after the holder's kill, %d of %d writes answered 201 are gone: %v", len(lost), len(acked), lost)
-	}
+	got, took := served(t, c, a, host, acked, deadAfter+30*time.Second)
+	t.Logf("served again %v after the kill", took.Round(time.Millisecond))
 	// The next message's id follows them: no id handed out twice.
 	var maxID int64
 	for _, id := range got {
@@ -143,44 +174,15 @@ func TestStandbyAcknowledgesWithTheBucketCut(t *testing.T) {
 // connections, and the standby takes the room over with every write answered 201.
 func TestStandbyTakesOverBeforeDeadAfter(t *testing.T) {
 	const longDeadAfter = 30 * time.Second
-	c := newCluster(t)
-	c.mesh = map[string]any{"dead_after": longDeadAfter.String()}
-	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
-	a, b := c.start(false), c.start(false)
-	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
-	host := hostOwnedBy(t, "early", b, a, b)
-	c.createSpace(a, host)
-	harness.WaitFor(t, 5*time.Second, "the row on the holder", func() bool { return hasRoute(b, host) })
-	var acked []string
-	for i := range 10 {
-		text := fmt.Sprintf("m-%d", i)
-		c.post(a, host, text)
-		acked = append(acked, text)
-	}
+	c, a, b, host, acked := standbyPair(t, "early", map[string]any{"dead_after": longDeadAfter.String()}, false, 10)
 	if s := standbyOf(t, b, host); s.Box != a.self {
 		t.Fatalf("the holder's stream: %+v, want %s as its standby", s, a.self)
 	}
 	// The standby shows the stream it keeps and its watch of the holder.
-	harness.WaitFor(t, 5*time.Second, "the standby watching the holder", func() bool {
-		for _, f := range standbyFor(t, a) {
-			if f.Host == host && f.Holder == b.self && f.Watching && f.LastSeq > 0 {
-				return true
-			}
-		}
-		return false
-	})
+	watching(t, a, host)
 	b.Kill()
-	killed := time.Now()
-	var got map[string]int64
-	harness.WaitFor(t, longDeadAfter/2, "the room served by the standby's box before dead_after", func() bool {
-		var code int
-		got, code, _ = c.roomTexts(a, host)
-		return code == http.StatusOK
-	})
-	t.Logf("served again %v after the kill (dead_after %v)", time.Since(killed).Round(time.Millisecond), longDeadAfter)
-	if lost := missing(acked, got); len(lost) > 0 {
-		t.Fatalf("after the holder's kill, %d of %d writes answered 201 are gone: %v", len(lost), len(acked), lost)
-	}
+	_, took := served(t, c, a, host, acked, longDeadAfter/2)
+	t.Logf("served again %v after the kill (dead_after %v)", took.Round(time.Millisecond), longDeadAfter)
 }
 
 // TestStandbyWaitsForAPausedHolder: a holder that is frozen (SIGSTOP), not dead, keeps
@@ -189,28 +191,8 @@ func TestStandbyTakesOverBeforeDeadAfter(t *testing.T) {
 // with every write answered 201, and the holder, resumed, finds its stream sealed.
 func TestStandbyWaitsForAPausedHolder(t *testing.T) {
 	const pausedDeadAfter = 8 * time.Second
-	c := newCluster(t)
-	c.mesh = map[string]any{"dead_after": pausedDeadAfter.String()}
-	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
-	a, b := c.start(false), c.start(false)
-	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
-	host := hostOwnedBy(t, "paused", b, a, b)
-	c.createSpace(a, host)
-	harness.WaitFor(t, 5*time.Second, "the row on the holder", func() bool { return hasRoute(b, host) })
-	var acked []string
-	for i := range 5 {
-		text := fmt.Sprintf("m-%d", i)
-		c.post(a, host, text)
-		acked = append(acked, text)
-	}
-	harness.WaitFor(t, 5*time.Second, "the standby watching the holder", func() bool {
-		for _, f := range standbyFor(t, a) {
-			if f.Host == host && f.Watching {
-				return true
-			}
-		}
-		return false
-	})
+	c, a, b, host, acked := standbyPair(t, "paused", map[string]any{"dead_after": pausedDeadAfter.String()}, false, 5)
+	watching(t, a, host)
 	b.Pause()
 	paused := time.Now()
 	// Well within dead_after the standby has not taken the room over: the watch did not
@@ -224,18 +206,10 @@ func TestStandbyWaitsForAPausedHolder(t *testing.T) {
 	harness.WaitFor(t, pausedDeadAfter+10*time.Second, "the paused holder dead in the standby's view", func() bool {
 		return !slices.Contains(status(t, a).Mesh.Live, b.self)
 	})
-	var got map[string]int64
-	harness.WaitFor(t, 30*time.Second, "the room served by the other box after dead_after", func() bool {
-		var code int
-		got, code, _ = c.roomTexts(a, host)
-		return code == http.StatusOK
-	})
+	served(t, c, a, host, acked, 30*time.Second)
 	took := time.Since(paused)
 	if took < pausedDeadAfter {
 		t.Fatalf("served by the other box %v into the pause, before dead_after %v", took.Round(time.Millisecond), pausedDeadAfter)
-	}
-	if lost := missing(acked, got); len(lost) > 0 {
-		t.Fatalf("after the takeover, %d of %d writes answered 201 are gone: %v", len(lost), len(acked), lost)
 	}
 	b.Resume()
 	for _, f := range standbyFor(t, a) {
@@ -250,25 +224,9 @@ func TestStandbyWaitsForAPausedHolder(t *testing.T) {
 // space slept on its holder (its lease released); when the holder is then killed, the
 // standby takes nothing over: the space stays asleep until a request wakes it.
 func TestStandbyLeavesASleptSpaceAsleep(t *testing.T) {
-	const longDeadAfter = 30 * time.Second
-	c := newCluster(t)
-	c.mesh = map[string]any{"dead_after": longDeadAfter.String()}
-	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
-	a, b := c.start(false), c.start(false)
-	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
-	host := hostOwnedBy(t, "slept", b, a, b)
-	c.createSpace(a, host)
-	harness.WaitFor(t, 5*time.Second, "the row on the holder", func() bool { return hasRoute(b, host) })
-	c.post(a, host, "m")
+	_, a, b, host, _ := standbyPair(t, "slept", map[string]any{"dead_after": "30s"}, false, 1)
 	b.AdminJSON("POST", "/lchat/routes/"+host+"/sleep", nil, http.StatusOK, nil)
-	harness.WaitFor(t, 5*time.Second, "the standby watching the holder of the slept space", func() bool {
-		for _, f := range standbyFor(t, a) {
-			if f.Host == host && f.Watching {
-				return true
-			}
-		}
-		return false
-	})
+	watching(t, a, host)
 	b.Kill()
 	// The watch breaks at once and the address refuses: were the space taken over, it
 	// would be awake on a within a second or two.
