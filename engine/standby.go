@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -65,9 +66,10 @@ type streamer struct {
 	shipper *spacestore.LogShipper // under durable.mu, as the bucket log's
 	gate    *gate.Gate
 	cur     atomic.Pointer[stream]
-	// recETag is the standby record's ETag as this streamer last read or wrote it (read
-	// first when unknown): its writes are conditioned on it. Used by the gate's one
-	// landing at a time (Depth 1).
+	// recMu serializes the record's writes of the landings in flight; recETag is the
+	// record's ETag as this streamer last read or wrote it (read first when unknown): its
+	// writes are conditioned on it.
+	recMu     sync.Mutex
 	recETag   string
 	recETagOK bool
 }
@@ -78,7 +80,7 @@ type stream struct {
 	box          string // "" when there is no standby: every answer waits for the bucket
 	recorded     atomic.Bool
 	broken       atomic.Bool
-	sent         atomic.Int64 // the last seq the standby has
+	sent         atomic.Int64 // the last seq the standby has (it takes them in order)
 	why          atomic.Pointer[string]
 }
 
@@ -95,8 +97,9 @@ func (e *Engine) newStreamer(in *inst, d *durable, base *spacestore.LogBase, gen
 	sb.cur.Store(e.newStream(in, sb, gen, baseSeq))
 	sb.gate = gate.New(gate.Config{
 		Cut: func(ctx context.Context) (gate.Land, error) { return e.cutStream(ctx, in, d, sb) },
-		// The standby takes a stream's segments in order: one lands at a time.
-		Depth:  1,
+		// Several segments are sent at once (the gate's pipeline, as the bucket log's): the
+		// standby takes each in its turn (standby.Spool.Put waits for the ones before it),
+		// and the gate releases an answer only once every segment up to its own has landed.
 		Now:    e.now,
 		Logger: in.logger(),
 	})
@@ -182,25 +185,19 @@ func (e *Engine) cutStream(ctx context.Context, in *inst, d *durable, sb *stream
 // segment. An error that is not ErrFenced has given the standby up (st broken).
 func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *stream, seq int64, entry standby.Entry) error {
 	log := in.logger()
-	if !st.recorded.Load() {
-		rec := spacestore.StandbyRecord{Gen: st.gen, BaseSeq: st.baseSeq, Claim: d.claim, Box: st.box}
-		rctx, cancel := context.WithTimeout(ctx, segmentTimeout)
-		err := e.writeRecord(rctx, in, d.sb, rec)
-		cancel()
-		if err != nil {
-			if st.breakWith("the standby record could not be written: " + err.Error()) {
-				log.Warn("standby record not written: the space's answers wait for the bucket log", zap.Error(err))
-			}
-			return err
-		}
-		st.recorded.Store(true)
+	if err := e.recordStream(ctx, in, d, st); err != nil {
+		return err
 	}
 	pctx, cancel := context.WithTimeout(ctx, standbyPutTimeout)
 	err := e.cfg.Standby.Put(pctx, st.box, in.host, entry)
 	cancel()
 	switch {
 	case err == nil:
-		st.sent.Store(seq)
+		for prev := st.sent.Load(); prev < seq; prev = st.sent.Load() {
+			if st.sent.CompareAndSwap(prev, seq) {
+				break
+			}
+		}
 		e.noteStreamed(d)
 		return nil
 	case errors.Is(err, standby.ErrSealed):
@@ -222,6 +219,32 @@ func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *st
 		safego.Go(&e.wg, e.log, "checkpoint for a new stream", func() { e.syncNow(e.ctx, in) })
 	}
 	return err
+}
+
+// recordStream writes st's record once, before any of its segments' landings returns:
+// the landings in flight take turns (sb.recMu), the first writes it. An error has given
+// the standby up (st broken).
+func (e *Engine) recordStream(ctx context.Context, in *inst, d *durable, st *stream) error {
+	if st.recorded.Load() {
+		return nil
+	}
+	d.sb.recMu.Lock()
+	defer d.sb.recMu.Unlock()
+	if st.recorded.Load() {
+		return nil
+	}
+	rec := spacestore.StandbyRecord{Gen: st.gen, BaseSeq: st.baseSeq, Claim: d.claim, Box: st.box}
+	rctx, cancel := context.WithTimeout(ctx, segmentTimeout)
+	err := e.writeRecord(rctx, in, d.sb, rec)
+	cancel()
+	if err != nil {
+		if st.breakWith("the standby record could not be written: " + err.Error()) {
+			in.logger().Warn("standby record not written: the space's answers wait for the bucket log", zap.Error(err))
+		}
+		return err
+	}
+	st.recorded.Store(true)
+	return nil
 }
 
 // writeRecord writes the standby record, conditioned on the one sb last read or wrote

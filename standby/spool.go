@@ -37,6 +37,7 @@ import (
 
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/spacestore"
+	"time"
 )
 
 // Entry is one segment of a holder's stream as the standby keeps it.
@@ -157,6 +158,7 @@ func (s *Spool) Close() error {
 	for _, h := range hosts {
 		h.mu.Lock()
 		h.gone = true
+		h.movedLocked()
 		if h.cur != nil {
 			errs = append(errs, h.cur.f.Close())
 		}
@@ -208,6 +210,7 @@ func (s *Spool) forgetLocked(h *hostSpool) {
 		return
 	}
 	h.gone = true
+	h.movedLocked()
 	s.mu.Lock()
 	if s.hosts[h.name] == h {
 		delete(s.hosts, h.name)
@@ -248,7 +251,11 @@ func (s *Spool) Put(host string, e Entry) error {
 		return err
 	}
 	defer h.mu.Unlock()
+	if !h.awaitTurnLocked(seg) {
+		return fmt.Errorf("standby %s: segment %d of generation %d: %w: the host's spool was dropped meanwhile", host, seg.Seq, seg.Gen, ErrGap)
+	}
 	err = s.putLocked(h, seg, e)
+	h.movedLocked()
 	s.forgetLocked(h) // a refused first put leaves nothing listed
 	if err != nil {
 		return fmt.Errorf("standby %s: segment %d of generation %d: %w", host, seg.Seq, seg.Gen, err)
@@ -347,6 +354,7 @@ func (s *Spool) Seal(host string, gen int64, claim spacestore.Claim) ([]Entry, e
 			return nil, fmt.Errorf("standby %s: sealing: %w", host, err)
 		}
 		h.seals = seals
+		h.movedLocked()
 	}
 	cur := h.cur
 	if cur == nil || cur.gen != gen || !sameClaim(cur.claim, claim) {
@@ -409,6 +417,7 @@ func (s *Spool) dropIf(host string, only *stream) error {
 	}
 	old := h.cur
 	h.cur = nil
+	h.movedLocked()
 	old.remove()
 	if len(h.seals) == 0 && len(h.past) == 0 {
 		os.RemoveAll(h.dir) // holds nothing; a leftover is harmless (Open skips it)
@@ -525,6 +534,73 @@ type hostSpool struct {
 	seals, past []mark
 	// lastID is the highest stream file id used, so a new one never reuses a name.
 	lastID int64
+	// moved is signalled (with mu) at every change of the stream: the puts waiting for
+	// their turn (awaitTurnLocked) look again. nil until one waits.
+	moved *sync.Cond
+}
+
+// A holder sends a few segments of its stream at once (its gate's pipeline), and they may
+// arrive out of order: a segment whose predecessors of its stream are on their way waits
+// for them, up to reorderWait, if it is at most reorderAhead ahead of the stream's end.
+const (
+	reorderWait  = time.Second
+	reorderAhead = 8
+)
+
+// awaitTurnLocked waits (h locked; the lock is let go while waiting) until the segment
+// before seg of its stream has landed, the stream changed otherwise, or reorderWait passed;
+// putLocked then decides. It reports false when h was dropped meanwhile.
+func (h *hostSpool) awaitTurnLocked(seg *spacestore.Segment) bool {
+	m := mark{Gen: seg.Gen, Claim: seg.Claim}
+	deadline := time.Now().Add(reorderWait)
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for !h.gone {
+		if h.sealed(m) || h.replaced(m) || !time.Now().Before(deadline) {
+			return true
+		}
+		cur := h.cur
+		next := int64(1) // the stream is not here yet: its seq 1 may be on its way
+		if cur != nil && cur.gen == seg.Gen && sameClaim(cur.claim, seg.Claim) {
+			if cur.broken != nil {
+				return true
+			}
+			next = int64(len(cur.ents)) + 1
+		} else if cur != nil && seg.Gen < cur.gen {
+			return true
+		}
+		if seg.Seq <= next || seg.Seq > next+reorderAhead {
+			return true
+		}
+		if timer == nil {
+			timer = time.AfterFunc(time.Until(deadline), func() {
+				h.mu.Lock()
+				h.movedLocked()
+				h.mu.Unlock()
+			})
+		}
+		h.cond().Wait()
+	}
+	return false
+}
+
+// cond is h's condition of a change (h.mu's), made on first use.
+func (h *hostSpool) cond() *sync.Cond {
+	if h.moved == nil {
+		h.moved = sync.NewCond(&h.mu)
+	}
+	return h.moved
+}
+
+// movedLocked wakes the puts waiting for their turn (h locked).
+func (h *hostSpool) movedLocked() {
+	if h.moved != nil {
+		h.moved.Broadcast()
+	}
 }
 
 func (h *hostSpool) sealed(m mark) bool {

@@ -2,12 +2,14 @@ package standby
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/lchat/lchat-caddy/spacestore"
 )
@@ -430,5 +432,42 @@ func TestRetireDropsOnlyThatStream(t *testing.T) {
 	}
 	if err := sp.Retire("none.test", 1, claimA); err != nil {
 		t.Fatalf("retiring a host with no stream: %v", err)
+	}
+}
+
+// TestOutOfOrderPutsWaitTheirTurn: a holder sends several segments of its stream at once;
+// the ones that arrive before their predecessors (the stream's start included) wait for
+// them and land in order, each answered once on disk; a segment whose predecessor never
+// comes is refused after the wait.
+func TestOutOfOrderPutsWaitTheirTurn(t *testing.T) {
+	sp, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 4)
+	for _, seq := range []int64{4, 3, 2} {
+		go func() { errs <- sp.Put("o.test", Entry{BucketBefore: seq, Data: segment(t, 1, seq, claimA, byte(seq))}) }()
+	}
+	time.Sleep(50 * time.Millisecond) // let them wait: the stream has not started
+	if err := sp.Put("o.test", Entry{Data: segment(t, 1, 1, claimA, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatalf("a put that arrived early: %v", err)
+		}
+	}
+	ents, err := sp.Seal("o.test", 1, claimA)
+	if err != nil || len(ents) != 4 {
+		t.Fatalf("sealed %d entries (%v), want 4", len(ents), err)
+	}
+	if err := CheckSealed(ents, 1, claimA); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.Put("p.test", Entry{Data: segment(t, 1, 1, claimA, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.Put("p.test", Entry{Data: segment(t, 1, 3, claimA, 3)}); !errors.Is(err, ErrGap) {
+		t.Fatalf("seq 3 with seq 2 never sent: %v, want ErrGap after the wait", err)
 	}
 }
