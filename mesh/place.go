@@ -64,10 +64,10 @@ type Request struct {
 // holder (LeaseHeld). A request sent on a Holders entry that
 // finds the space asleep (the entry went stale when it slept) goes on to where the space
 // wakes by the same rule (bounded loads as this box sees them: this box itself while it
-// has room and is where the space last woke), not wherever the entry pointed, at its
-// second forward (an owner's entry) as at its first. Any other request forwarded twice,
-// and any forwarded MaxHops times, is served where it lands. A forward to the holder or
-// the owner may fall back to serving here when that box cannot be dialed.
+// has room and is where the space last woke), not wherever the entry pointed. A request
+// forwarded twice is served where it lands, a hinted one too (an owner's entry): its last
+// hop is kept for the lease holder this box may find. A forward to the holder or the
+// owner may fall back to serving here when that box cannot be dialed.
 //
 // A route outside this box's scope (its host outside the mesh domains, homed in another
 // region) is served here, as a single box would, unless it has a home region and its
@@ -85,7 +85,10 @@ func (b *Node) Place(req Request) Decision {
 		}
 		return Decision{Action: Forward, Peer: rt.LivesAt}
 	}
-	if req.AwakeHere || req.Hops >= MaxHops || req.Hops >= 2 && !req.ViaHint {
+	if req.AwakeHere || req.Hops >= 2 {
+		// A request forwarded twice keeps its last hop for the lease holder it may find
+		// here (LeaseHeld), hinted or not: sent on to where the space wakes, it would
+		// reach that box with no forward left, a 503 when the space is awake elsewhere.
 		return Decision{Action: Serve}
 	}
 	if !b.InScope(rt.Host, rt.HomeRegion) {
