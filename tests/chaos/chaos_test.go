@@ -7,10 +7,10 @@
 // runs the long form (5 boxes, 20 spaces); LCHAT_CHAOS_SEED=<n> replays a campaign;
 // LCHAT_CHAOS_FAULTS=recreate,sigkill draws only those faults.
 //
-// Two spaces in three are of a kind with durability bucket, on which no acknowledged
-// write may be lost whatever the fault; the third are of a checkpoint kind, whose losses
-// to hard faults are counted beside them (LCHAT_CHAOS_DURABILITY=bucket or checkpoint
-// runs every space at one durability).
+// The spaces rotate over three kinds: durability bucket and durability standby, on which
+// no acknowledged write may be lost whatever the fault, and checkpoint, whose losses to
+// hard faults are counted beside them (LCHAT_CHAOS_DURABILITY=bucket, standby or
+// checkpoint runs every space at one durability).
 package chaos
 
 import (
@@ -68,6 +68,16 @@ type history struct {
 	// segments the most log segments one status showed for it (bucket durability).
 	durability map[string]map[string]bool
 	segments   map[string]uint64
+	// streamed is, per host, the most segments one status said its standby took
+	// (durability standby); noStandby every reason a status gave for it having none.
+	streamed  map[string]uint64
+	noStandby map[string]map[string]bool
+	// takeovers are the boxes' takeovers of a space from a dead holder, by
+	// "<box>|<host>|<at>" (their status lists the recent ones).
+	takeovers map[string]takeover
+	// verdicts is, per host, how many times a standby found its holder dead before its
+	// heartbeat and started to take the space over (read from the boxes' logs at the end).
+	verdicts map[string]int
 	// fenced is, per box, when it fenced itself because its heartbeat writes failed
 	// (read from its log at the end, selfFences).
 	fenced map[int][]time.Time
@@ -91,6 +101,29 @@ func selfFences(logs string) []time.Time {
 		if json.Unmarshal([]byte(strings.TrimSpace(l)), &e) == nil && strings.HasPrefix(e.Msg, selfFenceMsg) {
 			sec, frac := math.Modf(e.TS)
 			out = append(out, time.Unix(int64(sec), int64(frac*1e9)))
+		}
+	}
+	return out
+}
+
+// holderGoneMsg is what a standby logs when it finds a holder dead before its heartbeat
+// (its address refuses connections, or it restarted) and takes its spaces over.
+const holderGoneMsg = "holder gone before its heartbeat"
+
+// holderGone lists the spaces of every such verdict in a box's log (JSON lines), once per
+// verdict.
+func holderGone(logs string) []string {
+	var out []string
+	for _, l := range strings.Split(logs, "\n") {
+		if !strings.Contains(l, holderGoneMsg) {
+			continue
+		}
+		var e struct {
+			Msg   string   `json:"msg"`
+			Hosts []string `json:"hosts"`
+		}
+		if json.Unmarshal([]byte(strings.TrimSpace(l)), &e) == nil && strings.HasPrefix(e.Msg, holderGoneMsg) {
+			out = append(out, e.Hosts...)
 		}
 	}
 	return out
@@ -124,31 +157,37 @@ func (h *history) sync(box int, host string, at time.Time) {
 
 // durabilityOf is the durability of a campaign kind.
 func durabilityOf(kind string) string {
-	if kind == kindBucket {
+	switch kind {
+	case kindBucket:
 		return "bucket"
+	case kindStandby:
+		return "standby"
 	}
 	return "checkpoint"
 }
 
+// lossless reports whether a durability forbids losing any acknowledged write.
+func lossless(durability string) bool { return durability == "bucket" || durability == "standby" }
+
 // spaceKinds is the kind of each of n spaces, by $LCHAT_CHAOS_DURABILITY: "mix" (the
-// default) makes every third space (s2, s5, ...) of the checkpoint kind and the others of
-// the bucket kind, reported side by side; "bucket" or "checkpoint" makes them all of one.
+// default) rotates them over bucket, standby and checkpoint (s0 bucket, s1 standby, s2
+// checkpoint, s3 bucket, ...), reported side by side; "bucket", "standby" or
+// "checkpoint" makes them all of one.
 func spaceKinds(t *testing.T, n int) []string {
 	mode := os.Getenv("LCHAT_CHAOS_DURABILITY")
 	kinds := make([]string, n)
 	for i := range kinds {
 		switch mode {
 		case "", "mix":
-			kinds[i] = kindBucket
-			if i%3 == 2 {
-				kinds[i] = kindCheckpoint
-			}
+			kinds[i] = []string{kindBucket, kindStandby, kindCheckpoint}[i%3]
 		case "bucket":
 			kinds[i] = kindBucket
+		case "standby":
+			kinds[i] = kindStandby
 		case "checkpoint":
 			kinds[i] = kindCheckpoint
 		default:
-			t.Fatalf("LCHAT_CHAOS_DURABILITY=%q: want mix, bucket or checkpoint", mode)
+			t.Fatalf("LCHAT_CHAOS_DURABILITY=%q: want mix, bucket, standby or checkpoint", mode)
 		}
 	}
 	return kinds
@@ -157,7 +196,15 @@ func spaceKinds(t *testing.T, n int) []string {
 type params struct {
 	boxes, spaces, clients int
 	run                    time.Duration
+	faults                 []string // the kinds of fault the nemesis draws from
 }
+
+// replayFaults are the faults a seed of testdata/seeds drew from when it failed: the
+// replay keeps the list, so that the seed draws the same faults again.
+var replayFaults = []string{"sigkill", "sigstop", "sigterm", "cut", "blackhole", "latency", "droplost", "reload", "recreate", "relocate", "repldelay"}
+
+// allFaults are the campaign's faults: those, and a box the others cannot reach.
+var allFaults = append(slices.Clip(replayFaults), "partition")
 
 func campaignParams(t *testing.T) params {
 	if m := os.Getenv("LCHAT_CHAOS_MINUTES"); m != "" {
@@ -165,12 +212,12 @@ func campaignParams(t *testing.T) params {
 		if err != nil || n < 1 {
 			t.Fatalf("LCHAT_CHAOS_MINUTES=%q: want a number of minutes", m)
 		}
-		return params{boxes: 5, spaces: 20, clients: 8, run: time.Duration(n) * time.Minute}
+		return params{boxes: 5, spaces: 20, clients: 8, run: time.Duration(n) * time.Minute, faults: allFaults}
 	}
 	if testing.Short() {
-		return params{boxes: 3, spaces: 4, clients: 3, run: 30 * time.Second}
+		return params{boxes: 3, spaces: 4, clients: 3, run: 30 * time.Second, faults: allFaults}
 	}
-	return params{boxes: 3, spaces: 6, clients: 4, run: 70 * time.Second}
+	return params{boxes: 3, spaces: 6, clients: 4, run: 70 * time.Second, faults: allFaults}
 }
 
 func TestChaosCampaign(t *testing.T) {
@@ -205,7 +252,7 @@ func TestChaosReplay(t *testing.T) {
 			t.Fatalf("testdata/seeds: %q is not a seed", line)
 		}
 		t.Run(line, func(t *testing.T) {
-			campaign(t, seed, params{boxes: 3, spaces: 4, clients: 3, run: 30 * time.Second})
+			campaign(t, seed, params{boxes: 3, spaces: 4, clients: 3, run: 30 * time.Second, faults: replayFaults})
 		})
 	}
 }
@@ -240,7 +287,8 @@ func campaign(t *testing.T, seed uint64, p params) {
 		return true
 	})
 
-	h := &history{syncs: map[string][]time.Time{}, durability: map[string]map[string]bool{}, segments: map[string]uint64{}}
+	h := &history{syncs: map[string][]time.Time{}, durability: map[string]map[string]bool{}, segments: map[string]uint64{},
+		streamed: map[string]uint64{}, noStandby: map[string]map[string]bool{}, takeovers: map[string]takeover{}}
 	h.healthy.Store(true)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -272,6 +320,9 @@ func campaign(t *testing.T, seed uint64, p params) {
 						h.sync(n.i, s.Host, *s.LastSync)
 					}
 					h.reported(s.Host, s.Durability, s.Log)
+				}
+				if st.Mesh != nil && st.Mesh.StandbyTotals != nil {
+					h.tookOver(n.i, st.Mesh.StandbyTotals.Recent)
 				}
 			}
 		}
@@ -334,7 +385,7 @@ func campaign(t *testing.T, seed uint64, p params) {
 
 	// The nemesis: faults drawn from the seed, each healed before the next; one draw in
 	// four runs two faults at once on two different boxes.
-	kinds := []string{"sigkill", "sigstop", "sigterm", "cut", "blackhole", "latency", "droplost", "reload", "recreate", "relocate", "repldelay"}
+	kinds := p.faults
 	if only := os.Getenv("LCHAT_CHAOS_FAULTS"); only != "" {
 		// A subset, to focus a campaign: LCHAT_CHAOS_FAULTS=recreate,sigkill
 		kinds = strings.Split(only, ",")
@@ -436,8 +487,13 @@ func campaign(t *testing.T, seed uint64, p params) {
 		}
 	}
 	h.fenced = map[int][]time.Time{}
+	h.verdicts = map[string]int{}
 	for _, n := range c.nodes {
-		h.fenced[n.i] = selfFences(n.Logs())
+		logs := n.Logs()
+		h.fenced[n.i] = selfFences(logs)
+		for _, host := range holderGone(logs) {
+			h.verdicts[host]++
+		}
 	}
 	rep := check(h, stored, hosts, spaceKind)
 	rep.counts, rep.outcomes = counts, outcomes
@@ -445,7 +501,8 @@ func campaign(t *testing.T, seed uint64, p params) {
 	for _, e := range rep.errors {
 		t.Error(e)
 	}
-	// The bucket kind was what its spaces ran: each status said so, and showed its log.
+	// Each kind was what its spaces ran: each status said so; a bucket space's showed
+	// its log, a standby space's its stream to its standby (or why it had none).
 	for _, host := range hosts {
 		want := durabilityOf(spaceKind[host])
 		for d := range h.durability[host] {
@@ -453,12 +510,31 @@ func campaign(t *testing.T, seed uint64, p params) {
 				t.Errorf("%s (kind %s) reported durability %q, want %q", host, spaceKind[host], d, want)
 			}
 		}
+		if !h.durability[host][want] {
+			t.Errorf("%s (kind %s): no status reported its durability", host, spaceKind[host])
+		}
 		if want == "bucket" && h.segments[host] == 0 {
 			t.Errorf("%s (durability bucket): no status showed a segment of its log", host)
 		}
+		if want == "standby" {
+			var whys []string
+			for w := range h.noStandby[host] {
+				whys = append(whys, w)
+			}
+			sort.Strings(whys)
+			switch {
+			case h.streamed[host] > 0:
+				fmt.Printf("chaos: %s (standby) streamed up to %d segments to its standby in one wake\n", host, h.streamed[host])
+			case len(whys) > 0:
+				// No stream in any status: the space never had a standby; say why.
+				fmt.Printf("chaos: %s (standby) never streamed: %s\n", host, strings.Join(whys, "; "))
+			default:
+				t.Errorf("%s (durability standby): no status showed a segment streamed to a standby, nor why it had none", host)
+			}
+		}
 	}
-	// A write a bucket kind lost: what the boxes logged of its space around it.
-	for _, r := range first(rep.bucketLost, 3) {
+	// A write a bucket or standby kind lost: what the boxes logged of its space around it.
+	for _, r := range first(rep.durableLost, 3) {
 		for _, n := range c.nodes {
 			if lines := logsAround(n.Logs(), r.space, r.start.Add(-5*time.Second), r.end.Add(15*time.Second), 60); lines != "" {
 				t.Logf("box %d's log of %s around %s (acknowledged %s):\n%s", n.i, r.space, r.msg, r.end.Format("15:04:05.000"), lines)
@@ -531,14 +607,22 @@ type report struct {
 	// byDurability is the figures of the spaces of each durability ("bucket",
 	// "checkpoint"), side by side.
 	byDurability map[string]*tally
-	// bucketLost are the writes a bucket kind acknowledged and lost: each one forbidden.
-	bucketLost []record
+	// durableLost are the writes a bucket or standby kind acknowledged and lost: each one
+	// forbidden.
+	durableLost []record
+	// failedTakeovers are the failed takeovers the boxes' statuses listed, with their error.
+	failedTakeovers []string
 }
 
 // tally is the figures of the spaces of one durability.
 type tally struct {
 	spaces, acked, allowed, forbidden, unavailable int // unavailable: 503s
 	allowedBy                                      map[string]int
+	// verdicts: its spaces' holders found dead by their standby before their heartbeat
+	// (the boxes' logs); takeovers: the takeovers that followed, as the boxes' statuses
+	// listed them, and the failed ones (a box killed right after its takeover, before a
+	// poll, is missing from these two).
+	verdicts, takeovers, takeoverFailures int
 }
 
 func (rep *report) tally(durability string) *tally {
@@ -551,7 +635,7 @@ func (rep *report) tally(durability string) *tally {
 }
 
 // durabilities are the durabilities the campaign runs, in the order it reports them.
-var durabilities = []string{"bucket", "checkpoint"}
+var durabilities = []string{"bucket", "standby", "checkpoint"}
 
 // check asserts the contract on the history; stored is every space's messages at the end,
 // kinds every space's kind.
@@ -562,6 +646,19 @@ func check(h *history, stored map[string]map[string]bool, hosts []string, kinds 
 		byDurability: map[string]*tally{}}
 	for _, host := range hosts {
 		rep.tally(durabilityOf(kinds[host])).spaces++
+	}
+	for host, n := range h.verdicts {
+		rep.tally(durabilityOf(kinds[host])).verdicts += n
+	}
+	for _, tk := range h.takeovers {
+		tl := rep.tally(durabilityOf(kinds[tk.Host]))
+		if tk.Err == "" {
+			tl.takeovers++
+		} else {
+			tl.takeoverFailures++
+			rep.failedTakeovers = append(rep.failedTakeovers, fmt.Sprintf("%s from %s (%s) at %s: %s",
+				tk.Host, tk.Holder, tk.Why, tk.At.Format("15:04:05.000"), tk.Err))
+		}
 	}
 	boxOf := func(r record) int {
 		// The instance header names the box that served the request (a forwarded
@@ -618,8 +715,8 @@ func check(h *history, stored map[string]map[string]bool, hosts []string, kinds 
 		if r.op != "write" || r.status != http.StatusCreated {
 			continue
 		}
-		// (1) no acknowledged write lost: on a bucket kind whatever the fault; on a
-		// checkpoint kind except after a hard fault of the box whose instance
+		// (1) no acknowledged write lost: on a bucket or standby kind whatever the
+		// fault; on a checkpoint kind except after a hard fault of the box whose instance
 		// acknowledged it, with no checkpoint of that space since.
 		rep.acked++
 		tl.acked++
@@ -642,14 +739,16 @@ func check(h *history, stored map[string]map[string]bool, hosts []string, kinds 
 		if f, ok := endingFault(h, b, r); ok {
 			after = fmt.Sprintf("then %s of box %d %s..%s", f.kind, f.box, f.start.Format("15:04:05.000"), f.heal.Format("15:04:05.000"))
 		}
-		if dur == "bucket" {
-			rep.bucketLost = append(rep.bucketLost, r)
+		if lossless(dur) {
+			rep.durableLost = append(rep.durableLost, r)
 		}
 		rep.forbiddenL = append(rep.forbiddenL, fmt.Sprintf("%s (durability %s) %s acknowledged by box %d (%s) at %s..%s, %s; its checkpoints of the space near then: %s",
 			r.space, dur, r.msg, b, r.instance, r.start.Format("15:04:05.000"), r.end.Format("15:04:05.000"), after, syncsAround(h, b, r.space, r.end)))
 	}
-	if n := rep.tally("bucket").forbidden; n > 0 {
-		rep.errors = append(rep.errors, fmt.Sprintf("%d writes acknowledged by a bucket kind lost (no fault excuses one)", n))
+	for _, d := range []string{"bucket", "standby"} {
+		if n := rep.tally(d).forbidden; n > 0 {
+			rep.errors = append(rep.errors, fmt.Sprintf("%d writes acknowledged by a %s kind lost (no fault excuses one)", n, d))
+		}
 	}
 	if n := rep.tally("checkpoint").forbidden; n > 0 {
 		rep.errors = append(rep.errors, fmt.Sprintf("%d writes acknowledged by a checkpoint kind lost without a hard fault to excuse them", n))
@@ -873,6 +972,10 @@ func (rep *report) print(w io.Writer) {
 	for _, f := range first(rep.forbiddenL, 20) {
 		fmt.Fprintf(w, "  forbidden loss: %s\n", f)
 	}
+	sort.Strings(rep.failedTakeovers)
+	for _, f := range first(rep.failedTakeovers, 10) {
+		fmt.Fprintf(w, "  takeover failed: %s\n", f)
+	}
 }
 
 // printByDurability prints the figures of the bucket and checkpoint spaces side by side;
@@ -895,10 +998,10 @@ func (rep *report) printByDurability(w io.Writer, faultKinds []string) {
 	fmt.Fprintln(w)
 	cols("spaces", num(func(tl *tally) int { return tl.spaces }))
 	cols("acknowledged writes", num(func(tl *tally) int { return tl.acked }))
-	// A bucket kind allows no loss: its column says so rather than 0.
+	// A bucket or standby kind allows no loss: its column says so rather than 0.
 	allowed := func(f func(*tally) int) func(*tally) string {
 		return func(tl *tally) string {
-			if tl == rep.byDurability["bucket"] {
+			if tl == rep.byDurability["bucket"] || tl == rep.byDurability["standby"] {
 				return "none allowed"
 			}
 			return strconv.Itoa(f(tl))
@@ -912,6 +1015,9 @@ func (rep *report) printByDurability(w io.Writer, faultKinds []string) {
 	}
 	cols("forbidden losses", num(func(tl *tally) int { return tl.forbidden }))
 	cols("503 responses", num(func(tl *tally) int { return tl.unavailable }))
+	cols("holder found dead by standby", num(func(tl *tally) int { return tl.verdicts }))
+	cols("  takeovers (statuses)", num(func(tl *tally) int { return tl.takeovers }))
+	cols("  failed (statuses)", num(func(tl *tally) int { return tl.takeoverFailures }))
 }
 
 // reported notes what a box's status said of host: its durability and its log.
@@ -926,6 +1032,24 @@ func (h *history) reported(host, durability string, log *logStatus) {
 	}
 	if log != nil {
 		h.segments[host] = max(h.segments[host], log.Segments)
+	}
+	if sb := log.standby(); sb != nil {
+		h.streamed[host] = max(h.streamed[host], sb.Streamed)
+		if sb.Box == "" && sb.NoStandby != "" {
+			if h.noStandby[host] == nil {
+				h.noStandby[host] = map[string]bool{}
+			}
+			h.noStandby[host][sb.NoStandby] = true
+		}
+	}
+}
+
+// tookOver notes the recent takeovers box b's status listed.
+func (h *history) tookOver(b int, recent []takeover) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, tk := range recent {
+		h.takeovers[fmt.Sprintf("%d|%s|%s", b, tk.Host, tk.At.Format(time.RFC3339Nano))] = tk
 	}
 }
 
@@ -954,13 +1078,13 @@ func logsAround(logs, host string, from, to time.Time, limit int) string {
 	return strings.Join(out, "\n")
 }
 
-// TestCheckVerdictByDurability pins the checker's verdict on a lost write: a bucket kind
-// may lose none, whatever the fault; a checkpoint kind may lose one its box's hard fault
+// TestCheckVerdictByDurability pins the checker's verdict on a lost write: a bucket or
+// standby kind may lose none, whatever the fault; a checkpoint kind may lose one its box's hard fault
 // took before a checkpoint covered it, and nothing else.
 func TestCheckVerdictByDurability(t *testing.T) {
 	t0 := time.Now()
-	const bucketHost, checkpointHost = "b.chaos.test", "c.chaos.test"
-	kinds := map[string]string{bucketHost: kindBucket, checkpointHost: kindCheckpoint}
+	const bucketHost, standbyHost, checkpointHost = "b.chaos.test", "s.chaos.test", "c.chaos.test"
+	kinds := map[string]string{bucketHost: kindBucket, standbyHost: kindStandby, checkpointHost: kindCheckpoint}
 	write := func(host string) record {
 		return record{box: 1, space: host, op: "write", status: http.StatusCreated, instance: "https://127.0.0.1:9 7@1",
 			msg: "m-" + host, start: t0, end: t0.Add(10 * time.Millisecond)}
@@ -981,6 +1105,12 @@ func TestCheckVerdictByDurability(t *testing.T) {
 		{"checkpoint lost to drain", checkpointHost, fault{kind: "sigterm"}, false, 1, 0},
 		{"checkpoint lost to a drain its box fenced", checkpointHost, fault{kind: "sigterm"}, false, 0, 1},
 		{"bucket lost to a drain its box fenced", bucketHost, fault{kind: "sigterm"}, false, 1, 0},
+		{"standby kept", standbyHost, fault{kind: "sigkill", hard: true}, true, 0, 0},
+		{"standby lost to sigkill", standbyHost, fault{kind: "sigkill", hard: true}, false, 1, 0},
+		{"standby lost to sigstop", standbyHost, fault{kind: "sigstop", hard: true}, false, 1, 0},
+		{"standby lost to blackhole", standbyHost, fault{kind: "blackhole", hard: true}, false, 1, 0},
+		{"standby lost to drain", standbyHost, fault{kind: "sigterm"}, false, 1, 0},
+		{"standby lost to a drain its box fenced", standbyHost, fault{kind: "sigterm"}, false, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := tc.fault
@@ -996,12 +1126,12 @@ func TestCheckVerdictByDurability(t *testing.T) {
 				}
 			}
 			stored := map[string]map[string]bool{tc.host: {"m-" + tc.host: tc.stored}}
-			rep := check(h, stored, []string{bucketHost, checkpointHost}, kinds)
+			rep := check(h, stored, []string{bucketHost, standbyHost, checkpointHost}, kinds)
 			if rep.forbidden != tc.forbidden || rep.allowedLoss != tc.allowed || (len(rep.errors) > 0) != (tc.forbidden > 0) {
 				t.Errorf("forbidden %d, allowed %d, errors %q; want forbidden %d, allowed %d", rep.forbidden, rep.allowedLoss, rep.errors, tc.forbidden, tc.allowed)
 			}
-			if got := len(rep.bucketLost); (kinds[tc.host] == kindBucket && !tc.stored) != (got == 1) {
-				t.Errorf("%d bucket losses listed", got)
+			if got := len(rep.durableLost); (kinds[tc.host] != kindCheckpoint && !tc.stored) != (got == 1) {
+				t.Errorf("%d bucket or standby losses listed", got)
 			}
 		})
 	}

@@ -30,11 +30,15 @@ const (
 	idleTimeout = 4 * time.Second
 )
 
-// The campaign's two kinds: the same demo space, acknowledging at two durabilities.
+// The campaign's three kinds: the same demo space, acknowledging at three durabilities.
 const (
 	// kindBucket answers a write once its commit is in the space's log in the bucket:
 	// no fault may take a write it answered 201 for.
 	kindBucket = "demo-bucket"
+	// kindStandby answers a write once the space's standby box has fsynced it (or the
+	// bucket log holds it, when the space has no standby): no fault may take a write it
+	// answered 201 for either.
+	kindStandby = "demo-standby"
 	// kindCheckpoint answers at once; a write survives its box's hard death once a
 	// checkpoint (every second) holds it. The package's other tests use it.
 	kindCheckpoint = "demo"
@@ -115,7 +119,7 @@ func (c *cluster) boxConfig(n *node) string {
 				"beat": beat.String(), "dead_after": deadAfter.String(), "resync_interval": "5s",
 				"trusted_ca_files": []string{c.ca.CAFile},
 			},
-			"kinds": map[string]any{kindCheckpoint: demoKind("checkpoint"), kindBucket: demoKind("bucket")},
+			"kinds": map[string]any{kindCheckpoint: demoKind("checkpoint"), kindBucket: demoKind("bucket"), kindStandby: demoKind("standby")},
 		},
 		MeshAPIHost: n.ip,
 		CertFile:    c.ca.CertFile,
@@ -125,7 +129,7 @@ func (c *cluster) boxConfig(n *node) string {
 }
 
 // demoKind is the campaign's demo kind at durability: the same idle timeout and
-// checkpoints every second for both, so that only the acknowledgement differs.
+// checkpoints every second for all three, so that only the acknowledgement differs.
 func demoKind(durability string) map[string]any {
 	return harness.DemoKind(map[string]any{
 		"idle_timeout": idleTimeout.String(),
@@ -239,6 +243,13 @@ func (n *node) adminDo(method, path string, body any) (int, string, error) {
 }
 
 type boxStatus struct {
+	// Mesh carries the box's standby totals: its takeovers since it started, the last
+	// ones listed.
+	Mesh *struct {
+		StandbyTotals *struct {
+			Recent []takeover `json:"recent_takeovers"`
+		} `json:"standby_totals"`
+	} `json:"mesh"`
 	Spaces []struct {
 		Host     string     `json:"host"`
 		State    string     `json:"state"`
@@ -255,6 +266,35 @@ type boxStatus struct {
 type logStatus struct {
 	Segments uint64 `json:"segments"`
 	Failed   uint64 `json:"failed"`
+	// Standby is the space's stream (durability standby): its standby box, or why it has
+	// none, and the segments the standby took since the wake.
+	Standby *streamStatus `json:"standby"`
+}
+
+// streamStatus is a standby space's stream (engine.StandbyStatus).
+type streamStatus struct {
+	Box       string `json:"box"`
+	NoStandby string `json:"no_standby"`
+	Streamed  uint64 `json:"streamed"`
+}
+
+// standby is the log's stream, nil when there is no log or no stream.
+func (l *logStatus) standby() *streamStatus {
+	if l == nil {
+		return nil
+	}
+	return l.Standby
+}
+
+// takeover is one of a box's recent takeovers of a space from a dead holder
+// (engine.Takeover).
+type takeover struct {
+	Host   string    `json:"host"`
+	Holder string    `json:"holder"`
+	Why    string    `json:"why"`
+	At     time.Time `json:"at"`
+	Took   int64     `json:"took_ns"`
+	Err    string    `json:"error"`
 }
 
 // lastSync is when the box last checkpointed host (zero when it cannot tell).

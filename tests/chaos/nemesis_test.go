@@ -29,7 +29,7 @@ func (nm *nemesis) run(kind string, n *node, rng *rand.Rand, overlapping bool) {
 	t, c, hosts := nm.t, nm.c, nm.hosts
 	f := fault{kind: kind, box: n.i, start: time.Now()}
 	switch kind {
-	case "sigkill", "sigstop", "sigterm", "cut", "blackhole", "latency", "droplost":
+	case "sigkill", "sigstop", "sigterm", "cut", "blackhole", "latency", "droplost", "partition":
 		n.impaired.Add(1)
 		defer n.impaired.Add(1)
 	}
@@ -37,7 +37,11 @@ func (nm *nemesis) run(kind string, n *node, rng *rand.Rand, overlapping bool) {
 	case "sigkill":
 		f.hard = true
 		n.Kill()
+		// Nothing listens at its SELF any more: its peers' dials are refused, as they
+		// would be by its machine (what tells a standby its holder's process is gone).
+		n.peer.SetClosed(true)
 		time.Sleep(time.Duration(1+rng.IntN(4)) * time.Second)
+		nm.reopen(n)
 		n.Start()
 	case "sigstop":
 		f.hard = true
@@ -54,7 +58,9 @@ func (nm *nemesis) run(kind string, n *node, rng *rand.Rand, overlapping bool) {
 		if err := n.Stop(); err != nil {
 			t.Errorf("box %d: SIGTERM drain: %v", n.i, err)
 		}
+		n.peer.SetClosed(true)
 		time.Sleep(time.Duration(rng.IntN(3)) * time.Second)
+		nm.reopen(n)
 		n.Start()
 	case "cut":
 		f.hard = true
@@ -68,6 +74,17 @@ func (nm *nemesis) run(kind string, n *node, rng *rand.Rand, overlapping bool) {
 		n.proxy.SetBlackhole(true)
 		time.Sleep(deadAfter + time.Duration(1+rng.IntN(4))*time.Second)
 		n.proxy.SetBlackhole(false)
+	case "partition":
+		// The other boxes cannot reach this one: every connection into it through its
+		// SELF (forwards, replication, a holder's stream when it is the standby, a
+		// standby's watch when it is the holder) is refused, and the open ones cut, for
+		// longer than dead_after. One way: it still reaches them, its bucket (its
+		// heartbeat goes on, so the lease says it lives) and its clients. A standby must
+		// not take its spaces over; its holders must stream elsewhere or wait for the
+		// bucket.
+		n.peer.SetDown(true)
+		time.Sleep(deadAfter + time.Duration(1+rng.IntN(4))*time.Second)
+		n.peer.SetDown(false)
 	case "latency":
 		// 2 s more on every new connection to the store (the store's
 		// connections are reused, so most requests are not slowed).
@@ -115,6 +132,13 @@ func (nm *nemesis) run(kind string, n *node, rng *rand.Rand, overlapping bool) {
 	nm.h.mu.Lock()
 	nm.h.faults = append(nm.h.faults, f)
 	nm.h.mu.Unlock()
+}
+
+// reopen listens at n's SELF again, before n starts.
+func (nm *nemesis) reopen(n *node) {
+	if err := n.peer.SetClosed(false); err != nil {
+		nm.t.Errorf("box %d: %v", n.i, err)
+	}
 }
 
 func (nm *nemesis) recreate(n *node, host string, other *node, pause time.Duration) {

@@ -3,6 +3,7 @@ package harness
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -17,10 +18,11 @@ import (
 // answers, or reorder what is sent. Tests put it between a
 // box and its bucket (or a DERP region) to stand in for a network that fails.
 type TCPProxy struct {
-	ln     net.Listener
+	addr   string // where it listens, kept across SetClosed
 	target string
 
-	mu     sync.Mutex // guards the fields below
+	mu     sync.Mutex   // guards the fields below
+	ln     net.Listener // nil while closed (SetClosed)
 	delay  time.Duration
 	jitter time.Duration // a random delay in [0, jitter) before each chunk sent to the target
 	drop   int           // answers still to drop (DropResponses)
@@ -93,14 +95,45 @@ func StartTCPProxyOn(t testing.TB, ip, target string) *TCPProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &TCPProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	go p.serve()
+	p := &TCPProxy{addr: ln.Addr().String(), ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	go p.serve(ln)
 	t.Cleanup(p.Close)
 	return p
 }
 
 // Addr is the proxy's listening address (host:port).
-func (p *TCPProxy) Addr() string { return p.ln.Addr().String() }
+func (p *TCPProxy) Addr() string { return p.addr }
+
+// SetClosed(true) stops listening and cuts every open connection: a dial to the proxy's
+// address is refused, as to a machine where nothing listens (its process killed), not
+// accepted and closed as SetDown does. SetClosed(false) listens on the same address again.
+func (p *TCPProxy) SetClosed(closed bool) error {
+	p.mu.Lock()
+	ln := p.ln
+	if closed {
+		p.ln = nil
+	}
+	p.mu.Unlock()
+	if closed {
+		if ln != nil {
+			ln.Close()
+		}
+		p.SetDown(true)
+		return nil
+	}
+	if ln == nil {
+		nl, err := net.Listen("tcp", p.addr)
+		if err != nil {
+			return fmt.Errorf("listening on %s again: %w", p.addr, err)
+		}
+		p.mu.Lock()
+		p.ln = nl
+		p.mu.Unlock()
+		go p.serve(nl)
+	}
+	p.SetDown(false)
+	return nil
+}
 
 // SetDelay delays each new connection by d before it is forwarded.
 func (p *TCPProxy) SetDelay(d time.Duration) {
@@ -163,8 +196,10 @@ func (p *TCPProxy) SetDown(down bool) {
 
 // Close stops the proxy and cuts every connection. Idempotent.
 func (p *TCPProxy) Close() {
-	p.ln.Close()
 	p.mu.Lock()
+	if p.ln != nil {
+		p.ln.Close()
+	}
 	if p.hold != nil {
 		p.hold.Release()
 	}
@@ -173,9 +208,9 @@ func (p *TCPProxy) Close() {
 	p.SetBlackhole(false)
 }
 
-func (p *TCPProxy) serve() {
+func (p *TCPProxy) serve(ln net.Listener) {
 	for {
-		c, err := p.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
