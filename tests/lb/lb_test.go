@@ -48,6 +48,8 @@ type fleet struct {
 	lb     *harness.HAProxy
 	boxes  []*lbBox // the boxes running, in the order they started
 	all    []*lbBox // every box started
+	// fullest is each box's largest warm set over its budget that checkBudgets read.
+	fullest map[string]float64
 }
 
 type lbBox struct {
@@ -56,7 +58,8 @@ type lbBox struct {
 }
 
 func newFleet(t *testing.T) *fleet {
-	f := &fleet{t: t, s3: harness.StartS3(t), prefix: fmt.Sprintf("lb%d", time.Now().UnixNano()%1e9)}
+	f := &fleet{t: t, s3: harness.StartS3(t), prefix: fmt.Sprintf("lb%d", time.Now().UnixNano()%1e9),
+		fullest: map[string]float64{}}
 	f.lb = harness.StartHAProxy(t, harness.HAProxyOptions{IP: lbIP, Source: lbSource, CheckPath: "/"})
 	return f
 }
@@ -72,9 +75,9 @@ func (f *fleet) config(b *lbBox) string {
 		Lchat: map[string]any{
 			"wake_scan_interval": "1s",
 			// The budget is small, so that the few spaces the test wakes move the fleet's
-			// signal; plain HRW, so that the test knows where a new space wakes.
+			// signal; placement is the default, bounded loads.
 			"mesh": map[string]any{"beat": beat.String(), "dead_after": dead.String(),
-				"memory_budget": f.budget, "balance_factor": -1},
+				"memory_budget": f.budget},
 			"kinds": map[string]any{"demo": harness.DemoKind(map[string]any{
 				"idle_timeout": "10m", "durability": "bucket",
 				"env": map[string]string{"DEMO_HOLD_CONNECTIONS": "1"},
@@ -134,11 +137,14 @@ func (f *fleet) spaceSize() int64 {
 	t := f.t
 	f.budget = 1 << 40
 	b := f.startBox(99, f.prefix+"-size")
-	defer func() {
-		if err := b.Stop(); err != nil {
+	// It stops (its shutdown delay, 5 s) while the fleet starts.
+	stopped := make(chan error, 1)
+	defer func() { go func() { stopped <- b.Stop() }() }()
+	t.Cleanup(func() {
+		if err := <-stopped; err != nil {
 			t.Errorf("stopping the sizing box: %v", err)
 		}
-	}()
+	})
 	h := "size." + domain
 	f.createSpace(b, h)
 	b.AdminJSON("POST", "/lchat/routes/"+h+"/wake", nil, 200, nil)
@@ -202,7 +208,8 @@ func accessLogged(b *lbBox) map[string]int {
 // retryable 503, no write answered 201 is lost, a new box holds every route as soon as it
 // starts and serves within moments, a stopping box is counted down by the balancer before
 // its listener closes, and the boxes log the clients' addresses (the PROXY protocol),
-// never the balancer's.
+// never the balancer's. Placement is the default, bounded loads: at each phase's end and
+// at the peak no box's warm set is past its budget by more than one space.
 //
 // LCHAT_LB_SPACES and LCHAT_LB_BOXES size a longer run (defaults 4 spaces with clients and
 // a peak of 3 boxes); a box's budget is twice the clients' spaces, measured.
@@ -233,6 +240,7 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 	harness.WaitFor(t, 30*time.Second, "the fleet's warm set published", func() bool {
 		return gauge(t, first, "lchat_fleet_warm_set_bytes") > 0
 	})
+	f.checkBudgets("at the start", size, false)
 	if d := desired(t, first); d != 1 {
 		t.Fatalf("the signal asks for %d boxes with the clients' %d spaces awake (warm set %.0f bytes, budget %d, a space measured %d alone)",
 			d, spaces, gauge(t, first, "lchat_fleet_warm_set_bytes"), f.budget, size)
@@ -277,11 +285,17 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 	}
 
 	// Scale-out: more spaces wake (one request each through the balancer; they stay awake),
-	// the warm set grows, and the fleet follows the signal up to the peak.
+	// the warm set grows, and the fleet follows the signal up to the peak. The signal lags
+	// the wakes by a heartbeat or two, so once the spaces awake (counted at the size of one
+	// measured alone) ask for another box with the signal's headroom, the test wakes no
+	// more until the signal asks for it: the load stays within what a fleet that follows
+	// its signal has room for, and no box's budget is passed by more than one space.
 	maxExtra := int(budgetSpaces) * peak
 	var extra []string
 	for len(f.boxes) < peak {
-		if len(extra) == maxExtra {
+		awake := int64(len(hosts) + len(extra))
+		wanted := float64(awake*size)*(1+mesh.DefaultHeadroom) > float64(int64(len(f.boxes))*f.budget)
+		if wanted || len(extra) == maxExtra {
 			harness.WaitFor(t, 30*time.Second, fmt.Sprintf("the signal asking for more than %d boxes", len(f.boxes)), func() bool {
 				return desired(t, first) > len(f.boxes)
 			}, func() string {
@@ -301,12 +315,12 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 	}
 	reached, woken := len(f.boxes), len(extra)
 
+	f.checkBudgets("at the peak, scaled out", size, false)
+
 	// New wakes go to the new boxes at once: spaces created now (never awake, so no box
-	// remembers a holder of theirs) wake on their owners among the boxes now live, when
-	// their clients first write.
-	var members []mesh.Member
+	// remembers a holder of theirs) wake where bounded-load placement puts them among the
+	// boxes now live (their owner, or the next with room), when their clients first write.
 	for _, b := range f.boxes {
-		members = append(members, mesh.Member{Self: b.self})
 		harness.WaitFor(t, 30*time.Second, b.name+" seeing every box", func() bool { return len(status(t, b).Mesh.Live) == len(f.boxes) })
 	}
 	var fresh []string
@@ -320,10 +334,10 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 	}
 	wokeOnNew := 0
 	for _, h := range fresh {
-		owner, _ := mesh.Owner(h, members, "")
-		ob := f.box(owner.Self)
-		harness.WaitFor(t, 30*time.Second, h+" woken by its clients on its owner "+ob.name, func() bool {
-			return slices.Contains(status(t, ob).Mesh.Awake, h)
+		var on *lbBox
+		harness.WaitFor(t, 30*time.Second, h+" woken by its clients", func() bool {
+			on = f.awakeOn(h)
+			return on != nil
 		}, func() string {
 			var w []string
 			for _, b := range f.boxes {
@@ -331,11 +345,12 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 			}
 			return strings.Join(w, "; ")
 		})
-		if ob != first {
+		if on != first {
 			wokeOnNew++
 		}
 	}
 	extra = append(extra, fresh...)
+	f.checkBudgets("at the peak, the new spaces awake", size, true)
 
 	// Scale-in: the extra spaces go to sleep one by one (on whichever box holds each), the
 	// warm set falls, and the fleet follows the signal down to one box.
@@ -360,6 +375,7 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 	if d := desired(t, first); d != 1 {
 		t.Errorf("one box left and the signal asks for %d", d)
 	}
+	f.checkBudgets("scaled in", size, false)
 	if reached < peak {
 		t.Errorf("the fleet reached %d boxes, want %d", reached, peak)
 	}
@@ -402,6 +418,11 @@ func TestScaleOutAndInBehindHAProxy(t *testing.T) {
 			t.Errorf("%s logged no request from the client %s: %v", b.name, writerIP, logged)
 		}
 	}
+	var fill []string
+	for _, b := range f.all {
+		fill = append(fill, fmt.Sprintf("%s %.2f", b.name, f.fullest[b.name]))
+	}
+	t.Logf("figures: fullest warm set over budget read at the phases' ends: %s", strings.Join(fill, ", "))
 	t.Logf("figures: boxes 1→%d→1 on lchat_fleet_desired_boxes (boxes→signal at each step: %s), %d spaces with clients and %d more woken to grow the warm set (budget %d MiB a box, %d spaces of %d MiB): "+
 		"%d writes acknowledged, %d failed, %d retryable 503s, %d acknowledged writes lost; "+
 		"spaces created at %d boxes woken on the new ones %d of %d; WebSockets: %d opened, %d held by the boxes terminated, %d closed with 1012, %d refused with a retryable 503; join (start to up in HAProxy): %v; terminate: SIGTERM to down in HAProxy %v, to exit %v",
@@ -425,15 +446,46 @@ func desired(t *testing.T, b *lbBox) int {
 	return int(gauge(t, b, "lchat_fleet_desired_boxes"))
 }
 
-func (f *fleet) box(self string) *lbBox {
+// awakeOn is the running box host is awake on, nil when none.
+func (f *fleet) awakeOn(host string) *lbBox {
 	for _, b := range f.boxes {
-		if b.self == self {
+		if slices.Contains(status(f.t, b).Mesh.Awake, host) {
 			return b
 		}
 	}
-	f.t.Fatalf("no box %s", self)
 	return nil
 }
+
+// checkBudgets checks that no running box's warm set has passed its budget by more than
+// one space (size, measured alone): bounded-load placement wakes a space on a box only
+// while the box's warm set with it stays within its budget, unless no box has room, and
+// then on the lightest. It reads each box's warm set as published (what placement and the
+// signal read), or with settle one measured after now (two heartbeats: each measures at its
+// start), and keeps each box's fullest reading for the figures.
+func (f *fleet) checkBudgets(phase string, size int64, settle bool) {
+	t := f.t
+	from := map[*lbBox]float64{}
+	for _, b := range f.boxes {
+		from[b] = gauge(t, b, beats)
+	}
+	for _, b := range f.boxes {
+		harness.WaitFor(t, 10*time.Second, b.name+" measuring its warm set", func() bool { return !settle || gauge(t, b, beats) >= from[b]+2 })
+	}
+	for _, b := range f.boxes {
+		warm, budget := gauge(t, b, "lchat_box_warm_set_bytes"), gauge(t, b, "lchat_box_memory_budget_bytes")
+		if budget != float64(f.budget) {
+			t.Errorf("%s %s: lchat_box_memory_budget_bytes %.0f, configured %d", phase, b.name, budget, f.budget)
+		}
+		if warm > budget+float64(size) {
+			t.Errorf("%s: %s's warm set is %.0f bytes, %.2f× its budget of %.0f: past it by more than one space (%d bytes); awake %v",
+				phase, b.name, warm, warm/budget, budget, size, status(t, b).Mesh.Awake)
+		}
+		f.fullest[b.name] = max(f.fullest[b.name], warm/budget)
+	}
+}
+
+// beats is the series of a box's heartbeats begun.
+const beats = `lchat_mesh_membership_total{counter="beats"}`
 
 // boxStatus is what the test reads of GET /lchat/status.
 type boxStatus struct {
