@@ -1,7 +1,7 @@
 // Package chaos is a seeded fault campaign: real lchat-caddy boxes on one versitygw, each
 // box's bucket traffic through its own TCP proxy, clients writing uniquely numbered
 // messages to demo spaces through random boxes while a nemesis, drawing from a seed,
-// kills, stops, drains, cuts and slows boxes. A history of every request and of the
+// kills, stops, drains, cuts, partitions and slows boxes. A history of every request and of the
 // boxes' checkpoints feeds a checker that asserts the contract stated in the README
 // ("Under faults"). The short form runs in the normal test run; LCHAT_CHAOS_MINUTES=30
 // runs the long form (5 boxes, 20 spaces); LCHAT_CHAOS_SEED=<n> replays a campaign;

@@ -77,7 +77,8 @@ func (nm *nemesis) run(kind string, n *node, rng *rand.Rand, overlapping bool) {
 	case "partition":
 		// The other boxes cannot reach this one: every connection into it through its
 		// SELF (forwards, replication, a holder's stream when it is the standby, a
-		// standby's watch when it is the holder) is refused, and the open ones cut, for
+		// standby's watch when it is the holder) is closed as soon as it is accepted
+		// (not refused: nothing says its process is gone), and the open ones cut, for
 		// longer than dead_after. One way: it still reaches them, its bucket (its
 		// heartbeat goes on, so the lease says it lives) and its clients. A standby must
 		// not take its spaces over; its holders must stream elsewhere or wait for the
