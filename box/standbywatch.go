@@ -35,6 +35,12 @@ import (
 // but not with its watch: a reload, an error).
 const watchRetry = 500 * time.Millisecond
 
+// A dial reset rather than refused is tried again after resetRetry, maxResets times in a row.
+const (
+	resetRetry = 10 * time.Millisecond
+	maxResets  = 20
+)
+
 // watchScan is how often the watcher looks for holders to watch in the spool.
 const watchScan = 500 * time.Millisecond
 
@@ -170,25 +176,27 @@ func (w *standbyWatch) watch(holder string) {
 		w.mu.Unlock()
 	}()
 	log := w.b.mesh.logger.With(zap.String("holder", holder))
-	inc, failing := "", false
+	inc, failing, resets := "", false, 0
 	for w.ctx.Err() == nil {
 		if _, ok := w.holders()[holder]; !ok {
 			return // no stream of it left to stand by for, or no longer a live member
 		}
-		got, why, err := w.open(holder)
-		switch {
-		case inc != "" && got != "" && got != inc:
-			// The holder restarted: the incarnation that held the leases is gone.
-			w.takeOver(holder, inc, "restarted")
+		got, why, err := w.open(holder, func(got string) {
+			switch {
+			case inc == "":
+				log.Info("watching a holder this box stands by for", zap.String("incarnation", got))
+			case got != inc:
+				// The holder restarted: the incarnation that held the leases is gone.
+				// Taken over as soon as the new one answers, while its watch goes on.
+				w.takeOver(holder, inc, "restarted")
+			}
 			inc = got
-			continue
+		})
+		switch {
 		case errors.Is(err, syscall.ECONNREFUSED) && inc != "":
 			w.takeOver(holder, inc, "its address refuses connections")
 			return
-		case got != "" && inc == "":
-			log.Info("watching a holder this box stands by for", zap.String("incarnation", got))
-			inc = got
-		case got == "" && err != nil && !failing:
+		case got == "" && err != nil && !failing && !errors.Is(err, syscall.ECONNRESET):
 			log.Warn("cannot watch a holder this box stands by for: its spaces wait for its heartbeat if it dies", zap.Error(err))
 		}
 		failing = got == "" && err != nil
@@ -200,18 +208,28 @@ func (w *standbyWatch) watch(holder string) {
 		if got == "" || why == "reload" {
 			// Not opened (the holder answered otherwise, or could not be reached), or
 			// ended by a reload: try again shortly. A watch that broke is opened again
-			// at once: that dial is the verdict.
+			// at once: that dial is the verdict. A dial reset rather than refused comes
+			// while a dying process's listener goes (the kernel accepted, then the socket
+			// closed): it is tried again at once, a few times.
+			wait := watchRetry
+			if errors.Is(err, syscall.ECONNRESET) && resets < maxResets {
+				resets++
+				wait = resetRetry
+			}
 			select {
 			case <-w.ctx.Done():
-			case <-time.After(watchRetry):
+			case <-time.After(wait):
 			}
+		} else {
+			resets = 0
 		}
 	}
 }
 
-// open holds one watch of holder open until it ends: the incarnation it answered with, the
-// line it ended with ("exiting", "reload"; "" when it broke) and the error that ended it.
-func (w *standbyWatch) open(holder string) (inc, why string, err error) {
+// open holds one watch of holder open until it ends: the incarnation it answered with (also
+// told to answered as soon as the answer comes), the line it ended with ("exiting",
+// "reload"; "" when it broke) and the error that ended it.
+func (w *standbyWatch) open(holder string, answered func(inc string)) (inc, why string, err error) {
 	req, err := http.NewRequestWithContext(w.ctx, http.MethodGet, strings.TrimSuffix(holder, "/")+mesh.PathWatch, nil)
 	if err != nil {
 		return "", "", err
@@ -226,6 +244,7 @@ func (w *standbyWatch) open(holder string) (inc, why string, err error) {
 		return "", "", errors.New(resp.Status)
 	}
 	inc = resp.Header.Get(mesh.IncarnationHeader)
+	answered(inc)
 	w.mu.Lock()
 	w.opened[holder] = true
 	w.mu.Unlock()
