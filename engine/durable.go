@@ -75,8 +75,15 @@ type durable struct {
 
 	// sb is the stream to the standby (standby.go), nil unless the kind's durability is
 	// standby; its counters: segments the standby took, standbys given up.
-	sb          *streamer
-	noStandby   string // why a standby kind has no stream (sb nil)
+	sb        *streamer
+	noStandby string // why a standby kind has no stream (sb nil)
+	// unsure is set while the last checkpoint's manifest write may have landed with its
+	// answer lost (spacestore.Syncer.Unsure): the bucket may be a generation ahead, whose
+	// checkpoint holds only what was committed before it, so a segment of this generation's
+	// log or stream, landed now, might be ignored by a takeover: nothing is acknowledged
+	// until a checkpoint settles it (settleUnsure). settling: one such checkpoint in flight.
+	unsure      atomic.Bool
+	settling    atomic.Bool
 	streamed    atomic.Uint64
 	standbyLost atomic.Uint64
 }
@@ -178,6 +185,9 @@ func (e *Engine) cutSegment(ctx context.Context, in *inst, d *durable) (gate.Lan
 	if e.life.Fenced() {
 		return nil, errFencedNoWrite // the gate retries; past its deadline the answer is a 503
 	}
+	if err := e.settleUnsure(in, d); err != nil {
+		return nil, err
+	}
 	d.mu.Lock()
 	seg, err := d.shipper.Next(ctx, e.now())
 	skipped := d.shipper.Skipped()
@@ -244,6 +254,59 @@ func (e *Engine) appendSegment(ctx context.Context, in *inst, d *durable, seg *s
 		return fmt.Errorf("%w: %w", gate.ErrFenced, err)
 	}
 	return err
+}
+
+// errUnsure is why nothing is acknowledged while a manifest write's outcome is unknown.
+var errUnsure = errors.New("the last checkpoint's manifest write may have landed: acknowledging nothing until a checkpoint settles it")
+
+// unsureRetry spaces the checkpoints that try to settle an unsure manifest write.
+const unsureRetry = 500 * time.Millisecond
+
+// settleUnsure returns errUnsure while d is unsure, after starting (one at a time) a
+// checkpoint that settles it: its manifest write, conditioned as every one is, adopts the
+// lost write when it landed (a new generation) or lands over the old one.
+func (e *Engine) settleUnsure(in *inst, d *durable) error {
+	if !d.unsure.Load() {
+		return nil
+	}
+	if d.settling.CompareAndSwap(false, true) {
+		safego.Go(&e.wg, e.log, "checkpoint to settle a manifest write", func() {
+			defer d.settling.Store(false)
+			select {
+			case <-e.ctx.Done():
+				return
+			case <-time.After(unsureRetry):
+			}
+			e.syncNow(e.ctx, in) // a manifest write settles it
+			e.settleOpHeld(in)   // with nothing to write: read the manifest
+		})
+	}
+	return errUnsure
+}
+
+// settleOpHeld settles d's unsure manifest write by reading the manifest (Syncer.Settle),
+// when the checkpoint that tried had nothing to write: adopted, the log starts again under
+// its generation (nothing changed since that checkpoint read the data dir, or the
+// checkpoint would have written); another writer's manifest fences the space out.
+func (e *Engine) settleOpHeld(in *inst) {
+	in.op.Lock()
+	defer in.op.Unlock()
+	d := in.durableOf()
+	if d == nil || !d.unsure.Load() || e.life.Fenced() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, segmentTimeout)
+	defer cancel()
+	d.mu.Lock()
+	adopted, err := in.syncer.Settle(ctx)
+	if adopted {
+		e.newGeneration(in, d)
+	}
+	d.unsure.Store(in.syncer.Unsure())
+	d.mu.Unlock()
+	if errors.Is(err, spacestore.ErrFenced) {
+		e.fenceOut(in)
+	}
 }
 
 // newGeneration, after a checkpoint of in swapped a new manifest generation (with d.mu

@@ -140,6 +140,9 @@ func (e *Engine) cutStream(ctx context.Context, in *inst, d *durable, sb *stream
 	if e.life.Fenced() {
 		return nil, errFencedNoWrite
 	}
+	if err := e.settleUnsure(in, d); err != nil {
+		return nil, err
+	}
 	st := sb.cur.Load()
 	if st.broken.Load() {
 		return func(ctx context.Context) error { return e.bucketProof(ctx, d) }, nil

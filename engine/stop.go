@@ -348,6 +348,7 @@ func (e *Engine) checkpointOpHeld(ctx context.Context, in *inst, mode spacestore
 		if err == nil {
 			e.newGeneration(in, d)
 		}
+		d.unsure.Store(in.syncer.Unsure())
 		d.mu.Unlock()
 	}
 	ev := Event{Type: EventCheckpoint, Host: in.host, Started: began, Duration: e.now().Sub(began), Bytes: st.BytesUploaded}

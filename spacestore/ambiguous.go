@@ -35,3 +35,30 @@ func (s *Syncer) writeManifest(ctx context.Context, m *Manifest) (string, error)
 	}
 	return etag, err
 }
+
+// Settle settles an unsure manifest write (Unsure) without writing: the manifest is read;
+// holding that write's bytes, it is adopted (adopted: the generation moved on, as after a
+// checkpoint); holding the manifest this syncer last saw, the write did not land. Another
+// writer's manifest is ErrFenced. Nothing to settle is nil.
+func (s *Syncer) Settle(ctx context.Context) (adopted bool, err error) {
+	if s.unsure == nil {
+		return false, nil
+	}
+	if cur, _, ok := bucket.Landed(ctx, s.Bucket, ManifestKey(s.Host), s.unsure); ok {
+		var m Manifest
+		if err := json.Unmarshal(s.unsure, &m); err != nil {
+			return false, err
+		}
+		s.manifest, s.etag, s.unsure = &m, cur, nil
+		return true, nil
+	}
+	_, etag, err := ReadManifest(ctx, s.Bucket, s.Host)
+	if err != nil {
+		return false, err
+	}
+	if etag != s.etag {
+		return false, ErrFenced
+	}
+	s.unsure = nil
+	return false, nil
+}

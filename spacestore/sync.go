@@ -107,6 +107,11 @@ type Syncer struct {
 // space) and its ETag.
 func (s *Syncer) Manifest() (*Manifest, string) { return s.manifest, s.etag }
 
+// Unsure reports whether this syncer's last manifest write failed in a way that may have
+// landed (its answer lost): the bucket may hold a newer generation than Manifest says,
+// until a later write settles it (ambiguous.go).
+func (s *Syncer) Unsure() bool { return s.unsure != nil }
+
 // Load reads the current manifest; later writes are conditioned on its ETag.
 func (s *Syncer) Load(ctx context.Context) error {
 	m, etag, err := ReadManifest(ctx, s.Bucket, s.Host)
