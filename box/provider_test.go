@@ -131,3 +131,36 @@ func TestDelegatedSpaceIsNeverWokenHere(t *testing.T) {
 		t.Fatal("a scheduled wake woke a delegated space on the fleet's box")
 	}
 }
+
+// TestRemoveRefusesADelegatedRoute: removing a route delegated to a provider (or moving
+// between the fleet and it) is refused with a 409 that says to reclaim it first, and
+// changes nothing: the provider holds the space's only current state and its scheduled
+// wakes. A hosted route (the provider's side) is removed as any route is.
+func TestRemoveRefusesADelegatedRoute(t *testing.T) {
+	b := boxtest.Open(t, boxtest.Options{Settings: box.Settings{Kinds: boxtest.InstanceKinds(t)}})
+	for _, rt := range []registry.Route{
+		{Host: "out.example.com", Kind: "demo", Hibernate: true, Provider: "partner"},
+		{Host: "going.example.com", Kind: "demo", Hibernate: true, Provider: "partner", ProviderState: registry.ProviderDelegating},
+		{Host: "coming.example.com", Kind: "demo", Hibernate: true, Provider: "partner", ProviderState: registry.ProviderReclaiming},
+	} {
+		if _, err := b.Registry().Put(rt); err != nil {
+			t.Fatal(err)
+		}
+		for _, discard := range []bool{false, true} {
+			err := b.Remove(t.Context(), rt.Host, discard)
+			if box.StatusOf(err) != http.StatusConflict || !strings.Contains(err.Error(), "delegated to partner: reclaim it first") {
+				t.Fatalf("Remove(%s, discard %v): %v, want 409 saying to reclaim it first", rt.Host, discard, err)
+			}
+			if got, err := b.Registry().Get(rt.Host); err != nil || got.Provider != "partner" || got.ProviderState != rt.ProviderState {
+				t.Fatalf("after a refused Remove, %s: %+v %v", rt.Host, got, err)
+			}
+		}
+	}
+	const hosted = "hosted.example.com"
+	if _, err := b.Registry().Put(registry.Route{Host: hosted, Kind: "demo", Hibernate: true, HostedFor: "fleet-a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Remove(t.Context(), hosted, false); err != nil {
+		t.Fatalf("Remove of a hosted route: %v", err)
+	}
+}

@@ -84,9 +84,14 @@ func (b *Box) Create(ctx context.Context, spec registry.Spec) (registry.Route, e
 // dropped; discard: dropped without saving; its bucket data stays) and tombstones the row
 // on the peers. The row goes first, so that no new request wakes the space. A failed save
 // keeps the local state and is the caller's error; the route is gone whatever the space's
-// state, so the tombstone goes out either way.
+// state, so the tombstone goes out either way. A route delegated to a provider (or moving
+// between this fleet and it) is refused (409), changing nothing: the provider holds the
+// space's only current state and its scheduled wakes, and only a reclaim brings them back.
 func (b *Box) Remove(ctx context.Context, host string, discard bool) error {
 	rt, err := b.reg.Get(host)
+	if err == nil && rt.Provider != "" {
+		return fail(http.StatusConflict, "route %s is delegated to %s: reclaim it first (lchat-caddy reclaim %s); nothing was changed", host, rt.Provider, host)
+	}
 	if err == nil {
 		err = b.reg.Delete(host)
 	}
