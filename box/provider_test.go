@@ -1,15 +1,20 @@
 package box_test
 
 import (
+	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/box/boxtest"
+	"github.com/lchat/lchat-caddy/bucket"
 	"github.com/lchat/lchat-caddy/bucket/membucket"
 	"github.com/lchat/lchat-caddy/internal/testwait"
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/provider"
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/spacestore"
 )
@@ -162,5 +167,81 @@ func TestRemoveRefusesADelegatedRoute(t *testing.T) {
 	}
 	if err := b.Remove(t.Context(), hosted, false); err != nil {
 		t.Fatalf("Remove of a hosted route: %v", err)
+	}
+}
+
+// namedBucket is a bucket that describes itself as name (every membucket says "memory").
+type namedBucket struct {
+	bucket.Bucket
+	name string
+}
+
+func (b namedBucket) String() string { return b.name }
+
+// TestProviderMoveRefusesASpaceKeptInAnotherBucket: a space homed in a region whose spaces
+// another bucket keeps (mesh.region_buckets names it, or the region's live boxes advertise
+// it) is neither delegated nor reclaimed from this box, which would hand over an empty
+// space or take it back where its boxes do not read it: refused, naming the bucket, the
+// route unchanged. A space of this box's region goes ahead (and fails at the unreachable
+// provider, put back).
+func TestProviderMoveRefusesASpaceKeptInAnotherBucket(t *testing.T) {
+	bkt := membucket.New()
+	us, err := mesh.NewMembership(bkt, mesh.MembershipConfig{Self: boxtest.SelfB, Region: "us", Domains: []string{boxtest.Domain}, Bucket: "s3://spaces-us"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := us.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(us.Close)
+	b := boxtest.Open(t, boxtest.Options{Bucket: bkt,
+		Mesh: mesh.Config{Self: boxtest.SelfA, Domains: []string{boxtest.Domain}, Token: boxtest.Token, Region: "ie"},
+		Settings: box.Settings{Kinds: boxtest.InstanceKinds(t),
+			RegionBuckets: map[string]bucket.Bucket{"fi": namedBucket{membucket.New(), "s3://spaces-fi"}}}})
+	testwait.WaitFor(t, 10*time.Second, "the us box live", func() bool { return slices.Contains(b.MeshStatus().Live, boxtest.SelfB) })
+	side, err := b.ProviderSide()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := provider.NewConn(&provider.Provider{Name: "partner", URL: "https://127.0.0.1:1",
+		Token: mesh.Secret(strings.Repeat("t", 40)), AcceptToken: mesh.Secret(strings.Repeat("a", 40)),
+		Domains: []string{boxtest.Domain}}, provider.ConnOptions{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		rt      registry.Route
+		reclaim bool
+		bucket  string // named in the refusal; empty: not refused
+	}{
+		{registry.Route{Host: "fi-room." + boxtest.Domain, HomeRegion: "fi"}, false, "s3://spaces-fi"},
+		{registry.Route{Host: "us-room." + boxtest.Domain, HomeRegion: "us"}, false, "s3://spaces-us"},
+		{registry.Route{Host: "fi-out." + boxtest.Domain, HomeRegion: "fi", Provider: "partner"}, true, "s3://spaces-fi"},
+		{registry.Route{Host: "us-back." + boxtest.Domain, HomeRegion: "us", Provider: "partner", ProviderState: registry.ProviderReclaiming}, true, "s3://spaces-us"},
+		{registry.Route{Host: "ie-room." + boxtest.Domain, HomeRegion: "ie"}, false, ""},
+	} {
+		t.Run(tc.rt.Host, func(t *testing.T) {
+			tc.rt.Kind, tc.rt.Hibernate = "demo", true
+			if _, err := b.Registry().Put(tc.rt); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if tc.reclaim {
+				_, err = provider.Reclaim(t.Context(), side, c, tc.rt.Host, provider.Limits{})
+			} else {
+				_, err = provider.Delegate(t.Context(), side, c, tc.rt.Host)
+			}
+			if tc.bucket == "" {
+				if errors.Is(err, provider.ErrMoveRefused) || !errors.Is(err, provider.ErrMoveUpstream) {
+					t.Fatalf("a space of this box's region: %v, want the unreachable provider's failure", err)
+				}
+			} else if !errors.Is(err, provider.ErrMoveRefused) || !strings.Contains(err.Error(), tc.bucket) || !strings.Contains(err.Error(), "region "+tc.rt.HomeRegion) {
+				t.Fatalf("%v, want refused naming bucket %s and region %s", err, tc.bucket, tc.rt.HomeRegion)
+			}
+			got, err := b.Registry().Get(tc.rt.Host)
+			if err != nil || got.Provider != tc.rt.Provider || got.ProviderState != tc.rt.ProviderState {
+				t.Fatalf("route after the move: %+v %v, want it unchanged", got, err)
+			}
+		})
 	}
 }

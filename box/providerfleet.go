@@ -2,11 +2,13 @@ package box
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 
 	"github.com/lchat/lchat-caddy/bucket"
+	"github.com/lchat/lchat-caddy/mesh"
 	"github.com/lchat/lchat-caddy/provider"
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/spacestore"
@@ -36,6 +38,18 @@ func (s ProviderSide) Delegated(provider string) int { return s.b.Delegated(prov
 func (s ProviderSide) Hosted(client string) int      { return s.b.Hosted(client) }
 func (s ProviderSide) Bucket() bucket.Bucket         { return s.b.bucket }
 func (s ProviderSide) Live() spacestore.LiveFunc     { return s.b.mesh.m.HolderLive }
+
+// KeepsState refuses a route homed in a region whose spaces another bucket keeps
+// (mesh.ElsewhereBucket): this box's Bucket has nothing of the space to hand over, and
+// what it took back there would not be read by the boxes the space wakes on.
+func (s ProviderSide) KeepsState(rt registry.Route) error {
+	own := s.b.bucket.String()
+	where := mesh.ElsewhereBucket(rt.HomeRegion, s.b.mesh.cfg.Region, own, s.b.settings.Load().RegionBuckets, s.b.mesh.node.Live())
+	if where == "" {
+		return nil
+	}
+	return fmt.Errorf("%s is homed in region %s, whose boxes keep spaces in bucket %s, not this box's %s", rt.Host, rt.HomeRegion, where, own)
+}
 
 func (s ProviderSide) Lookup(host string) (*registry.Route, bool) { return s.b.reg.Lookup(host) }
 

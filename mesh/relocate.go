@@ -314,3 +314,25 @@ func SameBucket(a, b string) bool {
 	bbase, bend, _ := strings.Cut(b, " at ")
 	return abase == bbase && (aend == "" || bend == "" || aend == bend)
 }
+
+// ElsewhereBucket names the bucket that keeps the spaces homed in region when it is not
+// own (this box's bucket, its String()): the one mesh.region_buckets configures for
+// region, else one that a live box of region (members: this box's view) advertises.
+// Empty: own keeps them, as far as this box can tell (no region, this box's region
+// selfRegion, or nothing says otherwise). A move that reads or writes a space's state in
+// own (a delegation to a provider, a reclaim) refuses a space kept elsewhere, as a
+// relocation's Plan refuses a destination whose boxes keep spaces in another bucket.
+func ElsewhereBucket(region, selfRegion, own string, regionBuckets map[string]bucket.Bucket, members []Member) string {
+	if region == "" || region == selfRegion {
+		return ""
+	}
+	if b, ok := regionBuckets[region]; ok && b != nil && !SameBucket(b.String(), own) {
+		return b.String()
+	}
+	for _, m := range members {
+		if m.Region == region && m.Bucket != "" && !SameBucket(m.Bucket, own) {
+			return m.Bucket
+		}
+	}
+	return ""
+}

@@ -33,6 +33,42 @@ func TestSameBucket(t *testing.T) {
 	}
 }
 
+// namedBucket is a bucket that describes itself as name: another store than a membucket's
+// "memory".
+type namedBucket struct {
+	bucket.Bucket
+	name string
+}
+
+func (b namedBucket) String() string { return b.name }
+
+func TestElsewhereBucket(t *testing.T) {
+	const own = "s3://spaces/ie"
+	fi := map[string]bucket.Bucket{"fi": namedBucket{membucket.New(), "s3://spaces/fi"}}
+	sharing := map[string]bucket.Bucket{"fi": namedBucket{membucket.New(), own + " at http://127.0.0.1:9000"}}
+	fiBox := []Member{{Self: "https://fi-1.example.net", Region: "fi", Bucket: "s3://spaces/fi"}}
+	fiShares := []Member{{Self: "https://fi-1.example.net", Region: "fi", Bucket: own}, {Self: "https://fi-2.example.net", Region: "fi"}}
+	for _, tc := range []struct {
+		name, region  string
+		regionBuckets map[string]bucket.Bucket
+		members       []Member
+		want          string
+	}{
+		{"no home region", "", fi, fiBox, ""},
+		{"this box's region", "ie", fi, fiBox, ""},
+		{"region_buckets names another", "fi", fi, nil, "s3://spaces/fi"},
+		{"region_buckets names this box's", "fi", sharing, nil, ""},
+		{"a live box of the region advertises another", "fi", nil, fiBox, "s3://spaces/fi"},
+		{"the region's boxes share this box's, or say nothing", "fi", nil, fiShares, ""},
+		{"region_buckets names this box's, its boxes another", "fi", sharing, fiBox, "s3://spaces/fi"},
+		{"nothing known of the region", "us", fi, fiBox, ""},
+	} {
+		if got := ElsewhereBucket(tc.region, "ie", own, tc.regionBuckets, tc.members); got != tc.want {
+			t.Errorf("%s: ElsewhereBucket = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
 // relocateFixture is two live boxes, a (this box, region ie) and b (region fi), on one
 // in-memory bucket, and a hibernating space homed in ie.
 type relocateFixture struct {

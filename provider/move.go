@@ -37,6 +37,11 @@ type Fleet interface {
 	Delegated(provider string) int
 	// Bucket holds the fleet's spaces; Live judges their lease holders.
 	Bucket() bucket.Bucket
+	// KeepsState refuses a route whose space's state is not in Bucket (its home region
+	// keeps spaces in another bucket), with an error that says where it is kept: a move
+	// from Bucket would hand over an empty space, or take one back where its boxes do not
+	// read it.
+	KeepsState(rt registry.Route) error
 	Live() spacestore.LiveFunc
 	// TempDir is where an export is spooled.
 	TempDir() string
@@ -130,7 +135,11 @@ func Delegate(ctx context.Context, f Fleet, c *Conn, host string) (Moved, error)
 		return res, moveErr(ErrMoveRefused, "%s is delegated to %s; reclaim it first", host, rt.Provider)
 	case rt.ProviderState == registry.ProviderReclaiming:
 		return res, moveErr(ErrMoveRefused, "%s is being reclaimed from %s; run reclaim again to finish it", host, p.Name)
-	case rt.Provider == "":
+	}
+	if err := f.KeepsState(rt); err != nil {
+		return res, moveErr(ErrMoveRefused, "%v: delegate it from a box of region %s; nothing was changed", err, rt.HomeRegion)
+	}
+	if rt.Provider == "" {
 		if err := p.MayDelegate(host, f.Delegated(p.Name)); err != nil {
 			return res, moveErr(ErrMoveRefused, "%v", err)
 		}
@@ -192,7 +201,11 @@ func Reclaim(ctx context.Context, f Fleet, c *Conn, host string, lim Limits) (Mo
 			res.Note = fmt.Sprintf("the provider may still list %s (its delete failed: %v); it serves it to nobody", host, err)
 		}
 		return res, nil
-	case rt.ProviderState == "":
+	}
+	if err := f.KeepsState(rt); err != nil {
+		return res, moveErr(ErrMoveRefused, "%v: reclaim it from a box of region %s; nothing was changed", err, rt.HomeRegion)
+	}
+	if rt.ProviderState == "" {
 		if err := setDelegation(ctx, f, host, p.Name, registry.ProviderReclaiming); err != nil {
 			return res, err
 		}
