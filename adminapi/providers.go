@@ -19,7 +19,10 @@ type ProviderStatus struct {
 	URL       string   `json:"url"`
 	Domains   []string `json:"domains"`
 	MaxSpaces int      `json:"max_spaces,omitempty"`
-	// Healthy: the last request to it got an answer (true before any).
+	// Health is "unknown" until a request to it has finished on this box, then
+	// "healthy" (the last one got an answer) or "failing" (it got none).
+	Health string `json:"health"`
+	// Healthy is Health == "healthy": false while it is unknown.
 	Healthy bool `json:"healthy"`
 	// Requests and Errors count this box's requests to it since it started; LastError
 	// is this box's word for the last failure.

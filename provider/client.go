@@ -152,8 +152,22 @@ type Health struct {
 	lastErr atomic.Pointer[string]
 }
 
+// A provider's health as this box has seen it (HealthReport.Health).
+const (
+	// HealthUnknown: no request to it has finished on this box yet (since its
+	// connection was configured): nothing says whether it answers.
+	HealthUnknown = "unknown"
+	// HealthHealthy: the last request to it got an answer.
+	HealthHealthy = "healthy"
+	// HealthFailing: the last request to it got no answer (LastError says how).
+	HealthFailing = "failing"
+)
+
 // HealthReport is Health as status shows it.
 type HealthReport struct {
+	// Health is HealthUnknown, HealthHealthy or HealthFailing.
+	Health string `json:"health"`
+	// Healthy is Health == HealthHealthy: false before any request finished.
 	Healthy  bool   `json:"healthy"`
 	Requests uint64 `json:"requests"`
 	Errors   uint64 `json:"errors"`
@@ -165,7 +179,17 @@ type HealthReport struct {
 // Health reports what this box has seen of the provider.
 func (c *Conn) Health() HealthReport {
 	h := &c.health
-	r := HealthReport{Healthy: h.failing.Load() == 0, Requests: h.requests.Load(), Errors: h.errors.Load()}
+	// failing before requests: note moves failing first, so a request counted is
+	// never read as healthy before its failure is.
+	failing := h.failing.Load()
+	r := HealthReport{Health: HealthHealthy, Requests: h.requests.Load(), Errors: h.errors.Load()}
+	switch {
+	case failing > 0:
+		r.Health = HealthFailing
+	case r.Requests == 0:
+		r.Health = HealthUnknown
+	}
+	r.Healthy = r.Health == HealthHealthy
 	if e := h.lastErr.Load(); e != nil {
 		r.LastError = *e
 	}
@@ -174,15 +198,15 @@ func (c *Conn) Health() HealthReport {
 
 func (c *Conn) note(start time.Time, err error) {
 	h := &c.health
-	h.requests.Add(1)
 	if err != nil {
-		h.errors.Add(1)
-		h.failing.Add(1)
 		msg := failureOf(err)
 		h.lastErr.Store(&msg)
+		h.failing.Add(1)
+		h.errors.Add(1)
 	} else {
 		h.failing.Store(0)
 	}
+	h.requests.Add(1)
 	if c.Observe != nil {
 		c.Observe(c.P.Name, time.Since(start), err != nil)
 	}

@@ -14,13 +14,15 @@ type ProviderSource interface {
 }
 
 // Delegation is a space delegated to a provider, as this box knows it: the provider, where
-// the space stands with it, and the provider's health as this box has seen it (the last
-// request to it got an answer).
+// the space stands with it, and the provider's health as this box has seen it
+// (adminapi.ProviderStatus: "unknown" before any request to it finished, "healthy" when
+// the last one got an answer, "failing" when it got none).
 type Delegation struct {
 	Provider string `json:"name"`
 	URL      string `json:"url"`
 	// State is "serving" (the provider serves it), "delegating" or "reclaiming".
 	State     string `json:"state"`
+	Health    string `json:"health"`
 	Healthy   bool   `json:"healthy"`
 	LastError string `json:"last_error,omitempty"`
 }
@@ -49,7 +51,7 @@ func (h *Handler) readSeam() seamView {
 	v.Delegated, v.Hosted = map[string]*Delegation{}, map[string]string{}
 	for _, p := range v.Providers.Providers {
 		for _, sp := range p.Spaces {
-			v.Delegated[sp.Host] = &Delegation{Provider: p.Name, URL: p.URL, State: sp.State, Healthy: p.Healthy, LastError: p.LastError}
+			v.Delegated[sp.Host] = &Delegation{Provider: p.Name, URL: p.URL, State: sp.State, Health: p.Health, Healthy: p.Healthy, LastError: p.LastError}
 		}
 	}
 	for _, c := range v.Providers.Clients {

@@ -15,7 +15,8 @@ var _ ProviderSource = (*lchat.App)(nil)
 
 // fixedSeam is the seam's document as the lchat app builds it for GET /lchat/providers:
 // a.example.com delegated to a provider this box last failed to reach, while it is being
-// reclaimed; b.example.com hosted here for another fleet.
+// reclaimed; a second provider nothing was asked of yet; b.example.com hosted here for
+// another fleet.
 type fixedSeam struct{ doc *adminapi.Providers }
 
 func (f fixedSeam) ProviderStatus() *adminapi.Providers { return f.doc }
@@ -23,8 +24,9 @@ func (f fixedSeam) ProviderStatus() *adminapi.Providers { return f.doc }
 func seamDoc() *adminapi.Providers {
 	return &adminapi.Providers{
 		Providers: []adminapi.ProviderStatus{{Name: "partner", URL: "https://provider.example.net", Domains: []string{"example.com"},
-			MaxSpaces: 10, Healthy: false, Requests: 41, Errors: 3, LastError: "dial tcp 192.0.2.7:443: connection refused",
-			Spaces: []adminapi.DelegatedSpace{{Host: "a.example.com", State: "reclaiming"}}}},
+			MaxSpaces: 10, Health: "failing", Healthy: false, Requests: 41, Errors: 3, LastError: "dial tcp 192.0.2.7:443: connection refused",
+			Spaces: []adminapi.DelegatedSpace{{Host: "a.example.com", State: "reclaiming"}}},
+			{Name: "newcomer", URL: "https://new.example.net", Domains: []string{"example.com"}, Health: "unknown", Spaces: []adminapi.DelegatedSpace{}}},
 		Clients: []adminapi.ClientStatus{{Name: "fleet-a", Domains: []string{"example.com"}, Spaces: []string{"b.example.com"}}},
 	}
 }
@@ -44,6 +46,7 @@ func TestDelegatedSpacesShowTheirProvider(t *testing.T) {
 		`<span class="st st-awake">awake</span> <span class="tag">hosted for fleet-a</span></td>`,
 		`<a href="./#providers">Providers</a>`,
 		`<td class="health"><span class="bad">failing</span> <small>dial tcp 192.0.2.7:443: connection refused</small></td>`,
+		`<td class="health"><span class="warn" title="no request to it has finished on this box yet">unknown</span></td>`,
 		`<td>41</td>`,
 		`<td class="delegated">1 of 10 <small>(<a href="./space/a.example.com">a.example.com</a> reclaiming)</small></td>`,
 		`<td class="hosted">1 <small>(b.example.com)</small></td>`,
@@ -74,7 +77,7 @@ func TestDelegatedSpacesShowTheirProvider(t *testing.T) {
 	if err := json.Unmarshal(w.Body.Bytes(), &spaces); err != nil || len(spaces) != 2 {
 		t.Fatalf("/api/spaces: %d %v\n%s", w.Code, err, w.Body.String())
 	}
-	const prov = `{"name":"partner","url":"https://provider.example.net","state":"reclaiming","healthy":false,"last_error":"dial tcp 192.0.2.7:443: connection refused"}`
+	const prov = `{"name":"partner","url":"https://provider.example.net","state":"reclaiming","health":"failing","healthy":false,"last_error":"dial tcp 192.0.2.7:443: connection refused"}`
 	if got := string(spaces[0]["provider"]); got != prov || string(spaces[0]["host"]) != `"a.example.com"` {
 		t.Errorf("/api/spaces a.example.com: provider %s, want %s", got, prov)
 	}

@@ -188,7 +188,7 @@ func (a *App) providerStatus() *adminapi.Providers {
 			spaces = []adminapi.DelegatedSpace{}
 		}
 		out.Providers = append(out.Providers, adminapi.ProviderStatus{Name: name, URL: c.P.URL, Domains: c.P.Domains,
-			MaxSpaces: c.P.MaxSpaces, Healthy: h.Healthy, Requests: h.Requests, Errors: h.Errors, LastError: h.LastError, Spaces: spaces})
+			MaxSpaces: c.P.MaxSpaces, Health: h.Health, Healthy: h.Healthy, Requests: h.Requests, Errors: h.Errors, LastError: h.LastError, Spaces: spaces})
 	}
 	slices.SortFunc(out.Providers, func(x, y adminapi.ProviderStatus) int { return strings.Compare(x.Name, y.Name) })
 	for _, c := range ps.clients {

@@ -137,7 +137,10 @@ func cmdProviders(fs caddycmd.Flags) (int, error) {
 	fmt.Fprintln(tw, "PROVIDER\tURL\tHEALTH\tREQUESTS\tERRORS\tSPACES")
 	for _, p := range res.Providers {
 		health := "ok"
-		if !p.Healthy {
+		switch {
+		case p.Health == "unknown":
+			health = "unknown (no request yet)"
+		case !p.Healthy:
 			health = "failing: " + p.LastError
 		}
 		var spaces []string
