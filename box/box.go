@@ -206,6 +206,14 @@ func Open(cfg Config) (*Box, error) {
 		}
 		return nil, fmt.Errorf("starting engine: %v", err)
 	}
+	if sl != nil {
+		sl.spool.Started = eng.Prewarm // before a peer can send to the spool
+		for _, st := range sl.spool.Status() {
+			if st.Holder != "" && !st.Sealed {
+				eng.Prewarm(st.Host, st.Gen) // the streams kept across a restart
+			}
+		}
+	}
 	b := &Box{reg: reg, eng: eng, bucket: counted, mesh: ms, standby: sl, life: life, logger: cfg.Logger, cfg: cfg,
 		stopWatch: make(chan struct{}), exiting: make(chan struct{})}
 	b.settings.Store(&Settings{Kinds: cfg.Engine.Kinds})

@@ -112,6 +112,10 @@ func (b *Box) KickStandbyWatch() {
 type StandbyFor struct {
 	standby.HostStatus
 	Watching bool `json:"watching"`
+	// Warm: this box keeps the checkpoint of the stream's generation warm for a takeover
+	// (engine.Prewarm); false while it downloads, or when the bucket holds a newer
+	// checkpoint than the stream's (its own stream warms it).
+	Warm bool `json:"warm"`
 }
 
 // standbyFor is what the spool holds, with the watches.
@@ -122,6 +126,9 @@ func (b *Box) standbyFor() []StandbyFor {
 	var out []StandbyFor
 	for _, st := range b.standby.spool.Status() {
 		f := StandbyFor{HostStatus: st}
+		if g, ok := b.eng.WarmGeneration(st.Host); ok && g == st.Gen {
+			f.Warm = true
+		}
 		if b.watch != nil {
 			b.watch.mu.Lock()
 			f.Watching = b.watch.opened[st.Holder]

@@ -83,6 +83,15 @@ type logCut struct {
 	cut atomic.Bool
 	// loseManifestAnswer: the next manifest write lands and its answer is lost.
 	loseManifestAnswer atomic.Bool
+	// objGets counts the GETs of the spaces' checkpoint objects (a restore's downloads).
+	objGets atomic.Int64
+}
+
+func (b *logCut) Get(ctx context.Context, key string) (*bucket.Object, error) {
+	if strings.Contains(key, "/objs/") || strings.Contains(key, "/blobs/") {
+		b.objGets.Add(1)
+	}
+	return b.Bucket.Get(ctx, key)
 }
 
 func (b *logCut) Put(ctx context.Context, key string, r io.Reader, size int64, c bucket.Cond) (bucket.Info, error) {
@@ -154,6 +163,7 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 				Replication: Replication{Class: ReplicateSleep},
 				Durability:  DurabilityCheckpoint,
 			}},
+			Resolve: func(host string) (Space, bool) { return Space{Host: host, Kind: "app"}, true },
 			HolderLive: func(holder, _ string) bool {
 				mu.Lock()
 				defer mu.Unlock()
@@ -486,5 +496,49 @@ func TestLostManifestAnswerAcknowledgesNothingUntilSettled(t *testing.T) {
 				t.Fatalf("the taker has %d of the 3 rows (all acknowledged or in a checkpoint)", n)
 			}
 		})
+	}
+}
+
+// TestTakeoverOnAWarmStandbyDownloadsNoCheckpoint: the standby's box warms the space's
+// checkpoint when a stream of a new generation starts there (Prewarm, from its spool), so
+// its takeover reads no checkpoint object from the bucket and still finds every
+// acknowledged write: the checkpoint's, the bucket log's and the stream's.
+func TestTakeoverOnAWarmStandbyDownloadsNoCheckpoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	const host = "warm.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b")
+	a, b := f.engines["box-a"], f.engines["box-b"]
+	f.link.spools["box-b"].Started = b.Prewarm
+	sp := wake(t, a, host)
+	sp.acknowledged(createM)
+	for i := range 20 {
+		sp.acknowledged(insertM(strings.Repeat(fmt.Sprint("checkpointed ", i), 500)))
+	}
+	// A checkpoint starts a new generation and its stream: its first segment warms box-b.
+	in := a.get(host)
+	a.syncNow(context.Background(), in)
+	gen := in.durableOf().gen.Load()
+	for i := range 10 {
+		sp.acknowledged(insertM(fmt.Sprint("streamed ", i)))
+	}
+	testwait.WaitFor(t, 10*time.Second, "box-b's copy of generation "+fmt.Sprint(gen)+" warm", func() bool {
+		g, ok := b.WarmGeneration(host)
+		return ok && g == gen
+	})
+	f.kill("box-a")
+	gets := f.buckets["box-b"].objGets.Load()
+	if n := rowsOn(t, b, host); n != 30 {
+		t.Fatalf("the taker has %d of the 30 acknowledged rows", n)
+	}
+	if got := f.buckets["box-b"].objGets.Load() - gets; got != 0 {
+		t.Errorf("the takeover read %d checkpoint objects; the warm copy should have spared them all", got)
+	}
+	if !b.get(host).lastWakeKept.Load() {
+		t.Error("the takeover's wake did not keep the warm data dir")
+	}
+	if _, ok := b.WarmGeneration(host); ok {
+		t.Error("the wake left the copy counted warm")
 	}
 }

@@ -31,6 +31,9 @@ type Takeover struct {
 	// Took runs from the verdict to the space awake here (or the failure).
 	Took time.Duration `json:"took_ns"`
 	Err  string        `json:"error,omitempty"`
+	// Warm: the takeover downloaded no checkpoint (its data dir was this box's warm
+	// standby copy, prewarm.go); false: it restored from the bucket.
+	Warm bool `json:"warm"`
 }
 
 // StandbyTotals are an engine's streams and takeovers since it was created.
@@ -76,6 +79,9 @@ func (e *Engine) NoteTakeover(t Takeover) {
 	if t.At.IsZero() {
 		t.At = e.now()
 	}
+	if in := e.lookup(t.Host); in != nil && t.Err == "" {
+		t.Warm = in.lastWakeKept.Load()
+	}
 	tt := e.standbyTotals()
 	tt.takeovers.Add(1)
 	if t.Err != "" {
@@ -92,6 +98,9 @@ func (e *Engine) NoteTakeover(t Takeover) {
 		reason += " (" + t.Why + ")"
 	}
 	reason += fmt.Sprintf(" in %s", t.Took.Round(time.Millisecond))
+	if t.Err == "" && !t.Warm {
+		reason += ", restored from the bucket"
+	}
 	e.emit(Event{Type: EventTakeover, Host: t.Host, At: t.At, Duration: t.Took, Reason: reason, Err: t.Err})
 }
 

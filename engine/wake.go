@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
@@ -124,11 +123,8 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 		}
 	}()
 
-	if in.syncer == nil {
-		in.syncer = &spacestore.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
-			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
-	}
-	in.syncer.Retention, in.syncer.GCGrace = kind.Retention, kind.GCGrace
+	in.warmGen.Store(0) // the wake consumes the standby copy's record (prewarm.go)
+	e.syncerOf(in).Retention, in.syncer.GCGrace = kind.Retention, kind.GCGrace
 	// The disk is mounted before the restore, which writes into it.
 	if _, err := e.attachDisk(in, kind); err != nil {
 		log.Error("attaching the space's disk", zap.Error(err))
@@ -225,8 +221,10 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 	}
 	e.c.wakes.Add(1)
 	e.startSync(in, kind)
+	keptDir := in.syncer.Reused() || kept
+	in.lastWakeKept.Store(keptDir)
 	log.Info("awake", zap.Int("pid", p.pid), zap.Duration("restore_and_fence", restored.Sub(began)),
-		zap.Bool("kept_data_dir", in.syncer.Reused() || kept), zap.Duration("total", e.now().Sub(began)))
+		zap.Bool("kept_data_dir", keptDir), zap.Duration("total", e.now().Sub(began)))
 	return false, nil
 }
 

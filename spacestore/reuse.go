@@ -2,6 +2,7 @@ package spacestore
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -416,4 +417,22 @@ func (s *Syncer) racy(rel string, at time.Time) bool {
 		}
 	}
 	return false
+}
+
+// Warm restores the loaded manifest into DataDir as Restore does (keeping the data dir when
+// a record says it already holds that manifest) and records it for reuse, so that the next
+// Restore of the same manifest on this box downloads nothing: a standby box keeps a space
+// it may take over warm (engine.Prewarm). downloaded reports whether objects were fetched.
+// The space must not run here: Warm writes its data dir.
+func (s *Syncer) Warm(ctx context.Context) (downloaded bool, err error) {
+	if s.manifest == nil {
+		return false, errors.New("warming: no manifest loaded")
+	}
+	if err := s.Restore(ctx); err != nil {
+		return false, err
+	}
+	if err := s.recordReuse(); err != nil {
+		return !s.reused, fmt.Errorf("warming: the restored data dir cannot be reused: %w", err)
+	}
+	return !s.reused, nil
 }

@@ -412,3 +412,64 @@ func TestWakeAfterKilledInstanceReusesDataDir(t *testing.T) {
 	}
 	sameAsManifest(t, b, w)
 }
+
+// TestWarmCopyIsReusedByTheNextWake: a standby box that warmed a space (Syncer.Warm: the
+// manifest restored and recorded) takes it over without reading an object, with what the
+// holder checkpointed; a second Warm of the same manifest downloads nothing; a holder's
+// checkpoint after the warming makes the copy stale, and the wake restores in full.
+func TestWarmCopyIsReusedByTheNextWake(t *testing.T) {
+	ctx := context.Background()
+	b := &objGets{Bucket: backends["file"](t)}
+	holder, n := sleptSpace(t, b, t.TempDir())
+	standbyDir := t.TempDir()
+	warm := func() bool {
+		t.Helper()
+		s := newSyncer(t, b, standbyDir)
+		if err := s.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		downloaded, err := s.Warm(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return downloaded
+	}
+	if !warm() {
+		t.Fatal("the first Warm on an empty box downloaded nothing")
+	}
+	if warm() {
+		t.Fatal("a second Warm of the same manifest downloaded it again")
+	}
+	s, reused, gets := wake(t, b, standbyDir)
+	if !reused || gets != 0 {
+		t.Fatalf("takeover on the warm box: reused %v, %d object GETs; want the warm copy kept, 0 GETs", reused, gets)
+	}
+	if got := rows(t, filepath.Join(s.DataDir, "app.db")); got != n {
+		t.Fatalf("rows = %d, want %d", got, n)
+	}
+	sameAsManifest(t, b, s)
+
+	// Stale: the holder checkpoints after the standby warmed.
+	if !warm() {
+		t.Fatal("Warm after a wake consumed the record downloaded nothing")
+	}
+	if err := holder.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db := openDB(t, filepath.Join(holder.DataDir, "app.db"))
+	fillDB(t, db, 1, 1000)
+	db.Close()
+	if _, err := holder.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s, reused, gets = wake(t, b, standbyDir)
+	if reused || gets == 0 {
+		t.Fatalf("takeover after a newer checkpoint: reused %v, %d GETs; want a full restore", reused, gets)
+	}
+	if got := rows(t, filepath.Join(s.DataDir, "app.db")); got != n+1 {
+		t.Fatalf("rows = %d, want %d", got, n+1)
+	}
+}

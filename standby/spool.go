@@ -103,6 +103,10 @@ type Spool struct {
 	// MaxSegmentBytes bounds one segment a peer may send (ServePeer answers 413 past it).
 	// Default 64 MiB. Set it before the spool is shared.
 	MaxSegmentBytes int64
+	// Started, when set, is called after a Put that started a new stream of host at
+	// generation gen has returned its lock (the box warms its copy of the space: engine
+	// Prewarm). It must not block. Set it before the spool is shared.
+	Started func(host string, gen int64)
 
 	dir string
 
@@ -250,15 +254,21 @@ func (s *Spool) Put(host string, e Entry) error {
 	if err != nil {
 		return err
 	}
-	defer h.mu.Unlock()
 	if !h.awaitTurnLocked(seg) {
+		h.mu.Unlock()
 		return fmt.Errorf("standby %s: segment %d of generation %d: %w: the host's spool was dropped meanwhile", host, seg.Seq, seg.Gen, ErrGap)
 	}
+	before := h.cur
 	err = s.putLocked(h, seg, e)
+	started := h.cur != before
 	h.movedLocked()
 	s.forgetLocked(h) // a refused first put leaves nothing listed
+	h.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("standby %s: segment %d of generation %d: %w", host, seg.Seq, seg.Gen, err)
+	}
+	if started && s.Started != nil {
+		s.Started(host, seg.Gen)
 	}
 	return nil
 }

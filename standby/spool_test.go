@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -446,7 +447,9 @@ func TestOutOfOrderPutsWaitTheirTurn(t *testing.T) {
 	}
 	errs := make(chan error, 4)
 	for _, seq := range []int64{4, 3, 2} {
-		go func() { errs <- sp.Put("o.test", Entry{BucketBefore: seq, Data: segment(t, 1, seq, claimA, byte(seq))}) }()
+		go func() {
+			errs <- sp.Put("o.test", Entry{BucketBefore: seq, Data: segment(t, 1, seq, claimA, byte(seq))})
+		}()
 	}
 	time.Sleep(50 * time.Millisecond) // let them wait: the stream has not started
 	if err := sp.Put("o.test", Entry{Data: segment(t, 1, 1, claimA, 1)}); err != nil {
@@ -469,5 +472,26 @@ func TestOutOfOrderPutsWaitTheirTurn(t *testing.T) {
 	}
 	if err := sp.Put("p.test", Entry{Data: segment(t, 1, 3, claimA, 3)}); !errors.Is(err, ErrGap) {
 		t.Fatalf("seq 3 with seq 2 never sent: %v, want ErrGap after the wait", err)
+	}
+}
+
+// TestStartedOncePerStream: Started hears each stream a put starts (its host and
+// generation), after the put, and nothing of the puts that extend it or that are refused.
+func TestStartedOncePerStream(t *testing.T) {
+	s := openSpool(t, t.TempDir())
+	var got []string
+	s.Started = func(host string, gen int64) {
+		_ = s.Status() // the host's lock is free again
+		got = append(got, fmt.Sprintf("%s/%d", host, gen))
+	}
+	mustPut(t, s, "a.test", entry(t, 1, 1, claimA, 0), entry(t, 1, 2, claimA, 0))
+	if err := s.Put("a.test", entry(t, 1, 4, claimA, 0)); !errors.Is(err, ErrGap) {
+		t.Fatalf("a gap: %v", err)
+	}
+	mustPut(t, s, "a.test", entry(t, 2, 1, claimA, 0), entry(t, 2, 2, claimA, 0))
+	mustPut(t, s, "b.test", entry(t, 5, 1, claimB, 0))
+	want := []string{"a.test/1", "a.test/2", "b.test/5"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Started heard %v, want %v", got, want)
 	}
 }

@@ -34,30 +34,55 @@ func standbyOf(t *testing.T, n *node, host string) (s struct {
 	return s
 }
 
-// standbyFor is n's mesh status's standby_for: the streams its spool keeps.
-func standbyFor(t *testing.T, n *node) []struct {
+// standbyRow is one stream a box's spool keeps, as its mesh status's standby_for lists it.
+type standbyRow struct {
 	Host     string `json:"host"`
 	Holder   string `json:"holder"`
+	Gen      int64  `json:"gen"`
 	LastSeq  int64  `json:"last_seq"`
 	Watching bool   `json:"watching"`
 	Sealed   bool   `json:"sealed"`
-} {
+	Warm     bool   `json:"warm"`
+}
+
+// standbyFor is n's mesh status's standby_for: the streams its spool keeps.
+func standbyFor(t *testing.T, n *node) []standbyRow {
 	t.Helper()
 	var st struct {
 		Mesh struct {
-			StandbyFor []struct {
-				Host     string `json:"host"`
-				Holder   string `json:"holder"`
-				LastSeq  int64  `json:"last_seq"`
-				Watching bool   `json:"watching"`
-				Sealed   bool   `json:"sealed"`
-			} `json:"standby_for"`
+			StandbyFor []standbyRow `json:"standby_for"`
 		} `json:"mesh"`
 	}
 	if err := json.Unmarshal([]byte(c0Status(t, n)), &st); err != nil {
 		t.Fatal(err)
 	}
 	return st.Mesh.StandbyFor
+}
+
+// takeovers is n's mesh status's recent takeovers, newest first.
+func takeovers(t *testing.T, n *node) []struct {
+	Host   string `json:"host"`
+	Holder string `json:"holder"`
+	Warm   bool   `json:"warm"`
+	Err    string `json:"error"`
+} {
+	t.Helper()
+	var st struct {
+		Mesh struct {
+			Totals struct {
+				Recent []struct {
+					Host   string `json:"host"`
+					Holder string `json:"holder"`
+					Warm   bool   `json:"warm"`
+					Err    string `json:"error"`
+				} `json:"recent_takeovers"`
+			} `json:"standby_totals"`
+		} `json:"mesh"`
+	}
+	if err := json.Unmarshal([]byte(c0Status(t, n)), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Mesh.Totals.Recent
 }
 
 func c0Status(t *testing.T, n *node) string {
@@ -171,18 +196,32 @@ func TestStandbyAcknowledgesWithTheBucketCut(t *testing.T) {
 // TestStandbyTakesOverBeforeDeadAfter: with dead_after at 30 s, a holder killed with -9
 // right after its last answer is replaced by its standby's box well before its heartbeat
 // could look dead: the standby's watch of the holder breaks, the holder's address refuses
-// connections, and the standby takes the room over with every write answered 201.
+// connections, and the standby takes the room over with every write answered 201. The
+// standby kept the space's checkpoint warm (warm in its standby_for), so
+// the takeover downloaded none (its record says warm).
 func TestStandbyTakesOverBeforeDeadAfter(t *testing.T) {
 	const longDeadAfter = 30 * time.Second
 	c, a, b, host, acked := standbyPair(t, "early", map[string]any{"dead_after": longDeadAfter.String()}, false, 10)
 	if s := standbyOf(t, b, host); s.Box != a.self {
 		t.Fatalf("the holder's stream: %+v, want %s as its standby", s, a.self)
 	}
-	// The standby shows the stream it keeps and its watch of the holder.
+	// The standby shows the stream it keeps, its watch of the holder, and its warm copy.
 	watching(t, a, host)
+	harness.WaitFor(t, 30*time.Second, "the standby's copy warm", func() bool {
+		for _, f := range standbyFor(t, a) {
+			if f.Host == host && f.Warm {
+				return true
+			}
+		}
+		return false
+	}, func() string { return fmt.Sprintf("the standby's spool: %+v", standbyFor(t, a)) })
 	b.Kill()
 	_, took := served(t, c, a, host, acked, longDeadAfter/2)
 	t.Logf("served again %v after the kill (dead_after %v)", took.Round(time.Millisecond), longDeadAfter)
+	tk := takeovers(t, a)
+	if len(tk) == 0 || tk[0].Host != host || tk[0].Err != "" || !tk[0].Warm {
+		t.Fatalf("the takeover's record: %+v, want %s taken over warm (no download)", tk, host)
+	}
 }
 
 // TestStandbyWaitsForAPausedHolder: a holder that is frozen (SIGSTOP), not dead, keeps

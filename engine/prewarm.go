@@ -1,0 +1,129 @@
+package engine
+
+import (
+	"context"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lchat/lchat-caddy/internal/safego"
+	"github.com/lchat/lchat-caddy/spacestore"
+)
+
+// A space's standby box keeps the space warm: when a stream of a new generation starts
+// there (a wake or a checkpoint of the holder), the standby restores that generation's
+// checkpoint into the space's data dir on this box and records it for reuse
+// (spacestore.Syncer.Warm). A takeover here then loads the same manifest, finds the data
+// dir holding it, and downloads nothing: it applies the log and the stream on top, as any
+// wake does, so its time does not grow with the space's size. The copy is only a cache:
+// the reuse record's checks (the manifest's ETag, the data dir's stat signature, this
+// boot) decide at the takeover, and any doubt is a full restore.
+
+// warmTimeout bounds one warming (a download of the whole space).
+const warmTimeout = 10 * time.Minute
+
+// Prewarm warms host's checkpoint of generation gen on this box, in the background: the
+// box's standby spool calls it when a stream of gen starts here. Only a space asleep here,
+// of a kind whose durability is standby, is warmed, and only while the bucket's manifest is
+// of generation gen (a newer one has its own stream coming). Calls for a host already
+// warming are folded into the one running.
+func (e *Engine) Prewarm(host string, gen int64) {
+	if e.cfg.Resolve == nil || !validHost(host) {
+		return
+	}
+	in := e.get(host)
+	for {
+		want := in.warmWant.Load()
+		if gen+1 <= want || in.warmWant.CompareAndSwap(want, gen+1) {
+			break
+		}
+	}
+	if !in.warming.CompareAndSwap(false, true) {
+		return // the running warming sees the new want when it ends
+	}
+	safego.Go(&e.wg, e.log, "warm a standby copy", func() {
+		for {
+			want := in.warmWant.Load()
+			e.warm(in, want-1)
+			in.warming.Store(false)
+			if in.warmWant.Load() == want || !in.warming.CompareAndSwap(false, true) {
+				return
+			}
+		}
+	})
+}
+
+// warm is one warming of in at generation gen.
+func (e *Engine) warm(in *inst, gen int64) {
+	if in.warmGen.Load() >= gen+1 {
+		return
+	}
+	log := in.logger()
+	sp, ok := e.cfg.Resolve(in.host)
+	if !ok {
+		return
+	}
+	kind, ok := e.kind(sp.Kind)
+	if !ok || kind.Durability != DurabilityStandby {
+		return
+	}
+	in.op.Lock()
+	defer in.op.Unlock()
+	in.mu.Lock()
+	asleep := in.state == StateAsleep && in.trans == nil
+	in.mu.Unlock()
+	if !asleep || e.ctx.Err() != nil || e.life.Fenced() {
+		return // running, waking, or holding state the bucket lacks: nothing to warm
+	}
+	began := e.now()
+	ctx, cancel := context.WithTimeout(e.ctx, warmTimeout)
+	defer cancel()
+	s := e.syncerOf(in)
+	s.Retention, s.GCGrace = kind.Retention, kind.GCGrace
+	if _, err := e.attachDisk(in, kind); err != nil {
+		log.Warn("not warming the standby copy: the space's disk", zap.Error(err))
+		return
+	}
+	if err := s.Load(ctx); err != nil {
+		log.Warn("not warming the standby copy: loading the manifest", zap.Error(err))
+		return
+	}
+	m, _ := s.Manifest()
+	if m == nil || m.Generation != gen {
+		return // a newer checkpoint (its stream warms it) or none yet
+	}
+	downloaded, err := s.Warm(ctx)
+	if err != nil {
+		log.Warn("warming the standby copy", zap.Int64("generation", gen), zap.Error(err))
+		return
+	}
+	in.warmGen.Store(gen + 1)
+	in.mu.Lock()
+	in.size = manifestSize(m)
+	in.mu.Unlock()
+	if downloaded {
+		log.Info("standby copy warm", zap.Int64("generation", gen), zap.Int64("bytes", manifestSize(m)),
+			zap.Duration("took", e.now().Sub(began)))
+	}
+}
+
+// syncerOf is in's syncer, made on first use (in.op held).
+func (e *Engine) syncerOf(in *inst) *spacestore.Syncer {
+	if in.syncer == nil {
+		in.syncer = &spacestore.Syncer{Bucket: e.cfg.Bucket, Host: in.host, DataDir: in.dataDir,
+			WorkDir: filepath.Join(in.dir, "work"), WrittenBy: e.cfg.Holder}
+	}
+	return in.syncer
+}
+
+// WarmGeneration is the generation of host's checkpoint this box last warmed as its
+// standby (Prewarm); ok false when none. A wake here consumes it.
+func (e *Engine) WarmGeneration(host string) (gen int64, ok bool) {
+	in := e.lookup(host)
+	if in == nil {
+		return 0, false
+	}
+	g := in.warmGen.Load()
+	return g - 1, g > 0
+}
