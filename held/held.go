@@ -108,6 +108,7 @@ func New(cfg Config) (*Conns, error) {
 	}
 	c.cancelObs = b.Engine().Observe(c.observe)
 	safego.Go(nil, log, "conns exit watch", c.watchExit)
+	safego.Go(nil, log, "conns delegation watch", c.watchDelegations) // provider.go
 	if b.Mesh() != nil {
 		safego.Go(nil, log, "conns peer watch", c.watchPeers)
 		safego.Go(nil, log, "conns wake announcements", c.announceLoop)

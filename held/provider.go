@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -119,6 +120,7 @@ func (d *eventDoor) Provider(name string) error {
 	}
 	if err == nil {
 		reply.At = providerAt(name, reply.At)
+		c.ackedAtProvider(ev.Space, reply.At)
 		// Its pull may have ended (re-delegated, this box restarted its loop).
 		c.HoldForProvider(ev.Space, name)
 	}
@@ -489,8 +491,98 @@ func (c *Conns) applyPulled(host, name string, it pullItem) {
 	c.hub.ControlHandler(host).ServeHTTP(rec, req)
 }
 
+// providerAtForget is how long an instance at a provider with nothing of this box's
+// connections left pending is remembered (providerAts).
+const providerAtForget = time.Minute
+
+// providerAts are the instances at providers that acknowledged messages of connections
+// this box holds, by host, each with when it last did (watchDelegations).
+type providerAts struct {
+	mu sync.Mutex
+	by map[string]map[connhold.At]time.Time
+}
+
+// ackedAtProvider notes that at, an instance at a provider (providerAt), acknowledged a
+// message of host's connections held here.
+func (c *Conns) ackedAtProvider(host string, at connhold.At) {
+	c.ats.mu.Lock()
+	defer c.ats.mu.Unlock()
+	if c.ats.by == nil {
+		c.ats.by = make(map[string]map[connhold.At]time.Time)
+	}
+	m := c.ats.by[host]
+	if m == nil {
+		m = make(map[connhold.At]time.Time)
+		c.ats.by[host] = m
+	}
+	m[at] = time.Now()
+}
+
+// watchDelegations runs leftProviders every second until Close.
+func (c *Conns) watchDelegations() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case now := <-t.C:
+			c.leftProviders(now)
+		}
+	}
+}
+
+// leftProviders delivers again what the instances at a provider acknowledged for host's
+// connections and no pulled notice covered, once host's route no longer names that
+// provider (reclaimed, removed): no heartbeat says what the provider's last checkpoint
+// held, as a box of the fleet's does (watchPeers), and the pull that brings its notices
+// ends with the delegation, so without this they would wait for the connection's next
+// message. It reports how many instances it took for gone; an instance with nothing left
+// pending here (connhold.Hub.RemoteBoxes) for providerAtForget is forgotten.
+func (c *Conns) leftProviders(now time.Time) int {
+	type left struct {
+		host    string
+		at      connhold.At
+		pending bool
+	}
+	var gone []left
+	pending := c.hub.RemoteBoxes()
+	c.ats.mu.Lock()
+	for host, m := range c.ats.by {
+		rt, ok := c.box.Lookup(host)
+		for at, last := range m {
+			name, _, _ := fromProviderAt(at)
+			held := slices.Contains(pending, [2]string{at.Box, at.Incarnation})
+			switch {
+			case !ok || rt.Provider != name:
+				gone = append(gone, left{host, at, held})
+			case now.Sub(last) > providerAtForget && !held:
+			default:
+				continue
+			}
+			delete(m, at)
+		}
+		if len(m) == 0 {
+			delete(c.ats.by, host)
+		}
+	}
+	c.ats.mu.Unlock()
+	for _, g := range gone {
+		// Covered 0: marks start at 1 (readForwardedAnswer), so every message it
+		// acknowledged is delivered again.
+		c.hub.RemoteGone(g.host, g.at, 0)
+		if !g.pending {
+			continue
+		}
+		c.log.Info("a space's route left its provider with held connections' messages its instance there acknowledged; delivering them again",
+			zap.String("host", g.host), zap.String("instance", g.at.String()))
+	}
+	return len(gone)
+}
+
 // providerState is the fields of Conns for the provider seam.
 type providerState struct {
 	providers atomic.Pointer[func(name string) http.RoundTripper]
 	out       outboxes
+	ats       providerAts
 }

@@ -11,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/box/boxtest"
 	"github.com/lchat/lchat-caddy/connhold"
+	"github.com/lchat/lchat-caddy/internal/testwait"
 	"github.com/lchat/lchat-caddy/provider"
+	"github.com/lchat/lchat-caddy/registry"
 )
 
 // An instance at a provider is named under the provider's name on the fleet's side:
@@ -176,5 +179,61 @@ func TestProviderEventAnswersAreUntrusted(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLeavingAProviderRedeliversWhatItAcknowledged: a message of a held WebSocket that an
+// instance at the provider acknowledged, and no pulled notice covered, is delivered again
+// once the space's route no longer names that provider (reclaimed), not only at the
+// connection's next message; while the route names it, nothing is.
+func TestLeavingAProviderRedeliversWhatItAcknowledged(t *testing.T) {
+	b := boxtest.Open(t, boxtest.Options{})
+	c := openConns(t, b)
+	const host = "room.example.com"
+	if _, err := b.Registry().Put(registry.Route{Host: host, Kind: "demo", Hibernate: true, Provider: "partner"}); err != nil {
+		t.Fatal(err)
+	}
+	c.SetProviders(func(name string) http.RoundTripper {
+		if name != "partner" {
+			return nil
+		}
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.URL.Path == provider.PullPath {
+				// A pull waits, and brings no notice of what the instance saved.
+				<-r.Context().Done()
+				return nil, r.Context().Err()
+			}
+			rec := httptest.NewRecorder()
+			rec.Header().Set(connhold.AckAtHeader, "https://p2:443 i2 9")
+			rec.Header().Set(connhold.AckMarkHeader, "5")
+			rec.WriteHeader(http.StatusOK)
+			return rec.Result(), nil
+		})
+	})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := c.Accept(w, r, host, connhold.NewID(), http.Header{}, nil); err != nil {
+			t.Errorf("Accept: %v", err)
+		}
+	}))
+	defer srv.Close()
+	ws, _, err := websocket.Dial(t.Context(), srv.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	if err := ws.Write(t.Context(), websocket.MessageText, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	testwait.WaitFor(t, 10*time.Second, "the message acknowledged at the provider", func() bool { return c.hub.Stats().Delivered == 1 })
+
+	if n := c.leftProviders(time.Now()); n != 0 || c.hub.Stats().Replayed != 0 {
+		t.Fatalf("still delegated: %d instances taken for gone, %d messages replayed", n, c.hub.Stats().Replayed)
+	}
+	if _, err := b.Registry().Put(registry.Route{Host: host, Kind: "demo", Hibernate: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.leftProviders(time.Now()) // or the watch's tick did
+	if got := c.hub.Stats().Replayed; got != 1 {
+		t.Fatalf("after the reclaim: %d messages replayed, want 1", got)
 	}
 }
