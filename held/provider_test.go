@@ -14,6 +14,7 @@ import (
 	"github.com/coder/websocket"
 	"go.uber.org/zap"
 
+	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/box/boxtest"
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/internal/testwait"
@@ -182,14 +183,14 @@ func TestProviderEventAnswersAreUntrusted(t *testing.T) {
 	}
 }
 
-// TestLeavingAProviderRedeliversWhatItAcknowledged: a message of a held WebSocket that an
-// instance at the provider acknowledged, and no pulled notice covered, is delivered again
-// once the space's route no longer names that provider (reclaimed), not only at the
-// connection's next message; while the route names it, nothing is.
-func TestLeavingAProviderRedeliversWhatItAcknowledged(t *testing.T) {
-	b := boxtest.Open(t, boxtest.Options{})
-	c := openConns(t, b)
-	const host = "room.example.com"
+// delegatedConn holds, on a box of its own, a WebSocket of host delegated to the provider
+// "partner" (c, the client's side ws, its connection id), one message of which
+// ("hi") an instance at the provider (providerInstance, in the provider's naming)
+// acknowledged; the provider's pull waits and brings nothing.
+func delegatedConn(t *testing.T, host string) (b *box.Box, c *Conns, ws *websocket.Conn, id string) {
+	t.Helper()
+	b = boxtest.Open(t, boxtest.Options{})
+	c = openConns(t, b)
 	if _, err := b.Registry().Put(registry.Route{Host: host, Kind: "demo", Hibernate: true, Provider: "partner"}); err != nil {
 		t.Fatal(err)
 	}
@@ -199,33 +200,46 @@ func TestLeavingAProviderRedeliversWhatItAcknowledged(t *testing.T) {
 		}
 		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			if r.URL.Path == provider.PullPath {
-				// A pull waits, and brings no notice of what the instance saved.
 				<-r.Context().Done()
 				return nil, r.Context().Err()
 			}
 			rec := httptest.NewRecorder()
-			rec.Header().Set(connhold.AckAtHeader, "https://p2:443 i2 9")
+			rec.Header().Set(connhold.AckAtHeader, providerInstance)
 			rec.Header().Set(connhold.AckMarkHeader, "5")
 			rec.WriteHeader(http.StatusOK)
 			return rec.Result(), nil
 		})
 	})
+	id = connhold.NewID()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := c.Accept(w, r, host, connhold.NewID(), http.Header{}, nil); err != nil {
+		if err := c.Accept(w, r, host, id, http.Header{}, nil); err != nil {
 			t.Errorf("Accept: %v", err)
 		}
 	}))
-	defer srv.Close()
+	t.Cleanup(srv.Close)
 	ws, _, err := websocket.Dial(t.Context(), srv.URL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ws.CloseNow()
+	t.Cleanup(func() { ws.CloseNow() })
 	if err := ws.Write(t.Context(), websocket.MessageText, []byte("hi")); err != nil {
 		t.Fatal(err)
 	}
 	testwait.WaitFor(t, 10*time.Second, "the message acknowledged at the provider", func() bool { return c.hub.Stats().Delivered == 1 })
+	return b, c, ws, id
+}
 
+// providerInstance is the instance at the provider that acknowledges delegatedConn's
+// messages, as the provider names it.
+const providerInstance = "https://p2:443 i2 9"
+
+// TestLeavingAProviderRedeliversWhatItAcknowledged: a message of a held WebSocket that an
+// instance at the provider acknowledged, and no pulled notice covered, is delivered again
+// once the space's route no longer names that provider (reclaimed), not only at the
+// connection's next message; while the route names it, nothing is.
+func TestLeavingAProviderRedeliversWhatItAcknowledged(t *testing.T) {
+	const host = "room.example.com"
+	b, c, _, _ := delegatedConn(t, host)
 	if n := c.leftProviders(time.Now()); n != 0 || c.hub.Stats().Replayed != 0 {
 		t.Fatalf("still delegated: %d instances taken for gone, %d messages replayed", n, c.hub.Stats().Replayed)
 	}
@@ -235,5 +249,33 @@ func TestLeavingAProviderRedeliversWhatItAcknowledged(t *testing.T) {
 	c.leftProviders(time.Now()) // or the watch's tick did
 	if got := c.hub.Stats().Replayed; got != 1 {
 		t.Fatalf("after the reclaim: %d messages replayed, want 1", got)
+	}
+}
+
+// TestApplyPulledStaysInItsSpace: what a provider's pull of one space brings acts on that
+// space's connections alone: a notice about another space is ignored (the same notice
+// about this one replays what the instance acknowledged), and a control call is applied
+// only when its path is one of the control paths exactly (a path that carries its own
+// query, here a close of the connection, is ignored; a send that follows reaches the
+// client first).
+func TestApplyPulledStaysInItsSpace(t *testing.T) {
+	const host = "room.example.com"
+	_, c, ws, id := delegatedConn(t, host)
+	gone := func(space string) pullItem {
+		return pullItem{Notice: &connhold.Notice{Space: space, At: providerInstance, Covered: 0, Gone: true}}
+	}
+	c.applyPulled(host, "partner", gone("other.example.com"))
+	if got := c.hub.Stats().Replayed; got != 0 {
+		t.Fatalf("a notice about another space replayed %d messages of this one", got)
+	}
+	c.applyPulled(host, "partner", pullItem{Control: &controlCall{Path: connhold.ClosePath + "?conn=" + id + "&code=4000&reason=x"}})
+	c.applyPulled(host, "partner", pullItem{Control: &controlCall{Path: connhold.SendPath, Query: "conn=" + id, Body: []byte("after")}})
+	typ, msg, err := ws.Read(t.Context())
+	if err != nil || typ != websocket.MessageText || string(msg) != "after" {
+		t.Fatalf("the client read %v %q %v, want the send (a call to another path applied?)", typ, msg, err)
+	}
+	c.applyPulled(host, "partner", gone(host))
+	if got := c.hub.Stats().Replayed; got != 1 {
+		t.Fatalf("the notice about this space replayed %d messages, want 1", got)
 	}
 }
