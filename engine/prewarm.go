@@ -108,6 +108,20 @@ func (e *Engine) warm(in *inst, gen int64) {
 	}
 }
 
+// keepRestored (in.op held), for a wake that restored the manifest and stopped before
+// anything ran on it (its lease refused: the holder's heartbeat still looks live, say),
+// records the data dir for the next wake here: a standby's box asked to serve the space
+// before its takeover keeps its warm copy so.
+func (e *Engine) keepRestored(in *inst) {
+	if err := in.syncer.KeepRestored(); err != nil {
+		in.logger().Debug("the restored data dir is not kept for the next wake", zap.Error(err))
+		return
+	}
+	if m, _ := in.syncer.Manifest(); m != nil {
+		in.warmGen.Store(m.Generation + 1)
+	}
+}
+
 // syncerOf is in's syncer, made on first use (in.op held).
 func (e *Engine) syncerOf(in *inst) *spacestore.Syncer {
 	if in.syncer == nil {

@@ -502,7 +502,8 @@ func TestLostManifestAnswerAcknowledgesNothingUntilSettled(t *testing.T) {
 // TestTakeoverOnAWarmStandbyDownloadsNoCheckpoint: the standby's box warms the space's
 // checkpoint when a stream of a new generation starts there (Prewarm, from its spool), so
 // its takeover reads no checkpoint object from the bucket and still finds every
-// acknowledged write: the checkpoint's, the bucket log's and the stream's.
+// acknowledged write: the checkpoint's, the bucket log's and the stream's. A wake tried
+// there before the takeover, refused the lease, leaves the copy warm.
 func TestTakeoverOnAWarmStandbyDownloadsNoCheckpoint(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs real instances")
@@ -527,6 +528,12 @@ func TestTakeoverOnAWarmStandbyDownloadsNoCheckpoint(t *testing.T) {
 		g, ok := b.WarmGeneration(host)
 		return ok && g == gen
 	})
+	// A request reaching box-b while box-a still holds the space (its heartbeat live)
+	// tries a wake there, which restores and is refused the lease: the copy stays warm.
+	var held *LeaseHeldError
+	if _, err := b.Acquire(context.Background(), Space{Host: host, Kind: "app"}); !errors.As(err, &held) {
+		t.Fatalf("a wake on box-b while box-a holds the space: %v, want the lease held", err)
+	}
 	f.kill("box-a")
 	gets := f.buckets["box-b"].objGets.Load()
 	if n := rowsOn(t, b, host); n != 30 {

@@ -330,6 +330,9 @@ func (e *Engine) fenceThenLog(ctx context.Context, in *inst, pl *pendingLease, h
 	ph *WakePhases, phase func(*time.Duration), start func() error) (retry bool, err error) {
 	log := in.logger()
 	if _, err := held(); err != nil {
+		if !kept {
+			e.keepRestored(in)
+		}
 		return false, err
 	}
 	err = <-e.fenceAsync(ctx, in, pl)

@@ -436,3 +436,9 @@ func (s *Syncer) Warm(ctx context.Context) (downloaded bool, err error) {
 	}
 	return !s.reused, nil
 }
+
+// KeepRestored records the data dir, as the last Restore left it and nothing has run on it
+// since, for reuse: a wake that restored and then could not go on (the lease held
+// elsewhere) leaves what it downloaded, or the standby copy it found (Warm), for the next
+// wake here instead of losing it. The record's checks are Warm's.
+func (s *Syncer) KeepRestored() error { return s.recordReuse() }
