@@ -139,12 +139,14 @@ type DevLogs struct{ Level, Format string }
 
 // config is Caddy's logging config for l: the default log at l.Level, except the admin
 // API's log ("admin.api", a line with every request's headers at info: each CLI command
-// and console poll) which shows its requests only at debug.
+// and console poll) which shows its requests only at debug. Both leave out Caddy's
+// "exiting; byeee!! 👋", a warning on every Ctrl-C (DropEncoder).
 func (l DevLogs) config() map[string]any {
-	enc := map[string]any{"format": l.Format}
+	wrapped := map[string]any{"format": l.Format}
 	if l.Format == "console" {
-		enc["time_format"] = "wall_milli"
+		wrapped["time_format"] = "wall_milli"
 	}
+	enc := map[string]any{"format": "lchat_drop", "wrap": wrapped, "messages": []string{exitMessage}}
 	adminLevel := l.Level
 	if strings.ToLower(l.Level) != "debug" {
 		adminLevel = "warn"

@@ -145,7 +145,8 @@ func (d *devRun) interrupt(t *testing.T) {
 }
 
 // `lchat-caddy dev`: one command, no setup; the demo space exists on first run, serves
-// its page, and Ctrl-C saves it to the local bucket so the next run has it back.
+// its page, and Ctrl-C saves it to the local bucket so the next run has it back. A run
+// that goes well writes nothing on stderr at the default level.
 func TestDevCommand(t *testing.T) {
 	dir, home := t.TempDir(), t.TempDir()
 	d := startDev(t, dir, home)
@@ -156,6 +157,11 @@ func TestDevCommand(t *testing.T) {
 		t.Fatalf("posting: %d %s", code, body)
 	}
 	d.interrupt(t)
+	// At the default level a run that went well logs nothing: not its start, not the
+	// wake, not Ctrl-C (Caddy's "exiting; byeee!! 👋" is a warning).
+	if log := d.stderr.String(); log != "" {
+		t.Errorf("dev's stderr at the default level, after a start, a wake and Ctrl-C:\n%s", log)
+	}
 
 	// Ctrl-C drained: the local bucket holds the space, its lease released.
 	fb, err := filebucket.New(filepath.Join(dir, "lchat-dev", "bucket"))
@@ -187,5 +193,12 @@ func TestDevCommand(t *testing.T) {
 	if err != nil || strings.Count(string(out), "demo.localhost") != 1 {
 		t.Fatalf("routes on the second run: %v\n%s", err, out)
 	}
+	if out, err := exec.Command(harness.Binary(t), "status", "--address", d.adm).CombinedOutput(); err != nil || !strings.Contains(string(out), "demo.localhost") {
+		t.Fatalf("status on the second run: %v\n%s", err, out)
+	}
 	d.interrupt(t)
+	// Nor do the CLI's calls to the admin API (its access log is at debug).
+	if log := d.stderr.String(); log != "" {
+		t.Errorf("dev's stderr at the default level, after a start, routes, status and Ctrl-C:\n%s", log)
+	}
 }
