@@ -156,6 +156,27 @@ func TestDevCommand(t *testing.T) {
 	if code, body := d.do(t, "POST", "/api/messages", `{"author":"dev","text":"kept across dev runs"}`); code != http.StatusCreated {
 		t.Fatalf("posting: %d %s", code, body)
 	}
+	// Which lchat build runs, beside Caddy's: in the admin API's status and the console's
+	// fleet (its VERSION column).
+	var st struct {
+		Version string `json:"version"`
+	}
+	getJSON(t, "http://"+d.adm+"/lchat/status", "", &st)
+	var fleet struct {
+		Boxes []struct {
+			Version string `json:"version"`
+		} `json:"boxes"`
+	}
+	getJSON(t, "http://"+d.listen+"/api/fleet", "console.localhost", &fleet)
+	consoleVersion := ""
+	if len(fleet.Boxes) > 0 {
+		consoleVersion = fleet.Boxes[0].Version
+	}
+	for where, v := range map[string]string{"/lchat/status": st.Version, "the console's fleet": consoleVersion} {
+		if !strings.HasPrefix(v, "lchat-caddy ") || !strings.Contains(v, "(Caddy v2.") {
+			t.Errorf("version in %s: %q, want \"lchat-caddy <build> (Caddy v2.…)\"", where, v)
+		}
+	}
 	d.interrupt(t)
 	// At the default level a run that went well logs nothing: not its start, not the
 	// wake, not Ctrl-C (Caddy's "exiting; byeee!! 👋" is a warning).
@@ -200,5 +221,26 @@ func TestDevCommand(t *testing.T) {
 	// Nor do the CLI's calls to the admin API (its access log is at debug).
 	if log := d.stderr.String(); log != "" {
 		t.Errorf("dev's stderr at the default level, after a start, routes, status and Ctrl-C:\n%s", log)
+	}
+}
+
+// getJSON decodes the 200 answer of GET url, sent with host as its Host when not "".
+func getJSON(t *testing.T, url, host string, v any) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if host != "" {
+		req.Host = host
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		data, _ := io.ReadAll(resp.Body)
+		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, data)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
 	}
 }
