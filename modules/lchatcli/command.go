@@ -144,6 +144,11 @@ func cmdAddInstance(fs caddycmd.Flags) (int, error) {
 	if err != nil {
 		return cli.ExitUsage, cli.Usage(err)
 	}
+	if r := fs.String("home-region"); r != "" {
+		if err := registry.ValidateRegion(r); err != nil {
+			return cli.ExitUsage, cli.Usagef("--home-region: %v", err)
+		}
+	}
 	req := adminapi.CreateRequest{
 		Mint:       mint,
 		Host:       host,

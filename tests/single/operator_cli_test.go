@@ -33,6 +33,7 @@ func TestOperatorCLIErrors(t *testing.T) {
 		{"--off without an upstream", []string{"hibernate", "op.example.com", "--off"}, 4, "--off needs --upstream <addr>: op.example.com has no upstream to serve it live"},
 		{"--upstream with --on", []string{"hibernate", "op.example.com", "--on", "--upstream", "127.0.0.1:1"}, 4, "--upstream goes with --off"},
 		{"a bad host", []string{"wake", "BAD_HOST"}, 4, `host "BAD_HOST" must be lowercase`},
+		{"a bad --home-region", []string{"add-instance", "hr.example.com", "--kind", "demo", "--home-region", "BAD"}, 4, `--home-region: region "BAD" contains 'B'`},
 		{"no host", []string{"sleep"}, 4, "accepts 1 arg(s), received 0 (usage: lchat-caddy sleep <host>"},
 		{"two hosts", []string{"status", "a.example.com", "b.example.com"}, 4, "accepts between 0 and 1 arg(s), received 2"},
 	} {
