@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/registry"
 )
 
 // Relocate moves a hibernating space to another region (mesh.Relocator), with the
@@ -15,6 +16,13 @@ import (
 // changed, with the status of its kind: 400 malformed, 404 no route, 409 refused now, 502
 // a store or DNS provider failed.
 func (b *Box) Relocate(ctx context.Context, req mesh.RelocateRequest) (mesh.RelocateResult, error) {
+	// An unknown host is "no route" whatever the box's config, as for every other command.
+	if err := registry.ValidateHost(req.Host); err != nil {
+		return mesh.RelocateResult{}, &Error{Status: http.StatusBadRequest, Err: err}
+	}
+	if _, ok := b.reg.Lookup(req.Host); !ok {
+		return mesh.RelocateResult{}, fail(http.StatusNotFound, "no route for host %s", req.Host)
+	}
 	ms := b.mesh
 	if ms == nil {
 		return mesh.RelocateResult{}, &Error{Status: http.StatusConflict, Err: ErrMeshOff}

@@ -70,16 +70,20 @@ func (a *meshAdmin) fleet(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *meshAdmin) serveMesh(w http.ResponseWriter, r *http.Request) error {
-	b, err := a.box()
-	if err != nil {
+	if err := a.configured(); err != nil {
 		return err
 	}
 	path := strings.TrimPrefix(r.URL.Path, "/lchat/mesh/")
 	switch {
 	case path == "seed" && r.Method == http.MethodPost:
+		b, err := a.box()
+		if err != nil {
+			return err
+		}
 		return a.seed(w, r, b)
 	case strings.HasPrefix(path, "relocate/") && r.Method == http.MethodPost:
-		return a.relocate(w, r, b, strings.TrimPrefix(path, "relocate/"))
+		// Relocate refuses a box without the mesh itself, after an unknown host's "no route".
+		return a.relocate(w, r, a.app.box, strings.TrimPrefix(path, "relocate/"))
 	}
 	return apiErr(http.StatusNotFound, "resource not found: %s %s", r.Method, r.URL.Path)
 }

@@ -76,6 +76,14 @@ func (a *providerAdmin) move(w http.ResponseWriter, r *http.Request) error {
 		return apiErr(http.StatusBadRequest, "%v", err)
 	}
 	b := a.app.box
+	// An unknown host is "no route" whatever the box's config, as for every other command.
+	rt, err := b.Registry().Get(host)
+	if errors.Is(err, registry.ErrNotFound) {
+		return apiErr(http.StatusNotFound, "no route for host %s", host)
+	}
+	if err != nil {
+		return boxErr(err)
+	}
 	side, err := b.ProviderSide()
 	if err != nil {
 		return boxErr(err)
@@ -91,13 +99,6 @@ func (a *providerAdmin) move(w http.ResponseWriter, r *http.Request) error {
 		}
 		name = req.To
 	} else {
-		rt, err := b.Registry().Get(host)
-		if errors.Is(err, registry.ErrNotFound) {
-			return apiErr(http.StatusNotFound, "no route for host %s", host)
-		}
-		if err != nil {
-			return boxErr(err)
-		}
 		if rt.Provider == "" {
 			return writeJSON(w, http.StatusOK, provider.Moved{Host: host, Already: true})
 		}

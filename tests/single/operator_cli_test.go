@@ -18,6 +18,9 @@ func TestOperatorCLIErrors(t *testing.T) {
 	if r := b.CLIRun("add-instance", "op.example.com", "--kind", "demo"); r.Code != 0 {
 		t.Fatalf("add-instance: exit %d: %s", r.Code, r.Stderr)
 	}
+	if r := b.CLIRun("add-instance", "live.example.com", "--upstream", "127.0.0.1:1"); r.Code != 0 {
+		t.Fatalf("add-instance --upstream: exit %d: %s", r.Code, r.Stderr)
+	}
 	for _, c := range []struct {
 		what string
 		args []string
@@ -29,6 +32,12 @@ func TestOperatorCLIErrors(t *testing.T) {
 		{"wake an unknown host", []string{"wake", "nope.example.com"}, 1, "no route for host nope.example.com"},
 		{"remove an unknown host", []string{"remove", "nope.example.com"}, 1, "no route for host nope.example.com"},
 		{"hibernate an unknown host", []string{"hibernate", "nope.example.com", "--on"}, 1, "no route for host nope.example.com"},
+		{"restore an unknown host", []string{"restore", "nope.example.com", "--at", "1"}, 1, "no route for host nope.example.com"},
+		// Before "the mesh is off": the host is what is wrong.
+		{"relocate an unknown host", []string{"relocate", "nope.example.com", "--to", "eu"}, 1, "no route for host nope.example.com"},
+		{"delegate an unknown host", []string{"delegate", "nope.example.com", "--to", "partner"}, 1, "no route for host nope.example.com"},
+		{"reclaim an unknown host", []string{"reclaim", "nope.example.com"}, 1, "no route for host nope.example.com"},
+		{"wake a live route", []string{"wake", "live.example.com"}, 1, "live.example.com is a live route: it has no space to wake"},
 		{"sleep a space that is not awake", []string{"sleep", "op.example.com"}, 1, "op.example.com is not awake on this box"},
 		{"--off without an upstream", []string{"hibernate", "op.example.com", "--off"}, 4, "--off needs --upstream <addr>: op.example.com has no upstream to serve it live"},
 		{"--upstream with --on", []string{"hibernate", "op.example.com", "--on", "--upstream", "127.0.0.1:1"}, 4, "--upstream goes with --off"},
