@@ -45,9 +45,10 @@ func (b *Box) Restore(ctx context.Context, host string, t spacestore.Target) (sp
 	var held *engine.LeaseHeldError
 	switch {
 	case errors.Is(err, engine.ErrAwake):
-		return res, fail(http.StatusConflict, "%s is awake on this box: put it to sleep before restoring", host)
+		return res, fail(http.StatusConflict, "%s is awake on this box: put it to sleep first (lchat-caddy sleep %s), then restore", host, host)
 	case errors.As(err, &held):
-		return res, fail(http.StatusConflict, "%s is awake on %s: put it to sleep before restoring", host, held.Holder)
+		return res, fail(http.StatusConflict, "%s is awake on %s: put it to sleep there first (lchat-caddy sleep %s --address <its admin API>), then restore",
+			host, held.Holder, host)
 	case errors.Is(err, spacestore.ErrNoCheckpoint):
 		return res, fail(http.StatusNotFound, "%v", err)
 	}

@@ -71,6 +71,9 @@ func TestOperatorCLIErrors(t *testing.T) {
 	if r := b.CLIRun("routes"); !strings.Contains(r.Stdout, "STATE") || !strings.Contains(r.Stdout, " awake ") {
 		t.Errorf("routes after wake: %q, want a STATE column saying awake", r.Stdout)
 	}
+	// Restoring an awake space is refused with the command that makes it possible.
+	plainErrorLine(t, "restore an awake space", b.CLIRun("restore", "op.example.com", "--at", "1"), 1,
+		"op.example.com is awake on this box: put it to sleep first (lchat-caddy sleep op.example.com), then restore")
 	if r := b.CLIRun("sleep", "op.example.com"); r.Code != 0 {
 		t.Fatalf("sleep: exit %d: %s", r.Code, r.Stderr)
 	}
