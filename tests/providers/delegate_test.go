@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,9 @@ func TestDelegateAndReclaim(t *testing.T) {
 		return code == http.StatusOK
 	})
 	a.post(a1, room, "written at home")
+	if st := providersOf(t, a1); len(st.Providers) != 1 || st.Providers[0].Health != "unknown" || st.Providers[0].Healthy {
+		t.Fatalf("A's status of a provider nothing was asked of yet: %+v, want its health unknown", st)
+	}
 
 	out, err := a1.CLI("delegate", room, "--to", "partner")
 	if err != nil || !strings.Contains(out, "delegated "+room+" to partner") {
@@ -152,8 +156,17 @@ func TestDelegateAndReclaim(t *testing.T) {
 
 	// A's view: the provider, its health, the space delegated to it.
 	st := providersOf(t, a1)
-	if len(st.Providers) != 1 || !st.Providers[0].Healthy || len(st.Providers[0].Spaces) != 1 || st.Providers[0].Spaces[0].Host != room {
+	if len(st.Providers) != 1 || !st.Providers[0].Healthy || st.Providers[0].Health != "healthy" || len(st.Providers[0].Spaces) != 1 || st.Providers[0].Spaces[0].Host != room {
 		t.Fatalf("A's status of its providers: %+v", st)
+	}
+	// A's metrics count the requests to partner (the moves' calls, the forwards) and
+	// their latency.
+	_, _, metrics := getMetrics(t, a1)
+	for _, series := range []string{`lchat_provider_requests_total{provider="partner"}`, `lchat_provider_request_seconds_count{provider="partner"}`,
+		`lchat_provider_request_seconds_sum{provider="partner"}`} {
+		if v, ok := metricValue(metrics, series); !ok || v <= 0 {
+			t.Fatalf("A's metrics: %s = %v (present %v), want it above 0", series, v, ok)
+		}
 	}
 
 	// B stopped: that space alone is a 503 with Retry-After.
@@ -170,7 +183,7 @@ func TestDelegateAndReclaim(t *testing.T) {
 	if st := providersOf(t, a2); st.Providers[0].Healthy || st.Providers[0].LastError == "" {
 		t.Fatalf("A's status with B down: %+v", st.Providers[0])
 	}
-	code, _, metrics := getMetrics(t, a2)
+	code, _, metrics = getMetrics(t, a2)
 	if code != http.StatusOK || !strings.Contains(metrics, `lchat_provider_errors_total{provider="partner"}`) {
 		t.Fatalf("no error counted for partner in A's metrics (%d)", code)
 	}
@@ -225,6 +238,7 @@ func generationIn(t *testing.T, f *fleet, host string) int64 {
 type providersStatus struct {
 	Providers []struct {
 		Name      string `json:"name"`
+		Health    string `json:"health"`
 		Healthy   bool   `json:"healthy"`
 		LastError string `json:"last_error"`
 		Errors    uint64 `json:"errors"`
@@ -251,6 +265,18 @@ func getMetrics(t *testing.T, n *node) (int, http.Header, string) {
 		t.Fatal(err)
 	}
 	return code, nil, string(body)
+}
+
+// metricValue is the value of the series (name and labels, as exposed) in a metrics
+// exposition.
+func metricValue(metrics, series string) (float64, bool) {
+	for line := range strings.SplitSeq(metrics, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
 }
 
 // waitMessage reads ws until a message holds text.
