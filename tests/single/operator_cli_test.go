@@ -132,3 +132,20 @@ func TestBucketCheckLeavesNothing(t *testing.T) {
 		t.Errorf("bucket-check --create left %v in %s (%v), want the empty directory", left, made, err)
 	}
 }
+
+// bucket-check without credentials says so in one line, naming where the AWS chain looked,
+// with no line of the SDK's own (such as its "falling back to IMDSv1" warning).
+func TestBucketCheckWithoutCredentials(t *testing.T) {
+	// RunCLI's environment has no AWS variable and a HOME of its own (no ~/.aws); the
+	// instance metadata service is off, as off EC2, so the chain ends at once.
+	r := harness.RunCLI(t, "", []string{"AWS_EC2_METADATA_DISABLED=true"}, "bucket-check", "--bucket", "lchat-no-such-bucket", "--region", "us-east-1")
+	plainErrorLine(t, "no credentials", r, 1, "no AWS credentials: the chain looked at $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY, the profile $AWS_PROFILE")
+	for _, want := range []string{"~/.aws/credentials", "$AWS_WEB_IDENTITY_TOKEN_FILE", "$AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "instance metadata service"} {
+		if !strings.Contains(r.Stderr, want) {
+			t.Errorf("the error does not say the chain looked at %s: %q", want, r.Stderr)
+		}
+	}
+	if strings.Contains(r.Stdout+r.Stderr, "IMDSv1") || r.Stdout != "" {
+		t.Errorf("bucket-check printed more than its error: stdout %q, stderr %q", r.Stdout, r.Stderr)
+	}
+}
