@@ -207,10 +207,12 @@ func Open(cfg Config) (*Box, error) {
 		return nil, fmt.Errorf("starting engine: %v", err)
 	}
 	if sl != nil {
-		sl.spool.Started = eng.Prewarm // before a peer can send to the spool
+		// Before a peer can send to the spool: this box warms the spaces it stands by for.
+		sl.spool.Started = func(host string, _ int64) { eng.Prewarm(host) }
+		sl.spool.HandedOver = eng.Prewarm
 		for _, st := range sl.spool.Status() {
 			if st.Holder != "" && !st.Sealed {
-				eng.Prewarm(st.Host, st.Gen) // the streams kept across a restart
+				eng.Prewarm(st.Host) // the streams kept across a restart
 			}
 		}
 	}

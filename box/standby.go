@@ -71,11 +71,14 @@ func (l *standbyLink) Seal(ctx context.Context, box, host string, gen int64, cla
 }
 
 // Retire implements engine.StandbyLink.
-func (l *standbyLink) Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) error {
+func (l *standbyLink) Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim, handover bool) error {
 	if box == l.self() {
+		if handover {
+			return l.spool.Handover(host, gen, claim)
+		}
 		return l.spool.Retire(host, gen, claim)
 	}
-	return l.client.Retire(ctx, box, host, gen, claim)
+	return l.client.Retire(ctx, box, host, gen, claim, handover)
 }
 
 // Live implements engine.StandbyLink.

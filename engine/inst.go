@@ -35,11 +35,12 @@ type inst struct {
 	op     sync.Mutex
 	syncer *spacestore.Syncer // guarded by op
 
-	// The standby copy (prewarm.go): warmWant is 1 + the newest generation a stream
-	// started here asked for, warming is set while a warming runs, warmGen 1 + the
-	// generation warmed (0: none, or consumed by a wake).
-	warmWant, warmGen atomic.Int64
-	warming           atomic.Bool
+	// The standby copy (prewarm.go): warmAsked counts the Prewarm calls, warming is set
+	// while a warming runs, warmGen is 1 + the generation warmed (0: none, or consumed
+	// by a wake).
+	warmAsked atomic.Uint64
+	warmGen   atomic.Int64
+	warming   atomic.Bool
 	// lastWakeKept: the last wake here downloaded nothing (it kept the data dir: this
 	// box's own state or its standby copy).
 	lastWakeKept atomic.Bool

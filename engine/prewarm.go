@@ -23,42 +23,35 @@ import (
 // warmTimeout bounds one warming (a download of the whole space).
 const warmTimeout = 10 * time.Minute
 
-// Prewarm warms host's checkpoint of generation gen on this box, in the background: the
-// box's standby spool calls it when a stream of gen starts here. Only a space asleep here,
-// of a kind whose durability is standby, is warmed, and only while the bucket's manifest is
-// of generation gen (a newer one has its own stream coming). Calls for a host already
-// warming are folded into the one running.
-func (e *Engine) Prewarm(host string, gen int64) {
+// Prewarm warms host's current checkpoint on this box, in the background: the box's
+// standby spool calls it when a stream of a new generation starts here, and when the
+// space's holder hands it over on a drain (it slept there and wakes here next). Only a
+// space asleep here, of a kind whose durability is standby, is warmed. Calls for a host
+// already warming are folded into one more warming after the running one.
+func (e *Engine) Prewarm(host string) {
 	if e.cfg.Resolve == nil || !validHost(host) {
 		return
 	}
 	in := e.get(host)
-	for {
-		want := in.warmWant.Load()
-		if gen+1 <= want || in.warmWant.CompareAndSwap(want, gen+1) {
-			break
-		}
-	}
+	in.warmAsked.Add(1)
 	if !in.warming.CompareAndSwap(false, true) {
-		return // the running warming sees the new want when it ends
+		return // the running warming sees the new ask when it ends
 	}
 	safego.Go(&e.wg, e.log, "warm a standby copy", func() {
 		for {
-			want := in.warmWant.Load()
-			e.warm(in, want-1)
+			asked := in.warmAsked.Load()
+			e.warm(in)
 			in.warming.Store(false)
-			if in.warmWant.Load() == want || !in.warming.CompareAndSwap(false, true) {
+			if in.warmAsked.Load() == asked || !in.warming.CompareAndSwap(false, true) {
 				return
 			}
 		}
 	})
 }
 
-// warm is one warming of in at generation gen.
-func (e *Engine) warm(in *inst, gen int64) {
-	if in.warmGen.Load() >= gen+1 {
-		return
-	}
+// warm is one warming of in: its current checkpoint restored into its data dir and
+// recorded for reuse; nothing downloaded when the data dir already holds it.
+func (e *Engine) warm(in *inst) {
 	log := in.logger()
 	sp, ok := e.cfg.Resolve(in.host)
 	if !ok {
@@ -90,20 +83,21 @@ func (e *Engine) warm(in *inst, gen int64) {
 		return
 	}
 	m, _ := s.Manifest()
-	if m == nil || m.Generation != gen {
-		return // a newer checkpoint (its stream warms it) or none yet
+	if m == nil {
+		return // never checkpointed nor fenced: nothing to warm
 	}
+	in.warmGen.Store(0)
 	downloaded, err := s.Warm(ctx)
 	if err != nil {
-		log.Warn("warming the standby copy", zap.Int64("generation", gen), zap.Error(err))
+		log.Warn("warming the standby copy", zap.Int64("generation", m.Generation), zap.Error(err))
 		return
 	}
-	in.warmGen.Store(gen + 1)
+	in.warmGen.Store(m.Generation + 1)
 	in.mu.Lock()
 	in.size = manifestSize(m)
 	in.mu.Unlock()
 	if downloaded {
-		log.Info("standby copy warm", zap.Int64("generation", gen), zap.Int64("bytes", manifestSize(m)),
+		log.Info("standby copy warm", zap.Int64("generation", m.Generation), zap.Int64("bytes", manifestSize(m)),
 			zap.Duration("took", e.now().Sub(began)))
 	}
 }

@@ -50,8 +50,9 @@ type StandbyLink interface {
 	// Seal seals host's stream of (gen, claim) on box and returns its segments.
 	Seal(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) ([]standby.Entry, error)
 	// Retire asks box to drop host's stream of (gen, claim): a checkpoint after it holds
-	// what it carried (the space slept).
-	Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) error
+	// what it carried (the space slept). handover: it slept on this box's drain, and box
+	// is where it wakes next (box warms its copy of the checkpoint: Prewarm).
+	Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim, handover bool) error
 	// Live reports whether box is a live member.
 	Live(box string) bool
 }
@@ -435,11 +436,12 @@ func (in *inst) streamToRetire() (*stream, spacestore.Claim) {
 // retireStream, after a checkpoint that followed st (the space slept), asks its standby to
 // drop it, in the background: best effort, the standby keeps it otherwise (a later stream
 // of the space replaces it, and a takeover never takes it: its generation is older).
-func (e *Engine) retireStream(in *inst, st *stream, claim spacestore.Claim) {
+// handover: the space slept on this box's drain; its standby warms the checkpoint.
+func (e *Engine) retireStream(in *inst, st *stream, claim spacestore.Claim, handover bool) {
 	safego.Go(&e.wg, e.log, "retire the stream", func() {
 		ctx, cancel := context.WithTimeout(e.ctx, standbyPutTimeout)
 		defer cancel()
-		if err := e.cfg.Standby.Retire(ctx, st.box, in.host, st.gen, claim); err != nil {
+		if err := e.cfg.Standby.Retire(ctx, st.box, in.host, st.gen, claim, handover); err != nil {
 			in.logger().Info("the standby keeps the slept space's stream", zap.String("standby", st.box), zap.Error(err))
 		}
 	})

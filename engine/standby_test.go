@@ -63,9 +63,12 @@ func (l spoolLink) Seal(ctx context.Context, box, host string, gen int64, claim 
 	return l.spools[box].Seal(host, gen, claim)
 }
 
-func (l spoolLink) Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) error {
+func (l spoolLink) Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim, handover bool) error {
 	if !l.Live(box) {
 		return errors.New("connection refused")
+	}
+	if handover {
+		return l.spools[box].Handover(host, gen, claim)
 	}
 	return l.spools[box].Retire(host, gen, claim)
 }
@@ -511,7 +514,7 @@ func TestTakeoverOnAWarmStandbyDownloadsNoCheckpoint(t *testing.T) {
 	const host = "warm.example.com"
 	f := newStandbyFleet(t, "box-a", "box-b")
 	a, b := f.engines["box-a"], f.engines["box-b"]
-	f.link.spools["box-b"].Started = b.Prewarm
+	f.link.spools["box-b"].Started = func(host string, _ int64) { b.Prewarm(host) }
 	sp := wake(t, a, host)
 	sp.acknowledged(createM)
 	for i := range 20 {
@@ -547,5 +550,42 @@ func TestTakeoverOnAWarmStandbyDownloadsNoCheckpoint(t *testing.T) {
 	}
 	if _, ok := b.WarmGeneration(host); ok {
 		t.Error("the wake left the copy counted warm")
+	}
+}
+
+// TestDrainHandsTheSpaceToAWarmStandby: a holder's drain puts the space to sleep and hands
+// it over to its standby (the retire says so), whose box warms the final checkpoint: the
+// wake there downloads nothing and finds every acknowledged write.
+func TestDrainHandsTheSpaceToAWarmStandby(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	const host = "handover.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b")
+	a, b := f.engines["box-a"], f.engines["box-b"]
+	f.link.spools["box-b"].HandedOver = b.Prewarm
+	sp := wake(t, a, host)
+	sp.acknowledged(createM)
+	for i := range 20 {
+		sp.acknowledged(insertM(strings.Repeat(fmt.Sprint("row ", i), 500)))
+	}
+	sp.u.Release()
+	if err := a.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := spacestore.ReadManifest(context.Background(), f.buckets["box-b"], host)
+	if err != nil || m == nil {
+		t.Fatalf("the drain's checkpoint: %v", err)
+	}
+	testwait.WaitFor(t, 10*time.Second, "box-b's copy of the drain's checkpoint warm", func() bool {
+		g, ok := b.WarmGeneration(host)
+		return ok && g == m.Generation
+	})
+	gets := f.buckets["box-b"].objGets.Load()
+	if n := rowsOn(t, b, host); n != 20 {
+		t.Fatalf("box-b has %d of the 20 acknowledged rows", n)
+	}
+	if got := f.buckets["box-b"].objGets.Load() - gets; got != 0 {
+		t.Errorf("the wake after the handover read %d checkpoint objects, want 0", got)
 	}
 }

@@ -107,6 +107,11 @@ type Spool struct {
 	// generation gen has returned its lock (the box warms its copy of the space: engine
 	// Prewarm). It must not block. Set it before the spool is shared.
 	Started func(host string, gen int64)
+	// HandedOver, when set, is called after a Handover: the space slept on its holder's
+	// drain, and this box, its standby, is where it wakes next (the box warms its copy
+	// of the space's final checkpoint). It must not block. Set it before the spool is
+	// shared.
+	HandedOver func(host string)
 
 	dir string
 
@@ -399,6 +404,18 @@ func (s *Spool) Retire(host string, gen int64, claim spacestore.Claim) error {
 		return nil
 	}
 	return s.dropIf(host, cur)
+}
+
+// Handover is Retire for a space that slept because its holder drains: its standby is
+// where it wakes next, and HandedOver hears of it.
+func (s *Spool) Handover(host string, gen int64, claim spacestore.Claim) error {
+	if err := s.Retire(host, gen, claim); err != nil {
+		return err
+	}
+	if s.HandedOver != nil {
+		s.HandedOver(host)
+	}
+	return nil
 }
 
 // Drop forgets host's stream (the space moved on: a checkpoint the standby heard of, a

@@ -114,7 +114,11 @@ func (s *Spool) serveRetire(w http.ResponseWriter, r *http.Request, host string)
 		writeError(w, http.StatusBadRequest, "malformed", "a retire body is JSON {\"gen\": n, \"claim\": {...}}")
 		return
 	}
-	if err := s.Retire(host, req.Gen, *req.Claim); err != nil {
+	retire := s.Retire
+	if req.Handover {
+		retire = s.Handover
+	}
+	if err := retire(host, req.Gen, *req.Claim); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -151,6 +155,8 @@ func (s *Spool) serveSegment(w http.ResponseWriter, r *http.Request, host string
 type sealRequest struct {
 	Gen   int64             `json:"gen"`
 	Claim *spacestore.Claim `json:"claim"`
+	// Handover, on a retire: the space slept on its holder's drain (Spool.Handover).
+	Handover bool `json:"handover,omitempty"`
 }
 
 func (s *Spool) serveSeal(w http.ResponseWriter, r *http.Request, host string) {
@@ -368,11 +374,11 @@ func (c *Client) Seal(ctx context.Context, baseURL, host string, gen int64, clai
 
 // Retire asks the standby to drop host's stream of (gen, claim) if it is the current one
 // (Spool.Retire): the holder's checkpoint after it holds what it carried.
-func (c *Client) Retire(ctx context.Context, baseURL, host string, gen int64, claim spacestore.Claim) error {
+func (c *Client) Retire(ctx context.Context, baseURL, host string, gen int64, claim spacestore.Claim, handover bool) error {
 	if err := ValidateHost(host); err != nil {
 		return err
 	}
-	body, err := json.Marshal(sealRequest{Gen: gen, Claim: &claim})
+	body, err := json.Marshal(sealRequest{Gen: gen, Claim: &claim, Handover: handover})
 	if err != nil {
 		return err
 	}
