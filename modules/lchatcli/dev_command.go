@@ -267,7 +267,7 @@ func cmdDev(fs caddycmd.Flags) (int, error) {
 	devBanner(os.Stdout, banner{
 		Self: selfcmd.Command(), GoRun: selfcmd.GoRun(exe), Dir: abs, Port: port, Admin: admin,
 		Suggest:     freeHost(func(h string) bool { _, ok := b.Lookup(h); return ok }),
-		NotIsolated: notIsolated, Helpers: missingHelpers(exe, notIsolated == nil && os.Geteuid() == 0),
+		NotIsolated: notIsolated, Helpers: missingHelpers(exe),
 		LogLevel: logs.Level,
 	})
 	select {}

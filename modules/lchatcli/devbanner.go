@@ -6,9 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/modules/lchat"
-	"github.com/lchat/lchat-caddy/spacestore"
 )
 
 // banner is what `lchat-caddy dev` says once it runs (devBanner).
@@ -91,21 +89,16 @@ func freeHost(exists func(string) bool) string {
 
 // missingHelpers says what a box built with scripts/build would have beside exe and
 // this one lacks: lchat-demo-space (without it the demo space runs as this binary's
-// demo-space alias, each wake paying Caddy's package inits), and, when the demo space
-// runs isolated, lchat-pageread.
-func missingHelpers(exe string, isolated bool) []string {
-	dir := filepath.Dir(exe)
-	var notes []string
-	if !executable(filepath.Join(dir, lchat.DemoSpaceBinary)) {
-		notes = append(notes, fmt.Sprintf(`Slower wakes: %s is not beside this binary, so the demo space runs as
+// demo-space alias, each wake paying Caddy's package inits). A missing lchat-pageread
+// needs no note of its own: without it the engine does not isolate the demo space, and
+// the banner's first lines say so, naming it (banner.NotIsolated).
+func missingHelpers(exe string) []string {
+	if executable(filepath.Join(filepath.Dir(exe), lchat.DemoSpaceBinary)) {
+		return nil
+	}
+	return []string{fmt.Sprintf(`Slower wakes: %s is not beside this binary, so the demo space runs as
 its demo-space alias (Caddy's package inits on every wake: ~50 ms, not ~7 ms).
-scripts/build puts it there.`, lchat.DemoSpaceBinary))
-	}
-	if isolated && os.Getenv(engine.PageReaderEnv) == "" && !executable(filepath.Join(dir, spacestore.PageReaderName)) {
-		notes = append(notes, fmt.Sprintf(`%s is not beside this binary: the isolated demo space's checkpoints
-of its SQLite database will fail. scripts/build puts it there.`, spacestore.PageReaderName))
-	}
-	return notes
+scripts/build puts it there.`, lchat.DemoSpaceBinary)}
 }
 
 func executable(path string) bool {

@@ -1,6 +1,8 @@
 package lchatcli
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -81,5 +83,22 @@ func TestDevBannerSaysWhatGoRunDoes(t *testing.T) {
 	}
 	if !strings.HasSuffix(strings.TrimSpace(out), "Ctrl-C saves every awake space to the bucket and exits.") {
 		t.Errorf("banner does not end with the Ctrl-C line:\n%s", out)
+	}
+}
+
+// Below the banner, a note for a missing lchat-demo-space only: a missing lchat-pageread
+// turns the demo space's isolation off, which the banner's first lines say, naming it.
+func TestMissingHelpers(t *testing.T) {
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "lchat-caddy")
+	notes := missingHelpers(exe)
+	if len(notes) != 1 || !strings.HasPrefix(notes[0], "Slower wakes: lchat-demo-space is not beside this binary") {
+		t.Fatalf("beside nothing: %q, want the one lchat-demo-space note", notes)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lchat-demo-space"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if notes := missingHelpers(exe); len(notes) != 0 {
+		t.Fatalf("beside lchat-demo-space (no lchat-pageread): %q, want no note", notes)
 	}
 }
