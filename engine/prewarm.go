@@ -13,8 +13,8 @@ import (
 
 // A space's standby box keeps the space warm: when a stream of a new generation starts
 // there (a wake or a checkpoint of the holder), the standby restores that generation's
-// checkpoint into the space's data dir on this box and records it for reuse
-// (spacestore.Syncer.Warm). A takeover here then loads the same manifest, finds the data
+// checkpoint into the space's data dir on this box, over the one it holds by what changed,
+// and records it for reuse (spacestore.Syncer.Warm). A takeover here then loads the same manifest, finds the data
 // dir holding it, and downloads nothing: it applies the log and the stream on top, as any
 // wake does, so its time does not grow with the space's size. The copy is only a cache:
 // the reuse record's checks (the manifest's ETag, the data dir's stat signature, this
@@ -87,7 +87,7 @@ func (e *Engine) warm(in *inst) {
 		return // never checkpointed nor fenced: nothing to warm
 	}
 	in.warmGen.Store(0)
-	downloaded, err := s.Warm(ctx)
+	fetched, err := s.Warm(ctx)
 	if err != nil {
 		log.Warn("warming the standby copy", zap.Int64("generation", m.Generation), zap.Error(err))
 		return
@@ -96,9 +96,9 @@ func (e *Engine) warm(in *inst) {
 	in.mu.Lock()
 	in.size = manifestSize(m)
 	in.mu.Unlock()
-	if downloaded {
+	if fetched > 0 {
 		log.Info("standby copy warm", zap.Int64("generation", m.Generation), zap.Int64("bytes", manifestSize(m)),
-			zap.Duration("took", e.now().Sub(began)))
+			zap.Int64("fetched", fetched), zap.Duration("took", e.now().Sub(began)))
 	}
 }
 

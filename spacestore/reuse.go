@@ -2,7 +2,6 @@ package spacestore
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -59,6 +58,9 @@ type reuseRecord struct {
 	FilesHash  string        `json:"files_hash"`
 	Names      []string      `json:"names"` // stat signature, one line per name, sorted
 	DBs        []reuseDBInfo `json:"dbs,omitempty"`
+	// Files is the manifest's file list, so that a later manifest can be restored over
+	// this data dir by what changed (warm.go). FilesHash is its hash.
+	Files []File `json:"files,omitempty"`
 }
 
 // reuseDBInfo carries what the box knew of a database, so the next checkpoint after a
@@ -132,6 +134,7 @@ func (s *Syncer) recordReuse() error {
 	if rec.FilesHash, err = filesHash(m.Files); err != nil {
 		return err
 	}
+	rec.Files = m.Files
 	for _, f := range m.Files {
 		fp, err := fingerprint(s.DataDir, f.Path)
 		if err != nil {
@@ -417,24 +420,6 @@ func (s *Syncer) racy(rel string, at time.Time) bool {
 		}
 	}
 	return false
-}
-
-// Warm restores the loaded manifest into DataDir as Restore does (keeping the data dir when
-// a record says it already holds that manifest) and records it for reuse, so that the next
-// Restore of the same manifest on this box downloads nothing: a standby box keeps a space
-// it may take over warm (engine.Prewarm). downloaded reports whether objects were fetched.
-// The space must not run here: Warm writes its data dir.
-func (s *Syncer) Warm(ctx context.Context) (downloaded bool, err error) {
-	if s.manifest == nil {
-		return false, errors.New("warming: no manifest loaded")
-	}
-	if err := s.Restore(ctx); err != nil {
-		return false, err
-	}
-	if err := s.recordReuse(); err != nil {
-		return !s.reused, fmt.Errorf("warming: the restored data dir cannot be reused: %w", err)
-	}
-	return !s.reused, nil
 }
 
 // KeepRestored records the data dir, as the last Restore left it and nothing has run on it

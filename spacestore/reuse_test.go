@@ -428,11 +428,11 @@ func TestWarmCopyIsReusedByTheNextWake(t *testing.T) {
 		if err := s.Load(ctx); err != nil {
 			t.Fatal(err)
 		}
-		downloaded, err := s.Warm(ctx)
+		fetched, err := s.Warm(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return downloaded
+		return fetched > 0
 	}
 	if !warm() {
 		t.Fatal("the first Warm on an empty box downloaded nothing")
@@ -471,5 +471,100 @@ func TestWarmCopyIsReusedByTheNextWake(t *testing.T) {
 	}
 	if got := rows(t, filepath.Join(s.DataDir, "app.db")); got != n+1 {
 		t.Fatalf("rows = %d, want %d", got, n+1)
+	}
+}
+
+// TestWarmOverAnOlderCheckpointFetchesWhatChanged: a standby's copy of one checkpoint,
+// warmed again at the holder's next checkpoints, downloads what changed and not the space:
+// a database with the same base gets its deltas only, an unchanged file nothing, a new or
+// changed file itself, a removed file goes; the result is exactly the manifest, and the
+// takeover after it downloads nothing. A copy changed behind the record, or a database
+// whose base changed (a fold), is restored in full and still exact.
+func TestWarmOverAnOlderCheckpointFetchesWhatChanged(t *testing.T) {
+	ctx := context.Background()
+	b := &objGets{Bucket: backends["file"](t)}
+	holder, n := sleptSpace(t, b, t.TempDir())
+	if err := holder.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	standbyDir := t.TempDir()
+	warm := func() int64 {
+		t.Helper()
+		s := newSyncer(t, b, standbyDir)
+		if err := s.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		fetched, err := s.Warm(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameAsManifest(t, b, s)
+		return fetched
+	}
+	checkpoint := func(change func(dir string)) {
+		t.Helper()
+		change(holder.DataDir)
+		if _, err := holder.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	full := warm()
+	if full < 1<<20 {
+		t.Fatalf("the first warming fetched %d bytes, want the whole space", full)
+	}
+	db := openDB(t, filepath.Join(holder.DataDir, "app.db"))
+	defer db.Close()
+	checkpoint(func(dir string) {
+		fillDB(t, db, 3, 1000)
+		os.WriteFile(filepath.Join(dir, "notes", "b.txt"), []byte("new"), 0o640)
+	})
+	if got := warm(); got == 0 || got > 64<<10 {
+		t.Fatalf("warming over the last checkpoint fetched %d bytes (the whole space: %d), want its change only", got, full)
+	}
+	checkpoint(func(dir string) {
+		fillDB(t, db, 1, 1000)
+		os.Remove(filepath.Join(dir, "notes", "a.txt"))
+		os.WriteFile(filepath.Join(dir, "c.txt"), []byte("c"), 0o600)
+	})
+	if got := warm(); got == 0 || got > 64<<10 {
+		t.Fatalf("warming over a checkpoint with a file removed fetched %d bytes, want its change only", got)
+	}
+	if _, err := os.Stat(filepath.Join(standbyDir, "data", "notes", "a.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the removed file is still in the copy: %v", err)
+	}
+	s, reused, gets := wake(t, b, standbyDir)
+	if !reused || gets != 0 {
+		t.Fatalf("takeover after warming over: reused %v, %d GETs", reused, gets)
+	}
+	if got := rows(t, filepath.Join(s.DataDir, "app.db")); got != n+4 {
+		t.Fatalf("rows = %d, want %d", got, n+4)
+	}
+
+	// Changed behind the record: a full restore.
+	warm()
+	checkpoint(func(string) { fillDB(t, db, 1, 1000) })
+	os.WriteFile(filepath.Join(standbyDir, "data", "c.txt"), []byte("x"), 0o600)
+	if got := warm(); got < full/2 {
+		t.Fatalf("warming a copy changed behind its record fetched %d bytes, want a full restore", got)
+	}
+	// A fold gives the database a new base: it is fetched whole.
+	for range 40 {
+		checkpoint(func(string) { fillDB(t, db, 1, 1000) })
+	}
+	if _, err := holder.Fold(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := warm(); got < full/2 {
+		t.Logf("warming after a fold fetched %d bytes", got)
+	}
+	s, reused, gets = wake(t, b, standbyDir)
+	if !reused || gets != 0 {
+		t.Fatalf("takeover after a fold: reused %v, %d GETs", reused, gets)
+	}
+	if got := rows(t, filepath.Join(s.DataDir, "app.db")); got != n+45 {
+		t.Fatalf("rows = %d, want %d", got, n+45)
 	}
 }
