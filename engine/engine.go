@@ -249,6 +249,13 @@ type SpaceStatus struct {
 	Durability Durability `json:"durability,omitempty"`
 	// Log is the log and output gate of an awake space whose kind ships one.
 	Log *DurableStatus `json:"log,omitempty"`
+	// WarmGeneration, for a space asleep here: the generation of its checkpoint this box
+	// keeps in place as its standby (Prewarm): a wake here downloads none while that is
+	// the bucket's checkpoint. Nil when none.
+	WarmGeneration *int64 `json:"warm_generation,omitempty"`
+	// KeptDataDir: awake here from a wake that downloaded no checkpoint (this box's own
+	// copy from its last sleep, or its warm standby copy).
+	KeptDataDir bool `json:"kept_data_dir,omitempty"`
 }
 
 // Counters are totals since the engine was created.
@@ -437,6 +444,11 @@ func (e *Engine) Status() []SpaceStatus {
 		in.mu.Lock()
 		st := SpaceStatus{Host: in.host, Kind: in.sp.Kind, State: in.state, Since: in.since, LastSync: in.lastSync, LastSyncError: in.lastSyncErr,
 			Size: in.size, LastCrash: in.lastCrash, Durability: in.kind.Durability}
+		if g := in.warmGen.Load(); g > 0 && in.state == StateAsleep {
+			g--
+			st.WarmGeneration = &g
+		}
+		st.KeptDataDir = in.state == StateAwake && in.lastWakeKept.Load()
 		if in.proc != nil {
 			st.PID = in.proc.pid
 		}

@@ -65,6 +65,9 @@ func (e *Engine) warm(in *inst) {
 	defer in.op.Unlock()
 	in.mu.Lock()
 	asleep := in.state == StateAsleep && in.trans == nil
+	if asleep {
+		in.sp, in.kind = sp, kind // as a wake would: the status names the space's kind
+	}
 	in.mu.Unlock()
 	if !asleep || e.ctx.Err() != nil || e.life.Fenced() {
 		return // running, waking, or holding state the bucket lacks: nothing to warm

@@ -410,9 +410,24 @@ func (e *Engine) TakeOver(ctx context.Context, sp Space, holder, incarnation str
 		return nil, fmt.Errorf("invalid host %q", sp.Host)
 	}
 	in := e.get(sp.Host)
+	gone := [2]string{holder, incarnation}
 	in.mu.Lock()
-	in.goneHolder = [2]string{holder, incarnation}
+	in.goneHolder = gone
 	in.mu.Unlock()
+	u, err := e.acquire(ctx, sp, kind, in)
+	var held *LeaseHeldError
+	if !errors.As(err, &held) {
+		return u, err
+	}
+	// A wake that started before the verdict (a request that reached this box as the
+	// holder died) did not count the holder dead, and this call joined it: its refusal is
+	// not the verdict's. Once more, unless that wake used the verdict.
+	in.mu.Lock()
+	unused := in.goneHolder == gone
+	in.mu.Unlock()
+	if !unused {
+		return u, err
+	}
 	return e.acquire(ctx, sp, kind, in)
 }
 
@@ -436,13 +451,21 @@ func (in *inst) streamToRetire() (*stream, spacestore.Claim) {
 // retireStream, after a checkpoint that followed st (the space slept), asks its standby to
 // drop it, in the background: best effort, the standby keeps it otherwise (a later stream
 // of the space replaces it, and a takeover never takes it: its generation is older).
-// handover: the space slept on this box's drain; its standby warms the checkpoint.
-func (e *Engine) retireStream(in *inst, st *stream, claim spacestore.Claim, handover bool) {
-	safego.Go(&e.wg, e.log, "retire the stream", func() {
-		ctx, cancel := context.WithTimeout(e.ctx, standbyPutTimeout)
+// handover: the space slept on this box's drain; its standby warms the checkpoint. A
+// handover is sent before the stop returns, under the stop's ctx (the drain's), since the
+// box exits once its drain is done.
+func (e *Engine) retireStream(ctx context.Context, in *inst, st *stream, claim spacestore.Claim, handover bool) {
+	retire := func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, standbyPutTimeout)
 		defer cancel()
 		if err := e.cfg.Standby.Retire(ctx, st.box, in.host, st.gen, claim, handover); err != nil {
-			in.logger().Info("the standby keeps the slept space's stream", zap.String("standby", st.box), zap.Error(err))
+			in.logger().Info("the standby keeps the slept space's stream", zap.String("standby", st.box),
+				zap.Bool("handover", handover), zap.Error(err))
 		}
-	})
+	}
+	if handover {
+		retire(ctx)
+		return
+	}
+	safego.Go(&e.wg, e.log, "retire the stream", func() { retire(e.ctx) })
 }

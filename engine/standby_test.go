@@ -88,6 +88,8 @@ type logCut struct {
 	loseManifestAnswer atomic.Bool
 	// objGets counts the GETs of the spaces' checkpoint objects (a restore's downloads).
 	objGets atomic.Int64
+	// leaseHold, when set, holds each lease write until it is closed.
+	leaseHold atomic.Pointer[chan struct{}]
 }
 
 func (b *logCut) Get(ctx context.Context, key string) (*bucket.Object, error) {
@@ -100,6 +102,9 @@ func (b *logCut) Get(ctx context.Context, key string) (*bucket.Object, error) {
 func (b *logCut) Put(ctx context.Context, key string, r io.Reader, size int64, c bucket.Cond) (bucket.Info, error) {
 	if b.cut.Load() {
 		return bucket.Info{}, errors.New("bucket unreachable")
+	}
+	if h := b.leaseHold.Load(); h != nil && strings.HasSuffix(key, "/lease") {
+		<-*h
 	}
 	info, err := b.Bucket.Put(ctx, key, r, size, c)
 	if err == nil && strings.HasSuffix(key, "/manifest") && b.loseManifestAnswer.CompareAndSwap(true, false) {
@@ -587,5 +592,62 @@ func TestDrainHandsTheSpaceToAWarmStandby(t *testing.T) {
 	}
 	if got := f.buckets["box-b"].objGets.Load() - gets; got != 0 {
 		t.Errorf("the wake after the handover read %d checkpoint objects, want 0", got)
+	}
+}
+
+// TestTakeOverJoiningAPlainWake: a request reaches the standby's box as the holder dies, and
+// its plain wake (which counts the holder live: its heartbeat is) is in flight when the
+// watch's verdict calls TakeOver, which joins that wake. The wake is refused the lease; the
+// takeover does not take that refusal as its own: it tries again with its verdict and takes
+// the space over.
+func TestTakeOverJoiningAPlainWake(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	const host = "joined.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b")
+	a, b := f.engines["box-a"], f.engines["box-b"]
+	wake(t, a, host).acknowledged(createM, insertM("one"))
+	f.link.mu.Lock()
+	f.link.dead["box-a"], f.link.beating["box-a"] = true, true
+	f.link.mu.Unlock()
+	hold := make(chan struct{})
+	f.buckets["box-b"].leaseHold.Store(&hold)
+	plain := make(chan error, 1)
+	go func() {
+		u, err := b.Acquire(ctx, Space{Host: host, Kind: "app"})
+		if err == nil {
+			u.Release()
+		}
+		plain <- err
+	}()
+	in := b.get(host)
+	testwait.WaitFor(t, 5*time.Second, "the plain wake in flight", func() bool {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		return in.state == StateWaking
+	})
+	took := make(chan error, 1)
+	go func() {
+		u, err := b.TakeOver(ctx, Space{Host: host, Kind: "app"}, "box-a", "1")
+		if err == nil {
+			defer u.Release()
+		}
+		took <- err
+	}()
+	testwait.WaitFor(t, 5*time.Second, "the takeover's verdict noted", func() bool {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		return in.goneHolder[0] == "box-a"
+	})
+	f.buckets["box-b"].leaseHold.Store(nil)
+	close(hold)
+	var held *LeaseHeldError
+	if err := <-plain; !errors.As(err, &held) {
+		t.Fatalf("the plain wake: %v, want the lease held (it counts the holder live)", err)
+	}
+	if err := <-took; err != nil {
+		t.Fatalf("the takeover that joined the plain wake: %v", err)
 	}
 }

@@ -127,7 +127,7 @@ func (e *Engine) stopOpHeld(ctx context.Context, in *inst, spec stopSpec) (stopp
 	if spec.outcome == stopSave {
 		saved, err = e.checkpointAndRelease(ctx, in)
 		if err == nil && retire != nil {
-			e.retireStream(in, retire, claim, spec.reason == "drain")
+			e.retireStream(ctx, in, retire, claim, spec.reason == "drain")
 		}
 	}
 

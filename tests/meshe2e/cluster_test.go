@@ -173,6 +173,10 @@ type boxStatus struct {
 		LastSync *time.Time `json:"last_sync"`
 		// Log is the space's log and output gate (durability bucket), as the box says it.
 		Log json.RawMessage `json:"log"`
+		// WarmGeneration: asleep with that checkpoint in place (a standby's copy);
+		// KeptDataDir: awake from a wake that downloaded no checkpoint.
+		WarmGeneration *int64 `json:"warm_generation"`
+		KeptDataDir    bool   `json:"kept_data_dir"`
 	} `json:"spaces"`
 	Mesh *struct {
 		Self     string            `json:"self"`

@@ -17,7 +17,8 @@ import (
 
 // TestStandbyFailoverFigures prints the failover time of a space after a kill -9 of its
 // holder, durability standby against bucket: two boxes, the space awake on one (the
-// holder) and, for standby, streaming to the other; three rows posted through the other
+// holder) and, for standby, streaming to the other, which keeps the space's checkpoint
+// warm (the kill waits for it); three rows posted through the other
 // box (the entry box), the holder killed with -9 right after the last answer, and the time
 // from the kill to the first GET answered 200 through the entry box. The killed box is
 // started again (its directory kept) and the next run kills whichever box holds the space
@@ -27,7 +28,8 @@ import (
 //   - dead_after at the harness default (3 s) and at 30 s;
 //   - a space of about 1 MB and one of about 200 MB: the durable_walapp's database beside a
 //     SQLite table of random blobs (big.db, made by the kind's command at the space's
-//     first wake and in the bucket by its first checkpoint), which a takeover restores.
+//     first wake and in the bucket by its first checkpoint), which a takeover restores
+//     from the bucket (bucket) or finds warm (standby).
 //
 // Every run also checks that the rows answered 201 before the kill are there after it.
 // Opt-in: each case takes N runs of a few seconds (bucket at 30 s: over 30 s each).
@@ -107,9 +109,9 @@ func failovers(t *testing.T, runs int, durability string, da time.Duration, wala
 			acked = append(acked, text)
 		}
 		if durability == "standby" {
-			harness.WaitFor(t, 30*time.Second, "the standby watching the holder", func() bool {
+			harness.WaitFor(t, 30*time.Second, "the standby watching the holder, its copy warm", func() bool {
 				for _, f := range standbyFor(t, other) {
-					if f.Host == host && f.Holder == holder.self && f.Watching && f.LastSeq > 0 {
+					if f.Host == host && f.Holder == holder.self && f.Watching && f.LastSeq > 0 && f.Warm {
 						return standbyOf(t, holder, host).Box == other.self
 					}
 				}

@@ -281,3 +281,44 @@ func TestStandbyLeavesASleptSpaceAsleep(t *testing.T) {
 		t.Fatalf("%s woke %s, which had slept on its holder, when the holder died", a.self, host)
 	}
 }
+
+// TestStandbyDrainHandsTheSpaceOver: the holder of a standby space drains: the space sleeps
+// there with its final checkpoint, the holder hands it to its standby, which warms that
+// checkpoint (a newer generation than the copy it warmed when the stream started), and the
+// next request wakes it on the standby's box with every write answered 201 and no
+// checkpoint downloaded.
+func TestStandbyDrainHandsTheSpaceOver(t *testing.T) {
+	c, a, b, host, acked := standbyPair(t, "handover", nil, false, 10)
+	if s := standbyOf(t, b, host); s.Box != a.self {
+		t.Fatalf("the holder's stream: %+v, want %s as its standby", s, a.self)
+	}
+	spaceOn := func(n *node) (warm int64, kept bool) {
+		for _, sp := range status(t, n).Spaces {
+			if sp.Host == host {
+				if sp.WarmGeneration != nil {
+					warm = *sp.WarmGeneration
+				} else {
+					warm = -1
+				}
+				return warm, sp.KeptDataDir
+			}
+		}
+		return -1, false
+	}
+	var before int64
+	harness.WaitFor(t, 30*time.Second, "the stream's checkpoint warm on the standby", func() bool {
+		before, _ = spaceOn(a)
+		return before >= 0
+	}, func() string { return c0Status(t, a) })
+	if err := b.Stop(); err != nil {
+		t.Fatalf("draining the holder: %v", err)
+	}
+	harness.WaitFor(t, 30*time.Second, "the drain's checkpoint warm on the standby", func() bool {
+		warm, _ := spaceOn(a)
+		return warm > before
+	}, func() string { return c0Status(t, a) })
+	served(t, c, a, host, acked, 30*time.Second)
+	if _, kept := spaceOn(a); !kept {
+		t.Fatalf("the wake after the handover downloaded the checkpoint: %s", c0Status(t, a))
+	}
+}
