@@ -491,16 +491,19 @@ func TestWarmOverAnOlderCheckpointFetchesWhatChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	standbyDir := t.TempDir()
+	var gets int64 // objects the last warming read
 	warm := func() int64 {
 		t.Helper()
 		s := newSyncer(t, b, standbyDir)
 		if err := s.Load(ctx); err != nil {
 			t.Fatal(err)
 		}
+		before := b.n.Load()
 		fetched, err := s.Warm(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
+		gets = b.n.Load() - before
 		sameAsManifest(t, b, s)
 		return fetched
 	}
@@ -531,6 +534,10 @@ func TestWarmOverAnOlderCheckpointFetchesWhatChanged(t *testing.T) {
 	})
 	if got := warm(); got == 0 || got > 64<<10 {
 		t.Fatalf("warming over a checkpoint with a file removed fetched %d bytes, want its change only", got)
+	}
+	// The deltas the copy already had are not fetched again: the new one and c.txt.
+	if gets != 2 {
+		t.Fatalf("warming over one checkpoint read %d objects, want 2 (one delta, one new file)", gets)
 	}
 	if _, err := os.Stat(filepath.Join(standbyDir, "data", "notes", "a.txt")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the removed file is still in the copy: %v", err)

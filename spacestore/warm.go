@@ -135,7 +135,7 @@ func (s *Syncer) warmOver(ctx context.Context) (fetched int64, done bool, err er
 				dbs[f.Path] = st
 			}
 		case had && sameBase(o, f):
-			st, n, err := s.applyNewDeltas(ctx, f, oldDBs[f.Path])
+			st, n, err := s.applyNewDeltas(ctx, o, f, oldDBs[f.Path])
 			if err != nil {
 				return 0, true, fmt.Errorf("%s: %w", f.Path, err)
 			}
@@ -203,19 +203,25 @@ func oldDBState(d reuseDBInfo, img *DBImage) (*dbState, error) {
 	return st, nil
 }
 
-// applyNewDeltas brings the database f.Path, which holds the record's checkpoint of it (d),
-// to f: f's deltas downloaded and applied in order over it (a page they carry at its value
-// as of f; a page they do not carry is the base's, as in the file), the file cut to f's
-// size, and the result checked against f's page checksum.
-func (s *Syncer) applyNewDeltas(ctx context.Context, f File, d reuseDBInfo) (*dbState, int64, error) {
+// applyNewDeltas brings the database f.Path, which holds the record's checkpoint of it (o,
+// its page state d), to f: f's deltas downloaded and applied in order over it (a page they
+// carry at its value as of f; a page they do not carry is the base's, as in the file),
+// but for the run of them o already had (the same objects, first to last), the file cut
+// to f's size, and the result checked against f's page checksum.
+func (s *Syncer) applyNewDeltas(ctx context.Context, o, f File, d reuseDBInfo) (*dbState, int64, error) {
 	img := f.Content.DB
 	hashes := make([]uint64, img.Pages)
 	for i := range min(len(hashes), len(d.Hashes)/8) {
 		hashes[i] = binary.LittleEndian.Uint64(d.Hashes[8*i:])
 	}
+	had := o.Content.DB.Deltas
+	kept := 0
+	for kept < len(had) && kept < len(img.Deltas) && kept < len(d.DeltaPages) && had[kept].Ref == img.Deltas[kept].Ref {
+		kept++
+	}
 	var jobs []*fetch
 	var fetched int64
-	for _, dr := range img.Deltas {
+	for _, dr := range img.Deltas[kept:] {
 		jobs = append(jobs, &fetch{ref: dr.Ref, checked: true})
 		fetched += dr.Size
 	}
@@ -228,7 +234,7 @@ func (s *Syncer) applyNewDeltas(ctx context.Context, f File, d reuseDBInfo) (*db
 		return nil, 0, err
 	}
 	defer out.Close()
-	pages := make([][]uint32, 0, len(jobs))
+	pages := slices.Clone(d.DeltaPages[:kept])
 	for _, j := range jobs {
 		ps, err := applyDelta(out, j.mem, img, hashes)
 		if err != nil {
