@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -157,8 +158,9 @@ func TestAWSRecipeMistakes(t *testing.T) {
 	}
 }
 
-// TestNomadRecipe: the Nomad job scales on the box's signal and gives the stop the drain's
-// time (HCL is read for these two settings only).
+// TestNomadRecipe: the Nomad job scales on the box's signal, gives the stop the drain's
+// time, and checks the box's health where lchat_health answers (HCL is read for these
+// settings only).
 func TestNomadRecipe(t *testing.T) {
 	job := string(readRepo(t, "deploy/autoscale/nomad/lchat-caddy.nomad.hcl"))
 	if !regexp.MustCompile(`query\s*=\s*"max\(` + desiredMetric + `\)"`).MatchString(job) {
@@ -176,10 +178,38 @@ func TestNomadRecipe(t *testing.T) {
 	if drain == 0 {
 		drain = DefaultDrainTimeout
 	}
-	stop := time.Duration(cfg.Apps.HTTP.ShutdownDelay) + time.Duration(cfg.Apps.HTTP.GracePeriod) + drain
+	delay := time.Duration(cfg.Apps.HTTP.ShutdownDelay)
+	if d := regexp.MustCompile(`LCHAT_SHUTDOWN_DELAY\s*=\s*"(\d+)s"`).FindStringSubmatch(job); d != nil {
+		n, _ := strconv.Atoi(d[1])
+		delay = time.Duration(n) * time.Second
+	}
+	stop := delay + time.Duration(cfg.Apps.HTTP.GracePeriod) + drain
 	kill, _ := strconv.Atoi(m[1])
 	if time.Duration(kill)*time.Second <= stop {
 		t.Errorf("kill_timeout %ss: the stop may take %v", m[1], stop)
+	}
+	// The service's check asks lchat_health on the port the job names for it.
+	_, health, ok := cfg.ServerWith("lchat_health")
+	if !ok {
+		t.Fatal("the box's config has no lchat_health server")
+	}
+	ports, _ := health.Ports()
+	hp := regexp.MustCompile(`port\s+"health"\s*\{\s*static\s*=\s*(\d+)\s*\}`).FindStringSubmatch(job)
+	if hp == nil {
+		t.Fatal(`the Nomad job has no static port "health"`)
+	}
+	if n, _ := strconv.Atoi(hp[1]); !slices.Contains(ports, n) {
+		t.Errorf("the job's health port %s: lchat_health listens on %v", hp[1], ports)
+	}
+	check := regexp.MustCompile(`(?s)check\s*\{[^}]*type\s*=\s*"http"[^}]*port\s*=\s*"health"[^}]*path\s*=\s*"([^"]*)"`).FindStringSubmatch(job)
+	if check == nil {
+		t.Fatal("the Nomad job's service has no HTTP check on the health port")
+	}
+	if !health.Serves("lchat_health", check[1]) {
+		t.Errorf("the check's path %q: lchat_health does not answer it", check[1])
+	}
+	if regexp.MustCompile(`check_restart\s*\{`).MatchString(job) {
+		t.Error("the job restarts a box whose check fails: a draining box fails it")
 	}
 }
 
