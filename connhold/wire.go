@@ -281,6 +281,22 @@ func ParseReply(h http.Header, body []byte) (Reply, error) {
 	return r, nil
 }
 
+// ConnHeaders reads what an event's header (TagsHeader, MetaHeader) says of its
+// connection: its tags and metadata, within the contract's limits; none is no tags, no
+// metadata.
+func ConnHeaders(h http.Header) (tags []string, meta []byte, err error) {
+	if tags, err = parseTags(h.Get(TagsHeader)); err != nil {
+		return nil, nil, err
+	}
+	if v := h.Get(MetaHeader); v != "" {
+		meta, err = base64.RawURLEncoding.DecodeString(strings.TrimRight(v, "="))
+		if err != nil || len(meta) > MaxMeta {
+			return nil, nil, fmt.Errorf("%s: not base64url of at most %d bytes", MetaHeader, MaxMeta)
+		}
+	}
+	return tags, meta, nil
+}
+
 // sendableCode reports whether an app may close with code: 1000, 1001, 1008, 1011, 1012,
 // 1013, or one of the registered or private ranges 3000-4999.
 func sendableCode(code int) bool {

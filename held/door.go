@@ -52,7 +52,7 @@ func (c *Conns) FromClient(r *http.Request, h http.Header) error {
 func (c *Conns) DoorOf(r *http.Request, hops int) Door {
 	fromPeer := hops > 0 && c != nil
 	peerEvent := fromPeer && r.Method == http.MethodPost && r.URL.Path == connhold.EventPath
-	clientPull := fromPeer && r.Method == http.MethodGet && r.URL.Path == provider.PullPath &&
+	clientPull := fromPeer && r.Method == http.MethodPost && r.URL.Path == provider.PullPath &&
 		isClientEntry(r.Header.Get(connhold.EntryHeader))
 	if clientPull {
 		return ClientPull

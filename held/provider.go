@@ -18,7 +18,6 @@ import (
 
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
-	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/internal/safego"
 	"github.com/lchat/lchat-caddy/provider"
 )
@@ -128,7 +127,8 @@ func (d *eventDoor) Provider(name string) error {
 	return nil
 }
 
-// The pull: GET provider.PullPath, answered 200 with a body of pullItem (JSON, one a
+// The pull: POST provider.PullPath with a listing of what the entry box holds of the
+// space (pullListing, fleetconns.go), answered 200 with a body of pullItem (JSON, one a
 // line) once something waits for the entry box, 204 after pullWait with nothing, or 409
 // when the space is not awake there (a pull never wakes it).
 const (
@@ -165,11 +165,13 @@ var controlHeaders = []string{"Content-Type", connhold.SetTagsHeader, connhold.S
 
 // outbox is what waits on the provider's box for one fleet entry box's pull of a space.
 type outbox struct {
-	items   [][]byte
-	bytes   int
-	ready   chan struct{} // closed when an item is added, replaced when taken
-	pulls   int           // pulls waiting on it
-	touched time.Time
+	items    [][]byte
+	bytes    int
+	ready    chan struct{} // closed when an item is added, replaced when taken
+	pulls    int           // pulls waiting on it
+	touched  time.Time
+	pulledAt time.Time  // when a pull of it last began or ended
+	fleet    fleetConns // the connections its entry box holds (fleetconns.go)
 }
 
 // outboxes are the provider's side: by host, by client entry (provider.ClientEntry).
@@ -253,23 +255,34 @@ func (c *Conns) enqueue(host, entry string, it pullItem) bool {
 }
 
 // ServePull answers a fleet entry box's pull of host's outbox (entry, a client entry)
-// on the box where the space is awake (use, released at once: a pull keeps the space
-// awake no more than a held connection does): what waits, or what comes within
-// pullWait, as JSON lines; 204 when nothing came.
-func (c *Conns) ServePull(w http.ResponseWriter, r *http.Request, host string, use *engine.Use) error {
-	use.Release()
+// on the box where the space is awake (the caller has released its use: a pull keeps
+// the space awake no more than a held connection does): it keeps the pull's listing of
+// what the entry box holds (fleetconns.go), and answers what waits, or what comes within
+// pullWait, as JSON lines; 204 when nothing came. A pull with no valid listing is a
+// *box.Error 400 (413 past its bound).
+func (c *Conns) ServePull(w http.ResponseWriter, r *http.Request, host string) error {
 	entry := r.Header.Get(connhold.EntryHeader)
 	if !isClientEntry(entry) {
 		return &box.Error{Status: http.StatusBadRequest, Err: errors.New("a pull names no fleet's entry box")}
 	}
+	l, err := readListing(r.Body)
+	if errors.Is(err, errListingTooLarge) {
+		return &box.Error{Status: http.StatusRequestEntityTooLarge, Err: err}
+	} else if err != nil {
+		return &box.Error{Status: http.StatusBadRequest, Err: err}
+	}
+	now := time.Now()
 	c.out.mu.Lock()
-	ob := c.out.touchLocked(host, entry, time.Now())
+	ob := c.out.touchLocked(host, entry, now)
 	ob.pulls++
+	ob.pulledAt = now
+	ob.fleet.take(l, now)
 	c.out.mu.Unlock()
 	defer func() {
 		c.out.mu.Lock()
 		ob.pulls--
 		ob.touched = time.Now()
+		ob.pulledAt = ob.touched
 		c.out.mu.Unlock()
 	}()
 	t := time.NewTimer(pullWait)
@@ -304,10 +317,13 @@ func (c *Conns) ServePull(w http.ResponseWriter, r *http.Request, host string, u
 	}
 }
 
-// clientControl is a space's control endpoint on the provider's side: a call that sends,
-// closes or sets is also queued for the fleets' entry boxes that hold connections of
-// the space. A call for one connection this box does not hold is answered 204 when it
-// was queued (the entry box that holds it applies it; one that does not ignores it).
+// clientControl is a space's control endpoint on the provider's side: it acts on the
+// connections this box holds and on those the fleets' entry boxes hold, as a mesh's
+// does across its boxes (docs/connections.md, "Across boxes"). A call for one connection
+// this box does not hold is queued for the entry box that holds it (fleetHolders) and
+// answered 204, or 404 when none does; a tag send is queued for every entry box and
+// counts theirs (fleetCount); a listing adds theirs (fleetList). What this box does not
+// answer itself is the entry boxes' word, as of their last pull and what this box saw since.
 type clientControl struct {
 	c     *Conns
 	host  string
@@ -315,13 +331,17 @@ type clientControl struct {
 }
 
 func (cc *clientControl) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	switch r.URL.Path {
-	case connhold.SendPath, connhold.ClosePath, connhold.SetPath:
-	default:
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == connhold.ConnsPath:
+		cc.list(w, r)
+		return
+	case r.Method != http.MethodPost:
 		cc.local.ServeHTTP(w, r)
 		return
 	}
-	if r.Method != http.MethodPost {
+	switch r.URL.Path {
+	case connhold.SendPath, connhold.ClosePath, connhold.SetPath:
+	default:
 		cc.local.ServeHTTP(w, r)
 		return
 	}
@@ -337,12 +357,55 @@ func (cc *clientControl) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rec := record(cc.local, r, body)
-	queued := cc.c.enqueue(cc.host, "", pullItem{Control: call})
-	if queued && rec.code == http.StatusNotFound && r.URL.Query().Get("conn") != "" {
+	q, now := r.URL.Query(), time.Now()
+	switch tag, id := q.Get("tag"), q.Get("conn"); {
+	case r.URL.Path == connhold.SendPath && tag != "": // as the hub reads it: the tag first
+		var n struct{ Sent int }
+		if rec.code != http.StatusOK || json.Unmarshal(rec.body.Bytes(), &n) != nil {
+			rec.writeTo(w) // a call the box refused: nothing queued
+			return
+		}
+		cc.c.enqueue(cc.host, "", pullItem{Control: call})
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]int{"sent": n.Sent + cc.c.fleetCount(cc.host, tag, now)})
+	case id != "" && rec.code == http.StatusNotFound:
+		queued := false
+		entries := cc.c.fleetHolders(cc.host, id, now)
+		for _, e := range entries {
+			queued = cc.c.enqueue(cc.host, e, pullItem{Control: call}) || queued
+		}
+		if !queued {
+			rec.writeTo(w)
+			return
+		}
+		ch := connChange{gone: r.URL.Path == connhold.ClosePath}
+		if r.URL.Path == connhold.SetPath {
+			ch = changeOf(r.Header)
+		}
+		for _, e := range entries {
+			cc.c.sawConn(cc.host, e, id, ch)
+		}
 		w.WriteHeader(http.StatusNoContent)
+	default:
+		rec.writeTo(w)
+	}
+}
+
+// list answers a listing: this box's connections and the fleets' entry boxes'.
+func (cc *clientControl) list(w http.ResponseWriter, r *http.Request) {
+	rec := record(cc.local, r, nil)
+	var all []connhold.ConnInfo
+	if rec.code != http.StatusOK || json.Unmarshal(rec.body.Bytes(), &all) != nil {
+		rec.writeTo(w)
 		return
 	}
-	rec.writeTo(w)
+	all = append(all, cc.c.fleetList(cc.host, r.URL.Query().Get("tag"), time.Now())...)
+	slices.SortFunc(all, func(a, b connhold.ConnInfo) int { return strings.Compare(a.ID, b.ID) })
+	if all == nil {
+		all = []connhold.ConnInfo{}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(all)
 }
 
 // The states of a delegated space's pull (Conns.pulling).
@@ -420,10 +483,12 @@ func (c *Conns) pullOnce(host, name string) bool {
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, pullWait+30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+host+provider.PullPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+host+provider.PullPath,
+		bytes.NewReader(listingOf(c.hub.List(host, ""))))
 	if err != nil {
 		return false
 	}
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(connhold.EntryHeader, c.box.Self())
 	req.Header.Set(connhold.ReopenHeader, "1")
 	resp, err := rt.RoundTrip(req)

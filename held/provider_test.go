@@ -184,10 +184,12 @@ func TestProviderEventAnswersAreUntrusted(t *testing.T) {
 }
 
 // delegatedConn holds, on a box of its own, a WebSocket of host delegated to the provider
-// "partner" (c, the client's side ws, its connection id), one message of which
-// ("hi") an instance at the provider (providerInstance, in the provider's naming)
-// acknowledged; the provider's pull waits and brings nothing.
-func delegatedConn(t *testing.T, host string) (b *box.Box, c *Conns, ws *websocket.Conn, id string) {
+// "partner" (c, the client's side ws, its connection id), tagged "room", one message of
+// which ("hi") an instance at the provider (providerInstance, in the provider's naming)
+// acknowledged. The provider's pull goes to pull, its entry box named as the provider's
+// box names a fleet's (provider.ClientEntry, fleet "fleet-a"); nil: it waits and brings
+// nothing.
+func delegatedConn(t *testing.T, host string, pull http.Handler) (b *box.Box, c *Conns, ws *websocket.Conn, id string) {
 	t.Helper()
 	b = boxtest.Open(t, boxtest.Options{})
 	c = openConns(t, b)
@@ -200,8 +202,14 @@ func delegatedConn(t *testing.T, host string) (b *box.Box, c *Conns, ws *websock
 		}
 		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			if r.URL.Path == provider.PullPath {
-				<-r.Context().Done()
-				return nil, r.Context().Err()
+				if pull == nil {
+					<-r.Context().Done()
+					return nil, r.Context().Err()
+				}
+				r.Header.Set(connhold.EntryHeader, provider.ClientEntry("fleet-a", r.Header.Get(connhold.EntryHeader)))
+				rec := httptest.NewRecorder()
+				pull.ServeHTTP(rec, r)
+				return rec.Result(), nil
 			}
 			rec := httptest.NewRecorder()
 			rec.Header().Set(connhold.AckAtHeader, providerInstance)
@@ -212,7 +220,7 @@ func delegatedConn(t *testing.T, host string) (b *box.Box, c *Conns, ws *websock
 	})
 	id = connhold.NewID()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := c.Accept(w, r, host, id, http.Header{}, nil); err != nil {
+		if err := c.Accept(w, r, host, id, http.Header{connhold.SetTagsHeader: {"room"}}, nil); err != nil {
 			t.Errorf("Accept: %v", err)
 		}
 	}))
@@ -239,7 +247,7 @@ const providerInstance = "https://p2:443 i2 9"
 // connection's next message; while the route names it, nothing is.
 func TestLeavingAProviderRedeliversWhatItAcknowledged(t *testing.T) {
 	const host = "room.example.com"
-	b, c, _, _ := delegatedConn(t, host)
+	b, c, _, _ := delegatedConn(t, host, nil)
 	if n := c.leftProviders(time.Now()); n != 0 || c.hub.Stats().Replayed != 0 {
 		t.Fatalf("still delegated: %d instances taken for gone, %d messages replayed", n, c.hub.Stats().Replayed)
 	}
@@ -260,7 +268,7 @@ func TestLeavingAProviderRedeliversWhatItAcknowledged(t *testing.T) {
 // client first).
 func TestApplyPulledStaysInItsSpace(t *testing.T) {
 	const host = "room.example.com"
-	_, c, ws, id := delegatedConn(t, host)
+	_, c, ws, id := delegatedConn(t, host, nil)
 	gone := func(space string) pullItem {
 		return pullItem{Notice: &connhold.Notice{Space: space, At: providerInstance, Covered: 0, Gone: true}}
 	}

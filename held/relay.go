@@ -276,9 +276,17 @@ func (c *Conns) PeerEvent(host string, use *engine.Use, w http.ResponseWriter, h
 		}
 		prior = append(prior, at)
 	}
-	entry := h.Get(connhold.EntryHeader)
-	if entry == "" || !connhold.ValidID(h.Get(connhold.ConnIDHeader)) {
+	entry, id := h.Get(connhold.EntryHeader), h.Get(connhold.ConnIDHeader)
+	if entry == "" || !connhold.ValidID(id) {
 		return nil, &box.Error{Status: http.StatusBadRequest, Err: errors.New("a forwarded event names no entry box or no valid connection")}
+	}
+	if isClientEntry(entry) {
+		// A fleet's entry box holds it: what its instance may send to (fleetconns.go).
+		ch := connChange{gone: h.Get(connhold.EventHeader) == string(connhold.KindClose)}
+		if tags, meta, err := connhold.ConnHeaders(h); err == nil {
+			ch.tags, ch.meta = &tags, &meta
+		}
+		c.sawConn(host, entry, id, ch)
 	}
 	if stale := connhold.StaleAt(prior, now); len(stale) > 0 {
 		return nil, &connhold.ReplayError{Stale: stale}
@@ -287,6 +295,7 @@ func (c *Conns) PeerEvent(host string, use *engine.Use, w http.ResponseWriter, h
 	c.touch(host, entry)
 	c.EnsureControl(host)
 	return &ackWriter{ResponseWriter: w, stamp: func(h http.Header) {
+		c.sawConn(host, entry, id, changeOf(h))
 		mark, covered := c.relay.Acked(host, now, entry, time.Now())
 		h.Set(connhold.AckAtHeader, now.String())
 		h.Set(connhold.AckMarkHeader, strconv.FormatUint(mark, 10))
@@ -309,14 +318,19 @@ func DurableStamp(use *engine.Use) func(code int, h http.Header) {
 
 // PeerUpgrade readies an upgrade a peer forwarded (its header h) for a client it will
 // hold itself (connhold.EntryHeader); a malformed one is a *box.Error 400. held, called
-// once the instance opted in, makes the relay track the connection's acknowledgements
-// for that entry box.
-func (c *Conns) PeerUpgrade(host string, use *engine.Use, h http.Header) (held func(), err error) {
-	entry := h.Get(connhold.EntryHeader)
-	if !connhold.ValidID(h.Get(connhold.ConnIDHeader)) {
+// with the opt-in answer's header once the instance opted in, makes the relay track the
+// connection's acknowledgements for that entry box (and, a fleet's entry box, notes the
+// connection its instance may send to: fleetconns.go).
+func (c *Conns) PeerUpgrade(host string, use *engine.Use, h http.Header) (held func(answer http.Header), err error) {
+	entry, id := h.Get(connhold.EntryHeader), h.Get(connhold.ConnIDHeader)
+	if !connhold.ValidID(id) {
 		return nil, &box.Error{Status: http.StatusBadRequest, Err: errors.New("a forwarded upgrade names no valid connection")}
 	}
 	connhold.StripPeerHeaders(h)
 	c.EnsureControl(host)
-	return func() { c.touch(host, entry); c.relay.Track(host, c.At(use), entry) }, nil
+	return func(answer http.Header) {
+		c.touch(host, entry)
+		c.sawConn(host, entry, id, changeOf(answer))
+		c.relay.Track(host, c.At(use), entry)
+	}, nil
 }

@@ -43,11 +43,12 @@ func (cs Clients) StripClient(h http.Header, host string, now time.Time) *Client
 	return found
 }
 
-// PullPath is the path of a fleet's entry box's pull (GET, Lchat-Ws-Entry and
-// Lchat-Sse-Reopen set): what the instance of a space hosted for the fleet sent, through
-// its control endpoint, to the WebSockets the entry box holds, and the notices of what its
-// checkpoints saved (docs/providers.md, "Held connections"). Under the box's namespace, so
-// no client reaches it.
+// PullPath is the path of a fleet's entry box's pull (POST, Lchat-Ws-Entry and
+// Lchat-Sse-Reopen set, its body a listing of the WebSockets the entry box holds of the
+// space): what the instance of a space hosted for the fleet sent, through its control
+// endpoint, to the WebSockets the entry box holds, and the notices of what its
+// checkpoints saved (docs/providers.md, "Held connections"). Under the box's namespace,
+// so no client reaches it.
 const PullPath = "/.lchat/ws/pull"
 
 // ClientEntryPrefix begins the entry box a fleet's request names (Lchat-Ws-Entry), as
@@ -73,7 +74,7 @@ func ClientRequest(r *http.Request) bool {
 	entry, reopen, id := h.Get(connhold.EntryHeader), h.Get(connhold.ReopenHeader), h.Get(connhold.ConnIDHeader)
 	prior := h.Values(connhold.PriorHeader)
 	event := r.Method == http.MethodPost && r.URL.Path == connhold.EventPath
-	pull := r.Method == http.MethodGet && r.URL.Path == PullPath
+	pull := r.Method == http.MethodPost && r.URL.Path == PullPath
 	if connhold.Reserved(r.URL.Path) && !event && !pull {
 		return false
 	}

@@ -142,7 +142,7 @@ func TestClientRequest(t *testing.T) {
 	if !ClientRequest(r) || r.Header.Get("Lchat-Ws-Prior") != "a b c" || r.Header.Get("Lchat-Ws-Covered") != "" {
 		t.Fatalf("an event: %v", r.Header)
 	}
-	r = mk("GET", PullPath, map[string]string{"Lchat-Ws-Entry": entry})
+	r = mk("POST", PullPath, map[string]string{"Lchat-Ws-Entry": entry})
 	if !ClientRequest(r) || r.Header.Get("Lchat-Sse-Reopen") != "1" {
 		t.Fatalf("a pull is never a wake: %v", r.Header)
 	}
@@ -151,7 +151,7 @@ func TestClientRequest(t *testing.T) {
 		t.Fatalf("a plain request kept the entry: %v", r.Header)
 	}
 	for _, bad := range []*http.Request{mk("POST", "/.lchat/ws/event", nil), mk("POST", "/.lchat/ws/event", map[string]string{"Lchat-Ws-Entry": entry}),
-		mk("GET", PullPath, nil), mk("POST", "/.lchat/ws/send", map[string]string{"Lchat-Ws-Entry": entry}), mk("GET", "/.lchat/ws/conns", nil)} {
+		mk("POST", PullPath, nil), mk("GET", PullPath, map[string]string{"Lchat-Ws-Entry": entry}), mk("POST", "/.lchat/ws/send", map[string]string{"Lchat-Ws-Entry": entry}), mk("GET", "/.lchat/ws/conns", nil)} {
 		if ClientRequest(bad) {
 			t.Fatalf("a fleet reached the box's namespace: %s %s %v", bad.Method, bad.URL.Path, bad.Header)
 		}

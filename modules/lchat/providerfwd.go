@@ -119,9 +119,11 @@ func (p *proxying) Provider(name string) error {
 }
 
 // instancePull, on the provider's box, answers a fleet entry box's pull of what the
-// space's instance sent to the WebSockets it holds (held.Conns.ServePull).
+// space's instance sent to the WebSockets it holds (held.Conns.ServePull), use released
+// at once: a pull keeps the space awake no more than a held connection does.
 func (p *proxying) instancePull(use *engine.Use, cs *held.Conns) error {
-	if err := cs.ServePull(p.w, p.r, p.host, use); err != nil {
+	use.Release()
+	if err := cs.ServePull(p.w, p.r, p.host); err != nil {
 		return caddyhttp.Error(box.StatusOf(err), err)
 	}
 	return nil

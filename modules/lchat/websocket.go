@@ -67,8 +67,8 @@ func (p *proxying) instanceUpgradeForEntry(use *engine.Use, cs *held.Conns) erro
 	if !hw.Held() {
 		return err
 	}
-	track()
-	status, _, body := hw.Answer()
+	status, header, body := hw.Answer()
+	track(header)
 	p.w.WriteHeader(status)
 	_, err = p.w.Write(body)
 	return err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
 
@@ -85,6 +86,29 @@ func (c *heldClient) collect(t *testing.T, d time.Duration, want ...string) []st
 		}
 	}
 	return others
+}
+
+// ctlAnswer reads until the answer to a "ctl" message ("<status> <body>"); the messages
+// before it may only be acknowledgements, broadcasts or the welcome.
+func (c *heldClient) ctlAnswer(t *testing.T, d time.Duration) string {
+	t.Helper()
+	timeout := time.After(d)
+	for {
+		select {
+		case m, ok := <-c.msgs:
+			if !ok {
+				t.Fatalf("the socket closed waiting for a control call's answer: %v", <-c.done)
+			}
+			if m != "" && m[0] >= '0' && m[0] <= '9' {
+				return m
+			}
+			if !strings.HasPrefix(m, "ack ") && !strings.HasPrefix(m, "dup ") && !strings.HasPrefix(m, "bcast ") && !strings.HasPrefix(m, "hello from ") {
+				t.Errorf("unexpected %q before a control call's answer", m)
+			}
+		case <-timeout:
+			t.Fatalf("no control call's answer within %s", d)
+		}
+	}
 }
 
 // conns is a box's held connections: WebSockets and streams open.
@@ -170,6 +194,31 @@ func TestHeldWebSocketOfADelegatedSpace(t *testing.T) {
 	seq++
 	cl.send(t, fmt.Sprintf("bcast %d", seq))
 	settle("a broadcast", 20*time.Second, fmt.Sprintf("bcast %d", seq))
+	// The instance's control endpoint on B counts the socket A holds, as across the
+	// boxes of one mesh: its listing has it, a tag send counts it, a send to an id no box
+	// holds is 404.
+	cl.send(t, "whoami")
+	var id string
+	for timeout := time.After(10 * time.Second); id == ""; {
+		select {
+		case m := <-cl.msgs:
+			if v, ok := strings.CutPrefix(m, "id "); ok {
+				id = v
+			}
+		case <-timeout:
+			t.Fatal("no answer to whoami")
+		}
+	}
+	cl.send(t, "ctl GET /.lchat/ws/conns")
+	if got := cl.ctlAnswer(t, 10*time.Second); !strings.HasPrefix(got, "200 ") || !strings.Contains(got, `"id":"`+id+`"`) {
+		t.Errorf("the instance's listing on B: %q, want A's socket %s", got, id)
+	}
+	cl.send(t, "ctl POST /.lchat/ws/send?tag=room") // its answer, and the send itself, in either order
+	cl.collect(t, 20*time.Second, `200 {"sent":1}`, "from "+id)
+	cl.send(t, "ctl POST /.lchat/ws/send?conn="+connhold.NewID())
+	if got := cl.ctlAnswer(t, 10*time.Second); !strings.HasPrefix(got, "404 ") {
+		t.Errorf("a send on B to a connection no box holds: %q, want 404", got)
+	}
 
 	// B's box killed with messages acknowledged since its last checkpoint, and started
 	// again while the client sends: every message reaches the new instance, the ones its
