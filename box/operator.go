@@ -99,6 +99,9 @@ func (b *Box) WakeNow(ctx context.Context, host string) error {
 	if !rt.Hibernate {
 		return fail(http.StatusConflict, "%s is a live route: it has no space to wake", host)
 	}
+	if rt.Delegated() && rt.Provider == "" {
+		return fail(http.StatusConflict, "%s is held asleep for the fleet %s, which has not resumed it here (a move in progress): it is not woken until then", host, rt.HostedFor)
+	}
 	if rt.Delegated() {
 		return fail(http.StatusConflict, "%s is served by its provider %s, not by this fleet", host, rt.Provider)
 	}

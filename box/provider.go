@@ -86,13 +86,16 @@ func (b *Box) SetDelegation(ctx context.Context, host string, d Delegation) (reg
 }
 
 // CreateHosted stores, as Create does, a new route hosted for the fleet client (a
-// provider's API): hosted from its first revision, so it is never served to anyone else.
+// provider's API): hosted from its first revision, so it is never served to anyone else,
+// and held (registry.ProviderReclaiming) until its fleet resumes it (SetDelegation with
+// no state), once the fleet's route names this provider: until then no box serves or
+// wakes it, so a delegation undone before that leaves nothing here that runs.
 func (b *Box) CreateHosted(ctx context.Context, spec registry.Spec, client string) (registry.Route, error) {
 	rt, err := registry.NewRoute(spec, b.settings.Load().CloudRegion)
 	if err != nil {
 		return registry.Route{}, fail(http.StatusBadRequest, "%v", err)
 	}
-	rt.HostedFor = client
+	rt.HostedFor, rt.ProviderState = client, registry.ProviderReclaiming
 	if err := b.checkRoute(&rt); err != nil {
 		return registry.Route{}, fail(http.StatusBadRequest, "%v", err)
 	}

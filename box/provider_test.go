@@ -245,3 +245,33 @@ func TestProviderMoveRefusesASpaceKeptInAnotherBucket(t *testing.T) {
 		})
 	}
 }
+
+// TestHostedRouteIsHeldUntilResumed: a route a provider creates for a client fleet is
+// held: its fleet's own requests get a 503 with Retry-After and an operator's wake is
+// refused, so a delegation undone before the fleet's route names the provider leaves
+// nothing here that runs; resumed (SetDelegation with no state), it is served.
+func TestHostedRouteIsHeldUntilResumed(t *testing.T) {
+	b := boxtest.Open(t, boxtest.Options{Settings: box.Settings{Kinds: boxtest.InstanceKinds(t)}})
+	const host = "hosted.example.com"
+	rt, err := b.CreateHosted(t.Context(), registry.Spec{Host: host, Kind: "demo"}, "fleet-a")
+	if err != nil || rt.HostedFor != "fleet-a" || rt.ProviderState != registry.ProviderReclaiming || !rt.Hibernate {
+		t.Fatalf("CreateHosted: %+v %v, want it hosted for fleet-a and held", rt, err)
+	}
+	req := box.Request{Host: host, Client: "fleet-a", Hops: 1}
+	pp := &providerProxy{}
+	b.Serve(t.Context(), req, pp)
+	if pp.refused == nil || pp.refused.Status != http.StatusServiceUnavailable || pp.refused.RetryAfter != box.MovingRetryAfter || pp.instance {
+		t.Fatalf("its fleet's request while held: refused %+v, instance %v; want a 503 with Retry-After", pp.refused, pp.instance)
+	}
+	if err := b.WakeNow(t.Context(), host); box.StatusOf(err) != http.StatusConflict || !strings.Contains(err.Error(), "held asleep for the fleet fleet-a") {
+		t.Fatalf("WakeNow while held: %v, want a 409 saying it is held for fleet-a", err)
+	}
+	if _, err := b.SetDelegation(t.Context(), host, box.Delegation{}); err != nil {
+		t.Fatal(err)
+	}
+	pp = &providerProxy{}
+	b.Serve(t.Context(), req, pp)
+	if pp.refused != nil || !pp.instance {
+		t.Fatalf("its fleet's request once resumed: refused %+v, instance %v", pp.refused, pp.instance)
+	}
+}

@@ -78,14 +78,22 @@ func (o ConnOptions) withDefaults() ConnOptions {
 	return o
 }
 
-// DialError is a failure to reach the provider before anything was sent.
+// DialError is a failure to reach the provider before anything was sent: whatever the
+// request asked, the provider did not do it.
 type DialError struct{ Err error }
+
+// Unsent reports whether err is a DialError: the request never reached the provider.
+func Unsent(err error) bool {
+	var de DialError
+	return errors.As(err, &de)
+}
 
 func (e DialError) Error() string { return e.Err.Error() }
 func (e DialError) Unwrap() error { return e.Err }
 
-// NewConn is the connection to p. wrap, when set, wraps a DialError (the glue makes it
-// Caddy's reverse proxy's own).
+// NewConn is the connection to p. wrap, when set, wraps a dial failure inside its
+// DialError (the glue makes it Caddy's reverse proxy's own), so that errors.As finds
+// both.
 func NewConn(p *Provider, opts ConnOptions, wrap func(error) error) (*Conn, error) {
 	u, err := url.Parse(p.URL)
 	if err != nil || ValidBaseURL(p.URL) != nil {
@@ -94,11 +102,10 @@ func NewConn(p *Provider, opts ConnOptions, wrap func(error) error) (*Conn, erro
 	opts = opts.withDefaults()
 	c := &Conn{P: p, base: u, opts: opts}
 	dialErr := func(err error) error {
-		err = DialError{err}
 		if wrap != nil {
 			err = wrap(err)
 		}
-		return err
+		return DialError{err}
 	}
 	addr := u.Host
 	if u.Port() == "" {
@@ -214,10 +221,9 @@ func (c *Conn) note(start time.Time, err error) {
 
 // failureOf names a failure by its kind, in this box's words.
 func failureOf(err error) string {
-	var de DialError
 	var ne net.Error
 	switch {
-	case errors.As(err, &de):
+	case Unsent(err):
 		return "unreachable"
 	case errors.As(err, &ne) && ne.Timeout():
 		return "timed out"

@@ -147,7 +147,8 @@ func writeObject(ctx context.Context, out io.Writer, spool bucket.Bucket, o buck
 // dstLive), checking it against key and lim first: a bad export (ErrBadExport) leaves
 // dst as it was. tmp is a directory for the spool, removed after. The copy into dst is
 // spacestore.CopySpace's: a dst with the same or a newer generation is left alone
-// (CopyResult.Skipped).
+// (CopyResult.Skipped). The space's scheduled wake is not recorded: the side that
+// serves the space next does that (restoreWake) once it serves it.
 func ReadExport(ctx context.Context, r io.Reader, dst bucket.Bucket, dstLive spacestore.LiveFunc, host, tmp string, key mesh.Secret, lim Limits) (spacestore.CopyResult, error) {
 	dir, err := os.MkdirTemp(tmp, "import-")
 	if err != nil {
@@ -161,21 +162,24 @@ func ReadExport(ctx context.Context, r io.Reader, dst bucket.Bucket, dstLive spa
 	if err := readStream(ctx, r, spool, host, key, lim.withDefaults()); err != nil {
 		return spacestore.CopyResult{}, err
 	}
-	res, err := spacestore.CopySpace(ctx, spool, dst, host, never, dstLive)
-	if err != nil || res.Skipped {
-		return res, err
-	}
-	// The bucket's record of the space's next scheduled wake (wakes/<host>, outside the
-	// space's prefix) is the one thing of it the copy leaves behind: made again from the
-	// manifest, which carries it, so a wake due before the space first runs here fires.
-	m, _, err := spacestore.ReadManifest(ctx, dst, host)
-	if err == nil && m != nil && m.NextWake != nil {
-		_, err = spacestore.PutWake(ctx, dst, host, *m.NextWake)
-	}
+	return spacestore.CopySpace(ctx, spool, dst, host, never, dstLive)
+}
+
+// restoreWake records host's next scheduled wake in b from its manifest, which carries
+// it. The record (wakes/<host>) is outside the space's prefix, the one thing of it a copy
+// leaves behind, and a bucket's scan drops a due record of a space its fleet does not run
+// (moving, delegated, held): so the side a move leaves the space with records it again
+// once it serves the space, and a wake due meanwhile fires then.
+func restoreWake(ctx context.Context, b bucket.Bucket, host string) error {
+	m, _, err := spacestore.ReadManifest(ctx, b, host)
 	if err != nil {
-		return res, fmt.Errorf("recording the next scheduled wake: %v", err)
+		return fmt.Errorf("reading the manifest: %v", err)
 	}
-	return res, nil
+	if m == nil || m.NextWake == nil {
+		return nil
+	}
+	_, err = spacestore.PutWake(ctx, b, host, *m.NextWake)
+	return err
 }
 
 // readStream spools an export into spool, checking everything before it returns nil.

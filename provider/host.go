@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 
 	"github.com/lchat/lchat-caddy/bucket"
@@ -16,7 +17,10 @@ type Hosting interface {
 	Lookup(host string) (*registry.Route, bool)
 	// Hosted counts the routes hosted for client.
 	Hosted(client string) int
-	// CreateHosted stores and fans out a new route hosted for client.
+	// CreateHosted stores and fans out a new route hosted for client, held
+	// (registry.ProviderReclaiming: asleep, served to nobody, never woken) until
+	// SetHeld(false): the fleet resumes it once its own route names this provider, so the
+	// space never runs on both sides.
 	CreateHosted(ctx context.Context, spec registry.Spec, client string) (registry.Route, error)
 	// SetHeld holds a hosted space asleep on every box (registry.ProviderReclaiming), or
 	// serves it again.
@@ -50,7 +54,8 @@ func (a *API) owned(c *Client, host string) (*registry.Route, error) {
 	return rt, nil
 }
 
-// Host hosts host for c (created true), or finds it already hosted for c.
+// Host hosts host for c (created true), held until Resume, or finds it already hosted
+// for c.
 func (a *API) Host(ctx context.Context, c *Client, host string, req CreateRequest) (st Status, created bool, err error) {
 	cur, _ := a.F.Lookup(host)
 	if err := c.MayHost(host, cur, a.F.Hosted(c.Name)); err != nil {
@@ -121,13 +126,17 @@ func (a *API) Hibernate(ctx context.Context, c *Client, host string) (Status, er
 	return a.Status(ctx, c, host)
 }
 
-// Resume serves host again after a Hibernate.
+// Resume serves host: once it is hosted (Host holds it until then), or again after a
+// Hibernate. Its next scheduled wake is recorded then, from its manifest.
 func (a *API) Resume(ctx context.Context, c *Client, host string) (Status, error) {
 	if _, err := a.owned(c, host); err != nil {
 		return Status{}, err
 	}
 	if _, err := a.F.SetHeld(ctx, host, false); err != nil {
 		return Status{}, err
+	}
+	if err := restoreWake(ctx, a.F.Bucket(), host); err != nil {
+		return Status{}, fmt.Errorf("serving %s, but recording its next scheduled wake failed: %v", host, err)
 	}
 	return a.Status(ctx, c, host)
 }

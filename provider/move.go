@@ -17,14 +17,23 @@ import (
 // route (registry.Route.Provider and ProviderState), replicated to every box of the
 // fleet, so no box serves the space while its state is in flight:
 //
-//	delegate: own ──> (P, delegating) ──[asleep here; state to P; P hosts it]──> (P, serving)
-//	reclaim:  (P, serving) ──> (P, reclaiming) ──[P holds it asleep; state back]──> own ──> P drops it
+//	delegate: own ──> (P, delegating) ──[asleep here; state to P; P hosts it, held]──> (P) ──> P resumes it
+//	reclaim:  (P) ──> (P, reclaiming) ──[P holds it asleep; state back]──> own ──> P drops it
 //
-// A failure half-way moves the route back to where it was, so exactly one side serves
-// the space: a delegation that fails is the fleet's again, a reclaim that fails is the
-// provider's again. Re-running a finished move changes nothing; re-running one left
-// half-way (the box running it died) carries it on; reclaiming one left delegating
-// takes it back at once (the provider never served it).
+// The provider creates the route it hosts held (asleep, served to nobody, never woken,
+// no scheduled wake recorded) and serves it only when asked to resume it, once the
+// fleet's route names it: at no point can the space run on both sides. A failure
+// half-way moves the route back to where it was, so exactly one side serves the space:
+// a delegation that fails is the fleet's again (the provider's route deleted, or left
+// held when its delete fails too), a reclaim that fails is the provider's again
+// (resumed). A delegation whose resume failed is the one exception: the provider may
+// have taken it, so the route is put back only once the provider deleted the space;
+// otherwise it stays with the provider, which serves it or holds it asleep until
+// delegate is run again. An error that leaves neither side serving says so. Re-running
+// a finished move changes nothing (a delegation's asks the provider to resume it, which
+// a box that died after the flip never did); re-running one left half-way (the box
+// running it died) carries it on; reclaiming one left delegating takes it back at once
+// (the provider never served it).
 
 // Fleet is what a move needs of the fleet's side (box.Box and its bucket).
 type Fleet interface {
@@ -128,13 +137,27 @@ func Delegate(ctx context.Context, f Fleet, c *Conn, host string) (Moved, error)
 	switch {
 	case !rt.Hibernate:
 		return res, moveErr(ErrMoveRefused, "%s is a live route; only a hibernating space can be delegated", host)
-	case rt.Provider == p.Name && rt.ProviderState == "":
-		res.Already = true
-		return res, nil
 	case rt.Provider != "" && rt.Provider != p.Name:
 		return res, moveErr(ErrMoveRefused, "%s is delegated to %s; reclaim it first", host, rt.Provider)
 	case rt.ProviderState == registry.ProviderReclaiming:
 		return res, moveErr(ErrMoveRefused, "%s is being reclaimed from %s; run reclaim again to finish it", host, p.Name)
+	}
+	handOver := rt.Provider == ""
+	if rt.Provider == p.Name && rt.ProviderState == "" {
+		// Delegated already: the provider serves it, unless the box that flipped the
+		// route died before asking it to (it holds the space asleep until then).
+		_, err := c.Resume(ctx, host)
+		switch {
+		case err == nil:
+			res.Already = true
+			return res, nil
+		case !NotFound(err):
+			return res, moveErr(ErrMoveUpstream, "%s is delegated to %s, which did not confirm it serves it: %v; run delegate again", host, p.Name, err)
+		}
+		// The provider hosts it no more (an undo's delete went through, its operator
+		// removed it): hand it over again. What it saved stays in its bucket, and an
+		// import never replaces a newer generation.
+		handOver = true
 	}
 	if err := f.KeepsState(rt); err != nil {
 		return res, moveErr(ErrMoveRefused, "%v: delegate it from a box of region %s; nothing was changed", err, rt.HomeRegion)
@@ -143,17 +166,16 @@ func Delegate(ctx context.Context, f Fleet, c *Conn, host string) (Moved, error)
 		if err := p.MayDelegate(host, f.Delegated(p.Name)); err != nil {
 			return res, moveErr(ErrMoveRefused, "%v", err)
 		}
+	}
+	if handOver {
 		if err := setDelegation(ctx, f, host, p.Name, registry.ProviderDelegating); err != nil {
 			return res, err
 		}
 	}
-	// From here the fleet serves nothing of the space: back to its own on a failure.
+	// From here the fleet serves nothing of the space, and the provider holds what it
+	// got asleep: back to the fleet on a failure.
 	undo := func(step string, err error) (Moved, error) {
-		if _, uerr := f.SetDelegation(context.WithoutCancel(ctx), host, "", ""); uerr != nil {
-			return res, moveErr(ErrMoveUpstream, "delegating %s to %s failed %s: %v; and putting it back failed: %v; it is served by neither side until delegate or reclaim is run again", host, p.Name, step, err, uerr)
-		}
-		c.Delete(context.WithoutCancel(ctx), host)
-		return res, moveErr(ErrMoveUpstream, "delegating %s to %s failed %s: %v; the space is served by this fleet, as before", host, p.Name, step, err)
+		return res, undoDelegate(context.WithoutCancel(ctx), f, c, host, false, moveErr(ErrMoveUpstream, "delegating %s to %s failed %s: %v", host, p.Name, step, err))
 	}
 	if err := waitAsleep(ctx, f.Bucket(), f.Live(), host); err != nil {
 		return undo("putting it to sleep", err)
@@ -172,7 +194,44 @@ func Delegate(ctx context.Context, f Fleet, c *Conn, host string) (Moved, error)
 	if err := setDelegation(ctx, f, host, p.Name, ""); err != nil {
 		return undo("flipping its route", err)
 	}
+	if _, err := c.Resume(ctx, host); err != nil {
+		return res, undoDelegate(context.WithoutCancel(ctx), f, c, host, true,
+			moveErr(ErrMoveUpstream, "delegating %s to %s failed asking the provider to serve it: %v", host, p.Name, err))
+	}
 	return res, nil
+}
+
+// undoDelegate puts a delegation that failed (failed, ErrMoveUpstream) back: the route
+// the fleet's again, the provider's deleted. The provider's route is held, so the route
+// goes back first and a delete that fails leaves only a route serving nobody, which the
+// error names. After a resume that failed (resumed: the provider may serve the space),
+// the provider's delete comes first, and the route goes back only once it succeeded.
+func undoDelegate(ctx context.Context, f Fleet, c *Conn, host string, resumed bool, failed error) error {
+	p := c.P
+	var derr error
+	if resumed {
+		if derr = c.Delete(ctx, host); derr != nil {
+			return fmt.Errorf("%w; and deleting it there failed: %v; the route stays with %s, which serves the space if it took the resume, else holds it asleep: served by %s or by neither side until delegate is run again (or reclaim)", failed, derr, p.Name, p.Name)
+		}
+	}
+	if _, err := f.SetDelegation(ctx, host, "", ""); err != nil {
+		left := ""
+		if resumed {
+			left = fmt.Sprintf(" (%s deleted it)", p.Name)
+		}
+		return fmt.Errorf("%w; and putting it back failed: %v; it is served by neither side%s until delegate or reclaim is run again", failed, err, left)
+	}
+	if !resumed {
+		derr = c.Delete(ctx, host)
+	}
+	left := ""
+	if derr != nil {
+		left = fmt.Sprintf("; %s may still list it, held asleep (serving nobody, never woken): its delete failed: %v", p.Name, derr)
+	}
+	if w := wakeNote("", restoreWake(ctx, f.Bucket(), host)); w != "" {
+		left += "; " + w
+	}
+	return fmt.Errorf("%w; the space is served by this fleet, as before%s", failed, left)
 }
 
 // Reclaim moves host's space back from its provider (c connects to it).
@@ -193,13 +252,16 @@ func Reclaim(ctx context.Context, f Fleet, c *Conn, host string, lim Limits) (Mo
 	case rt.Provider != p.Name:
 		return res, moveErr(ErrMoveInvalid, "%s is delegated to %s, not %s", host, rt.Provider, p.Name)
 	case rt.ProviderState == registry.ProviderDelegating:
-		// Half-way out: the provider never served it, the state here is current.
+		// Half-way out: the provider never served it (what it got is held), the state
+		// here is current.
 		if _, err := f.SetDelegation(ctx, host, "", ""); err != nil {
 			return res, err
 		}
+		werr := restoreWake(ctx, f.Bucket(), host)
 		if err := c.Delete(ctx, host); err != nil {
-			res.Note = fmt.Sprintf("the provider may still list %s (its delete failed: %v); it serves it to nobody", host, err)
+			res.Note = fmt.Sprintf("the provider may still list %s, held asleep and serving nobody (its delete failed: %v)", host, err)
 		}
+		res.Note = wakeNote(res.Note, werr)
 		return res, nil
 	}
 	if err := f.KeepsState(rt); err != nil {
@@ -210,15 +272,29 @@ func Reclaim(ctx context.Context, f Fleet, c *Conn, host string, lim Limits) (Mo
 			return res, err
 		}
 	}
+	// held: the provider may hold the space asleep (its hibernate reached it).
+	held := true
+	// The route goes back first: while it is moving no box forwards the space, so the
+	// provider serves no one until its route names it again.
 	undo := func(step string, err error) (Moved, error) {
-		c.Resume(context.WithoutCancel(ctx), host)
-		if _, uerr := f.SetDelegation(context.WithoutCancel(ctx), host, p.Name, ""); uerr != nil {
+		ctx := context.WithoutCancel(ctx)
+		if _, uerr := f.SetDelegation(ctx, host, p.Name, ""); uerr != nil {
 			return res, moveErr(ErrMoveUpstream, "reclaiming %s from %s failed %s: %v; and putting it back failed: %v; it is served by neither side until reclaim is run again", host, p.Name, step, err, uerr)
+		}
+		if held {
+			if _, rerr := c.Resume(ctx, host); rerr != nil {
+				holds := "holds it asleep"
+				if step == stepHibernate {
+					holds = "serves it unless its hibernate took effect: then it holds it asleep"
+				}
+				return res, moveErr(ErrMoveUpstream, "reclaiming %s from %s failed %s: %v; and asking %s to serve it again failed: %v; the route names %s, which %s, served by neither side until reclaim or delegate is run again", host, p.Name, step, err, p.Name, rerr, p.Name, holds)
+			}
 		}
 		return res, moveErr(ErrMoveUpstream, "reclaiming %s from %s failed %s: %v; the space is served by %s, as before", host, p.Name, step, err, p.Name)
 	}
 	if _, err := c.Hibernate(ctx, host); err != nil {
-		return undo("putting it to sleep at the provider", err)
+		held = !Unsent(err)
+		return undo(stepHibernate, err)
 	}
 	var cp spacestore.CopyResult
 	err = c.Export(ctx, host, func(r io.Reader) error {
@@ -230,11 +306,32 @@ func Reclaim(ctx context.Context, f Fleet, c *Conn, host string, lim Limits) (Mo
 		return undo("taking its state back", err)
 	}
 	res.Generation, res.Objects, res.Bytes = cp.Generation, cp.Blobs, cp.Bytes
+	// The next scheduled wake, recorded before the flip (kept through it unless due,
+	// as when the box dies before it records it again) and after it (one due meanwhile
+	// was dropped, the space not this fleet's to run yet).
+	restoreWake(ctx, f.Bucket(), host)
 	if err := setDelegation(ctx, f, host, "", ""); err != nil {
 		return undo("flipping its route", err)
 	}
+	werr := restoreWake(ctx, f.Bucket(), host)
 	if err := c.Delete(ctx, host); err != nil {
 		res.Note = fmt.Sprintf("the provider still lists %s, held asleep and serving nobody (its delete failed: %v)", host, err)
 	}
+	res.Note = wakeNote(res.Note, werr)
 	return res, nil
+}
+
+// stepHibernate names a reclaim's hibernate in its errors.
+const stepHibernate = "putting it to sleep at the provider"
+
+// wakeNote adds to note what a move says of a scheduled wake it could not record (err).
+func wakeNote(note string, err error) string {
+	if err == nil {
+		return note
+	}
+	s := fmt.Sprintf("its next scheduled wake is not recorded (%v): it wakes at its next request", err)
+	if note == "" {
+		return s
+	}
+	return note + "; " + s
 }

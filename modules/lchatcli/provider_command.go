@@ -32,11 +32,15 @@ members stay here (docs/providers.md):
 1. The route turns "delegating": every box of this fleet puts the space to sleep
    and answers its requests 503 with Retry-After meanwhile.
 2. Its state, once its lease is free, is handed to the provider as a signed
-   export, with its env values; the provider hosts it.
-3. The route names the provider: every box forwards the space's requests there.
+   export, with its env values; the provider hosts it, held asleep.
+3. The route names the provider: every box forwards the space's requests there;
+   the provider is asked to serve it.
 
 A failure half-way puts the route back: the space is served by this fleet, as
-before. Re-running a finished delegation changes nothing.
+before (when the provider's answer to step 3 is lost and it cannot delete the
+space, the route stays with it instead, and the error says so). Re-running a
+finished delegation changes nothing but asking the provider to serve it again;
+re-running one left half-way finishes it.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.Flags().String("to", "", "The provider")
@@ -58,7 +62,8 @@ Moves a space delegated to a provider back to this fleet:
 3. The route is this fleet's again; the provider stops hosting it.
 
 A failure half-way puts the route back: the provider serves the space, as before.
-Re-running a finished reclaim changes nothing.
+Re-running a finished reclaim changes nothing; re-running one left half-way
+finishes it.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			addAdminFlags(cmd)

@@ -34,6 +34,8 @@ func hostileProvider(t *testing.T, ca *harness.TestCA) string {
 				json.NewEncoder(w).Encode(provider.Imported{Generation: 1})
 			case op == provider.OpSpace && r.Method == http.MethodPut:
 				w.WriteHeader(http.StatusCreated)
+				json.NewEncoder(w).Encode(provider.Status{Host: host, State: provider.StateHeld})
+			case op == provider.OpResume:
 				json.NewEncoder(w).Encode(provider.Status{Host: host, State: provider.StateServing})
 			default:
 				w.WriteHeader(http.StatusNoContent)
