@@ -66,6 +66,7 @@ type Conns struct {
 	lastCkptOK map[string]bool                  // by host: whether the last checkpoint succeeded (observe)
 	awakeAt    map[string]string                // by host: the peer that last announced it awake
 	pulling    map[string]int                   // by host: its pull's state (provider.go)
+	probed     map[string]time.Time             // by host, delegated: its held streams' last probe (sse.go)
 
 	// announceMu guards announced: the hosts woken here since the last announcement.
 	announceMu sync.Mutex

@@ -65,10 +65,41 @@ const SSERetry = "retry: 1000\n\n"
 // may have been lost.
 const sseProbe = 30 * time.Second
 
+// delegatedProbe is how often one of the streams this box holds of a delegated space,
+// waiting, tries a reopen anyway: the provider announces no wake, so a wake there with no
+// request through the fleet (a scheduled one) is found by this probe. One stream per
+// space probes (claimProbe); its reopen answered is the space awake there
+// (provider.Conn.Answered), which reopens the others at once.
+const delegatedProbe = 5 * time.Second
+
+// claimProbe reports whether a stream of host, a delegated space, may probe now: no
+// stream of it here did for delegatedProbe.
+func (c *Conns) claimProbe(host string, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now.Sub(c.probed[host]) < delegatedProbe {
+		return false
+	}
+	if c.probed == nil {
+		c.probed = make(map[string]time.Time)
+	}
+	if len(c.probed) >= 4096 {
+		for h, at := range c.probed {
+			if now.Sub(at) >= delegatedProbe {
+				delete(c.probed, h)
+			}
+		}
+	}
+	c.probed[host] = now
+	return true
+}
+
 // HoldSSE keeps a resumable stream's client response open across its instance's end and
 // reopens it wherever the space is awake next, through the request path's one door
 // (box.Serve with Request.Reopen: here while it is awake here, else at the peer that
-// announced it awake or where placement sends it; never a wake). It returns when the
+// announced it awake or where placement sends it, or at its provider; never a wake).
+// A stream of a delegated space is also reopened at the probe of its space's streams
+// (delegatedProbe). It returns when the
 // stream ends: the client went away, a reopen was answered with something other than a
 // resumable stream (the instance ended it), the route is gone, or the box is exiting
 // (the stream then ends with a retry hint, so the client reconnects to another box).
@@ -76,7 +107,11 @@ func (c *Conns) HoldSSE(ctx context.Context, host string, s Stream) {
 	wait := time.Second // the first try: the space may still be awake where the stream ended
 	woke := c.wakeSignal(host)
 	for {
-		if !c.awaitAwake(ctx, host, s, wait, woke) {
+		rt, ok := c.box.Lookup(host)
+		if !ok {
+			return
+		}
+		if !c.awaitAwake(ctx, host, s, wait, woke, rt.Provider != "") {
 			return
 		}
 		// Taken before the reopen: a wake signalled while it is under way is not missed.
@@ -92,15 +127,19 @@ func (c *Conns) HoldSSE(ctx context.Context, host string, s Stream) {
 		case !resumable:
 			return
 		}
+		// The pass was served, so the space was awake through it: a signal during it (its
+		// own answer's, at a provider) says nothing of now. The first try comes soon.
+		woke = c.wakeSignal(host)
 		wait = time.Second
 	}
 }
 
 // awaitAwake waits until host's space is awake here or announced awake at a peer (woke,
-// its wake signal, is closed), or, with the mesh, until try has passed, writing
-// keepalives to s meanwhile; false when the client went away or the box is exiting or
-// closed (the stream then ends with a retry hint).
-func (c *Conns) awaitAwake(ctx context.Context, host string, s Stream, try time.Duration, woke <-chan struct{}) bool {
+// its wake signal, is closed), or, with the mesh, until try has passed, or, delegated,
+// until its streams' probe falls to this one (claimProbe), writing keepalives to s
+// meanwhile; false when the client went away or the box is exiting or closed (the
+// stream then ends with a retry hint).
+func (c *Conns) awaitAwake(ctx context.Context, host string, s Stream, try time.Duration, woke <-chan struct{}, delegated bool) bool {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	lastWrite := time.Now()
@@ -128,8 +167,8 @@ func (c *Conns) awaitAwake(ctx context.Context, host string, s Stream, try time.
 		case <-c.box.Exiting():
 			s.Comment(SSERetry)
 			return false
-		case <-tick.C:
-			if c.box.Mesh() != nil && time.Now().After(deadline) {
+		case now := <-tick.C:
+			if c.box.Mesh() != nil && now.After(deadline) || delegated && c.claimProbe(host, now) {
 				return true
 			}
 			if c.closed() {

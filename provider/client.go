@@ -29,10 +29,11 @@ type Conn struct {
 	// Observe, when set, hears every forwarded request's outcome (the glue's metrics).
 	Observe func(provider string, d time.Duration, failed bool)
 	// Answered, when set, hears the host of each forwarded request that the provider
-	// answered with a status below 500, a held event stream's reopen
-	// (connhold.ReopenHeader) aside: the space is awake there, since a request wakes it,
-	// and the provider announces its wakes no other way. It is called before the answer
-	// is passed on, and must not block.
+	// answered with a status below 500, or, a reopen (connhold.ReopenHeader: a held
+	// event stream's, a pull), with a 2xx: the space is awake there, since a request
+	// wakes it and a reopen is served only while it is awake, and the provider announces
+	// its wakes no other way. It is called before the answer is passed on, and must not
+	// block.
 	Answered func(host string)
 
 	base   *url.URL
@@ -249,7 +250,7 @@ func (c *Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	dropLchatHeaders(resp.Header)
 	dropLchatHeaders(resp.Trailer)
-	if c.Answered != nil && resp.StatusCode < http.StatusInternalServerError && req.Header.Get(connhold.ReopenHeader) == "" {
+	if c.Answered != nil && awake(req, resp) {
 		c.Answered(host)
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols && !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
@@ -258,6 +259,15 @@ func (c *Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	c.note(start, nil)
 	return resp, nil
+}
+
+// awake reports whether resp, the provider's answer to req, says the space is awake
+// there (Conn.Answered).
+func awake(req *http.Request, resp *http.Response) bool {
+	if req.Header.Get(connhold.ReopenHeader) != "" {
+		return resp.StatusCode/100 == 2
+	}
+	return resp.StatusCode < http.StatusInternalServerError
 }
 
 // dropLchatHeaders removes every X-Lchat- header (the mesh's, the tests'): none crosses

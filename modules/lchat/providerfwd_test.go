@@ -63,22 +63,19 @@ func (p *sleepyProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	<-r.Context().Done()
 }
 
-// TestDelegatedStreamReopensWhenTheProviderAnswers: a resumable event stream of a
-// delegated space, held by the entry box after the provider slept the space, reopens as
-// soon as a request of the space gets the provider's answer (the space is awake there),
-// not at the held stream's next probe 30 s later: the provider announces no wake.
-func TestDelegatedStreamReopensWhenTheProviderAnswers(t *testing.T) {
-	const room = "room.mesh.test"
+// delegatedEntry is a box of a mesh whose space room is delegated to the provider
+// "partner", served by prov (TLS), as a server for clients.
+func delegatedEntry(t *testing.T, room string, prov http.Handler) *httptest.Server {
+	t.Helper()
 	ca := harness.NewTestCA(t, t.TempDir(), "mesh.test")
 	cert, err := tls.LoadX509KeyPair(ca.CertFile, ca.KeyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	prov := &sleepyProvider{reopens: make(chan bool, 16)}
 	srv := httptest.NewUnstartedServer(prov)
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
 	srv.StartTLS()
-	defer srv.Close()
+	t.Cleanup(srv.Close)
 
 	app, cctx := testMesh(t)
 	app.Providers = []*ProviderConfig{{Name: "partner", URL: srv.URL, Domains: []string{"mesh.test"}, TrustedCAFiles: []string{ca.CAFile},
@@ -86,13 +83,13 @@ func TestDelegatedStreamReopensWhenTheProviderAnswers(t *testing.T) {
 	if err := app.provisionProviders(); err != nil {
 		t.Fatal(err)
 	}
-	defer app.prov.close()
+	t.Cleanup(app.prov.close)
 	cs, err := held.New(held.Config{Box: app.box, StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cs.Finish()
-	defer cs.Close()
+	t.Cleanup(cs.Finish)
+	t.Cleanup(cs.Close)
 	app.conns = cs
 	ctx := context.Background()
 	if _, err := app.box.Create(ctx, registry.Spec{Host: room, Kind: "demo"}); err != nil {
@@ -111,20 +108,23 @@ func TestDelegatedStreamReopensWhenTheProviderAnswers(t *testing.T) {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 		}
 	}))
-	defer entry.Close()
+	t.Cleanup(entry.Close)
+	return entry
+}
 
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(sctx, http.MethodGet, entry.URL+"/api/events", nil)
+// openStream opens an event stream of room through entry: its lines, until ctx ends.
+func openStream(t *testing.T, ctx context.Context, entry, room string) <-chan string {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, entry+"/api/events", nil)
 	req.Host = room
 	req.Header.Set("Accept", "text/event-stream")
 	cl := &http.Client{Transport: &http.Transport{}}
-	defer cl.CloseIdleConnections()
+	t.Cleanup(cl.CloseIdleConnections)
 	resp, err := cl.Do(req)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("event stream: %v %v", err, resp)
 	}
-	defer resp.Body.Close()
+	t.Cleanup(func() { resp.Body.Close() })
 	lines := make(chan string, 64)
 	go func() {
 		defer close(lines)
@@ -133,26 +133,41 @@ func TestDelegatedStreamReopensWhenTheProviderAnswers(t *testing.T) {
 			lines <- sc.Text()
 		}
 	}()
-	waitLine := func(text string, within time.Duration) {
-		t.Helper()
-		timeout := time.After(within)
-		for {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					t.Fatalf("the held stream ended before %q", text)
-				}
-				if strings.Contains(l, text) {
-					return
-				}
-			case <-timeout:
-				t.Fatalf("no %q on the held stream within %v", text, within)
+	return lines
+}
+
+// waitLine reads lines until one holds text, within d.
+func waitLine(t *testing.T, lines <-chan string, text string, within time.Duration) {
+	t.Helper()
+	timeout := time.After(within)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("the held stream ended before %q", text)
 			}
+			if strings.Contains(l, text) {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no %q on the held stream within %v", text, within)
 		}
 	}
-	waitLine("before the sleep", 10*time.Second)
-	// The entry box's first try finds the space asleep at the provider; its next
-	// probe is 30 s away.
+}
+
+// TestDelegatedStreamReopensWhenTheProviderAnswers: a resumable event stream of a
+// delegated space, held by the entry box after the provider slept the space, reopens as
+// soon as a request of the space gets the provider's answer (the space is awake there),
+// not at the held stream's next probe: the provider announces no wake.
+func TestDelegatedStreamReopensWhenTheProviderAnswers(t *testing.T) {
+	const room = "room.mesh.test"
+	prov := &sleepyProvider{reopens: make(chan bool, 256)}
+	entry := delegatedEntry(t, room, prov)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	lines := openStream(t, ctx, entry.URL, room)
+	waitLine(t, lines, "before the sleep", 10*time.Second)
+	// The entry box's first try finds the space asleep at the provider.
 	select {
 	case awake := <-prov.reopens:
 		if awake {
@@ -164,11 +179,54 @@ func TestDelegatedStreamReopensWhenTheProviderAnswers(t *testing.T) {
 
 	post, _ := http.NewRequest(http.MethodPost, entry.URL+"/api/messages", strings.NewReader(`{"text":"hi"}`))
 	post.Host = room
-	presp, err := cl.Do(post)
+	presp, err := http.DefaultClient.Do(post)
 	if err != nil || presp.StatusCode != http.StatusCreated {
 		t.Fatalf("POST through the entry box: %v %v", err, presp)
 	}
 	presp.Body.Close()
 	// Well inside the probe's 30 s: the reopen follows the provider's answer.
-	waitLine("after the wake", 15*time.Second)
+	waitLine(t, lines, "after the wake", 15*time.Second)
+}
+
+// TestDelegatedStreamsReopenAfterAWakeWithNoRequest: the streams an entry box holds of a
+// delegated space whose provider woke it with no request through the fleet (a scheduled
+// wake there) reopen within a few seconds, not at their 30 s probe: one of them probes
+// the provider every 5 s, and its reopen answered reopens the others at once.
+func TestDelegatedStreamsReopenAfterAWakeWithNoRequest(t *testing.T) {
+	const room = "room.mesh.test"
+	prov := &sleepyProvider{reopens: make(chan bool, 256)}
+	entry := delegatedEntry(t, room, prov)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var streams []<-chan string
+	for range 5 {
+		lines := openStream(t, ctx, entry.URL, room)
+		waitLine(t, lines, "before the sleep", 10*time.Second)
+		streams = append(streams, lines)
+	}
+	// The entry box's first tries (and those the next streams' answers prompted) find
+	// the space asleep at the provider; then they wait.
+	for n := 0; ; n++ {
+		select {
+		case awake := <-prov.reopens:
+			if awake {
+				t.Fatal("a first reopen found the space awake")
+			}
+			continue
+		case <-time.After(2 * time.Second):
+		}
+		if n < 5 {
+			t.Fatalf("%d reopens, want each stream's first try", n)
+		}
+		break
+	}
+	prov.mu.Lock()
+	prov.awake = true // woken there, by nothing of this fleet's
+	prov.mu.Unlock()
+	// Well inside the 30 s probe, and before 5 streams probing in turn every 5 s.
+	deadline := time.Now().Add(18 * time.Second)
+	for i, lines := range streams {
+		waitLine(t, lines, "after the wake", time.Until(deadline))
+		t.Logf("stream %d reopened", i)
+	}
 }

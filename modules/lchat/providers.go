@@ -88,7 +88,7 @@ const tellPeersEvery = 5 * time.Second
 
 // awakeAtProvider is a provider.Conn's Answered: the event streams held for a delegated
 // space whose provider answered one of its requests reopen at once (held.Conns.AwakeAtProvider),
-// rather than at their next probe, 30 s later.
+// rather than at their next probe.
 func (ps *providerSet) awakeAtProvider(a *App) func(host string) {
 	return func(host string) {
 		cs := a.conns
