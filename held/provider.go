@@ -492,7 +492,11 @@ func (c *Conns) pullOnce(host, name string) bool {
 	req.Header.Set(connhold.EntryHeader, c.box.Self())
 	req.Header.Set(connhold.ReopenHeader, "1")
 	resp, err := rt.RoundTrip(req)
-	if err != nil {
+	if errors.As(err, new(*provider.WireError)) {
+		c.log.Warn("a provider speaks another version of the held-connection wire; its held connections get nothing back",
+			zap.String("host", host), zap.String("provider", name), zap.Error(err))
+		return false
+	} else if err != nil {
 		c.log.Debug("pulling a delegated space's held-connection calls", zap.String("host", host), zap.String("provider", name), zap.Error(err))
 		return false
 	}

@@ -230,18 +230,29 @@ func failureOf(err error) string {
 		return "timed out"
 	case errors.Is(err, errTooLarge):
 		return "answer too large"
+	case errors.As(err, new(*WireError)):
+		return "held-connection wire version mismatch"
 	}
 	return "no answer"
 }
 
 // RoundTrip forwards a request of a delegated space to the provider: the Host kept, the
-// hop marked (Mark), headers of the mesh and of tests never sent, and the answer
-// bounded (headers, body) with no X-Lchat- header of the provider's let through.
+// hop marked (Mark), headers of the mesh and of tests never sent, a request of the
+// held-connection wire versioned (WireHeader), and the answer bounded (headers, body)
+// with no X-Lchat- header of the provider's let through. An answer to a held-connection
+// request that names another version, or that would act on the held connections (a 2xx,
+// a 409 asking for a replay) without WireVersion, is a *WireError, its body unread.
 func (c *Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	start := time.Now()
 	host := mesh.NormalizeHost(req.Host)
 	dropLchatHeaders(req.Header)
 	c.P.Mark(req.Header, host, time.Now())
+	held := HeldRequest(req)
+	if held {
+		req.Header.Set(WireHeader, WireVersion)
+	} else {
+		req.Header.Del(WireHeader)
+	}
 	req.URL.Scheme, req.URL.Host = "https", c.base.Host
 	resp, err := c.tr.RoundTrip(req)
 	if err != nil {
@@ -250,6 +261,15 @@ func (c *Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	dropLchatHeaders(resp.Header)
 	dropLchatHeaders(resp.Trailer)
+	got := resp.Header.Get(WireHeader)
+	resp.Header.Del(WireHeader)
+	if held && got != WireVersion && (got != "" || resp.StatusCode/100 == 2 ||
+		resp.StatusCode == http.StatusConflict && resp.Header.Get(connhold.ReplayHeader) != "") {
+		resp.Body.Close()
+		err := &WireError{Of: "the provider's answer", Got: got}
+		c.note(start, err)
+		return nil, err
+	}
 	if c.Answered != nil && awake(req, resp) {
 		c.Answered(host)
 	}

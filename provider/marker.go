@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"fmt"
 	"net/http"
 	"time"
 
@@ -50,6 +51,48 @@ func (cs Clients) StripClient(h http.Header, host string, now time.Time) *Client
 // checkpoints saved (docs/providers.md, "Held connections"). Under the box's namespace,
 // so no client reaches it.
 const PullPath = "/.lchat/ws/pull"
+
+// The held-connection wire between a fleet's entry box and its provider (docs/providers.md,
+// "Held connections of a delegated space": the events and their answers' headers, the
+// pull's listing and its JSON lines, the entry box and reopen headers of a held stream or
+// upgrade) has a version: the fleet sends WireHeader with WireVersion on every request of
+// it (HeldRequest), the provider's box refuses one with another (CheckWire: 400, before
+// anything acts on it) and sends its own on its answers, and the fleet takes no answer
+// that acts on its held connections without it (Conn.RoundTrip).
+const (
+	WireHeader  = "Lchat-Held-Wire"
+	WireVersion = "1"
+)
+
+// HeldRequest reports whether r, from a fleet's box to its provider, is of the
+// held-connection wire: an event, a pull, or a request that names an entry box, a
+// connection, a prior instance or a reopen.
+func HeldRequest(r *http.Request) bool {
+	h := r.Header
+	return r.URL.Path == connhold.EventPath || r.URL.Path == PullPath || h.Get(connhold.EntryHeader) != "" ||
+		h.Get(connhold.ReopenHeader) != "" || h.Get(connhold.ConnIDHeader) != "" || len(h.Values(connhold.PriorHeader)) > 0
+}
+
+// WireError is a request or an answer of the held-connection wire of another version
+// than WireVersion ("" when it carries none).
+type WireError struct {
+	Of  string // "a fleet's request", "the provider's answer"
+	Got string
+}
+
+func (e *WireError) Error() string {
+	return fmt.Sprintf("%s of held-connection wire version %q; this box speaks %q", e.Of, e.Got, WireVersion)
+}
+
+// CheckWire is a *WireError for a fleet's request of the held-connection wire
+// (HeldRequest) of another version than WireVersion, nil for any other. The provider's
+// box answers it 400 (with its own WireHeader), before anything acts on it.
+func CheckWire(r *http.Request) error {
+	if got := r.Header.Get(WireHeader); HeldRequest(r) && got != WireVersion {
+		return &WireError{Of: "a fleet's request", Got: got}
+	}
+	return nil
+}
 
 // ClientEntryPrefix begins the entry box a fleet's request names (Lchat-Ws-Entry), as
 // the provider's box records it (ClientEntry): never an address this box calls, and

@@ -130,7 +130,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	b.Count()
 	host := requestHost(r)
 	hops, viaHint := b.Strip(r.Header, host)
-	client := h.stripClient(r, host, &hops)
+	client, err := h.stripClient(r, w.Header(), host, &hops)
+	if err != nil {
+		// A fleet's held-connection request of another wire version: refused before
+		// anything acts on it (an event: before any instance saw it).
+		if r.URL.Path == connhold.EventPath {
+			w.Header().Set(connhold.RefusedHeader, "1")
+		}
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return nil
+	}
 	if hops == 0 {
 		if err := h.app.conns.FromClient(r, w.Header()); err != nil {
 			return caddyhttp.Error(http.StatusBadRequest, err)
@@ -142,7 +151,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	p := &proxying{h: h, w: out, out: out, r: r, next: next, host: host, hops: hops}
 	// A peer reopening an event stream it holds: never a wake (box.Request.Reopen).
 	reopen := hops > 0 && r.Header.Get(connhold.ReopenHeader) != ""
-	err := b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint, Reopen: reopen, Client: client}, p)
+	err = b.Serve(r.Context(), box.Request{Host: host, Hops: hops, ViaHint: viaHint, Reopen: reopen, Client: client}, p)
 	return p.answerPage(err)
 }
 

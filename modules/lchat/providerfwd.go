@@ -54,19 +54,33 @@ func (h *Handler) provisionProviderProxies(ctx caddy.Context, flush caddy.Durati
 // anything else) and names the fleet that signed it for host (provider.Clients): its
 // request counts as one hop, like a peer's forward, with only the headers of a held
 // event stream kept (provider.ClientRequest). Empty: no valid marker, or a request a
-// fleet may not make (under /.lchat/).
-func (h *Handler) stripClient(r *http.Request, host string, hops *int) string {
+// fleet may not make (under /.lchat/). A fleet's request of the held-connection wire
+// carries its version (provider.WireHeader), which the answer (its header, answer)
+// carries too; one of another version is a *provider.WireError, to be refused.
+func (h *Handler) stripClient(r *http.Request, answer http.Header, host string, hops *int) (string, error) {
 	var ps *providerSet
 	if h.app != nil {
 		ps = h.app.prov
 	}
 	if ps == nil {
 		r.Header.Del("X-Lchat-Provider-Forwarded")
-		return ""
+		r.Header.Del(provider.WireHeader)
+		return "", nil
 	}
 	c := ps.clients.StripClient(r.Header, host, time.Now())
+	if c != nil {
+		if err := provider.CheckWire(r); err != nil {
+			answer.Set(provider.WireHeader, provider.WireVersion)
+			return "", err
+		}
+	}
+	held := provider.HeldRequest(r)
+	r.Header.Del(provider.WireHeader)
 	if c == nil || !provider.ClientRequest(r) {
-		return ""
+		return "", nil
+	}
+	if held {
+		answer.Set(provider.WireHeader, provider.WireVersion)
 	}
 	if e := r.Header.Get(connhold.EntryHeader); e != "" {
 		// The fleet's word for its entry box: recorded under the fleet's name, never
@@ -76,7 +90,7 @@ func (h *Handler) stripClient(r *http.Request, host string, hops *int) string {
 	if *hops == 0 {
 		*hops = 1
 	}
-	return c.Name
+	return c.Name, nil
 }
 
 // Provider forwards the request of a delegated space to its provider (box.ProviderProxy),

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +19,8 @@ import (
 	"github.com/lchat/lchat-caddy/box"
 	"github.com/lchat/lchat-caddy/connhold"
 	"github.com/lchat/lchat-caddy/held"
+	"github.com/lchat/lchat-caddy/mesh"
+	"github.com/lchat/lchat-caddy/provider"
 	"github.com/lchat/lchat-caddy/registry"
 	"github.com/lchat/lchat-caddy/tests/harness"
 )
@@ -32,6 +35,7 @@ type sleepyProvider struct {
 }
 
 func (p *sleepyProvider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set(provider.WireHeader, provider.WireVersion)
 	if r.Method == http.MethodPost {
 		p.mu.Lock()
 		p.awake = true
@@ -228,5 +232,81 @@ func TestDelegatedStreamsReopenAfterAWakeWithNoRequest(t *testing.T) {
 	for i, lines := range streams {
 		waitLine(t, lines, "after the wake", time.Until(deadline))
 		t.Logf("stream %d reopened", i)
+	}
+}
+
+// TestProviderRefusesAnotherHeldWireVersion: on a provider's box, a fleet's request of the
+// held-connection wire (a pull, an event, a held stream's reopen) with another version
+// than the box's, or none, is answered 400 naming both, before anything acts on it (an
+// event marked refused: no instance saw it); the same request with the box's version
+// reaches the box's decision (the space asleep: 409), its answer carrying the version.
+func TestProviderRefusesAnotherHeldWireVersion(t *testing.T) {
+	const room = "room.mesh.test"
+	tokA := strings.Repeat("a", 40)
+	app, cctx := testMesh(t)
+	app.ProviderClients = []*ProviderClientConfig{{Name: "fleet-a", Token: tokA, SignToken: strings.Repeat("s", 40), Domains: []string{"mesh.test"}}}
+	if err := app.provisionProviders(); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := held.New(held.Config{Box: app.box, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cs.Finish)
+	t.Cleanup(cs.Close)
+	app.conns = cs
+	if _, err := app.box.Registry().Put(registry.Route{Host: room, Kind: "demo", Hibernate: true, HostedFor: "fleet-a"}); err != nil {
+		t.Fatal(err)
+	}
+	h := &Handler{RetryAfter: caddy.Duration(5 * time.Second), app: app}
+	if err := h.provisionProviderProxies(cctx, -1); err != nil {
+		t.Fatal(err)
+	}
+	serve := func(method, path, version string, hdr map[string]string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, "http://"+room+path, strings.NewReader(`{"conns":[]}`))
+		(&provider.Provider{Token: mesh.Secret(tokA)}).Mark(r.Header, room, time.Now())
+		r.Header.Set(connhold.EntryHeader, "https://a1.mesh.test")
+		if version != "" {
+			r.Header.Set(provider.WireHeader, version)
+		}
+		for k, v := range hdr {
+			r.Header.Set(k, v)
+		}
+		w := httptest.NewRecorder()
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+		if err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil {
+			var he caddyhttp.HandlerError
+			if !errors.As(err, &he) {
+				t.Fatalf("%s %s: %v", method, path, err)
+			}
+			w.Code = he.StatusCode // as Caddy's server writes it
+		}
+		return w
+	}
+	event := map[string]string{connhold.ConnIDHeader: connhold.NewID(), connhold.EventHeader: "text", connhold.SeqHeader: "1"}
+	reopen := map[string]string{"Accept": "text/event-stream", connhold.ReopenHeader: "1"}
+	for _, tc := range []struct {
+		name, method, path, version string
+		hdr                         map[string]string
+	}{
+		{"a pull of version 2", http.MethodPost, provider.PullPath, "2", nil},
+		{"a pull of no version", http.MethodPost, provider.PullPath, "", nil},
+		{"an event of version 2", http.MethodPost, connhold.EventPath, "2", event},
+		{"a reopen of no version", http.MethodGet, "/api/events", "", reopen},
+	} {
+		w := serve(tc.method, tc.path, tc.version, tc.hdr)
+		if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), fmt.Sprintf("held-connection wire version %q", tc.version)) ||
+			w.Header().Get(provider.WireHeader) != provider.WireVersion {
+			t.Errorf("%s: %d %q (wire %q), want 400 naming the versions", tc.name, w.Code, w.Body.String(), w.Header().Get(provider.WireHeader))
+		}
+		if tc.path == connhold.EventPath && w.Header().Get(connhold.RefusedHeader) != "1" {
+			t.Errorf("%s: not marked refused", tc.name)
+		}
+	}
+	if app.box.Engine().Here(room) {
+		t.Fatal("a refused request woke the space")
+	}
+	if w := serve(http.MethodPost, provider.PullPath, provider.WireVersion, nil); w.Code != http.StatusConflict || w.Header().Get(provider.WireHeader) != provider.WireVersion {
+		t.Fatalf("a pull of this version, the space asleep: %d %q (wire %q), want 409", w.Code, w.Body.String(), w.Header().Get(provider.WireHeader))
 	}
 }
