@@ -176,6 +176,13 @@ func (e *Engine) newDurable(in *inst, ls *logStart) *durable {
 	return d
 }
 
+// checkpointForTheLog checkpoints in in the background: changes too large for a segment
+// go up in a checkpoint instead (off the gate's goroutine: the checkpoint takes inst.op,
+// which a stop holds while it closes the gate).
+func (e *Engine) checkpointForTheLog(in *inst) {
+	safego.Go(&e.wg, e.log, "checkpoint for the log", func() { e.syncNow(e.ctx, in) })
+}
+
 // cutSegment takes what the instance committed since the last segment into the next one
 // (the gate's Cut) and returns its append, nil when nothing was committed. Changes too
 // large for a segment are checkpointed instead (off the gate's goroutine: the checkpoint
@@ -195,7 +202,7 @@ func (e *Engine) cutSegment(ctx context.Context, in *inst, d *durable) (gate.Lan
 	d.next.Store(d.shipper.NextSeq())
 	d.mu.Unlock()
 	if errors.Is(err, spacestore.ErrSegmentTooLarge) {
-		safego.Go(&e.wg, e.log, "checkpoint for the log", func() { e.syncNow(e.ctx, in) })
+		e.checkpointForTheLog(in)
 		return nil, err
 	}
 	if err != nil || seg == nil {

@@ -154,7 +154,7 @@ func (e *Engine) cutStream(ctx context.Context, in *inst, d *durable, sb *stream
 	before := d.shipper.NextSeq() - 1
 	d.mu.Unlock()
 	if errors.Is(err, spacestore.ErrSegmentTooLarge) {
-		safego.Go(&e.wg, e.log, "checkpoint for the log", func() { e.syncNow(e.ctx, in) })
+		e.checkpointForTheLog(in)
 		return nil, err
 	}
 	if err != nil || seg == nil {

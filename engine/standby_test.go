@@ -195,6 +195,14 @@ func (f *standbyFleet) kill(box string) {
 	f.link.mu.Unlock()
 }
 
+// killBeating kills box within dead_after: its heartbeat still looks live, so its leases
+// hold against a plain wake, but not against a TakeOver.
+func (f *standbyFleet) killBeating(box string) {
+	f.link.mu.Lock()
+	f.link.dead[box], f.link.beating[box] = true, true
+	f.link.mu.Unlock()
+}
+
 // openDB opens the space's app.db on e as its instance would.
 func openDB(t *testing.T, e *Engine, host string) *sql.DB {
 	t.Helper()
@@ -401,9 +409,7 @@ func TestTakeOverBeforeTheHeartbeatDies(t *testing.T) {
 	a, b := f.engines["box-a"], f.engines["box-b"]
 	wake(t, a, host).acknowledged(createM, insertM("one"), insertM("two"))
 	f.buckets["box-a"].cut.Store(true)
-	f.link.mu.Lock()
-	f.link.dead["box-a"], f.link.beating["box-a"] = true, true
-	f.link.mu.Unlock()
+	f.killBeating("box-a")
 	var held *LeaseHeldError
 	if _, err := b.Acquire(ctx, Space{Host: host, Kind: "app"}); !errors.As(err, &held) {
 		t.Fatalf("a plain wake while the holder's heartbeat looks live: %v, want the lease held", err)
@@ -609,9 +615,7 @@ func TestTakeOverJoiningAPlainWake(t *testing.T) {
 	f := newStandbyFleet(t, "box-a", "box-b")
 	a, b := f.engines["box-a"], f.engines["box-b"]
 	wake(t, a, host).acknowledged(createM, insertM("one"))
-	f.link.mu.Lock()
-	f.link.dead["box-a"], f.link.beating["box-a"] = true, true
-	f.link.mu.Unlock()
+	f.killBeating("box-a")
 	hold := make(chan struct{})
 	f.buckets["box-b"].leaseHold.Store(&hold)
 	plain := make(chan error, 1)
