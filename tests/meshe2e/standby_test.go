@@ -322,3 +322,69 @@ func TestStandbyDrainHandsTheSpaceOver(t *testing.T) {
 		t.Fatalf("the wake after the handover downloaded the checkpoint: %s", c0Status(t, a))
 	}
 }
+
+// TestStandbyKilledWhileWritesFlow: three boxes, writes to a room of a standby kind flowing
+// through the box that is neither its holder nor its standby. The standby is killed with -9
+// between two writes: the holder goes on answering 201 (on bucket proofs until a new stream
+// has a live standby), never on its own disk alone, so when the holder is killed too every
+// write answered 201, before and after the standby's death, is in the room once it is served
+// through the last box.
+func TestStandbyKilledWhileWritesFlow(t *testing.T) {
+	c := newCluster(t)
+	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
+	nodes := []*node{c.start(false), c.start(false), c.start(false)}
+	harness.WaitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, nodes[0]).Mesh.Live) == 3 })
+	holder := nodes[0]
+	host := hostOwnedBy(t, "sbkill", holder, nodes...)
+	c.createSpace(nodes[1], host)
+	harness.WaitFor(t, 5*time.Second, "the row on every box", func() bool {
+		return hasRoute(nodes[1], host) && hasRoute(nodes[2], host) && hasRoute(holder, host)
+	})
+	var acked []string
+	post := func(via *node, must bool) {
+		t.Helper()
+		text := fmt.Sprintf("m-%d", len(acked))
+		code, body, err := c.do(via, "POST", host, "/api/messages", fmt.Sprintf(`{"author":"test","text":%q}`, text), nil)
+		switch {
+		case code == http.StatusCreated:
+			acked = append(acked, text)
+		case must:
+			t.Fatalf("post %s through %s: %d %v %.200s", text, via.self, code, err, body)
+		default:
+			t.Logf("post %s through %s: %d %v (not acknowledged)", text, via.self, code, err)
+		}
+	}
+	// The first write wakes the room on its owner; the holder's stream then names the standby.
+	post(nodes[1], true)
+	if got := awakeOn(t, host, nodes...); len(got) != 1 || got[0] != holder.self {
+		t.Fatalf("%s awake on %v, want %s", host, got, holder.self)
+	}
+	var standby, entry *node
+	harness.WaitFor(t, 10*time.Second, "the holder's stream to a standby", func() bool {
+		post(nodes[1], true)
+		s := standbyOf(t, holder, host)
+		for _, n := range nodes[1:] {
+			if n.self == s.Box && s.Streamed > 0 {
+				standby = n
+			} else {
+				entry = n
+			}
+		}
+		return standby != nil
+	})
+	for range 10 {
+		post(entry, true)
+	}
+	standby.Kill()
+	before := len(acked)
+	for range 30 {
+		post(entry, false)
+	}
+	if after := len(acked) - before; after < 25 {
+		t.Fatalf("with its standby dead the holder answered %d of 30 writes 201, want it to go on", after)
+	}
+	holder.Kill()
+	_, took := served(t, c, entry, host, acked, 30*time.Second)
+	t.Logf("%d writes answered 201 (%d after the standby's death), all there %v after the holder's death",
+		len(acked), len(acked)-before, took.Round(time.Millisecond))
+}
