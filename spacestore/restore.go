@@ -56,7 +56,13 @@ func (s *Syncer) Restore(ctx context.Context) error {
 			return err
 		}
 	}
-	// Seed the caches: the restored files are exactly the manifest's.
+	s.seedCaches(files, dbs)
+	return nil
+}
+
+// seedCaches takes the data dir as holding exactly files, with the databases' page states
+// dbs: a restore just wrote them.
+func (s *Syncer) seedCaches(files []File, dbs map[string]*dbState) {
 	s.hashes, s.readAt = make(map[string]File), nil
 	for _, f := range files {
 		if fp, err := fingerprint(s.DataDir, f.Path); err == nil {
@@ -69,7 +75,6 @@ func (s *Syncer) Restore(ctx context.Context) error {
 		}
 	}
 	s.dbs = dbs
-	return nil
 }
 
 // restoreAndSwap fetches files into a fresh directory in WorkDir and renames it over

@@ -162,19 +162,8 @@ func (s *Syncer) warmOver(ctx context.Context) (fetched int64, done bool, err er
 			}
 		}
 	}
-	// Seed the caches as Restore does: the files are exactly the manifest's.
-	s.hashes, s.readAt = make(map[string]File), nil
-	for _, f := range files {
-		if fp, err := fingerprint(s.DataDir, f.Path); err == nil {
-			s.hashes[fp] = f
-		}
-		if st := dbs[f.Path]; st != nil {
-			if fi, err := os.Stat(filepath.Join(s.DataDir, filepath.FromSlash(f.Path))); err == nil {
-				st.dev, st.ino = statID(fi)
-			}
-		}
-	}
-	s.dbs, s.reused = dbs, false
+	s.seedCaches(files, dbs)
+	s.reused = false
 	return fetched, true, nil
 }
 
