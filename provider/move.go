@@ -123,14 +123,20 @@ func setDelegation(ctx context.Context, f Fleet, host, provider, state string) e
 	return nil
 }
 
+// moveRoute is host's route for a move; ErrMoveNotFound when there is none.
+func moveRoute(f Fleet, host string) (registry.Route, error) {
+	rt, err := f.Route(host)
+	if errors.Is(err, registry.ErrNotFound) {
+		return rt, moveErr(ErrMoveNotFound, "no route for host %s", host)
+	}
+	return rt, err
+}
+
 // Delegate moves host's space to the provider c connects to.
 func Delegate(ctx context.Context, f Fleet, c *Conn, host string) (Moved, error) {
 	p := c.P
 	res := Moved{Host: host, Provider: p.Name}
-	rt, err := f.Route(host)
-	if errors.Is(err, registry.ErrNotFound) {
-		return res, moveErr(ErrMoveNotFound, "no route for host %s", host)
-	}
+	rt, err := moveRoute(f, host)
 	if err != nil {
 		return res, err
 	}
@@ -238,10 +244,7 @@ func undoDelegate(ctx context.Context, f Fleet, c *Conn, host string, resumed bo
 func Reclaim(ctx context.Context, f Fleet, c *Conn, host string, lim Limits) (Moved, error) {
 	p := c.P
 	res := Moved{Host: host, Provider: p.Name}
-	rt, err := f.Route(host)
-	if errors.Is(err, registry.ErrNotFound) {
-		return res, moveErr(ErrMoveNotFound, "no route for host %s", host)
-	}
+	rt, err := moveRoute(f, host)
 	if err != nil {
 		return res, err
 	}
