@@ -68,18 +68,28 @@ func badExport(format string, args ...any) error {
 // never is the liveness of a spool directory's leases: it has none.
 func never(string, string) bool { return false }
 
+// tempSpool is a file bucket in a fresh directory under tmp, removed by done.
+func tempSpool(tmp, prefix string) (spool bucket.Bucket, done func(), err error) {
+	dir, err := os.MkdirTemp(tmp, prefix)
+	if err != nil {
+		return nil, nil, fmt.Errorf("making the spool: %v", err)
+	}
+	fb, err := filebucket.New(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return fb, func() { os.RemoveAll(dir) }, nil
+}
+
 // WriteExport writes the export of host's space in src (asleep: its lease free by
 // srcLive) to w, signed with key. tmp is a directory for the spool, removed after.
 func WriteExport(ctx context.Context, w io.Writer, src bucket.Bucket, srcLive spacestore.LiveFunc, host, tmp string, key mesh.Secret) (spacestore.CopyResult, error) {
-	dir, err := os.MkdirTemp(tmp, "export-")
-	if err != nil {
-		return spacestore.CopyResult{}, fmt.Errorf("making the spool: %v", err)
-	}
-	defer os.RemoveAll(dir)
-	spool, err := filebucket.New(dir)
+	spool, done, err := tempSpool(tmp, "export-")
 	if err != nil {
 		return spacestore.CopyResult{}, err
 	}
+	defer done()
 	res, err := spacestore.CopySpace(ctx, src, spool, host, srcLive, never)
 	if err != nil {
 		return res, err
@@ -150,15 +160,11 @@ func writeObject(ctx context.Context, out io.Writer, spool bucket.Bucket, o buck
 // (CopyResult.Skipped). The space's scheduled wake is not recorded: the side that
 // serves the space next does that (restoreWake) once it serves it.
 func ReadExport(ctx context.Context, r io.Reader, dst bucket.Bucket, dstLive spacestore.LiveFunc, host, tmp string, key mesh.Secret, lim Limits) (spacestore.CopyResult, error) {
-	dir, err := os.MkdirTemp(tmp, "import-")
-	if err != nil {
-		return spacestore.CopyResult{}, fmt.Errorf("making the spool: %v", err)
-	}
-	defer os.RemoveAll(dir)
-	spool, err := filebucket.New(dir)
+	spool, done, err := tempSpool(tmp, "import-")
 	if err != nil {
 		return spacestore.CopyResult{}, err
 	}
+	defer done()
 	if err := readStream(ctx, r, spool, host, key, lim.withDefaults()); err != nil {
 		return spacestore.CopyResult{}, err
 	}
