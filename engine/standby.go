@@ -297,27 +297,48 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 	if err != nil || rec == nil {
 		return nil, nil, err
 	}
-	switch {
-	case rec.Gen != gen, spacestore.SameClaim(rec.Claim, claim):
-		return nil, nil, nil // a stream of an older generation (a checkpoint covers it), or ours
-	case rec.BaseSeq > 0 && (lg.Sealer == nil || !spacestore.SameClaim(*lg.Sealer, rec.Claim)):
-		return nil, nil, nil // a later holder sealed the log since: the stream is older
-	case rec.BaseSeq == 0 && lg.Sealer != nil:
+	// Each way of not taking the stream is logged: a takeover that leaves a stream behind
+	// must say why, or a lost write could not be traced to it.
+	skip := func(why string) (*spacestore.StandbyRecord, []*spacestore.Segment, error) {
+		log.Info("not taking the standby's stream", zap.String("why", why), zap.String("standby", rec.Box),
+			zap.Int64("stream_generation", rec.Gen), zap.Int64("generation", gen), zap.Int64("base_seq", rec.BaseSeq),
+			zap.String("holder", rec.Claim.Holder))
 		return nil, nil, nil
+	}
+	switch {
+	case rec.Gen != gen:
+		return skip("a stream of another generation (a checkpoint covers it)")
+	case spacestore.SameClaim(rec.Claim, claim):
+		return nil, nil, nil // ours
+	case rec.BaseSeq > 0 && (lg.Sealer == nil || !spacestore.SameClaim(*lg.Sealer, rec.Claim)):
+		return skip("a later holder sealed the log since: the stream is older")
+	case rec.BaseSeq == 0 && lg.Sealer != nil:
+		return skip("the log was sealed since the stream's checkpoint: the stream is older")
 	case lg.Last < rec.BaseSeq:
 		return nil, nil, fmt.Errorf("the stream builds on segment %d of the log, which ends at %d", rec.BaseSeq, lg.Last)
 	}
-	if !e.cfg.Standby.Live(rec.Box) {
-		log.Warn("the space's standby is not a live member: writes it alone held with the dead holder are lost",
-			zap.String("standby", rec.Box), zap.String("holder", rec.Claim.Holder))
+	// A standby that is not a live member may still answer: its heartbeat stale because
+	// its own bucket link failed (fenced), it keeps its spool. Its stream is taken if it
+	// answers the seal; only a standby that cannot be reached and is not live is a second
+	// failure.
+	live := e.cfg.Standby.Live(rec.Box)
+	sctx := ctx
+	if !live {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, standbyPutTimeout)
+		defer cancel()
+	}
+	entries, err := e.cfg.Standby.Seal(sctx, rec.Box, in.host, gen, rec.Claim)
+	if err != nil && !live {
+		log.Warn("the space's standby is not a live member and does not answer: writes it alone held with the dead holder are lost",
+			zap.String("standby", rec.Box), zap.String("holder", rec.Claim.Holder), zap.Error(err))
 		return nil, nil, nil
 	}
-	entries, err := e.cfg.Standby.Seal(ctx, rec.Box, in.host, gen, rec.Claim)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sealing the stream on the standby %s: %w", rec.Box, err)
 	}
 	if len(entries) == 0 {
-		return nil, nil, nil
+		return skip("the standby holds no segment of the stream")
 	}
 	segs := make([]*spacestore.Segment, len(entries))
 	for i, en := range entries {
@@ -338,7 +359,8 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 	}
 	if last := entries[len(entries)-1]; last.BucketBefore < lastB {
 		// The bucket log was cut after the stream's last segment: it is the newer state.
-		return nil, nil, nil
+		return skip(fmt.Sprintf("the bucket log (segment %d of the holder) was cut after the stream's last segment (%d segments, after bucket segment %d)",
+			lastB, len(entries), last.BucketBefore))
 	}
 	return rec, segs, nil
 }

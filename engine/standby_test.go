@@ -34,7 +34,10 @@ type spoolLink struct {
 	// beating names the dead boxes whose heartbeat still looks live (killed within
 	// dead_after): their leases hold but for a TakeOver.
 	beating map[string]bool
-	puts    *atomic.Int64
+	// unlisted names the boxes that answer but are not live members (their heartbeats
+	// stale: their bucket link is cut).
+	unlisted map[string]bool
+	puts     *atomic.Int64
 }
 
 func (l spoolLink) Pick(host string) (string, bool) {
@@ -49,7 +52,7 @@ func (l spoolLink) Pick(host string) (string, bool) {
 }
 
 func (l spoolLink) Put(ctx context.Context, box, host string, e standby.Entry) error {
-	if !l.Live(box) {
+	if !l.reachable(box) {
 		return errors.New("connection refused")
 	}
 	l.puts.Add(1)
@@ -57,14 +60,14 @@ func (l spoolLink) Put(ctx context.Context, box, host string, e standby.Entry) e
 }
 
 func (l spoolLink) Seal(ctx context.Context, box, host string, gen int64, claim spacestore.Claim) ([]standby.Entry, error) {
-	if !l.Live(box) {
+	if !l.reachable(box) {
 		return nil, errors.New("connection refused")
 	}
 	return l.spools[box].Seal(host, gen, claim)
 }
 
 func (l spoolLink) Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim, handover bool) error {
-	if !l.Live(box) {
+	if !l.reachable(box) {
 		return errors.New("connection refused")
 	}
 	if handover {
@@ -74,6 +77,12 @@ func (l spoolLink) Retire(ctx context.Context, box, host string, gen int64, clai
 }
 
 func (l spoolLink) Live(box string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.dead[box] && !l.unlisted[box]
+}
+
+func (l spoolLink) reachable(box string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return !l.dead[box]
@@ -141,7 +150,7 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 		spools[box] = sp
 	}
 	var mu sync.Mutex
-	dead, beating := map[string]bool{}, map[string]bool{}
+	dead, beating, unlisted := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	puts := new(atomic.Int64)
 	for _, box := range boxes {
 		dir, err := os.MkdirTemp("", "eng")
@@ -150,7 +159,7 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		lb := &logCut{Bucket: fb}
-		link := spoolLink{self: box, spools: spools, mu: &mu, dead: dead, beating: beating, puts: puts}
+		link := spoolLink{self: box, spools: spools, mu: &mu, dead: dead, beating: beating, unlisted: unlisted, puts: puts}
 		e, err := New(Config{
 			Bucket: lb, StateDir: dir, Holder: box, Incarnation: "1",
 			Kinds: map[string]Kind{"app": {
@@ -653,5 +662,36 @@ func TestTakeOverJoiningAPlainWake(t *testing.T) {
 	}
 	if err := <-took; err != nil {
 		t.Fatalf("the takeover that joined the plain wake: %v", err)
+	}
+}
+
+// TestTakeoverTakesTheStreamOfAnUnlistedStandby: the holder's and the standby's bucket links
+// are cut at once (a stalled store): the holder goes on acknowledging on its standby's word,
+// the standby's heartbeat goes stale (it is no longer a live member) but it answers; the
+// holder dies; the takeover on a third box seals the stream on the standby all the same and
+// finds every acknowledged write, where it used to count the standby dead and lose them.
+func TestTakeoverTakesTheStreamOfAnUnlistedStandby(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	const host = "unlisted.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
+	a, c := f.engines["box-a"], f.engines["box-c"]
+	sp := wake(t, a, host)
+	sp.acknowledged(createM, insertM("one"))
+	if st := logStatusOf(t, a, host); st.Standby == nil || st.Standby.Box != "box-b" {
+		t.Fatalf("status %+v: want a stream to box-b", st.Standby)
+	}
+	f.buckets["box-a"].cut.Store(true)
+	f.buckets["box-b"].cut.Store(true)
+	for i := range 10 {
+		sp.acknowledged(insertM(fmt.Sprint("cut ", i)))
+	}
+	f.link.mu.Lock()
+	f.link.unlisted["box-b"] = true
+	f.link.mu.Unlock()
+	f.kill("box-a")
+	if n := rowsOn(t, c, host); n != 11 {
+		t.Fatalf("the taker has %d of the 11 acknowledged rows", n)
 	}
 }
