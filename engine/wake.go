@@ -124,7 +124,8 @@ func (e *Engine) wake(in *inst, from State, ticket uint64) (unsaved bool, err er
 	}()
 
 	in.warmGen.Store(0) // the wake consumes the standby copy's record (prewarm.go)
-	e.syncerOf(in).Retention, in.syncer.GCGrace = kind.Retention, kind.GCGrace
+	s := e.syncerOf(in)
+	s.Retention, s.GCGrace = kind.Retention, kind.GCGrace
 	// The disk is mounted before the restore, which writes into it.
 	if _, err := e.attachDisk(in, kind); err != nil {
 		log.Error("attaching the space's disk", zap.Error(err))
