@@ -306,8 +306,13 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 		return nil, nil, nil
 	}
 	switch {
-	case rec.Gen != gen:
-		return skip("a stream of another generation (a checkpoint covers it)")
+	case rec.Gen < gen:
+		// The usual case of a space that slept or checkpointed since: not worth a line.
+		log.Debug("not taking the standby's stream: a checkpoint after it covers it", zap.Int64("stream_generation", rec.Gen),
+			zap.Int64("generation", gen))
+		return nil, nil, nil
+	case rec.Gen > gen:
+		return skip("a stream of a newer generation than the checkpoint restored")
 	case spacestore.SameClaim(rec.Claim, claim):
 		return nil, nil, nil // ours
 	case rec.BaseSeq > 0 && (lg.Sealer == nil || !spacestore.SameClaim(*lg.Sealer, rec.Claim)):
