@@ -18,14 +18,7 @@ import (
 func TestHealthIsUnknownUntilARequestFinishes(t *testing.T) {
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer srv.Close()
-	roots := x509.NewCertPool()
-	roots.AddCert(srv.Certificate())
-	c, err := NewConn(&Provider{Name: "partner", URL: srv.URL, Token: mesh.Secret(strings.Repeat("t", 40)),
-		AcceptToken: mesh.Secret(strings.Repeat("a", 40)), Domains: []string{"example.com"}}, ConnOptions{Roots: roots}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := partnerConn(t, srv)
 	forward := func() {
 		req, _ := http.NewRequest(http.MethodGet, "https://room.example.com/api/messages", nil)
 		if resp, err := c.RoundTrip(req); err == nil {
@@ -63,14 +56,7 @@ func TestHeldWireIsVersioned(t *testing.T) {
 		answer(w, r)
 	}))
 	defer srv.Close()
-	roots := x509.NewCertPool()
-	roots.AddCert(srv.Certificate())
-	c, err := NewConn(&Provider{Name: "partner", URL: srv.URL, Token: mesh.Secret(strings.Repeat("t", 40)),
-		AcceptToken: mesh.Secret(strings.Repeat("a", 40)), Domains: []string{"example.com"}}, ConnOptions{Roots: roots}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := partnerConn(t, srv)
 	reply := func(code int, version string, h ...string) func(http.ResponseWriter, *http.Request) {
 		return func(w http.ResponseWriter, r *http.Request) {
 			if version != "" {
@@ -140,4 +126,19 @@ func TestHeldWireIsVersioned(t *testing.T) {
 	if err := CheckWire(r); err != nil {
 		t.Errorf("CheckWire of a plain request: %v", err)
 	}
+}
+
+// partnerConn is a connection to the provider "partner" at srv, trusting srv's certificate,
+// closed with the test.
+func partnerConn(t *testing.T, srv *httptest.Server) *Conn {
+	t.Helper()
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	c, err := NewConn(&Provider{Name: "partner", URL: srv.URL, Token: mesh.Secret(strings.Repeat("t", 40)),
+		AcceptToken: mesh.Secret(strings.Repeat("a", 40)), Domains: []string{"example.com"}}, ConnOptions{Roots: roots}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
 }
