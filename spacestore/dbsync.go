@@ -60,7 +60,7 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		return dbResult{}, err
 	}
 	defer v.Close()
-	ch, err := detectChanges(v, prev)
+	ch, err := detectChanges(v, prev, nil)
 	if err != nil {
 		return dbResult{}, err
 	}
@@ -96,8 +96,9 @@ type dbChanges struct {
 func (ch dbChanges) size() int64 { return int64(ch.pages) * int64(ch.pageSize) }
 
 // detectChanges finds the pages of the view that differ from prev: from the WAL tail when
-// the WAL kept its identity since prev, else by one scan that hashes every page.
-func detectChanges(v pageread.Source, prev *dbState) (dbChanges, error) {
+// the WAL kept its identity since prev, else by one scan that hashes every page. hold, if
+// not nil, keeps a copy of each changed page as it is read (up to its limit).
+func detectChanges(v pageread.Source, prev *dbState, hold *heldPages) (dbChanges, error) {
 	sh := v.Shape()
 	usable := prev != nil && prev.dev == sh.Dev && prev.ino == sh.Ino && prev.img.PageSize == sh.PageSize
 	if !usable && sh.Tail {
@@ -128,6 +129,7 @@ func detectChanges(v pageread.Source, prev *dbState) (dbChanges, error) {
 				ns.sum ^= ns.hashes[pg-1] ^ h
 				ns.hashes[pg-1] = h
 				ch.changed = append(ch.changed, pg)
+				hold.add(pg, page)
 			}
 			return nil
 		})
@@ -144,6 +146,7 @@ func detectChanges(v pageread.Source, prev *dbState) (dbChanges, error) {
 		ns.sum ^= h
 		if !usable || int(pg) > len(prev.hashes) || prev.hashes[pg-1] != h {
 			ch.changed = append(ch.changed, pg)
+			hold.add(pg, data)
 		}
 		return nil
 	})
@@ -229,7 +232,61 @@ func (s *Syncer) writeBase(ctx context.Context, v pageread.Source, img *DBImage,
 // encodeDelta writes pages of the view as one LTX file. Page checksums are off (the object's
 // SHA-256 and the image checksum guard the content); LTX's own file checksum stays.
 func encodeDelta(v pageread.Source, pages []uint32, minGen, maxGen int64, now time.Time) ([]byte, error) {
-	sh := v.Shape()
+	return encodePages(v.Shape(), v.ReadPages, pages, minGen, maxGen, now)
+}
+
+// heldPages are copies of pages read under a view, in ascending page order, kept for after
+// the view ends: the log shipper encodes its segment from them once it has let the
+// database's write lock go, so the instance's writers wait for the read only, not for the
+// encoding (and an isolated space's pages cross the helper's pipe once). Past limit bytes
+// it keeps nothing (over), and the caller reads from the view as before.
+type heldPages struct {
+	limit int
+	over  bool
+	pgs   []uint32
+	offs  []int // where each page starts in slab
+	slab  []byte
+}
+
+// add keeps a copy of page pg, read after every page added before it. A nil h keeps nothing.
+func (h *heldPages) add(pg uint32, data []byte) {
+	if h == nil || h.over {
+		return
+	}
+	if len(h.slab)+len(data) > h.limit {
+		h.over, h.pgs, h.offs, h.slab = true, nil, nil, nil
+		return
+	}
+	h.pgs = append(h.pgs, pg)
+	h.offs = append(h.offs, len(h.slab))
+	h.slab = append(h.slab, data...)
+}
+
+// ReadPages calls fn with each of pgnos (ascending, each one held) in order, as a view's
+// ReadPages does.
+func (h *heldPages) ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) error) error {
+	i := 0
+	for _, pg := range pgnos {
+		for i < len(h.pgs) && h.pgs[i] < pg {
+			i++
+		}
+		if i == len(h.pgs) || h.pgs[i] != pg {
+			return fmt.Errorf("page %d was not kept", pg)
+		}
+		end := len(h.slab)
+		if i+1 < len(h.offs) {
+			end = h.offs[i+1]
+		}
+		if err := fn(pg, h.slab[h.offs[i]:end]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// encodePages writes pages, read by read, as one LTX file of a database of shape sh
+// (encodeDelta).
+func encodePages(sh pageread.Shape, read func([]uint32, func(uint32, []byte) error) error, pages []uint32, minGen, maxGen int64, now time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	enc, err := ltx.NewEncoder(&buf)
 	if err != nil {
@@ -243,14 +300,14 @@ func encodeDelta(v pageread.Source, pages []uint32, minGen, maxGen int64, now ti
 		return nil, fmt.Errorf("encoding delta: %w", err)
 	}
 	lock := lockPgno(sh.PageSize)
-	read := make([]uint32, 0, len(pages))
+	want := make([]uint32, 0, len(pages))
 	for _, pg := range pages {
 		if pg <= sh.Pages && pg != lock {
-			read = append(read, pg)
+			want = append(want, pg)
 		}
 	}
 	var encErr error
-	err = v.ReadPages(read, func(pg uint32, page []byte) error {
+	err = read(want, func(pg uint32, page []byte) error {
 		if err := enc.EncodePage(ltx.PageHeader{Pgno: pg}, page); err != nil {
 			encErr = fmt.Errorf("encoding delta: %w", err)
 			return encErr

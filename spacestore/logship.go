@@ -203,6 +203,8 @@ type LogShipper struct {
 	skipped []SkippedFile
 	// opens counts the views opened: what "nothing new" saves.
 	opens int
+	// holdLimit is maxHeldBytes (a test lowers it).
+	holdLimit int
 }
 
 // NewLogShipper returns a shipper of the log of generation gen, whose next segment is seq
@@ -213,7 +215,7 @@ type LogShipper struct {
 func NewLogShipper(dataDir string, reader *PageReader, base *LogBase, gen, next int64, claim Claim) *LogShipper {
 	l := &LogShipper{dataDir: dataDir, reader: reader, gen: gen, next: next, claim: claim,
 		dbs: make(map[string]*dbState), seen: make(map[string]dbSig), kinds: make(map[string]kindSig),
-		viewed: make(map[string]time.Time)}
+		viewed: make(map[string]time.Time), holdLimit: maxHeldBytes}
 	if reader == nil {
 		l.keep = inProcess{pageread.NewKeeper()}
 	} else {
@@ -230,6 +232,11 @@ func NewLogShipper(dataDir string, reader *PageReader, base *LogBase, gen, next 
 	}
 	return l
 }
+
+// maxHeldBytes bounds the copies of changed pages a LogShipper keeps to encode a segment
+// after letting the database's lock go (heldPages); a larger change is encoded under the
+// lock, from the view.
+const maxHeldBytes = 32 << 20
 
 // keepIdle is how long a LogShipper keeps a database's connection after its last view: a
 // space that writes keeps its connections, one whose writes paused holds none.
@@ -385,7 +392,8 @@ func (l *LogShipper) read(ctx context.Context, abs, rel string, prev *dbState, n
 	if v.Shape().Pages > maxLogPages {
 		return nil, nil, nil
 	}
-	ch, err := detectChanges(v, prev)
+	hold := &heldPages{limit: l.holdLimit}
+	ch, err := detectChanges(v, prev, hold)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -394,8 +402,14 @@ func (l *LogShipper) read(ctx context.Context, abs, rel string, prev *dbState, n
 	if ch.pages == 0 || ch.usable && len(ch.changed) == 0 && ch.pages == prev.img.Pages {
 		return nil, st, nil
 	}
+	sh, read := v.Shape(), v.ReadPages
+	if !hold.over {
+		// Every changed page is held: the instance may commit again while we encode.
+		v.Close()
+		read = hold.ReadPages
+	}
 	// LTX transaction ids start at 2: an LTX file starting at 1 is a snapshot.
-	data, err := encodeDelta(v, ch.changed, l.next+1, l.next+1, now)
+	data, err := encodePages(sh, read, ch.changed, l.next+1, l.next+1, now)
 	if err != nil {
 		return nil, nil, err
 	}
