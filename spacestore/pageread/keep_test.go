@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The instance's side in these tests: a connection of its own to the database, as the
@@ -364,5 +366,62 @@ func TestOldBoxAndOldHelper(t *testing.T) {
 	_, err = NewSession(bytes.NewReader(old.Bytes()), io.Discard).Open(p, nil, goodFiles)
 	if err == nil || !strings.Contains(err.Error(), "older lchat-pageread") {
 		t.Fatalf("an old helper gave %v", err)
+	}
+}
+
+// TestViewWaitsForTheInstancesWriteLock: a view opened while the instance holds the write
+// lock waits for it (begin's own wait: the connection's busy timeout is 0) and opens once
+// the instance's transaction ends, with its commit in the view; a view whose ctx ends first
+// fails with the ctx's error and leaves the keeper usable.
+func TestViewWaitsForTheInstancesWriteLock(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "app.db")
+	db := instanceDB(t, p)
+	insert(t, db, 3, "before")
+	k := NewKeeper()
+	defer k.Close()
+	v, err := k.Open(context.Background(), p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := v.Shape().Pos.Frames
+	v.Close() // the keeper keeps the connection: the next views begin on it
+
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("INSERT INTO m (body) VALUES ('held')"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err = k.Open(ctx, p, nil)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a view while the instance writes, ctx ending: %v, want the ctx's deadline", err)
+	}
+
+	opened := make(chan *View, 1)
+	go func() {
+		v, err := k.Open(context.Background(), p, nil)
+		if err != nil {
+			t.Error(err)
+		}
+		opened <- v
+	}()
+	select {
+	case v := <-opened:
+		t.Fatalf("a view opened while the instance held the write lock: %v", v)
+	case <-time.After(30 * time.Millisecond):
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	v = <-opened
+	if v == nil {
+		t.FailNow()
+	}
+	defer v.Close()
+	if got := v.Shape().Pos.Frames; got <= before {
+		t.Fatalf("the view after the commit reads %d frames, as before it (%d)", got, before)
 	}
 }
