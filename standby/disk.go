@@ -23,16 +23,20 @@ import (
 //	                                  temporary file, fsync, rename, fsync of the directory)
 //	<dir>/<host>/<id %016x>.stream    one stream: a header, then one record per entry
 //
-// A stream file is append-only: a put writes one record at the end and fsyncs the file, so
-// an acknowledgement costs one fsync; the file's directory entry was fsynced when the
+// A stream file is append-only: a put writes one record after the last and syncs the file,
+// so an acknowledgement costs one sync; the file's directory entry was fsynced when the
 // stream began (before the state named it). A record is
 //
-//	length:4 (of the data) crc32c:4 (of BucketBefore and the data) BucketBefore:8 data
+//	length:4 (of the data, never 0) crc32c:4 (of BucketBefore and the data) BucketBefore:8 data
 //
-// A crash in the middle of a put leaves a record cut short or with a wrong checksum at the
-// file's end, which the put never acknowledged: Open cuts it off. A bad record with more
-// after it is damage, and Open fails on it. A stream file the state does not name (a crash
-// while a stream was being replaced) is deleted.
+// The file grows ahead of its records in zeros (at least growBy at a time, written and
+// fsynced before a record goes there), so a put overwrites blocks the file already has and
+// its sync is an fdatasync that writes the data alone: on ext4 about half an fsync of an
+// append. A length of 0 is the end of the records. A crash in the middle of a put leaves a
+// record cut short or with a wrong checksum after the last good one, which the put never
+// acknowledged: Open cuts it off (with the zeros). A bad record with a good one after it is
+// damage, and Open fails on it. A stream file the state does not name (a crash while a
+// stream was being replaced) is deleted.
 
 const (
 	stateName    = "state.json"
@@ -60,8 +64,9 @@ type stream struct {
 	claim spacestore.Claim
 	path  string
 	f     *os.File
-	// size is the file's length up to the end of the last good record.
-	size int64
+	// size is the file's length up to the end of the last good record; alloc is its
+	// length, the zeros past size included.
+	size, alloc int64
 	// ents indexes the entries, ents[i] holding seq i+1.
 	ents []entryRef
 	// bytes is the stream's size as a seal answer carries it.
@@ -94,6 +99,7 @@ func createStream(dir string, id int64, m mark, e Entry) (*stream, error) {
 		return nil, err
 	}
 	st.size = int64(len(streamMagic))
+	st.alloc = st.size
 	if err := st.append(e); err != nil {
 		st.remove()
 		return nil, err
@@ -113,9 +119,12 @@ func (st *stream) append(e Entry) error {
 	binary.BigEndian.PutUint64(rec[8:], uint64(e.BucketBefore))
 	copy(rec[recordHeader:], e.Data)
 	binary.BigEndian.PutUint32(rec[4:], crc32.Checksum(rec[8:], castagnoli))
-	_, err := st.f.WriteAt(rec, st.size)
+	err := st.grow(st.size + int64(len(rec)))
 	if err == nil {
-		err = st.f.Sync()
+		_, err = st.f.WriteAt(rec, st.size)
+	}
+	if err == nil {
+		err = fdatasync(st.f)
 	}
 	if err != nil {
 		st.broken = err
@@ -125,6 +134,27 @@ func (st *stream) append(e Entry) error {
 	st.ents = append(st.ents, entryRef{off: st.size + recordHeader, n: len(e.Data), bb: e.BucketBefore})
 	st.size += int64(len(rec))
 	st.bytes += entrySize(e)
+	return nil
+}
+
+// growBy is the least a stream file grows by in zeros ahead of its records.
+const growBy = 1 << 20
+
+// grow makes the file at least n bytes long, the new bytes zeros written and fsynced (the
+// file's size with them), so that a record written below n needs only an fdatasync.
+func (st *stream) grow(n int64) error {
+	if n <= st.alloc {
+		return nil
+	}
+	to := max(n, st.alloc+growBy)
+	zeros := make([]byte, to-st.alloc)
+	if _, err := st.f.WriteAt(zeros, st.alloc); err != nil {
+		return err
+	}
+	if err := st.f.Sync(); err != nil {
+		return err
+	}
+	st.alloc = to
 	return nil
 }
 
@@ -286,6 +316,9 @@ func openStream(dir string, id int64, m mark) (*stream, error) {
 	st.size = int64(len(streamMagic))
 	for st.size < end {
 		e, err := readRecord(f, st.size, end)
+		if errors.Is(err, errEnd) {
+			break
+		}
 		if errors.Is(err, errTorn) {
 			// A put cut by a crash before it answered: never acknowledged.
 			if err := f.Truncate(st.size); err != nil {
@@ -294,6 +327,7 @@ func openStream(dir string, id int64, m mark) (*stream, error) {
 			if err := f.Sync(); err != nil {
 				return fail("%v", err)
 			}
+			end = st.size
 			break
 		}
 		if err != nil {
@@ -313,15 +347,23 @@ func openStream(dir string, id int64, m mark) (*stream, error) {
 	if len(st.ents) == 0 {
 		return fail("a stream with no entry")
 	}
+	st.alloc = end
 	return st, nil
 }
 
-// errTorn is a record cut short, or with a wrong checksum, at the end of its file.
-var errTorn = errors.New("torn record")
+var (
+	// errTorn is a record cut short, or with a wrong checksum, after the last good one.
+	errTorn = errors.New("torn record")
+	// errEnd is the zeros after the last record.
+	errEnd = errors.New("end of the records")
+)
 
 // readRecord reads the record at off of a file of end bytes.
 func readRecord(f *os.File, off, end int64) (Entry, error) {
 	if end-off < recordHeader {
+		if end-off >= 4 && zeroAt(f, off, 4) {
+			return Entry{}, errEnd
+		}
 		return Entry{}, errTorn
 	}
 	hdr := make([]byte, recordHeader)
@@ -329,6 +371,12 @@ func readRecord(f *os.File, off, end int64) (Entry, error) {
 		return Entry{}, err
 	}
 	n := int64(binary.BigEndian.Uint32(hdr[0:]))
+	if n == 0 {
+		if bytes.Equal(hdr, make([]byte, recordHeader)) {
+			return Entry{}, errEnd
+		}
+		return Entry{}, errTorn
+	}
 	if off+recordHeader+n > end {
 		return Entry{}, errTorn
 	}
@@ -337,12 +385,19 @@ func readRecord(f *os.File, off, end int64) (Entry, error) {
 		return Entry{}, err
 	}
 	if crc32.Checksum(rec, castagnoli) != binary.BigEndian.Uint32(hdr[4:]) {
-		if off+recordHeader+n == end {
-			return Entry{}, errTorn
+		if next := off + recordHeader + n; next == end || next+4 <= end && zeroAt(f, next, 4) {
+			return Entry{}, errTorn // nothing after it: a put that never answered
 		}
 		return Entry{}, errors.New("bad checksum with entries after it")
 	}
 	return Entry{BucketBefore: int64(binary.BigEndian.Uint64(rec[:8])), Data: rec[8:]}, nil
+}
+
+// zeroAt reports whether f holds n zero bytes at off.
+func zeroAt(f *os.File, off int64, n int) bool {
+	b := make([]byte, n)
+	_, err := f.ReadAt(b, off)
+	return err == nil && bytes.Equal(b, make([]byte, n))
 }
 
 // syncDir fsyncs a directory, so the names in it last.

@@ -2,6 +2,7 @@ package standby
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -242,38 +243,58 @@ func streamPath(t *testing.T, dir, host string) string {
 	return m[0]
 }
 
-// TestOpenCutsATornPut: a put cut by a crash (a record short or with a wrong checksum at the
-// end of the file) was never acknowledged, so Open cuts it off and the stream goes on; a
-// bad record with entries after it is damage, and Open says where.
+// TestOpenCutsATornPut: a put cut by a crash (a record short or with a wrong checksum after
+// the last good one, the file's zeros after it or its end) was never acknowledged, so Open
+// cuts it off and the stream goes on; a bad record with entries after it is damage, and
+// Open says where.
 func TestOpenCutsATornPut(t *testing.T) {
 	want := []Entry{entry(t, 1, 1, claimA, 0), entry(t, 1, 2, claimA, 0)}
 	third := entry(t, 1, 3, claimA, 0)
-	for name, tear := range map[string]func(p string){
-		"a short header": func(p string) { appendFile(t, p, []byte{0, 0, 1}) },
-		"short data": func(p string) {
-			full := recordBytes(third)
-			appendFile(t, p, full[:len(full)-7])
-		},
-		"a wrong checksum": func(p string) {
+	for name, tear := range map[string][]byte{
+		"a short header": {0, 0, 1},
+		"short data":     recordBytes(third)[:len(recordBytes(third))-7],
+		"a wrong checksum": func() []byte {
 			full := recordBytes(third)
 			full[len(full)-1] ^= 1
-			appendFile(t, p, full)
-		},
+			return full
+		}(),
 	} {
-		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
-			s, _ := Open(dir)
-			mustPut(t, s, host, want...)
-			s.Close()
-			tear(streamPath(t, dir, host))
-			s = openSpool(t, dir)
-			mustPut(t, s, host, third)
-			got, err := s.Seal(host, 1, claimA)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sameEntries(t, got, append(want, third))
-		})
+		for _, zeros := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s, zeros after it %v", name, zeros), func(t *testing.T) {
+				dir := t.TempDir()
+				s, _ := Open(dir)
+				mustPut(t, s, host, want...)
+				s.Close()
+				p := streamPath(t, dir, host)
+				end := recordsEnd(t, p)
+				if fi, err := os.Stat(p); err != nil || fi.Size() <= end {
+					t.Fatalf("the stream file ends with its records (%v, %v): no zeros ahead of them", fi.Size(), err)
+				}
+				if !zeros {
+					os.Truncate(p, end) // a file written before the zeros
+				}
+				f, err := os.OpenFile(p, os.O_WRONLY, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.WriteAt(tear, end)
+				f.Close()
+				s = openSpool(t, dir)
+				mustPut(t, s, host, third)
+				got, err := s.Seal(host, 1, claimA)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sameEntries(t, got, append(want, third))
+				s.Close()
+				s = openSpool(t, dir) // the third entry, written where the torn one was
+				got, err = s.Seal(host, 1, claimA)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sameEntries(t, got, append(want, third))
+			})
+		}
 	}
 	t.Run("damage in the middle", func(t *testing.T) {
 		dir := t.TempDir()
@@ -290,6 +311,7 @@ func TestOpenCutsATornPut(t *testing.T) {
 	})
 }
 
+// recordBytes is e as a stream file's record.
 func recordBytes(e Entry) []byte {
 	st := &stream{}
 	dir, _ := os.MkdirTemp("", "rec")
@@ -298,16 +320,24 @@ func recordBytes(e Entry) []byte {
 	defer st.f.Close()
 	st.append(e)
 	b, _ := os.ReadFile(filepath.Join(dir, "r"))
-	return b
+	return b[:st.size]
 }
 
-func appendFile(t *testing.T, p string, b []byte) {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+// recordsEnd is where the records of the stream file at p end: the zeros after them start.
+func recordsEnd(t *testing.T, p string) int64 {
+	b, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Write(b)
-	f.Close()
+	off := len(streamMagic)
+	for off+4 <= len(b) {
+		n := int(binary.BigEndian.Uint32(b[off:]))
+		if n == 0 {
+			break
+		}
+		off += recordHeader + n
+	}
+	return int64(off)
 }
 
 // TestDrop: a dropped stream is gone (its file too, after a restart as well) and the holder
