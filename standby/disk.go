@@ -29,8 +29,8 @@ import (
 //
 //	length:4 (of the data, never 0) crc32c:4 (of BucketBefore and the data) BucketBefore:8 data
 //
-// The file grows ahead of its records in zeros (at least growBy at a time, written and
-// fsynced before a record goes there), so a put overwrites blocks the file already has and
+// The file grows ahead of its records in zeros (by its size, 64 KiB to 1 MiB at a time,
+// written and fsynced before a record goes there), so a put overwrites blocks the file already has and
 // its sync is an fdatasync that writes the data alone: on ext4 about half an fsync of an
 // append. A length of 0 is the end of the records. A crash in the middle of a put leaves a
 // record cut short or with a wrong checksum after the last good one, which the put never
@@ -137,8 +137,13 @@ func (st *stream) append(e Entry) error {
 	return nil
 }
 
-// growBy is the least a stream file grows by in zeros ahead of its records.
-const growBy = 1 << 20
+// A stream file grows in zeros by its own size, at least minGrow and at most maxGrow at a
+// time: a quiet space's file stays small, a busy one's pays an fsync of its size about once
+// a megabyte.
+const (
+	minGrow = 64 << 10
+	maxGrow = 1 << 20
+)
 
 // grow makes the file at least n bytes long, the new bytes zeros written and fsynced (the
 // file's size with them), so that a record written below n needs only an fdatasync.
@@ -146,7 +151,7 @@ func (st *stream) grow(n int64) error {
 	if n <= st.alloc {
 		return nil
 	}
-	to := max(n, st.alloc+growBy)
+	to := max(n, st.alloc+min(max(st.alloc, minGrow), maxGrow))
 	zeros := make([]byte, to-st.alloc)
 	if _, err := st.f.WriteAt(zeros, st.alloc); err != nil {
 		return err
