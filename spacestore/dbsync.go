@@ -124,6 +124,7 @@ func detectChanges(v pageread.Source, prev *dbState, hold *heldPages) (dbChanges
 		if err != nil {
 			return dbChanges{}, err
 		}
+		hold.reserve(len(changed) * sh.PageSize)
 		err = v.ReadPages(changed, func(pg uint32, page []byte) error {
 			if h := pageHash(pg, page); h != ns.hashes[pg-1] {
 				ns.sum ^= ns.hashes[pg-1] ^ h
@@ -246,6 +247,13 @@ type heldPages struct {
 	pgs   []uint32
 	offs  []int // where each page starts in slab
 	slab  []byte
+}
+
+// reserve makes room for n bytes of pages at once (a tail's changed pages).
+func (h *heldPages) reserve(n int) {
+	if h != nil && !h.over && len(h.slab) == 0 && n <= h.limit {
+		h.slab = make([]byte, 0, n)
+	}
 }
 
 // add keeps a copy of page pg, read after every page added before it. A nil h keeps nothing.

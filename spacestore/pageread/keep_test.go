@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -423,5 +424,25 @@ func TestViewWaitsForTheInstancesWriteLock(t *testing.T) {
 	defer v.Close()
 	if got := v.Shape().Pos.Frames; got <= before {
 		t.Fatalf("the view after the commit reads %d frames, as before it (%d)", got, before)
+	}
+}
+
+// TestWALChecksumBothByteOrders: the checksum of SQLite's WAL (wal.c, walChecksumBytes) in
+// either byte order, against the formula read with an explicit ByteOrder.
+func TestWALChecksumBothByteOrders(t *testing.T) {
+	b := make([]byte, 4096+24)
+	for i := range b {
+		b[i] = byte(i*131 + i>>8)
+	}
+	for _, order := range []binary.ByteOrder{binary.LittleEndian, binary.BigEndian} {
+		w1, w2 := uint32(0x01020304), uint32(0x0a0b0c0d)
+		for i := 0; i+8 <= len(b); i += 8 {
+			w1 += order.Uint32(b[i:]) + w2
+			w2 += order.Uint32(b[i+4:]) + w1
+		}
+		g1, g2 := walChecksum(order == binary.BigEndian, b, 0x01020304, 0x0a0b0c0d)
+		if g1 != w1 || g2 != w2 {
+			t.Errorf("%v: walChecksum = %#x %#x, want %#x %#x", order, g1, g2, w1, w2)
+		}
 	}
 }

@@ -345,15 +345,20 @@ func (v *View) lastCommitSize(n int64) error {
 	return nil
 }
 
-// walChecksum continues SQLite's WAL checksum over b (a multiple of 8 bytes).
+// walChecksum continues SQLite's WAL checksum over b (a multiple of 8 bytes). Each byte
+// order has its own loop: through the binary.ByteOrder interface the sum cost a fifth of a
+// log segment's cut.
 func walChecksum(bigEndian bool, b []byte, s1, s2 uint32) (uint32, uint32) {
-	order := binary.ByteOrder(binary.LittleEndian)
 	if bigEndian {
-		order = binary.BigEndian
+		for ; len(b) >= 8; b = b[8:] {
+			s1 += binary.BigEndian.Uint32(b) + s2
+			s2 += binary.BigEndian.Uint32(b[4:]) + s1
+		}
+		return s1, s2
 	}
-	for i := 0; i+8 <= len(b); i += 8 {
-		s1 += order.Uint32(b[i:]) + s2
-		s2 += order.Uint32(b[i+4:]) + s1
+	for ; len(b) >= 8; b = b[8:] {
+		s1 += binary.LittleEndian.Uint32(b) + s2
+		s2 += binary.LittleEndian.Uint32(b[4:]) + s1
 	}
 	return s1, s2
 }
