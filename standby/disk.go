@@ -30,9 +30,9 @@ import (
 //	length:4 (of the data, never 0) crc32c:4 (of BucketBefore and the data) BucketBefore:8 data
 //
 // The file grows ahead of its records in zeros (by its size, 64 KiB to 1 MiB at a time,
-// written and fsynced before a record goes there), so a put overwrites blocks the file already has and
-// its sync is an fdatasync that writes the data alone: on ext4 about half an fsync of an
-// append. A length of 0 is the end of the records. A crash in the middle of a put leaves a
+// written and fsynced before a record goes there), so a put overwrites blocks the file
+// already has and its sync is an fdatasync that writes the data alone: on ext4 a third to
+// a half of an fsync of an append. A length of 0 is the end of the records. A crash in the middle of a put leaves a
 // record cut short or with a wrong checksum after the last good one, which the put never
 // acknowledged: Open cuts it off (with the zeros). A bad record with a good one after it is
 // damage, and Open fails on it. A stream file the state does not name (a crash while a
