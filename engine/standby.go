@@ -73,6 +73,54 @@ type streamer struct {
 	recMu     sync.Mutex
 	recETag   string
 	recETagOK bool
+	// retry is the standby this streamer gave up last and when a stream may pick it again:
+	// a box that did not answer (cut off, or dead and not yet counted so) is not asked at
+	// each new stream, every write then waiting out standbyPutTimeout for it.
+	retry standbyRetry
+}
+
+// standbyRetry is when a streamer asks a standby it gave up again: after
+// standbyRetryFirst, doubling to standbyRetryMax while the box keeps failing, at once after
+// it took a segment.
+type standbyRetry struct {
+	mu        sync.Mutex
+	box       string
+	until     time.Time
+	wait      time.Duration
+	scheduled bool // a checkpoint waits for until (a new stream)
+}
+
+const (
+	standbyRetryFirst = 5 * time.Second
+	standbyRetryMax   = time.Minute
+)
+
+// lost notes that box was given up at now and returns until when it is not asked again.
+func (r *standbyRetry) lost(box string, now time.Time) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if box != r.box {
+		r.box, r.wait = box, 0
+	}
+	r.wait = min(max(2*r.wait, standbyRetryFirst), standbyRetryMax)
+	r.until = now.Add(r.wait)
+	return r.until
+}
+
+// answered notes that box took a segment: it is asked at once from now on.
+func (r *standbyRetry) answered(box string) {
+	r.mu.Lock()
+	if box == r.box {
+		r.box, r.wait, r.until = "", 0, time.Time{}
+	}
+	r.mu.Unlock()
+}
+
+// waiting reports until when box is not asked, if it is not.
+func (r *standbyRetry) waiting(box string, now time.Time) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.until, box == r.box && now.Before(r.until)
 }
 
 // stream is one stream of a streamer: from a wake, or from a checkpoint's new generation.
@@ -117,6 +165,10 @@ func (e *Engine) newStream(in *inst, sb *streamer, gen, baseSeq int64) *stream {
 			// Said once per change, not at every checkpoint of a fleet of one.
 			in.logger().Info("no standby for the space: its answers wait for the bucket log", zap.Int64("generation", gen))
 		}
+		return st
+	}
+	if until, wait := sb.retry.waiting(box, e.now()); wait {
+		st.breakWith(fmt.Sprintf("the standby %s did not answer; it is asked again from %s", box, until.UTC().Format(time.RFC3339)))
 		return st
 	}
 	st.box = box
@@ -197,6 +249,7 @@ func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *st
 	cancel()
 	switch {
 	case err == nil:
+		d.sb.retry.answered(st.box)
 		for prev := st.sent.Load(); prev < seq; prev = st.sent.Load() {
 			if st.sent.CompareAndSwap(prev, seq) {
 				break
@@ -217,12 +270,40 @@ func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *st
 	}
 	if st.breakWith(err.Error()) {
 		e.noteStandbyLost(d)
+		until := d.sb.retry.lost(st.box, e.now())
 		log.Warn("standby lost: the space's answers wait for the bucket log until its next checkpoint",
-			zap.String("standby", st.box), zap.Error(err))
-		// The next checkpoint starts a new stream: sooner than the replication class's.
-		safego.Go(&e.wg, e.log, "checkpoint for a new stream", func() { e.syncNow(e.ctx, in) })
+			zap.String("standby", st.box), zap.Time("asked_again_from", until), zap.Error(err))
+		e.checkpointForAStream(in, d.sb, until)
 	}
 	return err
+}
+
+// checkpointForAStream checkpoints in at until (once, however many streams broke
+// meanwhile): its new generation starts a new stream, to the same standby or another,
+// sooner than the replication class's next checkpoint would.
+func (e *Engine) checkpointForAStream(in *inst, sb *streamer, until time.Time) {
+	sb.retry.mu.Lock()
+	if sb.retry.scheduled {
+		sb.retry.mu.Unlock()
+		return
+	}
+	sb.retry.scheduled = true
+	sb.retry.mu.Unlock()
+	safego.Go(&e.wg, e.log, "checkpoint for a new stream", func() {
+		defer func() {
+			sb.retry.mu.Lock()
+			sb.retry.scheduled = false
+			sb.retry.mu.Unlock()
+		}()
+		t := time.NewTimer(max(0, until.Sub(e.now())))
+		defer t.Stop()
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		e.syncNow(e.ctx, in)
+	})
 }
 
 // recordStream writes st's record once, before any of its segments' landings returns:

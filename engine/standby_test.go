@@ -695,3 +695,40 @@ func TestTakeoverTakesTheStreamOfAnUnlistedStandby(t *testing.T) {
 		t.Fatalf("the taker has %d of the 11 acknowledged rows", n)
 	}
 }
+
+// TestStandbyRetryBacksOff: a standby given up is not asked again before 5 s, then 10 s,
+// up to a minute while it keeps failing; once it takes a segment it is asked at once, and
+// another box given up starts from 5 s.
+func TestStandbyRetryBacksOff(t *testing.T) {
+	var r standbyRetry
+	now := time.Unix(1e9, 0)
+	for _, want := range []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second, time.Minute, time.Minute} {
+		until := r.lost("https://b", now)
+		if until.Sub(now) != want {
+			t.Fatalf("given up again: asked again after %v, want %v", until.Sub(now), want)
+		}
+		if _, wait := r.waiting("https://b", now.Add(want-time.Millisecond)); !wait {
+			t.Fatalf("asked again before %v", want)
+		}
+		if _, wait := r.waiting("https://b", now.Add(want)); wait {
+			t.Fatalf("not asked again at %v", want)
+		}
+		if _, wait := r.waiting("https://c", now); wait {
+			t.Fatal("another box waits for b's retry")
+		}
+	}
+	r.lost("https://c", now)
+	if _, wait := r.waiting("https://b", now); wait {
+		t.Fatal("b still waits once c was given up since")
+	}
+	if until := r.lost("https://b", now); until.Sub(now) != standbyRetryFirst {
+		t.Fatalf("b given up after c: %v, want %v", until.Sub(now), standbyRetryFirst)
+	}
+	r.answered("https://b")
+	if _, wait := r.waiting("https://b", now); wait {
+		t.Fatal("b waits after it took a segment")
+	}
+	if until := r.lost("https://b", now); until.Sub(now) != standbyRetryFirst {
+		t.Fatalf("b given up after it answered: %v, want %v", until.Sub(now), standbyRetryFirst)
+	}
+}

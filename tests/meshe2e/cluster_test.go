@@ -36,6 +36,9 @@ type node struct {
 	self string // its LCHAT_MESH_SELF
 	// bucketProxy sits between the box and versitygw when the box was started with one.
 	bucketProxy *harness.TCPProxy
+	// peer, in a cluster started with peered, is in front of the box's listener and is its
+	// SELF: what other boxes send it (forwards, a stream, a watch) goes through it.
+	peer *harness.TCPProxy
 }
 
 type cluster struct {
@@ -52,6 +55,9 @@ type cluster struct {
 	mesh map[string]any
 	// lchat adds options to the lchat app of boxes started from now on.
 	lchat map[string]any
+	// peered puts a TCP proxy in front of each box started from now on, as its SELF
+	// (node.peer), so the test can cut the boxes apart.
+	peered bool
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -129,6 +135,10 @@ func (c *cluster) start(withProxy bool) *node {
 	n := &node{ip: ip}
 	n.addr = net.JoinHostPort(ip, harness.FreePort(t, ip))
 	n.self = "https://" + n.addr
+	if c.peered {
+		n.peer = harness.StartTCPProxyOn(t, ip, n.addr)
+		n.self = "https://" + n.peer.Addr()
+	}
 	env := c.s3.Env(c.prefix)
 	if withProxy {
 		n.bucketProxy = harness.StartTCPProxy(t, strings.TrimPrefix(c.s3.Endpoint, "http://"))

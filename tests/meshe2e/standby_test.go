@@ -110,6 +110,13 @@ func standbyPair(t *testing.T, tag string, mesh map[string]any, proxied bool, n 
 	if mesh != nil {
 		c.mesh = mesh
 	}
+	a, b, host, acked = standbyPairOn(t, c, tag, proxied, n)
+	return c, a, b, host, acked
+}
+
+// standbyPairOn is standbyPair on the cluster c, set up as the test needs.
+func standbyPairOn(t *testing.T, c *cluster, tag string, proxied bool, n int) (a, b *node, host string, acked []string) {
+	t.Helper()
 	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
 	a, b = c.start(false), c.start(proxied)
 	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
@@ -124,7 +131,7 @@ func standbyPair(t *testing.T, tag string, mesh map[string]any, proxied bool, n 
 	if got := awakeOn(t, host, a, b); len(got) != 1 || got[0] != b.self {
 		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
 	}
-	return c, a, b, host, acked
+	return a, b, host, acked
 }
 
 // watching waits until n shows that it keeps host's stream and watches its holder.
@@ -387,4 +394,69 @@ func TestStandbyKilledWhileWritesFlow(t *testing.T) {
 	_, took := served(t, c, entry, host, acked, 30*time.Second)
 	t.Logf("%d writes answered 201 (%d after the standby's death), all there %v after the holder's death",
 		len(acked), len(acked)-before, took.Round(time.Millisecond))
+}
+
+// TestStandbyPartitionedFromItsHolder: the holder and its standby cannot reach each other
+// (every packet between them dropped, both ways), while each still beats through the bucket
+// and answers its clients. The holder gives its standby up (within the 2 s a segment may
+// take) and acknowledges on bucket proofs; the standby, whose watch of the holder hangs,
+// does not take the room over while the holder's heartbeat says it lives (twice dead_after);
+// with the holder's bucket cut as well, a write is refused, never answered 201. Healed, and
+// the holder killed with -9: every write answered 201 is served by the standby's box.
+func TestStandbyPartitionedFromItsHolder(t *testing.T) {
+	c := newCluster(t)
+	c.peered = true
+	a, b, host, acked := standbyPairOn(t, c, "parted", true, 5)
+	if s := standbyOf(t, b, host); s.Box != a.self || s.Streamed == 0 {
+		t.Fatalf("the holder's stream: %+v, want %s as its standby", s, a.self)
+	}
+	watching(t, a, host)
+
+	a.peer.SetBlackhole(true)
+	b.peer.SetBlackhole(true)
+	start := time.Now()
+	var took []time.Duration
+	for i := range 5 {
+		text := fmt.Sprintf("parted-%d", i)
+		t0 := time.Now()
+		c.post(b, host, text) // to the holder itself: the standby cannot forward to it
+		took = append(took, time.Since(t0).Round(time.Millisecond))
+		acked = append(acked, text)
+	}
+	t.Logf("5 writes answered 201 by the holder cut off from its standby, in %v: %v", time.Since(start).Round(time.Millisecond), took)
+	// The first waits out the 2 s a segment may take; the holder then asks that standby
+	// again only after 5 s (doubling), so the next ones wait for the bucket, not for it.
+	if slow := len(slices.DeleteFunc(slices.Clone(took), func(d time.Duration) bool { return d < 2*time.Second })); slow > 2 {
+		t.Fatalf("%d of 5 writes waited out the unreachable standby (%v): it is asked again at every new stream", slow, took)
+	}
+	if s := standbyOf(t, b, host); s.Box != "" || s.NoStandby == "" {
+		t.Fatalf("the holder's stream while cut off from its standby: %+v, want it given up, with why", s)
+	}
+	harness.WaitFor(t, 10*time.Second, "the holder still live to the standby", func() bool {
+		return slices.Contains(status(t, a).Mesh.Live, b.self)
+	})
+	time.Sleep(2 * deadAfter)
+	if status(t, a).awake(host) {
+		t.Fatal("the standby took the room over from a holder that was alive and beating")
+	}
+	if !status(t, b).awake(host) {
+		t.Fatal("the holder let the room go while cut off from its standby")
+	}
+
+	b.bucketProxy.SetDown(true)
+	if code, _ := c.postText(b, host, "cut-off"); code == http.StatusCreated {
+		t.Fatal("a write answered 201 by a holder cut off from its standby and the bucket")
+	}
+	b.bucketProxy.SetDown(false)
+	a.peer.SetBlackhole(false)
+	b.peer.SetBlackhole(false)
+	harness.WaitFor(t, 15*time.Second, "a write answered 201 once healed", func() bool {
+		code, _ := c.postText(b, host, "healed")
+		return code == http.StatusCreated
+	})
+	acked = append(acked, "healed")
+
+	b.Kill()
+	_, after := served(t, c, a, host, acked, deadAfter+30*time.Second)
+	t.Logf("served by the standby's box %v after the holder's kill", after.Round(time.Millisecond))
 }
