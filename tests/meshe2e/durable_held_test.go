@@ -79,33 +79,8 @@ func heldAcrossALogTakeover(t *testing.T, durability string) {
 		t.Fatalf("%s awake on %v, want %s", host, got, b.self)
 	}
 
-	tab := dialHeld(t, c, a, host, "/api/ws?after=0")
-	lines, done := sseLines(t, c, a, host, "/api/events?after=0")
-	var ws, sse []roomMessage
-	wsUntil := func(text string) {
-		t.Helper()
-		for len(ws) == 0 || ws[len(ws)-1].Text != text {
-			var m roomMessage
-			raw := tab.next(t, deadAfter+30*time.Second, "the WebSocket's message "+text)
-			if err := json.Unmarshal([]byte(raw), &m); err != nil {
-				t.Fatalf("a WebSocket message: %v: %q", err, raw)
-			}
-			ws = append(ws, m)
-		}
-	}
-	sseUntil := func(text string) {
-		t.Helper()
-		for len(sse) == 0 || sse[len(sse)-1].Text != text {
-			var m roomMessage
-			raw := nextData(t, lines, done, deadAfter+30*time.Second, "the event stream's message "+text)
-			if err := json.Unmarshal([]byte(raw), &m); err != nil {
-				t.Fatalf("an event: %v: %q", err, raw)
-			}
-			sse = append(sse, m)
-		}
-	}
-	wsUntil("first")
-	sseUntil("first")
+	h := holdRoom(t, c, a, host)
+	h.until(t, "first")
 
 	var acked []string
 	for i := range 20 {
@@ -113,7 +88,7 @@ func heldAcrossALogTakeover(t *testing.T, durability string) {
 		c.post(a, host, text)
 		acked = append(acked, text)
 	}
-	wsUntil("before-19")
+	h.ws(t, "before-19")
 	b.Kill()
 
 	var code int
@@ -130,8 +105,7 @@ func heldAcrossALogTakeover(t *testing.T, durability string) {
 	if got := awakeOn(t, host, a, cc); len(got) != 1 || got[0] != cc.self {
 		t.Logf("after the kill %s is awake on %v (its owner is %s)", host, got, cc.self)
 	}
-	wsUntil("after-4")
-	sseUntil("after-4")
+	h.until(t, "after-4")
 
 	room, code, err := c.roomTexts(a, host)
 	if code != http.StatusOK {
@@ -140,7 +114,58 @@ func heldAcrossALogTakeover(t *testing.T, durability string) {
 	if lost := missing(acked, room); len(lost) > 0 {
 		t.Fatalf("%d of %d messages answered 201 are gone after the takeover: %v", len(lost), len(acked), lost)
 	}
-	received(t, "the held WebSocket", ws, room)
-	received(t, "the held event stream", sse, room)
-	t.Logf("the room has %d messages; the WebSocket got %d, the event stream %d, across the takeover", len(room), len(ws), len(sse))
+	h.check(t, room)
+}
+
+// heldRoom is a WebSocket and a resumable event stream of a demo room (a kind with
+// DEMO_HOLD_CONNECTIONS=1) held at an entry box, and the messages each received.
+type heldRoom struct {
+	tab      *heldClient
+	lines    <-chan string
+	done     <-chan error
+	wss, sse []roomMessage
+}
+
+// holdRoom opens both through entry, from the room's first message.
+func holdRoom(t *testing.T, c *cluster, entry *node, host string) *heldRoom {
+	t.Helper()
+	h := &heldRoom{tab: dialHeld(t, c, entry, host, "/api/ws?after=0")}
+	h.lines, h.done = sseLines(t, c, entry, host, "/api/events?after=0")
+	return h
+}
+
+// ws reads the WebSocket until the message text.
+func (h *heldRoom) ws(t *testing.T, text string) {
+	t.Helper()
+	for len(h.wss) == 0 || h.wss[len(h.wss)-1].Text != text {
+		var m roomMessage
+		raw := h.tab.next(t, deadAfter+30*time.Second, "the WebSocket's message "+text)
+		if err := json.Unmarshal([]byte(raw), &m); err != nil {
+			t.Fatalf("a WebSocket message: %v: %q", err, raw)
+		}
+		h.wss = append(h.wss, m)
+	}
+}
+
+// until reads both until the message text.
+func (h *heldRoom) until(t *testing.T, text string) {
+	t.Helper()
+	h.ws(t, text)
+	for len(h.sse) == 0 || h.sse[len(h.sse)-1].Text != text {
+		var m roomMessage
+		raw := nextData(t, h.lines, h.done, deadAfter+30*time.Second, "the event stream's message "+text)
+		if err := json.Unmarshal([]byte(raw), &m); err != nil {
+			t.Fatalf("an event: %v: %q", err, raw)
+		}
+		h.sse = append(h.sse, m)
+	}
+}
+
+// check checks that each received every message of room (text -> id) once, in order, with
+// the room's ids.
+func (h *heldRoom) check(t *testing.T, room map[string]int64) {
+	t.Helper()
+	received(t, "the held WebSocket", h.wss, room)
+	received(t, "the held event stream", h.sse, room)
+	t.Logf("the room has %d messages; the WebSocket got %d, the event stream %d, on the same connections", len(room), len(h.wss), len(h.sse))
 }

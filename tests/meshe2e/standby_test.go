@@ -114,10 +114,13 @@ func standbyPair(t *testing.T, tag string, mesh map[string]any, proxied bool, n 
 	return c, a, b, host, acked
 }
 
-// standbyPairOn is standbyPair on the cluster c, set up as the test needs.
+// standbyPairOn is standbyPair on the cluster c, set up as the test needs (a kind it set
+// stays).
 func standbyPairOn(t *testing.T, c *cluster, tag string, proxied bool, n int) (a, b *node, host string, acked []string) {
 	t.Helper()
-	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
+	if c.kind == nil {
+		c.kind = logOnlyKind(map[string]any{"durability": "standby"})
+	}
 	a, b = c.start(false), c.start(proxied)
 	harness.WaitFor(t, 15*time.Second, "two live members", func() bool { return len(status(t, a).Mesh.Live) == 2 })
 	host = hostOwnedBy(t, tag, b, a, b)
@@ -293,12 +296,17 @@ func TestStandbyLeavesASleptSpaceAsleep(t *testing.T) {
 // there with its final checkpoint, the holder hands it to its standby, which warms that
 // checkpoint (a newer generation than the copy it warmed when the stream started), and the
 // next request wakes it on the standby's box with every write answered 201 and no
-// checkpoint downloaded.
+// checkpoint downloaded. A WebSocket and an event stream held at the standby's box get every
+// message once, in order, across the handover.
 func TestStandbyDrainHandsTheSpaceOver(t *testing.T) {
-	c, a, b, host, acked := standbyPair(t, "handover", nil, false, 10)
+	c := newCluster(t)
+	c.kind = logOnlyKind(map[string]any{"durability": "standby", "env": map[string]string{"DEMO_HOLD_CONNECTIONS": "1"}})
+	a, b, host, acked := standbyPairOn(t, c, "handover", false, 10)
 	if s := standbyOf(t, b, host); s.Box != a.self {
 		t.Fatalf("the holder's stream: %+v, want %s as its standby", s, a.self)
 	}
+	held := holdRoom(t, c, a, host)
+	held.until(t, acked[len(acked)-1])
 	spaceOn := func(n *node) (warm int64, kept bool) {
 		for _, sp := range status(t, n).Spaces {
 			if sp.Host == host {
@@ -328,6 +336,10 @@ func TestStandbyDrainHandsTheSpaceOver(t *testing.T) {
 	if _, kept := spaceOn(a); !kept {
 		t.Fatalf("the wake after the handover downloaded the checkpoint: %s", c0Status(t, a))
 	}
+	c.post(a, host, "after the drain")
+	held.until(t, "after the drain")
+	room, _, _ := c.roomTexts(a, host)
+	held.check(t, room)
 }
 
 // TestStandbyKilledWhileWritesFlow: three boxes, writes to a room of a standby kind flowing
@@ -338,7 +350,7 @@ func TestStandbyDrainHandsTheSpaceOver(t *testing.T) {
 // through the last box.
 func TestStandbyKilledWhileWritesFlow(t *testing.T) {
 	c := newCluster(t)
-	c.kind = logOnlyKind(map[string]any{"durability": "standby"})
+	c.kind = logOnlyKind(map[string]any{"durability": "standby", "env": map[string]string{"DEMO_HOLD_CONNECTIONS": "1"}})
 	nodes := []*node{c.start(false), c.start(false), c.start(false)}
 	harness.WaitFor(t, 15*time.Second, "three live members", func() bool { return len(status(t, nodes[0]).Mesh.Live) == 3 })
 	holder := nodes[0]
@@ -379,9 +391,11 @@ func TestStandbyKilledWhileWritesFlow(t *testing.T) {
 		}
 		return standby != nil
 	})
+	held := holdRoom(t, c, entry, host)
 	for range 10 {
 		post(entry, true)
 	}
+	held.until(t, acked[len(acked)-1])
 	standby.Kill()
 	before := len(acked)
 	for range 30 {
@@ -390,10 +404,15 @@ func TestStandbyKilledWhileWritesFlow(t *testing.T) {
 	if after := len(acked) - before; after < 25 {
 		t.Fatalf("with its standby dead the holder answered %d of 30 writes 201, want it to go on", after)
 	}
+	held.until(t, acked[len(acked)-1])
 	holder.Kill()
-	_, took := served(t, c, entry, host, acked, 30*time.Second)
+	room, took := served(t, c, entry, host, acked, 30*time.Second)
 	t.Logf("%d writes answered 201 (%d after the standby's death), all there %v after the holder's death",
 		len(acked), len(acked)-before, took.Round(time.Millisecond))
+	post(entry, true) // served by the last box: the held clients get it from there
+	held.until(t, acked[len(acked)-1])
+	room, _, _ = c.roomTexts(entry, host)
+	held.check(t, room)
 }
 
 // TestStandbyPartitionedFromItsHolder: the holder and its standby cannot reach each other
