@@ -196,6 +196,12 @@ func (e *Engine) cutSegment(ctx context.Context, in *inst, d *durable) (gate.Lan
 		return nil, err
 	}
 	d.mu.Lock()
+	if d.unsure.Load() {
+		// A checkpoint ran while this cut waited for d.mu and left its manifest write
+		// unsure: what the cut would take may be in no log a takeover reads.
+		d.mu.Unlock()
+		return nil, e.settleUnsure(in, d)
+	}
 	seg, err := d.shipper.Next(ctx, e.now())
 	skipped := d.shipper.Skipped()
 	d.skipped.Store(&skipped)

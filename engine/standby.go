@@ -201,6 +201,10 @@ func (e *Engine) cutStream(ctx context.Context, in *inst, d *durable, sb *stream
 		return func(ctx context.Context) error { return e.bucketProof(ctx, d) }, nil
 	}
 	d.mu.Lock()
+	if d.unsure.Load() { // as in cutSegment: a checkpoint ran meanwhile, its write unsure
+		d.mu.Unlock()
+		return nil, e.settleUnsure(in, d)
+	}
 	st = sb.cur.Load() // a checkpoint may have started a new stream
 	seg, err := sb.shipper.Next(ctx, e.now())
 	before := d.shipper.NextSeq() - 1

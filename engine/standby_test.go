@@ -522,6 +522,50 @@ func TestLostManifestAnswerAcknowledgesNothingUntilSettled(t *testing.T) {
 	}
 }
 
+// TestCutAfterAnUnsureCheckpointShipsNothing: a cut that waited for a checkpoint (the
+// durable's mu) whose manifest write's outcome is unknown ships nothing: that manifest may
+// be a generation ahead, read by a takeover that ignores the older log and stream, and the
+// commits the cut would take came after the checkpoint read the files. The answer waiting
+// on it is released only once a checkpoint settles the write (unsureRetry at the
+// earliest). Found by a 30-minute campaign: a standby holder acknowledged a write on the
+// old generation's stream right after such a checkpoint, and the taker lost it.
+func TestCutAfterAnUnsureCheckpointShipsNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	for _, kind := range []string{"app", "bkt"} {
+		t.Run(kind, func(t *testing.T) {
+			const host = "unsurecut.example.com"
+			f := newStandbyFleet(t, "box-a", "box-b")
+			a := f.engines["box-a"]
+			sp := wakeKind(t, a, host, kind)
+			sp.acknowledged(createM, insertM("before"))
+			d := a.get(host).durableOf()
+			d.mu.Lock() // a checkpoint in progress
+			if _, err := sp.db.Exec(insertM("during")); err != nil {
+				d.mu.Unlock()
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				done <- sp.u.WaitDurable(ctx)
+			}()
+			time.Sleep(200 * time.Millisecond) // the gate's cut is past its first look, at d.mu
+			d.unsure.Store(true)                // the checkpoint's manifest write: unknown
+			released := time.Now()
+			d.mu.Unlock()
+			if err := <-done; err != nil {
+				t.Fatalf("the answer after the settling checkpoint: %v", err)
+			}
+			if took := time.Since(released); took < unsureRetry*9/10 {
+				t.Fatalf("acknowledged %v after the unsure checkpoint, before any checkpoint could settle it (%v)", took, unsureRetry)
+			}
+		})
+	}
+}
+
 // TestTakeoverOnAWarmStandbyDownloadsNoCheckpoint: the standby's box warms the space's
 // checkpoint when a stream of a new generation starts there (Prewarm, from its spool), so
 // its takeover reads no checkpoint object from the bucket and still finds every
