@@ -553,7 +553,7 @@ func TestCutAfterAnUnsureCheckpointShipsNothing(t *testing.T) {
 				done <- sp.u.WaitDurable(ctx)
 			}()
 			time.Sleep(200 * time.Millisecond) // the gate's cut is past its first look, at d.mu
-			d.unsure.Store(true)                // the checkpoint's manifest write: unknown
+			d.unsure.Store(true)               // the checkpoint's manifest write: unknown
 			released := time.Now()
 			d.mu.Unlock()
 			if err := <-done; err != nil {
