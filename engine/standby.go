@@ -560,6 +560,18 @@ func (in *inst) streamToRetire() (*stream, spacestore.Claim) {
 	return st, d.claim
 }
 
+// checkpointedPast reports whether in's manifest is of a generation after gen: a checkpoint
+// after the stream of gen holds what it carried. A stop that wrote nothing (a fenced box
+// stops its spaces without writing) leaves the manifest where it was, and the stream is the
+// only copy of what was acknowledged since: it is not retired.
+func (in *inst) checkpointedPast(gen int64) bool {
+	if in.syncer == nil {
+		return false
+	}
+	m, _ := in.syncer.Manifest()
+	return m != nil && m.Generation > gen
+}
+
 // retireStream, after a checkpoint that followed st (the space slept), asks its standby to
 // drop it, in the background: best effort, the standby keeps it otherwise (a later stream
 // of the space replaces it, and a takeover never takes it: its generation is older).

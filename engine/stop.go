@@ -126,7 +126,7 @@ func (e *Engine) stopOpHeld(ctx context.Context, in *inst, spec stopSpec) (stopp
 	var saved State
 	if spec.outcome == stopSave {
 		saved, err = e.checkpointAndRelease(ctx, in)
-		if err == nil && retire != nil {
+		if err == nil && retire != nil && in.checkpointedPast(retire.gen) {
 			e.retireStream(ctx, in, retire, claim, spec.reason == "drain")
 		}
 	}
