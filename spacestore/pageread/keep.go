@@ -234,6 +234,9 @@ func (c *conn) begin(ctx context.Context) error {
 	var timer *time.Timer
 	for wait := lockPoll; ; wait = min(2*wait, lockPollMax) {
 		_, err := c.c.ExecContext(ctx, "BEGIN IMMEDIATE")
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err() // the driver's interrupt, or a busy answer: the ctx ended
+		}
 		if err == nil || !busy(err) || time.Now().Add(wait).After(deadline) {
 			return err
 		}
