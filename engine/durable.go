@@ -192,15 +192,12 @@ func (e *Engine) cutSegment(ctx context.Context, in *inst, d *durable) (gate.Lan
 	if e.life.Fenced() {
 		return nil, errFencedNoWrite // the gate retries; past its deadline the answer is a 503
 	}
-	if err := e.settleUnsure(in, d); err != nil {
-		return nil, err
-	}
 	d.mu.Lock()
-	if d.unsure.Load() {
-		// A checkpoint ran while this cut waited for d.mu and left its manifest write
-		// unsure: what the cut would take may be in no log a takeover reads.
+	// Under d.mu: a checkpoint that ran while this cut waited for it may have left its
+	// manifest write unsure, and what the cut would take then be in no log a takeover reads.
+	if err := e.settleUnsure(in, d); err != nil {
 		d.mu.Unlock()
-		return nil, e.settleUnsure(in, d)
+		return nil, err
 	}
 	seg, err := d.shipper.Next(ctx, e.now())
 	skipped := d.shipper.Skipped()

@@ -245,8 +245,7 @@ type heldPages struct {
 	limit int
 	over  bool
 	pgs   []uint32
-	offs  []int // where each page starts in slab
-	slab  []byte
+	slab  []byte // the pages in pgs' order, each of the database's page size
 }
 
 // reserve makes room for n bytes of pages at once (a tail's changed pages).
@@ -262,17 +261,23 @@ func (h *heldPages) add(pg uint32, data []byte) {
 		return
 	}
 	if len(h.slab)+len(data) > h.limit {
-		h.over, h.pgs, h.offs, h.slab = true, nil, nil, nil
+		h.over, h.pgs, h.slab = true, nil, nil
 		return
 	}
 	h.pgs = append(h.pgs, pg)
-	h.offs = append(h.offs, len(h.slab))
 	h.slab = append(h.slab, data...)
 }
 
 // ReadPages calls fn with each of pgnos (ascending, each one held) in order, as a view's
 // ReadPages does.
 func (h *heldPages) ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) error) error {
+	if len(h.pgs) == 0 {
+		if len(pgnos) > 0 {
+			return fmt.Errorf("page %d was not kept", pgnos[0])
+		}
+		return nil
+	}
+	size := len(h.slab) / len(h.pgs)
 	i := 0
 	for _, pg := range pgnos {
 		for i < len(h.pgs) && h.pgs[i] < pg {
@@ -281,11 +286,7 @@ func (h *heldPages) ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) 
 		if i == len(h.pgs) || h.pgs[i] != pg {
 			return fmt.Errorf("page %d was not kept", pg)
 		}
-		end := len(h.slab)
-		if i+1 < len(h.offs) {
-			end = h.offs[i+1]
-		}
-		if err := fn(pg, h.slab[h.offs[i]:end]); err != nil {
+		if err := fn(pg, h.slab[i*size:(i+1)*size]); err != nil {
 			return err
 		}
 	}
