@@ -236,6 +236,10 @@ func (f *fanoutControl) peers() []string {
 // peerControlTimeout bounds one peer's part of a control call.
 const peerControlTimeout = 3 * time.Second
 
+// peerDownAfter is how long a peer's part may go unanswered before the peer counts as down
+// (peerSkips), even when the call ended first because its caller gave up.
+const peerDownAfter = time.Second
+
 func (f *fanoutControl) callPeers(r *http.Request, body []byte, peers []string) []*recorded {
 	ms := f.c.box.Mesh()
 	hdr := http.Header{}
@@ -245,23 +249,34 @@ func (f *fanoutControl) callPeers(r *http.Request, body []byte, peers []string) 
 			hdr[http.CanonicalHeaderKey(k)] = vs
 		}
 	}
-	path := mesh.PathConns + url.PathEscape(f.host) + strings.TrimPrefix(r.URL.Path, "/.lchat")
+	path := peerControlPath(f.host, r.URL.Path)
 	if r.URL.RawQuery != "" {
 		path += "?" + r.URL.RawQuery
 	}
-	out := make([]*recorded, len(peers))
+	call, probe := f.c.skips.plan(peers, time.Now())
+	for _, peer := range probe {
+		safego.Go(nil, f.c.log, "probe a peer left out of control calls", func() { f.probe(peer) })
+	}
+	out := make([]*recorded, len(call))
 	var wg sync.WaitGroup
-	for i, peer := range peers {
+	for i, peer := range call {
 		wg.Go(func() {
 			out[i] = &recorded{header: http.Header{}}
 			ctx, cancel := context.WithTimeout(r.Context(), peerControlTimeout)
 			defer cancel()
+			start := time.Now()
 			resp, err := ms.Client().Call(ctx, r.Method, peer, path, hdr, body)
 			if err != nil {
-				f.c.log.Warn("a peer's part of a control call failed", zap.String("host", f.host), zap.String("peer", peer), zap.Error(err))
+				// A caller that gave up early (its instance's own timeout) says nothing of
+				// the peer; one that waited peerDownAfter for it does.
+				if (r.Context().Err() == nil || time.Since(start) >= peerDownAfter) && f.c.skips.failed(peer, time.Now()) {
+					f.c.log.Warn("a peer's part of a control call failed: control calls leave it out until it answers a probe",
+						zap.String("host", f.host), zap.String("peer", peer), zap.Error(err))
+				}
 				return
 			}
 			defer resp.Body.Close()
+			f.c.skips.answered(peer)
 			out[i].code = resp.StatusCode
 			out[i].header = resp.Header
 			io.Copy(&out[i].body, io.LimitReader(resp.Body, 16<<20))
@@ -269,6 +284,30 @@ func (f *fanoutControl) callPeers(r *http.Request, body []byte, peers []string) 
 	}
 	wg.Wait()
 	return out
+}
+
+// peerControlPath is where a peer serves host's control call at local (a path under
+// /.lchat on the instance's control endpoint).
+func peerControlPath(host, local string) string {
+	return mesh.PathConns + url.PathEscape(host) + strings.TrimPrefix(local, "/.lchat")
+}
+
+// probe asks a peer left out of control calls for the space's connection listing, which
+// changes nothing: an answer of any status brings it back (peerSkips).
+func (f *fanoutControl) probe(peer string) {
+	ctx, cancel := context.WithTimeout(f.c.ctx, peerControlTimeout)
+	defer cancel()
+	resp, err := f.c.box.Mesh().Client().Call(ctx, http.MethodGet, peer, peerControlPath(f.host, connhold.ConnsPath), nil, nil)
+	if err != nil {
+		if f.c.ctx.Err() == nil {
+			f.c.skips.failed(peer, time.Now())
+		}
+		return
+	}
+	resp.Body.Close()
+	if f.c.skips.answered(peer) {
+		f.c.log.Info("a peer left out of control calls answers again", zap.String("host", f.host), zap.String("peer", peer))
+	}
 }
 
 // recorded is an answer kept to be merged.

@@ -54,6 +54,8 @@ type Conns struct {
 	ptOnce sync.Once
 	pt     *box.PeerTransport
 	tells  sync.WaitGroup // notices being sent
+	// skips is which peers the control calls' fan-out leaves out (control.go).
+	skips peerSkips
 
 	providerState // the provider seam (provider.go)
 
