@@ -571,3 +571,54 @@ func TestLogNothingNewIsCheap(t *testing.T) {
 		t.Fatalf("Next after a commit = %v, %v", seg, err)
 	}
 }
+
+// TestLogWalksOnlyChangedDirectories: Next reads the data dir's directories again only
+// when one changed since its last walk (a stat of each replaces reading it), and a database
+// created in the data dir or in a subdirectory is shipped by the next Next all the same; a
+// directory stat within racyMargin of its change is not trusted.
+func TestLogWalksOnlyChangedDirectories(t *testing.T) {
+	ctx := context.Background()
+	a := takeOver(t, membucket.New(), "a")
+	a.seal()
+	fillDB(t, a.open(), 10, 100)
+	if err := os.Mkdir(filepath.Join(a.s.DataDir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	next := func(now time.Time) *Segment {
+		t.Helper()
+		seg, err := a.ship.Next(ctx, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seg
+	}
+	next(time.Now()) // a directory changed just now: not trusted
+	walks := a.ship.walks
+	next(time.Now())
+	if a.ship.walks != walks+1 {
+		t.Fatalf("%d walks, want %d: a directory signature within racyMargin of its change was trusted", a.ship.walks, walks+1)
+	}
+	next(settled())
+	walks = a.ship.walks
+	for range 3 {
+		next(settled())
+	}
+	if a.ship.walks != walks {
+		t.Fatalf("%d walks with no directory changed, want %d", a.ship.walks, walks)
+	}
+	shipped := func(seg *Segment, path string) bool {
+		for _, d := range seg.DBs {
+			if d.Path == path {
+				return true
+			}
+		}
+		return false
+	}
+	for _, rel := range []string{"sub/second.db", "third.db"} {
+		db := openDB(t, filepath.Join(a.s.DataDir, filepath.FromSlash(rel)))
+		fillDB(t, db, 1, 100)
+		if seg := next(settled()); seg == nil || !shipped(seg, rel) {
+			t.Fatalf("the database %s created since the last walk was not shipped: %+v", rel, seg)
+		}
+	}
+}

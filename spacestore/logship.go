@@ -199,10 +199,14 @@ type LogShipper struct {
 	// unchanged and older than racyMargin, nothing was committed since.
 	seen map[string]dbSig
 	// kinds caches what each file of the data dir is, by its stat signature.
-	kinds   map[string]kindSig
+	kinds map[string]kindSig
+	// walked is the last walk of the data dir, reused while its directories keep their
+	// signatures (nil: walk again).
+	walked *walked
 	skipped []SkippedFile
-	// opens counts the views opened: what "nothing new" saves.
-	opens int
+	// opens counts the views opened: what "nothing new" saves; walks the walks that read
+	// the data dir's directories: what an unchanged directory saves.
+	opens, walks int
 	// holdLimit is maxHeldBytes (a test lowers it).
 	holdLimit int
 }
@@ -289,7 +293,7 @@ func (l *LogShipper) Skipped() []SkippedFile { return l.skipped }
 // Next again. An error leaves the shipper as it was; ErrSegmentTooLarge calls for a
 // checkpoint.
 func (l *LogShipper) Next(ctx context.Context, now time.Time) (*Segment, error) {
-	files, skipped, err := l.walk(ctx)
+	files, skipped, err := l.walk(ctx, now)
 	if err != nil {
 		return nil, fmt.Errorf("shipping log: %w", err)
 	}
@@ -434,20 +438,39 @@ func openSource(ctx context.Context, reader *PageReader, abs string, since *page
 }
 
 // walk lists the regular files of the data dir that may be databases (not SQLite's -wal,
-// -shm and -journal files beside another file) and the odd files it skips.
-func (l *LogShipper) walk(ctx context.Context) ([]string, []SkippedFile, error) {
+// -shm and -journal files beside another file) and the odd files it skips. It reads the
+// directories again only when one changed since the last walk: a file created, removed or
+// renamed moves its directory's mtime, so each directory's signature, taken before it was
+// read and settled (older than racyMargin), vouches for the last walk's answer; a stat of
+// each directory then replaces reading it.
+func (l *LogShipper) walk(ctx context.Context, now time.Time) ([]string, []SkippedFile, error) {
+	if w := l.walked; w != nil && w.still(now) {
+		return w.files, slices.Clip(w.skipped), nil
+	}
+	l.walked = nil
+	l.walks++
+	w := &walked{dirs: make(map[string]fileSig)}
 	var files []string
 	var skipped []SkippedFile
 	names := make(map[string]bool)
 	err := filepath.WalkDir(l.dataDir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
-				return nil // removed while we walked, or no data dir: nothing to ship
+				w = nil // removed while we walked, or no data dir: nothing to ship, nothing to keep
+				return nil
 			}
 			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if d.IsDir() && w != nil {
+			sig, err := statSig(p, now) // before WalkDir reads it
+			if err != nil || !sig.exists {
+				w = nil
+			} else {
+				w.dirs[p] = sig
+			}
 		}
 		if p == l.dataDir {
 			return nil
@@ -476,7 +499,35 @@ func (l *LogShipper) walk(ctx context.Context) ([]string, []SkippedFile, error) 
 			out = append(out, rel)
 		}
 	}
-	return out, skipped, nil
+	if w != nil {
+		w.files, w.skipped = out, skipped
+		l.walked = w
+	}
+	return out, slices.Clip(skipped), nil
+}
+
+// walked is one walk of a data dir: what it found, and the signature of each directory it
+// read, taken before reading it.
+type walked struct {
+	dirs    map[string]fileSig
+	files   []string
+	skipped []SkippedFile
+}
+
+// still reports whether every directory of the walk keeps its signature, each settled
+// (taken more than racyMargin after the directory's last change): nothing was created,
+// removed or renamed in them since they were read.
+func (w *walked) still(now time.Time) bool {
+	for p, sig := range w.dirs {
+		if !sig.settled() {
+			return false
+		}
+		cur, err := statSig(p, now)
+		if err != nil || !cur.same(sig) {
+			return false
+		}
+	}
+	return true
 }
 
 // isSidecarName reports whether rel is named as SQLite's -wal, -shm or -journal file of
