@@ -13,19 +13,22 @@ import (
 	"time"
 )
 
-// BenchmarkViewUnderWriters is what a view's wait for the write lock costs while an
-// instance's writers take turns on it, as the demo space's do under load: 16 writers, each
-// request on a connection of the app's pool (busy_timeout 5 s, BEGIN IMMEDIATE), one
-// ~300-byte row per commit, while a view of the WAL's tail is opened every 2 ms (a log
-// segment's cut) and held for 200 µs. "sqlite-waits" leaves the view's wait to SQLite's busy
-// handler (1, 2, 5, 10 ms sleeps), "poll" is begin's own wait; the two run side by side:
+// BenchmarkViewUnderWriters is what opening a view of the WAL's tail costs while an
+// instance's writers take turns on the write lock, as the demo space's do under load: 16
+// writers, each request on a connection of the app's pool (busy_timeout 5 s, BEGIN
+// IMMEDIATE), one ~300-byte row per commit, while a view of the WAL's tail is opened every
+// 2 ms (a log segment's cut) and held for 200 µs. "sqlite-waits" takes the lock and leaves
+// its wait to SQLite's busy handler (1, 2, 5, 10 ms sleeps), "poll" takes it with begin's
+// own wait, "unlocked" reads the tail without it (follow.go; the lock only after a WAL
+// restart). The lock-wait metrics are the time to open the view; the three run side by side:
 //
 //	go test ./spacestore/pageread -run '^$' -bench ViewUnderWriters -benchtime 400x -count 3
 func BenchmarkViewUnderWriters(b *testing.B) {
-	for _, mode := range []string{"sqlite-waits", "poll"} {
+	for _, mode := range []string{"sqlite-waits", "poll", "unlocked"} {
 		b.Run(mode, func(b *testing.B) {
 			sqliteWaits = mode == "sqlite-waits"
-			defer func() { sqliteWaits = false }()
+			lockedTails = mode != "unlocked"
+			defer func() { sqliteWaits, lockedTails = false, false }()
 			benchViewUnderWriters(b)
 		})
 	}

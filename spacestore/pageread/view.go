@@ -1,5 +1,6 @@
 // Package pageread reads a SQLite database's pages the way SQLite's own readers do: from
-// the newest committed WAL frame, else the main file, under the database's write lock. It is
+// the newest committed WAL frame, else the main file, under the database's write lock (a
+// tail of committed frames, which its checksums vouch for, without it: follow.go). It is
 // the one implementation of page reading; the box runs it in-process for spaces that run as
 // its own user, and lchat-pageread runs it under a space's uid for isolated spaces, talking
 // to the box over a pipe (wire.go, serve.go, client.go). It imports no Caddy and nothing of
@@ -35,7 +36,8 @@ type WALPos struct {
 // while pages are read, so no commit, WAL restart or journal-mode change can happen
 // meanwhile; a checkpoint of the WAL into the main file may still run, but it only copies
 // committed frames, which the view reads from the WAL anyway. A page is read from its newest
-// committed WAL frame, else from the main file, exactly as SQLite's own readers do.
+// committed WAL frame, else from the main file, exactly as SQLite's own readers do. A tail
+// view (since a WALPos) may instead be read without the lock (follow.go).
 type View struct {
 	// keeper, when set, lends conn and takes it back at Close (keep.go); without one the
 	// connection is the view's own.
@@ -58,16 +60,35 @@ type View struct {
 	// tail is true when only the frames after the caller's WALPos were read: the changed
 	// pages are then exactly the keys of frames.
 	tail bool
+	// unlocked: a tail view read without the lock (follow.go); held has the data of each
+	// page written since the caller's WALPos, kept from the read its checksums vouched for.
+	// IndexAll and Scan take the lock (relock, on ctx and path).
+	unlocked bool
+	held     map[uint32][]byte
+	ctx      context.Context
+	path     string
 }
 
 // Open locks the database at p and reads its shape, on a connection of its own that Close
 // ends. since, when non-nil, is the WALPos of the last view: if the WAL is the same file
-// with the same salts, only the frames after it are read and view.tail is set.
+// with the same salts, only the frames after it are read and view.tail is set; such a tail
+// view is read without the lock when its frames can vouch for themselves (follow.go).
 func Open(ctx context.Context, p string, since *WALPos) (*View, error) {
 	return open(ctx, nil, p, since)
 }
 
-func open(ctx context.Context, k *Keeper, p string, since *WALPos) (v *View, err error) {
+func open(ctx context.Context, k *Keeper, p string, since *WALPos) (*View, error) {
+	if since != nil && since.Frames > 0 && !lockedTails {
+		if v, ok := followTail(p, since); ok {
+			v.keeper, v.ctx, v.path = k, ctx, p
+			return v, nil
+		}
+	}
+	return openLocked(ctx, k, p, since)
+}
+
+// openLocked is open under the database's write lock.
+func openLocked(ctx context.Context, k *Keeper, p string, since *WALPos) (v *View, err error) {
 	view := &View{keeper: k, frames: make(map[uint32]int64)}
 	defer func() {
 		if err != nil {
@@ -365,6 +386,9 @@ func walChecksum(bigEndian bool, b []byte, s1, s2 uint32) (uint32, uint32) {
 
 // readPage reads page pgno (1-based) into buf.
 func (v *View) readPage(pgno uint32, buf []byte) error {
+	if v.unlocked {
+		return v.readHeld(pgno, buf)
+	}
 	if off, ok := v.frames[pgno]; ok {
 		_, err := v.wal.ReadAt(buf, off)
 		return err
@@ -407,6 +431,7 @@ func (v *View) scan(fn func(pgno uint32, data []byte) error) error {
 }
 
 func (v *View) close() {
+	v.held = nil
 	v.release(true)
 	if v.main != nil {
 		v.main.Close()
@@ -453,10 +478,21 @@ func (v *View) Shape() Shape {
 }
 
 // ChangedSinceTail lists the pages written since the caller's WALPos.
-func (v *View) ChangedSinceTail() ([]uint32, error) { return v.changedSinceTail(), nil }
+func (v *View) ChangedSinceTail() ([]uint32, error) {
+	if v.unlocked {
+		return v.heldChanged(), nil
+	}
+	return v.changedSinceTail(), nil
+}
 
-// IndexAll makes every page readable.
-func (v *View) IndexAll() error { return v.indexAll() }
+// IndexAll makes every page readable: an unlocked tail view takes the lock and reads the
+// database afresh (its shape then moves on to what is committed now).
+func (v *View) IndexAll() error {
+	if v.unlocked {
+		return v.relock()
+	}
+	return v.indexAll()
+}
 
 // ReadPages reads pgnos in order.
 func (v *View) ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) error) error {
@@ -475,8 +511,15 @@ func (v *View) ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) error
 	return nil
 }
 
-// Scan reads every page in order.
-func (v *View) Scan(fn func(pgno uint32, data []byte) error) error { return v.scan(fn) }
+// Scan reads every page in order (an unlocked tail view takes the lock first, as IndexAll).
+func (v *View) Scan(fn func(pgno uint32, data []byte) error) error {
+	if v.unlocked {
+		if err := v.relock(); err != nil {
+			return err
+		}
+	}
+	return v.scan(fn)
+}
 
 // Close ends the view and releases the write lock (and the connection, unless a Keeper
 // keeps it). It is idempotent.

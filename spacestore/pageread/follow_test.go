@@ -1,0 +1,273 @@
+package pageread
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// tailOf is what a tail view gives: its shape, its changed pages and their data.
+func tailOf(t *testing.T, v *View) (Shape, []uint32, map[uint32]string) {
+	t.Helper()
+	changed, err := v.ChangedSinceTail()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make(map[uint32]string)
+	if err := v.ReadPages(changed, func(pg uint32, b []byte) error { data[pg] = string(b); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return v.Shape(), changed, data
+}
+
+// TestUnlockedTailReadsWhatTheLockedReads: across commits, nothing new, a checkpoint into
+// the main file, deletes and a WAL restart, the tail read without the lock gives the shape,
+// changed pages and page data the same tail read under the lock gives, and it declines
+// (the caller takes the lock) once the WAL restarted since the WALPos.
+func TestUnlockedTailReadsWhatTheLockedReads(t *testing.T) {
+	ctx := context.Background()
+	p := filepath.Join(t.TempDir(), "app.db")
+	db := instanceDB(t, p)
+	insert(t, db, 5, "0")
+	v, err := openLocked(ctx, nil, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos := v.Shape().Pos
+	v.Close()
+	steps := []struct {
+		name     string
+		step     func()
+		restarts bool
+	}{
+		{"commits", func() { insert(t, db, 20, "a") }, false},
+		{"one commit", func() { insert(t, db, 1, "b") }, false},
+		{"nothing new", func() {}, false},
+		{"deletes", func() { exec(t, db, "DELETE FROM m WHERE id % 3 = 0") }, false},
+		// A checkpoint that copied the whole WAL lets the next commit start it again.
+		{"a passive checkpoint", func() { exec(t, db, "PRAGMA wal_checkpoint(PASSIVE)"); insert(t, db, 2, "c") }, true},
+		{"after it", func() { insert(t, db, 2, "e") }, false},
+		{"a truncating checkpoint", func() { exec(t, db, "PRAGMA wal_checkpoint(TRUNCATE)"); insert(t, db, 5, "d") }, true},
+	}
+	for _, s := range steps {
+		s.step()
+		since := pos
+		locked, err := openLocked(ctx, nil, p, &since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		follow, ok := followTail(p, &since)
+		if s.restarts {
+			if ok || locked.Shape().Tail {
+				t.Fatalf("%s: the unlocked tail read a WAL restarted since its position (ok %v), or the locked one did (tail %v)", s.name, ok, locked.Shape().Tail)
+			}
+			pos = locked.Shape().Pos
+			locked.Close()
+			continue
+		}
+		if !ok {
+			t.Fatalf("%s: the unlocked tail declined", s.name)
+		}
+		wantShape, wantChanged, wantData := tailOf(t, locked)
+		gotShape, gotChanged, gotData := tailOf(t, follow)
+		locked.Close()
+		follow.Close()
+		if gotShape != wantShape || !slices.Equal(gotChanged, wantChanged) {
+			t.Fatalf("%s: unlocked shape %+v changed %v, locked %+v %v", s.name, gotShape, gotChanged, wantShape, wantChanged)
+		}
+		for pg, d := range wantData {
+			if gotData[pg] != d {
+				t.Fatalf("%s: page %d differs", s.name, pg)
+			}
+		}
+		pos = wantShape.Pos
+	}
+}
+
+// TestUnlockedTailNoticesARestartDuringItsRead: a checkpoint that truncates the WAL and a
+// commit that starts it again, between the read of the frames and the second read of the
+// header, make the unlocked tail decline.
+func TestUnlockedTailNoticesARestartDuringItsRead(t *testing.T) {
+	ctx := context.Background()
+	p := filepath.Join(t.TempDir(), "app.db")
+	db := instanceDB(t, p)
+	insert(t, db, 5, "0")
+	v, err := openLocked(ctx, nil, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos := v.Shape().Pos
+	v.Close()
+	insert(t, db, 3, "a")
+	followHook = func() { exec(t, db, "PRAGMA wal_checkpoint(TRUNCATE)"); insert(t, db, 1, "b") }
+	t.Cleanup(func() { followHook = nil })
+	if _, ok := followTail(p, &pos); ok {
+		t.Fatal("the unlocked tail vouched for frames read while the WAL restarted")
+	}
+}
+
+// TestUnlockedTailTakesOnlyCommittedFrames: a transaction that spills frames to the WAL
+// before it commits shows nothing until its commit, and nothing at all once rolled back.
+func TestUnlockedTailTakesOnlyCommittedFrames(t *testing.T) {
+	ctx := context.Background()
+	p := filepath.Join(t.TempDir(), "app.db")
+	db := instanceDB(t, p)
+	exec(t, db, "PRAGMA cache_size = 2") // spills dirty pages to the WAL early
+	insert(t, db, 5, "0")
+	v, err := openLocked(ctx, nil, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos := v.Shape().Pos
+	v.Close()
+	for _, commit := range []bool{false, true} {
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 200 {
+			if _, err := tx.Exec("INSERT INTO m (body) VALUES (?)", fmt.Sprint(commit, i, "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		v, ok := followTail(p, &pos)
+		if !ok {
+			t.Fatal("the unlocked tail declined")
+		}
+		if sh, changed, _ := tailOf(t, v); sh.Pos != pos || len(changed) > 0 {
+			t.Fatalf("during a transaction (commit %v): pos %+v and %d changed pages, want nothing new", commit, sh.Pos, len(changed))
+		}
+		v.Close()
+		if !commit {
+			tx.Rollback()
+			continue
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		v, ok = followTail(p, &pos)
+		if !ok {
+			t.Fatal("the unlocked tail declined")
+		}
+		if sh, changed, _ := tailOf(t, v); sh.Pos.Frames <= pos.Frames || len(changed) == 0 {
+			t.Fatalf("after the commit: pos %+v and %d changed pages", sh.Pos, len(changed))
+		}
+		v.Close()
+	}
+}
+
+// TestTailViewsUnderWritersMissNothing: an instance commits, checkpoints and restarts its
+// WAL all the while; a reader applies each view (a tail, unlocked when it can vouch for it,
+// else under the lock; a full view after a restart) to a copy of the pages, as the log
+// shipper does. Once the writer stops, the copy is the database, page for page.
+func TestTailViewsUnderWritersMissNothing(t *testing.T) {
+	ctx := context.Background()
+	p := filepath.Join(t.TempDir(), "app.db")
+	db := instanceDB(t, p)
+	insert(t, db, 5, "0")
+	// The writer waits for a lock a view holds rather than fail.
+	wdb, err := sql.Open("sqlite", "file:"+p+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wdb.SetMaxOpenConns(1)
+	defer wdb.Close()
+	var stop atomic.Bool
+	var ops atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		r := rand.New(rand.NewPCG(1, 2))
+		for i := 0; !stop.Load(); i++ {
+			var err error
+			switch n := r.IntN(100); {
+			case n < 70:
+				_, err = wdb.Exec("INSERT INTO m (body) VALUES (?)", fmt.Sprintf("%d-%0200d", i, r.Int64()))
+			case n < 90:
+				_, err = wdb.Exec("UPDATE m SET body = ? WHERE id % 7 = ?", fmt.Sprint(i), r.IntN(7))
+			case n < 96:
+				_, err = wdb.Exec("PRAGMA wal_checkpoint(PASSIVE)")
+			default:
+				_, err = wdb.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
+			}
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ops.Add(1)
+		}
+	})
+	image := map[uint32]string{}
+	var pages uint32
+	var since *WALPos
+	var unlocked, locked, full int
+	apply := func() {
+		v, err := open(ctx, nil, p, since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer v.Close()
+		sh := v.Shape()
+		switch {
+		case v.unlocked:
+			unlocked++
+		case sh.Tail:
+			locked++
+		default:
+			full++
+		}
+		if sh.Tail {
+			changed, _ := v.ChangedSinceTail()
+			if err := v.ReadPages(changed, func(pg uint32, b []byte) error { image[pg] = string(b); return nil }); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			clear(image)
+			if err := v.Scan(func(pg uint32, b []byte) error { image[pg] = string(b); return nil }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sh = v.Shape()
+		pages = sh.Pages
+		for pg := range image {
+			if pg > pages {
+				delete(image, pg)
+			}
+		}
+		pos := sh.Pos
+		since = &pos
+	}
+	for ops.Load() < 3000 && !t.Failed() {
+		apply()
+	}
+	stop.Store(true)
+	wg.Wait()
+	apply()
+	v, err := openLocked(ctx, nil, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	n := 0
+	if err := v.Scan(func(pg uint32, b []byte) error {
+		n++
+		if image[pg] != string(b) {
+			return fmt.Errorf("page %d of %d differs from the database's", pg, v.Shape().Pages)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if uint32(n) != pages || len(image) != n {
+		t.Fatalf("the copy has %d pages (size %d), the database %d", len(image), pages, n)
+	}
+	t.Logf("%d writer's statements, %d views: %d tails unlocked, %d tails locked, %d full; %d pages", ops.Load(), unlocked+locked+full, unlocked, locked, full, n)
+	if unlocked == 0 || full == 0 {
+		t.Fatalf("the writer's pace left a kind of view untried (%d unlocked, %d full)", unlocked, full)
+	}
+}
