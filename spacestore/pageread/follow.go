@@ -40,6 +40,10 @@ const maxFollowBytes = 8 << 20
 // lockedTails (a benchmark's comparison) reads every tail view under the lock.
 var lockedTails = false
 
+// followChunk is how many frames a tail view without the lock reads first; each further
+// read doubles it.
+const followChunk = 32
+
 // followHook, when set (a test), runs between the read of the frames and the second read
 // of the WAL header: a WAL restarted there must not go unnoticed.
 var followHook func()
@@ -84,40 +88,52 @@ func followTail(p string, since *WALPos) (v *View, ok bool) {
 	if fi.Size() < start {
 		return nil, false
 	}
-	n := (fi.Size() - start) / frameSize * frameSize
-	if n > maxFollowBytes {
-		return nil, false
-	}
-	buf := make([]byte, n)
-	if got, err := f.ReadAt(buf, start); err != nil && !errors.Is(err, io.EOF) {
-		return nil, false
-	} else {
-		buf = buf[:int64(got)/frameSize*frameSize]
-	}
-	v = &View{dev: 0, pageSize: pageSize, walBE: be, walSize: fi.Size(), hdrCk: [2]uint32{ck1, ck2},
+	v = &View{pageSize: pageSize, walBE: be, walSize: fi.Size(), hdrCk: [2]uint32{ck1, ck2},
 		pos: *since, tail: true, unlocked: true, held: make(map[uint32][]byte)}
 	v.dev, v.ino = fileID(mfi)
+	// The file may run on past the last commit with frames of an earlier use of it (a WAL
+	// restarted reuses its file): the frames are read in chunks, from followChunk frames
+	// doubling, up to the first that breaks the chain.
 	pending := make(map[uint32][]byte)
 	c1, c2 := since.Ck1, since.Ck2
-	for i := int64(0); (i+1)*frameSize <= int64(len(buf)); i++ {
-		fr := buf[i*frameSize : (i+1)*frameSize]
-		if binary.BigEndian.Uint32(fr[8:12]) != since.Salt1 || binary.BigEndian.Uint32(fr[12:16]) != since.Salt2 {
-			break
+	off, read, chunk := start, int64(0), int64(followChunk)
+	for valid := true; valid && off+frameSize <= fi.Size(); chunk *= 2 {
+		n := min(chunk*frameSize, (fi.Size()-off)/frameSize*frameSize)
+		if read += n; read > maxFollowBytes {
+			return nil, false
 		}
-		c1, c2 = walChecksum(be, fr[:8], c1, c2)
-		c1, c2 = walChecksum(be, fr[24:], c1, c2)
-		if c1 != binary.BigEndian.Uint32(fr[16:20]) || c2 != binary.BigEndian.Uint32(fr[20:24]) {
-			break
+		buf := make([]byte, n)
+		got, err := f.ReadAt(buf, off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, false
 		}
-		pending[binary.BigEndian.Uint32(fr[0:4])] = fr[24:]
-		if commit := binary.BigEndian.Uint32(fr[4:8]); commit != 0 {
-			for pg, data := range pending {
-				v.held[pg] = data
+		buf = buf[:int64(got)/frameSize*frameSize]
+		if int64(len(buf)) < n {
+			valid = false // the file ended early: nothing more to read
+		}
+		for i := int64(0); (i+1)*frameSize <= int64(len(buf)); i++ {
+			fr := buf[i*frameSize : (i+1)*frameSize]
+			if binary.BigEndian.Uint32(fr[8:12]) != since.Salt1 || binary.BigEndian.Uint32(fr[12:16]) != since.Salt2 {
+				valid = false
+				break
 			}
-			clear(pending)
-			v.pages = commit
-			v.pos.Frames, v.pos.Ck1, v.pos.Ck2 = since.Frames+i+1, c1, c2
+			c1, c2 = walChecksum(be, fr[:8], c1, c2)
+			c1, c2 = walChecksum(be, fr[24:], c1, c2)
+			if c1 != binary.BigEndian.Uint32(fr[16:20]) || c2 != binary.BigEndian.Uint32(fr[20:24]) {
+				valid = false
+				break
+			}
+			pending[binary.BigEndian.Uint32(fr[0:4])] = fr[24:]
+			if commit := binary.BigEndian.Uint32(fr[4:8]); commit != 0 {
+				for pg, data := range pending {
+					v.held[pg] = data
+				}
+				clear(pending)
+				v.pages = commit
+				v.pos.Frames, v.pos.Ck1, v.pos.Ck2 = (off-32)/frameSize+i+1, c1, c2
+			}
 		}
+		off += int64(len(buf))
 	}
 	if v.pages == 0 {
 		// Nothing new committed: the size is the one the last commit gave.
