@@ -83,21 +83,28 @@ func (h *hidingList) List(ctx context.Context, prefix, token string) (bucket.Lis
 	return page, err
 }
 
+// hidingPair starts two members beating in one bucket, inside a synctest bubble, a reading it
+// through a store whose listings can leave a key out, and lets a second pass.
+func hidingPair(t *testing.T) (a, b *Membership, hiding *hidingList) {
+	mem := membucket.New()
+	hiding = &hidingList{Bucket: mem}
+	a = newTestMember(t, hiding, "https://a.example.net", "", nil)
+	b = newTestMember(t, mem, "https://b.example.net", "", nil)
+	for _, m := range []*Membership{a, b} {
+		m.Start(t.Context())
+		t.Cleanup(m.Close)
+	}
+	time.Sleep(time.Second)
+	synctest.Wait()
+	return a, b, hiding
+}
+
 // TestCheckLiveListingMissesHeartbeat: a listing that misses a live holder's heartbeat
 // does not make it dead for a takeover: the key itself is looked up.
 func TestCheckLiveListingMissesHeartbeat(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := membucket.New()
 		ctx := t.Context()
-		hiding := &hidingList{Bucket: mem}
-		a := newTestMember(t, hiding, "https://a.example.net", "", nil)
-		b := newTestMember(t, mem, "https://b.example.net", "", nil)
-		for _, m := range []*Membership{a, b} {
-			m.Start(ctx)
-			defer m.Close()
-		}
-		time.Sleep(time.Second)
-		synctest.Wait()
+		a, b, hiding := hidingPair(t)
 		hiding.hide.Store(HeartbeatKey(b.Config().Self))
 		if live, err := a.CheckLive(ctx, b.Config().Self, b.Config().Incarnation); err != nil || !live {
 			t.Fatalf("CheckLive(b, missing from the listing) = %v, %v; want live", live, err)
@@ -119,17 +126,8 @@ func TestCheckLiveListingMissesHeartbeat(t *testing.T) {
 // heartbeat included), and no heartbeat at all for a box that never joined.
 func TestSilentFor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := membucket.New()
 		ctx := t.Context()
-		hiding := &hidingList{Bucket: mem}
-		a := newTestMember(t, hiding, "https://a.example.net", "", nil)
-		b := newTestMember(t, mem, "https://b.example.net", "", nil)
-		for _, m := range []*Membership{a, b} {
-			m.Start(ctx)
-			defer m.Close()
-		}
-		time.Sleep(time.Second)
-		synctest.Wait()
+		a, b, hiding := hidingPair(t)
 		beat := b.Config().Beat
 		if d, beating, err := a.SilentFor(ctx, b.Config().Self); err != nil || !beating || d > beat {
 			t.Fatalf("SilentFor(b, beating) = %v, %v, %v; want at most a beat (%v)", d, beating, err, beat)

@@ -202,7 +202,7 @@ type LogShipper struct {
 	kinds map[string]kindSig
 	// walked is the last walk of the data dir, reused while its directories keep their
 	// signatures (nil: walk again).
-	walked *walked
+	walked  *walked
 	skipped []SkippedFile
 	// opens counts the views opened: what "nothing new" saves; walks the walks that read
 	// the data dir's directories: what an unchanged directory saves.

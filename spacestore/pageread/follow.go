@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 )
 
 // A tail view without the lock. A log segment after a group of commits needs only the
@@ -113,14 +112,7 @@ func followTail(p string, since *WALPos) (v *View, ok bool) {
 		}
 		for i := int64(0); (i+1)*frameSize <= int64(len(buf)); i++ {
 			fr := buf[i*frameSize : (i+1)*frameSize]
-			if binary.BigEndian.Uint32(fr[8:12]) != since.Salt1 || binary.BigEndian.Uint32(fr[12:16]) != since.Salt2 {
-				valid = false
-				break
-			}
-			c1, c2 = walChecksum(be, fr[:8], c1, c2)
-			c1, c2 = walChecksum(be, fr[24:], c1, c2)
-			if c1 != binary.BigEndian.Uint32(fr[16:20]) || c2 != binary.BigEndian.Uint32(fr[20:24]) {
-				valid = false
+			if c1, c2, valid = continues(be, since.Salt1, since.Salt2, fr, c1, c2); !valid {
 				break
 			}
 			pending[binary.BigEndian.Uint32(fr[0:4])] = fr[24:]
@@ -166,16 +158,7 @@ func (v *View) relock() error {
 }
 
 // heldChanged lists an unlocked view's changed pages within the database, ascending.
-func (v *View) heldChanged() []uint32 {
-	out := make([]uint32, 0, len(v.held))
-	for pg := range v.held {
-		if pg <= v.pages {
-			out = append(out, pg)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
+func (v *View) heldChanged() []uint32 { return pagesUpTo(v.held, v.pages) }
 
 // readHeld reads a page an unlocked view took.
 func (v *View) readHeld(pgno uint32, buf []byte) error {

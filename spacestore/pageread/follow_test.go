@@ -12,6 +12,17 @@ import (
 	"testing"
 )
 
+// posNow is how far the database's WAL is committed now, as a locked view finds it.
+func posNow(t *testing.T, p string) WALPos {
+	t.Helper()
+	v, err := openLocked(context.Background(), nil, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	return v.Shape().Pos
+}
+
 // tailOf is what a tail view gives: its shape, its changed pages and their data.
 func tailOf(t *testing.T, v *View) (Shape, []uint32, map[uint32]string) {
 	t.Helper()
@@ -35,12 +46,7 @@ func TestUnlockedTailReadsWhatTheLockedReads(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "app.db")
 	db := instanceDB(t, p)
 	insert(t, db, 5, "0")
-	v, err := openLocked(ctx, nil, p, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pos := v.Shape().Pos
-	v.Close()
+	pos := posNow(t, p)
 	steps := []struct {
 		name     string
 		step     func()
@@ -94,16 +100,10 @@ func TestUnlockedTailReadsWhatTheLockedReads(t *testing.T) {
 // commit that starts it again, between the read of the frames and the second read of the
 // header, make the unlocked tail decline.
 func TestUnlockedTailNoticesARestartDuringItsRead(t *testing.T) {
-	ctx := context.Background()
 	p := filepath.Join(t.TempDir(), "app.db")
 	db := instanceDB(t, p)
 	insert(t, db, 5, "0")
-	v, err := openLocked(ctx, nil, p, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pos := v.Shape().Pos
-	v.Close()
+	pos := posNow(t, p)
 	insert(t, db, 3, "a")
 	followHook = func() { exec(t, db, "PRAGMA wal_checkpoint(TRUNCATE)"); insert(t, db, 1, "b") }
 	t.Cleanup(func() { followHook = nil })
@@ -115,17 +115,11 @@ func TestUnlockedTailNoticesARestartDuringItsRead(t *testing.T) {
 // TestUnlockedTailTakesOnlyCommittedFrames: a transaction that spills frames to the WAL
 // before it commits shows nothing until its commit, and nothing at all once rolled back.
 func TestUnlockedTailTakesOnlyCommittedFrames(t *testing.T) {
-	ctx := context.Background()
 	p := filepath.Join(t.TempDir(), "app.db")
 	db := instanceDB(t, p)
 	exec(t, db, "PRAGMA cache_size = 2") // spills dirty pages to the WAL early
 	insert(t, db, 5, "0")
-	v, err := openLocked(ctx, nil, p, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pos := v.Shape().Pos
-	v.Close()
+	pos := posNow(t, p)
 	for _, commit := range []bool{false, true} {
 		tx, err := db.Begin()
 		if err != nil {

@@ -296,12 +296,8 @@ func (v *View) index() error {
 			}
 			return err
 		}
-		if binary.BigEndian.Uint32(buf[8:12]) != v.pos.Salt1 || binary.BigEndian.Uint32(buf[12:16]) != v.pos.Salt2 {
-			break
-		}
-		c1, c2 = walChecksum(v.walBE, buf[:8], c1, c2)
-		c1, c2 = walChecksum(v.walBE, buf[24:], c1, c2)
-		if c1 != binary.BigEndian.Uint32(buf[16:20]) || c2 != binary.BigEndian.Uint32(buf[20:24]) {
+		var ok bool
+		if c1, c2, ok = continues(v.walBE, v.pos.Salt1, v.pos.Salt2, buf, c1, c2); !ok {
 			break
 		}
 		pending[binary.BigEndian.Uint32(buf[0:4])] = off + 24
@@ -317,11 +313,27 @@ func (v *View) index() error {
 	return nil
 }
 
+// continues reports whether the WAL frame fr (header and page) continues a chain whose
+// checksums stand at c1, c2 in a WAL of the given byte order and salts, as SQLite's recovery
+// checks it: the frame's salts are the WAL's and its checksum is the chain's over it. It
+// returns the chain's checksums after fr.
+func continues(be bool, salt1, salt2 uint32, fr []byte, c1, c2 uint32) (uint32, uint32, bool) {
+	if binary.BigEndian.Uint32(fr[8:12]) != salt1 || binary.BigEndian.Uint32(fr[12:16]) != salt2 {
+		return c1, c2, false
+	}
+	c1, c2 = walChecksum(be, fr[:8], c1, c2)
+	c1, c2 = walChecksum(be, fr[24:], c1, c2)
+	return c1, c2, c1 == binary.BigEndian.Uint32(fr[16:20]) && c2 == binary.BigEndian.Uint32(fr[20:24])
+}
+
 // changedSinceTail returns the pages written since the caller's WALPos (tail views only).
-func (v *View) changedSinceTail() []uint32 {
-	out := make([]uint32, 0, len(v.frames))
-	for pg := range v.frames {
-		if pg <= v.pages {
+func (v *View) changedSinceTail() []uint32 { return pagesUpTo(v.frames, v.pages) }
+
+// pagesUpTo lists the pages of m (by page number) within a database of pages pages, ascending.
+func pagesUpTo[V any](m map[uint32]V, pages uint32) []uint32 {
+	out := make([]uint32, 0, len(m))
+	for pg := range m {
+		if pg <= pages {
 			out = append(out, pg)
 		}
 	}
