@@ -48,8 +48,8 @@ const followChunk = 32
 var followHook func()
 
 // followTail reads the frames committed in the WAL of the database at p since the caller's
-// WALPos, without the lock; ok false when it cannot vouch for what it read (the caller takes
-// the lock). An error is one the locked view would give too (the database is gone).
+// WALPos, without the lock; ok false when it cannot vouch for what it read, or cannot read
+// it (the caller takes the lock, and meets any error there).
 func followTail(p string, since *WALPos) (v *View, ok bool) {
 	mfi, err := os.Lstat(p)
 	if err != nil || !mfi.Mode().IsRegular() {
