@@ -95,12 +95,18 @@ type dbChanges struct {
 
 func (ch dbChanges) size() int64 { return int64(ch.pages) * int64(ch.pageSize) }
 
+// sameFile reports whether a view of shape sh is of the file st was taken from (device and
+// inode) with the same page size: st's page hashes then stand for it. A nil st is of no file.
+func (st *dbState) sameFile(sh pageread.Shape) bool {
+	return st != nil && st.dev == sh.Dev && st.ino == sh.Ino && st.img.PageSize == sh.PageSize
+}
+
 // detectChanges finds the pages of the view that differ from prev: from the WAL tail when
 // the WAL kept its identity since prev, else by one scan that hashes every page. hold, if
 // not nil, keeps a copy of each changed page as it is read (up to its limit).
 func detectChanges(v pageread.Source, prev *dbState, hold *heldPages) (dbChanges, error) {
 	sh := v.Shape()
-	usable := prev != nil && prev.dev == sh.Dev && prev.ino == sh.Ino && prev.img.PageSize == sh.PageSize
+	usable := prev.sameFile(sh)
 	if !usable && sh.Tail {
 		if err := v.IndexAll(); err != nil {
 			return dbChanges{}, err

@@ -258,7 +258,7 @@ type viewKeeper interface {
 type inProcess struct{ *pageread.Keeper }
 
 func (k inProcess) Open(ctx context.Context, abs string, since *pageread.WALPos) (pageread.Source, error) {
-	return k.Keeper.Open(ctx, abs, since)
+	return k.Keeper.OpenTail(ctx, abs, since)
 }
 
 // Close closes the connections the shipper keeps (and the helper that keeps them). Next may
@@ -381,18 +381,26 @@ func (l *LogShipper) read(ctx context.Context, abs, rel string, prev *dbState, n
 		since = &prev.wal
 	}
 	l.opens++
-	var v pageread.Source
-	var err error
-	if l.keep != nil {
-		l.viewed[abs] = now
-		v, err = l.keep.Open(ctx, abs, since)
-	} else {
-		v, err = openSource(ctx, l.reader, abs, since)
+	open := func(since *pageread.WALPos) (pageread.Source, error) {
+		if l.keep != nil {
+			l.viewed[abs] = now
+			return l.keep.Open(ctx, abs, since)
+		}
+		return openSource(ctx, l.reader, abs, since)
 	}
+	v, err := open(since)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer v.Close()
+	if sh := v.Shape(); sh.Tail && !prev.sameFile(sh) {
+		// Another file under the same WAL: every page is compared, from a full view (a tail
+		// view read without the lock would take it for IndexAll, and may move on meanwhile).
+		v.Close()
+		if v, err = open(nil); err != nil {
+			return nil, nil, err
+		}
+	}
+	defer func() { v.Close() }()
 	if v.Shape().Pages > maxLogPages {
 		return nil, nil, nil
 	}

@@ -94,7 +94,7 @@ func (r *PageReader) open(ctx context.Context, abs string, since *pageread.WALPo
 	if err != nil {
 		return nil, err
 	}
-	v, _, err := h.view(ctx, abs, since, files)
+	v, _, err := h.view(ctx, abs, since, files, false)
 	if err != nil {
 		return nil, err
 	}
@@ -218,10 +218,14 @@ type helperProc struct {
 // helper is killed if ctx ends before the view is closed. On an error the helper is ended;
 // reported is true when the helper itself reported it (an error frame, or its deadline),
 // false when the session broke (the helper died or was killed before it answered).
-func (h *helperProc) view(ctx context.Context, abs string, since *pageread.WALPos, files pageread.Files) (v *helperView, reported bool, err error) {
+func (h *helperProc) view(ctx context.Context, abs string, since *pageread.WALPos, files pageread.Files, tail bool) (v *helperView, reported bool, err error) {
 	stop := context.AfterFunc(ctx, h.cancel)
 	h.deadline.Reset(h.timeout)
-	c, err := h.session.Open(abs, since, files)
+	open := h.session.Open
+	if tail {
+		open = h.session.OpenTail
+	}
+	c, err := open(abs, since, files)
 	h.deadline.Stop()
 	if err != nil {
 		stop()
@@ -370,8 +374,8 @@ func NewHelperViews(r *PageReader) *HelperViews {
 	return &HelperViews{r: r, paths: make(map[string]bool)}
 }
 
-// Open opens a view of the database at abs (since as in pageread.Open) in the kept helper,
-// started if none runs or it died.
+// Open opens a view of the database at abs (since as in pageread.Keeper.OpenTail: a log
+// segment's) in the kept helper, started if none runs or it died.
 func (k *HelperViews) Open(ctx context.Context, abs string, since *pageread.WALPos) (pageread.Source, error) {
 	abs, files, err := k.r.files(abs)
 	if err != nil {
@@ -391,7 +395,7 @@ func (k *HelperViews) Open(ctx context.Context, abs string, since *pageread.WALP
 	var v *helperView
 	if h != nil {
 		var reported bool
-		v, reported, err = h.view(ctx, abs, since, files)
+		v, reported, err = h.view(ctx, abs, since, files, true)
 		if err != nil && !reported {
 			h = nil // it died between views: once more, on a new one
 		} else if err != nil {
@@ -401,7 +405,7 @@ func (k *HelperViews) Open(ctx context.Context, abs string, since *pageread.WALP
 	}
 	if h == nil {
 		if h, err = k.r.start(); err == nil {
-			v, _, err = h.view(ctx, abs, since, files)
+			v, _, err = h.view(ctx, abs, since, files, true)
 		}
 		if err != nil {
 			k.drop()

@@ -45,6 +45,16 @@ func (s *Session) Err() error { return s.err }
 // and checks the shape it answers with against files. The first Open also checks that the
 // helper speaks this Version.
 func (s *Session) Open(path string, since *WALPos, files Files) (*Client, error) {
+	return s.open(path, since, files, false)
+}
+
+// OpenTail is Open for a log segment, as Keeper.OpenTail: the helper may read the tail
+// without the lock (a helper older than that flag locks).
+func (s *Session) OpenTail(path string, since *WALPos, files Files) (*Client, error) {
+	return s.open(path, since, files, true)
+}
+
+func (s *Session) open(path string, since *WALPos, files Files, tail bool) (*Client, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
@@ -59,8 +69,11 @@ func (s *Session) Open(path string, since *WALPos, files Files) (*Client, error)
 	}
 	req := make([]byte, 1+walPosLen, 1+walPosLen+len(path))
 	if since != nil {
-		req[0] = 1
+		req[0] = openSince
 		putWALPos(req[1:], *since)
+	}
+	if tail {
+		req[0] |= openTail
 	}
 	if err := s.request(opOpen, append(req, path...)); err != nil {
 		return nil, err

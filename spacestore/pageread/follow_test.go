@@ -203,7 +203,7 @@ func TestTailViewsUnderWritersMissNothing(t *testing.T) {
 	var since *WALPos
 	var unlocked, locked, full int
 	apply := func() {
-		v, err := open(ctx, nil, p, since)
+		v, err := open(ctx, nil, p, since, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -266,4 +266,50 @@ func TestTailViewsUnderWritersMissNothing(t *testing.T) {
 	if unlocked == 0 || full == 0 {
 		t.Fatalf("the writer's pace left a kind of view untried (%d unlocked, %d full)", unlocked, full)
 	}
+}
+
+// TestOnlyLogTailsGoWithoutTheLock: a tail view a log segment asks for (Keeper.OpenTail,
+// Session.OpenTail) lets the instance write while it is open; one a checkpoint asks for
+// (Open, Keeper.Open, Session.Open), which may read any page, holds the lock, in process
+// and through the helper's wire alike.
+func TestOnlyLogTailsGoWithoutTheLock(t *testing.T) {
+	ctx := context.Background()
+	p := filepath.Join(t.TempDir(), "app.db")
+	db := instanceDB(t, p) // busy_timeout 0: a write that meets the lock fails at once
+	insert(t, db, 5, "0")
+	k := NewKeeper()
+	defer k.Close()
+	r, w, _ := pipeHelper(t)
+	s := NewSession(r, w)
+	opens := []struct {
+		name     string
+		open     func(since *WALPos) (Source, error)
+		unlocked bool
+	}{
+		{"Open", func(since *WALPos) (Source, error) { return Open(ctx, p, since) }, false},
+		{"Keeper.Open", func(since *WALPos) (Source, error) { return k.Open(ctx, p, since) }, false},
+		{"Session.Open", func(since *WALPos) (Source, error) { return s.Open(p, since, boxFiles(t, p)) }, false},
+		{"Keeper.OpenTail", func(since *WALPos) (Source, error) { return k.OpenTail(ctx, p, since) }, true},
+		{"Session.OpenTail", func(since *WALPos) (Source, error) { return s.OpenTail(p, since, boxFiles(t, p)) }, true},
+	}
+	for _, o := range opens {
+		pos := posNow(t, p)
+		insert(t, db, 1, "a")
+		v, err := o.open(&pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sh := v.Shape(); !sh.Tail {
+			t.Fatalf("%s: not a tail view", o.name)
+		}
+		_, err = db.Exec("INSERT INTO m (body) VALUES ('b')")
+		v.Close()
+		if o.unlocked && err != nil {
+			t.Fatalf("%s: the instance's write met a lock: %v", o.name, err)
+		}
+		if !o.unlocked && !busy(err) {
+			t.Fatalf("%s: the instance wrote while the view was open (%v): a checkpoint's view went without the lock", o.name, err)
+		}
+	}
+	w.Close()
 }

@@ -53,7 +53,14 @@ func NewKeeper() *Keeper { return &Keeper{conns: make(map[string]*conn)} }
 
 // Open is the package's Open on the connection kept for p, made and kept if there is none.
 func (k *Keeper) Open(ctx context.Context, p string, since *WALPos) (*View, error) {
-	return open(ctx, k, p, since)
+	return open(ctx, k, p, since, false)
+}
+
+// OpenTail is Open for a log segment, which reads only the pages changed since the WALPos:
+// its tail view is read without the lock when the frames vouch for themselves (follow.go);
+// IndexAll and Scan then take the lock and may find the database further on.
+func (k *Keeper) OpenTail(ctx context.Context, p string, since *WALPos) (*View, error) {
+	return open(ctx, k, p, since, true)
 }
 
 // Forget closes the connection kept for p, if any (at the end of the view that holds it,

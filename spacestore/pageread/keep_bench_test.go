@@ -80,7 +80,7 @@ func benchViewUnderWriters(b *testing.B) {
 	for b.Loop() {
 		time.Sleep(2 * time.Millisecond)
 		t0 := time.Now()
-		v, err := k.Open(ctx, p, since)
+		v, err := k.OpenTail(ctx, p, since)
 		if err != nil {
 			b.Fatal(err)
 		}

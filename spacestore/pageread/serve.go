@@ -86,11 +86,11 @@ func serveView(ctx context.Context, k *Keeper, req []byte, r io.Reader, send fun
 		return fmt.Errorf("open request of %d bytes", len(req))
 	}
 	var since *WALPos
-	if req[0]&1 != 0 {
+	if req[0]&openSince != 0 {
 		p := getWALPos(req[1:])
 		since = &p
 	}
-	v, err := k.Open(ctx, string(req[1+walPosLen:]), since)
+	v, err := open(ctx, k, string(req[1+walPosLen:]), since, req[0]&openTail != 0)
 	if err != nil {
 		return err
 	}

@@ -71,14 +71,16 @@ type View struct {
 
 // Open locks the database at p and reads its shape, on a connection of its own that Close
 // ends. since, when non-nil, is the WALPos of the last view: if the WAL is the same file
-// with the same salts, only the frames after it are read and view.tail is set; such a tail
-// view is read without the lock when its frames can vouch for themselves (follow.go).
+// with the same salts, only the frames after it are read and view.tail is set.
 func Open(ctx context.Context, p string, since *WALPos) (*View, error) {
-	return open(ctx, nil, p, since)
+	return open(ctx, nil, p, since, false)
 }
 
-func open(ctx context.Context, k *Keeper, p string, since *WALPos) (*View, error) {
-	if since != nil && since.Frames > 0 && !lockedTails {
+// open is Open on k's kept connection (nil: one of its own). follow lets a tail view be read
+// without the lock when its frames vouch for themselves (follow.go): a log segment's, whose
+// caller reads only the changed pages. A checkpoint may read any page, and locks.
+func open(ctx context.Context, k *Keeper, p string, since *WALPos, follow bool) (*View, error) {
+	if follow && since != nil && since.Frames > 0 && !lockedTails {
 		if v, ok := followTail(p, since); ok {
 			v.keeper, v.ctx, v.path = k, ctx, p
 			return v, nil

@@ -25,7 +25,7 @@ import (
 // old helper.
 const (
 	opHello    = 'V' // uint32 Version: the first request of a session
-	opOpen     = 'O' // flags byte (1: since present), WALPos (walPosLen), path
+	opOpen     = 'O' // flags byte (openSince, openTail), WALPos (walPosLen), path
 	opIndexAll = 'I'
 	opChanged  = 'T'
 	opRead     = 'R' // uint32 page numbers
@@ -39,6 +39,12 @@ const (
 	frameChanged = 'C' // uint32 page numbers, at most maxChangedPerFrame
 	frameDone    = 'D' // empty: the request is answered
 	frameError   = 'E' // a message of at most maxErrorLen bytes; the session ends
+)
+
+// The flags of an open.
+const (
+	openSince = 1 << 0 // the WALPos is the caller's: a tail view
+	openTail  = 1 << 1 // a log segment's: the tail may be read without the lock (a helper older than this flag ignores it and locks)
 )
 
 // Version is the wire's protocol version: 2 serves many views per helper (1 served one).
