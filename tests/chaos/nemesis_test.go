@@ -144,9 +144,17 @@ func (nm *nemesis) reopen(n *node) {
 
 func (nm *nemesis) recreate(n *node, host string, other *node, pause time.Duration) {
 	if code, body, err := n.adminDo("DELETE", "/lchat/routes/"+host, nil); err != nil || code != http.StatusOK {
-		// Another fault may have stopped the box (two at once): not the box's fault.
+		// Another fault may have stopped the box (two at once): not the box's fault. But a
+		// box that answered may have removed the route all the same (a 500 that says its
+		// space could not be saved first, the box cut from the bucket): then it is created
+		// again, as after a clean removal, or the space would end the run deleted.
 		nm.logf("box %d: remove %s: %d %s %v", n.i, host, code, body, err)
-		return
+		if err != nil {
+			return
+		}
+		if got, _, gerr := n.adminDo("GET", "/lchat/routes/"+host, nil); gerr != nil || got != http.StatusNotFound {
+			return
+		}
 	}
 	time.Sleep(pause)
 	for range 30 {
