@@ -19,8 +19,12 @@ import (
 // endpoint (Config.ControlSocket), tagged "room".
 
 const (
-	holdTag        = "room"
-	controlTimeout = 2 * time.Second
+	holdTag = "room"
+	// controlTimeout bounds a send to the held WebSockets. The box may hold a send at its
+	// output gate until the commits before it are durable (up to 10 s, its durability
+	// deadline) and waits up to 3 s for each other box's part: a shorter bound drops the
+	// message for every held socket while a standby is being given up.
+	controlTimeout = 15 * time.Second
 )
 
 // newControlClient dials the box's control endpoint; nil without a socket.

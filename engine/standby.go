@@ -55,17 +55,7 @@ type StandbyLink interface {
 	Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim, handover bool) error
 	// Live reports whether box is a live member.
 	Live(box string) bool
-	// SilentFor reads box's heartbeat afresh and returns how long ago it was last written,
-	// by the bucket's clock; beating false when box has no heartbeat at all (it left).
-	SilentFor(ctx context.Context, box string) (silent time.Duration, beating bool, err error)
 }
-
-// standbyGoneAfter is how long a takeover waits for a standby that neither beats nor
-// answers and holds a stream the bucket log may lack: counted from the standby's last
-// heartbeat, it covers a box restarting (its spool is on disk) or a machine rebooting.
-// Until then the takeover fails (the wake is retried, the space dark); after it, the
-// standby counts as lost with its holder, and what only the two held is lost (logged).
-const standbyGoneAfter = time.Minute
 
 // standbyPutTimeout bounds one send of a segment to the standby: a standby that does not
 // answer within it is given up for bucket proofs.
@@ -430,7 +420,9 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 	}
 	entries, err := e.cfg.Standby.Seal(sctx, rec.Box, in.host, gen, rec.Claim)
 	if err != nil && !live {
-		return e.standbyGone(ctx, in, rec, err)
+		log.Warn("the space's standby is not a live member and does not answer: writes it alone held with the dead holder are lost",
+			zap.String("standby", rec.Box), zap.String("holder", rec.Claim.Holder), zap.Error(err))
+		return nil, nil, nil
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("sealing the stream on the standby %s: %w", rec.Box, err)
@@ -462,30 +454,6 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 	}
 	return rec, segs, nil
 }
-
-// standbyGone decides a takeover whose standby is not a live member and did not answer
-// the seal (sealErr): while its last heartbeat is younger than standbyGoneAfter it may be
-// restarting with the stream on its disk, and the takeover fails (ErrStandbySilent, the
-// wake retried later); once older, or with no heartbeat at all, the takeover goes on from
-// the bucket and what only the standby and the dead holder held is lost, logged as such.
-func (e *Engine) standbyGone(ctx context.Context, in *inst, rec *spacestore.StandbyRecord, sealErr error) (*spacestore.StandbyRecord, []*spacestore.Segment, error) {
-	silent, beating, err := e.cfg.Standby.SilentFor(ctx, rec.Box)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %s does not answer the seal (%v), and its heartbeat could not be read: %w", ErrStandbySilent, rec.Box, sealErr, err)
-	}
-	if beating && silent < standbyGoneAfter {
-		return nil, nil, fmt.Errorf("%w: %s does not answer the seal (%v) and beat %v ago; a takeover waits for it until %v after its last beat",
-			ErrStandbySilent, rec.Box, sealErr, silent.Round(time.Millisecond), standbyGoneAfter)
-	}
-	in.logger().Error("the space's standby is gone with its holder: writes only the two held are lost",
-		zap.String("standby", rec.Box), zap.String("holder", rec.Claim.Holder), zap.Bool("beating", beating),
-		zap.Duration("silent", silent), zap.Error(sealErr))
-	return nil, nil, nil
-}
-
-// ErrStandbySilent is why a takeover waits: the holder's standby may hold writes the bucket
-// log lacks, and neither beats nor answers, for less than standbyGoneAfter.
-var ErrStandbySilent = errors.New("waiting for the space's standby")
 
 // applyStream rebuilds the data dir from the bucket log up to the stream's base and the
 // stream (base brought in step), and appends to the bucket log, at its end, the pages in

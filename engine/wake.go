@@ -348,11 +348,7 @@ func (e *Engine) fenceThenLog(ctx context.Context, in *inst, pl *pendingLease, h
 	ls, err := e.openLog(ctx, in, kept)
 	if err != nil {
 		log.Error("opening the space's log", zap.Error(err))
-		reason := "log unavailable"
-		if errors.Is(err, ErrStandbySilent) {
-			reason = "waiting for the space's standby"
-		}
-		return false, &RetryError{After: 5 * time.Second, Reason: reason, Err: err}
+		return false, &RetryError{After: 5 * time.Second, Reason: "log unavailable"}
 	}
 	phase(&ph.Restore)
 	if err := start(); err != nil {

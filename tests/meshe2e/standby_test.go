@@ -451,8 +451,8 @@ func TestStandbyPartitionedFromItsHolder(t *testing.T) {
 	t.Logf("5 writes answered 201 by the holder cut off from its standby, in %v: %v", time.Since(start).Round(time.Millisecond), took)
 	// The first waits out the 2 s a segment may take; the holder then asks that standby
 	// again only after 5 s (doubling), so the next ones wait for the bucket, not for it. The
-	// room's send to its held connections waits for the cut-off box once (2 s, the demo's
-	// own timeout), then leaves it out.
+	// room's send to its held connections waits for the cut-off box once (3 s, a peer's
+	// part), then leaves it out.
 	if slow := len(slices.DeleteFunc(slices.Clone(took), func(d time.Duration) bool { return d < 2*time.Second })); slow > 2 {
 		t.Fatalf("%d of 5 writes waited out the unreachable standby (%v): it is asked again at every new stream", slow, took)
 	}
