@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
@@ -83,6 +84,11 @@ func (l *standbyLink) Retire(ctx context.Context, box, host string, gen int64, c
 
 // Live implements engine.StandbyLink.
 func (l *standbyLink) Live(box string) bool { return l.ms.node.IsLiveMember(box) }
+
+// SilentFor implements engine.StandbyLink.
+func (l *standbyLink) SilentFor(ctx context.Context, box string) (time.Duration, bool, error) {
+	return l.ms.m.SilentFor(ctx, box)
+}
 
 // Standby is this box's spool, nil without a mesh: the peer API's standby endpoints.
 func (b *Box) Standby() *standby.Spool {

@@ -226,11 +226,15 @@ func (e *LeaseHeldError) Error() string { return "space is held by " + e.Holder 
 type RetryError struct {
 	After  time.Duration
 	Reason string
+	// Err is the cause, for errors.Is; Error says Reason only (it reaches clients).
+	Err error
 }
 
 func (e *RetryError) Error() string {
 	return fmt.Sprintf("space unavailable (%s), retry after %s", e.Reason, e.After)
 }
+
+func (e *RetryError) Unwrap() error { return e.Err }
 
 // SpaceStatus is one space as Status reports it.
 type SpaceStatus struct {

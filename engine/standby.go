@@ -36,8 +36,11 @@ import (
 // is rebuilt from the bucket log up to the stream's base and the stream, and the pages in
 // which that state differs from the bucket log's are appended to the bucket log (a fixup
 // segment) before it is sealed, so the bucket log alone carries the state from then on.
-// A standby that is not a live member is a second failure: the takeover goes on from the
-// bucket, and what only the two dead boxes held is lost (logged).
+// A standby that is neither a live member nor answers the seal may be restarting with the
+// stream on its disk: the takeover waits for it while its last heartbeat is young
+// (standbyGone), unless its holder marked it given up (recordGivenUp: the bucket log holds
+// what the stream carried); one silent longer is a second failure, and what only the two
+// dead boxes held is lost (logged).
 
 // StandbyLink is how a holder reaches its spaces' standbys (the box wires it to the mesh).
 type StandbyLink interface {
@@ -55,7 +58,17 @@ type StandbyLink interface {
 	Retire(ctx context.Context, box, host string, gen int64, claim spacestore.Claim, handover bool) error
 	// Live reports whether box is a live member.
 	Live(box string) bool
+	// SilentFor reads box's heartbeat afresh and returns how long ago it was last written,
+	// by the bucket's clock; beating false when box has no heartbeat at all (it left).
+	SilentFor(ctx context.Context, box string) (silent time.Duration, beating bool, err error)
 }
+
+// standbyGoneAfter is how long a takeover waits for a standby that neither beats nor
+// answers and holds a stream the bucket log may lack: counted from the standby's last
+// heartbeat, it covers a box restarting (its spool is on disk) or a machine rebooting.
+// Until then the takeover fails (the wake is retried, the space dark); after it, the
+// standby counts as lost with its holder, and what only the two held is lost (logged).
+const standbyGoneAfter = time.Minute
 
 // standbyPutTimeout bounds one send of a segment to the standby: a standby that does not
 // answer within it is given up for bucket proofs.
@@ -131,6 +144,7 @@ type stream struct {
 	broken       atomic.Bool
 	sent         atomic.Int64 // the last seq the standby has (it takes them in order)
 	why          atomic.Pointer[string]
+	recETag      string // the ETag of its record as written (under streamer.recMu)
 }
 
 func (s *stream) breakWith(why string) bool {
@@ -274,6 +288,7 @@ func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *st
 	}
 	if st.breakWith(err.Error()) {
 		e.noteStandbyLost(d)
+		e.recordGivenUp(in, d, st)
 		until := d.sb.retry.lost(st.box, e.now())
 		log.Warn("standby lost: the space's answers wait for the bucket log until its next checkpoint",
 			zap.String("standby", st.box), zap.Time("asked_again_from", until), zap.Error(err))
@@ -332,8 +347,54 @@ func (e *Engine) recordStream(ctx context.Context, in *inst, d *durable, st *str
 		}
 		return err
 	}
+	st.recETag = d.sb.recETag
 	st.recorded.Store(true)
 	return nil
+}
+
+// recordGivenUp, once st's standby was given up, writes st's record again marked given up
+// (StandbyRecord.GivenUp) as soon as a bucket proof cut after the break has landed: every
+// segment the standby took was cut before the break (a landing that finds the stream broken
+// proves in the bucket instead), so the bucket log then holds everything the stream carried,
+// and a takeover that cannot reach the standby (dead too, or restarting) need not wait for
+// it. Until then a takeover that finds the standby silent waits for it (standbyGone). The
+// write is conditioned on st's own record: a later record (a newer stream, a newer holder)
+// stands. It runs in the background and ends with the stream, the instance or a fence.
+func (e *Engine) recordGivenUp(in *inst, d *durable, st *stream) {
+	if !st.recorded.Load() {
+		return // the record names an older stream, or none: nothing to mark
+	}
+	safego.Go(&e.wg, e.log, "record the standby given up", func() {
+		for {
+			if in.durableOf() != d || d.sb.cur.Load() != st {
+				return
+			}
+			err := e.bucketProof(e.ctx, d)
+			if err == nil {
+				break
+			}
+			if e.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+				return // the gate closed (a stop, a fence): the record stays as it is
+			}
+		}
+		d.sb.recMu.Lock()
+		defer d.sb.recMu.Unlock()
+		if d.sb.cur.Load() != st || d.sb.recETag != st.recETag {
+			return
+		}
+		rec := spacestore.StandbyRecord{Gen: st.gen, BaseSeq: st.baseSeq, Claim: d.claim, Box: st.box, GivenUp: true}
+		ctx, cancel := context.WithTimeout(e.ctx, segmentTimeout)
+		etag, err := spacestore.WriteStandbyRecord(ctx, e.cfg.Bucket, in.host, rec, st.recETag)
+		cancel()
+		if err != nil {
+			d.sb.recETagOK = false
+			in.logger().Info("the standby record was not marked given up: a takeover that cannot reach the standby waits for it",
+				zap.String("standby", st.box), zap.Error(err))
+			return
+		}
+		d.sb.recETag, st.recETag = etag, etag
+		in.logger().Info("standby record marked given up: the bucket log holds what its stream carried", zap.String("standby", st.box))
+	})
 }
 
 // writeRecord writes the standby record, conditioned on the one sb last read or wrote
@@ -404,6 +465,10 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 		return skip("a later holder sealed the log since: the stream is older")
 	case rec.BaseSeq == 0 && lg.Sealer != nil:
 		return skip("the log was sealed since the stream's checkpoint: the stream is older")
+	case rec.GivenUp:
+		// The holder proved in the bucket log every write the stream carried: there is
+		// nothing to take, and the standby, perhaps dead with it, is not waited for.
+		return skip("the holder gave the standby up, and the bucket log holds what the stream carried")
 	case lg.Last < rec.BaseSeq:
 		return nil, nil, fmt.Errorf("the stream builds on segment %d of the log, which ends at %d", rec.BaseSeq, lg.Last)
 	}
@@ -420,9 +485,7 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 	}
 	entries, err := e.cfg.Standby.Seal(sctx, rec.Box, in.host, gen, rec.Claim)
 	if err != nil && !live {
-		log.Warn("the space's standby is not a live member and does not answer: writes it alone held with the dead holder are lost",
-			zap.String("standby", rec.Box), zap.String("holder", rec.Claim.Holder), zap.Error(err))
-		return nil, nil, nil
+		return e.standbyGone(ctx, in, rec, err)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("sealing the stream on the standby %s: %w", rec.Box, err)
@@ -454,6 +517,30 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 	}
 	return rec, segs, nil
 }
+
+// standbyGone decides a takeover whose standby is not a live member and did not answer
+// the seal (sealErr): while its last heartbeat is younger than standbyGoneAfter it may be
+// restarting with the stream on its disk, and the takeover fails (ErrStandbySilent, the
+// wake retried later); once older, or with no heartbeat at all, the takeover goes on from
+// the bucket and what only the standby and the dead holder held is lost, logged as such.
+func (e *Engine) standbyGone(ctx context.Context, in *inst, rec *spacestore.StandbyRecord, sealErr error) (*spacestore.StandbyRecord, []*spacestore.Segment, error) {
+	silent, beating, err := e.cfg.Standby.SilentFor(ctx, rec.Box)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %s does not answer the seal (%v), and its heartbeat could not be read: %w", ErrStandbySilent, rec.Box, sealErr, err)
+	}
+	if beating && silent < standbyGoneAfter {
+		return nil, nil, fmt.Errorf("%w: %s does not answer the seal (%v) and beat %v ago; a takeover waits for it until %v after its last beat",
+			ErrStandbySilent, rec.Box, sealErr, silent.Round(time.Millisecond), standbyGoneAfter)
+	}
+	in.logger().Error("the space's standby is gone with its holder: writes only the two held are lost",
+		zap.String("standby", rec.Box), zap.String("holder", rec.Claim.Holder), zap.Bool("beating", beating),
+		zap.Duration("silent", silent), zap.Error(sealErr))
+	return nil, nil, nil
+}
+
+// ErrStandbySilent is why a takeover waits: the holder's standby may hold writes the bucket
+// log lacks, and neither beats nor answers, for less than standbyGoneAfter.
+var ErrStandbySilent = errors.New("waiting for the space's standby")
 
 // applyStream rebuilds the data dir from the bucket log up to the stream's base and the
 // stream (base brought in step), and appends to the bucket log, at its end, the pages in

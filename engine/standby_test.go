@@ -37,7 +37,10 @@ type spoolLink struct {
 	// unlisted names the boxes that answer but are not live members (their heartbeats
 	// stale: their bucket link is cut).
 	unlisted map[string]bool
-	puts     *atomic.Int64
+	// silent is how long ago each dead box last beat; a dead box not named here is long
+	// gone (past standbyGoneAfter).
+	silent map[string]time.Duration
+	puts   *atomic.Int64
 }
 
 func (l spoolLink) Pick(host string) (string, bool) {
@@ -80,6 +83,18 @@ func (l spoolLink) Live(box string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return !l.dead[box] && !l.unlisted[box]
+}
+
+func (l spoolLink) SilentFor(ctx context.Context, box string) (time.Duration, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d, ok := l.silent[box]; ok {
+		return d, true, nil
+	}
+	if l.dead[box] {
+		return standbyGoneAfter + time.Second, true, nil
+	}
+	return 0, true, nil
 }
 
 func (l spoolLink) reachable(box string) bool {
@@ -151,6 +166,7 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 	}
 	var mu sync.Mutex
 	dead, beating, unlisted := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	silent := map[string]time.Duration{}
 	puts := new(atomic.Int64)
 	for _, box := range boxes {
 		dir, err := os.MkdirTemp("", "eng")
@@ -159,7 +175,7 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		lb := &logCut{Bucket: fb}
-		link := spoolLink{self: box, spools: spools, mu: &mu, dead: dead, beating: beating, unlisted: unlisted, puts: puts}
+		link := spoolLink{self: box, spools: spools, mu: &mu, dead: dead, beating: beating, unlisted: unlisted, silent: silent, puts: puts}
 		e, err := New(Config{
 			Bucket: lb, StateDir: dir, Holder: box, Incarnation: "1",
 			Kinds: map[string]Kind{"app": {
@@ -201,6 +217,21 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 func (f *standbyFleet) kill(box string) {
 	f.link.mu.Lock()
 	f.link.dead[box] = true
+	f.link.mu.Unlock()
+}
+
+// killSilentFor kills box, its last heartbeat written silent ago.
+func (f *standbyFleet) killSilentFor(box string, silent time.Duration) {
+	f.link.mu.Lock()
+	f.link.dead[box], f.link.silent[box] = true, silent
+	f.link.mu.Unlock()
+}
+
+// restart brings a killed box back: its spool as it was on disk.
+func (f *standbyFleet) restart(box string) {
+	f.link.mu.Lock()
+	delete(f.link.dead, box)
+	delete(f.link.silent, box)
 	f.link.mu.Unlock()
 }
 
@@ -815,5 +846,101 @@ func TestStandbyRetryBacksOff(t *testing.T) {
 	}
 	if until := r.lost("https://b", now); until.Sub(now) != standbyRetryFirst {
 		t.Fatalf("b given up after it answered: %v, want %v", until.Sub(now), standbyRetryFirst)
+	}
+}
+
+// TestTakeoverWaitsForARestartingStandby: the holder, cut off from the bucket, acknowledges
+// writes on its standby's word; then the standby is killed (a restart) and the holder dies.
+// A takeover on a third box finds the standby neither live nor answering: while its last
+// heartbeat is seconds old the takeover fails (the space stays dark) rather than lose what
+// only the standby's disk holds, and once the standby is back it takes every acknowledged
+// write. A standby silent past standbyGoneAfter is gone: the takeover goes on from the
+// bucket, and the writes only the two boxes held are lost.
+func TestTakeoverWaitsForARestartingStandby(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
+	a, c := f.engines["box-a"], f.engines["box-c"]
+	hosts := []string{"restarting.example.com", "gone.example.com"}
+	var spaces []*awakeSpace
+	for _, host := range hosts {
+		sp := wake(t, a, host)
+		sp.acknowledged(createM, insertM("before"))
+		if err := a.get(host).durableOf().gate.Wait(ctx); err != nil { // the bucket log has it
+			t.Fatal(err)
+		}
+		if st := logStatusOf(t, a, host); st.Standby == nil || st.Standby.Box != "box-b" {
+			t.Fatalf("%s: status %+v, want a stream to box-b", host, st.Standby)
+		}
+		spaces = append(spaces, sp)
+	}
+	f.buckets["box-a"].cut.Store(true)
+	for _, sp := range spaces {
+		for i := range 10 {
+			sp.acknowledged(insertM(fmt.Sprint("cut ", i)))
+		}
+	}
+	f.killSilentFor("box-b", 5*time.Second)
+	f.kill("box-a")
+
+	restarting, gone := hosts[0], hosts[1]
+	if _, err := c.Acquire(ctx, Space{Host: restarting, Kind: "app"}); !errors.Is(err, ErrStandbySilent) {
+		t.Fatalf("a takeover with the standby silent for 5 s: %v, want ErrStandbySilent", err)
+	}
+	f.link.mu.Lock()
+	f.link.silent["box-b"] = standbyGoneAfter + time.Second
+	f.link.mu.Unlock()
+	if n := rowsOn(t, c, gone); n != 1 {
+		t.Fatalf("a takeover with the standby gone: %d rows, want the bucket log's 1", n)
+	}
+	f.restart("box-b")
+	testwait.WaitFor(t, 10*time.Second, "the takeover, once the standby is back and the space's wake backoff (1 s) passed", func() bool {
+		u, err := c.Acquire(ctx, Space{Host: restarting, Kind: "app"})
+		if err == nil {
+			u.Release()
+		}
+		return err == nil
+	})
+	if n := rowsOn(t, c, restarting); n != 11 {
+		t.Fatalf("after the standby's restart the taker has %d of the 11 acknowledged rows", n)
+	}
+}
+
+// TestTakeoverDoesNotWaitForAStandbyGivenUp: the holder's standby dies, and the holder
+// proves its next writes in the bucket; once a proof landed after the break, the holder
+// marks the standby record given up, so when the holder dies too (the standby's heartbeat
+// still young, as in TestTakeoverWaitsForARestartingStandby) the takeover does not wait
+// for the standby: the bucket log holds every acknowledged write.
+func TestTakeoverDoesNotWaitForAStandbyGivenUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	const host = "givenup.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
+	a, c := f.engines["box-a"], f.engines["box-c"]
+	sp := wake(t, a, host)
+	sp.acknowledged(createM, insertM("on the word of the standby"))
+	if st := logStatusOf(t, a, host); st.Standby == nil || st.Standby.Box != "box-b" {
+		t.Fatalf("status %+v, want a stream to box-b", st.Standby)
+	}
+	f.killSilentFor("box-b", 5*time.Second)
+	for i := range 5 {
+		sp.acknowledged(insertM(fmt.Sprint("on bucket proofs ", i)))
+	}
+	testwait.WaitFor(t, 10*time.Second, "the standby record marked given up", func() bool {
+		rec, _, err := spacestore.ReadStandbyRecord(ctx, f.buckets["box-c"], host)
+		return err == nil && rec != nil && rec.Box == "box-b" && rec.GivenUp
+	})
+	f.kill("box-a")
+	u, err := c.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatalf("a takeover with the standby given up by its holder: %v", err)
+	}
+	u.Release()
+	if n := rowsOn(t, c, host); n != 6 {
+		t.Fatalf("the taker has %d of the 6 acknowledged rows", n)
 	}
 }

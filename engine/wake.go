@@ -348,7 +348,11 @@ func (e *Engine) fenceThenLog(ctx context.Context, in *inst, pl *pendingLease, h
 	ls, err := e.openLog(ctx, in, kept)
 	if err != nil {
 		log.Error("opening the space's log", zap.Error(err))
-		return false, &RetryError{After: 5 * time.Second, Reason: "log unavailable"}
+		reason := "log unavailable"
+		if errors.Is(err, ErrStandbySilent) {
+			reason = "waiting for the space's standby"
+		}
+		return false, &RetryError{After: 5 * time.Second, Reason: reason, Err: err}
 	}
 	phase(&ph.Restore)
 	if err := start(); err != nil {

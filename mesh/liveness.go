@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -53,62 +54,81 @@ func (m *Membership) CheckLive(ctx context.Context, self, incarnation string) (b
 		return false, nil
 	}
 	key := HeartbeatKey(self)
-	objs, now, _, err := m.reader.list(ctx, key)
-	if err != nil {
-		m.reader.stats.listErrors.Add(1)
-		return false, fmt.Errorf("checking heartbeat: %v", err)
-	}
 	// Every "dead" answer is logged with its reason: it lets this box take the holder's
 	// leases over, and a wrong one is two writers.
-	dead := func(why string, fields ...zap.Field) (bool, error) {
+	dead := func(now time.Time, why string, fields ...zap.Field) (bool, error) {
 		m.logger.Warn("lease holder judged dead by a fresh read", append([]zap.Field{zap.String("holder", self),
 			zap.String("incarnation", incarnation), zap.String("why", why), zap.Time("bucket_now", now)}, fields...)...)
 		return false, nil
 	}
-	var found *bucket.Info
-	for i := range objs {
-		if objs[i].Key == key {
-			found = &objs[i]
-			break
-		}
+	o, now, found, err := m.lastBeat(ctx, key)
+	if err != nil {
+		return false, fmt.Errorf("checking heartbeat: %v", err)
 	}
-	if found == nil {
-		// Not listed. A listing that misses an object while it is overwritten (a store
-		// may replace it by unlink and link) must not pass for a dead holder: ask for
-		// the key itself.
-		info, err := m.reader.head(ctx, key)
-		if errors.Is(err, bucket.ErrNotFound) {
-			return dead("no heartbeat", zap.Int("listed", len(objs)))
-		}
-		if err != nil {
-			m.reader.stats.getErrors.Add(1)
-			return false, fmt.Errorf("checking heartbeat: %v", err)
-		}
-		m.logger.Warn("a holder's heartbeat was missing from a listing but exists", zap.String("holder", self))
-		found = &info
+	if !found {
+		return dead(now, "no heartbeat")
 	}
-	o := *found
 	if age := now.Sub(o.LastModified); age > m.cfg.DeadAfter {
-		return dead("heartbeat too old", zap.Duration("age", age), zap.Time("last_modified", o.LastModified))
+		return dead(now, "heartbeat too old", zap.Duration("age", age), zap.Time("last_modified", o.LastModified))
 	}
 	if key == m.key {
 		if incarnation != m.cfg.Incarnation {
-			return dead("an earlier incarnation of this box")
+			return dead(now, "an earlier incarnation of this box")
 		}
 		return true, nil
 	}
 	hb, err := m.reader.body(ctx, o)
 	if errors.Is(err, bucket.ErrNotFound) {
-		return dead("heartbeat deleted while read")
+		return dead(now, "heartbeat deleted while read")
 	}
 	if err != nil {
 		m.reader.stats.getErrors.Add(1)
 		return false, fmt.Errorf("checking heartbeat: %v", err)
 	}
 	if !liveIn([]Member{{Self: self, Incarnation: hb.Incarnation}}, self, incarnation) {
-		return dead("another incarnation beats", zap.String("beating", hb.Incarnation))
+		return dead(now, "another incarnation beats", zap.String("beating", hb.Incarnation))
 	}
 	return true, nil
+}
+
+// lastBeat reads the heartbeat object at key afresh (one LIST, a HEAD when the listing
+// misses it) and returns it with the bucket's time of the read; found false when there is
+// none.
+func (m *Membership) lastBeat(ctx context.Context, key string) (o bucket.Info, now time.Time, found bool, err error) {
+	objs, now, _, err := m.reader.list(ctx, key)
+	if err != nil {
+		m.reader.stats.listErrors.Add(1)
+		return bucket.Info{}, now, false, err
+	}
+	for i := range objs {
+		if objs[i].Key == key {
+			return objs[i], now, true, nil
+		}
+	}
+	// Not listed. A listing that misses an object while it is overwritten (a store may
+	// replace it by unlink and link) must not pass for a dead box: ask for the key itself.
+	info, err := m.reader.head(ctx, key)
+	if errors.Is(err, bucket.ErrNotFound) {
+		return bucket.Info{}, now, false, nil
+	}
+	if err != nil {
+		m.reader.stats.getErrors.Add(1)
+		return bucket.Info{}, now, false, err
+	}
+	m.logger.Warn("a heartbeat was missing from a listing but exists", zap.String("key", key), zap.Int("listed", len(objs)))
+	return info, now, true, nil
+}
+
+// SilentFor reads self's heartbeat afresh and returns how long ago, by the bucket's clock,
+// it was last written; beating false when self has no heartbeat (it left the fleet, or never
+// joined). A box that died keeps its last heartbeat: how long it has been silent tells a
+// restart (seconds) from a box that is gone.
+func (m *Membership) SilentFor(ctx context.Context, self string) (silent time.Duration, beating bool, err error) {
+	o, now, found, err := m.lastBeat(ctx, HeartbeatKey(self))
+	if err != nil || !found {
+		return 0, false, err
+	}
+	return max(0, now.Sub(o.LastModified)), true, nil
 }
 
 // HolderLive is the rule as the engine and the relocation apply it to this box's bucket.

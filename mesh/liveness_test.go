@@ -120,3 +120,36 @@ func TestCheckLiveListingMissesHeartbeat(t *testing.T) {
 		}
 	})
 }
+
+// TestSilentFor: how long a box has not beaten, read afresh from the bucket: about nothing
+// while it beats, the time since its last beat once it died (a listing that misses the
+// heartbeat included), and no heartbeat at all for a box that never joined.
+func TestSilentFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := membucket.New()
+		ctx := t.Context()
+		hiding := &hidingList{Bucket: mem}
+		a := newTestMember(t, hiding, "https://a.example.net", "", nil)
+		b := newTestMember(t, mem, "https://b.example.net", "", nil)
+		for _, m := range []*Membership{a, b} {
+			m.Start(ctx)
+			defer m.Close()
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		beat := b.Config().Beat
+		if d, beating, err := a.SilentFor(ctx, b.Config().Self); err != nil || !beating || d > beat {
+			t.Fatalf("SilentFor(b, beating) = %v, %v, %v; want at most a beat (%v)", d, beating, err, beat)
+		}
+		b.Close() // killed: its last heartbeat stays
+		time.Sleep(40 * time.Second)
+		synctest.Wait()
+		hiding.hide.Store(HeartbeatKey(b.Config().Self))
+		if d, beating, err := a.SilentFor(ctx, b.Config().Self); err != nil || !beating || d < 40*time.Second || d > 40*time.Second+beat {
+			t.Fatalf("SilentFor(b, dead 40 s, missing from the listing) = %v, %v, %v; want 40 s to 40 s and a beat", d, beating, err)
+		}
+		if d, beating, err := a.SilentFor(ctx, "https://never.example.net"); err != nil || beating {
+			t.Fatalf("SilentFor(a box that never joined) = %v, %v, %v; want no heartbeat", d, beating, err)
+		}
+	})
+}

@@ -43,6 +43,10 @@ type StandbyRecord struct {
 	Claim Claim `json:"claim"`
 	// Box is the standby's member name.
 	Box string `json:"box"`
+	// GivenUp is set by the holder once it gave the standby up and a bucket proof cut after
+	// that landed: the bucket log then holds everything the stream carried, so a takeover
+	// that cannot reach the standby goes on without it and loses nothing.
+	GivenUp bool `json:"given_up,omitempty"`
 }
 
 // WriteStandbyRecord writes host's standby record over the one at etag ("" when there was
