@@ -51,6 +51,8 @@ func TestStandbyFigures(t *testing.T) {
 	kinds := map[string]any{"checkpoint": kind("checkpoint"), "bucket": kind("bucket"), "standby": kind("standby")}
 	holder := startMeshBox(t, s3, link, 0, kinds)
 	other := startMeshBox(t, s3, link, 1, kinds)
+	parts := cpuParts{holder: holder.PID(), other: other.PID(), bucket: s3.PID()}
+	split := splitCPUs(t, parts) // before any instance starts: they inherit the holder's CPU
 	harness.WaitFor(t, 20*time.Second, "two live members", func() bool {
 		var st struct {
 			Mesh struct {
@@ -80,6 +82,9 @@ func TestStandbyFigures(t *testing.T) {
 	logf := func(format string, args ...any) { fmt.Fprintf(&out, format+"\n", args...) }
 	defer func() { t.Log("\n" + out.String()) }()
 	logf("durability standby against checkpoint and bucket, two boxes on loopback (demo room, POST /api/messages), load average at the start %s, %d CPUs", loadavg(), runtime.NumCPU())
+	if split {
+		logf("CPUs split (LCHAT_DUR_CPUS=split): the holder box and its instances on CPU 0; the standby box, the bucket server and the writers on the others")
+	}
 
 	// 1. Latency, one writer, blocks rotated, on each link.
 	lat := map[string]map[string][]time.Duration{"local": {}, "linked": {}}
@@ -99,19 +104,21 @@ func TestStandbyFigures(t *testing.T) {
 		took   time.Duration
 		lat    []time.Duration
 		req    requests
-		segs   uint64 // the standby space's stream segments
+		segs   uint64    // the standby space's stream segments
+		cpu    cpuSample // the CPU each part used meanwhile
 	}
 	tp := map[string]map[string]*tput{}
 	for _, key := range []string{"local", "linked"} {
 		link.SetLatency(map[string]time.Duration{"local": 0, "linked": addedRTT}[key])
 		tp[key] = map[string]*tput{}
 		for _, s := range spaces {
-			tp[key][s.name] = &tput{req: requests{}}
+			tp[key][s.name] = &tput{req: requests{}, cpu: cpuSample{}}
 		}
 		rotate(sh.tputRounds, spaces, func(s *space) {
-			before, segs := link.snapshot(), streamed(t, s)
+			before, segs, cpu := link.snapshot(), streamed(t, s), parts.sample()
 			n, d, l := s.throughput(sh.tputBlock)
 			r := tp[key][s.name]
+			r.cpu.add(cpu, parts.sample())
 			r.segs += streamed(t, s) - segs
 			r.writes, r.took, r.lat = r.writes+n, r.took+d, append(r.lat, l...)
 			for op, c := range since(before, link.snapshot(), s.host) {
@@ -167,6 +174,17 @@ func TestStandbyFigures(t *testing.T) {
 			row("  stream segments per write; time per segment", "", "", fmt.Sprintf("%.3f; %s", float64(r.segs)/float64(r.writes), ms(r.took/time.Duration(r.segs))), "")
 		}
 		row("  bucket PUTs per second of the space", puts("checkpoint"), puts("bucket"), puts("standby"), "")
+		cpu := map[string][]string{}
+		for _, name := range []string{"checkpoint", "bucket", "standby"} {
+			cpu[name] = tp[key][name].cpu.perWrite(tp[key][name].writes)
+		}
+		for i, part := range append(cpuPartNames, "all") {
+			what := ""
+			if i == 0 {
+				what = "  CPU per write, µs:"
+			}
+			row(fmt.Sprintf("%-22s %s", what, part), cpu["checkpoint"][i], cpu["bucket"][i], cpu["standby"][i], "")
+		}
 	}
 	per := map[string]requests{}
 	for _, s := range spaces {

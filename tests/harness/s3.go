@@ -107,6 +107,9 @@ func (s *S3) start(bin, addr string) error {
 	})
 }
 
+// PID is the process id of the server.
+func (s *S3) PID() int { return s.cmd.Process.Pid }
+
 // watch records cmd, started, as the server's process and closes s.exited when it exits.
 func (s *S3) watch(cmd *exec.Cmd) {
 	s.cmd = cmd
