@@ -207,6 +207,9 @@ type LogShipper struct {
 	// opens counts the views opened: what "nothing new" saves; walks the walks that read
 	// the data dir's directories: what an unchanged directory saves.
 	opens, walks int
+	// fullScans counts the reads that compared every page of a database (its WAL
+	// restarted in a way a tail cannot follow, or another file): what a tail saves.
+	fullScans int
 	// holdLimit is maxHeldBytes (a test lowers it).
 	holdLimit int
 }
@@ -408,6 +411,9 @@ func (l *LogShipper) read(ctx context.Context, abs, rel string, prev *dbState, n
 	ch, err := detectChanges(v, prev, hold)
 	if err != nil {
 		return nil, nil, err
+	}
+	if ch.fullScan {
+		l.fullScans++
 	}
 	st := ch.state
 	st.img = &DBImage{PageSize: ch.pageSize, Pages: ch.pages}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 )
 
@@ -22,9 +23,12 @@ import (
 //   - A commit in progress: its frames are not taken until its commit frame is written.
 //   - A WAL restart (after a checkpoint, the instance's next write starts the WAL again
 //     with new salts, writing the header before any frame): the header is read before and
-//     after the frames, and a change, new salts, or a file shorter than the WALPos means
-//     the commits since may be in the main file by now and the WAL overwritten; the view
-//     takes the lock instead, as it always did.
+//     after the frames, and a change means the frames read may have been overwritten; the
+//     view takes the lock instead. A restart before the read is followed when it is the
+//     only one since the WALPos and the old frames since it are provably all still there
+//     (followTail says how); otherwise (two restarts, a WAL truncated, a file shorter than
+//     the WALPos) the commits since may be in the main file only, and the view takes the
+//     lock, and its caller compares every page.
 //   - Another file at the WAL's path (a WALPos names its device and inode), a tail larger
 //     than maxFollowBytes: the lock.
 //
@@ -50,6 +54,19 @@ var followHook func()
 // followTail reads the frames committed in the WAL of the database at p since the caller's
 // WALPos, without the lock; ok false when it cannot vouch for what it read, or cannot read
 // it (the caller takes the lock, and meets any error there).
+//
+// A WAL restarted once since the WALPos (SQLite adds 1 to the first salt at each restart)
+// is followed too, so the cut after each restart need not compare every page of the
+// database: the commits since the WALPos are then the old salts' frames after it, which
+// the restart's checkpoint copied into the main file and the new frames have not yet
+// overwritten, and the new salts' frames from the start of the file. The old frames are
+// vouched for by their chain from the WALPos, like any tail; what ends that chain must
+// show they ended there: a frame of an earlier use of the file, or one the old salts left
+// behind a rollback (old salts, a broken chain). The chain may not end at the end of the
+// file, which a journal_size_limit may have truncated over them, nor at a frame of the new
+// salts, which has overwritten them; and the frame there is read again after the frames,
+// since the new frames may have reached it meanwhile (a frame's header is written before
+// its page, so a torn read is seen afterwards).
 func followTail(p string, since *WALPos) (v *View, ok bool) {
 	mfi, err := os.Lstat(p)
 	if err != nil || !mfi.Mode().IsRegular() {
@@ -78,56 +95,44 @@ func followTail(p string, since *WALPos) (v *View, ok bool) {
 	}
 	be := magic&1 == 1
 	ck1, ck2 := walChecksum(be, hdr[:24], 0, 0)
-	if ck1 != binary.BigEndian.Uint32(hdr[24:28]) || ck2 != binary.BigEndian.Uint32(hdr[28:32]) ||
-		binary.BigEndian.Uint32(hdr[16:20]) != since.Salt1 || binary.BigEndian.Uint32(hdr[20:24]) != since.Salt2 {
+	if ck1 != binary.BigEndian.Uint32(hdr[24:28]) || ck2 != binary.BigEndian.Uint32(hdr[28:32]) {
 		return nil, false
+	}
+	salt1, salt2 := binary.BigEndian.Uint32(hdr[16:20]), binary.BigEndian.Uint32(hdr[20:24])
+	restarted := salt1 != since.Salt1 || salt2 != since.Salt2
+	if restarted && salt1 != since.Salt1+1 {
+		return nil, false // restarted more than once: the frames of the restarts between are gone
 	}
 	frameSize := int64(24 + pageSize)
-	start := 32 + since.Frames*frameSize
-	if fi.Size() < start {
+	if fi.Size() < 32+since.Frames*frameSize {
 		return nil, false
 	}
+	w := walFile{f: f, size: fi.Size(), be: be, frameSize: frameSize, budget: maxFollowBytes}
 	v = &View{pageSize: pageSize, walBE: be, walSize: fi.Size(), hdrCk: [2]uint32{ck1, ck2},
-		pos: *since, tail: true, unlocked: true, held: make(map[uint32][]byte)}
+		pos: *since, tail: true, unlocked: true}
 	v.dev, v.ino = fileID(mfi)
-	// The file may run on past the last commit with frames of an earlier use of it (a WAL
-	// restarted reuses its file): the frames are read in chunks, from followChunk frames
-	// doubling, up to the first that breaks the chain.
-	pending := make(map[uint32][]byte)
-	c1, c2 := since.Ck1, since.Ck2
-	off, read, chunk := start, int64(0), int64(followChunk)
-	for valid := true; valid && off+frameSize <= fi.Size(); chunk *= 2 {
-		n := min(chunk*frameSize, (fi.Size()-off)/frameSize*frameSize)
-		if read += n; read > maxFollowBytes {
+	var cur, old chain
+	if !restarted {
+		if cur, ok = w.chain(salt1, salt2, since.Frames, since.Ck1, since.Ck2); !ok {
 			return nil, false
 		}
-		buf := make([]byte, n)
-		got, err := f.ReadAt(buf, off)
-		if err != nil && !errors.Is(err, io.EOF) {
+		v.held = cur.held
+	} else {
+		if cur, ok = w.chain(salt1, salt2, 0, ck1, ck2); !ok || cur.frames == 0 {
+			return nil, false // no commit since the restart yet: the lock will tell
+		}
+		if old, ok = w.chain(since.Salt1, since.Salt2, since.Frames, since.Ck1, since.Ck2); !ok || !old.endsAtFrame ||
+			old.endSalts == [2]uint32{salt1, salt2} {
 			return nil, false
 		}
-		buf = buf[:int64(got)/frameSize*frameSize]
-		if int64(len(buf)) < n {
-			valid = false // the file ended early: nothing more to read
-		}
-		for i := int64(0); (i+1)*frameSize <= int64(len(buf)); i++ {
-			fr := buf[i*frameSize : (i+1)*frameSize]
-			if c1, c2, valid = continues(be, since.Salt1, since.Salt2, fr, c1, c2); !valid {
-				break
-			}
-			pending[binary.BigEndian.Uint32(fr[0:4])] = fr[24:]
-			if commit := binary.BigEndian.Uint32(fr[4:8]); commit != 0 {
-				for pg, data := range pending {
-					v.held[pg] = data
-				}
-				clear(pending)
-				v.pages = commit
-				v.pos.Frames, v.pos.Ck1, v.pos.Ck2 = (off-32)/frameSize+i+1, c1, c2
-			}
-		}
-		off += int64(len(buf))
+		v.held = old.held
+		maps.Copy(v.held, cur.held)
+		v.pos.Salt1, v.pos.Salt2 = salt1, salt2
 	}
-	if v.pages == 0 {
+	if cur.frames > 0 {
+		v.pages = cur.pages
+		v.pos.Frames, v.pos.Ck1, v.pos.Ck2 = cur.frames, cur.ck1, cur.ck2
+	} else {
 		// Nothing new committed: the size is the one the last commit gave.
 		var b [8]byte
 		if _, err := f.ReadAt(b[:], 32+(since.Frames-1)*frameSize); err != nil {
@@ -143,7 +148,84 @@ func followTail(p string, since *WALPos) (v *View, ok bool) {
 	if _, err := f.ReadAt(again[:], 0); err != nil || !bytes.Equal(hdr[:], again[:]) {
 		return nil, false
 	}
+	if restarted {
+		var fh [24]byte
+		if _, err := f.ReadAt(fh[:], 32+old.end*frameSize); err != nil ||
+			binary.BigEndian.Uint32(fh[8:12]) == salt1 && binary.BigEndian.Uint32(fh[12:16]) == salt2 {
+			return nil, false // the new frames reached the old ones' end: they may have overwritten it
+		}
+	}
 	return v, true
+}
+
+// walFile is a WAL read without the lock.
+type walFile struct {
+	f         *os.File
+	size      int64 // as stat found it first: frames past it are not read
+	be        bool
+	frameSize int64
+	budget    int64 // the bytes left to read (maxFollowBytes in all)
+}
+
+// chain is what walFile.chain read: the frames that continue a chain up to its last commit.
+type chain struct {
+	held     map[uint32][]byte // each page's data in the newest of those frames
+	frames   int64             // the index after the last commit frame; 0 when none
+	pages    uint32            // the database's size in pages at that commit
+	ck1, ck2 uint32            // the chain's checksum at that commit
+	// end is the index of the first frame that does not continue the chain; endsAtFrame
+	// whether one is there (not the end of the file), endSalts its salts.
+	end         int64
+	endsAtFrame bool
+	endSalts    [2]uint32
+}
+
+// chain reads the frames from index from on while they carry salts and continue the
+// checksum chain from (c1, c2), in chunks of followChunk frames doubling (the file may run
+// on past the last commit with frames of an earlier use of it); ok false on a read error or
+// past the budget.
+func (w *walFile) chain(salt1, salt2 uint32, from int64, c1, c2 uint32) (ch chain, ok bool) {
+	ch.held = make(map[uint32][]byte)
+	pending := make(map[uint32][]byte)
+	off, chunk := 32+from*w.frameSize, int64(followChunk)
+	for {
+		if off+w.frameSize > w.size {
+			ch.end = (off - 32) / w.frameSize
+			return ch, true // the end of the file
+		}
+		n := min(chunk*w.frameSize, (w.size-off)/w.frameSize*w.frameSize)
+		if w.budget -= n; w.budget < 0 {
+			return ch, false
+		}
+		buf := make([]byte, n)
+		got, err := w.f.ReadAt(buf, off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return ch, false
+		}
+		buf = buf[:int64(got)/w.frameSize*w.frameSize]
+		for i := int64(0); (i+1)*w.frameSize <= int64(len(buf)); i++ {
+			fr := buf[i*w.frameSize : (i+1)*w.frameSize]
+			var valid bool
+			if c1, c2, valid = continues(w.be, salt1, salt2, fr, c1, c2); !valid {
+				ch.end, ch.endsAtFrame = (off-32)/w.frameSize+i, true
+				ch.endSalts = [2]uint32{binary.BigEndian.Uint32(fr[8:12]), binary.BigEndian.Uint32(fr[12:16])}
+				return ch, true
+			}
+			pending[binary.BigEndian.Uint32(fr[0:4])] = fr[24:]
+			if commit := binary.BigEndian.Uint32(fr[4:8]); commit != 0 {
+				maps.Copy(ch.held, pending)
+				clear(pending)
+				ch.pages = commit
+				ch.frames, ch.ck1, ch.ck2 = (off-32)/w.frameSize+i+1, c1, c2
+			}
+		}
+		if int64(len(buf)) < n {
+			ch.end = (off - 32 + int64(len(buf))) / w.frameSize
+			return ch, true // the file ended early
+		}
+		off += int64(len(buf))
+		chunk *= 2
+	}
 }
 
 // relock turns an unlocked tail view into a full view under the lock: what needs every

@@ -158,9 +158,18 @@ func TestUnlockedTailTakesOnlyCommittedFrames(t *testing.T) {
 
 // TestTailViewsUnderWritersMissNothing: an instance commits, checkpoints and restarts its
 // WAL all the while; a reader applies each view (a tail, unlocked when it can vouch for it,
-// else under the lock; a full view after a restart) to a copy of the pages, as the log
-// shipper does. Once the writer stops, the copy is the database, page for page.
+// a restart it can follow included, else under the lock; a full view after a restart it
+// cannot follow) to a copy of the pages, as the log shipper does. Once the writer stops,
+// the copy is the database, page for page. Also with a journal_size_limit, which truncates
+// the WAL at the first commit after each restart, over frames an unlocked tail may be
+// reading.
 func TestTailViewsUnderWritersMissNothing(t *testing.T) {
+	for _, limit := range []int{-1, 64 << 10} {
+		t.Run(fmt.Sprintf("journal_size_limit=%d", limit), func(t *testing.T) { tailViewsUnderWriters(t, limit) })
+	}
+}
+
+func tailViewsUnderWriters(t *testing.T, limit int) {
 	ctx := context.Background()
 	p := filepath.Join(t.TempDir(), "app.db")
 	db := instanceDB(t, p)
@@ -172,6 +181,7 @@ func TestTailViewsUnderWritersMissNothing(t *testing.T) {
 	}
 	wdb.SetMaxOpenConns(1)
 	defer wdb.Close()
+	exec(t, wdb, fmt.Sprintf("PRAGMA journal_size_limit = %d", limit))
 	var stop atomic.Bool
 	var ops atomic.Int64
 	var wg sync.WaitGroup
@@ -201,7 +211,7 @@ func TestTailViewsUnderWritersMissNothing(t *testing.T) {
 	image := map[uint32]string{}
 	var pages uint32
 	var since *WALPos
-	var unlocked, locked, full int
+	var unlocked, restarts, locked, full int
 	apply := func() {
 		v, err := open(ctx, nil, p, since, true)
 		if err != nil {
@@ -212,6 +222,9 @@ func TestTailViewsUnderWritersMissNothing(t *testing.T) {
 		switch {
 		case v.unlocked:
 			unlocked++
+			if sh.Pos.Salt1 != since.Salt1 {
+				restarts++
+			}
 		case sh.Tail:
 			locked++
 		default:
@@ -238,7 +251,7 @@ func TestTailViewsUnderWritersMissNothing(t *testing.T) {
 		pos := sh.Pos
 		since = &pos
 	}
-	for ops.Load() < 2000 && !t.Failed() {
+	for ops.Load() < 1500 && !t.Failed() {
 		apply()
 	}
 	stop.Store(true)
@@ -262,7 +275,8 @@ func TestTailViewsUnderWritersMissNothing(t *testing.T) {
 	if uint32(n) != pages || len(image) != n {
 		t.Fatalf("the copy has %d pages (size %d), the database %d", len(image), pages, n)
 	}
-	t.Logf("%d writer's statements, %d views: %d tails unlocked, %d tails locked, %d full; %d pages", ops.Load(), unlocked+locked+full, unlocked, locked, full, n)
+	t.Logf("%d writer's statements, %d views: %d tails unlocked (%d across a restart), %d tails locked, %d full; %d pages",
+		ops.Load(), unlocked+locked+full, unlocked, restarts, locked, full, n)
 	if unlocked == 0 || full == 0 {
 		t.Fatalf("the writer's pace left a kind of view untried (%d unlocked, %d full)", unlocked, full)
 	}
@@ -312,4 +326,121 @@ func TestOnlyLogTailsGoWithoutTheLock(t *testing.T) {
 		}
 	}
 	w.Close()
+}
+
+// imageOf is every page of the database at p as a locked view reads it.
+func imageOf(t *testing.T, p string) map[uint32]string {
+	t.Helper()
+	v, err := openLocked(context.Background(), nil, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	img := map[uint32]string{}
+	if err := v.Scan(func(pg uint32, b []byte) error { img[pg] = string(b); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// TestUnlockedTailFollowsOneRestart: commits after a WALPos, a checkpoint that copies them
+// all into the main file, and commits that start the WAL again with new salts: the tail
+// without the lock takes the old salts' frames after the WALPos (still in the file, ended
+// by a frame of an earlier use of it) and the new ones, and applied to the database as it
+// stood at the WALPos they give the database as it is, with no page compared. It declines
+// when it cannot prove it has every old frame: they run to the end of the file, a
+// journal_size_limit truncated them, the new frames overwrote them, or the WAL restarted
+// twice.
+func TestUnlockedTailFollowsOneRestart(t *testing.T) {
+	// setUp leaves a WAL whose file runs on past its current frames (a longer first use
+	// of it), a WALPos among them, and the database as it stood there.
+	setUp := func(t *testing.T, db *sql.DB, p string) (WALPos, map[uint32]string) {
+		insert(t, db, 120, "a")                       // a long first use of the WAL
+		exec(t, db, "PRAGMA wal_checkpoint(RESTART)") // the next commit restarts it
+		insert(t, db, 30, "b")
+		pos, img := posNow(t, p), imageOf(t, p)
+		insert(t, db, 10, "c")
+		exec(t, db, "UPDATE m SET body = 'changed' WHERE id % 5 = 0")
+		return pos, img
+	}
+	check := func(t *testing.T, p string, pos WALPos, img map[uint32]string) {
+		t.Helper()
+		v, ok := followTail(p, &pos)
+		if !ok {
+			t.Fatal("the unlocked tail declined one restart after its WALPos")
+		}
+		defer v.Close()
+		sh, changed, data := tailOf(t, v)
+		if sh.Pos.Salt1 != pos.Salt1+1 || !sh.Tail {
+			t.Fatalf("shape %+v after a restart from %+v", sh, pos)
+		}
+		for _, pg := range changed {
+			img[pg] = data[pg]
+		}
+		for pg := range img {
+			if pg > sh.Pages {
+				delete(img, pg)
+			}
+		}
+		want := imageOf(t, p)
+		if len(want) != len(img) || uint32(len(want)) != sh.Pages {
+			t.Fatalf("the copy has %d pages, the database %d (shape %d)", len(img), len(want), sh.Pages)
+		}
+		for pg, d := range want {
+			if img[pg] != d {
+				t.Fatalf("page %d differs from the database's (%d pages changed in the tail)", pg, len(changed))
+			}
+		}
+		if next := posNow(t, p); sh.Pos != next {
+			t.Fatalf("the tail's WALPos %+v, the WAL's %+v", sh.Pos, next)
+		}
+	}
+	restart := func(t *testing.T, db *sql.DB, n int) {
+		exec(t, db, "PRAGMA wal_checkpoint(PASSIVE)")
+		insert(t, db, n, "d")
+	}
+	t.Run("followed", func(t *testing.T) {
+		p := filepath.Join(t.TempDir(), "app.db")
+		db := instanceDB(t, p)
+		pos, img := setUp(t, db, p)
+		restart(t, db, 3)
+		check(t, p, pos, img)
+	})
+	declines := []struct {
+		name string
+		step func(t *testing.T, db *sql.DB, pos WALPos)
+	}{
+		{"the old frames end the file", func(t *testing.T, db *sql.DB, pos WALPos) {
+			insert(t, db, 200, "e") // past the first use's end
+			restart(t, db, 3)
+		}},
+		{"a journal_size_limit truncated them", func(t *testing.T, db *sql.DB, pos WALPos) {
+			// The file ends a few frames past the WALPos, within the old frames after it.
+			exec(t, db, fmt.Sprintf("PRAGMA journal_size_limit = %d", 32+(pos.Frames+3)*(24+4096)))
+			restart(t, db, 3)
+		}},
+		{"a journal_size_limit truncated the WAL before the WALPos", func(t *testing.T, db *sql.DB, pos WALPos) {
+			exec(t, db, "PRAGMA journal_size_limit = 40000") // about 10 frames
+			restart(t, db, 3)
+		}},
+		{"the new frames overwrote them", func(t *testing.T, db *sql.DB, pos WALPos) {
+			restart(t, db, 45) // past the WALPos
+		}},
+		{"two restarts", func(t *testing.T, db *sql.DB, pos WALPos) {
+			restart(t, db, 3)
+			restart(t, db, 3)
+		}},
+	}
+	for _, c := range declines {
+		t.Run(c.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "app.db")
+			db := instanceDB(t, p)
+			pos, _ := setUp(t, db, p)
+			c.step(t, db, pos)
+			if v, ok := followTail(p, &pos); ok {
+				v.Close()
+				t.Fatal("the unlocked tail vouched for a restart it cannot prove it followed whole")
+			}
+		})
+	}
 }
