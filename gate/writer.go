@@ -105,7 +105,9 @@ func (s writerState) after(m move) writerState {
 //   - The final status (any 2xx to 5xx, an error answer alike) is recorded, not passed.
 //     It passes with the header and the first body chunk, after one wait that began at
 //     that chunk's Write (empty or not) or at a Flush. A Write or a Flush before any
-//     status sends a 200 the same way. An answer without a body chunk (a 204, a HEAD, an
+//     status sends a 200 the same way. On an answer of known length (Content-Length set)
+//     a Flush before the first chunk is held until the status passes with it, so status
+//     and body share one wait (FlushError says why). An answer without a body chunk (a 204, a HEAD, an
 //     empty body) passes at Finish, after its wait; with no Finish it never passes. The
 //     instance's header changes until the status passes go out with it, as they would
 //     have before its WriteHeader.
@@ -145,6 +147,9 @@ type Writer struct {
 	code    int         // the recorded final status; 0 before one
 	err     error       // the wait's error that refused or broke the answer
 	dropped http.Header // Header() once refused: the instance's late header changes
+	// flushHeld: a Flush came before the status passed on an answer of known length; it
+	// is made once the status passes (FlushError says why).
+	flushHeld bool
 }
 
 // NewWriter is a Writer in front of w whose waits are on g and end with ctx (the
@@ -214,7 +219,9 @@ func (w *Writer) Write(b []byte) (int, error) {
 	}
 	switch w.state {
 	case passing:
-		return w.w.Write(b)
+		n, err := w.w.Write(b)
+		w.flushHeldLocked()
+		return n, err
 	case refused:
 		return len(b), nil
 	default:
@@ -224,14 +231,31 @@ func (w *Writer) Write(b []byte) (int, error) {
 
 // FlushError flushes what passed to the client (a 503 in place of a refused answer), for
 // http.ResponseController. Before the status passed it passes it first (a 200 if none
-// was recorded), after its wait.
+// was recorded), after its wait; except on an answer of known length (a Content-Length
+// in its header), whose header alone is not worth a wait of its own: the flush is held
+// until the status passes with the first body chunk (or at Finish). Caddy's proxy
+// flushes once at the start of every answer when its flush interval is negative (the
+// glue's default, so streams are not held back), and the first chunk, read from the
+// instance after that wait began, would then wait for a second shipment.
 func (w *Writer) FlushError() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.state == open || w.state == held {
+		if w.w.Header().Get("Content-Length") != "" {
+			w.flushHeld = true
+			return nil
+		}
 		w.passLocked()
 	}
 	return http.NewResponseController(w.w).Flush()
+}
+
+// flushHeldLocked flushes once the status passed, if a flush was held for it.
+func (w *Writer) flushHeldLocked() {
+	if w.flushHeld && w.state != open && w.state != held {
+		w.flushHeld = false
+		_ = http.NewResponseController(w.w).Flush() // a client gone: the next write says so
+	}
 }
 
 // Flush is FlushError for an http.Flusher.
@@ -245,9 +269,10 @@ func (w *Writer) Flush() { _ = w.FlushError() }
 func (w *Writer) Finish() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.state == held {
+	if w.state == held || w.state == open && w.flushHeld {
 		w.passLocked()
 	}
+	w.flushHeldLocked()
 }
 
 // Unwrap is the client's writer, for http.ResponseController (deadlines, a hijack).
