@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"sync"
 )
 
 // A tail view without the lock. A log segment after a group of commits needs only the
@@ -108,6 +109,7 @@ func followTail(p string, since *WALPos) (v *View, ok bool) {
 		return nil, false
 	}
 	w := walFile{f: f, size: fi.Size(), be: be, frameSize: frameSize, budget: maxFollowBytes}
+	defer w.release()
 	v = &View{pageSize: pageSize, walBE: be, walSize: fi.Size(), hdrCk: [2]uint32{ck1, ck2},
 		pos: *since, tail: true, unlocked: true}
 	v.dev, v.ino = fileID(mfi)
@@ -155,6 +157,7 @@ func followTail(p string, since *WALPos) (v *View, ok bool) {
 			return nil, false // the new frames reached the old ones' end: they may have overwritten it
 		}
 	}
+	v.held = w.keep(v.held)
 	return v, true
 }
 
@@ -165,6 +168,46 @@ type walFile struct {
 	be        bool
 	frameSize int64
 	budget    int64 // the bytes left to read (maxFollowBytes in all)
+	bufs      []*[]byte
+}
+
+// followBufs keeps the buffers of tail reads: a cut reads followChunk frames or more (over
+// 128 KiB of 4 KiB pages) to take a few, so the buffers are reused and only the pages taken
+// are copied out (walFile.keep).
+var followBufs sync.Pool
+
+// buffer is n bytes to read frames into, held until release.
+func (w *walFile) buffer(n int64) []byte {
+	p, _ := followBufs.Get().(*[]byte)
+	if p == nil || int64(cap(*p)) < n {
+		b := make([]byte, n, max(n, followChunk*w.frameSize)) // a first chunk fits, next time
+		p = &b
+	}
+	w.bufs = append(w.bufs, p)
+	return (*p)[:n]
+}
+
+// keep copies the pages of held, which point into w's buffers, into memory of their own.
+func (w *walFile) keep(held map[uint32][]byte) map[uint32][]byte {
+	n := 0
+	for _, data := range held {
+		n += len(data)
+	}
+	slab := make([]byte, 0, n)
+	out := make(map[uint32][]byte, len(held))
+	for pg, data := range held {
+		slab = append(slab, data...)
+		out[pg] = slab[len(slab)-len(data) : len(slab) : len(slab)]
+	}
+	return out
+}
+
+// release gives w's buffers back: nothing read into them may be used after it.
+func (w *walFile) release() {
+	for _, p := range w.bufs {
+		followBufs.Put(p)
+	}
+	w.bufs = nil
 }
 
 // chain is what walFile.chain read: the frames that continue a chain up to its last commit.
@@ -197,7 +240,7 @@ func (w *walFile) chain(salt1, salt2 uint32, from int64, c1, c2 uint32) (ch chai
 		if w.budget -= n; w.budget < 0 {
 			return ch, false
 		}
-		buf := make([]byte, n)
+		buf := w.buffer(n)
 		got, err := w.f.ReadAt(buf, off)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return ch, false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
@@ -442,5 +443,34 @@ func TestUnlockedTailFollowsOneRestart(t *testing.T) {
 				t.Fatal("the unlocked tail vouched for a restart it cannot prove it followed whole")
 			}
 		})
+	}
+}
+
+// TestUnlockedTailsKeepTheirPages: the buffers a tail reads its frames into are reused by
+// the next tail's read; the pages a view took stay its own.
+func TestUnlockedTailsKeepTheirPages(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "app.db")
+	db := instanceDB(t, p)
+	insert(t, db, 1, "0")
+	early := posNow(t, p)
+	insert(t, db, 5, "0")
+	pos := posNow(t, p)
+	insert(t, db, 40, "a") // more frames than a first chunk
+	first, ok := followTail(p, &pos)
+	if !ok {
+		t.Fatal("the unlocked tail declined")
+	}
+	defer first.Close()
+	_, _, want := tailOf(t, first)
+	exec(t, db, "UPDATE m SET body = 'overwritten'")
+	for range 10 { // read other frames into the buffers first gave back
+		v, ok := followTail(p, &early)
+		if !ok {
+			t.Fatal("the unlocked tail declined")
+		}
+		v.Close()
+	}
+	if _, _, got := tailOf(t, first); !maps.Equal(got, want) {
+		t.Fatal("a tail's pages changed under it once later tails read the WAL")
 	}
 }
