@@ -160,9 +160,13 @@ func (e *Engine) newStreamer(in *inst, d *durable, base *spacestore.LogBase, gen
 	sb.cur.Store(e.newStream(in, sb, gen, baseSeq))
 	sb.gate = gate.New(gate.Config{
 		Cut: func(ctx context.Context) (gate.Land, error) { return e.cutStream(ctx, in, d, sb) },
-		// Several segments are sent at once (the gate's pipeline, as the bucket log's): the
-		// standby takes each in its turn (standby.Spool.Put waits for the ones before it),
-		// and the gate releases an answer only once every segment up to its own has landed.
+		// One segment is on its way at a time, unlike the bucket log's pipeline: the standby
+		// takes a stream's segments in turn and syncs each (standby.Spool.Put), so segments
+		// sent at once only sync one after another, and the writes that arrive while one
+		// lands are better grouped into the next. Measured side by side under 64 writers
+		// (docs/durability-figures.md): 0.06 segments a write against 0.09-0.10 with four on
+		// their way, and more throughput.
+		Depth:  1,
 		Now:    e.now,
 		Logger: in.logger(),
 	})
