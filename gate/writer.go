@@ -106,8 +106,8 @@ func (s writerState) after(m move) writerState {
 //     It passes with the header and the first body chunk, after one wait that began at
 //     that chunk's Write (empty or not) or at a Flush. A Write or a Flush before any
 //     status sends a 200 the same way. On an answer of known length (Content-Length set)
-//     a Flush before the first chunk is held until the status passes with it, so status
-//     and body share one wait (FlushError says why). An answer without a body chunk (a 204, a HEAD, an
+//     a Flush before the first chunk does nothing, so status and body share one wait
+//     (FlushError says why). An answer without a body chunk (a 204, a HEAD, an
 //     empty body) passes at Finish, after its wait; with no Finish it never passes. The
 //     instance's header changes until the status passes go out with it, as they would
 //     have before its WriteHeader.
@@ -147,8 +147,8 @@ type Writer struct {
 	code    int         // the recorded final status; 0 before one
 	err     error       // the wait's error that refused or broke the answer
 	dropped http.Header // Header() once refused: the instance's late header changes
-	// flushHeld: a Flush came before the status passed on an answer of known length; it
-	// is made once the status passes (FlushError says why).
+	// flushHeld: a Flush came before the status passed on an answer of known length and
+	// did nothing (FlushError says why); Finish passes a 200 for it if nothing else did.
 	flushHeld bool
 }
 
@@ -219,9 +219,7 @@ func (w *Writer) Write(b []byte) (int, error) {
 	}
 	switch w.state {
 	case passing:
-		n, err := w.w.Write(b)
-		w.flushHeldLocked()
-		return n, err
+		return w.w.Write(b)
 	case refused:
 		return len(b), nil
 	default:
@@ -232,11 +230,12 @@ func (w *Writer) Write(b []byte) (int, error) {
 // FlushError flushes what passed to the client (a 503 in place of a refused answer), for
 // http.ResponseController. Before the status passed it passes it first (a 200 if none
 // was recorded), after its wait; except on an answer of known length (a Content-Length
-// in its header), whose header alone is not worth a wait of its own: the flush is held
-// until the status passes with the first body chunk (or at Finish). Caddy's proxy
-// flushes once at the start of every answer when its flush interval is negative (the
-// glue's default, so streams are not held back), and the first chunk, read from the
-// instance after that wait began, would then wait for a second shipment.
+// in its header), whose header alone is not worth a wait of its own: such a flush does
+// nothing, and the status passes with the first body chunk (or at Finish), flushed by
+// the proxy's next flush or the server's at the handler's end. Caddy's proxy flushes once
+// at the start of every answer when its flush interval is negative (the glue's default,
+// so streams are not held back), and the first chunk, read from the instance after that
+// wait began, would then wait for a second shipment.
 func (w *Writer) FlushError() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -250,13 +249,6 @@ func (w *Writer) FlushError() error {
 	return http.NewResponseController(w.w).Flush()
 }
 
-// flushHeldLocked flushes once the status passed, if a flush was held for it.
-func (w *Writer) flushHeldLocked() {
-	if w.flushHeld && w.state != open && w.state != held {
-		w.flushHeld = false
-		_ = http.NewResponseController(w.w).Flush() // a client gone: the next write says so
-	}
-}
 
 // Flush is FlushError for an http.Flusher.
 func (w *Writer) Flush() { _ = w.FlushError() }
@@ -272,7 +264,6 @@ func (w *Writer) Finish() {
 	if w.state == held || w.state == open && w.flushHeld {
 		w.passLocked()
 	}
-	w.flushHeldLocked()
 }
 
 // Unwrap is the client's writer, for http.ResponseController (deadlines, a hijack).
