@@ -566,9 +566,10 @@ type hostSpool struct {
 	moved *sync.Cond
 }
 
-// A holder sends a few segments of its stream at once (its gate's pipeline), and they may
-// arrive out of order: a segment whose predecessors of its stream are on their way waits
-// for them, up to reorderWait, if it is at most reorderAhead ahead of the stream's end.
+// A holder sends one segment of its stream at a time (engine: the stream gate's Depth 1);
+// one of an earlier version sent a few at once, and they may arrive out of order: a segment
+// whose predecessors of its stream are on their way waits for them, up to reorderWait, if
+// it is at most reorderAhead ahead of the stream's end.
 const (
 	reorderWait  = time.Second
 	reorderAhead = 8
