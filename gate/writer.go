@@ -249,7 +249,6 @@ func (w *Writer) FlushError() error {
 	return http.NewResponseController(w.w).Flush()
 }
 
-
 // Flush is FlushError for an http.Flusher.
 func (w *Writer) Flush() { _ = w.FlushError() }
 

@@ -126,17 +126,8 @@ func TestCheckLiveListingMissesHeartbeat(t *testing.T) {
 // heartbeat included), and no heartbeat at all for a box that never joined.
 func TestSilentFor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := membucket.New()
 		ctx := t.Context()
-		hiding := &hidingList{Bucket: mem}
-		a := newTestMember(t, hiding, "https://a.example.net", "", nil)
-		b := newTestMember(t, mem, "https://b.example.net", "", nil)
-		for _, m := range []*Membership{a, b} {
-			m.Start(ctx)
-			defer m.Close()
-		}
-		time.Sleep(time.Second)
-		synctest.Wait()
+		a, b, hiding := hidingPair(t)
 		beat := b.Config().Beat
 		if d, beating, err := a.SilentFor(ctx, b.Config().Self); err != nil || !beating || d > beat {
 			t.Fatalf("SilentFor(b, beating) = %v, %v, %v; want at most a beat (%v)", d, beating, err, beat)
