@@ -207,8 +207,6 @@ func Open(cfg Config) (*Box, error) {
 		return nil, fmt.Errorf("starting engine: %v", err)
 	}
 	if sl != nil {
-		// Before a peer can send to the spool: this box warms the spaces it stands by for.
-		sl.spool.Started = func(host string, _ int64) { eng.Prewarm(host) }
 		sl.spool.HandedOver = eng.Prewarm
 		for _, st := range sl.spool.Status() {
 			if st.Holder != "" && !st.Sealed {
@@ -219,6 +217,15 @@ func Open(cfg Config) (*Box, error) {
 	b := &Box{reg: reg, eng: eng, bucket: counted, mesh: ms, standby: sl, life: life, logger: cfg.Logger, cfg: cfg,
 		stopWatch: make(chan struct{}), exiting: make(chan struct{})}
 	b.settings.Store(&Settings{Kinds: cfg.Engine.Kinds})
+	if sl != nil {
+		// Before a peer can send to the spool: this box warms the spaces it stands by for,
+		// and watches a new holder at once (its segments come over a stream that lasts, so
+		// the kick of each request's end would come late: MeshAPI).
+		sl.spool.Started = func(host string, _ int64) {
+			eng.Prewarm(host)
+			b.KickStandbyWatch()
+		}
+	}
 	if ms != nil {
 		// Seeded before it announces itself: once peers see its heartbeat they place
 		// spaces here and forward their requests, and a balancer sends it clients.
@@ -379,6 +386,7 @@ func (b *Box) Close() error {
 			b.mesh.leave()
 			b.mesh.close()
 			b.standby.spool.Close()
+			b.standby.client.Close() // the streams to this box's standbys
 		}
 		if cerr := b.reg.Close(); err == nil {
 			err = cerr

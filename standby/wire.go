@@ -8,9 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
+	"time"
 	"unicode"
 
 	"github.com/lchat/lchat-caddy/spacestore"
@@ -24,6 +27,7 @@ import (
 //	                                   on disk; 400 malformed, 409 gap, stale or conflict,
 //	                                   410 sealed, 413 past MaxSegmentBytes (kind "full"),
 //	                                   507 full.
+//	POST PathPrefix+{host}+"/stream"   the segments of host over one connection (stream.go).
 //	POST PathPrefix+{host}+"/seal"     body: {"gen": n, "claim": {spacestore.Claim}}.
 //	                                   200 with the entries (encodeEntries).
 //	GET  PathStatus                    the spool's Status as JSON.
@@ -82,7 +86,7 @@ func (s *Spool) ServePeer(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	host, op, ok := strings.Cut(rest, "/")
-	if !ok || (op != "segment" && op != "seal" && op != "retire") {
+	if !ok || (op != "segment" && op != "stream" && op != "seal" && op != "retire") {
 		writeError(w, http.StatusNotFound, "", "no standby endpoint at "+sanitize(r.URL.Path))
 		return nil
 	}
@@ -97,6 +101,8 @@ func (s *Spool) ServePeer(w http.ResponseWriter, r *http.Request) error {
 	switch op {
 	case "segment":
 		s.serveSegment(w, r, host)
+	case "stream":
+		s.serveStream(w, r, host)
 	case "seal":
 		s.serveSeal(w, r, host)
 	default:
@@ -298,6 +304,13 @@ type Client struct {
 	// MaxSealBytes bounds a seal's answer; it must be at least the standby's MaxHostBytes
 	// + 4. Default DefaultMaxHostBytes + 4.
 	MaxSealBytes int64
+
+	// The streams kept for Put (stream.go), under streamMu.
+	streamMu  sync.Mutex
+	streams   map[string][]*streamConn // idle, by streamKey
+	streamOff map[string]time.Time     // standbys that offer no stream: until when not asked
+	swept     time.Time                // when the idle streams were last closed
+	closed    bool
 }
 
 // maxErrorBody bounds what the client reads of an error answer.
@@ -308,6 +321,9 @@ const maxErrorBody = 1 << 10
 // ErrMalformed (wrapped; errors.Is) as Spool.Put returns them, carried by the answer; any
 // other error (a cut connection, a timeout, a 5xx) may or may not have stored the entry:
 // send it again (an idempotent retry) before acknowledging anything it carries.
+//
+// The segments of a host go over a connection Put keeps for the next (the stream:
+// stream.go), or one request each to a standby that does not offer one.
 func (c *Client) Put(ctx context.Context, baseURL, host string, e Entry) error {
 	if err := ValidateHost(host); err != nil {
 		return err
@@ -315,8 +331,12 @@ func (c *Client) Put(ctx context.Context, baseURL, host string, e Entry) error {
 	if e.BucketBefore < 0 {
 		return fmt.Errorf("%w: negative BucketBefore", ErrMalformed)
 	}
+	if err := c.putStream(ctx, baseURL, host, e); !errors.Is(err, errNoStream) {
+		return err
+	}
 	head := binary.BigEndian.AppendUint64(nil, uint64(e.BucketBefore))
-	newBody := func() io.Reader { return io.MultiReader(bytes.NewReader(head), bytes.NewReader(e.Data)) }
+	// net.Buffers writes itself out without the 32 KiB buffer io.Copy would allocate.
+	newBody := func() io.Reader { return &net.Buffers{head, e.Data} }
 	resp, err := c.do(ctx, baseURL, host, "segment", "application/octet-stream", int64(8+len(e.Data)), newBody)
 	if err != nil {
 		return err

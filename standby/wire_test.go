@@ -9,7 +9,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -18,9 +20,27 @@ const testToken = "mesh-s3cret-token-value"
 // serveSpool serves s's endpoints as the glue does: behind the bearer token, other paths
 // 404.
 func serveSpool(t *testing.T, s *Spool) *httptest.Server {
+	srv, _ := serveSpoolCounted(t, s, true)
+	return srv
+}
+
+// serveSpoolCounted is serveSpool counting the requests of each endpoint (the last part of
+// the path); without stream, it answers the stream's endpoint 404, as a standby of an
+// earlier version does.
+func serveSpoolCounted(t *testing.T, s *Spool, stream bool) (*httptest.Server, func(op string) int) {
+	var mu sync.Mutex
+	ops := map[string]int{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+testToken {
 			http.Error(w, "mesh token missing or wrong", http.StatusUnauthorized)
+			return
+		}
+		op := path.Base(r.URL.Path)
+		mu.Lock()
+		ops[op]++
+		mu.Unlock()
+		if op == "stream" && !stream {
+			http.Error(w, "no such endpoint", http.StatusNotFound)
 			return
 		}
 		if err := s.ServePeer(w, r); err != nil {
@@ -28,15 +48,27 @@ func serveSpool(t *testing.T, s *Spool) *httptest.Server {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	return srv
+	return srv, func(op string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return ops[op]
+	}
 }
 
 // TestWirePutAndSeal: a holder's puts and a takeover's seal through a real server, each
-// refusal arriving as the sentinel the spool returned.
+// refusal arriving as the sentinel the spool returned; over one kept stream, and one
+// request each to a standby that offers no stream.
 func TestWirePutAndSeal(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) { testWirePutAndSeal(t, stream) })
+	}
+}
+
+func testWirePutAndSeal(t *testing.T, stream bool) {
 	s := openSpool(t, t.TempDir())
-	srv := serveSpool(t, s)
+	srv, count := serveSpoolCounted(t, s, stream)
 	c := &Client{Token: testToken, HTTP: srv.Client()}
+	defer c.Close()
 	ctx := context.Background()
 	want := []Entry{entry(t, 3, 1, claimA, 7), entry(t, 3, 2, claimA, 8)}
 	for _, e := range want {
@@ -49,6 +81,14 @@ func TestWirePutAndSeal(t *testing.T) {
 	wantErr(t, "an older generation", c.Put(ctx, srv.URL, host, entry(t, 2, 5, claimA, 8)), ErrStale)
 	wantErr(t, "a conflict", c.Put(ctx, srv.URL, host, entry(t, 3, 2, claimA, 9)), ErrConflict)
 	wantErr(t, "a bad host", c.Put(ctx, srv.URL, "A/../b", want[0]), ErrMalformed)
+	// Six puts of one host, one at a time, refusals among them: one stream carries them all.
+	if stream && (count("stream") != 1 || count("segment") != 0) {
+		t.Fatalf("%d streams and %d segment requests for 6 puts; want 1 and 0", count("stream"), count("segment"))
+	}
+	if !stream && (count("stream") != 1 || count("segment") != 6) {
+		t.Fatalf("to a standby without streams: %d stream tries and %d segment requests; want 1 and 6",
+			count("stream"), count("segment"))
+	}
 
 	got, err := c.Seal(ctx, srv.URL, host, 3, claimA)
 	if err != nil {

@@ -80,7 +80,8 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return b.ServeWatch(w, r, h.done)
 	case strings.HasPrefix(p, standby.PathPrefix):
 		// The streams of the spaces this box stands by for (engine/standby.go); the
-		// watcher looks for a new holder to watch at once.
+		// watcher looks for a new holder to watch at once (over a kept stream, at its
+		// first segment: the box's spool.Started).
 		defer b.KickStandbyWatch()
 		return b.Standby().ServePeer(w, r)
 	case strings.HasPrefix(p, mesh.PathConns):
