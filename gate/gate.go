@@ -153,7 +153,11 @@ func New(cfg Config) *Gate {
 //   - the gate is closed, now or while waiting: the error wraps the error it was closed
 //     with (ErrFenced from a Cut or Land, ErrClosed, or Close's argument). Nothing ships
 //     again.
-func (g *Gate) Wait(ctx context.Context) error {
+func (g *Gate) Wait(ctx context.Context) error { return g.WaitFor(ctx, 0) }
+
+// WaitFor is Wait bounded by d too (none when d <= 0): once d passes first, the error
+// wraps context.DeadlineExceeded, as a ctx with that timeout would.
+func (g *Gate) WaitFor(ctx context.Context, d time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		g.mu.Lock()
 		g.stats.noWait()
@@ -176,22 +180,34 @@ func (g *Gate) Wait(ctx context.Context) error {
 	}
 	g.mu.Unlock()
 
+	// A timer of its own, not a ctx with a timeout: an answer's wait is the gate's hot
+	// path, and the ctx would cost it a context and a registration with the request's too.
+	var expired <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		expired = t.C
+	}
+	var cause error
 	select {
 	case <-w.r.done:
 		return w.r.result()
 	case <-ctx.Done():
+		cause = ctx.Err()
+	case <-expired:
+		cause = context.DeadlineExceeded
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !w.queued { // released while ctx ended: the release stands
+	if !w.queued { // released while the wait ended: the release stands
 		return w.r.result()
 	}
 	g.unlinkLocked(w)
 	g.stats.waited(g.now().Sub(w.since), false)
 	if g.lastErr != nil {
-		return fmt.Errorf("%w: %w; last ship: %w", ErrNotDurable, ctx.Err(), g.lastErr)
+		return fmt.Errorf("%w: %w; last ship: %w", ErrNotDurable, cause, g.lastErr)
 	}
-	return fmt.Errorf("%w: %w", ErrNotDurable, ctx.Err())
+	return fmt.Errorf("%w: %w", ErrNotDurable, cause)
 }
 
 // Close closes the gate for the engine's stop: every current and future waiter fails

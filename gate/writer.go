@@ -268,15 +268,7 @@ func (w *Writer) Finish() {
 // Unwrap is the client's writer, for http.ResponseController (deadlines, a hijack).
 func (w *Writer) Unwrap() http.ResponseWriter { return w.w }
 
-func (w *Writer) waitLocked() error {
-	ctx := w.ctx
-	if w.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, w.timeout)
-		defer cancel()
-	}
-	return w.g.Wait(ctx)
-}
+func (w *Writer) waitLocked() error { return w.g.WaitFor(w.ctx, w.timeout) }
 
 // passLocked passes the recorded status (a 200 if none) after a wait, or a 503 in its
 // place, in state open or held.
