@@ -10,8 +10,8 @@ import (
 	"io"
 	"math/bits"
 	"os"
-	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -36,6 +36,9 @@ type dbState struct {
 	// image is that blob as a single base chunk, and while nothing changes the entry stays
 	// as it was (no manifest write just to migrate).
 	v1 *File
+	// shipped: a log shipper's read made this state, whose hashes no other state or base
+	// shares; once the shipper replaces the state, the next may take them (LogShipper.spare).
+	shipped bool
 }
 
 // dbResult is one database's checkpoint: the manifest entry, the state to keep once the
@@ -60,7 +63,7 @@ func (s *Syncer) checkpointDB(ctx context.Context, abs string, gen int64, prev *
 		return dbResult{}, err
 	}
 	defer v.Close()
-	ch, err := detectChanges(v, prev, nil)
+	ch, err := detectChanges(v, prev, nil, nil)
 	if err != nil {
 		return dbResult{}, err
 	}
@@ -103,8 +106,9 @@ func (st *dbState) sameFile(sh pageread.Shape) bool {
 
 // detectChanges finds the pages of the view that differ from prev: from the WAL tail when
 // the WAL kept its identity since prev, else by one scan that hashes every page. hold, if
-// not nil, keeps a copy of each changed page as it is read (up to its limit).
-func detectChanges(v pageread.Source, prev *dbState, hold *heldPages) (dbChanges, error) {
+// not nil, keeps a copy of each changed page as it is read (up to its limit). spare, if not
+// nil, is memory no state uses any more, which the new state's hashes may take.
+func detectChanges(v pageread.Source, prev *dbState, hold *heldPages, spare []uint64) (dbChanges, error) {
 	sh := v.Shape()
 	usable := prev.sameFile(sh)
 	if !usable && sh.Tail {
@@ -116,7 +120,7 @@ func detectChanges(v pageread.Source, prev *dbState, hold *heldPages) (dbChanges
 	ns := &dbState{dev: sh.Dev, ino: sh.Ino, wal: sh.Pos}
 	ch := dbChanges{state: ns, usable: usable, pages: sh.Pages, pageSize: sh.PageSize}
 	if usable && sh.Tail {
-		ns.hashes = slices.Clone(prev.hashes)
+		ns.hashes = append(spare[:0], prev.hashes...)
 		ns.sum = prev.sum
 		for i := int(sh.Pages); i < len(ns.hashes); i++ {
 			ns.sum ^= ns.hashes[i]
@@ -130,7 +134,7 @@ func detectChanges(v pageread.Source, prev *dbState, hold *heldPages) (dbChanges
 		if err != nil {
 			return dbChanges{}, err
 		}
-		hold.reserve(len(changed) * sh.PageSize)
+		hold.reserve(len(changed), sh.PageSize)
 		err = v.ReadPages(changed, func(pg uint32, page []byte) error {
 			if h := pageHash(pg, page); h != ns.hashes[pg-1] {
 				ns.sum ^= ns.hashes[pg-1] ^ h
@@ -246,19 +250,37 @@ func encodeDelta(v pageread.Source, pages []uint32, minGen, maxGen int64, now ti
 // the view ends: the log shipper encodes its segment from them once it has let the
 // database's write lock go, so the instance's writers wait for the read only, not for the
 // encoding (and an isolated space's pages cross the helper's pipe once). Past limit bytes
-// it keeps nothing (over), and the caller reads from the view as before.
+// it keeps nothing (over), and the caller reads from the view as before. Its slab comes
+// from heldSlabs and goes back at release.
 type heldPages struct {
 	limit int
 	over  bool
 	pgs   []uint32
-	slab  []byte // the pages in pgs' order, each of the database's page size
+	slab  []byte  // the pages in pgs' order, each of the database's page size
+	box   *[]byte // slab's box in heldSlabs, nil for a slab of its own making
 }
 
-// reserve makes room for n bytes of pages at once (a tail's changed pages).
-func (h *heldPages) reserve(n int) {
-	if h != nil && !h.over && len(h.slab) == 0 && n <= h.limit {
-		h.slab = make([]byte, 0, n)
+// heldSlabs keeps the slabs of heldPages (each in a box, so a Put allocates nothing): a
+// cut copies its changed pages into one, tens of KiB every few ms of a busy space.
+// Slabs of more than maxPooledSlab bytes are left to the GC.
+var heldSlabs sync.Pool
+
+const (
+	minHeldSlab   = 64 << 10
+	maxPooledSlab = 1 << 20
+)
+
+// reserve makes room for n pages of pageSize bytes at once (a tail's changed pages).
+func (h *heldPages) reserve(n, pageSize int) {
+	if h == nil || h.over || len(h.slab) != 0 || n*pageSize > h.limit {
+		return
 	}
+	p, _ := heldSlabs.Get().(*[]byte)
+	if p == nil || cap(*p) < n*pageSize {
+		b := make([]byte, 0, max(n*pageSize, minHeldSlab))
+		p = &b
+	}
+	h.box, h.slab, h.pgs = p, (*p)[:0], make([]uint32, 0, n)
 }
 
 // add keeps a copy of page pg, read after every page added before it. A nil h keeps nothing.
@@ -267,11 +289,27 @@ func (h *heldPages) add(pg uint32, data []byte) {
 		return
 	}
 	if len(h.slab)+len(data) > h.limit {
-		h.over, h.pgs, h.slab = true, nil, nil
+		h.release()
+		h.over = true
 		return
 	}
 	h.pgs = append(h.pgs, pg)
 	h.slab = append(h.slab, data...)
+}
+
+// release gives h's slab back for another cut's: nothing read from h may be used after it.
+func (h *heldPages) release() {
+	if h == nil || h.slab == nil {
+		return
+	}
+	if cap(h.slab) <= maxPooledSlab {
+		if h.box == nil {
+			h.box = new([]byte)
+		}
+		*h.box = h.slab[:0]
+		heldSlabs.Put(h.box)
+	}
+	h.box, h.slab, h.pgs = nil, nil, nil
 }
 
 // ReadPages calls fn with each of pgnos (ascending, each one held) in order, as a view's
@@ -300,19 +338,19 @@ func (h *heldPages) ReadPages(pgnos []uint32, fn func(pgno uint32, data []byte) 
 }
 
 // encodePages writes pages, read by read, as one LTX file of a database of shape sh
-// (encodeDelta).
+// (encodeDelta), on an encoder of the pool (encodeLTX).
 func encodePages(sh pageread.Shape, read func([]uint32, func(uint32, []byte) error) error, pages []uint32, minGen, maxGen int64, now time.Time) ([]byte, error) {
-	var buf bytes.Buffer
-	enc, err := ltx.NewEncoder(&buf)
-	if err != nil {
-		return nil, err
-	}
-	err = enc.EncodeHeader(ltx.Header{
+	return encodeLTX(func(enc *ltx.Encoder) error { return writePages(enc, sh, read, pages, minGen, maxGen, now) })
+}
+
+// writePages is encodePages on the new encoder enc.
+func writePages(enc *ltx.Encoder, sh pageread.Shape, read func([]uint32, func(uint32, []byte) error) error, pages []uint32, minGen, maxGen int64, now time.Time) error {
+	err := enc.EncodeHeader(ltx.Header{
 		Version: ltx.Version, Flags: ltx.HeaderFlagNoChecksum, PageSize: uint32(sh.PageSize),
 		Commit: sh.Pages, MinTXID: ltx.TXID(minGen), MaxTXID: ltx.TXID(maxGen), Timestamp: now.UnixMilli(),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("encoding delta: %w", err)
+		return fmt.Errorf("encoding delta: %w", err)
 	}
 	lock := lockPgno(sh.PageSize)
 	want := make([]uint32, 0, len(pages))
@@ -330,15 +368,15 @@ func encodePages(sh pageread.Shape, read func([]uint32, func(uint32, []byte) err
 		return nil
 	})
 	if encErr != nil {
-		return nil, encErr
+		return encErr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading pages: %w", err)
+		return fmt.Errorf("reading pages: %w", err)
 	}
 	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("encoding delta: %w", err)
+		return fmt.Errorf("encoding delta: %w", err)
 	}
-	return buf.Bytes(), nil
+	return nil
 }
 
 // applyDelta writes an LTX file's pages into out, records their hashes and returns their

@@ -641,3 +641,43 @@ func TestLogWalksOnlyChangedDirectories(t *testing.T) {
 		}
 	}
 }
+
+// TestLogShipperLeavesItsBaseAlone: a shipper's cuts build each new state of a database in
+// memory of their own, or of a state an earlier cut of theirs made and a later one
+// replaced (LogShipper.spare), never in its base's: the engine clones the base it handed a
+// shipper for the standby's stream, and a cut may run by then. After many cuts the base
+// is as it was, and the shipper's state is the database's, page for page.
+func TestLogShipperLeavesItsBaseAlone(t *testing.T) {
+	ctx := context.Background()
+	s := newSyncer(t, membucket.New(), t.TempDir())
+	os.MkdirAll(s.DataDir, 0o700)
+	p := filepath.Join(s.DataDir, "app.db")
+	db := openDB(t, p)
+	fillDB(t, db, 50, 100)
+	if _, err := s.Checkpoint(ctx, Periodic, nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	base := s.LogBase()
+	was := base.Clone()
+	ship := testShipper(t, s.DataDir, nil, base, 1, 1, Claim{Holder: "https://a", Incarnation: "1", Lease: `"l"`})
+	for i := range 6 {
+		fillDB(t, db, 3+i*20, 100) // the database grows: a spare too small for the next state
+		if seg, err := ship.Next(ctx, settled()); err != nil || seg == nil {
+			t.Fatalf("cut %d: Next = %v, %v", i, seg, err)
+		}
+	}
+	if !slices.Equal(base.dbs["app.db"].hashes, was.dbs["app.db"].hashes) {
+		t.Fatal("the shipper's cuts wrote into its base's page hashes")
+	}
+	if _, err := db.Exec("PRAGMA wal_checkpoint(TRUNCATE)"); err != nil {
+		t.Fatal(err)
+	}
+	st := ship.dbs["app.db"]
+	want, err := hashImage(p, &DBImage{PageSize: st.img.PageSize, Pages: st.img.Pages})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(st.hashes, want.hashes) || st.sum != want.sum {
+		t.Fatal("after the cuts the shipper's page hashes are not the database's")
+	}
+}

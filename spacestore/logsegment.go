@@ -54,42 +54,51 @@ const (
 //	ndb:4, then per database: path (len:2 bytes) page_size:4 pages:4 ltx (len:4 bytes)
 //
 // The encoding is a function of seg alone, so a retried append sends the same bytes and
-// recognizes them (bucket.Landed).
+// recognizes them (bucket.Landed). Its size is known from seg's lengths before a byte is
+// written, so it is made in one allocation of exactly that size.
 func EncodeSegment(seg *Segment) ([]byte, error) {
 	if err := seg.check(); err != nil {
 		return nil, err
 	}
-	var b bytes.Buffer
-	b.WriteString(segmentMagic)
+	claim := [...]string{seg.Claim.Holder, seg.Claim.Incarnation, seg.Claim.Lease}
+	n := len(segmentMagic) + 2 + 8 + 8 + 8 + 4
+	for _, s := range claim {
+		n += 2 + len(s)
+	}
+	for _, d := range seg.DBs {
+		n += 2 + len(d.Path) + 4 + 4 + 4 + len(d.LTX)
+	}
+	if n > maxSegmentBytes {
+		return nil, fmt.Errorf("segment of %d bytes, more than %d", n, maxSegmentBytes)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, segmentMagic...)
 	kind := byte(kindData)
 	if seg.Seal {
 		kind = kindSeal
 	}
-	b.Write([]byte{segmentVersion, kind})
-	b.Write(binary.BigEndian.AppendUint64(nil, uint64(seg.Gen)))
-	b.Write(binary.BigEndian.AppendUint64(nil, uint64(seg.Seq)))
-	for _, s := range []string{seg.Claim.Holder, seg.Claim.Incarnation, seg.Claim.Lease} {
-		b.Write(binary.BigEndian.AppendUint16(nil, uint16(len(s))))
-		b.WriteString(s)
+	b = append(b, segmentVersion, kind)
+	b = binary.BigEndian.AppendUint64(b, uint64(seg.Gen))
+	b = binary.BigEndian.AppendUint64(b, uint64(seg.Seq))
+	for _, s := range claim {
+		b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+		b = append(b, s...)
 	}
 	var at int64
 	if !seg.Claim.At.IsZero() {
 		at = seg.Claim.At.UnixNano()
 	}
-	b.Write(binary.BigEndian.AppendUint64(nil, uint64(at)))
-	b.Write(binary.BigEndian.AppendUint32(nil, uint32(len(seg.DBs))))
+	b = binary.BigEndian.AppendUint64(b, uint64(at))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(seg.DBs)))
 	for _, d := range seg.DBs {
-		b.Write(binary.BigEndian.AppendUint16(nil, uint16(len(d.Path))))
-		b.WriteString(d.Path)
-		b.Write(binary.BigEndian.AppendUint32(nil, uint32(d.PageSize)))
-		b.Write(binary.BigEndian.AppendUint32(nil, d.Pages))
-		b.Write(binary.BigEndian.AppendUint32(nil, uint32(len(d.LTX))))
-		b.Write(d.LTX)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(d.Path)))
+		b = append(b, d.Path...)
+		b = binary.BigEndian.AppendUint32(b, uint32(d.PageSize))
+		b = binary.BigEndian.AppendUint32(b, d.Pages)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(d.LTX)))
+		b = append(b, d.LTX...)
 	}
-	if b.Len() > maxSegmentBytes {
-		return nil, fmt.Errorf("segment of %d bytes, more than %d", b.Len(), maxSegmentBytes)
-	}
-	return b.Bytes(), nil
+	return b, nil
 }
 
 // check holds seg to what DecodeSegment accepts, short of the LTX files' contents.

@@ -212,6 +212,10 @@ type LogShipper struct {
 	fullScans int
 	// holdLimit is maxHeldBytes (a test lowers it).
 	holdLimit int
+	// spare is the page hashes of a state the last Next replaced, one its own reads made
+	// (dbState.shipped: not a base's, which others may hold): the next read's new state
+	// takes the memory rather than a copy of its own.
+	spare []uint64
 }
 
 // NewLogShipper returns a shipper of the log of generation gen, whose next segment is seq
@@ -354,6 +358,9 @@ func (l *LogShipper) Next(ctx context.Context, now time.Time) (*Segment, error) 
 		}
 	}
 	for rel, p := range done {
+		if old := l.dbs[rel]; old != nil && old.shipped && cap(old.hashes) > cap(l.spare) {
+			l.spare = old.hashes
+		}
 		l.dbs[rel], l.seen[rel] = p.st, p.sig
 	}
 	for rel := range vanished {
@@ -408,7 +415,10 @@ func (l *LogShipper) read(ctx context.Context, abs, rel string, prev *dbState, n
 		return nil, nil, nil
 	}
 	hold := &heldPages{limit: l.holdLimit}
-	ch, err := detectChanges(v, prev, hold)
+	defer hold.release() // encodePages has copied the pages by then
+	spare := l.spare
+	l.spare = nil // the new state's now, if it takes it
+	ch, err := detectChanges(v, prev, hold, spare)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -416,7 +426,7 @@ func (l *LogShipper) read(ctx context.Context, abs, rel string, prev *dbState, n
 		l.fullScans++
 	}
 	st := ch.state
-	st.img = &DBImage{PageSize: ch.pageSize, Pages: ch.pages}
+	st.img, st.shipped = &DBImage{PageSize: ch.pageSize, Pages: ch.pages}, true
 	if ch.pages == 0 || ch.usable && len(ch.changed) == 0 && ch.pages == prev.img.Pages {
 		return nil, st, nil
 	}

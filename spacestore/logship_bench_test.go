@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -128,4 +129,65 @@ func helperCPU(l *LogShipper) time.Duration {
 	ut, _ := strconv.ParseInt(string(f[11]), 10, 64)
 	st, _ := strconv.ParseInt(string(f[12]), 10, 64)
 	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// BenchmarkSegmentCut is one cut of a busy space's WAL tail and its encoding, without the
+// writes and the walk that BenchmarkLogCut times too: the shipper's read of app.db (10k
+// rows of ~300 bytes and an index) since a position 17 commits back (a row each, 2 or 3
+// frames), its LTX file, and EncodeSegment of the segment. The WAL restarted before the
+// position, so frames of its earlier use follow the tail, as in a running space. The WAL
+// does not move: every cut reads the same tail, and its new state is dropped. CPU-ns/op is
+// this process's CPU time, the GC's work included, a loaded machine's waits not:
+//
+//	go test ./spacestore -run '^$' -bench SegmentCut -benchmem -count 5
+func BenchmarkSegmentCut(b *testing.B) {
+	const rowBytes, commits = 300, 17
+	ctx := context.Background()
+	dir := filepath.Join(b.TempDir(), "data")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	p := filepath.Join(dir, "app.db")
+	db := openDB(b, p)
+	fillDB(b, db, 10_000, rowBytes) // past the autocheckpoint: the next write restarts the WAL
+	body := make([]byte, rowBytes)
+	write := func() {
+		rand.Read(body)
+		if _, err := db.Exec("INSERT INTO messages (room, created_at, body) VALUES (?, ?, ?)", 3, time.Now().UnixNano(), body); err != nil {
+			b.Fatal(err)
+		}
+	}
+	write()
+	claim := Claim{Holder: "https://a", Incarnation: "1", Lease: `"l"`, At: time.Unix(1e9, 0)}
+	l := NewLogShipper(dir, nil, nil, 1, 1, claim)
+	defer l.Close()
+	if _, err := l.Next(ctx, time.Now()); err != nil {
+		b.Fatal(err)
+	}
+	prev := l.dbs["app.db"]
+	for range commits {
+		write()
+	}
+	now, scans := time.Now(), l.fullScans
+	var frames int64
+	var segBytes int
+	cpu0 := processCPU()
+	for b.Loop() {
+		d, st, err := l.read(ctx, p, "app.db", prev, now)
+		if err != nil || d == nil {
+			b.Fatalf("read = %v, %v", d, err)
+		}
+		data, err := EncodeSegment(&Segment{Gen: l.gen, Seq: l.next, Claim: claim, DBs: []SegmentDB{*d}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		frames, segBytes = st.wal.Frames-prev.wal.Frames, len(data)
+		l.spare = st.hashes // dropped, as Next drops the state it replaces
+	}
+	if l.fullScans != scans || prev.wal.Salt1 != l.dbs["app.db"].wal.Salt1 {
+		b.Fatal("the cut did not follow the tail")
+	}
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "CPU-ns/op")
+	b.ReportMetric(float64(frames)/commits, "frames/commit")
+	b.ReportMetric(float64(segBytes), "segment-bytes")
 }

@@ -44,9 +44,11 @@ const maxFollowBytes = 8 << 20
 // lockedTails (a benchmark's comparison) reads every tail view under the lock.
 var lockedTails = false
 
-// followChunk is how many frames a tail view without the lock reads first; each further
-// read doubles it.
-const followChunk = 32
+// followRead is how many bytes a tail view without the lock reads at a time (32 frames of
+// 4 KiB pages; at least one frame of any page size), and the size of every buffer it
+// reads into (followBufs). A cut reads one or two to take a few frames; a long tail reads
+// on in as many as it takes, the system calls being cheap next to copying the frames.
+const followRead = 32 * (24 + 4096)
 
 // followHook, when set (a test), runs between the read of the frames and the second read
 // of the WAL header: a WAL restarted there must not go unnoticed.
@@ -109,7 +111,7 @@ func followTail(p string, since *WALPos) (v *View, ok bool) {
 		return nil, false
 	}
 	w := walFile{f: f, size: fi.Size(), be: be, frameSize: frameSize, budget: maxFollowBytes}
-	defer w.release()
+	defer w.release() // unless the view takes the buffers
 	v = &View{pageSize: pageSize, walBE: be, walSize: fi.Size(), hdrCk: [2]uint32{ck1, ck2},
 		pos: *since, tail: true, unlocked: true}
 	v.dev, v.ino = fileID(mfi)
@@ -157,7 +159,7 @@ func followTail(p string, since *WALPos) (v *View, ok bool) {
 			return nil, false // the new frames reached the old ones' end: they may have overwritten it
 		}
 	}
-	v.held = w.keep(v.held)
+	v.bufs, w.bufs = w.bufs, nil // v.held points into them
 	return v, true
 }
 
@@ -171,43 +173,34 @@ type walFile struct {
 	bufs      []*[]byte
 }
 
-// followBufs keeps the buffers of tail reads: a cut reads followChunk frames or more (over
-// 128 KiB of 4 KiB pages) to take a few, so the buffers are reused and only the pages taken
-// are copied out (walFile.keep).
+// followBufs keeps the buffers of tail reads (followRead bytes each): a cut reads 32
+// frames or more (over 128 KiB of 4 KiB pages) to take a few. The view that took pages from
+// a read keeps its buffers until it ends (View.close gives them back); nothing else points
+// into them, and a page leaves the view only as a copy (readHeld), so what the view took
+// stays as it was read, and no page handed out is overwritten by a later tail's read.
 var followBufs sync.Pool
 
-// buffer is n bytes to read frames into, held until release.
+// buffer is n (at most followRead) bytes to read frames into, held until release.
 func (w *walFile) buffer(n int64) []byte {
 	p, _ := followBufs.Get().(*[]byte)
-	if p == nil || int64(cap(*p)) < n {
-		b := make([]byte, n, max(n, followChunk*w.frameSize)) // a first chunk fits, next time
+	if p == nil {
+		b := make([]byte, followRead)
 		p = &b
 	}
 	w.bufs = append(w.bufs, p)
 	return (*p)[:n]
 }
 
-// keep copies the pages of held, which point into w's buffers, into memory of their own.
-func (w *walFile) keep(held map[uint32][]byte) map[uint32][]byte {
-	n := 0
-	for _, data := range held {
-		n += len(data)
-	}
-	slab := make([]byte, 0, n)
-	out := make(map[uint32][]byte, len(held))
-	for pg, data := range held {
-		slab = append(slab, data...)
-		out[pg] = slab[len(slab)-len(data) : len(slab) : len(slab)]
-	}
-	return out
-}
-
 // release gives w's buffers back: nothing read into them may be used after it.
 func (w *walFile) release() {
-	for _, p := range w.bufs {
+	releaseFollowBufs(w.bufs)
+	w.bufs = nil
+}
+
+func releaseFollowBufs(bufs []*[]byte) {
+	for _, p := range bufs {
 		followBufs.Put(p)
 	}
-	w.bufs = nil
 }
 
 // chain is what walFile.chain read: the frames that continue a chain up to its last commit.
@@ -224,19 +217,19 @@ type chain struct {
 }
 
 // chain reads the frames from index from on while they carry salts and continue the
-// checksum chain from (c1, c2), in chunks of followChunk frames doubling (the file may run
-// on past the last commit with frames of an earlier use of it); ok false on a read error or
-// past the budget.
+// checksum chain from (c1, c2), followRead bytes at a time (the file may run on past the
+// last commit with frames of an earlier use of it); ok false on a read error or past the
+// budget.
 func (w *walFile) chain(salt1, salt2 uint32, from int64, c1, c2 uint32) (ch chain, ok bool) {
 	ch.held = make(map[uint32][]byte)
 	pending := make(map[uint32][]byte)
-	off, chunk := 32+from*w.frameSize, int64(followChunk)
+	off, per := 32+from*w.frameSize, followRead/w.frameSize
 	for {
 		if off+w.frameSize > w.size {
 			ch.end = (off - 32) / w.frameSize
 			return ch, true // the end of the file
 		}
-		n := min(chunk*w.frameSize, (w.size-off)/w.frameSize*w.frameSize)
+		n := min(per*w.frameSize, (w.size-off)/w.frameSize*w.frameSize)
 		if w.budget -= n; w.budget < 0 {
 			return ch, false
 		}
@@ -267,7 +260,6 @@ func (w *walFile) chain(salt1, salt2 uint32, from int64, c1, c2 uint32) (ch chai
 			return ch, true // the file ended early
 		}
 		off += int64(len(buf))
-		chunk *= 2
 	}
 }
 
@@ -278,6 +270,7 @@ func (v *View) relock() error {
 	if err != nil {
 		return err
 	}
+	releaseFollowBufs(v.bufs)
 	*v = *nv
 	return nil
 }

@@ -191,7 +191,7 @@ func tailViewsUnderWriters(t *testing.T, limit int) {
 		for i := 0; !stop.Load(); i++ {
 			var err error
 			switch n := r.IntN(100); {
-			case n < 3: // a commit of more frames than a first read takes (followChunk)
+			case n < 3: // a commit of more frames than a first read takes (followRead)
 				_, err = wdb.Exec("WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM k WHERE n < 60) INSERT INTO m (body) SELECT printf('%d-%0800d', ?, n) FROM k", i)
 			case n < 75:
 				_, err = wdb.Exec("INSERT INTO m (body) VALUES (?)", fmt.Sprintf("%d-%0200d", i, r.Int64()))
@@ -447,7 +447,7 @@ func TestUnlockedTailFollowsOneRestart(t *testing.T) {
 }
 
 // TestUnlockedTailsKeepTheirPages: the buffers a tail reads its frames into are reused by
-// the next tail's read; the pages a view took stay its own.
+// later tails' reads; the pages a view took stay its own while other tails read and end.
 func TestUnlockedTailsKeepTheirPages(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "app.db")
 	db := instanceDB(t, p)
