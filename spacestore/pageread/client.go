@@ -185,8 +185,14 @@ func (c *Client) ChangedSinceTail() ([]uint32, error) {
 		return nil, err
 	}
 	limit := c.shape.Pos.Frames
-	if c.shape.Tail && c.since != nil {
+	switch {
+	case !c.shape.Tail || c.since == nil:
+	case c.shape.Pos.Salt1 == c.since.Salt1 && c.shape.Pos.Salt2 == c.since.Salt2:
 		limit -= c.since.Frames
+	default:
+		// Past a restart (followsFrom): the old salts' frames after the caller's position,
+		// then the new ones from the file's start, all within the file.
+		limit = walFrames(c.files, c.shape.PageSize)
 	}
 	var out []uint32
 	for {
@@ -376,18 +382,35 @@ func (c *Client) checkShape(s Shape) error {
 	if int64(s.Pages)*int64(s.PageSize) > c.files.MainSize+c.files.WALSize+int64(s.PageSize) {
 		return fmt.Errorf("page reader claims %d pages of %d bytes, more than the files hold", s.Pages, s.PageSize)
 	}
-	var frames int64
-	if c.files.WALSize >= 32 {
-		frames = (c.files.WALSize - 32) / int64(24+s.PageSize)
-	}
+	frames := walFrames(c.files, s.PageSize)
 	if s.Pos.Frames < 0 || s.Pos.Frames > frames {
 		return fmt.Errorf("page reader claims %d WAL frames, more than the WAL holds (%d)", s.Pos.Frames, frames)
 	}
-	if s.Tail && (c.since == nil || s.Pos.Dev != c.since.Dev || s.Pos.Ino != c.since.Ino ||
-		s.Pos.Salt1 != c.since.Salt1 || s.Pos.Salt2 != c.since.Salt2 || s.Pos.Frames < c.since.Frames) {
+	if s.Tail && !followsFrom(s.Pos, c.since) {
 		return errors.New("page reader claims a tail view of another WAL")
 	}
 	return nil
+}
+
+// walFrames is how many frames of pageSize bytes the WAL the box found holds.
+func walFrames(f Files, pageSize int) int64 {
+	if f.WALSize < 32 {
+		return 0
+	}
+	return (f.WALSize - 32) / int64(24+pageSize)
+}
+
+// followsFrom reports whether a tail view may end at pos for a caller at since: in the same
+// WAL file, either on since's salts and no earlier, or past the one restart a view
+// follows (followTail: the first salt one more, and at least one frame of the new salts).
+func followsFrom(pos WALPos, since *WALPos) bool {
+	if since == nil || pos.Dev != since.Dev || pos.Ino != since.Ino {
+		return false
+	}
+	if pos.Salt1 == since.Salt1 && pos.Salt2 == since.Salt2 {
+		return pos.Frames >= since.Frames
+	}
+	return pos.Salt1 == since.Salt1+1 && pos.Frames >= 1
 }
 
 // readFrame reads one frame whose kind and length are valid at this point of the session

@@ -76,6 +76,38 @@ func TestClientRefusesBadShapes(t *testing.T) {
 	}
 }
 
+// TestClientTakesTheTailsAViewFollows: a tail view's position is one the helper's view
+// may reach from the caller's: on the same salts and no earlier, or past the one WAL
+// restart followTail follows (an isolated space's cut after each restart took the lock's
+// way or failed before); any other is refused.
+func TestClientTakesTheTailsAViewFollows(t *testing.T) {
+	since := WALPos{Dev: 1, Ino: 3, Salt1: 7, Salt2: 70, Frames: 2}
+	cases := []struct {
+		name string
+		pos  WALPos
+		ok   bool
+	}{
+		{"more frames, same salts", WALPos{Dev: 1, Ino: 3, Salt1: 7, Salt2: 70, Frames: 3}, true},
+		{"nothing new", since, true},
+		{"fewer frames, same salts", WALPos{Dev: 1, Ino: 3, Salt1: 7, Salt2: 70, Frames: 1}, false},
+		{"one restart, fewer frames", WALPos{Dev: 1, Ino: 3, Salt1: 8, Salt2: 5, Frames: 1}, true},
+		{"one restart, no frame", WALPos{Dev: 1, Ino: 3, Salt1: 8, Salt2: 5, Frames: 0}, false},
+		{"two restarts", WALPos{Dev: 1, Ino: 3, Salt1: 9, Salt2: 5, Frames: 3}, false},
+		{"another second salt", WALPos{Dev: 1, Ino: 3, Salt1: 7, Salt2: 71, Frames: 3}, false},
+		{"another WAL file", WALPos{Dev: 1, Ino: 4, Salt1: 8, Salt2: 5, Frames: 1}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			sh := goodShape()
+			sh.Tail, sh.Pos = true, c.pos
+			_, err := dial(t, newStream().shape(sh), &since)
+			if c.ok && err != nil || !c.ok && (err == nil || !strings.Contains(err.Error(), "tail view of another WAL")) {
+				t.Fatalf("a tail at %+v from %+v: %v", c.pos, since, err)
+			}
+		})
+	}
+}
+
 func TestClientRefusesBadFrames(t *testing.T) {
 	scan := func(s *stream) error {
 		c, err := dial(t, s, nil)
@@ -167,6 +199,22 @@ func TestClientRefusesBadChangedLists(t *testing.T) {
 	}
 	if got, err := cl.ChangedSinceTail(); err != nil || len(got) != 2 {
 		t.Fatalf("a good list: %v, %v", got, err)
+	}
+	// Past a WAL restart the frames read are the old ones after since and the new ones:
+	// at most the file's 3, however few the new salts have.
+	restarted := sh
+	restarted.Pos = WALPos{Dev: 1, Ino: 3, Salt1: 1, Frames: 1}
+	for _, c := range []struct {
+		pgs []uint32
+		ok  bool
+	}{{[]uint32{1, 2, 3}, true}, {[]uint32{1, 2, 3, 4}, false}} {
+		cl, err := dial(t, newStream().shape(restarted).frame(frameChanged, list(c.pgs...)).frame(frameDone), since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := cl.ChangedSinceTail(); c.ok != (err == nil) {
+			t.Fatalf("%d pages changed past a restart, in a WAL of 3 frames: %v, %v", len(c.pgs), got, err)
+		}
 	}
 }
 
