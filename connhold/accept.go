@@ -7,29 +7,20 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // IsUpgrade reports whether r asks for a WebSocket over HTTP/1.1 (the only kind the box
 // holds; an HTTP/2 WebSocket is proxied as today).
 func IsUpgrade(r *http.Request) bool {
 	return r.ProtoMajor == 1 && r.Method == http.MethodGet &&
-		headerHasToken(r.Header, "Connection", "upgrade") && headerHasToken(r.Header, "Upgrade", "websocket")
+		httpguts.HeaderValuesContainsToken(r.Header["Connection"], "upgrade") && httpguts.HeaderValuesContainsToken(r.Header["Upgrade"], "websocket")
 }
 
 // Opted reports whether an instance's answer to an upgrade request opts the connection in.
 func Opted(status int, h http.Header) bool {
 	return status/100 == 2 && strings.EqualFold(strings.TrimSpace(h.Get(HoldHeader)), HoldValue)
-}
-
-func headerHasToken(h http.Header, name, token string) bool {
-	for _, v := range h.Values(name) {
-		for t := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), token) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 const acceptGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -62,7 +53,7 @@ func (h *Hub) Accept(w http.ResponseWriter, r *http.Request, space, id string, o
 		return nil, err
 	}
 	key := r.Header.Get("Sec-WebSocket-Key")
-	if protocol != "" && !headerHasToken(r.Header, "Sec-WebSocket-Protocol", protocol) {
+	if protocol != "" && !httpguts.HeaderValuesContainsToken(r.Header["Sec-WebSocket-Protocol"], protocol) {
 		return nil, fmt.Errorf("the instance chose subprotocol %q, which the client did not offer", protocol)
 	}
 	sum := sha1.Sum([]byte(key + acceptGUID))

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // The stream: a holder sends a host's segments over one connection it keeps, rather than
@@ -54,18 +56,8 @@ var clientIdle = time.Minute
 
 // upgradeAsked reports whether r asks for the stream.
 func upgradeAsked(r *http.Request) bool {
-	return headerHasToken(r.Header, "Connection", "upgrade") && strings.EqualFold(r.Header.Get("Upgrade"), StreamProtocol)
-}
-
-func headerHasToken(h http.Header, name, token string) bool {
-	for _, v := range h.Values(name) {
-		for t := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), token) {
-				return true
-			}
-		}
-	}
-	return false
+	return httpguts.HeaderValuesContainsToken(r.Header["Connection"], "upgrade") &&
+		httpguts.HeaderValuesContainsToken(r.Header["Upgrade"], StreamProtocol)
 }
 
 // serveStream serves host's stream on r's connection until the holder closes it, a frame
