@@ -42,7 +42,7 @@ type spoolLink struct {
 	silent map[string]time.Duration
 	// left names the dead boxes with no heartbeat at all (a clean exit deleted it).
 	left map[string]bool
-	puts   *atomic.Int64
+	puts *atomic.Int64
 }
 
 func (l spoolLink) Pick(host string) (string, bool) {
@@ -862,26 +862,17 @@ func TestStandbyRetryBacksOff(t *testing.T) {
 	}
 }
 
-// TestTakeoverWaitsForARestartingStandby: the holder, cut off from the bucket, acknowledges
-// writes on its standby's word; then the standby is killed (a restart) and the holder dies.
-// A takeover on a third box finds the standby neither live nor answering: while its last
-// heartbeat is seconds old the takeover fails (the space stays dark) rather than lose what
-// only the standby's disk holds, and once the standby is back it takes every acknowledged
-// write. A standby silent past standbyGoneAfter is gone: the takeover goes on from the
-// bucket, and the writes only the two boxes held are lost.
-func TestTakeoverWaitsForARestartingStandby(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs real instances")
-	}
-	ctx := context.Background()
-	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
-	a, c := f.engines["box-a"], f.engines["box-c"]
-	hosts := []string{"restarting.example.com", "gone.example.com"}
+// ackedOnTheStandbyOnly wakes each of hosts on box-a, its stream on box-b, with one row in
+// the bucket log; then cuts box-a off from the bucket and has it acknowledge 10 more rows
+// of each on box-b's word alone.
+func ackedOnTheStandbyOnly(t *testing.T, f *standbyFleet, hosts []string) {
+	t.Helper()
+	a := f.engines["box-a"]
 	var spaces []*awakeSpace
 	for _, host := range hosts {
 		sp := wake(t, a, host)
 		sp.acknowledged(createM, insertM("before"))
-		if err := a.get(host).durableOf().gate.Wait(ctx); err != nil { // the bucket log has it
+		if err := a.get(host).durableOf().gate.Wait(context.Background()); err != nil { // the bucket log has it
 			t.Fatal(err)
 		}
 		if st := logStatusOf(t, a, host); st.Standby == nil || st.Standby.Box != "box-b" {
@@ -895,6 +886,24 @@ func TestTakeoverWaitsForARestartingStandby(t *testing.T) {
 			sp.acknowledged(insertM(fmt.Sprint("cut ", i)))
 		}
 	}
+}
+
+// TestTakeoverWaitsForARestartingStandby: the holder, cut off from the bucket, acknowledges
+// writes on its standby's word; then the standby is killed (a restart) and the holder dies.
+// A takeover on a third box finds the standby neither live nor answering: while its last
+// heartbeat is seconds old the takeover fails (the space stays dark) rather than lose what
+// only the standby's disk holds, and once the standby is back it takes every acknowledged
+// write. A standby silent past standbyGoneAfter is gone: the takeover goes on from the
+// bucket, and the writes only the two boxes held are lost.
+func TestTakeoverWaitsForARestartingStandby(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
+	c := f.engines["box-c"]
+	hosts := []string{"restarting.example.com", "gone.example.com"}
+	ackedOnTheStandbyOnly(t, f, hosts)
 	f.killSilentFor("box-b", 5*time.Second)
 	f.kill("box-a")
 
@@ -926,7 +935,7 @@ func TestTakeoverWaitsForARestartingStandby(t *testing.T) {
 // while its holder, cut off from the bucket, acknowledged writes on its word, and the
 // holder dead next. The takeover waits a minute from when it first found the standby so,
 // and takes the stream once it is back; past the minute it goes on from the bucket. (The
-// 30-minute campaign on 9b0dbc5 lost six writes so: the takeover counted a standby with
+// 30-minute campaign on a5bce9b lost six writes so: the takeover counted a standby with
 // no heartbeat gone at once.)
 func TestTakeoverWaitsForAStandbyThatLeft(t *testing.T) {
 	if testing.Short() {
@@ -934,23 +943,9 @@ func TestTakeoverWaitsForAStandbyThatLeft(t *testing.T) {
 	}
 	ctx := context.Background()
 	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
-	a, c := f.engines["box-a"], f.engines["box-c"]
+	c := f.engines["box-c"]
 	hosts := []string{"back.example.com", "gone.example.com"}
-	var spaces []*awakeSpace
-	for _, host := range hosts {
-		sp := wake(t, a, host)
-		sp.acknowledged(createM, insertM("before"))
-		if err := a.get(host).durableOf().gate.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		spaces = append(spaces, sp)
-	}
-	f.buckets["box-a"].cut.Store(true)
-	for _, sp := range spaces {
-		for i := range 10 {
-			sp.acknowledged(insertM(fmt.Sprint("cut ", i)))
-		}
-	}
+	ackedOnTheStandbyOnly(t, f, hosts)
 	f.leave("box-b")
 	f.kill("box-a")
 
