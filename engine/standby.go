@@ -525,71 +525,22 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 // standbyGone decides a takeover whose standby is not a live member and did not answer
 // the seal (sealErr): while its last heartbeat is younger than standbyGoneAfter it may be
 // restarting with the stream on its disk, and the takeover fails (ErrStandbySilent, the
-// wake retried later); once older, the takeover goes on from the bucket and what only the
-// standby and the dead holder held is lost, logged as such. A standby with no heartbeat at
-// all left: a clean exit deletes it (a restart's, a drain's) and keeps the spool, so it is
-// waited for the same, counted from when this box first found it so (absentStandbys).
+// wake retried later); once older, or with no heartbeat at all, the takeover goes on from
+// the bucket and what only the standby and the dead holder held is lost, logged as such.
 func (e *Engine) standbyGone(ctx context.Context, in *inst, rec *spacestore.StandbyRecord, sealErr error) (*spacestore.StandbyRecord, []*spacestore.Segment, error) {
 	silent, beating, err := e.cfg.Standby.SilentFor(ctx, rec.Box)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %s does not answer the seal (%v), and its heartbeat could not be read: %w", ErrStandbySilent, rec.Box, sealErr, err)
 	}
-	if beating {
-		e.absent.back(rec.Box)
-	} else {
-		silent = e.absent.since(rec.Box, e.now())
-	}
-	if silent < standbyGoneAfter {
-		how := fmt.Sprintf("beat %v ago", silent.Round(time.Millisecond))
-		if !beating {
-			how = fmt.Sprintf("has no heartbeat (it left), found so %v ago", silent.Round(time.Millisecond))
-		}
-		return nil, nil, fmt.Errorf("%w: %s does not answer the seal (%v) and %s; a takeover waits for it %v",
-			ErrStandbySilent, rec.Box, sealErr, how, standbyGoneAfter)
+	if beating && silent < standbyGoneAfter {
+		return nil, nil, fmt.Errorf("%w: %s does not answer the seal (%v) and beat %v ago; a takeover waits for it until %v after its last beat",
+			ErrStandbySilent, rec.Box, sealErr, silent.Round(time.Millisecond), standbyGoneAfter)
 	}
 	in.logger().Error("the space's standby is gone with its holder: writes only the two held are lost",
 		zap.String("standby", rec.Box), zap.String("holder", rec.Claim.Holder), zap.Bool("beating", beating),
 		zap.Duration("silent", silent), zap.Error(sealErr))
 	return nil, nil, nil
 }
-
-// absentStandbys is when a box first found each standby without a heartbeat: a heartbeat
-// deleted says the box left, not when, so the wait for it starts at the first look.
-type absentStandbys struct {
-	mu    sync.Mutex
-	first map[string]time.Time
-}
-
-// since returns how long ago box was first found without a heartbeat (0 the first time).
-func (a *absentStandbys) since(box string, now time.Time) time.Duration {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.first == nil {
-		a.first = make(map[string]time.Time)
-	}
-	for b, t := range a.first {
-		if now.Sub(t) > absentForgotten {
-			delete(a.first, b) // long settled: a later absence is a new one
-		}
-	}
-	t, ok := a.first[box]
-	if !ok {
-		t = now
-		a.first[box] = t
-	}
-	return now.Sub(t)
-}
-
-// back forgets box's absence: it beats again.
-func (a *absentStandbys) back(box string) {
-	a.mu.Lock()
-	delete(a.first, box)
-	a.mu.Unlock()
-}
-
-// absentForgotten is how long a standby's absence is remembered: far past standbyGoneAfter,
-// so the wait it bounds is over long before.
-const absentForgotten = time.Hour
 
 // ErrStandbySilent is why a takeover waits: the holder's standby may hold writes the bucket
 // log lacks, and neither beats nor answers, for less than standbyGoneAfter.
