@@ -383,6 +383,7 @@ func (b *Box) Close() error {
 		err := b.Drain()
 		b.eng.Close()
 		if b.mesh != nil {
+			b.standby.release(b.logger)
 			b.mesh.leave()
 			b.mesh.close()
 			b.standby.spool.Close()

@@ -2,9 +2,13 @@ package box
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/lchat/lchat-caddy/engine"
 	"github.com/lchat/lchat-caddy/mesh"
@@ -96,4 +100,50 @@ func (b *Box) Standby() *standby.Spool {
 		return nil
 	}
 	return b.standby.spool
+}
+
+// releaseTimeout bounds a leaving box's releases (release): each holder proves its stream
+// in the bucket and writes one record, milliseconds with the bucket up.
+const releaseTimeout = 5 * time.Second
+
+// release, as this box leaves the fleet cleanly (Close, before its heartbeat is deleted),
+// asks the holder of each stream its spool keeps to release it (standby/release.go): the
+// holder gives the stream up and marks its standby record given up, and a takeover of
+// that space then need not wait for this box. A holder that does not answer (cut off,
+// dead) leaves its record unmarked: a takeover waits for this box as for one restarting.
+func (l *standbyLink) release(logger *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	start := time.Now()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var released, notCurrent, failed int
+	for _, s := range l.spool.Unsealed() {
+		if s.Claim.Holder == l.self() {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := l.client.Release(ctx, s.Claim.Holder, s.Host, l.self(), s.Gen, s.Claim)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				released++
+			case errors.Is(err, standby.ErrNotCurrent):
+				notCurrent++
+				logger.Debug("leaving: the holder does not hold the stream", zap.String("host", s.Host), zap.Error(err))
+			default:
+				failed++
+				logger.Warn("leaving: the holder did not release this box; a takeover of the space waits for it to come back",
+					zap.String("host", s.Host), zap.String("holder", s.Claim.Holder), zap.Error(err))
+			}
+		}()
+	}
+	wg.Wait()
+	if released+notCurrent+failed > 0 {
+		logger.Info("leaving: asked the holders this box stands by for to release it", zap.Int("released", released),
+			zap.Int("not_current", notCurrent), zap.Int("failed", failed), zap.Duration("took", time.Since(start)))
+	}
 }

@@ -334,6 +334,9 @@ type Engine struct {
 	tmpHidden sync.Map
 	// standby is the totals of the streams and takeovers (standbystats.go).
 	standby standbyTotals
+	// absent is when this box first found each standby it waits for without a heartbeat
+	// (standbyGone).
+	absent absentStandbys
 }
 
 // New validates cfg, applies defaults and returns an engine. Call Start for the background

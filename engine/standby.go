@@ -141,6 +141,7 @@ type stream struct {
 	gen, baseSeq int64
 	box          string // "" when there is no standby: every answer waits for the bucket
 	recorded     atomic.Bool
+	marked       atomic.Bool // its record is marked given up (markGivenUp)
 	broken       atomic.Bool
 	sent         atomic.Int64 // the last seq the standby has (it takes them in order)
 	why          atomic.Pointer[string]
@@ -290,15 +291,23 @@ func (e *Engine) sendToStandby(ctx context.Context, in *inst, d *durable, st *st
 		})
 		return fmt.Errorf("%w: %w", gate.ErrFenced, err)
 	}
-	if st.breakWith(err.Error()) {
-		e.noteStandbyLost(d)
-		e.recordGivenUp(in, d, st)
-		until := d.sb.retry.lost(st.box, e.now())
-		log.Warn("standby lost: the space's answers wait for the bucket log until its next checkpoint",
-			zap.String("standby", st.box), zap.Time("asked_again_from", until), zap.Error(err))
-		e.checkpointForAStream(in, d.sb, until)
-	}
+	e.giveUpStandby(in, d, st, err.Error())
 	return err
+}
+
+// giveUpStandby breaks st (its later answers wait for the bucket log), marks its record
+// given up in the background once the bucket log holds what it carried (recordGivenUp),
+// and schedules the checkpoint that starts the next stream. It does so once per stream.
+func (e *Engine) giveUpStandby(in *inst, d *durable, st *stream, why string) {
+	if !st.breakWith(why) {
+		return
+	}
+	e.noteStandbyLost(d)
+	e.recordGivenUp(in, d, st)
+	until := d.sb.retry.lost(st.box, e.now())
+	in.logger().Warn("standby lost: the space's answers wait for the bucket log until its next checkpoint",
+		zap.String("standby", st.box), zap.Time("asked_again_from", until), zap.String("why", why))
+	e.checkpointForAStream(in, d.sb, until)
 }
 
 // checkpointForAStream checkpoints in at until (once, however many streams broke
@@ -357,48 +366,96 @@ func (e *Engine) recordStream(ctx context.Context, in *inst, d *durable, st *str
 }
 
 // recordGivenUp, once st's standby was given up, writes st's record again marked given up
-// (StandbyRecord.GivenUp) as soon as a bucket proof cut after the break has landed: every
-// segment the standby took was cut before the break (a landing that finds the stream broken
-// proves in the bucket instead), so the bucket log then holds everything the stream carried,
-// and a takeover that cannot reach the standby (dead too, or restarting) need not wait for
-// it. Until then a takeover that finds the standby silent waits for it (standbyGone). The
-// write is conditioned on st's own record: a later record (a newer stream, a newer holder)
-// stands. It runs in the background and ends with the stream, the instance or a fence.
+// (markGivenUp) in the background, until it is so marked or the stream, the instance or
+// the gate ends (a fence, a stop: the record then stays as it is). Until then a takeover
+// that finds the standby silent waits for it (standbyGone).
 func (e *Engine) recordGivenUp(in *inst, d *durable, st *stream) {
 	if !st.recorded.Load() {
 		return // the record names an older stream, or none: nothing to mark
 	}
 	safego.Go(&e.wg, e.log, "record the standby given up", func() {
-		for {
-			if in.durableOf() != d || d.sb.cur.Load() != st {
+		for in.durableOf() == d && d.sb.cur.Load() == st {
+			err := e.markGivenUp(e.ctx, in, d, st)
+			if err == nil || e.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
 				return
 			}
-			err := e.bucketProof(e.ctx, d)
-			if err == nil {
-				break
-			}
-			if e.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-				return // the gate closed (a stop, a fence): the record stays as it is
-			}
 		}
-		d.sb.recMu.Lock()
-		defer d.sb.recMu.Unlock()
-		if d.sb.cur.Load() != st || d.sb.recETag != st.recETag {
-			return
-		}
-		rec := spacestore.StandbyRecord{Gen: st.gen, BaseSeq: st.baseSeq, Claim: d.claim, Box: st.box, GivenUp: true}
-		ctx, cancel := context.WithTimeout(e.ctx, segmentTimeout)
-		etag, err := spacestore.WriteStandbyRecord(ctx, e.cfg.Bucket, in.host, rec, st.recETag)
-		cancel()
-		if err != nil {
-			d.sb.recETagOK = false
-			in.logger().Info("the standby record was not marked given up: a takeover that cannot reach the standby waits for it",
-				zap.String("standby", st.box), zap.Error(err))
-			return
-		}
-		d.sb.recETag, st.recETag = etag, etag
-		in.logger().Info("standby record marked given up: the bucket log holds what its stream carried", zap.String("standby", st.box))
 	})
+}
+
+// markGivenUp writes st's record (its standby given up, st broken) again marked given up
+// (StandbyRecord.GivenUp) once a bucket proof cut after the break has landed: every segment
+// the standby took was cut before the break (a landing that finds the stream broken proves
+// in the bucket instead), so the bucket log then holds everything the stream carried, and a
+// takeover that cannot reach the standby (dead too, restarting, or gone from the fleet)
+// need not wait for it. The write is conditioned on st's own record: a later record (a
+// newer stream, a newer holder) stands. nil when the record is so marked, or names a later
+// stream; an error of the proof (DeadlineExceeded: the bucket did not answer in time) or
+// of the write otherwise.
+func (e *Engine) markGivenUp(ctx context.Context, in *inst, d *durable, st *stream) error {
+	if !st.recorded.Load() || st.marked.Load() {
+		return nil
+	}
+	if err := e.bucketProof(ctx, d); err != nil {
+		return err
+	}
+	d.sb.recMu.Lock()
+	defer d.sb.recMu.Unlock()
+	switch {
+	case st.marked.Load():
+		return nil
+	case d.sb.cur.Load() != st:
+		return nil // a checkpoint after st started a newer stream: st's record is obsolete
+	case d.sb.recETag != st.recETag:
+		return errors.New("the standby record changed since the stream wrote it")
+	}
+	rec := spacestore.StandbyRecord{Gen: st.gen, BaseSeq: st.baseSeq, Claim: d.claim, Box: st.box, GivenUp: true}
+	wctx, cancel := context.WithTimeout(ctx, segmentTimeout)
+	etag, err := spacestore.WriteStandbyRecord(wctx, e.cfg.Bucket, in.host, rec, st.recETag)
+	cancel()
+	if err != nil {
+		d.sb.recETagOK = false
+		in.logger().Info("the standby record was not marked given up: a takeover that cannot reach the standby waits for it",
+			zap.String("standby", st.box), zap.Error(err))
+		return err
+	}
+	d.sb.recETag, st.recETag = etag, etag
+	st.marked.Store(true)
+	in.logger().Info("standby record marked given up: the bucket log holds what its stream carried", zap.String("standby", st.box))
+	return nil
+}
+
+// ReleaseStandby is a holder's answer to its standby box leaving the fleet cleanly (a
+// drain, a restart's SIGTERM): box asks to be released from host's stream of (gen, claim)
+// before it deletes its heartbeat. The stream is given up (its later answers wait for the
+// bucket log) and its record marked given up (markGivenUp) before ReleaseStandby returns
+// nil, so a takeover that finds box gone from the mesh need not wait for it. nil too when
+// a checkpoint after the stream holds what it carried. An error wrapping
+// standby.ErrNotCurrent when this box does not hold that stream (the space moved, slept
+// without a checkpoint after it, or streams to another box); any other error (the bucket
+// out of reach: the proof timed out) leaves the record unmarked, and a takeover that
+// cannot reach box then waits for it (standbyGone).
+func (e *Engine) ReleaseStandby(ctx context.Context, host, box string, gen int64, claim spacestore.Claim) error {
+	in := e.lookup(host)
+	if in == nil {
+		return fmt.Errorf("%w: %s is not awake here", standby.ErrNotCurrent, host)
+	}
+	d := in.durableOf()
+	switch {
+	case d == nil || d.sb == nil || !spacestore.SameClaim(d.claim, claim):
+		if in.checkpointedPast(gen) {
+			return nil
+		}
+		return fmt.Errorf("%w: this box does not hold %s under that claim", standby.ErrNotCurrent, host)
+	case d.gen.Load() > gen:
+		return nil
+	}
+	st := d.sb.cur.Load()
+	if st.gen != gen || st.box != box {
+		return fmt.Errorf("%w: %s streams generation %d to %q", standby.ErrNotCurrent, host, st.gen, st.box)
+	}
+	e.giveUpStandby(in, d, st, "the standby "+box+" is leaving the fleet")
+	return e.markGivenUp(ctx, in, d, st)
 }
 
 // writeRecord writes the standby record, conditioned on the one sb last read or wrote
@@ -525,22 +582,71 @@ func (e *Engine) takeStream(ctx context.Context, in *inst, gen int64, claim spac
 // standbyGone decides a takeover whose standby is not a live member and did not answer
 // the seal (sealErr): while its last heartbeat is younger than standbyGoneAfter it may be
 // restarting with the stream on its disk, and the takeover fails (ErrStandbySilent, the
-// wake retried later); once older, or with no heartbeat at all, the takeover goes on from
-// the bucket and what only the standby and the dead holder held is lost, logged as such.
+// wake retried later); once older, the takeover goes on from the bucket and what only the
+// standby and the dead holder held is lost, logged as such. A standby with no heartbeat at
+// all left: a clean exit deletes it (a restart's, a drain's) and keeps the spool, so it is
+// waited for the same, counted from when this box first found it so (absentStandbys).
 func (e *Engine) standbyGone(ctx context.Context, in *inst, rec *spacestore.StandbyRecord, sealErr error) (*spacestore.StandbyRecord, []*spacestore.Segment, error) {
 	silent, beating, err := e.cfg.Standby.SilentFor(ctx, rec.Box)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %s does not answer the seal (%v), and its heartbeat could not be read: %w", ErrStandbySilent, rec.Box, sealErr, err)
 	}
-	if beating && silent < standbyGoneAfter {
-		return nil, nil, fmt.Errorf("%w: %s does not answer the seal (%v) and beat %v ago; a takeover waits for it until %v after its last beat",
-			ErrStandbySilent, rec.Box, sealErr, silent.Round(time.Millisecond), standbyGoneAfter)
+	if beating {
+		e.absent.back(rec.Box)
+	} else {
+		silent = e.absent.since(rec.Box, e.now())
+	}
+	if silent < standbyGoneAfter {
+		how := fmt.Sprintf("beat %v ago", silent.Round(time.Millisecond))
+		if !beating {
+			how = fmt.Sprintf("has no heartbeat (it left), found so %v ago", silent.Round(time.Millisecond))
+		}
+		return nil, nil, fmt.Errorf("%w: %s does not answer the seal (%v) and %s; a takeover waits for it %v",
+			ErrStandbySilent, rec.Box, sealErr, how, standbyGoneAfter)
 	}
 	in.logger().Error("the space's standby is gone with its holder: writes only the two held are lost",
 		zap.String("standby", rec.Box), zap.String("holder", rec.Claim.Holder), zap.Bool("beating", beating),
 		zap.Duration("silent", silent), zap.Error(sealErr))
 	return nil, nil, nil
 }
+
+// absentStandbys is when a box first found each standby without a heartbeat: a heartbeat
+// deleted says the box left, not when, so the wait for it starts at the first look.
+type absentStandbys struct {
+	mu    sync.Mutex
+	first map[string]time.Time
+}
+
+// since returns how long ago box was first found without a heartbeat (0 the first time).
+func (a *absentStandbys) since(box string, now time.Time) time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.first == nil {
+		a.first = make(map[string]time.Time)
+	}
+	for b, t := range a.first {
+		if now.Sub(t) > absentForgotten {
+			delete(a.first, b) // long settled: a later absence is a new one
+		}
+	}
+	t, ok := a.first[box]
+	if !ok {
+		t = now
+		a.first[box] = t
+	}
+	return now.Sub(t)
+}
+
+// back forgets box's absence: it beats again.
+func (a *absentStandbys) back(box string) {
+	a.mu.Lock()
+	delete(a.first, box)
+	a.mu.Unlock()
+}
+
+// absentForgotten is how long a standby's absence is remembered: far past standbyGoneAfter,
+// so the wait it bounds is over long before.
+const absentForgotten = time.Hour
 
 // ErrStandbySilent is why a takeover waits: the holder's standby may hold writes the bucket
 // log lacks, and neither beats nor answers, for less than standbyGoneAfter.

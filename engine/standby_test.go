@@ -40,7 +40,9 @@ type spoolLink struct {
 	// silent is how long ago each dead box last beat; a dead box not named here is long
 	// gone (past standbyGoneAfter).
 	silent map[string]time.Duration
-	puts   *atomic.Int64
+	// left names the dead boxes with no heartbeat at all (a clean exit deleted it).
+	left map[string]bool
+	puts *atomic.Int64
 }
 
 func (l spoolLink) Pick(host string) (string, bool) {
@@ -88,6 +90,9 @@ func (l spoolLink) Live(box string) bool {
 func (l spoolLink) SilentFor(ctx context.Context, box string) (time.Duration, bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.left[box] {
+		return 0, false, nil
+	}
 	if d, ok := l.silent[box]; ok {
 		return d, true, nil
 	}
@@ -166,7 +171,7 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 	}
 	var mu sync.Mutex
 	dead, beating, unlisted := map[string]bool{}, map[string]bool{}, map[string]bool{}
-	silent := map[string]time.Duration{}
+	silent, left := map[string]time.Duration{}, map[string]bool{}
 	puts := new(atomic.Int64)
 	for _, box := range boxes {
 		dir, err := os.MkdirTemp("", "eng")
@@ -175,7 +180,7 @@ func newStandbyFleet(t *testing.T, boxes ...string) *standbyFleet {
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		lb := &logCut{Bucket: fb}
-		link := spoolLink{self: box, spools: spools, mu: &mu, dead: dead, beating: beating, unlisted: unlisted, silent: silent, puts: puts}
+		link := spoolLink{self: box, spools: spools, mu: &mu, dead: dead, beating: beating, unlisted: unlisted, silent: silent, left: left, puts: puts}
 		e, err := New(Config{
 			Bucket: lb, StateDir: dir, Holder: box, Incarnation: "1",
 			Kinds: map[string]Kind{"app": {
@@ -227,11 +232,19 @@ func (f *standbyFleet) killSilentFor(box string, silent time.Duration) {
 	f.link.mu.Unlock()
 }
 
+// leave stops box cleanly: its heartbeat deleted, its spool kept on its disk.
+func (f *standbyFleet) leave(box string) {
+	f.link.mu.Lock()
+	f.link.dead[box], f.link.left[box] = true, true
+	f.link.mu.Unlock()
+}
+
 // restart brings a killed box back: its spool as it was on disk.
 func (f *standbyFleet) restart(box string) {
 	f.link.mu.Lock()
 	delete(f.link.dead, box)
 	delete(f.link.silent, box)
+	delete(f.link.left, box)
 	f.link.mu.Unlock()
 }
 
@@ -849,26 +862,17 @@ func TestStandbyRetryBacksOff(t *testing.T) {
 	}
 }
 
-// TestTakeoverWaitsForARestartingStandby: the holder, cut off from the bucket, acknowledges
-// writes on its standby's word; then the standby is killed (a restart) and the holder dies.
-// A takeover on a third box finds the standby neither live nor answering: while its last
-// heartbeat is seconds old the takeover fails (the space stays dark) rather than lose what
-// only the standby's disk holds, and once the standby is back it takes every acknowledged
-// write. A standby silent past standbyGoneAfter is gone: the takeover goes on from the
-// bucket, and the writes only the two boxes held are lost.
-func TestTakeoverWaitsForARestartingStandby(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs real instances")
-	}
-	ctx := context.Background()
-	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
-	a, c := f.engines["box-a"], f.engines["box-c"]
-	hosts := []string{"restarting.example.com", "gone.example.com"}
+// ackedOnTheStandbyOnly wakes each of hosts on box-a, its stream on box-b, with one row in
+// the bucket log; then cuts box-a off from the bucket and has it acknowledge 10 more rows
+// of each on box-b's word alone.
+func ackedOnTheStandbyOnly(t *testing.T, f *standbyFleet, hosts []string) {
+	t.Helper()
+	a := f.engines["box-a"]
 	var spaces []*awakeSpace
 	for _, host := range hosts {
 		sp := wake(t, a, host)
 		sp.acknowledged(createM, insertM("before"))
-		if err := a.get(host).durableOf().gate.Wait(ctx); err != nil { // the bucket log has it
+		if err := a.get(host).durableOf().gate.Wait(context.Background()); err != nil { // the bucket log has it
 			t.Fatal(err)
 		}
 		if st := logStatusOf(t, a, host); st.Standby == nil || st.Standby.Box != "box-b" {
@@ -882,6 +886,24 @@ func TestTakeoverWaitsForARestartingStandby(t *testing.T) {
 			sp.acknowledged(insertM(fmt.Sprint("cut ", i)))
 		}
 	}
+}
+
+// TestTakeoverWaitsForARestartingStandby: the holder, cut off from the bucket, acknowledges
+// writes on its standby's word; then the standby is killed (a restart) and the holder dies.
+// A takeover on a third box finds the standby neither live nor answering: while its last
+// heartbeat is seconds old the takeover fails (the space stays dark) rather than lose what
+// only the standby's disk holds, and once the standby is back it takes every acknowledged
+// write. A standby silent past standbyGoneAfter is gone: the takeover goes on from the
+// bucket, and the writes only the two boxes held are lost.
+func TestTakeoverWaitsForARestartingStandby(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
+	c := f.engines["box-c"]
+	hosts := []string{"restarting.example.com", "gone.example.com"}
+	ackedOnTheStandbyOnly(t, f, hosts)
 	f.killSilentFor("box-b", 5*time.Second)
 	f.kill("box-a")
 
@@ -905,6 +927,140 @@ func TestTakeoverWaitsForARestartingStandby(t *testing.T) {
 	})
 	if n := rowsOn(t, c, restarting); n != 11 {
 		t.Fatalf("after the standby's restart the taker has %d of the 11 acknowledged rows", n)
+	}
+}
+
+// TestTakeoverWaitsForAStandbyThatLeft: as TestTakeoverWaitsForARestartingStandby, with
+// the standby stopped cleanly (a restart's SIGTERM: its heartbeat deleted, its spool kept)
+// while its holder, cut off from the bucket, acknowledged writes on its word, and the
+// holder dead next. The takeover waits a minute from when it first found the standby so,
+// and takes the stream once it is back; past the minute it goes on from the bucket. (The
+// 30-minute campaign on a5bce9b lost six writes so: the takeover counted a standby with
+// no heartbeat gone at once.)
+func TestTakeoverWaitsForAStandbyThatLeft(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
+	c := f.engines["box-c"]
+	hosts := []string{"back.example.com", "gone.example.com"}
+	ackedOnTheStandbyOnly(t, f, hosts)
+	// Leaving, box-b asks box-a to release it; box-a, cut off, cannot prove the stream in
+	// the bucket and leaves the record as it is.
+	a := f.engines["box-a"]
+	for _, host := range hosts {
+		d := a.get(host).durableOf()
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		err := a.ReleaseStandby(rctx, host, "box-b", d.sb.cur.Load().gen, d.claim)
+		cancel()
+		if err == nil {
+			t.Fatalf("%s: the holder, cut off from the bucket, released its standby", host)
+		}
+		if rec, _, err := spacestore.ReadStandbyRecord(ctx, f.buckets["box-c"], host); err != nil || rec == nil || rec.GivenUp {
+			t.Fatalf("%s: the record after a release that failed: %+v %v, want it unmarked", host, rec, err)
+		}
+	}
+	f.leave("box-b")
+	f.kill("box-a")
+
+	back, gone := hosts[0], hosts[1]
+	for i := range 2 {
+		if i > 0 {
+			time.Sleep(1100 * time.Millisecond) // past the wake's backoff: another look
+		}
+		_, err := c.Acquire(ctx, Space{Host: back, Kind: "app"})
+		if !errors.Is(err, ErrStandbySilent) {
+			t.Fatalf("takeover %d with the standby gone from the mesh: %v, want ErrStandbySilent", i+1, err)
+		}
+	}
+	// A minute since the taker first found box-b without a heartbeat.
+	c.absent.mu.Lock()
+	c.absent.first["box-b"] = c.absent.first["box-b"].Add(-standbyGoneAfter)
+	c.absent.mu.Unlock()
+	if n := rowsOn(t, c, gone); n != 1 {
+		t.Fatalf("a takeover with the standby gone for a minute: %d rows, want the bucket log's 1", n)
+	}
+	c.absent.mu.Lock()
+	c.absent.first["box-b"] = time.Now() // and another look at back's, a moment after it left
+	c.absent.mu.Unlock()
+	f.restart("box-b")
+	testwait.WaitFor(t, 10*time.Second, "the takeover, once the standby is back", func() bool {
+		u, err := c.Acquire(ctx, Space{Host: back, Kind: "app"})
+		if err == nil {
+			u.Release()
+		}
+		return err == nil
+	})
+	if n := rowsOn(t, c, back); n != 11 {
+		t.Fatalf("after the standby's return the taker has %d of the 11 acknowledged rows", n)
+	}
+}
+
+// TestTakeoverDoesNotWaitForAReleasedStandby: the standby leaves the fleet cleanly (a
+// drain, a restart) and first asks its holder to release it (ReleaseStandby): the holder
+// gives the stream up, proves it in the bucket and marks the record given up before it
+// answers, and answers later writes on bucket proofs. When the holder dies next, a
+// takeover that finds the standby gone from the mesh goes on at once with every
+// acknowledged write. A release of a stream the holder does not hold changes nothing.
+func TestTakeoverDoesNotWaitForAReleasedStandby(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real instances")
+	}
+	ctx := context.Background()
+	const host = "released.example.com"
+	f := newStandbyFleet(t, "box-a", "box-b", "box-c")
+	a, c := f.engines["box-a"], f.engines["box-c"]
+	sp := wake(t, a, host)
+	sp.acknowledged(createM, insertM("on the word of the standby"))
+	d := a.get(host).durableOf()
+	st := d.sb.cur.Load()
+	if st.box != "box-b" || !st.recorded.Load() {
+		t.Fatalf("the stream: box %q, recorded %v; want a recorded stream to box-b", st.box, st.recorded.Load())
+	}
+	for _, bad := range []struct {
+		host, box string
+		gen       int64
+		claim     spacestore.Claim
+	}{
+		{"nowhere.example.com", "box-b", st.gen, d.claim},
+		{host, "box-c", st.gen, d.claim},
+		{host, "box-b", st.gen + 1, d.claim},
+		{host, "box-b", st.gen, spacestore.Claim{Holder: "box-a", Incarnation: "0", Lease: "other"}},
+	} {
+		if err := a.ReleaseStandby(ctx, bad.host, bad.box, bad.gen, bad.claim); !errors.Is(err, standby.ErrNotCurrent) {
+			t.Fatalf("release of %+v: %v, want ErrNotCurrent", bad, err)
+		}
+	}
+	if st.broken.Load() {
+		t.Fatal("a release of another stream broke the holder's")
+	}
+	if err := a.ReleaseStandby(ctx, host, "box-b", st.gen, d.claim); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	rec, _, err := spacestore.ReadStandbyRecord(ctx, f.buckets["box-c"], host)
+	if err != nil || rec == nil || rec.Box != "box-b" || !rec.GivenUp {
+		t.Fatalf("the record once the release returned: %+v %v, want box-b given up", rec, err)
+	}
+	if err := a.ReleaseStandby(ctx, host, "box-b", st.gen, d.claim); err != nil {
+		t.Fatalf("a release again: %v", err)
+	}
+	puts := f.link.puts.Load()
+	for i := range 5 {
+		sp.acknowledged(insertM(fmt.Sprint("on bucket proofs ", i)))
+	}
+	if n := f.link.puts.Load() - puts; n != 0 {
+		t.Fatalf("%d segments sent to the released standby", n)
+	}
+	f.leave("box-b")
+	f.kill("box-a")
+	u, err := c.Acquire(ctx, Space{Host: host, Kind: "app"})
+	if err != nil {
+		t.Fatalf("a takeover with the standby released: %v", err)
+	}
+	u.Release()
+	if n := rowsOn(t, c, host); n != 6 {
+		t.Fatalf("the taker has %d of the 6 acknowledged rows", n)
 	}
 }
 

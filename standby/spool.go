@@ -476,19 +476,8 @@ type HostStatus struct {
 // Status is what the spool holds, for /lchat/status: per host its gen, claim holder, last
 // seq, bytes, sealed; sorted by host.
 func (s *Spool) Status() []HostStatus {
-	s.mu.Lock()
-	hosts := make([]*hostSpool, 0, len(s.hosts))
-	for _, h := range s.hosts {
-		hosts = append(hosts, h)
-	}
-	s.mu.Unlock()
-	out := make([]HostStatus, 0, len(hosts))
-	for _, h := range hosts {
-		h.mu.Lock()
-		if h.gone {
-			h.mu.Unlock()
-			continue
-		}
+	out := []HostStatus{} // JSON [] for none
+	s.each(func(h *hostSpool) {
 		st := HostStatus{Host: h.name, Seals: len(h.seals)}
 		if c := h.cur; c != nil {
 			st.Gen, st.Holder, st.LastSeq, st.Bytes = c.gen, c.claim.Holder, int64(len(c.ents)), c.bytes
@@ -498,11 +487,46 @@ func (s *Spool) Status() []HostStatus {
 				st.Broken = c.broken.Error()
 			}
 		}
-		h.mu.Unlock()
 		out = append(out, st)
-	}
+	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
 	return out
+}
+
+// StreamRef names one host's stream.
+type StreamRef struct {
+	Host  string
+	Gen   int64
+	Claim spacestore.Claim
+}
+
+// Unsealed returns each host's current stream that no takeover sealed: the streams whose
+// holders a standby that leaves the fleet asks to release it (release.go).
+func (s *Spool) Unsealed() []StreamRef {
+	var out []StreamRef
+	s.each(func(h *hostSpool) {
+		if c := h.cur; c != nil && !h.sealed(mark{Gen: c.gen, Claim: c.claim}) {
+			out = append(out, StreamRef{Host: h.name, Gen: c.gen, Claim: c.claim})
+		}
+	})
+	return out
+}
+
+// each calls f with each host's part of the spool, locked, skipping the dropped ones.
+func (s *Spool) each(f func(h *hostSpool)) {
+	s.mu.Lock()
+	hosts := make([]*hostSpool, 0, len(s.hosts))
+	for _, h := range s.hosts {
+		hosts = append(hosts, h)
+	}
+	s.mu.Unlock()
+	for _, h := range hosts {
+		h.mu.Lock()
+		if !h.gone {
+			f(h)
+		}
+		h.mu.Unlock()
+	}
 }
 
 func (s *Spool) maxHostBytes() int64 {

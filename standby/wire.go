@@ -65,6 +65,7 @@ var kinds = []struct {
 	{ErrSealed, "sealed", http.StatusGone},
 	{ErrFull, "full", http.StatusInsufficientStorage},
 	{ErrClosed, "closed", http.StatusServiceUnavailable},
+	{ErrNotCurrent, "not_current", http.StatusConflict},
 }
 
 // ServePeer serves the standby endpoints (the glue has checked the mesh token). It writes
@@ -436,7 +437,12 @@ func (c *Client) Status(ctx context.Context, baseURL string) ([]HostStatus, erro
 }
 
 func (c *Client) do(ctx context.Context, baseURL, host, op, ctype string, n int64, body func() io.Reader) (*http.Response, error) {
-	u := strings.TrimRight(baseURL, "/") + PathPrefix + host + "/" + op
+	return c.post(ctx, baseURL, PathPrefix+host+"/"+op, host, op, ctype, n, body)
+}
+
+// post POSTs body to path on baseURL; host and op name the request in errors.
+func (c *Client) post(ctx context.Context, baseURL, path, host, op, ctype string, n int64, body func() io.Reader) (*http.Response, error) {
+	u := strings.TrimRight(baseURL, "/") + path
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, body())
 	if err != nil {
 		return nil, fmt.Errorf("standby %s: %s %s: %w", redact(baseURL), op, host, err)

@@ -23,7 +23,8 @@ func init() {
 // (replicate a row, tombstone it), GET /api/mesh/routes (this box's in-scope rows) and
 // GET /api/mesh/status, the held connections' calls under /api/mesh/conns/
 // (held.Conns.ServePeer), the standby's spool under /api/mesh/standby/
-// (standby.Spool.ServePeer), and GET /api/mesh/watch, held open by the boxes that stand by
+// (standby.Spool.ServePeer), POST /api/mesh/release/{host} from a standby leaving the
+// fleet (standby.ServeRelease, engine.Engine.ReleaseStandby), and GET /api/mesh/watch, held open by the boxes that stand by
 // for this one's spaces (box.Box.ServeWatch). Other paths go to the next handler. A row or tombstone is
 // answered once the box has carried it out (box.Box.ApplyRow, ApplyTombstone): an error
 // status says it failed, and the sending box logs it and retries.
@@ -61,7 +62,7 @@ func (h *MeshAPI) Provision(ctx caddy.Context) error {
 func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	p := r.URL.Path
 	if p != mesh.PathRoutes && p != mesh.PathStatus && !strings.HasPrefix(p, mesh.PathRoute) && !strings.HasPrefix(p, mesh.PathConns) &&
-		!strings.HasPrefix(p, standby.PathPrefix) && p != mesh.PathWatch {
+		!strings.HasPrefix(p, standby.PathPrefix) && !strings.HasPrefix(p, standby.PathRelease) && p != mesh.PathWatch {
 		return next.ServeHTTP(w, r)
 	}
 	b := h.app.box
@@ -84,6 +85,10 @@ func (h *MeshAPI) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// first segment: the box's spool.Started).
 		defer b.KickStandbyWatch()
 		return b.Standby().ServePeer(w, r)
+	case strings.HasPrefix(p, standby.PathRelease):
+		// A box that stands by for one of this box's spaces is leaving the fleet.
+		standby.ServeRelease(w, r, b.Engine().ReleaseStandby)
+		return nil
 	case strings.HasPrefix(p, mesh.PathConns):
 		cs := h.app.conns
 		if cs == nil {
