@@ -917,17 +917,7 @@ func TestTakeoverWaitsForARestartingStandby(t *testing.T) {
 	if n := rowsOn(t, c, gone); n != 1 {
 		t.Fatalf("a takeover with the standby gone: %d rows, want the bucket log's 1", n)
 	}
-	f.restart("box-b")
-	testwait.WaitFor(t, 10*time.Second, "the takeover, once the standby is back and the space's wake backoff (1 s) passed", func() bool {
-		u, err := c.Acquire(ctx, Space{Host: restarting, Kind: "app"})
-		if err == nil {
-			u.Release()
-		}
-		return err == nil
-	})
-	if n := rowsOn(t, c, restarting); n != 11 {
-		t.Fatalf("after the standby's restart the taker has %d of the 11 acknowledged rows", n)
-	}
+	standbyBackWithEveryRow(t, f, c, restarting)
 }
 
 // TestTakeoverWaitsForAStandbyThatLeft: as TestTakeoverWaitsForARestartingStandby, with
@@ -984,15 +974,23 @@ func TestTakeoverWaitsForAStandbyThatLeft(t *testing.T) {
 	c.absent.mu.Lock()
 	c.absent.first["box-b"] = time.Now() // and another look at back's, a moment after it left
 	c.absent.mu.Unlock()
+	standbyBackWithEveryRow(t, f, c, back)
+}
+
+// standbyBackWithEveryRow restarts box-b and waits for c's takeover of host (past the
+// space's wake backoff, 1 s), which must have the 11 rows ackedOnTheStandbyOnly
+// acknowledged.
+func standbyBackWithEveryRow(t *testing.T, f *standbyFleet, c *Engine, host string) {
+	t.Helper()
 	f.restart("box-b")
 	testwait.WaitFor(t, 10*time.Second, "the takeover, once the standby is back", func() bool {
-		u, err := c.Acquire(ctx, Space{Host: back, Kind: "app"})
+		u, err := c.Acquire(context.Background(), Space{Host: host, Kind: "app"})
 		if err == nil {
 			u.Release()
 		}
 		return err == nil
 	})
-	if n := rowsOn(t, c, back); n != 11 {
+	if n := rowsOn(t, c, host); n != 11 {
 		t.Fatalf("after the standby's return the taker has %d of the 11 acknowledged rows", n)
 	}
 }

@@ -1,7 +1,6 @@
 package standby
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -83,18 +82,5 @@ func (c *Client) Release(ctx context.Context, baseURL, host, standby string, gen
 	if err := ValidateHost(host); err != nil {
 		return err
 	}
-	body, err := json.Marshal(ReleaseRequest{Gen: gen, Claim: &claim, Standby: standby})
-	if err != nil {
-		return err
-	}
-	resp, err := c.post(ctx, baseURL, PathRelease+host, host, "release", "application/json", int64(len(body)),
-		func() io.Reader { return bytes.NewReader(body) })
-	if err != nil {
-		return err
-	}
-	defer drainClose(resp.Body)
-	if resp.StatusCode != http.StatusNoContent {
-		return answerError(baseURL, host, "releasing", resp)
-	}
-	return nil
+	return c.postJSON(ctx, baseURL, PathRelease+host, host, "release", "releasing", ReleaseRequest{Gen: gen, Claim: &claim, Standby: standby})
 }

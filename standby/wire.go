@@ -399,17 +399,23 @@ func (c *Client) Retire(ctx context.Context, baseURL, host string, gen int64, cl
 	if err := ValidateHost(host); err != nil {
 		return err
 	}
-	body, err := json.Marshal(sealRequest{Gen: gen, Claim: &claim, Handover: handover})
+	return c.postJSON(ctx, baseURL, PathPrefix+host+"/retire", host, "retire", "retiring", sealRequest{Gen: gen, Claim: &claim, Handover: handover})
+}
+
+// postJSON POSTs v as JSON to path on baseURL and wants 204; what names the request in
+// the error of another answer.
+func (c *Client) postJSON(ctx context.Context, baseURL, path, host, op, what string, v any) error {
+	body, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	resp, err := c.do(ctx, baseURL, host, "retire", "application/json", int64(len(body)), func() io.Reader { return bytes.NewReader(body) })
+	resp, err := c.post(ctx, baseURL, path, host, op, "application/json", int64(len(body)), func() io.Reader { return bytes.NewReader(body) })
 	if err != nil {
 		return err
 	}
 	defer drainClose(resp.Body)
 	if resp.StatusCode != http.StatusNoContent {
-		return answerError(baseURL, host, "retiring", resp)
+		return answerError(baseURL, host, what, resp)
 	}
 	return nil
 }

@@ -161,7 +161,7 @@ func heldWebSocket(t *testing.T, useTLS bool) {
 	var metrics string
 	harness.WaitFor(t, 10*time.Second, "the metrics to show one parked connection", func() bool {
 		_, body, err := b.Admin("GET", "/metrics", nil)
-		metrics = grepLines(string(body), "lchat_conn")
+		metrics = harness.GrepLines(string(body), "lchat_conn")
 		return err == nil && strings.Contains(metrics, `lchat_conns{state="parked"} 1`) &&
 			strings.Contains(metrics, `lchat_conn_events_total{counter="pings"} 1`)
 	})
@@ -185,16 +185,6 @@ func heldWebSocket(t *testing.T, useTLS bool) {
 		t.Fatalf("answer %q (instance pid %d, first %d), want %q from a new instance", got, pid2, pid1, want)
 	}
 	c.Close(websocket.StatusNormalClosure, "")
-}
-
-func grepLines(s, sub string) string {
-	var out []string
-	for l := range strings.SplitSeq(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }
 
 func TestResumableEventStreamOutlivesItsInstance(t *testing.T) {

@@ -189,7 +189,7 @@ func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 	} {
 		line := fmt.Sprintf("lchat_derp_switch_%s_total %d\n", name, v)
 		if !strings.Contains(string(metrics), line) {
-			t.Errorf("metrics lack %q (status has %d):\n%s", strings.TrimSpace(line), v, grepLines(string(metrics), "lchat_derp_switch"))
+			t.Errorf("metrics lack %q (status has %d):\n%s", strings.TrimSpace(line), v, harness.GrepLines(string(metrics), "lchat_derp_switch"))
 		}
 	}
 	if !strings.Contains(string(metrics), "lchat_derp_switch_pin_mbb_commits_total 1\n") {
@@ -295,16 +295,6 @@ func TestCaddyPinPersistenceReloadAndClear(t *testing.T) {
 	if st := c.status(); st.Override != 0 {
 		t.Fatalf("cleared pin came back after restart: %+v", st)
 	}
-}
-
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }
 
 // TestNodeKeyStaysOnTheBox: with a storage every box shares (caddy.storage.lchat on the

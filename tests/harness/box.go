@@ -455,6 +455,17 @@ func (b *Box) URL(host, path string) string {
 	return "http://" + host + ":" + port + path
 }
 
+// GrepLines is the lines of s that contain sub, for a failure's message.
+func GrepLines(s, sub string) string {
+	var out []string
+	for l := range strings.SplitSeq(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {

@@ -59,10 +59,10 @@ func TestStandbyLeavingIsReleasedByItsHolder(t *testing.T) {
 	}
 	holder.Kill()
 	if logs := standby.Logs(); !strings.Contains(logs, `"released":1`) {
-		t.Errorf("the standby's log says nothing of its release:\n%s", grepLines(logs, "leaving"))
+		t.Errorf("the standby's log says nothing of its release:\n%s", harness.GrepLines(logs, "leaving"))
 	}
 	if logs := holder.Logs(); !strings.Contains(logs, "standby record marked given up") {
-		t.Errorf("the holder's log does not show the record marked:\n%s", grepLines(logs, "standby"))
+		t.Errorf("the holder's log does not show the record marked:\n%s", harness.GrepLines(logs, "standby"))
 	}
 	_, took := served(t, c, entry, host, acked, 20*time.Second)
 	t.Logf("served by the last box %v after the holder's kill", took.Round(time.Millisecond))
@@ -89,7 +89,7 @@ func TestStandbyRestartingWhileItsHolderIsCutOff(t *testing.T) {
 	}
 	holder.Kill()
 	if logs := standby.Logs(); !strings.Contains(logs, `"failed":1`) {
-		t.Errorf("the standby's log does not show its release refused:\n%s", grepLines(logs, "leaving"))
+		t.Errorf("the standby's log does not show its release refused:\n%s", harness.GrepLines(logs, "leaving"))
 	}
 	// While the standby is down, the room is dark rather than served without its writes.
 	deadline := time.Now().Add(deadAfter + 5*time.Second)
@@ -103,20 +103,9 @@ func TestStandbyRestartingWhileItsHolderIsCutOff(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if !strings.Contains(entry.Logs(), "waiting for the space's standby") {
-		t.Errorf("the taker's log does not say it waits for the standby:\n%s", grepLines(entry.Logs(), "standby"))
+		t.Errorf("the taker's log does not say it waits for the standby:\n%s", harness.GrepLines(entry.Logs(), "standby"))
 	}
 	standby.Start()
 	_, took := served(t, c, entry, host, acked, 30*time.Second)
 	t.Logf("served %v after the standby's restart", took.Round(time.Millisecond))
-}
-
-// grepLines is the lines of logs that contain s, for a failure's message.
-func grepLines(logs, s string) string {
-	var out []string
-	for _, l := range strings.Split(logs, "\n") {
-		if strings.Contains(l, s) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }
