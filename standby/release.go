@@ -82,5 +82,5 @@ func (c *Client) Release(ctx context.Context, baseURL, host, standby string, gen
 	if err := ValidateHost(host); err != nil {
 		return err
 	}
-	return c.postJSON(ctx, baseURL, PathRelease+host, host, "release", "releasing", ReleaseRequest{Gen: gen, Claim: &claim, Standby: standby})
+	return c.postJSON(ctx, "holder", baseURL, PathRelease+host, host, "release", "releasing", ReleaseRequest{Gen: gen, Claim: &claim, Standby: standby})
 }

@@ -50,8 +50,8 @@ func TestRelease(t *testing.T) {
 	}
 	answer = context.DeadlineExceeded
 	err := c.Release(ctx, srv.URL, host, "https://standby.example", 4, claimA)
-	if err == nil || errors.Is(err, ErrNotCurrent) || !strings.Contains(err.Error(), "503") {
-		t.Fatalf("release the holder could not mark: %v, want a 503 that is not ErrNotCurrent", err)
+	if err == nil || errors.Is(err, ErrNotCurrent) || !strings.Contains(err.Error(), "503") || !strings.HasPrefix(err.Error(), "holder ") {
+		t.Fatalf("release the holder could not mark: %v, want a 503 from the holder that is not ErrNotCurrent", err)
 	}
 
 	calls = nil

@@ -399,23 +399,23 @@ func (c *Client) Retire(ctx context.Context, baseURL, host string, gen int64, cl
 	if err := ValidateHost(host); err != nil {
 		return err
 	}
-	return c.postJSON(ctx, baseURL, PathPrefix+host+"/retire", host, "retire", "retiring", sealRequest{Gen: gen, Claim: &claim, Handover: handover})
+	return c.postJSON(ctx, "standby", baseURL, PathPrefix+host+"/retire", host, "retire", "retiring", sealRequest{Gen: gen, Claim: &claim, Handover: handover})
 }
 
-// postJSON POSTs v as JSON to path on baseURL and wants 204; what names the request in
-// the error of another answer.
-func (c *Client) postJSON(ctx context.Context, baseURL, path, host, op, what string, v any) error {
+// postJSON POSTs v as JSON to path on baseURL (post) and wants 204; what names the request
+// in the error of another answer.
+func (c *Client) postJSON(ctx context.Context, who, baseURL, path, host, op, what string, v any) error {
 	body, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	resp, err := c.post(ctx, baseURL, path, host, op, "application/json", int64(len(body)), func() io.Reader { return bytes.NewReader(body) })
+	resp, err := c.post(ctx, who, baseURL, path, host, op, "application/json", int64(len(body)), func() io.Reader { return bytes.NewReader(body) })
 	if err != nil {
 		return err
 	}
 	defer drainClose(resp.Body)
 	if resp.StatusCode != http.StatusNoContent {
-		return answerError(baseURL, host, what, resp)
+		return peerError(who, baseURL, host, what, resp)
 	}
 	return nil
 }
@@ -443,15 +443,16 @@ func (c *Client) Status(ctx context.Context, baseURL string) ([]HostStatus, erro
 }
 
 func (c *Client) do(ctx context.Context, baseURL, host, op, ctype string, n int64, body func() io.Reader) (*http.Response, error) {
-	return c.post(ctx, baseURL, PathPrefix+host+"/"+op, host, op, ctype, n, body)
+	return c.post(ctx, "standby", baseURL, PathPrefix+host+"/"+op, host, op, ctype, n, body)
 }
 
-// post POSTs body to path on baseURL; host and op name the request in errors.
-func (c *Client) post(ctx context.Context, baseURL, path, host, op, ctype string, n int64, body func() io.Reader) (*http.Response, error) {
+// post POSTs body to path on baseURL, a peer's SELF URL; who (its role: "standby",
+// "holder"), host and op name the request in errors.
+func (c *Client) post(ctx context.Context, who, baseURL, path, host, op, ctype string, n int64, body func() io.Reader) (*http.Response, error) {
 	u := strings.TrimRight(baseURL, "/") + path
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, body())
 	if err != nil {
-		return nil, fmt.Errorf("standby %s: %s %s: %w", redact(baseURL), op, host, err)
+		return nil, fmt.Errorf("%s %s: %s %s: %w", who, redact(baseURL), op, host, err)
 	}
 	req.ContentLength = n
 	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body()), nil }
@@ -460,7 +461,7 @@ func (c *Client) post(ctx context.Context, baseURL, path, host, op, ctype string
 	resp, err := c.client().Do(req)
 	if err != nil {
 		// url.Error names the URL (its password redacted), never a header.
-		return nil, fmt.Errorf("standby %s: %s %s: %w", redact(baseURL), op, host, err)
+		return nil, fmt.Errorf("%s %s: %s %s: %w", who, redact(baseURL), op, host, err)
 	}
 	return resp, nil
 }
@@ -480,9 +481,14 @@ func (c *Client) client() *http.Client {
 
 // answerError turns an error answer into an error wrapping the sentinel its kind names.
 func answerError(baseURL, host, what string, resp *http.Response) error {
+	return peerError("standby", baseURL, host, what, resp)
+}
+
+// peerError is answerError for a peer in the role who.
+func peerError(who, baseURL, host, what string, resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	msg := sanitize(string(b))
-	where := "standby " + redact(baseURL)
+	where := who + " " + redact(baseURL)
 	if host != "" {
 		where += " " + host
 	}
