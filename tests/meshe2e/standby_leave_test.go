@@ -88,7 +88,9 @@ func TestStandbyRestartingWhileItsHolderIsCutOff(t *testing.T) {
 		t.Fatalf("stopping the standby: %v", err)
 	}
 	holder.Kill()
-	if logs := standby.Logs(); !strings.Contains(logs, `"failed":1`) {
+	// The holder refuses (503: no bucket proof), or no longer holds the stream once it
+	// fenced itself for its heartbeat's sake: either way it marked nothing.
+	if logs := standby.Logs(); !strings.Contains(logs, `"released":0`) {
 		t.Errorf("the standby's log does not show its release refused:\n%s", harness.GrepLines(logs, "leaving"))
 	}
 	// While the standby is down, the room is dark rather than served without its writes.
