@@ -329,14 +329,7 @@ func TestPacing(t *testing.T) {
 		g := New(log.config(4))
 		defer g.Close(nil)
 		var ws waiters
-		step := func(what string, wantCuts, wantOK int) {
-			t.Helper()
-			synctest.Wait()
-			ok, _, _ := ws.counts()
-			if cuts, _, _ := log.counts(); cuts != wantCuts || ok != wantOK {
-				t.Fatalf("%s: cuts %d, released %d; want %d, %d", what, cuts, ok, wantCuts, wantOK)
-			}
-		}
+		step := checkStep(t, log, &ws)
 		ws.start(g, context.Background())
 		step("the first waiter", 1, 0)
 		time.Sleep(20 * time.Millisecond) // shipments take 20ms to land
@@ -357,6 +350,19 @@ func TestPacing(t *testing.T) {
 	})
 }
 
+// checkStep returns a check of a synctest scenario: once every goroutine is blocked, the
+// log has seen wantCuts Cuts and ws has had wantOK waiters released.
+func checkStep(t *testing.T, log *fakeLog, ws *waiters) func(what string, wantCuts, wantOK int) {
+	return func(what string, wantCuts, wantOK int) {
+		t.Helper()
+		synctest.Wait()
+		ok, _, _ := ws.counts()
+		if cuts, _, _ := log.counts(); cuts != wantCuts || ok != wantOK {
+			t.Fatalf("%s: cuts %d, released %d; want %d, %d", what, cuts, ok, wantCuts, wantOK)
+		}
+	}
+}
+
 // TestPipelineOver: with PipelineOver, a store whose landings are fast gets one shipment
 // at a time (the waiters that arrive meanwhile share the next, however long they wait);
 // once the landings take longer than PipelineOver, shipments land up to Depth at once.
@@ -368,14 +374,7 @@ func TestPipelineOver(t *testing.T) {
 		g := New(cfg)
 		defer g.Close(nil)
 		var ws waiters
-		step := func(what string, wantCuts, wantOK int) {
-			t.Helper()
-			synctest.Wait()
-			ok, _, _ := ws.counts()
-			if cuts, _, _ := log.counts(); cuts != wantCuts || ok != wantOK {
-				t.Fatalf("%s: cuts %d, released %d; want %d, %d", what, cuts, ok, wantCuts, wantOK)
-			}
-		}
+		step := checkStep(t, log, &ws)
 		ws.start(g, context.Background())
 		step("the first waiter", 1, 0)
 		time.Sleep(2 * time.Millisecond)
