@@ -24,10 +24,11 @@ func init() {
 // GET /api/mesh/status, the held connections' calls under /api/mesh/conns/
 // (held.Conns.ServePeer), the standby's spool under /api/mesh/standby/
 // (standby.Spool.ServePeer), POST /api/mesh/release/{host} from a standby leaving the
-// fleet (standby.ServeRelease, engine.Engine.ReleaseStandby), and GET /api/mesh/watch, held open by the boxes that stand by
-// for this one's spaces (box.Box.ServeWatch). Other paths go to the next handler. A row or tombstone is
-// answered once the box has carried it out (box.Box.ApplyRow, ApplyTombstone): an error
-// status says it failed, and the sending box logs it and retries.
+// fleet (standby.ServeRelease, engine.Engine.ReleaseStandby), and GET /api/mesh/watch,
+// held open by the boxes that stand by for this one's spaces (box.Box.ServeWatch). Other
+// paths go to the next handler. A row or tombstone is answered once the box has carried
+// it out (box.Box.ApplyRow, ApplyTombstone): an error status says it failed, and the
+// sending box logs it and retries.
 type MeshAPI struct {
 	// MaxRowBytes bounds a replicated row's body. Default 256 KiB.
 	MaxRowBytes int64 `json:"max_row_bytes,omitempty"`
