@@ -64,13 +64,6 @@ type Config struct {
 	// arrives while shipments are in flight has its own cut at once, up to Depth, rather
 	// than wait for them to land. 1 ships one at a time.
 	Depth int
-	// PipelineOver, when positive, keeps one shipment landing at a time while recent
-	// landings (a moving average, from cut to landed) took less than it, and up to Depth
-	// once they take longer. On a fast store the writes that arrive while one lands then
-	// share the next shipment, each carrying more of them: fewer requests, and less CPU on
-	// the box and the store, for a wait about as long; on a slow one the pipeline keeps a
-	// write's wait near one landing rather than two.
-	PipelineOver time.Duration
 	// Every, when positive, cuts a shipment at least this often with no waiter (what the
 	// instance commits without answering anyone is then durable within Every). The gate's
 	// goroutine then runs from New to Close.
@@ -88,7 +81,6 @@ type Config struct {
 type Gate struct {
 	cut    func(context.Context) (Land, error)
 	depth  int
-	over   time.Duration // Config.PipelineOver
 	every  time.Duration
 	now    func() time.Time
 	logger *zap.Logger
@@ -136,7 +128,7 @@ func New(cfg Config) *Gate {
 	if cfg.Cut == nil {
 		panic("gate: Config.Cut is nil")
 	}
-	g := &Gate{cut: cfg.Cut, depth: cfg.Depth, over: cfg.PipelineOver, every: cfg.Every, now: cfg.Now, logger: cfg.Logger, kick: make(chan struct{}, 1)}
+	g := &Gate{cut: cfg.Cut, depth: cfg.Depth, every: cfg.Every, now: cfg.Now, logger: cfg.Logger, kick: make(chan struct{}, 1)}
 	if g.depth <= 0 {
 		g.depth = DefaultDepth
 	}
@@ -318,7 +310,7 @@ func (g *Gate) run() {
 			return
 		}
 		pace := g.paceLocked()
-		if !need || g.landing >= g.depthLocked() || pace > 0 {
+		if !need || g.landing >= g.depth || pace > 0 {
 			g.mu.Unlock()
 			var paced <-chan time.Time
 			var pacer *time.Timer
@@ -343,7 +335,7 @@ func (g *Gate) run() {
 				stopPacer()
 				timer.Reset(g.every)
 				g.mu.Lock()
-				if g.closed != nil || g.landing >= g.depthLocked() {
+				if g.closed != nil || g.landing >= g.depth {
 					g.mu.Unlock()
 					continue
 				}
@@ -403,16 +395,7 @@ func (g *Gate) paceLocked() time.Duration {
 	if g.landing == 0 || g.landTime == 0 {
 		return 0
 	}
-	return max(0, g.landTime/time.Duration(g.depthLocked())-time.Since(g.lastCut))
-}
-
-// depthLocked is how many shipments may be landing at once now: 1 while the recent
-// landings were faster than PipelineOver, else Depth.
-func (g *Gate) depthLocked() int {
-	if g.over > 0 && g.landTime > 0 && g.landTime < g.over {
-		return 1
-	}
-	return g.depth
+	return max(0, g.landTime/time.Duration(g.depth)-time.Since(g.lastCut))
 }
 
 // landLoop lands shipment n, cut at at, retrying by shipBackoff until it lands or the
