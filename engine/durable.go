@@ -46,6 +46,14 @@ const DurableAnswerTimeout = 10 * time.Second
 // instance commits on its own (a timer's write) is durable within it.
 const logEvery = time.Second
 
+// pipelineOver is the landing time past which a space's log lands several segments at once
+// (gate.Config.PipelineOver): a bucket slower than it (S3 Standard's PUTs take tens of
+// milliseconds) keeps a write's wait near one PUT with the pipeline; a faster one lands one
+// segment at a time, each carrying the writes that arrived meanwhile: side by side under 64
+// writers on a local bucket, about a third fewer bucket requests and CPU per write, and more
+// throughput (docs/durability-figures.md).
+const pipelineOver = 10 * time.Millisecond
+
 // durable is an awake space's log and output gate: made by the wake once the log is
 // sealed, closed by the stop.
 type durable struct {
@@ -157,10 +165,11 @@ func (e *Engine) newDurable(in *inst, ls *logStart) *durable {
 	d.gen.Store(ls.gen)
 	d.next.Store(ls.next)
 	d.gate = gate.New(gate.Config{
-		Cut:    func(ctx context.Context) (gate.Land, error) { return e.cutSegment(ctx, in, d) },
-		Every:  logEvery,
-		Now:    e.now,
-		Logger: in.logger(),
+		Cut:          func(ctx context.Context) (gate.Land, error) { return e.cutSegment(ctx, in, d) },
+		PipelineOver: pipelineOver,
+		Every:        logEvery,
+		Now:          e.now,
+		Logger:       in.logger(),
 	})
 	in.mu.Lock()
 	standbyKind := in.kind.Durability == DurabilityStandby

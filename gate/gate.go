@@ -64,6 +64,14 @@ type Config struct {
 	// arrives while shipments are in flight has its own cut at once, up to Depth, rather
 	// than wait for them to land. 1 ships one at a time.
 	Depth int
+	// PipelineOver, when positive, keeps one shipment landing at a time while recent
+	// landings (a moving average, from cut to landed) took less than it and the one in
+	// flight has not yet taken longer; up to Depth otherwise. On a fast store the writes that arrive while one lands then
+	// share the next shipment, each carrying more of them: fewer requests, and less CPU on
+	// the box and the store, for a wait about as long; on a slow one the pipeline keeps a
+	// write's wait near one landing rather than two, and a landing stuck on a fast one (a
+	// lost answer, a retry) does not hold the shipments after it.
+	PipelineOver time.Duration
 	// Every, when positive, cuts a shipment at least this often with no waiter (what the
 	// instance commits without answering anyone is then durable within Every). The gate's
 	// goroutine then runs from New to Close.
@@ -81,6 +89,7 @@ type Config struct {
 type Gate struct {
 	cut    func(context.Context) (Land, error)
 	depth  int
+	over   time.Duration // Config.PipelineOver
 	every  time.Duration
 	now    func() time.Time
 	logger *zap.Logger
@@ -96,7 +105,7 @@ type Gate struct {
 	running    bool          // the cut loop runs: started by a waiter (or New, with every)
 	started    uint64        // shipments cut; a waiter arriving now needs shipment started+1
 	durable    uint64        // every shipment up to this one has landed
-	landed     []bool        // landed[i]: shipment durable+1+i has landed (out of order)
+	flight     []flight      // flight[i]: shipment durable+1+i, cut and perhaps landed
 	landing    int           // shipments cut and not landed
 	rounds     []*round      // unreleased rounds, by target
 	head, tail *waiter       // the waiters not yet released, in arrival order
@@ -105,6 +114,13 @@ type Gate struct {
 	lastCut    time.Time     // when the last cut started (the runtime's clock)
 	landTime   time.Duration // how long recent shipments took from cut to landed (a moving average)
 	stats      counters
+}
+
+// flight is a shipment past the durable point: when it was cut, and whether it has landed
+// (shipments land out of order).
+type flight struct {
+	at     time.Time // its cut started (the runtime's clock)
+	landed bool
 }
 
 // round is the waiters that arrived between two cuts: they share a release.
@@ -128,7 +144,7 @@ func New(cfg Config) *Gate {
 	if cfg.Cut == nil {
 		panic("gate: Config.Cut is nil")
 	}
-	g := &Gate{cut: cfg.Cut, depth: cfg.Depth, every: cfg.Every, now: cfg.Now, logger: cfg.Logger, kick: make(chan struct{}, 1)}
+	g := &Gate{cut: cfg.Cut, depth: cfg.Depth, over: cfg.PipelineOver, every: cfg.Every, now: cfg.Now, logger: cfg.Logger, kick: make(chan struct{}, 1)}
 	if g.depth <= 0 {
 		g.depth = DefaultDepth
 	}
@@ -309,13 +325,19 @@ func (g *Gate) run() {
 			g.mu.Unlock()
 			return
 		}
-		pace := g.paceLocked()
-		if !need || g.landing >= g.depth || pace > 0 {
+		pace, depth := g.paceLocked(), g.depthLocked()
+		if !need || g.landing >= depth || pace > 0 {
+			// Wake for the pace, or, with cuts held to one landing at a time, when
+			// that one has taken long enough to count as slow.
+			wake := pace
+			if g.landing >= depth && depth < g.depth {
+				wake = g.stuckInLocked()
+			}
 			g.mu.Unlock()
 			var paced <-chan time.Time
 			var pacer *time.Timer
-			if need && pace > 0 {
-				pacer = time.NewTimer(pace)
+			if need && wake > 0 {
+				pacer = time.NewTimer(wake)
 				paced = pacer.C
 			}
 			stopPacer := func() {
@@ -335,7 +357,7 @@ func (g *Gate) run() {
 				stopPacer()
 				timer.Reset(g.every)
 				g.mu.Lock()
-				if g.closed != nil || g.landing >= g.depth {
+				if g.closed != nil || g.landing >= g.depthLocked() {
 					g.mu.Unlock()
 					continue
 				}
@@ -346,6 +368,7 @@ func (g *Gate) run() {
 		g.landing++
 		at := time.Now()
 		g.lastCut = at
+		g.flightLocked(n).at = at
 		g.mu.Unlock()
 		if timer != nil {
 			timer.Reset(g.every)
@@ -395,7 +418,29 @@ func (g *Gate) paceLocked() time.Duration {
 	if g.landing == 0 || g.landTime == 0 {
 		return 0
 	}
-	return max(0, g.landTime/time.Duration(g.depth)-time.Since(g.lastCut))
+	return max(0, g.landTime/time.Duration(g.depthLocked())-time.Since(g.lastCut))
+}
+
+// depthLocked is how many shipments may be landing at once now: 1 while the recent
+// landings were faster than PipelineOver and the oldest in flight has not taken longer
+// (stuckInLocked), else Depth.
+func (g *Gate) depthLocked() int {
+	if g.over > 0 && g.landTime > 0 && g.landTime < g.over && g.stuckInLocked() > 0 {
+		return 1
+	}
+	return g.depth
+}
+
+// stuckInLocked is how long until the oldest shipment in flight has been landing for
+// PipelineOver: then it counts as slow, and the shipments after it land beside it. 0: it
+// already has, or none is in flight, or no PipelineOver.
+func (g *Gate) stuckInLocked() time.Duration {
+	if g.over <= 0 || g.landing == 0 || len(g.flight) == 0 {
+		return 0
+	}
+	// The oldest in flight is durable+1: every one before it has landed, and it has been
+	// cut, as landing > 0 says.
+	return max(0, g.over-time.Since(g.flight[0].at))
 }
 
 // landLoop lands shipment n, cut at at, retrying by shipBackoff until it lands or the
@@ -462,25 +507,30 @@ func (g *Gate) landOnce(land Land) (err error) {
 	return err
 }
 
+// flightLocked is shipment n's entry, n past the durable point.
+func (g *Gate) flightLocked(n uint64) *flight {
+	i := int(n - g.durable - 1)
+	for len(g.flight) <= i {
+		g.flight = append(g.flight, flight{})
+	}
+	return &g.flight[i]
+}
+
 // landedLocked records that shipment n has landed and releases every waiter that the
 // shipments landed without a gap before them now cover.
 func (g *Gate) landedLocked(n uint64) {
 	g.landing--
 	g.stats.ships++
-	i := int(n - g.durable - 1)
-	for len(g.landed) <= i {
-		g.landed = append(g.landed, false)
-	}
-	g.landed[i] = true
+	g.flightLocked(n).landed = true
 	k := 0
-	for k < len(g.landed) && g.landed[k] {
+	for k < len(g.flight) && g.flight[k].landed {
 		k++
 	}
 	if k == 0 {
 		return
 	}
 	g.durable += uint64(k)
-	g.landed = append(g.landed[:0], g.landed[k:]...)
+	g.flight = append(g.flight[:0], g.flight[k:]...)
 	g.releaseLocked(g.durable)
 }
 

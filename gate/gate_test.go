@@ -329,14 +329,7 @@ func TestPacing(t *testing.T) {
 		g := New(log.config(4))
 		defer g.Close(nil)
 		var ws waiters
-		step := func(what string, wantCuts, wantOK int) {
-			t.Helper()
-			synctest.Wait()
-			ok, _, _ := ws.counts()
-			if cuts, _, _ := log.counts(); cuts != wantCuts || ok != wantOK {
-				t.Fatalf("%s: cuts %d, released %d; want %d, %d", what, cuts, ok, wantCuts, wantOK)
-			}
-		}
+		step := checkStep(t, log, &ws)
 		ws.start(g, context.Background())
 		step("the first waiter", 1, 0)
 		time.Sleep(20 * time.Millisecond) // shipments take 20ms to land
@@ -354,6 +347,69 @@ func TestPacing(t *testing.T) {
 		log.answerID(2, nil)
 		log.answerID(3, nil)
 		step("both landed", 3, 4)
+	})
+}
+
+// checkStep returns a check of a synctest scenario: once every goroutine is blocked, the
+// log has seen wantCuts Cuts and ws has had wantOK waiters released.
+func checkStep(t *testing.T, log *fakeLog, ws *waiters) func(what string, wantCuts, wantOK int) {
+	return func(what string, wantCuts, wantOK int) {
+		t.Helper()
+		synctest.Wait()
+		ok, _, _ := ws.counts()
+		if cuts, _, _ := log.counts(); cuts != wantCuts || ok != wantOK {
+			t.Fatalf("%s: cuts %d, released %d; want %d, %d", what, cuts, ok, wantCuts, wantOK)
+		}
+	}
+}
+
+// TestPipelineOver: with PipelineOver, a store whose landings are fast gets one shipment
+// at a time (the waiters that arrive meanwhile share the next), until the one in flight has
+// taken PipelineOver: a stuck landing does not hold the shipments after it. Once the
+// landings take longer than PipelineOver, shipments land up to Depth at once.
+func TestPipelineOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := newFakeLog()
+		cfg := log.config(4)
+		cfg.PipelineOver = 10 * time.Millisecond
+		g := New(cfg)
+		defer g.Close(nil)
+		var ws waiters
+		step := checkStep(t, log, &ws)
+		ws.start(g, context.Background())
+		step("the first waiter", 1, 0)
+		time.Sleep(2 * time.Millisecond)
+		log.answer(nil)
+		step("landed after 2ms", 1, 1)
+		ws.start(g, context.Background())
+		step("nothing in flight: a cut at once", 2, 1)
+		ws.start(g, context.Background())
+		ws.start(g, context.Background())
+		time.Sleep(9 * time.Millisecond)
+		step("a fast store: no second shipment while one lands", 2, 1)
+		time.Sleep(time.Millisecond)
+		step("landing for 10ms counts as slow: the next lands beside it", 3, 1)
+		log.answerID(3, nil)
+		step("landed past a gap: nothing released", 3, 1)
+		log.answerID(2, nil) // 10ms: the average stays under 10ms
+		step("the gap landed: all released", 3, 4)
+		ws.start(g, context.Background())
+		step("nothing in flight: a cut at once", 4, 4)
+		ws.start(g, context.Background())
+		time.Sleep(5 * time.Millisecond)
+		log.answer(nil) // 5ms
+		step("fast again: the waiter behind shares the next cut", 5, 5)
+		time.Sleep(100 * time.Millisecond)
+		log.answer(nil) // 100ms: the average is now over 10ms
+		step("a slow landing", 5, 6)
+		ws.start(g, context.Background())
+		step("nothing in flight: a cut at once", 6, 6)
+		ws.start(g, context.Background())
+		time.Sleep(5 * time.Millisecond) // past the pace, a quarter of the average
+		step("a slow store: the next shipment lands beside it", 7, 6)
+		log.answerID(6, nil)
+		log.answerID(7, nil)
+		step("both landed", 7, 8)
 	})
 }
 
