@@ -202,6 +202,16 @@ func (s *SSEWriter) ToHold() bool { return s.resumable && !s.passthrough }
 // resumable stream.
 func (s *SSEWriter) Answer() (status int, resumable bool) { return s.status, s.resumable }
 
+// Cut reports whether v, a panic out of the proxy in a pass (http.ErrAbortHandler: the
+// upstream ended an answer it had begun), ends only that pass, not the client's response:
+// the response is a resumable stream under way, which a pass reaches only with whole events
+// of a resumable answer. So it is too when the pass's answer never reached this writer (an
+// output gate held its header when its instance ended) or was not a resumable stream: the
+// client has had nothing of it, and the holder goes on by the pass's Answer.
+func (s *SSEWriter) Cut(v any) bool {
+	return v == http.ErrAbortHandler && s.sent && !s.passthrough
+}
+
 // LastID is the id of the last whole event passed on, if it had one.
 func (s *SSEWriter) LastID() (string, bool) { return s.ev.LastID() }
 

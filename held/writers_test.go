@@ -441,3 +441,60 @@ func TestClientWriterTakesTheMarkOff(t *testing.T) {
 		t.Error("a 101 is not written")
 	}
 }
+
+// TestSSEWriterCut: the proxy's abort in a pass ends only the pass once the client's
+// response is a resumable stream under way, whatever reached the writer of that pass (a
+// reopen whose answer an output gate held when its instance ended has sent it nothing);
+// before that, or for an answer passed through, the abort is the client's.
+func TestSSEWriterCut(t *testing.T) {
+	resumableFirst := func() *SSEWriter {
+		sw := NewSSEWriter(newClient(), func() {})
+		for k, vs := range sseHeader(true, "first") {
+			sw.Header()[k] = vs
+		}
+		sw.WriteHeader(http.StatusOK)
+		sw.Write([]byte("id: 1\ndata: a\n\n"))
+		return sw
+	}
+	for _, tc := range []struct {
+		name string
+		sw   func() *SSEWriter
+		v    any
+		want bool
+	}{
+		{name: "first answer, nothing yet", sw: func() *SSEWriter { return NewSSEWriter(newClient(), func() {}) }, v: http.ErrAbortHandler},
+		{name: "first answer passed through", v: http.ErrAbortHandler, sw: func() *SSEWriter {
+			sw := NewSSEWriter(newClient(), func() {})
+			sw.WriteHeader(http.StatusOK)
+			return sw
+		}},
+		{name: "first answer resumable", sw: resumableFirst, v: http.ErrAbortHandler, want: true},
+		{name: "another panic", sw: resumableFirst, v: "boom"},
+		{name: "reopen, its answer held by a gate", v: http.ErrAbortHandler, want: true, sw: func() *SSEWriter {
+			sw := resumableFirst()
+			sw.Reopen(func() {})
+			return sw
+		}},
+		{name: "reopen answered resumable", v: http.ErrAbortHandler, want: true, sw: func() *SSEWriter {
+			sw := resumableFirst()
+			sw.Reopen(func() {})
+			for k, vs := range sseHeader(true, "second") {
+				sw.Header()[k] = vs
+			}
+			sw.WriteHeader(http.StatusOK)
+			return sw
+		}},
+		{name: "reopen answered 503 by a gate", v: http.ErrAbortHandler, want: true, sw: func() *SSEWriter {
+			sw := resumableFirst()
+			sw.Reopen(func() {})
+			sw.WriteHeader(http.StatusServiceUnavailable)
+			return sw
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.sw().Cut(tc.v); got != tc.want {
+				t.Errorf("Cut = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/lchat/lchat-caddy/box"
@@ -87,15 +88,13 @@ func (s *heldStream) Pass() box.Proxy {
 	return &proxying{h: p.h, w: sw, r: r2, next: p.next, host: p.host, sse: sw}
 }
 
-// errStreamCut is proxySSE's error for a resumable stream its instance ended mid-way.
+// errStreamCut is passSSE's error for a resumable stream its instance ended mid-way.
 var errStreamCut = errors.New("event stream cut by its instance")
 
 // proxySSE proxies r through sw, and through the output gate of use's wake before it (nil:
 // a forward, gated where the space runs): each pass of a held stream through the gate of
-// the instance it reaches. Caddy's proxy panics with http.ErrAbortHandler when the
-// upstream ends a response it has begun (so that the client sees the response cut); a
-// resumable stream is not cut: the box goes on with the next instance.
-func (p *proxying) proxySSE(sw *held.SSEWriter, r *http.Request, proxy *reverseproxy.Handler, use *engine.Use) (err error) {
+// the instance it reaches.
+func (p *proxying) proxySSE(sw *held.SSEWriter, r *http.Request, proxy *reverseproxy.Handler, use *engine.Use) error {
 	var w http.ResponseWriter = sw
 	if use != nil {
 		if gw := p.gateWriter(use, sw, held.EventStream); gw != nil {
@@ -103,14 +102,23 @@ func (p *proxying) proxySSE(sw *held.SSEWriter, r *http.Request, proxy *reversep
 			defer gw.Finish()
 		}
 	}
+	return passSSE(sw, w, r, proxy, p.next)
+}
+
+// passSSE proxies one pass of a stream through w: sw, or an output gate's writer in front
+// of it. Caddy's proxy panics with http.ErrAbortHandler when the upstream ends a response
+// it has begun (so that the client sees the response cut); a resumable stream is not cut:
+// the box goes on with the next instance, even when the instance ended before its answer
+// passed the gate (held.SSEWriter.Cut).
+func passSSE(sw *held.SSEWriter, w http.ResponseWriter, r *http.Request, proxy *reverseproxy.Handler, next caddyhttp.Handler) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			if _, resumable := sw.Answer(); v == http.ErrAbortHandler && resumable {
+			if sw.Cut(v) {
 				err = errStreamCut
 				return
 			}
 			panic(v)
 		}
 	}()
-	return proxy.ServeHTTP(w, r, p.next)
+	return proxy.ServeHTTP(w, r, next)
 }
