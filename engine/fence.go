@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 
 	"go.uber.org/zap"
 
@@ -67,6 +68,17 @@ func (e *Engine) recheck(in *inst) {
 	log := in.logger()
 	ctx := e.ctx
 	ours, err := spacestore.StillHeld(ctx, e.cfg.Bucket, in.host, etag, e.holder)
+	if err == nil && ours && in.syncer != nil {
+		// A checkpoint the fence cut off (its sync cancelled) may have landed its manifest
+		// with the answer lost: with the lease still ours, that manifest is this box's own,
+		// and the data dir holds what it covers and every write after. Adopt it; another
+		// writer's manifest is ErrFenced.
+		if _, serr := in.syncer.Settle(ctx); errors.Is(serr, spacestore.ErrFenced) {
+			ours = false
+		} else if serr != nil {
+			err = serr
+		}
+	}
 	if err == nil && ours && in.syncer != nil {
 		_, cur, rerr := spacestore.ReadManifest(ctx, e.cfg.Bucket, in.host)
 		_, mine := in.syncer.Manifest()
