@@ -66,11 +66,12 @@ type Config struct {
 	Depth int
 	// PipelineOver, when positive, keeps one shipment landing at a time while recent
 	// landings (a moving average, from cut to landed) took less than it and the one in
-	// flight has not yet taken longer; up to Depth otherwise. On a fast store the writes that arrive while one lands then
-	// share the next shipment, each carrying more of them: fewer requests, and less CPU on
-	// the box and the store, for a wait about as long; on a slow one the pipeline keeps a
-	// write's wait near one landing rather than two, and a landing stuck on a fast one (a
-	// lost answer, a retry) does not hold the shipments after it.
+	// flight has not yet taken longer; up to Depth otherwise. On a fast store the writes
+	// that arrive while one lands then share the next shipment, each carrying more of them:
+	// fewer requests, and less CPU on the box and the store, for a wait about as long. On a
+	// slow one the pipeline keeps a write's wait near one landing rather than two, and a
+	// landing stuck on a fast one (a lost answer, a retry) does not hold the shipments
+	// after it.
 	PipelineOver time.Duration
 	// Every, when positive, cuts a shipment at least this often with no waiter (what the
 	// instance commits without answering anyone is then durable within Every). The gate's
