@@ -69,21 +69,21 @@ func (e *Engine) recheck(in *inst) {
 	ctx := e.ctx
 	ours, err := spacestore.StillHeld(ctx, e.cfg.Bucket, in.host, etag, e.holder)
 	if err == nil && ours && in.syncer != nil {
-		// A checkpoint the fence cut off (its sync cancelled) may have landed its manifest
-		// with the answer lost: with the lease still ours, that manifest is this box's own,
-		// and the data dir holds what it covers and every write after. Adopt it; another
-		// writer's manifest is ErrFenced.
-		if _, serr := in.syncer.Settle(ctx); errors.Is(serr, spacestore.ErrFenced) {
-			ours = false
-		} else if serr != nil {
-			err = serr
+		if in.syncer.Unsure() {
+			// A checkpoint the fence cut off (its sync cancelled) may have landed its
+			// manifest with the answer lost: with the lease still ours, that manifest is
+			// this box's own, and the data dir holds what it covers and every write after.
+			// Settle adopts it, or finds the manifest this box last knew; another
+			// writer's manifest is ErrFenced.
+			if _, err = in.syncer.Settle(ctx); errors.Is(err, spacestore.ErrFenced) {
+				ours, err = false, nil
+			}
+		} else {
+			_, cur, rerr := spacestore.ReadManifest(ctx, e.cfg.Bucket, in.host)
+			_, mine := in.syncer.Manifest()
+			err = rerr
+			ours = cur == mine
 		}
-	}
-	if err == nil && ours && in.syncer != nil {
-		_, cur, rerr := spacestore.ReadManifest(ctx, e.cfg.Bucket, in.host)
-		_, mine := in.syncer.Manifest()
-		err = rerr
-		ours = cur == mine
 	}
 	if err != nil {
 		log.Warn("re-reading lease after fence; will retry on next unfence", zap.Error(err))
