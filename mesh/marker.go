@@ -51,9 +51,16 @@ func (m Marker) window() time.Duration {
 }
 
 // MaxHops is the most forwards a request makes between boxes: one to the host's
-// owner, one more to the box its space is awake on, and a last one from a draining box
-// to the box that takes its space over.
-const MaxHops = 3
+// owner, one more to the box its space is awake on, one from a draining box to the box
+// that takes its space over (placement's forwards end there: PlaceHops), and a last one
+// to the box the space's lease names, when the space moved while the request was on its
+// way (Node.LeaseHeld).
+const MaxHops = 4
+
+// PlaceHops is the most forwards a request makes by placement (to an owner, a holder
+// entry, a draining box's successor, a box with room under the awake cap); only a forward
+// that follows the lease itself may go past it, up to MaxHops.
+const PlaceHops = MaxHops - 1
 
 // Sign returns the marker value for host at time t, for a request's first forward.
 func (m Marker) Sign(host string, t time.Time) string {

@@ -128,7 +128,10 @@ func (b *Node) holder(host string) string {
 // LeaseHeld decides where a request goes when this box could not wake its space because
 // holder holds the lease: forward to the holder (and remember it), unless the request
 // has made its last forward, the holder is this box (a wake racing a sleep), or the
-// holder is not a mesh SELF (a single box's id).
+// holder is not a mesh SELF (a single box's id). The lease is read from the bucket, so
+// this forward may go one past placement's (PlaceHops): a request forwarded to the
+// holder a box read a moment ago, which finds the space moved on (a rolling restart
+// hands it over between the two reads), still reaches the box that holds it now.
 func (b *Node) LeaseHeld(host, holder string, hops int) Decision {
 	if holder == b.Self || hops >= MaxHops {
 		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s is held by %s", host, holder)}
@@ -148,7 +151,7 @@ func (b *Node) LeaseHeld(host, holder string, hops int) Decision {
 // this box has released its lease.
 func (b *Node) Draining(host, homeRegion string, hops int) Decision {
 	owner, ok := b.target(host, homeRegion, 0)
-	if !ok || owner.Self == b.Self || hops >= MaxHops || !b.InScope(host, homeRegion) {
+	if !ok || owner.Self == b.Self || hops >= PlaceHops || !b.InScope(host, homeRegion) {
 		return Decision{Action: Unavailable, Reason: fmt.Sprintf("space %s: this box is shutting down", host)}
 	}
 	return Decision{Action: Forward, Peer: owner.Self}
@@ -162,9 +165,9 @@ func (b *Node) Draining(host, homeRegion string, hops int) Decision {
 // ranks the live view afresh (linear in the fleet) rather than through Placement. Unavailable (the cap's 503) when the
 // request has made its last forward, the host is outside this box's scope, or no other
 // box competes for it. A box that is full as well forwards in its turn until the hops
-// run out, so a full fleet costs a request at most MaxHops forwards.
+// run out, so a full fleet costs a request at most PlaceHops forwards.
 func (b *Node) AtCap(host, homeRegion string, hops int) Decision {
-	if hops < MaxHops && b.InScope(host, homeRegion) {
+	if hops < PlaceHops && b.InScope(host, homeRegion) {
 		// The host's candidates without this box (not the live boxes without it, which
 		// could take a space out of its home region).
 		live := b.Live()

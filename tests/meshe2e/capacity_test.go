@@ -142,7 +142,7 @@ func TestWakesGoWhereThereIsRoom(t *testing.T) {
 // is box A, and every request enters through A. With A's one awake space held in use by an
 // open event stream, A refuses the next wake at its cap, and the request goes on to B,
 // which has room, instead of a 503: the space wakes on B and the write is answered 201.
-// Once B is full too, a wake goes round the boxes at most mesh.MaxHops times and is
+// Once B is full too, a wake goes round the boxes at most mesh.PlaceHops times and is
 // refused with 503 and Retry-After. Each space put to sleep leaves its size record naming
 // the box it ran on (spaces/<host>/size's box is that box's SELF).
 func TestFullBoxSendsTheWakeOn(t *testing.T) {
