@@ -116,10 +116,20 @@ func inWorld(t *testing.T) bool {
 	}
 	w := testnet.NewWorld(t)
 	w.ServeBanner(t, w.Box, netip.MustParseAddrPort("127.0.0.1:5432"), "loopback")
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
+	args := []string{"-test.run=^" + t.Name() + "$", "-test.count=1", "-test.v"}
+	if d, ok := t.Deadline(); ok {
+		// The run inside ends before this one's deadline: a run that hangs panics with its
+		// own goroutines, logged below, rather than leave go test's timeout a dump of this
+		// process, waiting.
+		args = append(args, fmt.Sprintf("-test.timeout=%v", max(time.Until(d)-time.Minute, time.Minute)))
+	}
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "LCHAT_ENGINE_TEST_WORLD=1")
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
+	// Once the run inside has exited, its output pipe is waited for this long: a process
+	// it left behind holding the pipe must not hold this test.
+	cmd.WaitDelay = 10 * time.Second
 	if err := w.Box.Start(cmd); err != nil {
 		t.Fatal(err)
 	}
@@ -163,15 +173,26 @@ type dialResult struct {
 	MS  float64 `json:"ms"`
 }
 
+// opTimeout bounds one wake or sleep of these tests: one that never ends fails its test,
+// naming the space, rather than hold the package until go test's timeout.
+const opTimeout = 2 * time.Minute
+
+// opContext is a context for one wake or sleep (opTimeout), cancelled when t ends.
+func opContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // dialVia wakes host (of kind) and asks its instance to connect to addr.
 func dialVia(t *testing.T, e *Engine, host, kind string, addr netip.AddrPort) dialResult {
 	t.Helper()
-	u, err := e.Acquire(context.Background(), Space{Host: host, Kind: kind})
+	u, err := e.Acquire(opContext(t), Space{Host: host, Kind: kind})
 	if err != nil {
 		t.Fatalf("waking %s: %v", host, err)
 	}
 	defer u.Release()
-	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+	c := &http.Client{Timeout: opTimeout, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", u.Socket())
 	}}}
 	resp, err := c.Post("http://x/dial?"+url.Values{"addr": {addr.String()}}.Encode(), "", nil)
@@ -286,13 +307,13 @@ func TestWakeCostByNetwork(t *testing.T) {
 			m := modes[(i+j)%len(modes)] // rotate, so no mode always follows another
 			e, host := engines[m], m+".example.com"
 			start := time.Now()
-			u, err := e.Acquire(context.Background(), Space{Host: host, Kind: m})
+			u, err := e.Acquire(opContext(t), Space{Host: host, Kind: m})
 			d := time.Since(start)
 			if err != nil {
 				t.Fatalf("waking %s: %v", host, err)
 			}
 			u.Release()
-			if err := e.Sleep(context.Background(), host); err != nil {
+			if err := e.Sleep(opContext(t), host); err != nil {
 				t.Fatal(err)
 			}
 			if i > 0 { // the first round warms the caches
